@@ -1,0 +1,120 @@
+"""The interface between model code and compute backends.
+
+Model files describe the math as a sequence of these ops on backend arrays; a backend
+decides how each op runs (C kernels, GPU kernels, or float64 numpy for reference).
+Every op writes into an `out` array owned by the caller, so a forward pass allocates
+nothing once its buffers exist.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..quant.types import GGMLType
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """A model tensor as the backend holds it. `shape` is numpy order (rows, cols)."""
+
+    name: str
+    type: GGMLType
+    shape: tuple[int, ...]
+    data: Any  # backend-specific storage (CPU: the zero-copy view of the file's bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeParams:
+    """Rotary embedding of one attention layer, in ggml's parametrisation."""
+
+    n_rot: int
+    neox: bool
+    freq_base: float = 10000.0
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+    freq_factors: Any = None  # backend array (n_rot/2,) or None
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """Where each token of a step lives in the paged KV cache (host int arrays).
+
+    positions (n,) int32: position of each token in its sequence.
+    seq_rows (n,) int32: row of `block_tables` holding the token's sequence's page table.
+    block_tables (n_seq, max_pages) int32: page ids of each sequence, in position order.
+    slots (n,) int64: cache slot written for each token = page * page_size + offset.
+    """
+
+    positions: np.ndarray
+    seq_rows: np.ndarray
+    block_tables: np.ndarray
+    slots: np.ndarray
+    page_size: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.positions)
+
+
+class Backend(Protocol):
+    """What a backend provides. Arrays are the backend's own type (numpy on the CPU)."""
+
+    name: str
+    n_threads: int
+
+    def weight(self, tensor) -> Weight:
+        """Make a GGUF tensor (gguf_loader.TensorInfo) usable by the ops."""
+
+    def empty(self, shape: tuple[int, ...], dtype=np.float32) -> Any: ...
+
+    def from_numpy(self, a: np.ndarray) -> Any: ...
+
+    def to_numpy(self, a) -> np.ndarray: ...
+
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int) -> tuple[Any, Any]:
+        """Key and value storage of one layer: (n_slots, k_dim) and (n_slots, v_dim)."""
+
+    def supports(self, qtype: GGMLType) -> bool: ...
+
+    # ---- ops ----
+    def get_rows(self, w: Weight, ids: np.ndarray, out) -> None:
+        """out (n, cols) = rows ids of w."""
+
+    def matmul(self, w: Weight, x, out) -> None:
+        """out (n, rows) = x (n, cols) @ w.T"""
+
+    def add_bias(self, x, b: Weight) -> None:
+        """x (n, d) += b (d,)"""
+
+    def rms_norm(self, x, w: Weight | None, eps: float, out) -> None:
+        """Rows of x (n, d) (d = w's length) normalised and scaled; out may be x."""
+
+    def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
+        """Rotate x (n, n_head * head_dim) in place at the batch's positions."""
+
+    def silu_mul(self, gate, up, out) -> None: ...
+
+    def gelu_mul(self, gate, up, out) -> None: ...
+
+    def add(self, a, b, out) -> None: ...
+
+    def scale(self, x, s: float) -> None: ...
+
+    def kv_store(self, cache: tuple[Any, Any], k, v, batch: AttentionBatch) -> None:
+        """Write this step's k (n, k_dim) and v (n, v_dim) at the batch's slots."""
+
+    def attention(
+        self, q, cache: tuple[Any, Any], out, batch: AttentionBatch, n_head: int, n_kv_head: int,
+        window: int, scale: float, softcap: float = 0.0,
+    ) -> None:
+        """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v)."""

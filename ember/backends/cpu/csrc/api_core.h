@@ -1,0 +1,17 @@
+/* Core of the CPU backend: thread pool and instruction-set dispatch.
+ * Files named api_*.h hold only plain declarations: they are parsed by cffi
+ * (no preprocessor directives) and included by the C sources. */
+
+typedef struct ember_pool ember_pool;
+
+/* A pool of n_threads threads in all, the calling thread included (n_threads >= 1). */
+ember_pool *ember_pool_create(int n_threads);
+void ember_pool_destroy(ember_pool *pool);
+int ember_pool_threads(const ember_pool *pool);
+
+/* Instruction-set path used by the kernels: "avx512", "avx2", "neon" or "scalar". */
+const char *ember_cpu_isa(void);
+/* Force a path by name; returns 0, or -1 when this CPU (or build) cannot run it. */
+int ember_cpu_set_isa(const char *name);
+/* Space-separated list of the CPU features the kernels care about. */
+const char *ember_cpu_features(void);

@@ -1,0 +1,120 @@
+/* Persistent thread pool: workers spin briefly for the next job, then sleep on a
+ * condition variable, so back-to-back kernels pay no thread start-up and an idle
+ * pool costs no CPU. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "ember_cpu.h"
+
+#if defined(EMBER_X86)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#elif defined(EMBER_ARM64)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define SPIN_ROUNDS (1 << 14)
+
+struct ember_pool {
+    int n_threads;
+    pthread_t *workers;           /* n_threads - 1 */
+    pthread_mutex_t run_lock;     /* one job at a time per pool */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint_fast64_t gen;     /* bumped for each job */
+    atomic_int remaining;         /* workers not yet done with the current job */
+    atomic_int sleeping;
+    atomic_int stop;
+    ember_task_fn fn;
+    void *ctx;
+};
+
+struct worker_arg { ember_pool *pool; int ith; };
+
+static void *worker_main(void *p) {
+    struct worker_arg arg = *(struct worker_arg *)p;
+    free(p);
+    ember_pool *pool = arg.pool;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t g = atomic_load(&pool->gen);
+        for (int i = 0; g == seen && i < SPIN_ROUNDS; i++) {
+            CPU_RELAX();
+            g = atomic_load(&pool->gen);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool->mu);
+            atomic_fetch_add(&pool->sleeping, 1);
+            while ((g = atomic_load(&pool->gen)) == seen && !atomic_load(&pool->stop))
+                pthread_cond_wait(&pool->cv, &pool->mu);
+            atomic_fetch_sub(&pool->sleeping, 1);
+            pthread_mutex_unlock(&pool->mu);
+        }
+        if (atomic_load(&pool->stop)) return NULL;
+        seen = g;
+        pool->fn(pool->ctx, arg.ith, pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->remaining, 1, memory_order_release);
+    }
+}
+
+ember_pool *ember_pool_create(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    ember_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->run_lock, NULL);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    pool->workers = calloc((size_t)n_threads, sizeof(pthread_t));
+    for (int i = 1; i < n_threads; i++) {
+        struct worker_arg *arg = malloc(sizeof *arg);
+        arg->pool = pool;
+        arg->ith = i;
+        if (pthread_create(&pool->workers[i - 1], NULL, worker_main, arg) != 0) {
+            free(arg);
+            pool->n_threads = i; /* run with the threads we got */
+            break;
+        }
+    }
+    return pool;
+}
+
+void ember_pool_destroy(ember_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mu);
+    atomic_store(&pool->stop, 1);
+    atomic_fetch_add(&pool->gen, 1);
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->workers[i - 1], NULL);
+    pthread_cond_destroy(&pool->cv);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_mutex_destroy(&pool->run_lock);
+    free(pool->workers);
+    free(pool);
+}
+
+int ember_pool_threads(const ember_pool *pool) { return pool ? pool->n_threads : 1; }
+
+void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
+    if (!pool || pool->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pool->run_lock);
+    pool->fn = fn;
+    pool->ctx = ctx;
+    atomic_store(&pool->remaining, pool->n_threads - 1);
+    atomic_fetch_add(&pool->gen, 1); /* seq_cst: pairs with the sleeper count below */
+    if (atomic_load(&pool->sleeping) > 0) {
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
+    fn(ctx, 0, pool->n_threads);
+    while (atomic_load_explicit(&pool->remaining, memory_order_acquire) > 0) CPU_RELAX();
+    pthread_mutex_unlock(&pool->run_lock);
+}

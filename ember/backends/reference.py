@@ -1,0 +1,145 @@
+"""Float64 numpy backend: the exact computation every fast kernel is checked against.
+
+Weights are dequantized once with the numpy references of `ember.quant` and kept in
+float64; the KV cache is float64 too, so nothing is rounded on the way. Slow and
+memory-hungry by design: use it for tests and as an oracle, not to serve.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..quant import dequantize
+from .base import AttentionBatch, RopeParams, Weight
+
+F = np.float64
+
+
+class Backend:
+    name = "reference"
+
+    def __init__(self, device: str = "reference", threads: int | None = None):
+        self.n_threads = 1
+
+    def supports(self, qtype) -> bool:
+        from ..quant import DEQUANTIZABLE
+
+        return qtype in DEQUANTIZABLE
+
+    def weight(self, tensor) -> Weight:
+        rows = dequantize(tensor.array(), tensor.type).astype(F).reshape(tensor.shape)
+        return Weight(tensor.name, tensor.type, tuple(tensor.shape), rows)
+
+    def empty(self, shape, dtype=np.float32):
+        return np.empty(shape, dtype=F if dtype == np.float32 else dtype)
+
+    def from_numpy(self, a: np.ndarray):
+        return a.astype(F) if a.dtype == np.float32 else a
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
+        return np.zeros((n_slots, k_dim), F), np.zeros((n_slots, v_dim), F)
+
+    def get_rows(self, w: Weight, ids, out) -> None:
+        out[...] = w.data[np.asarray(ids)]
+
+    def matmul(self, w: Weight, x, out) -> None:
+        out[...] = x @ w.data.T
+
+    def add_bias(self, x, b: Weight) -> None:
+        x += b.data
+
+    def rms_norm(self, x, w, eps, out) -> None:
+        d = w.shape[-1] if w is not None else x.shape[-1]
+        rows = x.reshape(-1, d)
+        y = rows / np.sqrt(np.mean(rows * rows, axis=1, keepdims=True) + eps)
+        if w is not None:
+            y = y * w.data
+        out.reshape(-1, d)[...] = y
+
+    def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
+        n = batch.n_tokens
+        heads = x.reshape(n, n_head, -1)
+        cos, sin = rope_angles(batch.positions, p)  # (n, n_rot/2)
+        half = p.n_rot // 2
+        if p.neox:
+            a, b = heads[..., :half].copy(), heads[..., half : p.n_rot].copy()
+            heads[..., :half] = a * cos[:, None] - b * sin[:, None]
+            heads[..., half : p.n_rot] = a * sin[:, None] + b * cos[:, None]
+        else:
+            a, b = heads[..., 0 : p.n_rot : 2].copy(), heads[..., 1 : p.n_rot : 2].copy()
+            heads[..., 0 : p.n_rot : 2] = a * cos[:, None] - b * sin[:, None]
+            heads[..., 1 : p.n_rot : 2] = a * sin[:, None] + b * cos[:, None]
+
+    def silu_mul(self, gate, up, out) -> None:
+        out[...] = gate / (1.0 + np.exp(-gate)) * up
+
+    def gelu_mul(self, gate, up, out) -> None:
+        g = gate
+        out[...] = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * up
+
+    def add(self, a, b, out) -> None:
+        np.add(a, b, out=out)
+
+    def scale(self, x, s: float) -> None:
+        x *= s
+
+    def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
+        cache[0][batch.slots] = k
+        cache[1][batch.slots] = v
+
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+        k_cache, v_cache = cache
+        n = batch.n_tokens
+        hd_k = k_cache.shape[1] // n_kv_head
+        hd_v = v_cache.shape[1] // n_kv_head
+        group = n_head // n_kv_head
+        for t in range(n):
+            pos = int(batch.positions[t])
+            first = max(0, pos - window + 1) if window > 0 else 0
+            slots = token_slots(batch, t, np.arange(first, pos + 1))
+            keys = k_cache[slots].reshape(-1, n_kv_head, hd_k)
+            vals = v_cache[slots].reshape(-1, n_kv_head, hd_v)
+            qt = q[t].reshape(n_head, hd_k)
+            for h in range(n_head):
+                s = keys[:, h // group] @ qt[h] * scale
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                p = np.exp(s - s.max())
+                out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+
+
+def token_slots(batch: AttentionBatch, t: int, positions: np.ndarray) -> np.ndarray:
+    """Cache slots of `positions` in the sequence of token t."""
+    table = batch.block_tables[batch.seq_rows[t]]
+    return table[positions // batch.page_size].astype(np.int64) * batch.page_size + positions % batch.page_size
+
+
+def rope_angles(positions: np.ndarray, p: RopeParams) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (n, n_rot/2) of ggml's rope with YaRN, linear scaling and frequency factors."""
+    half = p.n_rot // 2
+    i = np.arange(half, dtype=F)
+    theta_extrap = np.asarray(positions, F)[:, None] * p.freq_base ** (-2.0 * i / p.n_rot)
+    if p.freq_factors is not None:
+        theta_extrap = theta_extrap / np.asarray(p.freq_factors, F)[None, :]
+    theta_interp = p.freq_scale * theta_extrap
+    theta, mscale = theta_interp, p.attn_factor
+    if p.ext_factor != 0.0:
+        low, high = yarn_corr_dims(p)
+        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        mix = ramp * p.ext_factor
+        theta = theta_interp * (1 - mix) + theta_extrap * mix
+        mscale *= 1.0 + 0.1 * np.log(1.0 / p.freq_scale)
+    return np.cos(theta) * mscale, np.sin(theta) * mscale
+
+
+def yarn_corr_dims(p: RopeParams) -> tuple[float, float]:
+    """The rotation-dimension range over which YaRN blends interpolation and extrapolation."""
+
+    def corr_dim(n_rot_turns: float) -> float:
+        return p.n_rot * np.log(p.n_ctx_orig / (n_rot_turns * 2 * np.pi)) / (2 * np.log(p.freq_base))
+
+    low = np.floor(corr_dim(p.beta_fast))
+    high = np.ceil(corr_dim(p.beta_slow))
+    return max(0.0, low), min(p.n_rot - 1.0, high)

@@ -1,0 +1,232 @@
+"""The `ember` command."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import hub
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that describe bad input or environment: printed as one line, exit status 1."""
+    from .backends import BackendError
+    from .engine import ContextOverflow
+    from .gguf_loader import GGUFError
+    from .models import ModelError
+    from .tokenizer import TokenizerError
+    from .tokenizer.chat import ChatTemplateError
+
+    return (GGUFError, ModelError, hub.ModelNotFound, hub.FetchError, ContextOverflow, TokenizerError,
+            ChatTemplateError, BackendError, OSError, ValueError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        print(f"ember: error: {e}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ember", description="Run quantized GGUF language models locally.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    model_help = f"GGUF file or known model name ({', '.join(hub.KNOWN)}; default {hub.DEFAULT_MODEL})"
+
+    r = sub.add_parser("run", help="generate text from a prompt (or chat interactively)")
+    r.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
+    r.add_argument("-p", "--prompt", help="prompt text (without it: interactive chat)")
+    r.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate (default 256)")
+    r.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    r.add_argument("--system", help="system message for --chat and interactive chat")
+    _add_sampling(r)
+    _add_runtime(r)
+    r.set_defaults(func=cmd_run)
+
+    pl = sub.add_parser("pull", help="download a known model into the cache")
+    pl.add_argument("name", choices=sorted(hub.KNOWN))
+    pl.set_defaults(func=cmd_pull)
+
+    i = sub.add_parser("info", help="show a model's metadata and tensors, or this system (--system)")
+    i.add_argument("model", nargs="?", help=model_help)
+    i.add_argument("--system", action="store_true", help="show CPU features and the backend chosen")
+    i.add_argument("--all", action="store_true", help="print long arrays in full")
+    i.set_defaults(func=cmd_info)
+
+    t = sub.add_parser("tokenize", help="show the token ids of a text")
+    t.add_argument("model", help=model_help)
+    t.add_argument("text")
+    t.add_argument("--add-special", action="store_true", help="add BOS/EOS as the model's metadata says")
+    t.add_argument("--parse-special", action="store_true", help="recognise special-token text")
+    t.add_argument("--json", action="store_true", help="print a JSON list of ids")
+    t.set_defaults(func=cmd_tokenize)
+
+    pp = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)")
+    pp.add_argument("model", help=model_help)
+    pp.add_argument("-f", "--file", required=True, help="UTF-8 text file")
+    pp.add_argument("-c", "--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
+    _add_runtime(pp)
+    pp.set_defaults(func=cmd_perplexity)
+    return p
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0 disables (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1.0 disables (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="0 disables (default 0.05)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
+    p.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+
+
+def _load(args):
+    from .engine import LLM
+
+    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx)
+
+
+def cmd_run(args) -> int:
+    from .sampler import SamplingParams
+
+    llm = _load(args)
+    sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed)
+    if args.prompt is None:
+        return _interactive(llm, args, sampling)
+    if args.chat:
+        prompt = llm.chat_ids(_messages(args.system, args.prompt))
+    else:
+        prompt = args.prompt
+    gen = llm.stream(prompt, args.n_predict, sampling)
+    _print_stream(gen)
+    t = gen.timings
+    print(f"\n\nprompt: {t.prompt_tokens} tokens, {t.prompt_tps:.1f} tokens/s | "
+          f"generation: {t.generated_tokens} tokens, {t.generation_tps:.1f} tokens/s | "
+          f"load {llm.load_s:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _print_stream(gen) -> str:
+    text = ""
+    for tok in gen:
+        sys.stdout.write(tok.text)
+        sys.stdout.flush()
+        text += tok.text
+    tail = gen.flush()
+    sys.stdout.write(tail)
+    return text + tail
+
+
+def _messages(system: str | None, user: str) -> list[dict]:
+    msgs = [{"role": "system", "content": system}] if system else []
+    return msgs + [{"role": "user", "content": user}]
+
+
+def _interactive(llm, args, sampling) -> int:
+    """A chat on the terminal; the conversation so far stays in the cache between turns."""
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"ember: chatting with {llm.path.name} (Ctrl-D to quit)", file=sys.stderr)
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        messages.append({"role": "user", "content": user})
+        reply = _print_stream(llm.stream(llm.chat_ids(messages), args.n_predict, sampling))
+        print()
+        messages.append({"role": "assistant", "content": reply})
+
+
+def cmd_pull(args) -> int:
+    print(hub.pull(args.name))
+    return 0
+
+
+def cmd_info(args) -> int:
+    if args.system:
+        return _system_info()
+    if not args.model:
+        raise ValueError("give a model (path or name), or --system")
+    from .gguf_loader import GGUFFile
+
+    t0 = time.perf_counter()
+    with GGUFFile(hub.resolve(args.model)) as f:
+        elapsed = time.perf_counter() - t0
+        print(f"file: {f.path} ({f.size / 1e6:.1f} MB, GGUF v{f.version}, parsed in {elapsed * 1000:.0f} ms)")
+        print(f"metadata ({len(f.metadata)} keys):")
+        for key, value in f.metadata.items():
+            print(f"  {key} [{f.metadata_types[key]}] = {_short(value, args.all)}")
+        print(f"tensors ({len(f.tensors)}):")
+        print(f"  {'name':40} {'type':8} {'shape':>18} {'bytes':>12}")
+        for t in f.tensors.values():
+            print(f"  {t.name:40} {t.type.name:8} {'x'.join(map(str, t.shape)):>18} {t.nbytes:>12}")
+    return 0
+
+
+def _short(value, full: bool) -> str:
+    if isinstance(value, str):
+        return repr(value) if full or len(value) <= 80 else repr(value[:77]) + "..."
+    if hasattr(value, "__len__") and not full and len(value) > 8:
+        items = list(value[:6])
+        return f"[{', '.join(map(repr, items))}, ... ({len(value)} items)]"
+    return repr(value.tolist() if hasattr(value, "tolist") else value)
+
+
+def _system_info() -> int:
+    import platform
+
+    from . import backends
+
+    print(f"ember {__import__('ember').__version__}, Python {platform.python_version()}, {platform.machine()}")
+    print(f"backends installed: {', '.join(backends.available())}")
+    try:
+        from .backends import cpu
+    except ImportError as e:
+        print(f"cpu: unavailable ({e})")
+        return 0
+    print(f"cpu: {cpu.default_threads()} threads usable, features: {' '.join(cpu.cpu_features()) or 'none detected'}")
+    print(f"cpu kernels: {cpu.isa()} path (override with EMBER_CPU_ISA=scalar|avx2|avx512|neon)")
+    print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
+    return 0
+
+
+def cmd_tokenize(args) -> int:
+    from .gguf_loader import GGUFFile
+    from .tokenizer import Tokenizer
+
+    with GGUFFile(hub.resolve(args.model)) as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
+    if args.json:
+        print(json.dumps(ids))
+    else:
+        for i in ids:
+            print(f"{i:>8} {tok.token_to_piece(i, special=True).decode('utf-8', 'replace')!r}")
+    return 0
+
+
+def cmd_perplexity(args) -> int:
+    from .engine import LLM
+
+    with open(args.file, encoding="utf-8") as fh:
+        text = fh.read()
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.ctx, 1))
+    r = llm.perplexity(text, args.ctx)
+    print(f"{r.chunks} chunks of {args.ctx} tokens, {r.scored_tokens} tokens scored in {r.seconds:.1f} s")
+    print(f"PPL = {r.ppl:.4f} +/- {r.stderr:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Perplexity measured the way llama-perplexity does, so the numbers compare.
+
+The text is tokenized once (BOS first when the model adds one) and cut into chunks of
+`ctx` tokens; each chunk is evaluated on its own with its first token replaced by BOS
+(when the model uses one), and only the predictions in the second half of each chunk
+are scored, so every scored token has at least ctx/2 tokens of context.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sampler import log_softmax
+
+
+@dataclass(slots=True)
+class PerplexityResult:
+    ppl: float
+    stderr: float  # of the mean negative log-likelihood, propagated to the perplexity
+    chunks: int
+    scored_tokens: int
+    seconds: float
+
+
+def perplexity(llm, text: str, ctx: int = 512) -> PerplexityResult:
+    if ctx < 4:
+        raise ValueError(f"perplexity needs chunks of at least 4 tokens, got {ctx}")
+    if ctx > llm.n_ctx:
+        raise ValueError(f"chunks of {ctx} tokens exceed the context of {llm.n_ctx}")
+    tokens = llm.tokenize(text, add_special=True, parse_special=False)
+    n_chunks = len(tokens) // ctx
+    if n_chunks == 0:
+        raise ValueError(f"the text has {len(tokens)} tokens; at least {ctx} are needed for one chunk")
+    first = ctx // 2
+    bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
+    t0 = time.perf_counter()
+    nll = []
+    for c in range(n_chunks):
+        chunk = tokens[c * ctx:(c + 1) * ctx]
+        if bos is not None:
+            chunk[0] = bos
+        nll.append(_chunk_nll(llm, chunk, first))
+    nll = np.concatenate(nll)
+    mean = float(nll.mean())
+    stderr = float(nll.std() / math.sqrt(len(nll))) if len(nll) > 1 else 0.0
+    ppl = math.exp(mean)
+    return PerplexityResult(ppl, ppl * stderr, n_chunks, len(nll), time.perf_counter() - t0)
+
+
+def _chunk_nll(llm, chunk: list[int], first: int) -> np.ndarray:
+    """Negative log-likelihood of chunk[first+1:], each given the tokens before it."""
+    lp = log_softmax(llm.evaluate(chunk, np.arange(first, len(chunk) - 1)))
+    return -lp[np.arange(len(lp)), np.asarray(chunk[first + 1:])]

@@ -1,0 +1,173 @@
+"""Pieces shared by the architecture files: metadata access, weights, buffers, KV cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..backends import AttentionBatch, Backend, RopeParams, Weight
+
+
+# Largest logits buffer kept between steps (floats): 64 rows of a 262k vocabulary.
+LOGIT_BUFFER_FLOATS = 1 << 24
+
+
+class ModelError(ValueError):
+    """The file does not describe a model ember can run (missing tensor, bad hyper-parameter...)."""
+
+
+class Metadata:
+    """Typed access to `<arch>.<key>` hyper-parameters with clear errors."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str):
+        self.md, self.arch = metadata, arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.md.get(f"{self.arch}.{key}", default)
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            raise ModelError(f"metadata '{self.arch}.{key}' is missing")
+        if np.ndim(value) != 0:  # per-layer arrays: ember needs one value
+            values = set(np.asarray(value).tolist())
+            if len(values) != 1:
+                raise ModelError(f"metadata '{self.arch}.{key}' varies per layer ({sorted(values)}), not supported")
+            value = values.pop()
+        if int(value) != value or value < 0:
+            raise ModelError(f"metadata '{self.arch}.{key}' = {value!r} is not a non-negative integer")
+        return int(value)
+
+    def float(self, key: str, default: float | None = None) -> float:
+        value = self.get(key, default)
+        if value is None:
+            raise ModelError(f"metadata '{self.arch}.{key}' is missing")
+        return float(value)
+
+
+def rope_scaling(hp: Metadata, n_rot: int, neox: bool, freq_base: float, freq_factors=None) -> RopeParams:
+    """Rotary parameters from `<arch>.rope.scaling.*` (none, linear or yarn), ggml's parametrisation.
+
+    As in llama.cpp, a scaling factor applies whatever the type; yarn adds the ramp blend.
+    """
+    kind = hp.get("rope.scaling.type", "none") or "none"
+    factor = float(hp.get("rope.scaling.factor", 0.0) or hp.get("rope.scale_linear", 0.0) or 0.0)
+    freq_scale = 1.0 / factor if factor > 0 else 1.0
+    n_ctx_orig = int(hp.get("rope.scaling.original_context_length", 0) or hp.get("context_length", 0) or 0)
+    params = RopeParams(n_rot, neox, freq_base, freq_scale, n_ctx_orig=n_ctx_orig, freq_factors=freq_factors)
+    if kind in ("none", "linear"):
+        return params
+    if kind == "yarn":
+        return replace(params, ext_factor=1.0,
+                       attn_factor=float(hp.get("rope.scaling.attn_factor", 1.0)),
+                       beta_fast=float(hp.get("rope.scaling.yarn_beta_fast", 32.0)),
+                       beta_slow=float(hp.get("rope.scaling.yarn_beta_slow", 1.0)))
+    raise ModelError(f"rope scaling type '{kind}' is not supported")
+
+
+class Weights:
+    """The model's tensors, handed to the backend once and looked up by GGUF name."""
+
+    def __init__(self, gguf, backend: Backend):
+        self.gguf, self.backend = gguf, backend
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False) -> Weight | None:
+        tensor = self.gguf.tensors.get(name)
+        if tensor is None:
+            if optional:
+                return None
+            raise ModelError(f"tensor '{name}' is missing from the file")
+        if shape is not None and tuple(tensor.shape) != shape:
+            raise ModelError(f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}")
+        return self.backend.weight(tensor)
+
+
+class Buffers:
+    """Activation buffers reused across forward passes (grown on demand, never per op)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._store: dict[str, Any] = {}
+
+    def get(self, name: str, n: int, width: int):
+        """A (n, width) float buffer named `name`; the same memory every step of at most that size."""
+        buf = self._store.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1] != width:
+            buf = self.backend.empty((max(n, 1), width))
+            self._store[name] = buf
+        return buf[:n]
+
+
+class KVCache:
+    """Paged key/value storage of every layer: pages of `page_size` token slots.
+
+    Which pages a sequence uses is the caller's business (the engine's page tables);
+    the cache only owns the memory.
+    """
+
+    def __init__(self, backend: Backend, kv_dims: list[tuple[int, int]], n_pages: int, page_size: int):
+        if n_pages < 1 or page_size < 1:
+            raise ValueError(f"KV cache needs at least one page of one slot (got {n_pages} x {page_size})")
+        self.n_pages, self.page_size = n_pages, page_size
+        self.layers = [backend.kv_cache(n_pages * page_size, k, v) for k, v in kv_dims]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+@dataclass(slots=True)
+class Step:
+    """One forward pass: the tokens, where their KV lives, which rows need logits."""
+
+    tokens: np.ndarray  # (n,) int32
+    attn: AttentionBatch
+    output_rows: np.ndarray  # (n_out,) int32 indices into tokens
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+class Model:
+    """Base of the architecture classes: holds the backend, weights and buffers."""
+
+    arch = ""
+
+    def __init__(self, gguf, backend: Backend):
+        self.backend = backend
+        self.weights = Weights(gguf, backend)
+        self.buffers = Buffers(backend)
+        self.n_vocab = 0
+        self.n_ctx_train = 0
+
+    def kv_dims(self) -> list[tuple[int, int]]:
+        """(k_dim, v_dim) of every layer's cache rows."""
+        raise NotImplementedError
+
+    def new_kv_cache(self, n_pages: int, page_size: int) -> KVCache:
+        return KVCache(self.backend, self.kv_dims(), n_pages, page_size)
+
+    def forward(self, step: Step, cache: KVCache) -> np.ndarray:
+        """Run the step; return logits (n_out, n_vocab) as a host float array."""
+        raise NotImplementedError
+
+    def logits(self, x, step: Step, norm: Weight, eps: float, head: Weight) -> np.ndarray:
+        """Final norm and output projection of the rows that need logits -> host (n_out, n_vocab).
+
+        Rows go through the head in bounded groups so a large vocabulary never needs a
+        persistent (n_tokens, n_vocab) buffer.
+        """
+        rows = step.output_rows
+        result = np.empty((len(rows), self.n_vocab), np.float32)
+        group = max(1, min(len(rows), LOGIT_BUFFER_FLOATS // self.n_vocab))
+        for start in range(0, len(rows), group):
+            part = rows[start:start + group]
+            h = self.buffers.get("out_in", len(part), x.shape[1])
+            h[...] = x[part]
+            self.backend.rms_norm(h, norm, eps, h)
+            out = self.buffers.get("logits", len(part), self.n_vocab)
+            self.backend.matmul(head, h, out)
+            result[start:start + len(part)] = self.backend.to_numpy(out)
+        return result

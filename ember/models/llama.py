@@ -1,0 +1,122 @@
+"""Llama-family decoder (Llama 2/3, Mistral, SmolLM...): RMSNorm, rotary attention with
+grouped-query heads, SwiGLU feed-forward. Optional q/k/v/o biases (Qwen2-style files)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .base import KVCache, Metadata, Model, ModelError, Step, rope_scaling
+from ..backends import RopeParams
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs:
+    n_layer: int
+    d_model: int
+    d_ff: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    eps: float
+    n_ctx_train: int
+    rope: RopeParams
+
+    @classmethod
+    def from_metadata(cls, hp: Metadata, freq_factors=None) -> "ModelArgs":
+        d_model, n_head = hp.int("embedding_length"), hp.int("attention.head_count")
+        n_kv_head = hp.int("attention.head_count_kv", n_head)
+        if n_head == 0 or d_model % n_head or n_kv_head == 0 or n_head % n_kv_head:
+            raise ModelError(f"{n_head} attention heads and {n_kv_head} kv heads do not fit width {d_model}")
+        head_dim = hp.int("attention.key_length", d_model // n_head)
+        n_rot = hp.int("rope.dimension_count", head_dim)
+        return cls(
+            n_layer=hp.int("block_count"), d_model=d_model, d_ff=hp.int("feed_forward_length"),
+            n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+            eps=hp.float("attention.layer_norm_rms_epsilon", 1e-5),
+            n_ctx_train=hp.int("context_length", 4096),
+            rope=rope_scaling(hp, n_rot, neox=False, freq_base=hp.float("rope.freq_base", 10000.0),
+                              freq_factors=freq_factors),
+        )
+
+
+class Layer:
+    def __init__(self, w, i: int, a: ModelArgs):
+        p = f"blk.{i}."
+        d, q_dim, kv_dim = a.d_model, a.n_head * a.head_dim, a.n_kv_head * a.head_dim
+        self.attn_norm = w.get(p + "attn_norm.weight", (d,))
+        self.wq = w.get(p + "attn_q.weight", (q_dim, d))
+        self.wk = w.get(p + "attn_k.weight", (kv_dim, d))
+        self.wv = w.get(p + "attn_v.weight", (kv_dim, d))
+        self.wo = w.get(p + "attn_output.weight", (d, q_dim))
+        self.bq, self.bk, self.bv, self.bo = (
+            w.get(p + f"attn_{n}.bias", optional=True) for n in ("q", "k", "v", "output"))
+        self.ffn_norm = w.get(p + "ffn_norm.weight", (d,))
+        self.w_gate = w.get(p + "ffn_gate.weight", (a.d_ff, d))
+        self.w_up = w.get(p + "ffn_up.weight", (a.d_ff, d))
+        self.w_down = w.get(p + "ffn_down.weight", (d, a.d_ff))
+
+
+class LlamaModel(Model):
+    arch = "llama"
+
+    def __init__(self, gguf, backend, arch: str = "llama"):
+        super().__init__(gguf, backend)
+        hp = Metadata(gguf.metadata, arch)
+        freq_factors = self.weights.get("rope_freqs.weight", optional=True)
+        self.args = a = ModelArgs.from_metadata(hp, freq_factors.data if freq_factors is not None else None)
+        w = self.weights
+        self.tok_embd = w.get("token_embd.weight")
+        self.n_vocab = self.tok_embd.shape[0]
+        if self.tok_embd.shape[1] != a.d_model:
+            raise ModelError(f"token_embd.weight width {self.tok_embd.shape[1]} != embedding_length {a.d_model}")
+        self.layers = [Layer(w, i, a) for i in range(a.n_layer)]
+        self.out_norm = w.get("output_norm.weight", (a.d_model,))
+        self.head = w.get("output.weight", optional=True) or self.tok_embd  # tied embeddings
+        self.n_ctx_train = a.n_ctx_train
+
+    def kv_dims(self) -> list[tuple[int, int]]:
+        kv = self.args.n_kv_head * self.args.head_dim
+        return [(kv, kv)] * self.args.n_layer
+
+    def forward(self, step: Step, cache: KVCache):
+        a, B, buf, n = self.args, self.backend, self.buffers, step.n
+        x = buf.get("x", n, a.d_model)
+        B.get_rows(self.tok_embd, step.tokens, x)
+        for layer, kv in zip(self.layers, cache.layers):
+            self.attention(layer, kv, x, step)
+            self.feed_forward(layer, x, n)
+        return self.logits(x, step, self.out_norm, a.eps, self.head)
+
+    def attention(self, L: Layer, kv, x, step: Step) -> None:
+        a, B, buf, n = self.args, self.backend, self.buffers, step.n
+        q_dim, kv_dim = a.n_head * a.head_dim, a.n_kv_head * a.head_dim
+        h = buf.get("h", n, a.d_model)
+        q, k, v = buf.get("q", n, q_dim), buf.get("k", n, kv_dim), buf.get("v", n, kv_dim)
+        B.rms_norm(x, L.attn_norm, a.eps, h)
+        for w, b, out in ((L.wq, L.bq, q), (L.wk, L.bk, k), (L.wv, L.bv, v)):
+            B.matmul(w, h, out)
+            if b is not None:
+                B.add_bias(out, b)
+        B.rope(q, a.n_head, step.attn, a.rope)
+        B.rope(k, a.n_kv_head, step.attn, a.rope)
+        B.kv_store(kv, k, v, step.attn)
+        att = buf.get("att", n, q_dim)
+        B.attention(q, kv, att, step.attn, a.n_head, a.n_kv_head, 0, 1.0 / math.sqrt(a.head_dim))
+        B.matmul(L.wo, att, h)
+        if L.bo is not None:
+            B.add_bias(h, L.bo)
+        B.add(x, h, x)
+
+    def feed_forward(self, L: Layer, x, n: int) -> None:
+        a, B, buf = self.args, self.backend, self.buffers
+        h = buf.get("h", n, a.d_model)
+        gate, up = buf.get("gate", n, a.d_ff), buf.get("up", n, a.d_ff)
+        B.rms_norm(x, L.ffn_norm, a.eps, h)
+        B.matmul(L.w_gate, h, gate)
+        B.matmul(L.w_up, h, up)
+        B.silu_mul(gate, up, gate)
+        B.matmul(L.w_down, gate, h)
+        B.add(x, h, x)
+
+
+Model = LlamaModel
