@@ -1,0 +1,18 @@
+"""ggml quantization formats: block layouts, numpy reference (de)quantizers.
+
+    dequantize(data, qtype, shape=None) -> float32   # raw uint8 blocks in
+    quantize(x, qtype) -> uint8 (..., row_bytes)      # float32 (..., k) in
+
+Every fast kernel elsewhere is tested against these references.
+"""
+from .activations import quantize_q8_0, quantize_q8_1, quantize_q8_K
+from .codec import DEQUANTIZABLE, QUANTIZABLE, dequantize, quantize
+from .formats import FORMATS, QuantFormat, format_for
+from .iquants import IQ4_LEVELS
+from .types import LAYOUTS, QK_K, BlockLayout, GGMLType, layout
+
+__all__ = [
+    "BlockLayout", "DEQUANTIZABLE", "FORMATS", "GGMLType", "IQ4_LEVELS", "LAYOUTS", "QK_K",
+    "QUANTIZABLE", "QuantFormat", "dequantize", "format_for", "layout", "quantize",
+    "quantize_q8_0", "quantize_q8_1", "quantize_q8_K",
+]

@@ -1,0 +1,47 @@
+"""Non-linear 4-bit types: each 4-bit code indexes a fixed table of 16 int8 levels."""
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import F16, QuantFormat, field_f32, register, scale_groups, unpack_fields
+from .types import QK_K, GGMLType
+
+# ggml's kvalues_iq4nl: levels denser near zero, where weights cluster.
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+@register
+class IQ4_NL(QuantFormat):
+    """18 bytes: f16 d | u8 qs[16]. Codes packed as Q4_0 (low nibbles: values 0..15).
+    x = d * IQ4_LEVELS[code]."""
+
+    qtype = GGMLType.IQ4_NL
+    block = np.dtype([("d", F16), ("qs", "u1", 16)])
+
+    def dequantize(self, b, out):
+        np.take(IQ4_LEVELS, unpack_fields(b["qs"], 4, 16).reshape(out.shape), out=out, mode="clip")
+        return scale_groups(out, None, field_f32(b, "d"))
+
+
+@register
+class IQ4_XS(QuantFormat):
+    """136 bytes: f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128].
+
+    8 sub-blocks of 32 values, each packed like one IQ4_NL block (16 bytes).
+    Sub-block i has a 6-bit scale biased by 32: low 4 bits = nibble i % 2 of
+    scales_l[i // 2], high 2 bits = bits 2i..2i+1 of scales_h.
+    x = d * (ls - 32) * IQ4_LEVELS[code].
+    """
+
+    qtype = GGMLType.IQ4_XS
+    block = np.dtype([("d", F16), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", QK_K // 2)])
+
+    def dequantize(self, b, out):
+        n = len(b)
+        low = unpack_fields(b["scales_l"], 4, 1).reshape(n, 8)
+        shifts = np.arange(0, 16, 2, dtype=np.uint16)
+        high = ((b["scales_h"][:, None] >> shifts) & np.uint16(3)).astype(np.uint8)
+        ls = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
+        dl = field_f32(b, "d") * ls
+        np.take(IQ4_LEVELS, unpack_fields(b["qs"], 4, 16).reshape(out.shape), out=out, mode="clip")
+        return scale_groups(out, None, dl)
