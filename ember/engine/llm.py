@@ -108,13 +108,9 @@ class LLM:
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kw)
 
     def chat_ids(self, messages: list[dict], **kw) -> list[int]:
-        """Prompt ids of a conversation: the rendered template, special tokens parsed."""
-        text = self.apply_chat_template(messages, **kw)
-        ids = self.tokenize(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) > 1 and bos is not None and ids[0] == bos and ids[1] == bos:
-            ids = ids[1:]  # the template wrote BOS itself
-        return ids
+        """Prompt ids of a conversation: the rendered template, special tokens parsed,
+        without a second BOS when the template writes one itself."""
+        return self.chat_template.encode(self.tokenizer, self.apply_chat_template(messages, **kw))
 
     # ---- forward passes ----
     def _step(self, tokens: list[int], start: int, output_rows: np.ndarray) -> np.ndarray:
