@@ -52,7 +52,7 @@ static inline uint16_t ember_f32_to_f16(float f) {
     if (ax < 0x38800000u) { /* subnormal or zero in half */
         if (ax < 0x33000000u) return (uint16_t)sign;
         uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-        int shift = 126 - (int)(ax >> 23) + 14; /* 14..24 */
+        int shift = 126 - (int)(ax >> 23); /* 14..24: half subnormals count units of 2^-24 */
         uint32_t r = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
         if (rem > half || (rem == half && (r & 1))) r++;

@@ -2,6 +2,7 @@
  * condition variable, so back-to-back kernels pay no thread start-up and an idle
  * pool costs no CPU. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -69,16 +70,20 @@ ember_pool *ember_pool_create(int n_threads) {
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
     pool->workers = calloc((size_t)n_threads, sizeof(pthread_t));
+    pthread_attr_t attr; /* kernels keep bounded scratch on the stack: do not rely on the libc default */
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 21);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *arg = malloc(sizeof *arg);
         arg->pool = pool;
         arg->ith = i;
-        if (pthread_create(&pool->workers[i - 1], NULL, worker_main, arg) != 0) {
+        if (pthread_create(&pool->workers[i - 1], &attr, worker_main, arg) != 0) {
             free(arg);
             pool->n_threads = i; /* run with the threads we got */
             break;
         }
     }
+    pthread_attr_destroy(&attr);
     return pool;
 }
 
@@ -115,6 +120,10 @@ void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&pool->mu);
     }
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->remaining, memory_order_acquire) > 0) CPU_RELAX();
+    /* spin, then yield: on an oversubscribed machine a descheduled worker must get the core */
+    for (int i = 0; atomic_load_explicit(&pool->remaining, memory_order_acquire) > 0; i++) {
+        if (i < SPIN_ROUNDS) CPU_RELAX();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -1,0 +1,50 @@
+/* Elementwise ops, norms, rotary embedding and paged attention.
+ * All activations are row-major float32; "(a, b)" shapes list the slowest dimension first. */
+
+/* x (n, d) -> out (n, d) = x / sqrt(mean(x^2) + eps) * w;  w (d,) or NULL for no weight. out may alias x. */
+void ember_rms_norm(ember_pool *pool, const float *x, const float *w, float *out,
+                    int64_t n, int64_t d, float eps);
+
+/* Rotary embedding in place on x (n_tok, n_head, head_dim): rotates the first n_rot dims of each head
+ * by angle pos[t] * theta_i, theta_i = freq_base^(-2i/n_rot), with ggml's YaRN/linear scaling
+ * (freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig) and optional per-pair
+ * divisors freq_factors (n_rot/2,) or NULL.
+ * neox = 0: pairs (x[2i], x[2i+1]); neox = 1: pairs (x[i], x[i + n_rot/2]). n_rot even, <= head_dim;
+ * dims past n_rot are left as they are. Angles are formed and reduced in double: float accuracy at
+ * any position. */
+void ember_rope(ember_pool *pool, float *x, int64_t n_tok, int64_t n_head, int64_t head_dim,
+                const int32_t *pos, int64_t n_rot, int neox, float freq_base, float freq_scale,
+                const float *freq_factors, float ext_factor, float attn_factor,
+                float beta_fast, float beta_slow, int64_t n_ctx_orig);
+
+/* out (n,) = silu(gate) * up */
+void ember_silu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n);
+/* out (n,) = gelu_tanh(gate) * up   (tanh approximation of GELU) */
+void ember_gelu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n);
+/* out (n,) = a + b   (out may alias a or b) */
+void ember_add(ember_pool *pool, const float *a, const float *b, float *out, int64_t n);
+/* x (n,) *= s */
+void ember_scale(ember_pool *pool, float *x, float s, int64_t n);
+
+/* Write this step's keys and values into the paged cache, converting to f16.
+ * k (n_tok, k_dim), v (n_tok, v_dim) f32; k_cache (n_slots, k_dim), v_cache (n_slots, v_dim) f16 bits;
+ * slots (n_tok,): destination slot of each token, in [0, n_slots) (the caller checks). */
+void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim);
+
+/* Causal attention over a paged f16 KV cache, with grouped-query heads and an optional sliding window.
+ * q (n_tok, n_head, hd_k) f32; out (n_tok, n_head, hd_v) f32.
+ * k_cache (n_slots, n_kv_head, hd_k), v_cache (n_slots, n_kv_head, hd_v): f16 bits.
+ * Query token t belongs to the sequence whose page table is row tok_seq[t] of block_tables
+ * (n_seq, max_pages); position p of that sequence lives in slot
+ * block_tables[s][p / page_size] * page_size + p % page_size. Token t at position tok_pos[t] attends
+ * to positions max(0, tok_pos[t] - window + 1) .. tok_pos[t] (window <= 0: from 0).
+ * Head h reads kv head h / (n_head / n_kv_head). scores = scale * q.k, then, if softcap > 0,
+ * softcap * tanh(scores / softcap); softmax; weighted sum of v.
+ * Caller's contract (checked in Python, not here): n_head % n_kv_head == 0; hd_k, hd_v <= 8192;
+ * tok_pos[t] >= 0 and < max_pages * page_size; the page ids used address slots inside the caches.
+ * No allocation: each thread uses ~85 KB of stack, the calling thread up to 32 KB more. */
+void ember_attention(ember_pool *pool, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                     float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
+                     const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
+                     int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap);

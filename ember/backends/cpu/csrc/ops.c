@@ -1,0 +1,688 @@
+/* Elementwise ops, RMS norm, rotary embedding, KV-cache writes and paged attention (api_ops.h).
+ * This file holds the drivers (threading, paging, online softmax) and the portable inner loops;
+ * ops_avx2.c / ops_avx512.c provide the same inner loops with intrinsics (ops_kernels.h). */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "ops_kernels.h"
+#include "api_ops.h"
+
+/* Below this many elements touched, waking the other threads costs more than it saves. */
+#define PARALLEL_MIN_WORK 32768
+
+static const ember_op_kernels *kernels(void) {
+    switch (ember_isa_active) {
+#if defined(EMBER_X86)
+    case EMBER_ISA_AVX512: return &ember_op_kernels_avx512;
+    case EMBER_ISA_AVX2: return &ember_op_kernels_avx2;
+#endif
+    default: return &ember_op_kernels_scalar;
+    }
+}
+
+/* ---- splitting a range over the pool ---- */
+
+typedef void (*range_fn)(void *ctx, int64_t lo, int64_t hi);
+
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    int64_t n, align;
+} range_job;
+
+static void range_task(void *p, int ith, int nth) {
+    const range_job *job = p;
+    int64_t lo, hi;
+    ember_split((job->n + job->align - 1) / job->align, ith, nth, &lo, &hi);
+    lo *= job->align;
+    hi = EMBER_MIN(hi * job->align, job->n);
+    if (lo < hi) job->fn(job->ctx, lo, hi);
+}
+
+/* fn over [0, n) in contiguous pieces whose bounds are multiples of align; threaded only when
+ * `work` (elements touched) is large enough to pay for it. */
+static void parallel_range(ember_pool *pool, range_fn fn, void *ctx, int64_t n, int64_t align, int64_t work) {
+    if (n <= 0) return;
+    if (work < PARALLEL_MIN_WORK || ember_pool_threads(pool) == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    range_job job = {fn, ctx, n, align};
+    ember_parallel(pool, range_task, &job);
+}
+
+/* ---- portable inner loops ---- */
+
+/* f32 -> f16 bits, round to nearest even, half subnormals included. */
+static uint16_t f16_from_f32(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds beyond 65504 */
+    if (ax < 0x38800000u) {
+        /* Below 2^-14 half steps are 2^-24; adding 0.5 makes the FPU round |f| to that step (nearest even). */
+        float t = fabsf(f) + 0.5f;
+        uint32_t tb;
+        memcpy(&tb, &t, 4);
+        return (uint16_t)(sign | (tb - 0x3f000000u));
+    }
+    uint32_t h = (ax >> 13) - (112u << 10), rest = ax & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static void f32_to_f16_scalar(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = f16_from_f32(src[i]);
+}
+
+static void silu_mul_scalar(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)): the same function without the cancellation of 1 + tanh
+ * for negative x. */
+static void gelu_mul_scalar(const float *gate, const float *up, float *out, int64_t n) {
+    const float c = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        float x = gate[i], u2 = c * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + expf(-u2)) * up[i];
+    }
+}
+
+static void gather_f16_rows_scalar(const uint16_t *base, const int64_t *offs, int64_t n_rows, int64_t width,
+                                   float *dst) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint16_t *src = base + offs[r];
+        float *d = dst + r * width;
+        for (int64_t i = 0; i < width; i++) d[i] = ember_f16_to_f32(src[i]);
+    }
+}
+
+/* q.k in 8 independent lanes so the compiler can vectorize without reassociating. */
+static float dot_scalar(const float *a, const float *b, int64_t d) {
+    float lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+    float s = 0;
+    for (; i < d; i++) s += a[i] * b[i];
+    for (int l = 0; l < 8; l++) s += lane[l];
+    return s;
+}
+
+static void dot_rows_scalar(const float *q, int64_t q_stride, int64_t n_q, const float *k, int64_t n_k, int64_t d,
+                            float scale, float *s, int64_t s_stride) {
+    for (int64_t r = 0; r < n_q; r++)
+        for (int64_t j = 0; j < n_k; j++) s[r * s_stride + j] = scale * dot_scalar(q + r * q_stride, k + j * d, d);
+}
+
+static void softcap_scalar(float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+static float max_scalar(const float *x, int64_t n) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static float exp_sum_scalar(float *x, int64_t n, float m) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    return s;
+}
+
+static void weighted_sum_scalar(const float *p, int64_t p_stride, int64_t n_q, const float *v, int64_t n_k,
+                                int64_t d, float *acc, int64_t acc_stride) {
+    for (int64_t r = 0; r < n_q; r++) {
+        float *a = acc + r * acc_stride;
+        for (int64_t j = 0; j < n_k; j++) {
+            float w = p[r * p_stride + j];
+            const float *vj = v + j * d;
+            for (int64_t i = 0; i < d; i++) a[i] += w * vj[i];
+        }
+    }
+}
+
+const ember_op_kernels ember_op_kernels_scalar = {
+    .silu_mul = silu_mul_scalar,
+    .gelu_mul = gelu_mul_scalar,
+    .f32_to_f16 = f32_to_f16_scalar,
+    .gather_f16_rows = gather_f16_rows_scalar,
+    .dot_rows = dot_rows_scalar,
+    .softcap = softcap_scalar,
+    .max = max_scalar,
+    .exp_sum = exp_sum_scalar,
+    .weighted_sum = weighted_sum_scalar,
+};
+
+/* ---- elementwise ---- */
+
+typedef struct {
+    const float *a, *b;
+    float *out;
+    float s;
+    const ember_op_kernels *k;
+} binary_ctx;
+
+static void silu_mul_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    c->k->silu_mul(c->a + lo, c->b + lo, c->out + lo, hi - lo);
+}
+
+static void gelu_mul_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    c->k->gelu_mul(c->a + lo, c->b + lo, c->out + lo, hi - lo);
+}
+
+static void add_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    for (int64_t i = lo; i < hi; i++) c->out[i] = c->a[i] + c->b[i];
+}
+
+static void scale_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    for (int64_t i = lo; i < hi; i++) c->out[i] *= c->s;
+}
+
+void ember_silu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n) {
+    binary_ctx c = {gate, up, out, 0, kernels()};
+    parallel_range(pool, silu_mul_range, &c, n, 64, 4 * n); /* exp makes each element count more */
+}
+
+void ember_gelu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n) {
+    binary_ctx c = {gate, up, out, 0, kernels()};
+    parallel_range(pool, gelu_mul_range, &c, n, 64, 4 * n);
+}
+
+void ember_add(ember_pool *pool, const float *a, const float *b, float *out, int64_t n) {
+    binary_ctx c = {a, b, out, 0, NULL};
+    parallel_range(pool, add_range, &c, n, 64, n);
+}
+
+void ember_scale(ember_pool *pool, float *x, float s, int64_t n) {
+    binary_ctx c = {NULL, NULL, x, s, NULL};
+    parallel_range(pool, scale_range, &c, n, 64, n);
+}
+
+/* ---- RMS norm ---- */
+
+typedef struct {
+    const float *x, *w;
+    float *out;
+    int64_t d;
+    float eps;
+} rms_ctx;
+
+/* Sum of squares in 8 double lanes: exact enough for any row length, and the lanes vectorize. */
+static double sum_squares(const float *x, int64_t d) {
+    double lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)x[i + l] * x[i + l];
+    double s = 0;
+    for (; i < d; i++) s += (double)x[i] * x[i];
+    for (int l = 0; l < 8; l++) s += lane[l];
+    return s;
+}
+
+static void rms_norm_rows(void *p, int64_t lo, int64_t hi) {
+    const rms_ctx *c = p;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = c->x + r * c->d; /* (d,) */
+        float *y = c->out + r * c->d;     /* (d,) */
+        float inv = (float)(1.0 / sqrt(sum_squares(x, c->d) / (double)c->d + c->eps));
+        if (c->w)
+            for (int64_t i = 0; i < c->d; i++) y[i] = x[i] * inv * c->w[i];
+        else
+            for (int64_t i = 0; i < c->d; i++) y[i] = x[i] * inv;
+    }
+}
+
+void ember_rms_norm(ember_pool *pool, const float *x, const float *w, float *out, int64_t n, int64_t d, float eps) {
+    if (d <= 0) return;
+    rms_ctx c = {x, w, out, d, eps};
+    parallel_range(pool, rms_norm_rows, &c, n, 1, n * d);
+}
+
+/* ---- rotary embedding ---- */
+
+#define ROPE_PAIRS 256 /* rotation pairs whose angles are computed together */
+
+typedef struct {
+    float *x;                   /* (n_tok, n_head, head_dim) */
+    const int32_t *pos;         /* (n_tok,) */
+    const float *freq_factors;  /* (n_rot/2,) or NULL */
+    int64_t n_tok, n_head, head_dim, n_rot, n_pairs;
+    int neox;
+    double freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
+} rope_ctx;
+
+/* Pair index at which YaRN's blend for a given number of rotations over n_ctx_orig sits (ggml's formula). */
+static double yarn_corr_dim(double n_rot, double n_ctx_orig, double turns, double base) {
+    return n_rot * log(n_ctx_orig / (turns * 2 * M_PI)) / (2 * log(base));
+}
+
+/* freq (np,): angle per unit of position of pairs [p0, p0 + np): freq_base^(-2i/n_rot) (by repeated
+ * multiplication in double), divided by its frequency factor, then YaRN's blend of interpolation
+ * (freq_scale) and extrapolation, ramping over pairs [corr_lo, corr_hi]. */
+static void rope_pair_freqs(const rope_ctx *c, int64_t p0, int64_t np, double *freq) {
+    double step = pow(c->freq_base, -2.0 / (double)c->n_rot), extrap = pow(c->freq_base, -2.0 * p0 / c->n_rot);
+    for (int64_t k = 0; k < np; k++, extrap *= step) {
+        int64_t i = p0 + k;
+        double mix = 0.0;
+        if (c->ext_factor != 0.0) {
+            double y = ((double)i - c->corr_lo) / fmax(0.001, c->corr_hi - c->corr_lo);
+            mix = c->ext_factor * (1.0 - fmin(1.0, fmax(0.0, y)));
+        }
+        freq[k] = extrap / (c->freq_factors ? c->freq_factors[i] : 1.0) * (c->freq_scale * (1.0 - mix) + mix);
+    }
+}
+
+/* cs, sn (np,) = mscale * cos/sin(pos * freq). The angle is formed and reduced to [-pi, pi] in double
+ * (positions reach 1e5+, where a float angle would be off by ~1e-2), then float sin/cos are exact enough. */
+static void rope_cos_sin(const rope_ctx *c, int32_t pos, const double *freq, int64_t np, float *cs, float *sn) {
+    const double two_pi = 2 * M_PI;
+    for (int64_t i = 0; i < np; i++) {
+        double theta = (double)pos * freq[i];
+        float r = (float)(theta - two_pi * nearbyint(theta / two_pi));
+        cs[i] = cosf(r) * (float)c->mscale;
+        sn[i] = sinf(r) * (float)c->mscale;
+    }
+}
+
+static void rotate_pairs(const rope_ctx *c, float *head, int64_t p0, int64_t np, const float *cs, const float *sn) {
+    if (c->neox) {
+        float *a = head + p0, *b = head + c->n_pairs + p0;
+        for (int64_t i = 0; i < np; i++) {
+            float x0 = a[i], x1 = b[i];
+            a[i] = x0 * cs[i] - x1 * sn[i];
+            b[i] = x0 * sn[i] + x1 * cs[i];
+        }
+    } else {
+        float *v = head + 2 * p0;
+        for (int64_t i = 0; i < np; i++) {
+            float x0 = v[2 * i], x1 = v[2 * i + 1];
+            v[2 * i] = x0 * cs[i] - x1 * sn[i];
+            v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+/* Each thread takes a range of (token, head) rows and computes a token's cos/sin once for its heads. */
+static void rope_task(void *p, int ith, int nth) {
+    const rope_ctx *c = p;
+    int64_t lo, hi;
+    ember_split(c->n_tok * c->n_head, ith, nth, &lo, &hi);
+    double freq[ROPE_PAIRS];          /* (np,) angle per position */
+    float cs[ROPE_PAIRS], sn[ROPE_PAIRS]; /* (np,) scaled cos and sin at one token's position */
+    for (int64_t p0 = 0; p0 < c->n_pairs; p0 += ROPE_PAIRS) {
+        int64_t np = EMBER_MIN(ROPE_PAIRS, c->n_pairs - p0);
+        rope_pair_freqs(c, p0, np, freq);
+        for (int64_t row = lo; row < hi;) {
+            int64_t t = row / c->n_head, end = EMBER_MIN(hi, (t + 1) * c->n_head);
+            rope_cos_sin(c, c->pos[t], freq, np, cs, sn);
+            for (; row < end; row++) rotate_pairs(c, c->x + row * c->head_dim, p0, np, cs, sn);
+        }
+    }
+}
+
+void ember_rope(ember_pool *pool, float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t *pos,
+                int64_t n_rot, int neox, float freq_base, float freq_scale, const float *freq_factors,
+                float ext_factor, float attn_factor, float beta_fast, float beta_slow, int64_t n_ctx_orig) {
+    if (n_tok <= 0 || n_head <= 0 || n_rot < 2 || n_rot > head_dim) return; /* else outside the contract */
+    rope_ctx c = {x, pos, freq_factors, n_tok, n_head, head_dim, n_rot, n_rot / 2, neox,
+                  freq_base, freq_scale, ext_factor, attn_factor, 0.0, 0.0};
+    if (ext_factor != 0.0f) {
+        c.mscale *= 1.0 + 0.1 * log(1.0 / (double)freq_scale);
+        c.corr_lo = fmax(0.0, floor(yarn_corr_dim((double)n_rot, (double)n_ctx_orig, beta_fast, freq_base)));
+        c.corr_hi = fmin((double)n_rot - 1, ceil(yarn_corr_dim((double)n_rot, (double)n_ctx_orig, beta_slow, freq_base)));
+    }
+    if (n_tok * n_head * n_rot < PARALLEL_MIN_WORK / 2 || ember_pool_threads(pool) == 1)
+        rope_task(&c, 0, 1);
+    else
+        ember_parallel(pool, rope_task, &c);
+}
+
+/* ---- KV cache ---- */
+
+typedef struct {
+    const float *k, *v;          /* (n_tok, k_dim), (n_tok, v_dim) */
+    uint16_t *k_cache, *v_cache; /* (n_slots, k_dim), (n_slots, v_dim) */
+    const int64_t *slots;        /* (n_tok,) */
+    int64_t k_dim, v_dim;
+    const ember_op_kernels *kern;
+} kv_store_ctx;
+
+static void kv_store_rows(void *p, int64_t lo, int64_t hi) {
+    const kv_store_ctx *c = p;
+    for (int64_t t = lo; t < hi; t++) {
+        c->kern->f32_to_f16(c->k + t * c->k_dim, c->k_cache + c->slots[t] * c->k_dim, c->k_dim);
+        c->kern->f32_to_f16(c->v + t * c->v_dim, c->v_cache + c->slots[t] * c->v_dim, c->v_dim);
+    }
+}
+
+void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim) {
+    kv_store_ctx c = {k, v, k_cache, v_cache, slots, k_dim, v_dim, kernels()};
+    parallel_range(pool, kv_store_rows, &c, n_tok, 1, n_tok * (k_dim + v_dim));
+}
+
+/* ---- paged attention ----
+ * Work item: a block of consecutive query tokens of one sequence x one kv head (x a range of its query
+ * heads when a group is very large) x, for decode-like calls with few items, a piece of the key range.
+ * An item walks its keys in chunks: the chunk's K and V are converted to f32 once and used by all the
+ * item's rows (tokens x heads sharing the kv head), with an online softmax per row. Items are claimed
+ * from a shared counter, last tokens (the longest causal ranges) first. */
+
+#define ATTN_MAX_ROWS 64          /* query rows (tokens x heads) of one item */
+#define ATTN_MAX_CHUNK 64         /* keys per chunk */
+#define ATTN_CHUNK_FLOATS 8192    /* f32 staging of one key chunk, and of one value chunk */
+#define ATTN_PARTIAL_FLOATS 8192  /* results of key-range pieces, combined after the parallel pass */
+#define ATTN_MIN_SPLIT_KEYS 256   /* key ranges are split only into pieces at least this long */
+
+typedef struct {
+    const float *q;                    /* (n_tok, n_head, hd_k) */
+    const uint16_t *k_cache, *v_cache; /* (n_slots, n_kv_head, hd_k), (n_slots, n_kv_head, hd_v) */
+    float *out;                        /* (n_tok, n_head, hd_v) */
+    const int32_t *tok_pos, *tok_seq;  /* (n_tok,) */
+    const int32_t *block_tables;       /* (n_seq, max_pages) */
+    int64_t n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
+    float scale, softcap;
+    int64_t group;           /* query heads per kv head */
+    int64_t item_heads;      /* query heads of one item (<= group) */
+    int64_t n_hsub;          /* items per group and block: ceil(group / item_heads) */
+    int64_t block_tokens;    /* most tokens per block: block_tokens * item_heads <= ATTN_MAX_ROWS */
+    int64_t n_split;         /* pieces of each item's key range */
+    int64_t items_per_block; /* n_kv_head * n_hsub * n_split */
+    int64_t n_chunk;         /* keys per chunk */
+    float *partial;          /* n_split > 1: piece i at partial + i * piece_floats */
+    int64_t piece_floats;    /* sums (piece_rows, hd_v), then maxima (piece_rows,), then totals (piece_rows,) */
+    int64_t piece_rows;
+    const ember_op_kernels *kern;
+    atomic_llong next_item;
+} attn_ctx;
+
+typedef struct {
+    float k[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_k) keys of the chunk */
+    float v[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_v) values of the chunk */
+    float s[ATTN_MAX_ROWS * ATTN_MAX_CHUNK];  /* (rows, n_chunk) scores, then weights */
+    float m[ATTN_MAX_ROWS], l[ATTN_MAX_ROWS]; /* (rows,) running max and sum of weights */
+    int64_t k_off[2][ATTN_MAX_CHUNK], v_off[2][ATTN_MAX_CHUNK]; /* (n_chunk,) cache offsets: this chunk, next */
+} attn_scratch;
+
+/* Heads [h0, h0 + nh) of kv head g for tokens [t0, t1), over keys [k_lo, k_hi) of their sequence.
+ * Row (t, i) accumulates at acc + (t - t0) * acc_tstride + i * hd_v. */
+typedef struct {
+    int64_t t0, t1, g, h0, nh, k_lo, k_hi;
+    float *acc;
+    int64_t acc_tstride;
+} attn_piece;
+
+typedef struct {
+    int64_t index, t0, t1; /* block number `index` (counted from the last token) is tokens [t0, t1) */
+} attn_block;
+
+static void token_keys(const attn_ctx *c, int64_t t, int64_t *lo, int64_t *hi) {
+    int64_t pos = c->tok_pos[t];
+    *hi = pos + 1;
+    *lo = c->window > 0 ? EMBER_MAX(0, pos - c->window + 1) : 0;
+}
+
+/* First token of the block ending at t1: up to block_tokens tokens of one sequence. */
+static int64_t block_start(const attn_ctx *c, int64_t t1) {
+    int64_t t0 = t1 - 1;
+    while (t0 > 0 && t1 - t0 < c->block_tokens && c->tok_seq[t0 - 1] == c->tok_seq[t1 - 1]) t0--;
+    return t0;
+}
+
+/* Move b forward to block number `index`; 0 when the tokens run out first. */
+static int seek_block(const attn_ctx *c, attn_block *b, int64_t index) {
+    while (b->index < index) {
+        if (b->t0 == 0) return 0;
+        b->t1 = b->t0;
+        b->t0 = block_start(c, b->t1);
+        b->index++;
+    }
+    return 1;
+}
+
+static attn_block first_block_cursor(const attn_ctx *c) {
+    attn_block b = {-1, c->n_tok, c->n_tok};
+    return b;
+}
+
+/* Fills w with work item `item`; 0 when there is no such item. */
+static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece *w) {
+    if (!seek_block(c, b, item / c->items_per_block)) return 0;
+    int64_t rest = item % c->items_per_block;
+    int64_t split = rest % c->n_split, hs = (rest / c->n_split) % c->n_hsub, g = rest / c->n_split / c->n_hsub;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t t = b->t0; t < b->t1; t++) {
+        int64_t tl, th;
+        token_keys(c, t, &tl, &th);
+        lo = EMBER_MIN(lo, tl);
+        hi = EMBER_MAX(hi, th);
+    }
+    w->t0 = b->t0;
+    w->t1 = b->t1;
+    w->g = g;
+    w->h0 = hs * c->item_heads;
+    w->nh = EMBER_MIN(c->item_heads, c->group - w->h0);
+    w->k_lo = lo + (hi - lo) * split / c->n_split;
+    w->k_hi = lo + (hi - lo) * (split + 1) / c->n_split;
+    if (c->n_split == 1) {
+        w->acc = c->out + (w->t0 * c->n_head + g * c->group + w->h0) * c->hd_v;
+        w->acc_tstride = c->n_head * c->hd_v;
+    } else {
+        w->acc = c->partial + item * c->piece_floats;
+        w->acc_tstride = w->nh * c->hd_v;
+    }
+    return 1;
+}
+
+/* Online softmax: fold n new scores s into a row's running max m and sum l, rescaling its sums acc. */
+static void softmax_update(const attn_ctx *c, float *s, int64_t n, float *m, float *l, float *acc) {
+    if (c->softcap > 0) c->kern->softcap(s, n, c->softcap);
+    float m_new = c->kern->max(s, n);
+    if (m_new > *m) {
+        if (*l > 0) {
+            float corr = expf(*m - m_new);
+            *l *= corr;
+            for (int64_t i = 0; i < c->hd_v; i++) acc[i] *= corr;
+        }
+        *m = m_new;
+    }
+    *l += c->kern->exp_sum(s, n, *m);
+}
+
+/* Cache offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence. */
+static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, int64_t p1, int64_t *k_off,
+                          int64_t *v_off) {
+    const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[w->t0] * c->max_pages; /* (max_pages,) */
+    int64_t page = p0 / c->page_size, in_page = p0 % c->page_size; /* walked, not divided, per key */
+    for (int64_t j = 0; j < p1 - p0; j++) {
+        int64_t slot = (int64_t)pages[page] * c->page_size + in_page;
+        k_off[j] = (slot * c->n_kv_head + w->g) * c->hd_k;
+        v_off[j] = (slot * c->n_kv_head + w->g) * c->hd_v;
+        if (++in_page == c->page_size) {
+            in_page = 0;
+            page++;
+        }
+    }
+}
+
+/* Ask for rows ahead of use: a kv head's rows are strided by the other heads and scattered over pages,
+ * which the hardware prefetchers follow poorly (~10% on decode from DRAM). */
+static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t *v_off, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const char *k = (const char *)(c->k_cache + k_off[j]), *v = (const char *)(c->v_cache + v_off[j]);
+        for (int64_t b = 0; b < c->hd_k * 2; b += 64) __builtin_prefetch(k + b);
+        for (int64_t b = 0; b < c->hd_v * 2; b += 64) __builtin_prefetch(v + b);
+    }
+}
+
+/* Keys [p0, p1) (rows at k_off, v_off): convert them once, then update every row of the piece that sees some. */
+static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *sc, int64_t p0, int64_t p1,
+                         const int64_t *k_off, const int64_t *v_off) {
+    c->kern->gather_f16_rows(c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
+    c->kern->gather_f16_rows(c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
+    for (int64_t t = w->t0; t < w->t1; t++) {
+        int64_t lo, hi;
+        token_keys(c, t, &lo, &hi);
+        lo = EMBER_MAX(lo, p0);
+        hi = EMBER_MIN(hi, p1);
+        if (lo >= hi) continue;
+        int64_t r0 = (t - w->t0) * w->nh;                                                /* first row of t */
+        const float *q = c->q + (t * c->n_head + w->g * c->group + w->h0) * c->hd_k;      /* (nh, hd_k) */
+        float *s = sc->s + r0 * c->n_chunk;                                              /* (nh, n_chunk) */
+        float *acc = w->acc + (t - w->t0) * w->acc_tstride;                              /* (nh, hd_v) */
+        c->kern->dot_rows(q, c->hd_k, w->nh, sc->k + (lo - p0) * c->hd_k, hi - lo, c->hd_k, c->scale, s,
+                          c->n_chunk);
+        for (int64_t i = 0; i < w->nh; i++)
+            softmax_update(c, s + i * c->n_chunk, hi - lo, &sc->m[r0 + i], &sc->l[r0 + i], acc + i * c->hd_v);
+        c->kern->weighted_sum(s, c->n_chunk, w->nh, sc->v + (lo - p0) * c->hd_v, hi - lo, c->hd_v, acc, c->hd_v);
+    }
+}
+
+static void attend_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *sc) {
+    int64_t n_tok = w->t1 - w->t0;
+    for (int64_t r = 0; r < n_tok * w->nh; r++) {
+        sc->m[r] = -INFINITY;
+        sc->l[r] = 0;
+    }
+    for (int64_t t = 0; t < n_tok; t++) memset(w->acc + t * w->acc_tstride, 0, sizeof(float) * w->nh * c->hd_v);
+    int cur = 0; /* offsets of the chunk being attended; the other buffer holds the next chunk's */
+    if (w->k_lo < w->k_hi)
+        chunk_offsets(c, w, w->k_lo, EMBER_MIN(w->k_lo + c->n_chunk, w->k_hi), sc->k_off[0], sc->v_off[0]);
+    for (int64_t p0 = w->k_lo; p0 < w->k_hi; p0 += c->n_chunk, cur = !cur) {
+        int64_t p1 = EMBER_MIN(p0 + c->n_chunk, w->k_hi), p2 = EMBER_MIN(p1 + c->n_chunk, w->k_hi);
+        if (p1 < p2) {
+            chunk_offsets(c, w, p1, p2, sc->k_off[!cur], sc->v_off[!cur]);
+            prefetch_rows(c, sc->k_off[!cur], sc->v_off[!cur], p2 - p1);
+        }
+        attend_chunk(c, w, sc, p0, p1, sc->k_off[cur], sc->v_off[cur]);
+    }
+}
+
+/* A whole item: divide by the softmax total. A piece: keep max and total for combine_pieces. */
+static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scratch *sc, int64_t item) {
+    int64_t rows = (w->t1 - w->t0) * w->nh;
+    if (c->n_split > 1) {
+        float *m = c->partial + item * c->piece_floats + c->piece_rows * c->hd_v, *l = m + c->piece_rows;
+        memcpy(m, sc->m, sizeof(float) * rows);
+        memcpy(l, sc->l, sizeof(float) * rows);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *acc = w->acc + (r / w->nh) * w->acc_tstride + (r % w->nh) * c->hd_v;
+        float inv = sc->l[r] > 0 ? 1.0f / sc->l[r] : 0.0f;
+        for (int64_t i = 0; i < c->hd_v; i++) acc[i] *= inv;
+    }
+}
+
+static void attention_task(void *p, int ith, int nth) {
+    attn_ctx *c = p;
+    (void)ith;
+    (void)nth;
+    attn_scratch sc;
+    attn_block b = first_block_cursor(c);
+    attn_piece w;
+    for (;;) {
+        int64_t item = atomic_fetch_add(&c->next_item, 1);
+        if (!item_piece(c, &b, item, &w)) break;
+        attend_piece(c, &w, &sc);
+        finish_piece(c, &w, &sc, item);
+    }
+}
+
+/* Merge the n_split pieces of every item into its output rows (softmax of the concatenated keys). */
+static void combine_pieces(const attn_ctx *c) {
+    attn_block b = first_block_cursor(c);
+    attn_piece w;
+    for (int64_t base = 0; item_piece(c, &b, base, &w); base += c->n_split) {
+        for (int64_t r = 0; r < (w.t1 - w.t0) * w.nh; r++) {
+            int64_t t = w.t0 + r / w.nh;
+            float *out = c->out + (t * c->n_head + w.g * c->group + w.h0 + r % w.nh) * c->hd_v; /* (hd_v,) */
+            float m_all = -INFINITY, total = 0;
+            for (int64_t s = 0; s < c->n_split; s++)
+                m_all = EMBER_MAX(m_all, c->partial[(base + s) * c->piece_floats + c->piece_rows * c->hd_v + r]);
+            memset(out, 0, sizeof(float) * c->hd_v);
+            for (int64_t s = 0; s < c->n_split; s++) {
+                const float *piece = c->partial + (base + s) * c->piece_floats;
+                float m = piece[c->piece_rows * c->hd_v + r], l = piece[c->piece_rows * (c->hd_v + 1) + r];
+                if (l <= 0) continue;
+                float wgt = expf(m - m_all);
+                total += wgt * l;
+                for (int64_t i = 0; i < c->hd_v; i++) out[i] += wgt * piece[r * c->hd_v + i];
+            }
+            float inv = total > 0 ? 1.0f / total : 0.0f;
+            for (int64_t i = 0; i < c->hd_v; i++) out[i] *= inv;
+        }
+    }
+}
+
+/* Blocks this call forms, and the most tokens in one of them. */
+static int64_t count_blocks(const attn_ctx *c, int64_t *most_tokens) {
+    attn_block b = first_block_cursor(c);
+    *most_tokens = 0;
+    while (seek_block(c, &b, b.index + 1)) *most_tokens = EMBER_MAX(*most_tokens, b.t1 - b.t0);
+    return b.index + 1;
+}
+
+/* Key-range pieces per item: only when there are too few items to keep every thread busy (decode),
+ * with long enough ranges, and as many as the partial-result buffer holds. */
+static int64_t choose_split(attn_ctx *c, int nth) {
+    int64_t most_tokens;
+    int64_t items = count_blocks(c, &most_tokens) * c->n_kv_head * c->n_hsub;
+    if (nth <= 1 || items >= 4 * nth) return 1;
+    int64_t max_keys = 0;
+    for (int64_t t = 0; t < c->n_tok; t++) {
+        int64_t lo, hi;
+        token_keys(c, t, &lo, &hi);
+        max_keys = EMBER_MAX(max_keys, hi - lo);
+    }
+    c->piece_rows = most_tokens * c->item_heads;
+    c->piece_floats = c->piece_rows * (c->hd_v + 2);
+    int64_t want = (4 * nth + items - 1) / items; /* a few pieces per thread absorb a late-starting thread */
+    int64_t by_keys = max_keys / ATTN_MIN_SPLIT_KEYS, by_room = ATTN_PARTIAL_FLOATS / (items * c->piece_floats);
+    int64_t n = EMBER_MIN(want, EMBER_MIN(by_keys, by_room));
+    for (int64_t fewer = n - 1; fewer >= (n + 1) / 2; fewer--) /* prefer an even share per thread */
+        if ((n * items) % nth != 0 && (fewer * items) % nth == 0) n = fewer;
+    return EMBER_MAX(1, n);
+}
+
+void ember_attention(ember_pool *pool, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+                     int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
+                     const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables, int64_t max_pages,
+                     int64_t page_size, int64_t window, float scale, float softcap) {
+    if (n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || hd_k <= 0 || hd_v <= 0 || page_size <= 0) return;
+    if (n_head % n_kv_head != 0 || EMBER_MAX(hd_k, hd_v) > ATTN_CHUNK_FLOATS) return; /* outside the contract */
+    attn_ctx c = {
+        .q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .tok_pos = tok_pos, .tok_seq = tok_seq,
+        .block_tables = block_tables, .n_tok = n_tok, .n_head = n_head, .n_kv_head = n_kv_head, .hd_k = hd_k,
+        .hd_v = hd_v, .max_pages = max_pages, .page_size = page_size, .window = window, .scale = scale,
+        .softcap = softcap, .kern = kernels(),
+    };
+    c.group = n_head / n_kv_head;
+    c.item_heads = EMBER_MIN(c.group, ATTN_MAX_ROWS);
+    c.n_hsub = (c.group + c.item_heads - 1) / c.item_heads;
+    c.block_tokens = EMBER_MAX(1, ATTN_MAX_ROWS / c.item_heads);
+    int64_t widest = EMBER_MAX(hd_k, hd_v), n_chunk = EMBER_MIN(ATTN_MAX_CHUNK, ATTN_CHUNK_FLOATS / widest);
+    c.n_chunk = n_chunk >= 16 ? n_chunk & ~(int64_t)15 : EMBER_MAX(1, n_chunk);
+    int nth = ember_pool_threads(pool);
+    c.n_split = choose_split(&c, nth);
+    c.items_per_block = n_kv_head * c.n_hsub * c.n_split;
+    atomic_init(&c.next_item, 0);
+    float partial[c.n_split > 1 ? ATTN_PARTIAL_FLOATS : 1]; /* (items, piece_floats) */
+    c.partial = partial;
+    if (nth == 1)
+        attention_task(&c, 0, 1);
+    else
+        ember_parallel(pool, attention_task, &c);
+    if (c.n_split > 1) combine_pieces(&c);
+}
