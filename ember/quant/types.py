@@ -101,5 +101,5 @@ LAYOUTS: dict[GGMLType, BlockLayout] = {
 
 
 def layout(t: int) -> BlockLayout:
-    """Block layout of ggml type id `t`; KeyError for an id no GGUF writer uses."""
+    """Block layout of ggml type id `t`; ValueError for an id no GGUF writer uses."""
     return LAYOUTS[GGMLType(t)]
