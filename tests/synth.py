@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ember.quant import GGMLType, layout, quantize
+from ember.quant import GGMLType, dequantize, layout, quantize
 
 # Offsets of the float16 scale fields in one block of each type built from random bytes:
 # random bits there could be inf/NaN or huge, so they are set to small finite scales.
@@ -21,24 +21,28 @@ QUANTIZABLE = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTyp
 ALL_TYPES = sorted(QUANTIZABLE | set(F16_FIELDS), key=int)
 
 
-def random_blocks(rng: np.random.Generator, qtype: GGMLType, rows: int, cols: int, scale: float) -> np.ndarray:
-    """(rows, row_bytes) of random blocks whose scale fields are ~scale."""
+def random_blocks(rng: np.random.Generator, qtype: GGMLType, rows: int, cols: int, std: float) -> np.ndarray:
+    """(rows, row_bytes) of random blocks, their f16 scale fields set so the values have about `std`."""
     lay = layout(qtype)
     n_blocks = rows * cols // lay.block_size
     blocks = rng.integers(0, 256, size=(n_blocks, lay.type_size), dtype=np.uint8)
-    for off in F16_FIELDS[qtype]:
-        d = (rng.uniform(0.5, 1.0, n_blocks) * scale).astype(np.float16)
-        blocks[:, off:off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    scales = rng.uniform(0.5, 1.0, (n_blocks, len(F16_FIELDS[qtype])))
+    set_scales(blocks, qtype, scales)
+    # values are linear in the scale fields: measure once, then rescale to the target spread
+    spread = float(dequantize(blocks.reshape(-1), qtype).std())
+    set_scales(blocks, qtype, scales * (std / spread))
     return blocks.reshape(rows, -1)
+
+
+def set_scales(blocks: np.ndarray, qtype: GGMLType, scales: np.ndarray) -> None:
+    for j, off in enumerate(F16_FIELDS[qtype]):
+        blocks[:, off:off + 2] = scales[:, j].astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
 def weight(rng: np.random.Generator, qtype: GGMLType, rows: int, cols: int, std: float) -> np.ndarray:
     if qtype in QUANTIZABLE:
         return quantize(rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
-    # random quants are roughly uniform, so the block scale sets the spread
-    per_type = {GGMLType.Q2_K: 0.5, GGMLType.Q3_K: 0.3, GGMLType.Q4_K: 0.15, GGMLType.Q5_K: 0.07,
-                GGMLType.Q6_K: 0.05, GGMLType.IQ4_NL: 0.02, GGMLType.IQ4_XS: 0.02}
-    return random_blocks(rng, qtype, rows, cols, std * per_type[qtype])
+    return random_blocks(rng, qtype, rows, cols, std)
 
 
 @dataclass(frozen=True)

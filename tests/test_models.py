@@ -67,7 +67,7 @@ def test_cpu_matches_reference(tmp_path, backends, arch, qtype):
         for got, want in zip(run_script(cpu), run_script(ref)):
             err = np.abs(got - want).max() / np.abs(want).max()
             # f16 KV cache everywhere; 8-bit activations for quantized weights
-            assert err < (2e-3 if qtype in FLOAT_TYPES else 2e-2), f"relative error {err:.2e}"
+            assert err < (2e-4 if qtype in FLOAT_TYPES else 1.5e-2), f"relative error {err:.2e}"
             assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
 
 
