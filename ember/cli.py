@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)")
     pp.add_argument("model", help=model_help)
     pp.add_argument("-f", "--file", required=True, help="UTF-8 text file")
-    pp.add_argument("-c", "--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
-    _add_runtime(pp)
+    pp.add_argument("-c", "--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
+    _add_runtime(pp, ctx=False)
     pp.set_defaults(func=cmd_perplexity)
     return p
 
@@ -83,9 +83,10 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
 
 
-def _add_runtime(p: argparse.ArgumentParser) -> None:
+def _add_runtime(p: argparse.ArgumentParser, ctx: bool = True) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
+    if ctx:
+        p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
     p.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
 
 
@@ -221,9 +222,9 @@ def cmd_perplexity(args) -> int:
 
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
-    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.ctx, 1))
-    r = llm.perplexity(text, args.ctx)
-    print(f"{r.chunks} chunks of {args.ctx} tokens, {r.scored_tokens} tokens scored in {r.seconds:.1f} s")
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1))
+    r = llm.perplexity(text, args.chunk)
+    print(f"{r.chunks} chunks of {args.chunk} tokens, {r.scored_tokens} tokens scored in {r.seconds:.1f} s")
     print(f"PPL = {r.ppl:.4f} +/- {r.stderr:.4f}")
     return 0
 

@@ -10,7 +10,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -18,9 +18,12 @@ from .. import hub
 from ..backends import AttentionBatch, get_backend
 from ..gguf_loader import GGUFFile
 from ..models import Step, load_model
-from ..sampler import Sampler, SamplingParams, log_softmax
+from ..sampler import Sampler, SamplerVocab, SamplingParams
 from ..tokenizer import Tokenizer
 from ..tokenizer.chat import ChatTemplate
+
+if TYPE_CHECKING:
+    from .perplexity import PerplexityResult
 
 PAGE_SIZE = 256
 
@@ -87,6 +90,7 @@ class LLM:
         self.model = load_model(self.gguf, self.backend)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata)
+        self.sampler_vocab = SamplerVocab.from_tokenizer(self.tokenizer)  # shared by every request's sampler
         self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
         if self.n_ctx < 1 or batch < 1:
             raise ValueError(f"ctx and batch must be positive (got ctx={ctx}, batch={batch})")
@@ -125,33 +129,45 @@ class LLM:
         if n > self.n_ctx:
             raise ContextOverflow(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
 
-    def _run(self, ids: list[int], start: int, rows: np.ndarray) -> np.ndarray:
-        """Compute ids[start:] on top of the cached ids[:start]; logits after each position in `rows`."""
+    def _pieces(self, ids: list[int], start: int, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Compute ids[start:] on top of the cached ids[:start], yielding (logits, positions) for the
+        positions in `rows`. Pieces are cut so that each step's logits fit the model's buffer; the
+        logits are a view valid until the next step."""
         del self._cached[start:]
-        outs = [np.zeros((0, self.model.n_vocab), np.float32)]
-        for s in range(start, len(ids), self.n_batch):
-            chunk = ids[s:s + self.n_batch]
-            want = rows[(rows >= s) & (rows < s + len(chunk))] - s
-            outs.append(self._step(chunk, s, want))
-            self._cached.extend(chunk)
-        return np.concatenate(outs)
+        rows = np.sort(np.asarray(rows, np.int64))
+        limit = self.model.max_output_rows
+        s = start
+        while s < len(ids):
+            end = min(s + self.n_batch, len(ids))
+            want = rows[(rows >= s) & (rows < end)]
+            if len(want) > limit:
+                end = int(want[limit - 1]) + 1  # stop right after the last row that fits
+                want = want[:limit]
+            logits = self._step(ids[s:end], s, want - s)
+            self._cached.extend(ids[s:end])
+            if len(want):
+                yield logits, want
+            s = end
 
     def _prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
         """Bring the cache to hold `ids`, reusing the common prefix with what it holds.
-        Returns the logits after the last token and how many tokens were reused."""
+        Returns the logits after the last token (a copy) and how many tokens were reused."""
         self._check_fits(len(ids))
         reuse = min(_common_prefix(self._cached, ids), len(ids) - 1)  # recompute >= 1 token for its logits
-        return self._run(ids, reuse, np.array([len(ids) - 1]))[0], reuse
+        (logits, _), = self._pieces(ids, reuse, np.array([len(ids) - 1]))
+        return logits[0].copy(), reuse
 
-    def evaluate(self, ids: list[int], rows: np.ndarray | None = None) -> np.ndarray:
-        """Logits (len(rows), n_vocab) after each position in `rows` (default: all) of `ids`,
-        evaluated from an empty context."""
+    def evaluate(self, ids: list[int], rows=None, reduce=None) -> list:
+        """Evaluate `ids` from an empty context. For the positions in `rows` (default: all),
+        `reduce(logits, positions)` is called on each piece of logits (n, n_vocab) and its results
+        are returned in a list (default: copies of the logits)."""
         self._check_fits(len(ids))
-        rows = np.arange(len(ids)) if rows is None else np.asarray(rows)
-        return self._run(list(ids), 0, rows)
+        rows = np.arange(len(ids)) if rows is None else rows
+        reduce = reduce or (lambda logits, positions: logits.copy())
+        return [reduce(logits, pos) for logits, pos in self._pieces(list(ids), 0, rows)]
 
     def _decode(self, token: int) -> np.ndarray:
-        logits = self._step([token], len(self._cached), np.zeros(1))[0]
+        logits = self._step([token], len(self._cached), np.zeros(1))[0].copy()
         self._cached.append(token)
         return logits
 
@@ -167,17 +183,17 @@ class LLM:
         return ids
 
     def stream(self, prompt: str | list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-               ignore_eos: bool = False) -> "Generation":
+               ) -> "Generation":
         """Generate token by token: iterate the result; it records why it stopped and its timings."""
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        return Generation(self, self.prompt_ids(prompt), max_tokens, Sampler(sampling or SamplingParams()),
-                          ignore_eos)
+        sampler = Sampler(sampling or SamplingParams(), vocab=self.sampler_vocab, n_ctx=self.n_ctx)
+        return Generation(self, self.prompt_ids(prompt), max_tokens, sampler)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: Iterable[str] = (), ignore_eos: bool = False) -> Completion:
+                 stop: Iterable[str] = ()) -> Completion:
         """A whole completion; stops at an end-of-generation token, a stop string or max_tokens."""
-        gen = self.stream(prompt, max_tokens, sampling, ignore_eos)
+        gen = self.stream(prompt, max_tokens, sampling)
         stops = [s for s in stop if s]
         text, ids = "", []
         for tok in gen:
@@ -200,10 +216,15 @@ class LLM:
         """Teacher-forced log-probabilities of each token after the first, with the top alternatives."""
         if len(ids) < 2:
             raise ValueError("scoring needs at least two tokens")
-        lp = log_softmax(self.evaluate(ids, np.arange(len(ids) - 1)))
-        actual = lp[np.arange(len(ids) - 1), np.asarray(ids[1:])]
-        top_ids = np.argsort(-lp, axis=1)[:, :top]
-        return TokenScores(actual, top_ids, np.take_along_axis(lp, top_ids, axis=1))
+        targets = np.asarray(ids)
+
+        def reduce(logits, positions):
+            lp = log_softmax32(logits)
+            top_ids = np.argsort(-lp, axis=1)[:, :top]
+            return (lp[np.arange(len(lp)), targets[positions + 1]], top_ids, np.take_along_axis(lp, top_ids, 1))
+
+        parts = self.evaluate(ids, np.arange(len(ids) - 1), reduce)
+        return TokenScores(*(np.concatenate(p) for p in zip(*parts)))
 
     def perplexity(self, text: str, ctx: int = 512) -> "PerplexityResult":
         """llama-perplexity's measure: chunks of `ctx` tokens, BOS first when the model adds one,
@@ -226,9 +247,9 @@ class Generation:
     """One running generation: iterate for tokens; `finish_reason` is set when it ends
     ("stop": end-of-generation token or stop string, "length": max_tokens or context full)."""
 
-    def __init__(self, llm: LLM, prompt_ids: list[int], max_tokens: int, sampler: Sampler, ignore_eos: bool):
+    def __init__(self, llm: LLM, prompt_ids: list[int], max_tokens: int, sampler: Sampler):
         self.llm, self.prompt_ids, self.max_tokens = llm, prompt_ids, max_tokens
-        self.sampler, self.ignore_eos = sampler, ignore_eos
+        self.sampler = sampler
         self.finish_reason: str | None = None
         self.timings = Timings(prompt_tokens=len(prompt_ids))
         self._decoder = llm.tokenizer.stream_decoder()
@@ -239,13 +260,15 @@ class Generation:
         logits, t.cached_tokens = llm._prefill(self.prompt_ids)
         t.prompt_s = time.perf_counter() - t0
         t0 = time.perf_counter()
+        self.sampler.accept_many(self.prompt_ids)  # penalties see the prompt, as in llama-server
         for i in range(self.max_tokens):
-            token = self.sampler(logits)
-            if token in llm.tokenizer.eog_ids and not self.ignore_eos:
+            token = self.sampler.sample(logits)
+            self.sampler.accept(token)
+            if token in llm.tokenizer.eog_ids:  # never sampled under ignore_eos, which bans them
                 self.finish_reason = "stop"
                 return
             t.generated_tokens += 1
-            yield GeneratedToken(token, self._decoder.feed(token), float(log_softmax(logits)[token]))
+            yield GeneratedToken(token, self._decoder.feed(token), self.sampler.logprobs(token, n=0).logprob)
             if i + 1 == self.max_tokens or len(llm._cached) >= llm.n_ctx:
                 break
             logits = llm._decode(token)
@@ -255,6 +278,12 @@ class Generation:
     def flush(self) -> str:
         """Text held back because it ended inside a UTF-8 sequence (at most a replacement char)."""
         return self._decoder.flush()
+
+def log_softmax32(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities in float32 (a scoring pass over a large vocabulary)."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))

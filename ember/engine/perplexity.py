@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampler import log_softmax
+from .llm import log_softmax32
 
 
 @dataclass(slots=True)
@@ -52,5 +52,9 @@ def perplexity(llm, text: str, ctx: int = 512) -> PerplexityResult:
 
 def _chunk_nll(llm, chunk: list[int], first: int) -> np.ndarray:
     """Negative log-likelihood of chunk[first+1:], each given the tokens before it."""
-    lp = log_softmax(llm.evaluate(chunk, np.arange(first, len(chunk) - 1)))
-    return -lp[np.arange(len(lp)), np.asarray(chunk[first + 1:])]
+    targets = np.asarray(chunk)
+
+    def reduce(logits, positions):
+        return -log_softmax32(logits)[np.arange(len(positions)), targets[positions + 1]]
+
+    return np.concatenate(llm.evaluate(chunk, np.arange(first, len(chunk) - 1), reduce))

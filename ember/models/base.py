@@ -153,21 +153,20 @@ class Model:
         """Run the step; return logits (n_out, n_vocab) as a host float array."""
         raise NotImplementedError
 
-    def logits(self, x, step: Step, norm: Weight, eps: float, head: Weight) -> np.ndarray:
-        """Final norm and output projection of the rows that need logits -> host (n_out, n_vocab).
+    @property
+    def max_output_rows(self) -> int:
+        """Most rows of logits one step may ask for (bounds the logits buffer)."""
+        return max(1, LOGIT_BUFFER_FLOATS // max(self.n_vocab, 1))
 
-        Rows go through the head in bounded groups so a large vocabulary never needs a
-        persistent (n_tokens, n_vocab) buffer.
-        """
+    def logits(self, x, step: Step, norm: Weight, eps: float, head: Weight) -> np.ndarray:
+        """Final norm and output projection of the rows that need logits: (n_out, n_vocab) on the
+        host, valid until the next step."""
         rows = step.output_rows
-        result = np.empty((len(rows), self.n_vocab), np.float32)
-        group = max(1, min(len(rows), LOGIT_BUFFER_FLOATS // self.n_vocab))
-        for start in range(0, len(rows), group):
-            part = rows[start:start + group]
-            h = self.buffers.get("out_in", len(part), x.shape[1])
-            h[...] = x[part]
-            self.backend.rms_norm(h, norm, eps, h)
-            out = self.buffers.get("logits", len(part), self.n_vocab)
-            self.backend.matmul(head, h, out)
-            result[start:start + len(part)] = self.backend.to_numpy(out)
-        return result
+        if len(rows) > self.max_output_rows:
+            raise ValueError(f"{len(rows)} rows of logits asked for; at most {self.max_output_rows} per step")
+        h = self.buffers.get("out_in", len(rows), x.shape[1])
+        h[...] = x[rows]
+        self.backend.rms_norm(h, norm, eps, h)
+        out = self.buffers.get("logits", len(rows), self.n_vocab)
+        self.backend.matmul(head, h, out)
+        return self.backend.to_numpy(out)

@@ -1,4 +1,8 @@
-"""Turning logits into tokens: a chain of small samplers with a per-sequence seeded RNG."""
-from .chain import Sampler, SamplingParams, log_softmax
+"""Turning logits into tokens: llama.cpp's samplers as a configurable chain of small
+functions, with per-sequence state (penalty windows, mirostat mu, a seeded random stream)
+in a forkable Sampler."""
+from .params import DEFAULT_SAMPLERS, SamplingParams
+from .sampler import Sampler, TokenLogprobs, log_softmax
+from .vocab import SamplerVocab
 
-__all__ = ["Sampler", "SamplingParams", "log_softmax"]
+__all__ = ["DEFAULT_SAMPLERS", "Sampler", "SamplerVocab", "SamplingParams", "TokenLogprobs", "log_softmax"]
