@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .llm import log_softmax32
+from .llm import collect_reduced, log_softmax32
 
 
 @dataclass(slots=True)
@@ -37,12 +37,13 @@ def perplexity(llm, text: str, ctx: int = 512) -> PerplexityResult:
     first = ctx // 2
     bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
     t0 = time.perf_counter()
-    nll = []
+    handles = []  # every chunk at once: the engine batches them
     for c in range(n_chunks):
         chunk = tokens[c * ctx:(c + 1) * ctx]
         if bos is not None:
             chunk[0] = bos
-        nll.append(_chunk_nll(llm, chunk, first))
+        handles.append(llm.submit_evaluation(chunk, _nll_of(chunk), logits_from=first))
+    nll = [np.concatenate(collect_reduced(h)) for h in handles]
     nll = np.concatenate(nll)
     mean = float(nll.mean())
     stderr = float(nll.std() / math.sqrt(len(nll))) if len(nll) > 1 else 0.0
@@ -50,11 +51,13 @@ def perplexity(llm, text: str, ctx: int = 512) -> PerplexityResult:
     return PerplexityResult(ppl, ppl * stderr, n_chunks, len(nll), time.perf_counter() - t0)
 
 
-def _chunk_nll(llm, chunk: list[int], first: int) -> np.ndarray:
-    """Negative log-likelihood of chunk[first+1:], each given the tokens before it."""
+def _nll_of(chunk: list[int]):
+    """Reducer: negative log-likelihood of the token after each position (the last has none)."""
     targets = np.asarray(chunk)
 
     def reduce(logits, positions):
-        return -log_softmax32(logits)[np.arange(len(positions)), targets[positions + 1]]
+        keep = positions < len(chunk) - 1
+        lp = log_softmax32(logits[keep])
+        return -lp[np.arange(len(lp)), targets[positions[keep] + 1]]
 
-    return np.concatenate(llm.evaluate(chunk, np.arange(first, len(chunk) - 1), reduce))
+    return reduce

@@ -116,6 +116,13 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Every layer's keys and values of page src into page dst (copy on write)."""
+        a, b, P = src * self.page_size, dst * self.page_size, self.page_size
+        for k, v in self.layers:
+            k[b:b + P] = k[a:a + P]
+            v[b:b + P] = v[a:a + P]
+
 
 @dataclass(slots=True)
 class Step:

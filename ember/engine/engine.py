@@ -1,0 +1,409 @@
+"""The engine: one loop thread owns the model and runs steps for every request at once.
+
+Callers submit requests from any thread (`submit`) or from asyncio (`submit_async`);
+each request's tokens stream back through its handle; a handle can be cancelled at
+any time and its sequence leaves within one step. A step is: schedule, run, postprocess.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..models import Model
+from ..sampler import Sampler, SamplerVocab, SamplingParams
+from .metrics import EngineMetrics, KVUsage
+from .pages import PagePool
+from .radix import RadixCache
+from .runner import ModelRunner
+from .scheduler import Plan, Scheduler, SchedulerConfig
+from .sequence import Sequence, Status
+
+
+class QueueFull(RuntimeError):
+    """Too many requests are waiting; try again later."""
+
+
+class EngineClosed(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    n_ctx: int = 4096  # longest sequence (prompt + generated tokens)
+    max_seqs: int = 4  # sequences running at once ("slots")
+    kv_tokens: int | None = None  # KV cache capacity in tokens (default n_ctx * max_seqs)
+    page_size: int = 16
+    max_batch_tokens: int = 512
+    max_waiting: int = 1024  # queued sequences beyond which submit raises QueueFull
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        for name in ("n_ctx", "max_seqs", "page_size", "max_batch_tokens", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_tokens is not None and self.kv_tokens < self.n_ctx:
+            raise ValueError(f"the KV cache ({self.kv_tokens} tokens) must hold at least one context ({self.n_ctx})")
+
+    @property
+    def n_pages(self) -> int:
+        tokens = self.kv_tokens or self.n_ctx * self.max_seqs
+        return -(-tokens // self.page_size)
+
+
+@dataclass(slots=True)
+class Request:
+    prompt: list[int]
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output)
+    n: int = 1  # parallel samples sharing the prompt
+    logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's plus top k
+    prompt_reduce: Callable[[np.ndarray, np.ndarray], Any] | None = None  # scoring: called on prompt logits
+    prompt_logits_from: int = 0  # first prompt position whose logits prompt_reduce sees
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise ValueError("the prompt is empty")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    index: int  # which of the request's n samples
+    token: int
+    text: str  # new text (held back while it could be the start of a stop string)
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass(slots=True)
+class PromptEvent:
+    """Result of the request's prompt_reduce on one piece of prompt logits."""
+
+    index: int
+    value: Any
+
+
+@dataclass(slots=True)
+class FinishEvent:
+    index: int
+    reason: str  # "stop", "length", "cancelled" or "error"
+    text: str  # last held-back text
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    error: str | None = None
+
+
+class RequestHandle:
+    """Stream of one request's events; iterate (threads) or `async for` (asyncio)."""
+
+    def __init__(self, engine: "Engine", n: int, loop: asyncio.AbstractEventLoop | None):
+        self._engine, self._n_open = engine, n
+        self.seqs: list[Sequence] = []
+        self.submitted = time.perf_counter()
+        if loop is None:
+            self._sync: queue.SimpleQueue | None = queue.SimpleQueue()
+            self._push = self._sync.put
+        else:
+            self._sync = None
+            self._aqueue: asyncio.Queue = asyncio.Queue()
+            self._push = lambda ev: loop.call_soon_threadsafe(self._aqueue.put_nowait, ev)
+
+    def cancel(self) -> None:
+        self._engine._cancel(self)
+
+    def __iter__(self):
+        if self._sync is None:
+            raise TypeError("this request was submitted from asyncio: use `async for`")
+        while self._n_open:
+            ev = self._sync.get()
+            if isinstance(ev, FinishEvent):
+                self._n_open -= 1
+            yield ev
+
+    async def __aiter__(self):
+        while self._n_open:
+            ev = await self._aqueue.get()
+            if isinstance(ev, FinishEvent):
+                self._n_open -= 1
+            yield ev
+
+
+class _SeqState:
+    """What the engine keeps per sequence besides scheduling: sampling and text."""
+
+    __slots__ = ("handle", "index", "request", "sampler", "decoder", "held", "last_token_at", "first_token_at",
+                 "counted")
+
+    def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder):
+        self.handle, self.index, self.request = handle, index, request
+        self.sampler, self.decoder = sampler, decoder
+        self.held = ""  # text not yet sent: it may be the start of a stop string
+        self.last_token_at = 0.0
+        self.first_token_at = 0.0
+        self.counted = False  # prompt statistics recorded
+
+
+class Engine:
+    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig()):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.pool = PagePool(config.n_pages, config.page_size)
+        self.cache = model.new_kv_cache(config.n_pages, config.page_size)
+        self.tree = RadixCache(self.pool)
+        self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
+            max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
+            max_logit_rows=min(model.max_output_rows, 1024)))
+        self.runner = ModelRunner(model, self.cache)
+        self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
+        self.metrics = EngineMetrics()
+        self.last_error: str | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
+        self._thread.start()
+
+    # ---- submitting ----
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue a request (thread-safe); iterate the handle for its events."""
+        return self._submit(request, None)
+
+    def submit_async(self, request: Request) -> RequestHandle:
+        """Like submit, from a running asyncio loop: `async for ev in engine.submit_async(req)`."""
+        return self._submit(request, asyncio.get_running_loop())
+
+    def _submit(self, request: Request, loop) -> RequestHandle:
+        if self._closed:
+            raise EngineClosed("the engine is shut down")
+        self._check_fits(request)
+        if len(self.scheduler.waiting) + self._inbox.qsize() >= self.config.max_waiting:
+            raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
+        handle = RequestHandle(self, request.n, loop)
+        room = self.config.n_ctx - len(request.prompt)
+        for i in range(request.n):
+            seq = Sequence(list(request.prompt), min(request.max_tokens, room),
+                           prompt_logits=request.prompt_reduce is not None,
+                           prompt_logits_from=request.prompt_logits_from)
+            seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder())
+            handle.seqs.append(seq)
+        self._inbox.put(("add", handle))
+        self._wake.set()
+        return handle
+
+    def _check_fits(self, request: Request) -> None:
+        n_prompt, n_ctx = len(request.prompt), self.config.n_ctx
+        if n_prompt > n_ctx:
+            raise ValueError(f"the prompt has {n_prompt} tokens; the context holds {n_ctx}")
+        bad = next((t for t in request.prompt if not 0 <= t < self.model.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.model.n_vocab - 1})")
+
+    def _sampler(self, request: Request, index: int) -> Sampler:
+        params = request.sampling
+        if index and params.seed is not None:  # parallel samples: distinct, reproducible streams
+            params = _with_seed(params, params.seed + index)
+        sampler = Sampler(params, vocab=self.sampler_vocab, n_ctx=self.config.n_ctx)
+        sampler.accept_many(request.prompt)  # penalties see the prompt, as in llama-server
+        return sampler
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        self._inbox.put(("cancel", handle))
+        self._wake.set()
+
+    # ---- the loop ----
+    def _loop(self) -> None:
+        while not self._closed:
+            self._drain_inbox(block=not self.scheduler.has_work)
+            if self._closed:
+                break
+            try:
+                self.step()
+            except Exception as e:  # a bug must not leave callers hanging
+                self._fail_running(f"{type(e).__name__}: {e}", traceback.format_exc())
+        self._shutdown()
+
+    def _drain_inbox(self, block: bool) -> None:
+        if block:
+            self._wake.wait()
+        self._wake.clear()
+        while True:
+            try:
+                kind, handle = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                for seq in handle.seqs:
+                    self.scheduler.add(seq)
+                    self.metrics.requests_started += 1
+            elif kind == "cancel":
+                for seq in handle.seqs:
+                    seq.cancelled = True
+            elif kind == "clear":
+                self.tree.clear()
+
+    def step(self) -> None:
+        """Schedule, run, postprocess: one batched forward pass."""
+        self._finish_cancelled()
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
+            return
+        self._count_admissions(plan)
+        logits = self.runner.run(plan)
+        self.scheduler.complete(plan)
+        self._postprocess(plan, logits)
+        self.metrics.steps += 1
+
+    def _finish_cancelled(self) -> None:
+        for seq in [s for s in self.scheduler.running + self.scheduler.waiting if s.cancelled]:
+            self._finish(seq, "cancelled")
+            self.metrics.requests_cancelled += 1
+
+    def _count_admissions(self, plan: Plan) -> None:
+        m = self.metrics
+        for c in plan.chunks:
+            seq = c.seq
+            if c.start < seq.n_prompt:
+                m.prompt_tokens_computed += min(c.n, seq.n_prompt - c.start)
+            if not seq.owner.counted:  # first admission: how much of the prompt the cache served
+                seq.owner.counted = True
+                m.prompt_tokens += seq.n_prompt
+                m.prompt_tokens_cached += seq.n_cache_hit
+        m.preemptions = self.scheduler.n_preemptions
+
+    def _postprocess(self, plan: Plan, logits: np.ndarray) -> None:
+        row = 0
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            rows = logits[row:row + len(chunk.logit_rows)]
+            row += len(chunk.logit_rows)
+            if seq.prompt_logits and chunk.start < seq.n_prompt:
+                self._deliver_prompt(seq, chunk, rows)
+            if seq.n_computed == len(seq.tokens):  # the last token was computed: its logits are in rows[-1]
+                if seq.wants_sample:
+                    self._sample(seq, rows[-1])
+                else:
+                    self._finish(seq, "length")
+
+    def _deliver_prompt(self, seq: Sequence, chunk, rows: np.ndarray) -> None:
+        st = seq.owner
+        positions = np.asarray(chunk.logit_rows, np.int64)
+        keep = positions < seq.n_prompt
+        if not keep.any():
+            return
+        st.handle._push(PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep])))
+
+    def _sample(self, seq: Sequence, row: np.ndarray) -> None:
+        st, req = seq.owner, seq.owner.request
+        token = st.sampler.sample(row)
+        st.sampler.accept(token)
+        now = time.perf_counter()
+        self._time_token(seq, now)
+        if token in self.tokenizer.eog_ids:
+            self._finish(seq, "stop")
+            return
+        seq.tokens.append(token)
+        self.metrics.generated_tokens += 1
+        lp = st.sampler.logprobs(token, n=req.logprobs) if req.logprobs is not None else None
+        text, stopped = self._text(st, st.decoder.feed(token))
+        st.handle._push(TokenEvent(st.index, token, text, lp.logprob if lp else None,
+                                   list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs else None))
+        if stopped:
+            self._finish(seq, "stop", flush=False)  # whatever follows the stop string is dropped
+        elif not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
+            self._finish(seq, "length")
+
+    def _time_token(self, seq: Sequence, now: float) -> None:
+        st, m = seq.owner, self.metrics
+        if st.first_token_at == 0.0:
+            st.first_token_at = now
+            ttft = now - st.handle.submitted
+            (m.ttft_hit if 2 * seq.n_cache_hit >= seq.n_prompt else m.ttft_miss).observe(ttft)
+        else:
+            m.inter_token.observe(now - st.last_token_at)
+        st.last_token_at = now
+
+    def _text(self, st: _SeqState, piece: str) -> tuple[str, bool]:
+        """Text safe to send now, and whether a stop string was reached (text cut before it)."""
+        stops = st.request.stop
+        buf = st.held + piece
+        if not stops:
+            st.held = ""
+            return buf, False
+        cut = min((i for i in (buf.find(s) for s in stops) if i >= 0), default=-1)
+        if cut >= 0:
+            st.held = ""
+            return buf[:cut], True
+        keep = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        st.held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], False
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True) -> None:
+        """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
+        if seq.status is Status.FINISHED:
+            return
+        self.scheduler.finish(seq, reason)
+        st = seq.owner
+        tail = st.held + st.decoder.flush() if flush else ""
+        st.handle._push(FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit, seq.n_generated, error))
+        self.metrics.requests_finished += 1
+
+    def _fail_running(self, message: str, trace: str) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            try:
+                self._finish(seq, "error", error=message)
+            except Exception:  # pragma: no cover - bookkeeping already broken
+                seq.status = Status.FINISHED
+        self.last_error = trace
+
+    # ---- state ----
+    def kv_usage(self) -> KVUsage:
+        in_use = set()
+        for seq in self.scheduler.running:
+            in_use.update(seq.pages)
+        free = self.pool.n_free
+        return KVUsage(self.pool.n_pages, free, len(in_use), self.pool.n_pages - free - len(in_use),
+                       self.pool.page_size, self.tree.n_tokens)
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix not in use (at the next step)."""
+        self._inbox.put(("clear", None))
+        self._wake.set()
+
+    def close(self) -> None:
+        """Cancel everything and stop the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _shutdown(self) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(seq, "cancelled")
+        while True:
+            try:
+                kind, handle = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                for seq in handle.seqs:
+                    st = seq.owner
+                    st.handle._push(FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0))
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, seed=seed % (1 << 32))

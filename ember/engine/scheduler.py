@@ -1,0 +1,234 @@
+"""Continuous batching: each step mixes one decode token of every running sequence with
+chunks of prefill for new ones, under a token budget.
+
+Admission prefers the waiting sequence with the longest cached prefix, with aging so
+that nothing starves; a sequence whose prompt shares more with a prefill in flight than
+the cache holds yet waits for that prefill to be cached instead of computing it twice.
+When pages run out: evict cached prefixes, then preempt the youngest running sequence
+(its computed tokens go to the prefix cache, so it resumes cheaply).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .pages import PagePool
+from .radix import RadixCache, common_prefix
+from .sequence import Sequence, Status
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_seqs: int = 16  # running sequences at once
+    max_batch_tokens: int = 512  # tokens computed per step
+    max_logit_rows: int = 64  # rows of logits per step (the model's buffer)
+    aging_tokens: int = 64  # priority a waiting sequence gains per step, in tokens of cached prefix
+
+    def __post_init__(self):
+        for name in ("max_seqs", "max_batch_tokens", "max_logit_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.aging_tokens < 0:
+            raise ValueError(f"aging_tokens must be >= 0, got {self.aging_tokens}")
+
+
+@dataclass(slots=True)
+class Chunk:
+    seq: Sequence
+    start: int  # first position computed
+    n: int  # positions computed: start .. start + n - 1
+    logit_rows: list[int]  # positions whose logits the step returns
+
+
+@dataclass(slots=True)
+class Plan:
+    chunks: list[Chunk] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages, before the step
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(c.n for c in self.chunks)
+
+
+@dataclass(slots=True)
+class _Budget:
+    tokens: int
+    rows: int
+
+
+class Scheduler:
+    def __init__(self, pool: PagePool, tree: RadixCache, config: SchedulerConfig = SchedulerConfig()):
+        self.pool, self.tree, self.config = pool, tree, config
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.step_no = 0
+        self.n_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        max_len = self.pool.n_pages * self.pool.page_size
+        if len(seq.tokens) + seq.max_new_tokens > max_len:
+            raise ValueError(f"{len(seq.tokens)} + {seq.max_new_tokens} tokens exceed the KV cache ({max_len} tokens)")
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----
+    def schedule(self) -> Plan:
+        self.step_no += 1
+        plan = Plan()
+        budget = _Budget(self.config.max_batch_tokens, self.config.max_logit_rows)
+        planned: set[int] = set()
+        # decodes first (one token each), oldest first; then prefill continuations
+        for seq in sorted(self.running, key=lambda s: (s.in_prefill, s.admitted_at)):
+            if seq.status is Status.RUNNING and budget.tokens > 0:
+                self._plan(seq, plan, budget, planned)
+        while self.waiting and len(self.running) < self.config.max_seqs and budget.tokens > 0:
+            seq = self._pick_waiting()
+            if seq is None or not self._admit(seq, plan, budget, planned):
+                break
+        for seq in self.waiting:
+            seq.waited_steps += 1
+        return plan
+
+    def _plan(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int], may_preempt: bool = True) -> bool:
+        n, rows = self._chunk(seq, budget)
+        if n == 0:
+            return False
+        start = seq.n_computed
+        if not self._reserve(seq, start, n, plan, planned if may_preempt else None):
+            return False
+        plan.chunks.append(Chunk(seq, start, n, rows))
+        planned.add(seq.id)
+        budget.tokens -= n
+        budget.rows -= len(rows)
+        return True
+
+    def _chunk(self, seq: Sequence, budget: _Budget) -> tuple[int, list[int]]:
+        """How many pending tokens of seq fit this step, and which positions need logits."""
+        start = seq.n_computed
+        n = min(seq.n_pending, budget.tokens)
+        if seq.prompt_logits:
+            first = max(start, seq.prompt_logits_from)
+            n = min(n, max(first - start, 0) + budget.rows)
+            return n, list(range(first, start + n))
+        completes = n == seq.n_pending and (seq.wants_sample or seq.n_generated > 0)
+        if completes and budget.rows < 1:
+            n -= 1  # leave the last token (the one that needs logits) for a later step
+            completes = False
+        return n, [start + n - 1] if completes else []
+
+    def _reserve(self, seq: Sequence, start: int, n: int, plan: Plan, planned: set[int] | None) -> bool:
+        """Pages for positions start..start+n-1 of seq: new pages, or private copies of shared ones.
+        `planned`: sequences already in this step (never preempted); None: preempt nobody."""
+        P = self.pool.page_size
+        for idx in range(start // P, (start + n - 1) // P + 1):
+            if idx < len(seq.pages) and not self.pool.shared(seq.pages[idx]):
+                continue
+            page = self._allocate(seq, planned)
+            if page is None:
+                return False
+            if idx < len(seq.pages):  # copy on write: the page is also the cache's or another sequence's
+                plan.copies.append((seq.pages[idx], page))
+                self.pool.release([seq.pages[idx]])
+                seq.pages[idx] = page
+            else:
+                seq.pages.append(page)
+        return True
+
+    def _allocate(self, requester: Sequence, planned: set[int] | None) -> int | None:
+        while self.pool.n_free == 0:
+            if self.tree.evict(1):
+                continue
+            victim = None if planned is None else self._youngest_unplanned(requester, planned)
+            if victim is None:
+                return None
+            self.preempt(victim)
+        return self.pool.allocate()
+
+    def _youngest_unplanned(self, requester: Sequence, planned: set[int]) -> Sequence | None:
+        candidates = [s for s in self.running if s is not requester and s.id not in planned]
+        return max(candidates, key=lambda s: s.admitted_at, default=None)
+
+    # ---- admission ----
+    def _pick_waiting(self) -> Sequence | None:
+        best, best_score = None, -1.0
+        for seq in self.waiting:
+            cached = 0 if seq.prompt_logits else self.tree.match_length(seq.tokens[:-1])
+            if self._inflight_would_help(seq, cached):
+                continue
+            score = cached + self.config.aging_tokens * seq.waited_steps
+            if score > best_score:
+                best, best_score = seq, score
+        return best
+
+    def _inflight_would_help(self, seq: Sequence, cached: int) -> bool:
+        """A running prefill shares at least a page more of this prompt than the cache holds."""
+        if seq.prompt_logits:
+            return False
+        for r in self.running:
+            if r.in_prefill and common_prefix(r.tokens, seq.tokens) >= cached + self.pool.page_size:
+                return True
+        return False
+
+    def _admit(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int]) -> bool:
+        match = self.tree.match([] if seq.prompt_logits else seq.tokens[:-1])
+        self.tree.pin(match.node)
+        self.pool.retain(match.pages)
+        seq.node, seq.pages, seq.n_computed = match.node, list(match.pages), match.length
+        if seq.preemptions == 0:
+            seq.n_cache_hit = match.length
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status, seq.admitted_at = Status.RUNNING, self.step_no
+        if self._plan(seq, plan, budget, planned, may_preempt=False):  # admitting never preempts
+            return True
+        self._to_waiting(seq, front=True)  # no room after all: undo
+        return False
+
+    # ---- after the step ----
+    def complete(self, plan: Plan) -> None:
+        """The step ran: advance each sequence and cache the prompt chunks just computed."""
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            seq.n_computed += chunk.n
+            if chunk.start < seq.n_prompt:
+                self._cache(seq)
+
+    def _cache(self, seq: Sequence) -> None:
+        node = self.tree.insert(seq.tokens[:seq.n_computed], seq.pages)
+        self.tree.pin(node)
+        if seq.node is not None:
+            self.tree.unpin(seq.node)
+        seq.node = node
+
+    # ---- leaving ----
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Done (or cancelled): computed tokens stay in the prefix cache; pages are released."""
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def preempt(self, seq: Sequence) -> None:
+        self._to_waiting(seq, front=True)
+        seq.preemptions += 1
+        self.n_preemptions += 1
+
+    def _to_waiting(self, seq: Sequence, front: bool) -> None:
+        self._release(seq)
+        self.running.remove(seq)
+        seq.status, seq.n_computed = Status.WAITING, 0
+        self.waiting.insert(0 if front else len(self.waiting), seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.n_computed > 0:
+            self.tree.insert(seq.tokens[:seq.n_computed], seq.pages)
+        if seq.node is not None:
+            self.tree.unpin(seq.node)
+            seq.node = None
+        self.pool.release(seq.pages)
+        seq.pages = []
+
