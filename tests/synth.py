@@ -56,8 +56,26 @@ class Shape:
     n_vocab: int = 320
 
 
+def add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """A small SentencePiece-style vocabulary: unk/bos/eos, 256 byte tokens, then letter pieces."""
+    pieces = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces += ["\u2581" + a for a in "abcdefghijklmnopqrstuvwxyz"] + [a + b for a in "etaoin" for b in "etaoinshrd"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    tokens = tokens[:n_vocab] + [f"<extra{i}>" for i in range(n_vocab - len(tokens))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(n_vocab - 259)])
+    w.add_token_types(types[:n_vocab])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+
+
 def write_model(path: Path, arch: str, qtype: GGMLType, shape: Shape = Shape(), seed: int = 0,
-                tied: bool = True, window: int = 8) -> Path:
+                tied: bool = True, window: int = 8, vocab: bool = False) -> Path:
     """A random `arch` ("llama" or "gemma3") model whose matrices are all `qtype`."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -75,6 +93,8 @@ def write_model(path: Path, arch: str, qtype: GGMLType, shape: Shape = Shape(), 
     w.add_rope_freq_base(10000.0 if arch == "llama" else 1e6)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if vocab:
+        add_vocab(w, s.n_vocab)
 
     def matrix(name: str, rows: int, cols: int, std: float = 0.05) -> None:
         data = weight(rng, qtype, rows, cols, std)

@@ -1,6 +1,11 @@
 /* Persistent thread pool: workers spin briefly for the next job, then sleep on a
  * condition variable, so back-to-back kernels pay no thread start-up and an idle
- * pool costs no CPU. */
+ * pool costs no CPU.
+ *
+ * A job is nth shares; any thread may run any share: threads claim shares from a
+ * counter tagged with the job's generation. On a busy machine a worker that is not
+ * running when a job starts leaves its share to the threads that are, instead of
+ * making them wait a whole scheduler time slice for it. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -26,7 +31,8 @@ struct ember_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_uint_fast64_t gen;     /* bumped for each job */
-    atomic_int remaining;         /* workers not yet done with the current job */
+    atomic_uint_fast64_t claim;   /* (job generation << 16) | next unclaimed share */
+    atomic_int done;              /* shares finished in the current job */
     atomic_int sleeping;
     atomic_int stop;
     ember_task_fn fn;
@@ -34,6 +40,23 @@ struct ember_pool {
 };
 
 struct worker_arg { ember_pool *pool; int ith; };
+
+/* Next unclaimed share of job `gen`, or -1 when none is left (or the job is over). */
+static int claim_share(ember_pool *pool, uint64_t gen) {
+    uint64_t cur = atomic_load(&pool->claim);
+    for (;;) {
+        if ((cur >> 16) != gen || (int)(cur & 0xffff) >= pool->n_threads) return -1;
+        if (atomic_compare_exchange_weak(&pool->claim, &cur, cur + 1)) return (int)(cur & 0xffff);
+    }
+}
+
+static void run_shares(ember_pool *pool, uint64_t gen) {
+    int i;
+    while ((i = claim_share(pool, gen)) >= 0) {
+        pool->fn(pool->ctx, i, pool->n_threads);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+    }
+}
 
 static void *worker_main(void *p) {
     struct worker_arg arg = *(struct worker_arg *)p;
@@ -56,8 +79,7 @@ static void *worker_main(void *p) {
         }
         if (atomic_load(&pool->stop)) return NULL;
         seen = g;
-        pool->fn(pool->ctx, arg.ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->remaining, 1, memory_order_release);
+        run_shares(pool, g);
     }
 }
 
@@ -112,16 +134,18 @@ void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
     pthread_mutex_lock(&pool->run_lock);
     pool->fn = fn;
     pool->ctx = ctx;
-    atomic_store(&pool->remaining, pool->n_threads - 1);
-    atomic_fetch_add(&pool->gen, 1); /* seq_cst: pairs with the sleeper count below */
+    atomic_store(&pool->done, 0);
+    uint64_t gen = atomic_load(&pool->gen) + 1;
+    atomic_store(&pool->claim, gen << 16);
+    atomic_store(&pool->gen, gen); /* seq_cst: pairs with the sleeper count below */
     if (atomic_load(&pool->sleeping) > 0) {
         pthread_mutex_lock(&pool->mu);
         pthread_cond_broadcast(&pool->cv);
         pthread_mutex_unlock(&pool->mu);
     }
-    fn(ctx, 0, pool->n_threads);
-    /* spin, then yield: on an oversubscribed machine a descheduled worker must get the core */
-    for (int i = 0; atomic_load_explicit(&pool->remaining, memory_order_acquire) > 0; i++) {
+    run_shares(pool, gen);
+    /* shares claimed by workers still running: spin, then yield the core to them */
+    for (int i = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < pool->n_threads; i++) {
         if (i < SPIN_ROUNDS) CPU_RELAX();
         else sched_yield();
     }

@@ -1,0 +1,186 @@
+"""The engine with a model: batching changes no results, the prefix cache is used and
+returns its pages, cancellation and preemption under load leave nothing behind."""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import golden
+from ember.engine import LLM, FinishEvent, QueueFull, Request, TokenEvent
+from ember.quant import GGMLType
+from ember.sampler import SamplingParams
+from synth import Shape, write_model
+
+GREEDY = SamplingParams.greedy_params()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random 2-layer model with a small SentencePiece vocabulary (fast enough for 1,000 requests)."""
+    path = write_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", GGMLType.Q8_0,
+                       Shape(n_vocab=384), vocab=True, tied=False)
+    return path
+
+
+def collect(handle) -> dict[int, tuple[list[int], str]]:
+    """Per sample index: generated ids and finish reason."""
+    out: dict[int, list] = {}
+    reasons = {}
+    for ev in handle:
+        if isinstance(ev, TokenEvent):
+            out.setdefault(ev.index, []).append(ev.token)
+        elif isinstance(ev, FinishEvent):
+            reasons[ev.index] = ev.reason
+            assert ev.error is None, ev.error
+    return {i: (out.get(i, []), reasons[i]) for i in reasons}
+
+
+def clean_pool(llm: LLM) -> None:
+    """After everything finished and the cache is cleared, every page is free again."""
+    eng = llm.engine
+    done = threading.Event()
+    eng.clear_cache()
+    for _ in range(200):
+        if eng.pool.n_free == eng.pool.n_pages:
+            break
+        done.wait(0.01)
+    assert not eng.scheduler.running and not eng.scheduler.waiting
+    assert eng.pool.n_free == eng.pool.n_pages
+
+
+def test_batched_greedy_equals_alone_on_golden_prompts(llm):
+    """The golden prompts as 8 concurrent sequences give what each gives alone (and llama.cpp)."""
+    m = llm("smollm2")
+    cases = golden("smollm2", "greedy")["cases"]
+    alone = [m.generate(c["prompt_ids"], 24, GREEDY).token_ids for c in cases]
+    m.engine.clear_cache()
+    handles = [m.engine.submit(Request(c["prompt_ids"], 24, GREEDY)) for c in cases]
+    together = [collect(h)[0][0] for h in handles]
+    for case, a, b in zip(cases, alone, together):
+        # equal up to llama.cpp's first near-tie (different batch shapes may round differently there)
+        upto = next((i for i, s in enumerate(case["steps"]) if s["top"][0][1] - s["top"][1][1] < 0.3), 24)
+        assert a[:upto] == b[:upto] == case["completion_ids"][:upto], case["name"]
+
+
+def test_prefix_cache_serves_a_repeated_prompt(llm):
+    m = llm("smollm2")
+    prompt = m.tokenize("The licenses for most software are designed to take away your freedom. " * 8)
+    first = m.generate(prompt, 4, GREEDY)
+    second = m.generate(prompt + m.tokenize(" More text here."), 4, GREEDY)
+    assert second.timings.cached_tokens >= len(prompt) - 16  # all but the last partial page or so
+    assert first.token_ids and second.token_ids
+
+
+def test_n_parallel_samples_share_the_prompt(tiny):
+    llm = LLM(str(tiny), threads=2, ctx=256)
+    h = llm.engine.submit(Request(llm.tokenize("hello world"), 12, SamplingParams(seed=5, temperature=3.0, top_k=0, top_p=1.0, min_p=0.0), n=4))
+    out = collect(h)
+    assert sorted(out) == [0, 1, 2, 3]
+    assert len({tuple(ids) for ids, _ in out.values()}) > 1  # different seeds, different samples
+    again = collect(llm.engine.submit(Request(llm.tokenize("hello world"), 12,
+                                              SamplingParams(seed=5, temperature=3.0, top_k=0, top_p=1.0, min_p=0.0), n=4)))
+    assert again == out  # same seed, same samples
+    llm.close()
+
+
+def test_asyncio_streaming_and_cancel(tiny):
+    llm = LLM(str(tiny), threads=2, ctx=256)
+
+    async def main():
+        h = llm.engine.submit_async(Request(llm.tokenize("abc"), 200, GREEDY))
+        n = 0
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                n += 1
+                if n == 3:
+                    h.cancel()
+            elif isinstance(ev, FinishEvent):
+                return n, ev.reason
+
+    n, reason = asyncio.run(main())
+    assert reason == "cancelled" and 3 <= n < 200
+    clean_pool(llm)
+    llm.close()
+
+
+def clear_prefix(llm: LLM, prompt: list[int], ids: list[int], margin: float = 0.05) -> int:
+    """How many of the generated ids come before the first near-tie (top-2 margin < margin):
+    beyond it, another batch shape may round the other way, as the foundation tests allow."""
+    scores = llm.score(prompt + ids, top=2)
+    gaps = scores.top_logprobs[len(prompt) - 1:, 0] - scores.top_logprobs[len(prompt) - 1:, 1]
+    return next((i for i, g in enumerate(gaps) if g < margin), len(ids))
+
+
+def test_stress_random_lengths_cancellations_eviction_preemption(tiny):
+    """1,000 requests, a KV budget that forces eviction and preemption, random cancellations:
+    every request ends cleanly, completed outputs equal their outputs alone (up to near-ties),
+    and no page leaks."""
+    rng = random.Random(0)
+    llm = LLM(str(tiny), threads=2, ctx=128, slots=8, kv_tokens=192, batch=64)
+    eng = llm.engine
+    prompts = [[1] + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 40))] for _ in range(40)]
+    lengths = [rng.randrange(1, 24) for _ in prompts]
+    expected = [collect(eng.submit(Request(p, n, GREEDY)))[0][0] for p, n in zip(prompts, lengths)]
+    trusted = [clear_prefix(llm, p, e) for p, e in zip(prompts, expected)]
+    handles, cancelled = [], set()
+    for i in range(1000):
+        k = rng.randrange(len(prompts))
+        handles.append((k, eng.submit(Request(prompts[k], lengths[k], GREEDY))))
+        if rng.random() < 0.1:
+            cancelled.add(i)
+            handles[-1][1].cancel()
+    n_done = 0
+    for i, (k, h) in enumerate(handles):
+        (ids, reason), = collect(h).values()
+        if reason == "cancelled":
+            assert i in cancelled
+            continue
+        assert reason in ("length", "stop") and len(ids) <= lengths[k]
+        assert ids[:trusted[k]] == expected[k][:trusted[k]], f"request {i} (prompt {k}) changed under load"
+        n_done += 1
+    assert n_done >= 850
+    assert sum(trusted) >= 0.8 * sum(lengths)  # near-ties are rare: the comparison covers most tokens
+    assert eng.metrics.preemptions > 0 and eng.metrics.prompt_tokens_cached > 0
+    clean_pool(llm)
+    llm.close()
+
+
+def test_queue_full_and_bad_requests(tiny):
+    llm = LLM(str(tiny), threads=1, ctx=64)
+    with pytest.raises(ValueError, match="context holds 64"):
+        llm.engine.submit(Request(list(range(3, 100)), 4))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.engine.submit(Request([5, 100000], 4))
+    with pytest.raises(ValueError, match="empty"):
+        Request([], 4)
+    llm.close()
+    from ember.engine import Engine, EngineConfig
+
+    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=2))
+    eng._wake.clear()
+    with pytest.raises(QueueFull):
+        for _ in range(10):
+            eng.submit(Request([1, 5, 6], 50))
+    eng.close()
+
+
+def test_scores_do_not_depend_on_batching(llm):
+    m = llm("smollm2")
+    ids = golden("smollm2", "greedy")["cases"][0]["prompt_ids"] + golden("smollm2", "greedy")["cases"][0]["completion_ids"]
+    alone = m.score(ids).logprobs
+    results = {}
+
+    def run(i):
+        results[i] = m.score(ids).logprobs
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results.values():
+        np.testing.assert_allclose(r, alone, atol=1e-4)

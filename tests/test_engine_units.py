@@ -1,0 +1,267 @@
+"""Page pool, prefix tree and scheduler, without a model."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from ember.engine.pages import OutOfPages, PagePool
+from ember.engine.radix import RadixCache
+from ember.engine.scheduler import Plan, Scheduler, SchedulerConfig
+from ember.engine.sequence import Sequence, Status
+
+
+def check_refs(pool: PagePool, tree: RadixCache, seqs=()) -> None:
+    """Every page's reference count equals the references the tree and the sequences hold."""
+    expected = Counter()
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        expected.update(node.pages)
+        stack.extend(node.children.values())
+    for s in seqs:
+        expected.update(s.pages)
+    assert [expected[p] for p in range(pool.n_pages)] == pool.refs
+    assert pool.n_free == sum(1 for r in pool.refs if r == 0)
+
+
+# ---- page pool ----
+
+def test_pool_allocates_and_frees():
+    pool = PagePool(3, 4)
+    pages = [pool.allocate() for _ in range(3)]
+    assert sorted(pages) == [0, 1, 2] and pool.n_free == 0
+    with pytest.raises(OutOfPages):
+        pool.allocate()
+    pool.retain([pages[0]])
+    assert pool.shared(pages[0]) and pool.release([pages[0]]) == 0
+    assert pool.release(pages) == 3 and pool.n_free == 3
+    with pytest.raises(ValueError, match="released more often"):
+        pool.release([pages[0]])
+    assert pool.pages_for(0) == 0 and pool.pages_for(4) == 1 and pool.pages_for(5) == 2
+
+
+# ---- prefix tree ----
+
+def fill(pool: PagePool, n_tokens: int) -> list[int]:
+    return [pool.allocate() for _ in range(pool.pages_for(n_tokens))]
+
+
+def test_insert_match_and_split_share_pages():
+    pool = PagePool(32, 4)
+    tree = RadixCache(pool)
+    a = list(range(10))
+    pages_a = fill(pool, 10)
+    tree.insert(a, pages_a)
+    pool.release(pages_a)  # the sequence leaves; the tree keeps them
+    check_refs(pool, tree)
+    assert tree.match_length(a + [99]) == 10
+    assert tree.match_length([0, 1, 2, 7]) == 3
+    m = tree.match([0, 1, 2, 3, 4, 5, 50])  # splits the edge after 6 tokens (mid-page)
+    assert m.length == 6 and m.pages == pages_a[:2]
+    check_refs(pool, tree)
+    assert pool.refs[pages_a[1]] == 2  # the page of the cut is listed by both halves
+    assert tree.n_tokens == 10
+
+
+def test_branch_page_tables_use_their_own_boundary_page():
+    pool = PagePool(32, 4)
+    tree = RadixCache(pool)
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9, 9]
+    pa = fill(pool, len(a))
+    tree.insert(a, pa)
+    pb = pa[:1] + [pool.allocate()]  # b shares the first page; copied the second (diverges at 5)
+    pool.retain(pa[:1])
+    tree.insert(b, pb)
+    assert tree.page_table(tree.match(b).node) == pb
+    assert tree.page_table(tree.match(a).node) == pa
+    pool.release(pa)
+    pool.release(pb)
+    check_refs(pool, tree)
+
+
+def test_eviction_is_lru_and_respects_pins():
+    pool = PagePool(8, 4)
+    tree = RadixCache(pool)
+    seqs = {}
+    for first in (10, 20, 30):
+        toks = [first] * 8
+        pages = fill(pool, 8)
+        tree.insert(toks, pages)
+        pool.release(pages)
+        seqs[first] = toks
+    assert pool.n_free == 2
+    tree.match(seqs[10])  # 10 is now the most recent
+    pinned = tree.match(seqs[20]).node
+    tree.pin(pinned)
+    freed = tree.evict(2)
+    assert freed == 2 and tree.match_length(seqs[30]) == 0  # oldest unpinned went first
+    assert tree.evict(10) == 2 and tree.match_length(seqs[10]) == 0
+    assert tree.match_length(seqs[20]) == 8  # pinned survives
+    tree.unpin(pinned)
+    tree.clear()
+    assert pool.n_free == 8 and tree.n_tokens == 0
+    check_refs(pool, tree)
+
+
+def test_random_inserts_keep_refcounts_exact():
+    rng = random.Random(0)
+    pool = PagePool(400, 4)
+    tree = RadixCache(pool)
+    for _ in range(200):
+        toks = [rng.randrange(3) for _ in range(rng.randrange(1, 30))]
+        m = tree.match(toks)
+        pages = list(m.pages)
+        pool.retain(pages)
+        # extend like a sequence: copy the shared boundary page, allocate the rest
+        P = pool.page_size
+        for idx in range(m.length // P, pool.pages_for(len(toks))):
+            new = pool.allocate() if pool.n_free else None
+            if new is None:
+                tree.evict(4)
+                new = pool.allocate()
+            if idx < len(pages):
+                pool.release([pages[idx]])
+                pages[idx] = new
+            else:
+                pages.append(new)
+        tree.insert(toks, pages)
+        pool.release(pages)
+        check_refs(pool, tree)
+        assert tree.match_length(toks) == len(toks)
+    tree.clear()
+    assert pool.n_free == pool.n_pages
+
+
+# ---- scheduler ----
+
+def make(n_pages=64, page=4, **cfg):
+    pool = PagePool(n_pages, page)
+    tree = RadixCache(pool)
+    return pool, tree, Scheduler(pool, tree, SchedulerConfig(**cfg))
+
+
+def run_step(sched: Scheduler, plan: Plan, sample=lambda seq: 7) -> None:
+    """What the engine does after a forward: advance, then sample for rows that complete."""
+    sched.complete(plan)
+    for c in plan.chunks:
+        s = c.seq
+        if s.status is Status.RUNNING and s.n_computed == len(s.tokens):
+            if s.wants_sample:
+                s.tokens.append(sample(s))
+            if not s.wants_sample:
+                sched.finish(s, "length")
+
+
+def test_budget_decode_first_and_chunked_prefill():
+    pool, tree, sched = make(max_batch_tokens=8, max_seqs=4)
+    a = Sequence(list(range(100, 120)), max_new_tokens=3)
+    sched.add(a)
+    plan = sched.schedule()
+    assert [(c.seq, c.start, c.n) for c in plan.chunks] == [(a, 0, 8)] and plan.chunks[0].logit_rows == []
+    run_step(sched, plan)
+    b = Sequence([1, 2, 3], max_new_tokens=2)
+    sched.add(b)
+    plan = sched.schedule()  # a continues its prefill, b gets the rest of the budget? a takes 8
+    assert plan.n_tokens <= 8
+    while sched.has_work:
+        plan = sched.schedule()
+        assert plan.n_tokens <= 8
+        decodes = [c for c in plan.chunks if not c.seq.in_prefill]
+        assert plan.chunks[:len(decodes)] == decodes  # decode tokens come first
+        run_step(sched, plan)
+    assert a.n_generated == 3 and b.n_generated == 2
+    assert pool.n_free + sum(1 for r in pool.refs if r) == pool.n_pages
+    check_refs(pool, tree)
+
+
+def test_admission_prefers_longest_cached_prefix_with_aging():
+    pool, tree, sched = make(max_seqs=1, aging_tokens=4)
+    shared = list(range(40))
+    first = Sequence(shared + [1], max_new_tokens=1)
+    sched.add(first)
+    while sched.has_work:
+        run_step(sched, sched.schedule())
+    cold = Sequence([999] * 10, max_new_tokens=1)
+    sched.add(cold)
+    order = []
+    for i in range(60):  # a warm request (40 cached tokens) arrives every step
+        sched.add(Sequence(shared + [500 + i, i], max_new_tokens=1))
+        plan = sched.schedule()
+        order += [c.seq for c in plan.chunks if c.start == c.seq.n_cache_hit]
+        run_step(sched, plan)
+    assert order[0] is not cold and order[0].n_cache_hit == 40  # longest cached prefix first...
+    # ...but aging (4 tokens a step) lets the cold one in once it has waited ~40 / 4 steps
+    assert cold in order and order.index(cold) <= 12
+
+
+def test_in_flight_prefix_is_computed_once():
+    pool, tree, sched = make(n_pages=200, max_batch_tokens=16, max_seqs=8)
+    system = list(range(1000, 1064))
+    seqs = [Sequence(system + [i], max_new_tokens=1) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    computed = 0
+    while sched.has_work:
+        plan = sched.schedule()
+        computed += plan.n_tokens
+        run_step(sched, plan)
+    # 65 tokens for the first, then the others reuse the 64-token system prompt
+    assert computed <= 65 + 3 * 2 + 4
+    assert sorted(s.n_cache_hit for s in seqs) == [0, 64, 64, 64]
+
+
+def test_preemption_when_pages_run_out_then_resume():
+    pool, tree, sched = make(n_pages=12, page=4, max_batch_tokens=64, max_seqs=3)
+    seqs = [Sequence([i] * 10, max_new_tokens=10) for i in range(3)]  # 20 tokens each, 5 pages
+    for s in seqs:
+        sched.add(s)
+    steps = 0
+    while sched.has_work:
+        run_step(sched, sched.schedule())
+        check_refs(pool, tree, sched.running)
+        steps += 1
+        assert steps < 500
+    assert all(s.n_generated == 10 for s in seqs)
+    assert sched.n_preemptions >= 1
+    tree.clear()
+    assert pool.n_free == pool.n_pages
+
+
+def test_cancel_waiting_and_running():
+    pool, tree, sched = make(max_seqs=1)
+    a, b = Sequence([1, 2, 3], 50), Sequence([4, 5], 50)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched, sched.schedule())
+    sched.finish(a, "cancelled")
+    sched.finish(b, "cancelled")
+    assert not sched.has_work and a.status is b.status is Status.FINISHED
+    tree.clear()
+    assert pool.n_free == pool.n_pages
+
+
+def test_random_workload_invariants():
+    rng = random.Random(1)
+    pool, tree, sched = make(n_pages=40, page=4, max_batch_tokens=32, max_seqs=6)
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(4)]
+    live = []
+    for step in range(600):
+        if rng.random() < 0.3 and len(sched.waiting) < 20:
+            s = Sequence(rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 20))],
+                         max_new_tokens=rng.randrange(1, 30))
+            sched.add(s)
+            live.append(s)
+        if live and rng.random() < 0.05:
+            victim = rng.choice(live)
+            if victim.status is not Status.FINISHED:
+                sched.finish(victim, "cancelled")
+        run_step(sched, sched.schedule(), sample=lambda s: rng.randrange(50))
+        check_refs(pool, tree, sched.running)
+        assert sum(1 for s in sched.running) <= 6
+    while sched.has_work:
+        run_step(sched, sched.schedule())
+    assert all(s.status is Status.FINISHED for s in live)
+    tree.clear()
+    assert pool.n_free == pool.n_pages
