@@ -1,0 +1,192 @@
+/* y (n, m) = x (n, k) @ W^T for quantized W, straight from its GGUF blocks.
+ *
+ * One pass over the pool: each thread quantizes its share of the activation rows into the caller's
+ * scratch, all meet at a barrier, then each thread computes a contiguous range of W rows (output
+ * columns; with several W sharing x, of their rows one after another), in one of two ways:
+ *  - microtiles (few tokens, or no panel kernel): a W row (or a few short ones) against up to 4
+ *    tokens at a time, each weight block unpacked once for those tokens; tokens go in chunks whose
+ *    quantized rows fit in L2, and the row stays in L1 while the chunk's tokens sweep it;
+ *  - packed panels (many tokens): 16 rows at a time unpacked and interleaved, then swept by every
+ *    token (see quant_avx512.c). */
+#include <stdatomic.h>
+
+#include "quant.h"
+
+#if defined(EMBER_X86)
+#include <immintrin.h>
+#define SPIN_PAUSE() _mm_pause()
+#elif defined(EMBER_ARM64)
+#define SPIN_PAUSE() __asm__ __volatile__("yield")
+#else
+#define SPIN_PAUSE() ((void)0)
+#endif
+
+/* Quantized activations of one token chunk stay within this many bytes (L2 is 1 MiB or more). */
+#define CHUNK_ACT_BYTES (256 * 1024)
+#define EMBER_MATMUL_MAX_PARTS 8
+
+/* ---- dispatch ---- */
+
+/* The kernel tables to try for the active ISA, widest first; NULL-terminated. */
+static const ember_kernels *const *kernel_order(void) {
+    static const ember_kernels *const avx512[] = {&ember_kernels_avx512, &ember_kernels_avx2, &ember_kernels_scalar, NULL};
+    static const ember_kernels *const avx2[] = {&ember_kernels_avx2, &ember_kernels_scalar, NULL};
+    static const ember_kernels *const neon[] = {&ember_kernels_neon, &ember_kernels_scalar, NULL};
+    static const ember_kernels *const scalar[] = {&ember_kernels_scalar, NULL};
+    switch (ember_isa_active) {
+    case EMBER_ISA_AVX512: return avx512;
+    case EMBER_ISA_AVX2: return avx2;
+    case EMBER_ISA_NEON: return neon;
+    default: return scalar;
+    }
+}
+
+ember_tile ember_tile_for(int type) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++)
+        if ((*k)->tile[type].fn) return (*k)->tile[type];
+    return (ember_tile){NULL, 0, 0, 0};
+}
+
+ember_panel ember_panel_for(int type) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++)
+        if ((*k)->panel[type].fn) return (*k)->panel[type];
+    return (ember_panel){NULL, 0, 0};
+}
+
+ember_quantize_fn ember_quantize_for(int act) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++)
+        if ((*k)->quantize[act]) return (*k)->quantize[act];
+    return NULL;
+}
+
+/* ---- public entry points ---- */
+
+int ember_matmul_act_kind(int type) {
+    const ember_qtype *t = ember_qtype_get(type);
+    return t ? t->act : -1;
+}
+
+int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n) {
+    const ember_qtype *t = ember_qtype_get(type);
+    if (!t || k <= 0 || n < 0 || k % t->block_size) return -1;
+    return n * ember_act_row_bytes(t->act, k);
+}
+
+/* One weight matrix of a job: W (m, k) and its output y (n, m), with the kernels chosen for it. */
+typedef struct {
+    int type;
+    ember_tile tile;
+    ember_panel panel;  /* .fn NULL: microtiles */
+    const uint8_t *w;   /* (m, w_stride) */
+    int64_t m, w_stride;
+    float *y;           /* (n, m) */
+    int unit;           /* rows handed out together: a panel, or a microtile's rows */
+} matmul_part;
+
+typedef struct {
+    matmul_part part[EMBER_MATMUL_MAX_PARTS];
+    int n_parts;
+    int64_t k, n, units;        /* units: the parts' rows in units, all together */
+    ember_quantize_fn quantize; /* NULL for float weights: x is used as it is */
+    const float *x;             /* (n, k) */
+    const uint8_t *act;         /* (n, a_stride): quantized x, or x itself */
+    uint8_t *scratch;           /* (n, a_stride) when quantizing */
+    int64_t a_stride;
+    atomic_int arrived;         /* threads done quantizing */
+} matmul_job;
+
+static void quantize_rows(matmul_job *j, int ith, int nth) {
+    int64_t lo, hi;
+    ember_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) j->quantize(j->x + t * j->k, j->scratch + t * j->a_stride, j->k);
+}
+
+/* Every thread waits here until all nth have arrived (the pool runs all of them at once). */
+static void barrier_once(atomic_int *arrived, int nth) {
+    atomic_fetch_add_explicit(arrived, 1, memory_order_acq_rel);
+    while (atomic_load_explicit(arrived, memory_order_acquire) < nth) SPIN_PAUSE();
+}
+
+/* W rows [r0, r1) of part p against tokens [t0, t1): microtiles of p->unit x tile.cols. */
+static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+    const int R = p->unit, C = p->tile.cols;
+    for (int64_t r = r0; r < r1;) {
+        int nr = r1 - r >= R ? R : 1;
+        const uint8_t *wr = p->w + r * p->w_stride;
+        for (int64_t t = t0; t < t1; t += C) {
+            int nc = (int)EMBER_MIN((int64_t)C, t1 - t);
+            p->tile.fn(j->k, wr, p->w_stride, j->act + t * j->a_stride, j->a_stride, p->y + t * p->m + r, p->m, nr, nc);
+        }
+        r += nr;
+    }
+}
+
+/* Rows [r0, r1) of part p, all tokens. */
+static void product_rows(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1) {
+    if (p->panel.fn) {
+        p->panel.fn(p->type, j->k, p->w + r0 * p->w_stride, p->w_stride, r1 - r0, j->act, j->a_stride, j->n,
+                    p->y + r0, p->m);
+        return;
+    }
+    int64_t chunk = EMBER_MAX((int64_t)p->tile.cols, CHUNK_ACT_BYTES / j->a_stride / p->tile.cols * p->tile.cols);
+    for (int64_t t0 = 0; t0 < j->n; t0 += chunk) product_block(j, p, r0, r1, t0, EMBER_MIN(t0 + chunk, j->n));
+}
+
+static void matmul_task(void *ctx, int ith, int nth) {
+    matmul_job *j = ctx;
+    if (j->quantize) {
+        quantize_rows(j, ith, nth);
+        if (nth > 1) barrier_once(&j->arrived, nth);
+    }
+    /* the parts' rows one after another, handed out in whole units: a thread's share is contiguous,
+     * and only the end of each part can be ragged */
+    int64_t lo, hi, base = 0;
+    ember_split(j->units, ith, nth, &lo, &hi);
+    for (int i = 0; i < j->n_parts; i++) {
+        const matmul_part *p = &j->part[i];
+        const int64_t units = (p->m + p->unit - 1) / p->unit;
+        const int64_t u0 = EMBER_MAX(lo, base) - base, u1 = EMBER_MIN(hi, base + units) - base;
+        if (u0 < u1) product_rows(j, p, u0 * p->unit, EMBER_MIN(u1 * p->unit, p->m));
+        base += units;
+    }
+}
+
+/* The part's kernels; 0, or -1 for an unsupported type or shape. */
+static int init_part(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y) {
+    const ember_qtype *t = ember_qtype_get(type);
+    if (!t || m <= 0 || k % t->block_size) return -1;
+    *p = (matmul_part){.type = type, .tile = ember_tile_for(type), .panel = ember_panel_for(type), .w = w, .m = m,
+                       .w_stride = k / t->block_size * t->type_size, .y = y};
+    if (n < p->panel.min_tokens) p->panel.fn = NULL;
+    p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
+    return 0;
+}
+
+int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
+                       int64_t k, const float *x, int64_t n, float *const *ys, void *scratch) {
+    if (count < 1 || count > EMBER_MATMUL_MAX_PARTS || n <= 0 || k <= 0) return -1;
+    const int act = ember_qtype_get(types[0]) ? ember_qtype_get(types[0])->act : -1;
+    matmul_job j = {.n_parts = count, .k = k, .n = n, .x = x};
+    for (int i = 0; i < count; i++) {
+        if (init_part(&j.part[i], types[i], ws[i], ms[i], k, n, ys[i]) != 0) return -1;
+        if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
+        j.units += (ms[i] + j.part[i].unit - 1) / j.part[i].unit;
+    }
+    if (act == EMBER_ACT_F32) {
+        j.act = (const uint8_t *)x;
+        j.a_stride = k * (int64_t)sizeof(float);
+    } else {
+        j.quantize = ember_quantize_for(act);
+        j.scratch = scratch;
+        j.act = scratch;
+        j.a_stride = ember_act_row_bytes(act, k);
+    }
+    atomic_init(&j.arrived, 0);
+    ember_parallel(pool, matmul_task, &j);
+    return 0;
+}
+
+void ember_matmul(ember_pool *pool, int type, const void *w, int64_t m, int64_t k, const float *x, int64_t n,
+                  float *y, void *scratch) {
+    ember_matmul_multi(pool, 1, &type, &w, &m, k, x, n, &y, scratch);
+}

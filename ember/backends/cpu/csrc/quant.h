@@ -1,0 +1,180 @@
+/* Internal header of the quantized kernels: ggml block layouts, the quantized-activation formats,
+ * and the per-instruction-set kernel tables that matmul.c dispatches through. */
+#ifndef EMBER_QUANT_H
+#define EMBER_QUANT_H
+
+#include "ember_cpu.h"
+
+#include "api_quant.h"
+
+/* ---- ggml type ids (GGMLType in ember/quant/types.py) ---- */
+enum {
+    EMBER_T_F32 = 0, EMBER_T_F16 = 1, EMBER_T_Q4_0 = 2, EMBER_T_Q4_1 = 3, EMBER_T_Q5_0 = 6,
+    EMBER_T_Q5_1 = 7, EMBER_T_Q8_0 = 8, EMBER_T_Q2_K = 10, EMBER_T_Q3_K = 11, EMBER_T_Q4_K = 12,
+    EMBER_T_Q5_K = 13, EMBER_T_Q6_K = 14, EMBER_T_IQ4_NL = 20, EMBER_T_IQ4_XS = 23, EMBER_T_BF16 = 30,
+    EMBER_T_COUNT = 31
+};
+
+#define QK 32      /* values per block of the legacy types */
+#define QK_K 256   /* values per super-block of the K-quants */
+
+/* ---- weight blocks (ggml's layouts; f16 fields kept as raw bits) ---- */
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;                   /* q: low nibbles 0..15, high 16..31 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;    /* qh bit i: high bit of value i */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
+typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_iq4_nl;                 /* nibbles index ember_iq4nl_values */
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } blk_q2_k;
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } blk_q3_k;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_k;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_k;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_k;
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } blk_iq4_xs;
+
+_Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q5_0) == 22 &&
+               sizeof(blk_q5_1) == 24 && sizeof(blk_q8_0) == 34 && sizeof(blk_iq4_nl) == 18,
+               "legacy block sizes");
+_Static_assert(sizeof(blk_q2_k) == 84 && sizeof(blk_q3_k) == 110 && sizeof(blk_q4_k) == 144 &&
+               sizeof(blk_q5_k) == 176 && sizeof(blk_q6_k) == 210 && sizeof(blk_iq4_xs) == 136,
+               "k-quant block sizes");
+
+/* The 16 non-linear levels of IQ4_NL / IQ4_XS. */
+extern const int8_t ember_iq4nl_values[16];
+
+/* ---- quantized activations (caller's scratch; our own planar layout, one row per token) ----
+ * Values are q = round_even(x * 127 / amax), d = amax / 127 per block of 32 (Q8) or 256 (Q8K).
+ * EMBER_ACT_Q8  (for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL):
+ *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,)
+ * EMBER_ACT_Q8K16, EMBER_ACT_Q8K32 (the K-quants and IQ4_XS; the number is the chunk CH):
+ *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | dc f32 (k/CH,) | s f32 (k/CH,) | nq int32 (k/CH,)
+ * Per chunk of CH values (for Q8: CH = 32 and dc is d): dc its scale, s = dc * sum(q), nq = -sum(q);
+ * the packed-panel kernels read these, the others d and bsums (sums of each 16 q).
+ * EMBER_ACT_F32: the caller's x itself, no scratch. */
+enum { EMBER_ACT_F32 = 0, EMBER_ACT_Q8 = 1, EMBER_ACT_Q8K16 = 2, EMBER_ACT_Q8K32 = 3, EMBER_ACT_KINDS = 4 };
+
+static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* Values per chunk of the per-chunk sums (0: none). */
+static inline int ember_act_chunk(int act) { return act == EMBER_ACT_Q8K16 ? 16 : act == EMBER_ACT_F32 ? 0 : 32; }
+
+/* Byte offset of dc (the per-chunk scales) in a row; s and nq follow it. */
+static inline int64_t ember_act_meta_offset(int act, int64_t k) {
+    return act == EMBER_ACT_Q8 ? k : k + 4 * (k / QK_K) + 2 * (k / 16);
+}
+
+/* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
+static inline int64_t ember_act_row_bytes(int act, int64_t k) {
+    if (act == EMBER_ACT_F32) return 0;
+    return ember_align64(ember_act_meta_offset(act, k) + 12 * (k / ember_act_chunk(act)));
+}
+
+/* The per-chunk sums of a Q8K row whose q, d and bsums are written (shared by every quantizer). */
+static inline void ember_q8k_chunk_sums(void *row, int64_t k, int ch) {
+    const float *d = (const float *)((int8_t *)row + k);
+    const int16_t *bsums = (const int16_t *)(d + k / QK_K);
+    float *dc = (float *)((uint8_t *)row + ember_act_meta_offset(EMBER_ACT_Q8K16, k)), *s = dc + k / ch;
+    int32_t *nq = (int32_t *)(s + k / ch);
+    for (int64_t i = 0; i < k / ch; i++) {
+        int sum = bsums[i * ch / 16] + (ch == 32 ? bsums[i * 2 + 1] : 0);
+        dc[i] = d[i * ch / QK_K];
+        s[i] = dc[i] * (float)sum;
+        nq[i] = -sum;
+    }
+}
+
+/* ---- per-type facts ---- */
+typedef void (*ember_dequant_fn)(const void *src, float *dst, int64_t n_blocks);
+
+typedef struct {
+    int block_size;           /* values per block */
+    int type_size;            /* bytes per block */
+    int act;                  /* EMBER_ACT_* the products use */
+    ember_dequant_fn dequant; /* blocks -> f32 (bit-exact with the numpy reference) */
+} ember_qtype;
+
+/* Facts of ggml type `type`, or NULL when ember does not compute with it. */
+const ember_qtype *ember_qtype_get(int type);
+
+/* ---- kernels ---- */
+/* Quantize one activation row: x (k,) f32 -> dst (ember_act_row_bytes(act, k) bytes). */
+typedef void (*ember_quantize_fn)(const float *x, void *dst, int64_t k);
+
+/* A microtile of the product: y[c * y_stride + r] = dot(W row r, activation row c)
+ * for r < nr, c < nc, with 1 <= nc <= cols of the kernel's entry and nr = 1, or nr = rows when
+ * a row is at most short_row bytes (walking several rows at once is only fast for short rows).
+ * w: nr rows of w_stride bytes; a: nc activation rows of a_stride bytes (format: the type's act). */
+typedef void (*ember_tile_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, int64_t a_stride,
+                              float *y, int64_t y_stride, int nr, int nc);
+
+typedef struct {
+    ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
+    int rows, cols;   /* largest tile it computes */
+    int short_row;    /* rows of at most this many bytes go `rows` at a time */
+} ember_tile;
+
+/* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel
+ * (vector lanes = rows), then sweeping all tokens over it: for prompts, where the packing is
+ * paid once per many tokens. w: nrows rows of w_stride bytes; a: n activation rows of a_stride
+ * bytes (the type's act format); y[t * y_stride + r] for t < n, r < nrows. */
+typedef void (*ember_panel_fn)(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
+                               int64_t a_stride, int64_t n, float *y, int64_t y_stride);
+
+typedef struct {
+    ember_panel_fn fn; /* NULL: none for the type */
+    int rows;          /* panel height: thread ranges are split in multiples of it */
+    int min_tokens;    /* below this many tokens the microtiles are faster */
+} ember_panel;
+
+typedef struct {
+    ember_quantize_fn quantize[EMBER_ACT_KINDS]; /* by EMBER_ACT_*; [EMBER_ACT_F32] unused */
+    ember_tile tile[EMBER_T_COUNT];
+    ember_panel panel[EMBER_T_COUNT];
+} ember_kernels;
+
+/* One table per instruction set; an ISA not built for this architecture has an empty table. */
+extern const ember_kernels ember_kernels_scalar;
+extern const ember_kernels ember_kernels_avx2;
+extern const ember_kernels ember_kernels_avx512;
+extern const ember_kernels ember_kernels_neon;
+
+/* The tile kernel and activation quantizer for `type` on the active ISA, falling back
+ * to narrower ISAs (avx512 -> avx2 -> scalar, neon -> scalar) where one is missing. */
+ember_tile ember_tile_for(int type);
+ember_panel ember_panel_for(int type);
+ember_quantize_fn ember_quantize_for(int act);
+
+/* ---- scale unpacking shared by the scalar and SIMD kernels ---- */
+
+/* Q4_K / Q5_K: 12 bytes -> 8 six-bit scales sc[0..8) and 8 six-bit mins m[0..8) (one per 32 values). */
+static inline void ember_q4k_scales(const uint8_t *s12, uint8_t *sc, uint8_t *m) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, s12, 4);
+    memcpy(&a1, s12 + 4, 4);
+    memcpy(&a2, s12 + 8, 4);
+    uint32_t sc_lo = a0 & 0x3f3f3f3fu, m_lo = a1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u);
+    uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u);
+    memcpy(sc, &sc_lo, 4);
+    memcpy(sc + 4, &sc_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* Q3_K: 12 bytes -> 16 signed scales (one per 16 values), six bits minus 32. */
+static inline void ember_q3k_scales(const uint8_t *s12, int8_t *sc) {
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? s12[j] & 0xf : s12[j - 8] >> 4;
+        int hi = (s12[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        sc[j] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
+
+/* IQ4_XS: the signed scale (-32..31) of 32-value sub-block ib. */
+static inline int ember_iq4xs_scale(const blk_iq4_xs *b, int ib) {
+    int lo = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
+    int hi = (b->scales_h >> (2 * ib)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+#endif
