@@ -57,6 +57,16 @@ class EngineConfig:
         return -(-tokens // self.page_size)
 
 
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """Constrain the output to a GBNF grammar; with triggers, only from the first trigger on
+    (a token id, or text such as "<tool_call>"), as llama.cpp's lazy grammars do."""
+
+    gbnf: str
+    root: str = "root"
+    lazy_triggers: tuple[str | int, ...] = ()
+
+
 @dataclass(slots=True)
 class Request:
     prompt: list[int]
@@ -67,6 +77,7 @@ class Request:
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's plus top k
     prompt_reduce: Callable[[np.ndarray, np.ndarray], Any] | None = None  # scoring: called on prompt logits
     prompt_logits_from: int = 0  # first prompt position whose logits prompt_reduce sees
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self):
         if not self.prompt:
@@ -144,11 +155,11 @@ class _SeqState:
     """What the engine keeps per sequence besides scheduling: sampling and text."""
 
     __slots__ = ("handle", "index", "request", "sampler", "decoder", "held", "last_token_at", "first_token_at",
-                 "counted")
+                 "counted", "matcher")
 
-    def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder):
+    def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher):
         self.handle, self.index, self.request = handle, index, request
-        self.sampler, self.decoder = sampler, decoder
+        self.sampler, self.decoder, self.matcher = sampler, decoder, matcher
         self.held = ""  # text not yet sent: it may be the start of a stop string
         self.last_token_at = 0.0
         self.first_token_at = 0.0
@@ -168,6 +179,8 @@ class Engine:
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
         self.metrics = EngineMetrics()
         self.last_error: str | None = None
+        self._grammar_vocab = None  # built on the first grammar request
+        self._mask: np.ndarray | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closed = False
@@ -189,13 +202,16 @@ class Engine:
         self._check_fits(request)
         if len(self.scheduler.waiting) + self._inbox.qsize() >= self.config.max_waiting:
             raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
+        compiled = self._compile(request.grammar)  # GrammarError here, in the caller's thread
         handle = RequestHandle(self, request.n, loop)
         room = self.config.n_ctx - len(request.prompt)
         for i in range(request.n):
             seq = Sequence(list(request.prompt), min(request.max_tokens, room),
                            prompt_logits=request.prompt_reduce is not None,
                            prompt_logits_from=request.prompt_logits_from)
-            seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder())
+            matcher = compiled.matcher(request.grammar.lazy_triggers or None) if compiled else None
+            seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder(),
+                                  matcher)
             handle.seqs.append(seq)
         self._inbox.put(("add", handle))
         self._wake.set()
@@ -208,6 +224,16 @@ class Engine:
         bad = next((t for t in request.prompt if not 0 <= t < self.model.n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.model.n_vocab - 1})")
+
+    def _compile(self, spec: GrammarSpec | None):
+        """The grammar bound to this vocabulary (parses and compilations are cached by text)."""
+        if spec is None:
+            return None
+        from ..gbnf import Grammar, TokenVocab
+
+        if self._grammar_vocab is None:
+            self._grammar_vocab = TokenVocab.for_tokenizer(self.tokenizer)
+        return Grammar.parse(spec.gbnf, root=spec.root).compile(self._grammar_vocab)
 
     def _sampler(self, request: Request, index: int) -> Sampler:
         params = request.sampling
@@ -306,7 +332,10 @@ class Engine:
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
-        token = st.sampler.sample(row)
+        token = st.sampler.sample(row, self._allowed(st))
+        if st.matcher is not None and not st.matcher.accept_token(token):
+            self._finish(seq, "error", error=f"the grammar rejected token {token} it had allowed")
+            return
         st.sampler.accept(token)
         now = time.perf_counter()
         self._time_token(seq, now)
@@ -323,6 +352,15 @@ class Engine:
             self._finish(seq, "stop", flush=False)  # whatever follows the stop string is dropped
         elif not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
             self._finish(seq, "length")
+
+    def _allowed(self, st: _SeqState) -> np.ndarray | None:
+        """The grammar's mask of allowed tokens (packed bits), or None without a grammar."""
+        if st.matcher is None:
+            return None
+        if self._mask is None:
+            self._mask = np.empty(self._grammar_vocab.n_words, np.uint32)
+        st.matcher.fill_mask(self._mask)
+        return self._mask
 
     def _time_token(self, seq: Sequence, now: float) -> None:
         st, m = seq.owner, self.metrics
