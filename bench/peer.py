@@ -46,3 +46,15 @@ def run(prog: str, args: list[str], timeout: float = 1800, **kw) -> tuple[subpro
             return proc, build
     return proc, builds[-1]
 
+
+
+def popen(prog: str, args: list[str], probe_model: str | None = None, **kw):
+    """Start a long-running llama.cpp program (llama-server) on the build that works here.
+
+    The build is found by a one-token llama-completion run on `probe_model` (a SIGILL shows
+    only once kernels run), unless a benchmark already ran one."""
+    if _working_build is None and probe_model:
+        run("llama-completion", ["-m", probe_model, "-p", "hi", "-n", "1", "-no-cnv", "-t", "1"])
+    build = _working_build or "avx2"
+    exe = str(llama_cpp_dir() / "lib" / f"{prog}.real")
+    return subprocess.Popen([exe, *args], env=_env(build), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)

@@ -174,7 +174,7 @@ class Engine:
         self.tree = RadixCache(self.pool)
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
-            max_logit_rows=min(model.max_output_rows, 1024)))
+            max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache)
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
         self.metrics = EngineMetrics()

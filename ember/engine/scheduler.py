@@ -22,6 +22,7 @@ class SchedulerConfig:
     max_batch_tokens: int = 512  # tokens computed per step
     max_logit_rows: int = 64  # rows of logits per step (the model's buffer)
     aging_tokens: int = 64  # priority a waiting sequence gains per step, in tokens of cached prefix
+    prefix_cache: bool = True  # off: nothing is matched or kept (a baseline for measurements)
 
     def __post_init__(self):
         for name in ("max_seqs", "max_batch_tokens", "max_logit_rows"):
@@ -154,7 +155,7 @@ class Scheduler:
     def _pick_waiting(self) -> Sequence | None:
         best, best_score = None, -1.0
         for seq in self.waiting:
-            cached = 0 if seq.prompt_logits else self.tree.match_length(seq.tokens[:-1])
+            cached = self.tree.match_length(seq.tokens[:-1]) if self._reuses(seq) else 0
             if self._inflight_would_help(seq, cached):
                 continue
             score = cached + self.config.aging_tokens * seq.waited_steps
@@ -162,9 +163,13 @@ class Scheduler:
                 best, best_score = seq, score
         return best
 
+    def _reuses(self, seq: Sequence) -> bool:
+        """Whether seq may start from a cached prefix (scoring needs logits at every position)."""
+        return self.config.prefix_cache and not seq.prompt_logits
+
     def _inflight_would_help(self, seq: Sequence, cached: int) -> bool:
         """A running prefill shares at least a page more of this prompt than the cache holds."""
-        if seq.prompt_logits:
+        if not self._reuses(seq):
             return False
         for r in self.running:
             if r.in_prefill and common_prefix(r.tokens, seq.tokens) >= cached + self.pool.page_size:
@@ -172,7 +177,7 @@ class Scheduler:
         return False
 
     def _admit(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int]) -> bool:
-        match = self.tree.match([] if seq.prompt_logits else seq.tokens[:-1])
+        match = self.tree.match(seq.tokens[:-1] if self._reuses(seq) else [])
         self.tree.pin(match.node)
         self.pool.retain(match.pages)
         seq.node, seq.pages, seq.n_computed = match.node, list(match.pages), match.length
@@ -192,7 +197,7 @@ class Scheduler:
         for chunk in plan.chunks:
             seq = chunk.seq
             seq.n_computed += chunk.n
-            if chunk.start < seq.n_prompt:
+            if chunk.start < seq.n_prompt and self.config.prefix_cache:
                 self._cache(seq)
 
     def _cache(self, seq: Sequence) -> None:
@@ -224,7 +229,7 @@ class Scheduler:
         self.waiting.insert(0 if front else len(self.waiting), seq)
 
     def _release(self, seq: Sequence) -> None:
-        if seq.n_computed > 0:
+        if seq.n_computed > 0 and self.config.prefix_cache:
             self.tree.insert(seq.tokens[:seq.n_computed], seq.pages)
         if seq.node is not None:
             self.tree.unpin(seq.node)

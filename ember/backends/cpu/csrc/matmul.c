@@ -1,29 +1,22 @@
 /* y (n, m) = x (n, k) @ W^T for quantized W, straight from its GGUF blocks.
  *
- * One pass over the pool: each thread quantizes its share of the activation rows into the caller's
- * scratch, all meet at a barrier, then each thread computes a contiguous range of W rows (output
- * columns; with several W sharing x, of their rows one after another), in one of two ways:
+ * The activations are quantized once into the caller's scratch (by the caller for a few tokens, else
+ * in a pass over the pool of its own: shares of a pass must not wait for each other, since the pool
+ * may run a descheduled worker's share on another thread). Then each share computes a contiguous
+ * range of W rows (output columns; with several W sharing x, of their rows one after another), in
+ * one of two ways:
  *  - microtiles (few tokens, or no panel kernel): a W row (or a few short ones) against up to 4
  *    tokens at a time, each weight block unpacked once for those tokens; tokens go in chunks whose
  *    quantized rows fit in L2, and the row stays in L1 while the chunk's tokens sweep it;
  *  - packed panels (many tokens): 16 rows at a time unpacked and interleaved, then swept by every
  *    token (see quant_avx512.c). */
-#include <stdatomic.h>
-
 #include "quant.h"
-
-#if defined(EMBER_X86)
-#include <immintrin.h>
-#define SPIN_PAUSE() _mm_pause()
-#elif defined(EMBER_ARM64)
-#define SPIN_PAUSE() __asm__ __volatile__("yield")
-#else
-#define SPIN_PAUSE() ((void)0)
-#endif
 
 /* Quantized activations of one token chunk stay within this many bytes (L2 is 1 MiB or more). */
 #define CHUNK_ACT_BYTES (256 * 1024)
 #define EMBER_MATMUL_MAX_PARTS 8
+/* Up to this many activation values the caller quantizes them alone: cheaper than a pass. */
+#define SERIAL_QUANTIZE_VALUES 8192
 
 /* ---- dispatch ---- */
 
@@ -92,19 +85,14 @@ typedef struct {
     const uint8_t *act;         /* (n, a_stride): quantized x, or x itself */
     uint8_t *scratch;           /* (n, a_stride) when quantizing */
     int64_t a_stride;
-    atomic_int arrived;         /* threads done quantizing */
 } matmul_job;
 
-static void quantize_rows(matmul_job *j, int ith, int nth) {
+/* Share ith of nth of the activation rows -> scratch. */
+static void quantize_task(void *ctx, int ith, int nth) {
+    matmul_job *j = ctx;
     int64_t lo, hi;
     ember_split(j->n, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) j->quantize(j->x + t * j->k, j->scratch + t * j->a_stride, j->k);
-}
-
-/* Every thread waits here until all nth have arrived (the pool runs all of them at once). */
-static void barrier_once(atomic_int *arrived, int nth) {
-    atomic_fetch_add_explicit(arrived, 1, memory_order_acq_rel);
-    while (atomic_load_explicit(arrived, memory_order_acquire) < nth) SPIN_PAUSE();
 }
 
 /* W rows [r0, r1) of part p against tokens [t0, t1): microtiles of p->unit x tile.cols. */
@@ -133,11 +121,7 @@ static void product_rows(const matmul_job *j, const matmul_part *p, int64_t r0, 
 }
 
 static void matmul_task(void *ctx, int ith, int nth) {
-    matmul_job *j = ctx;
-    if (j->quantize) {
-        quantize_rows(j, ith, nth);
-        if (nth > 1) barrier_once(&j->arrived, nth);
-    }
+    const matmul_job *j = ctx;
     /* the parts' rows one after another, handed out in whole units: a thread's share is contiguous,
      * and only the end of each part can be ragged */
     int64_t lo, hi, base = 0;
@@ -180,8 +164,9 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
         j.scratch = scratch;
         j.act = scratch;
         j.a_stride = ember_act_row_bytes(act, k);
+        if (n * k <= SERIAL_QUANTIZE_VALUES) quantize_task(&j, 0, 1);
+        else ember_parallel(pool, quantize_task, &j);
     }
-    atomic_init(&j.arrived, 0);
     ember_parallel(pool, matmul_task, &j);
     return 0;
 }
