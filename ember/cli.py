@@ -72,7 +72,67 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("-c", "--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     _add_runtime(pp, ctx=False)
     pp.set_defaults(func=cmd_perplexity)
+
+    _add_serve(sub, model_help)
     return p
+
+
+def _add_serve(sub, model_help: str) -> None:
+    s = sub.add_parser("serve", help="run the OpenAI- and llama-server-compatible HTTP server")
+    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    s.add_argument("--slots", type=int, default=4, help="sequences computed at once (default 4)")
+    s.add_argument("--ctx", type=int, default=None, help="context per sequence in tokens (default: the model's, <= 4096)")
+    s.add_argument("--kv-memory", type=_byte_size, default=None, metavar="BYTES",
+                   help="KV cache budget, e.g. 512M or 2G (default: ctx x slots tokens)")
+    s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    s.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+    s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
+    s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
+    s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
+                   help="require one of these keys (Authorization: Bearer KEY or X-Api-Key); "
+                        "also read from EMBER_API_KEY")
+    s.add_argument("--cors-origin", nargs="+", action="extend", default=[], metavar="ORIGIN",
+                   help="allow browser requests from these origins ('*' for any); default: no CORS")
+    s.add_argument("--alias", default=None, help="model id reported to clients (default: the file name)")
+    s.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the file's")
+    s.add_argument("--max-body", type=_byte_size, default=16 << 20, metavar="BYTES",
+                   help="largest request body (default 16M)")
+    s.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--access-log", action="store_true", help="log every request")
+    s.set_defaults(func=cmd_serve)
+
+
+def _byte_size(text: str) -> int:
+    """Bytes with an optional K/M/G/T suffix (powers of 1024), e.g. 512M."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (examples: 1000000, 512M, 2G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be positive, got {text!r}")
+    return int(value)
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from .app import ModelConfig, ServerConfig, serve
+
+    keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
+    model_cfg = ModelConfig(args.model, device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
+                            kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
+                            chat_template_file=args.chat_template_file)
+    config = ServerConfig(alias=args.alias, api_keys=keys, cors_origins=tuple(args.cors_origin),
+                          max_body_bytes=args.max_body, shutdown_grace_s=args.shutdown_grace)
+    return serve(model_cfg, config, host=args.host, port=args.port, log_level=args.log_level,
+                 access_log=args.access_log)
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,130 @@
+"""The HTTP server: an OpenAI- and llama-server-compatible API over one engine.
+
+    app = create_app(ServerConfig(), lambda: load_model(ModelConfig("smollm2")))
+    serve(ModelConfig("smollm2"), ServerConfig(), host="127.0.0.1", port=8080)
+
+Routes live in ember/server (openai.py, llamacpp.py, metrics.py); this module wires them
+with the middleware (CORS, API keys, body limit), the error handlers, the model loading
+lifespan and uvicorn's graceful shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from contextlib import asynccontextmanager
+from typing import Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .server import llamacpp, openai
+from .server.errors import APIError, server_error
+from .server.guard import Guard
+from .server.metrics import make_registry, metrics
+from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
+
+__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve"]
+
+
+def routes() -> list[Route]:
+    post, get = ["POST"], ["GET"]
+    table = [
+        ("/v1/models", openai.list_models, get), ("/models", openai.list_models, get),
+        ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
+        ("/v1/completions", openai.completions, post), ("/completions", openai.completions, post),
+        ("/completion", llamacpp.completion, post),
+        ("/tokenize", llamacpp.tokenize, post), ("/detokenize", llamacpp.detokenize, post),
+        ("/apply-template", llamacpp.apply_template, post),
+        ("/health", llamacpp.health, get), ("/v1/health", llamacpp.health, get),
+        ("/props", llamacpp.props, get), ("/slots", llamacpp.slots, get),
+        ("/slots/{id_slot:int}", llamacpp.slot_action, post),
+        ("/metrics", metrics, get),
+    ]
+    return [Route(path, endpoint, methods=methods) for path, endpoint, methods in table]
+
+
+def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_model: bool = True,
+               on_load_failure: Callable[[], None] | None = None) -> Starlette:
+    """The Starlette app. `loader` runs in a thread once the server is up (/health says 503
+    until it returns); `close_model`: close the engine when the app shuts down."""
+    state = ServerState(config, loader, close_model, on_load_failure)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state.loop = asyncio.get_running_loop()
+        state.start_loading()
+        yield
+        await run_in_threadpool(state.close)
+
+    middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes)]
+    if config.cors_origins:
+        middleware.insert(0, Middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
+    app = Starlette(routes=routes(), middleware=middleware, lifespan=lifespan, exception_handlers={
+        APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.state.ember = state
+    app.state.registry = make_registry(state)
+    return app
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = {404: f"no route {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    err = APIError(exc.status_code, message, code=codes.get(exc.status_code))
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: the client gets a plain 500 body; uvicorn logs the traceback (Starlette re-raises)."""
+    err = server_error(f"internal error ({type(exc).__name__}); the server log has the details")
+    return JSONResponse(err.body(), status_code=500)
+
+
+def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1", port: int = 8080,
+          log_level: str = "info", access_log: bool = False) -> int:
+    """Run the server until SIGTERM/SIGINT; 0 after a clean shutdown, 1 if the model failed to load."""
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    server: GracefulServer | None = None
+
+    def stop():
+        server.should_exit = True
+
+    app = create_app(config, lambda: load_model(model_cfg, config.alias), on_load_failure=stop)
+    server = GracefulServer(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
+        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5), app.state.ember)
+    server.run()
+    return 1 if app.state.ember.load_error else 0
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with ember's shutdown: the first SIGTERM/SIGINT stops admitting
+    requests (503), lets running streams finish for shutdown_grace_s, then cancels them;
+    uvicorn then closes the connections and the lifespan closes the engine. A second SIGINT
+    forces the exit. The signal is not re-raised afterwards, so the exit status is 0."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+            return
+        self.should_exit = True
+        if self.state.loop is not None:
+            self.state.loop.call_soon_threadsafe(self.state.begin_drain)

@@ -1,0 +1,256 @@
+"""Between the routes and the engine: the generation fields every route shares, submitting
+requests (engine errors -> HTTP errors), and following them while they run.
+
+A route parses its body into `GenParams` (plus its prompt), calls `start`, then either
+collects the `Sample`s or streams the events of the returned `Flight`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, fields as dataclass_fields
+
+from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
+from ..engine.engine import GrammarSpec
+from ..gbnf import GrammarError
+from ..sampler import SamplingParams
+from .errors import APIError, invalid, not_ready, queue_full, server_error
+from .fields import Fields
+from .state import ServerModel, ServerState
+
+# request keys that are sampling parameters (llama-server's names; OpenAI's are a subset)
+SAMPLING_KEYS = frozenset(f.name for f in dataclass_fields(SamplingParams)) | {"temp", "typ_p"}
+
+
+@dataclass(slots=True)
+class GenParams:
+    max_tokens: int
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: int | None = None  # None: none; k: the chosen token's plus the top k
+    grammar: GrammarSpec | None = None
+    grammar_param: str | None = None  # the field the grammar came from (for errors)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_sampling(body: Fields, model: ServerModel, overrides: dict | None = None) -> SamplingParams:
+    """SamplingParams from the body's sampling fields; 400 naming the field that is wrong."""
+    given = {k: v for k, v in body.data.items() if k in SAMPLING_KEYS and v is not None}
+    given.update(overrides or {})
+    try:
+        params = SamplingParams.from_dict(given)
+    except (ValueError, TypeError) as e:
+        raise invalid(_failing_key(given), str(e)) from None
+    _check_bias_ids(params, model)
+    return params
+
+
+def _failing_key(given: dict) -> str | None:
+    for key, value in given.items():
+        try:
+            SamplingParams.from_dict({key: value})
+        except (ValueError, TypeError):
+            return key
+    return None
+
+
+def _check_bias_ids(params: SamplingParams, model: ServerModel) -> None:
+    n_vocab = model.model.n_vocab
+    for token, _ in params.logit_bias:
+        if isinstance(token, int) and token >= n_vocab:
+            raise invalid("logit_bias", f"logit_bias: token id {token} is outside the vocabulary (0..{n_vocab - 1})")
+
+
+def parse_stream(body: Fields) -> tuple[bool, bool]:
+    """stream and stream_options.include_usage."""
+    stream = body.bool("stream", False)
+    options = body.object("stream_options")
+    include_usage = bool(options and options.bool("include_usage", False))
+    if options is not None and not stream:
+        raise invalid("stream_options", "stream_options is only allowed with stream: true")
+    return stream, include_usage
+
+
+def parse_stop(body: Fields, max_items: int) -> tuple[str, ...]:
+    return tuple(s for s in body.strings("stop", max_items) if s)
+
+
+def check_prompt_fits(ids: list[int], model: ServerModel, param: str) -> None:
+    if not ids:
+        raise invalid(param, "the prompt is empty", "empty_prompt")
+    if len(ids) > model.n_ctx:
+        raise APIError(400, f"the prompt has {len(ids)} tokens; the context holds {model.n_ctx}",
+                       param=param, code="context_length_exceeded")
+
+
+def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams) -> "Flight":
+    """Submit one engine request per prompt; engine refusals become HTTP errors."""
+    handles: list[RequestHandle] = []
+    try:
+        for ids in prompts:
+            handles.append(model.engine.submit_async(Request(
+                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar)))
+    except BaseException as e:
+        for h in handles:
+            h.cancel()
+        raise _submit_error(state, e, gen) from None
+    state.stats.requests += 1
+    return Flight(state, handles, gen.n)
+
+
+def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseException:
+    if isinstance(e, QueueFull):
+        state.stats.rejected_queue_full += 1
+        return queue_full(f"the server is busy ({e}); retry later")
+    if isinstance(e, EngineClosed):
+        return not_ready("the server is shutting down")
+    if isinstance(e, GrammarError):
+        return invalid(gen.grammar_param or "grammar", f"invalid grammar: {e}", "invalid_grammar")
+    if isinstance(e, ValueError):
+        code = "context_length_exceeded" if "context holds" in str(e) else "invalid_value"
+        return invalid(None, str(e), code)
+    return e
+
+
+@dataclass(slots=True)
+class Sample:
+    """One finished (or finishing) sample: its text, tokens and how it ended."""
+
+    index: int
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenEvent] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    first_at: float = 0.0
+    last_at: float = 0.0
+
+    def add(self, ev: TokenEvent, now: float, keep_logprobs: bool) -> None:
+        self.text += ev.text
+        self.tokens.append(ev.token)
+        if keep_logprobs:
+            self.logprobs.append(ev)
+        self.first_at = self.first_at or now
+        self.last_at = now
+
+    def finish(self, ev: FinishEvent) -> None:
+        self.text += ev.text
+        self.finish_reason, self.error = ev.reason, ev.error
+        self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+
+
+class Flight:
+    """The engine requests of one HTTP request while they run. Iterate for (choice index,
+    event); leaving early (an exception, a disconnect, a closed stream) cancels them."""
+
+    def __init__(self, state: ServerState, handles: list[RequestHandle], n: int):
+        self.state, self.handles, self.n = state, handles, n
+        self.submitted = time.perf_counter()
+        self.samples = [Sample(i) for i in range(len(handles) * n)]
+        self._iters = [h.__aiter__() for h in handles]
+        self._next: dict[int, asyncio.Future] = {}
+        self._open = set(range(len(handles)))
+        state.active.update(handles)
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> tuple[int, TokenEvent | FinishEvent]:
+        while self._open:
+            k, ev = await self._next_event()
+            if ev is None:
+                self._open.discard(k)
+                continue
+            if isinstance(ev, (TokenEvent, FinishEvent)):
+                index = k * self.n + ev.index
+                self._record(index, ev)
+                return index, ev
+        self.close()
+        raise StopAsyncIteration
+
+    async def _next_event(self):
+        if len(self._iters) == 1:  # the usual case: no merging needed
+            try:
+                return 0, await self._iters[0].__anext__()
+            except StopAsyncIteration:
+                return 0, None
+        for k in self._open - self._next.keys():
+            self._next[k] = asyncio.ensure_future(self._iters[k].__anext__())
+        done, _ = await asyncio.wait(self._next.values(), return_when=asyncio.FIRST_COMPLETED)
+        k = min(k for k, f in self._next.items() if f in done)
+        fut = self._next.pop(k)
+        try:
+            return k, fut.result()
+        except StopAsyncIteration:
+            return k, None
+
+    def _record(self, index: int, ev) -> None:
+        sample, now = self.samples[index], time.perf_counter()
+        if isinstance(ev, TokenEvent):
+            sample.add(ev, now, ev.logprob is not None)
+            return
+        sample.finish(ev)
+        if sample.first_at:
+            self.state.stats.prompt_seconds += sample.first_at - self.submitted
+            self.state.stats.predicted_seconds += sample.last_at - sample.first_at
+
+    def close(self) -> None:
+        """Cancel whatever still runs and stop tracking (idempotent)."""
+        for fut in self._next.values():
+            fut.cancel()
+        self._next.clear()
+        for h in self.handles:
+            if self._open:
+                h.cancel()
+            self.state.active.discard(h)
+        self._open.clear()
+
+    async def collect(self) -> list[Sample]:
+        """Run to the end; the samples in choice order. Engine failures become 500s."""
+        try:
+            async for _ in self:
+                pass
+        finally:
+            self.close()
+        for s in self.samples:
+            if s.finish_reason == "error":
+                raise server_error(f"generation failed: {s.error}")
+            if s.finish_reason == "cancelled":
+                raise not_ready("the request was cancelled: the server is shutting down")
+        return self.samples
+
+
+def usage(samples: list[Sample], n: int) -> dict:
+    """OpenAI's usage block; each prompt counts once however many samples share it."""
+    firsts = samples[::n]
+    prompt = sum(s.prompt_tokens for s in firsts)
+    cached = sum(min(x.cached_tokens for x in samples[i:i + n]) for i in range(0, len(samples), n))
+    completion = sum(len(s.tokens) for s in samples)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def timings(sample: Sample, submitted: float) -> dict:
+    """llama-server's `timings` block for one sample."""
+    prompt_ms = max(sample.first_at - submitted, 0.0) * 1000 if sample.first_at else 0.0
+    predicted_ms = (sample.last_at - sample.first_at) * 1000 if sample.first_at else 0.0
+    prompt_n = sample.prompt_tokens - sample.cached_tokens
+    predicted_n = len(sample.tokens)
+    return {"cache_n": sample.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
+            "predicted_per_second": (predicted_n - 1) / predicted_ms * 1000 if predicted_ms else 0.0}
+
+
+def token_piece(model: ServerModel, token: int) -> bytes:
+    return model.tokenizer.token_to_piece(token, special=True)

@@ -1,0 +1,116 @@
+"""GET /metrics: Prometheus text exposition through prometheus_client.
+
+llama-server's counters (`llamacpp:` names) plus what ember's engine measures (`ember:`):
+prefix-cache hit rate, cached prompt tokens, time to first token split by cache hit/miss,
+queue length and KV pages. Values are read from the engine when scraped; the registry
+belongs to the app, not to the module.
+"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..engine.metrics import Histogram
+from .state import ServerState
+
+
+class EngineCollector:
+    """A prometheus_client collector reading the server's engine on every scrape."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def collect(self):
+        model = self.state.model
+        if model is None:
+            return
+        yield from llama_families(self.state)
+        yield from ember_families(self.state)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def llama_families(state: ServerState):
+    engine, stats = state.model.engine, state.stats
+    m = engine.metrics
+    yield _counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", m.prompt_tokens_computed)
+    yield _counter("llamacpp:prompt_seconds", "Prompt process time", stats.prompt_seconds)
+    yield _counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", m.generated_tokens)
+    yield _counter("llamacpp:tokens_predicted_seconds", "Predict process time", stats.predicted_seconds)
+    yield _counter("llamacpp:n_decode", "Total number of engine steps (batched forward passes)", m.steps)
+    yield _gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+                 m.prompt_tokens_computed / stats.prompt_seconds if stats.prompt_seconds else 0.0)
+    yield _gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+                 m.generated_tokens / stats.predicted_seconds if stats.predicted_seconds else 0.0)
+    yield _gauge("llamacpp:requests_processing", "Number of requests processing.", len(engine.scheduler.running))
+    yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.", len(engine.scheduler.waiting))
+    kv = engine.kv_usage()
+    yield _gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
+                 (kv.pages_total - kv.pages_free) / kv.pages_total if kv.pages_total else 0.0)
+
+
+def ember_families(state: ServerState):
+    engine = state.model.engine
+    m = engine.metrics
+    yield _counter("ember:prompt_tokens", "Prompt tokens of admitted sequences (cached or computed).",
+                   m.prompt_tokens)
+    yield _counter("ember:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", m.prompt_tokens_cached)
+    yield _gauge("ember:prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix cache.",
+                 m.cache_hit_rate)
+    ttft = HistogramMetricFamily("ember:time_to_first_token_seconds",
+                                 "Submission to first token; cache=hit when half or more of the prompt was cached.",
+                                 labels=["cache"])
+    for label, hist in (("hit", m.ttft_hit), ("miss", m.ttft_miss)):
+        ttft.add_metric([label], _buckets(hist), hist.sum)
+    yield ttft
+    inter = HistogramMetricFamily("ember:inter_token_seconds", "Time between consecutive tokens of a sequence.")
+    inter.add_metric([], _buckets(m.inter_token), m.inter_token.sum)
+    yield inter
+    yield _gauge("ember:requests_waiting", "Sequences waiting for admission (queue length).",
+                 len(engine.scheduler.waiting))
+    yield _gauge("ember:requests_running", "Sequences running.", len(engine.scheduler.running))
+    yield _counter("ember:requests_finished", "Sequences finished (any reason).", m.requests_finished)
+    yield _counter("ember:requests_cancelled", "Sequences cancelled (client gone or shutdown).", m.requests_cancelled)
+    yield _counter("ember:requests_rejected_queue_full", "Requests refused with 503 because the queue was full.",
+                   state.stats.rejected_queue_full)
+    yield _counter("ember:preemptions", "Sequences preempted to free KV pages.", m.preemptions)
+    kv = engine.kv_usage()
+    pages = GaugeMetricFamily("ember:kv_pages", "KV cache pages by state.", labels=["state"])
+    pages.add_metric(["in_use"], kv.pages_in_use)
+    pages.add_metric(["cached"], kv.pages_cached_only)
+    pages.add_metric(["free"], kv.pages_free)
+    yield pages
+    yield _gauge("ember:kv_usage_ratio", "Share of KV pages held by running sequences.",
+                 kv.pages_in_use / kv.pages_total if kv.pages_total else 0.0)
+    yield _gauge("ember:kv_cached_tokens", "Tokens held by the prefix cache.", kv.cached_tokens)
+
+
+def _buckets(hist: Histogram) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs, +Inf last."""
+    counts, running, out = list(hist.counts), 0, []
+    for bound, count in zip(hist.buckets, counts):
+        running += count
+        out.append((repr(float(bound)), running))
+    out.append(("+Inf", running + counts[-1]))
+    return out
+
+
+def make_registry(state: ServerState) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(state))
+    return registry
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.ember
+    if state.model is None:  # answers while shutting down, unlike the generation routes
+        state.require_model()
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
