@@ -37,7 +37,7 @@ class Runner:
         slots = self.tables[rows, pos // PAGE].astype(np.int64) * PAGE + pos % PAGE
         attn = AttentionBatch(pos, rows, self.tables, slots, PAGE)
         step = Step(np.array(toks, np.int32), attn, np.arange(len(toks), dtype=np.int32))
-        return np.asarray(self.model.forward(step, self.cache), np.float64)
+        return np.array(self.model.forward(step, self.cache), np.float64)  # a copy: logits are reused
 
 
 def run_script(model, seed: int = 1) -> list[np.ndarray]:

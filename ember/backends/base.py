@@ -93,6 +93,12 @@ class Backend(Protocol):
     def matmul(self, w: Weight, x, out) -> None:
         """out (n, rows) = x (n, cols) @ w.T"""
 
+    def matmuls(self, ws: list[Weight], x, outs: list) -> None:
+        """outs[j] = x @ ws[j].T for matrices sharing one input (computed together where possible)."""
+
+    def gather_rows(self, x, rows, out) -> None:
+        """out[r] = x[rows[r]]"""
+
     def add_bias(self, x, b: Weight) -> None:
         """x (n, d) += b (d,)"""
 

@@ -47,6 +47,13 @@ class Backend:
     def matmul(self, w: Weight, x, out) -> None:
         out[...] = x @ w.data.T
 
+    def matmuls(self, ws, x, outs) -> None:
+        for w, out in zip(ws, outs):
+            self.matmul(w, x, out)
+
+    def gather_rows(self, x, rows, out) -> None:
+        out[...] = x[np.asarray(rows)]
+
     def add_bias(self, x, b: Weight) -> None:
         x += b.data
 

@@ -175,7 +175,8 @@ class Engine:
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
+                                  -(-config.n_ctx // config.page_size))
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
         self.metrics = EngineMetrics()
         self.last_error: str | None = None

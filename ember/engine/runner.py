@@ -1,5 +1,13 @@
-"""Turns a scheduler plan into one batched forward pass of the model."""
+"""Turns a scheduler plan into one batched forward pass of the model.
+
+The step's inputs (token ids, positions, page tables, cache slots, rows needing logits)
+are written into arrays allocated once, at fixed addresses. On a backend that can record
+(the CPU backend), the first step of each shape is recorded and later steps of that shape
+replay it in one native call, so decoding costs one Python call per step, not one per op.
+"""
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 
@@ -7,31 +15,68 @@ from ..backends import AttentionBatch
 from ..models import KVCache, Model, Step
 from .scheduler import Plan
 
+MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound: Python's share is negligible there
+MAX_RECORDINGS = 64
+
+
+class StepInputs:
+    """Fixed-address input arrays sized for the largest step."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, pages_per_seq: int):
+        self.tokens = np.zeros(max_tokens, np.int32)
+        self.positions = np.zeros(max_tokens, np.int32)
+        self.seq_rows = np.zeros(max_tokens, np.int32)
+        self.slots = np.zeros(max_tokens, np.int64)
+        self.rows = np.zeros(max_tokens, np.int32)
+        self.tables = np.zeros((max_seqs, pages_per_seq), np.int32)
+
 
 class ModelRunner:
-    def __init__(self, model: Model, cache: KVCache):
+    def __init__(self, model: Model, cache: KVCache, max_tokens: int, max_seqs: int, pages_per_seq: int):
         self.model, self.cache = model, cache
         self.page_size = cache.page_size
+        self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq)
+        self.recordable = hasattr(model.backend, "record")
+        self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
 
     def run(self, plan: Plan) -> np.ndarray:
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
         in plan order (valid until the next run)."""
         for src, dst in plan.copies:
             self.cache.copy_page(src, dst)
-        return self.model.forward(self.step(plan), self.cache)
+        step = self.step(plan)
+        key = (step.n, len(plan.chunks), len(step.output_rows))
+        hit = self._recordings.get(key)
+        if hit is not None:
+            self._recordings.move_to_end(key)
+            self.model.backend.replay(hit[0])
+            return hit[1]
+        if not self.recordable or step.n > MAX_RECORDED_TOKENS:
+            return self.model.forward(step, self.cache)
+        with self.model.backend.record() as rec:
+            logits = self.model.forward(step, self.cache)
+        self._recordings[key] = (rec, logits)
+        if len(self._recordings) > MAX_RECORDINGS:
+            self._recordings.popitem(last=False)
+        return logits
 
     def step(self, plan: Plan) -> Step:
-        P = self.page_size
-        chunks = plan.chunks
-        tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], np.int32) for c in chunks])
-        positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])
-        seq_rows = np.repeat(np.arange(len(chunks), dtype=np.int32), [c.n for c in chunks])
-        width = max(len(c.seq.pages) for c in chunks)
-        tables = np.zeros((len(chunks), width), np.int32)
+        """Write the plan's inputs into the fixed arrays; returns views of them."""
+        P, inp, chunks = self.page_size, self.inputs, plan.chunks
+        n = sum(c.n for c in chunks)
+        at = n_rows = 0
+        inp.tables[:len(chunks)] = 0
         for i, c in enumerate(chunks):
-            tables[i, :len(c.seq.pages)] = c.seq.pages
-        slots = tables[seq_rows, positions // P].astype(np.int64) * P + positions % P
-        offsets = np.cumsum([0] + [c.n for c in chunks[:-1]])
-        rows = [off + r - c.start for off, c in zip(offsets, chunks) for r in c.logit_rows]
-        attn = AttentionBatch(positions, seq_rows, tables, slots, P)
-        return Step(tokens, attn, np.asarray(rows, np.int32))
+            end = at + c.n
+            inp.tokens[at:end] = c.seq.tokens[c.start:c.start + c.n]
+            inp.positions[at:end] = np.arange(c.start, c.start + c.n, dtype=np.int32)
+            inp.seq_rows[at:end] = i
+            inp.tables[i, :len(c.seq.pages)] = c.seq.pages
+            for r in c.logit_rows:
+                inp.rows[n_rows] = at + r - c.start
+                n_rows += 1
+            at = end
+        pos, seq_rows = inp.positions[:n], inp.seq_rows[:n]
+        inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
+        attn = AttentionBatch(pos, seq_rows, inp.tables[:len(chunks)], inp.slots[:n], P)
+        return Step(inp.tokens[:n], attn, inp.rows[:n_rows])

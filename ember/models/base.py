@@ -172,7 +172,7 @@ class Model:
         if len(rows) > self.max_output_rows:
             raise ValueError(f"{len(rows)} rows of logits asked for; at most {self.max_output_rows} per step")
         h = self.buffers.get("out_in", len(rows), x.shape[1])
-        h[...] = x[rows]
+        self.backend.gather_rows(x, rows, h)
         self.backend.rms_norm(h, norm, eps, h)
         out = self.buffers.get("logits", len(rows), self.n_vocab)
         self.backend.matmul(head, h, out)

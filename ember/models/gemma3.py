@@ -114,9 +114,7 @@ class Gemma3Model(Model):
         h = buf.get("h", n, a.d_model)
         q, k, v = buf.get("q", n, q_dim), buf.get("k", n, kv_dim), buf.get("v", n, kv_dim)
         B.rms_norm(x, L.attn_norm, a.eps, h)
-        B.matmul(L.wq, h, q)
-        B.matmul(L.wk, h, k)
-        B.matmul(L.wv, h, v)
+        B.matmuls([L.wq, L.wk, L.wv], h, [q, k, v])
         B.rms_norm(q, L.q_norm, a.eps, q)  # per head: rows of head_dim
         B.rms_norm(k, L.k_norm, a.eps, k)
         rope = a.rope_local if L.local else a.rope_global
@@ -134,8 +132,7 @@ class Gemma3Model(Model):
         h = buf.get("h", n, a.d_model)
         gate, up = buf.get("gate", n, a.d_ff), buf.get("up", n, a.d_ff)
         B.rms_norm(x, L.ffn_norm, a.eps, h)
-        B.matmul(L.w_gate, h, gate)
-        B.matmul(L.w_up, h, up)
+        B.matmuls([L.w_gate, L.w_up], h, [gate, up])
         B.gelu_mul(gate, up, gate)
         B.matmul(L.w_down, gate, h)
         B.rms_norm(h, L.post_ffn_norm, a.eps, h)

@@ -93,8 +93,8 @@ class LlamaModel(Model):
         h = buf.get("h", n, a.d_model)
         q, k, v = buf.get("q", n, q_dim), buf.get("k", n, kv_dim), buf.get("v", n, kv_dim)
         B.rms_norm(x, L.attn_norm, a.eps, h)
-        for w, b, out in ((L.wq, L.bq, q), (L.wk, L.bk, k), (L.wv, L.bv, v)):
-            B.matmul(w, h, out)
+        B.matmuls([L.wq, L.wk, L.wv], h, [q, k, v])
+        for b, out in ((L.bq, q), (L.bk, k), (L.bv, v)):
             if b is not None:
                 B.add_bias(out, b)
         B.rope(q, a.n_head, step.attn, a.rope)
@@ -112,8 +112,7 @@ class LlamaModel(Model):
         h = buf.get("h", n, a.d_model)
         gate, up = buf.get("gate", n, a.d_ff), buf.get("up", n, a.d_ff)
         B.rms_norm(x, L.ffn_norm, a.eps, h)
-        B.matmul(L.w_gate, h, gate)
-        B.matmul(L.w_up, h, up)
+        B.matmuls([L.w_gate, L.w_up], h, [gate, up])
         B.silu_mul(gate, up, gate)
         B.matmul(L.w_down, gate, h)
         B.add(x, h, x)

@@ -2,10 +2,17 @@
 
 Weights stay in the memory-mapped GGUF file in their block format; activations are
 float32 numpy arrays; the KV cache is float16.
+
+Every op is an `ember_op` record run by the C side. A forward pass can be recorded
+(`record()`) and replayed later in one native call (`replay()`): Python then costs one
+call per step instead of one per op. A recording holds references to every array it
+points into, so its addresses stay valid.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,6 +21,7 @@ from ..base import AttentionBatch, BackendError, RopeParams, Weight
 from ._native import ffi, lib
 
 F32 = np.float32
+MAX_MULTI = 8  # matrices one ember_matmul_multi call takes
 
 
 def default_threads() -> int:
@@ -39,8 +47,18 @@ def set_isa(name: str) -> None:
         raise BackendError(f"SIMD path '{name}' is not available on this CPU (have: {isa()}, {' '.join(cpu_features())})")
 
 
-def _ptr(a: np.ndarray, ctype: str = "float *"):
-    return ffi.cast(ctype, ffi.from_buffer(a))
+@dataclass
+class Recording:
+    """Ops of one recorded forward pass and the arrays they point into."""
+
+    ops: list = field(default_factory=list)  # ember_op records
+    keep: list = field(default_factory=list)  # arrays and cffi objects the ops reference
+    array: object = None  # the packed ember_op[] once finished
+
+    def finish(self) -> None:
+        self.array = ffi.new("ember_op[]", len(self.ops))
+        for i, op in enumerate(self.ops):
+            self.array[i] = op[0]
 
 
 class Backend:
@@ -52,6 +70,7 @@ class Backend:
             raise BackendError(f"threads must be at least 1, got {threads}")
         self._pool = ffi.gc(lib.ember_pool_create(self.n_threads), lib.ember_pool_destroy)
         self._scratch = np.empty(0, np.uint8)
+        self._recording: Recording | None = None
 
     @property
     def isa(self) -> str:
@@ -61,7 +80,7 @@ class Backend:
         return bool(lib.ember_type_supported(int(qtype)))
 
     def weight(self, tensor) -> Weight:
-        if tensor.type in (GGMLType.F32,) and len(tensor.shape) == 1:
+        if tensor.type == GGMLType.F32 and len(tensor.shape) == 1:
             return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.array())
         if not self.supports(tensor.type):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name}, which the CPU backend cannot compute with")
@@ -77,75 +96,143 @@ class Backend:
         return a
 
     def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
-        # float16 bits; zero-filled so that unwritten slots are finite
+        # float16 bits; zero-filled (lazily committed by the OS) so unwritten slots are finite
         return np.zeros((n_slots, k_dim), np.uint16), np.zeros((n_slots, v_dim), np.uint16)
+
+    # ---- recording ----
+    @contextlib.contextmanager
+    def record(self):
+        """Ops run as usual and are also recorded; yields the Recording."""
+        rec = self._recording = Recording()
+        try:
+            yield rec
+        finally:
+            self._recording = None
+        rec.finish()
+
+    def replay(self, rec: Recording) -> None:
+        failed = lib.ember_run_ops(self._pool, rec.array, len(rec.ops))
+        if failed >= 0:
+            raise BackendError(f"op {failed} of a recorded step could not run")
+
+    def _run(self, kind: int, ptrs=(), ints=(), floats=(), qtype: int = 0, keep=()) -> None:
+        op = ffi.new("ember_op *")
+        op.kind, op.type = kind, qtype
+        for j, p in enumerate(ptrs):
+            op.p[j] = p
+        for j, v in enumerate(ints):
+            op.i[j] = v
+        for j, v in enumerate(floats):
+            op.f[j] = v
+        if self._recording is not None:
+            self._recording.ops.append(op)
+            self._recording.keep.append((ptrs, keep))
+        failed = lib.ember_run_ops(self._pool, op, 1)
+        if failed >= 0:
+            raise BackendError(f"the CPU kernels refused op kind {kind}")
+
+    def _p(self, a: np.ndarray):
+        """Address of an array (kept alive by the recording, if any)."""
+        if self._recording is not None:
+            self._recording.keep.append(a)
+        return ffi.cast("void *", ffi.from_buffer(a))
+
+    def _ints(self, a, dtype) -> np.ndarray:
+        """a as a contiguous int array; while recording it must already be one (a copy's address
+        would not see the values written for later steps)."""
+        a = np.asarray(a)
+        if a.dtype == dtype and a.flags.c_contiguous:
+            return a
+        if self._recording is not None:
+            raise BackendError(f"a recorded step needs contiguous {np.dtype(dtype).name} inputs, got {a.dtype}")
+        return np.ascontiguousarray(a, dtype)
 
     # ---- ops ----
     def get_rows(self, w: Weight, ids, out) -> None:
-        ids = np.ascontiguousarray(ids, np.int32)
         rows, cols = w.shape
-        if len(ids) and (ids.min() < 0 or ids.max() >= rows):
+        if self._recording is None and len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= rows):
             raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
-        lib.ember_get_rows(self._pool, int(w.type), _ptr(w.data, "void *"), rows, cols,
-                           _ptr(ids, "int32_t *"), len(ids), _ptr(out))
+        self._run(lib.EMBER_OP_GET_ROWS, (self._p(w.data), self._p(self._ints(ids, np.int32)), self._p(out)),
+                  (rows, cols, len(ids)), qtype=int(w.type))
 
     def matmul(self, w: Weight, x, out) -> None:
         rows, cols = w.shape
-        n = x.shape[0]
-        scratch = self._scratch_for(int(w.type), cols, n)
-        lib.ember_matmul(self._pool, int(w.type), _ptr(w.data, "void *"), rows, cols,
-                         _ptr(x), n, _ptr(out), _ptr(scratch, "void *"))
+        scratch = self._scratch_for(int(w.type), cols, x.shape[0])
+        self._run(lib.EMBER_OP_MATMUL, (self._p(w.data), self._p(x), self._p(out), self._p(scratch)),
+                  (rows, cols, x.shape[0]), qtype=int(w.type))
+
+    def matmuls(self, ws: list[Weight], x, outs: list) -> None:
+        """outs[j] = x @ ws[j].T for matrices that share x: x is quantized once when their types allow."""
+        kinds = {lib.ember_matmul_act_kind(int(w.type)) for w in ws}
+        if len(ws) == 1 or len(ws) > MAX_MULTI or len(kinds) != 1 or -1 in kinds:
+            for w, out in zip(ws, outs):
+                self.matmul(w, x, out)
+            return
+        n, k = x.shape
+        types = ffi.new("int[]", [int(w.type) for w in ws])
+        mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
+        ms = ffi.new("int64_t[]", [w.shape[0] for w in ws])
+        ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
+        scratch = self._scratch_for(int(ws[0].type), k, n)
+        self._run(lib.EMBER_OP_MATMUL_MULTI, (types, mats, ms, self._p(x), ys, self._p(scratch)),
+                  (len(ws), k, n), keep=(types, mats, ms, ys))
 
     def _scratch_for(self, qtype: int, k: int, n: int) -> np.ndarray:
-        need = lib.ember_matmul_scratch_size(qtype, k, n) + 64
-        if self._scratch.nbytes < need:
+        size = lib.ember_matmul_scratch_size(qtype, k, n)
+        if size < 0:  # the kernels would not compute; say why rather than return garbage
+            name = GGMLType(qtype).name if qtype in GGMLType._value2member_map_ else str(qtype)
+            raise BackendError(f"cannot multiply by a {name} matrix with {k} columns (unsupported type, "
+                               "or rows that are not whole blocks)")
+        need = size + 64
+        if self._scratch.nbytes < need:  # recordings keep the old buffer alive
             self._scratch = np.empty(max(need, 2 * self._scratch.nbytes), np.uint8)
         offset = (-self._scratch.ctypes.data) % 64  # the kernels want 64-byte alignment
         return self._scratch[offset:]
 
     def add_bias(self, x, b: Weight) -> None:
-        x += b.data
+        self._run(lib.EMBER_OP_ADD_ROW, (self._p(x), self._p(b.data)), (x.shape[0], x.shape[1]))
+
+    def gather_rows(self, x, rows, out) -> None:
+        """out[r] = x[rows[r]]"""
+        self._run(lib.EMBER_OP_GATHER_ROWS, (self._p(x), self._p(self._ints(rows, np.int32)), self._p(out)),
+                  (len(rows), x.shape[1]))
 
     def rms_norm(self, x, w, eps, out) -> None:
         d = w.shape[-1] if w is not None else x.shape[-1]
-        n = x.size // d
-        wp = _ptr(w.data) if w is not None else ffi.NULL
-        lib.ember_rms_norm(self._pool, _ptr(x), wp, _ptr(out), n, d, eps)
+        wp = self._p(w.data) if w is not None else ffi.NULL
+        self._run(lib.EMBER_OP_RMS_NORM, (self._p(x), wp, self._p(out)), (x.size // d, d), (eps,))
 
     def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
-        n = batch.n_tokens
-        head_dim = x.shape[-1] // n_head
-        pos = np.ascontiguousarray(batch.positions, np.int32)
-        ff = _ptr(p.freq_factors) if p.freq_factors is not None else ffi.NULL
-        lib.ember_rope(self._pool, _ptr(x), n, n_head, head_dim, _ptr(pos, "int32_t *"), p.n_rot, int(p.neox),
-                       p.freq_base, p.freq_scale, ff, p.ext_factor, p.attn_factor, p.beta_fast, p.beta_slow,
-                       p.n_ctx_orig)
+        ff = self._p(p.freq_factors) if p.freq_factors is not None else ffi.NULL
+        self._run(lib.EMBER_OP_ROPE, (self._p(x), self._p(self._ints(batch.positions, np.int32)), ff),
+                  (batch.n_tokens, n_head, x.shape[-1] // n_head, p.n_rot, int(p.neox), p.n_ctx_orig),
+                  (p.freq_base, p.freq_scale, p.ext_factor, p.attn_factor, p.beta_fast, p.beta_slow))
 
     def silu_mul(self, gate, up, out) -> None:
-        lib.ember_silu_mul(self._pool, _ptr(gate), _ptr(up), _ptr(out), gate.size)
+        self._run(lib.EMBER_OP_SILU_MUL, (self._p(gate), self._p(up), self._p(out)), (gate.size,))
 
     def gelu_mul(self, gate, up, out) -> None:
-        lib.ember_gelu_mul(self._pool, _ptr(gate), _ptr(up), _ptr(out), gate.size)
+        self._run(lib.EMBER_OP_GELU_MUL, (self._p(gate), self._p(up), self._p(out)), (gate.size,))
 
     def add(self, a, b, out) -> None:
-        lib.ember_add(self._pool, _ptr(a), _ptr(b), _ptr(out), a.size)
+        self._run(lib.EMBER_OP_ADD, (self._p(a), self._p(b), self._p(out)), (a.size,))
 
     def scale(self, x, s: float) -> None:
-        lib.ember_scale(self._pool, _ptr(x), s, x.size)
+        self._run(lib.EMBER_OP_SCALE, (self._p(x),), (x.size,), (s,))
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
         k_cache, v_cache = cache
-        slots = np.ascontiguousarray(batch.slots, np.int64)
-        lib.ember_kv_store(self._pool, _ptr(k), _ptr(v), _ptr(k_cache, "uint16_t *"), _ptr(v_cache, "uint16_t *"),
-                           _ptr(slots, "int64_t *"), batch.n_tokens, k_cache.shape[1], v_cache.shape[1])
+        self._run(lib.EMBER_OP_KV_STORE, (self._p(k), self._p(v), self._p(k_cache), self._p(v_cache),
+                                          self._p(self._ints(batch.slots, np.int64))),
+                  (batch.n_tokens, k_cache.shape[1], v_cache.shape[1]))
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
-        tables = np.ascontiguousarray(batch.block_tables, np.int32)
-        lib.ember_attention(
-            self._pool, _ptr(q), _ptr(k_cache, "uint16_t *"), _ptr(v_cache, "uint16_t *"), _ptr(out),
-            batch.n_tokens, n_head, n_kv_head, k_cache.shape[1] // n_kv_head, v_cache.shape[1] // n_kv_head,
-            _ptr(np.ascontiguousarray(batch.positions, np.int32), "int32_t *"),
-            _ptr(np.ascontiguousarray(batch.seq_rows, np.int32), "int32_t *"),
-            _ptr(tables, "int32_t *"), tables.shape[1], batch.page_size, window, scale, softcap,
-        )
+        tables = self._ints(batch.block_tables, np.int32)
+        self._run(lib.EMBER_OP_ATTENTION,
+                  (self._p(q), self._p(k_cache), self._p(v_cache), self._p(out), self._p(self._ints(batch.positions, np.int32)),
+                   self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables)),
+                  (batch.n_tokens, n_head, n_kv_head, k_cache.shape[1] // n_kv_head,
+                   v_cache.shape[1] // n_kv_head, tables.shape[1], batch.page_size, window),
+                  (scale, softcap))
+

@@ -1,0 +1,38 @@
+/* A forward pass recorded as a list of ops and replayed in one call, so Python is not on the
+ * per-op path. Every op reads and writes caller-owned buffers whose addresses stay fixed
+ * between replays; what changes from step to step (token ids, positions, page tables) is
+ * written into those buffers before the replay. */
+
+enum ember_op_kind {
+    EMBER_OP_MATMUL = 1,       /* p: w, x, y, scratch; i: m, k, n; type */
+    EMBER_OP_MATMUL_MULTI = 2, /* p: types (int*), ws, ms (int64*), x, ys, scratch; i: count, k, n */
+    EMBER_OP_GET_ROWS = 3,     /* p: w, ids, out; i: m, k, n; type */
+    EMBER_OP_RMS_NORM = 4,     /* p: x, w (or NULL), out; i: n, d; f: eps */
+    EMBER_OP_ROPE = 5,         /* p: x, pos, freq_factors; i: n_tok, n_head, head_dim, n_rot, neox, n_ctx_orig;
+                                  f: freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow */
+    EMBER_OP_SILU_MUL = 6,     /* p: gate, up, out; i: n */
+    EMBER_OP_GELU_MUL = 7,     /* p: gate, up, out; i: n */
+    EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */
+    EMBER_OP_SCALE = 9,        /* p: x; i: n; f: s */
+    EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim */
+    EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables;
+                                  i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
+                                  f: scale, softcap */
+    EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
+    EMBER_OP_ADD_ROW = 13      /* p: x, b; i: n, d                        -- x[r] += b for every row */
+};
+
+typedef struct ember_op {
+    int32_t kind;
+    int32_t type;
+    void *p[8];
+    int64_t i[10];
+    float f[8];
+} ember_op;
+
+/* Run ops[0..n_ops) in order. Returns -1, or the index of an op that could not run (bad kind). */
+int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops);
+
+/* The two small ops that have no kernel of their own. */
+void ember_gather_rows(const float *x, const int32_t *rows, float *out, int64_t n_out, int64_t d);
+void ember_add_row(float *x, const float *b, int64_t n, int64_t d);
