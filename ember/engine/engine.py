@@ -264,11 +264,7 @@ class Engine:
         if block:
             self._wake.wait()
         self._wake.clear()
-        while True:
-            try:
-                kind, handle = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for kind, handle in self._inbox_items():
             if kind == "add":
                 for seq in handle.seqs:
                     self.scheduler.add(seq)
@@ -278,6 +274,14 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+
+    def _inbox_items(self):
+        """What callers sent since the last look: (kind, handle) pairs."""
+        while True:
+            try:
+                yield self._inbox.get_nowait()
+            except queue.Empty:
+                return
 
     def step(self) -> None:
         """Schedule, run, postprocess: one batched forward pass."""
@@ -431,12 +435,8 @@ class Engine:
     def _shutdown(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self._finish(seq, "cancelled")
-        while True:
-            try:
-                kind, handle = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "add":
+        for kind, handle in self._inbox_items():
+            if kind == "add":  # never admitted: tell the caller it ended
                 for seq in handle.seqs:
                     st = seq.owner
                     st.handle._push(FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0))

@@ -150,8 +150,9 @@ class Model:
         self.n_ctx_train = 0
 
     def kv_dims(self) -> list[tuple[int, int]]:
-        """(k_dim, v_dim) of every layer's cache rows."""
-        raise NotImplementedError
+        """(k_dim, v_dim) of every layer's cache rows (same-shaped layers: from `args`)."""
+        a = self.args
+        return [(a.n_kv_head * a.head_dim, a.n_kv_head * a.head_dim)] * a.n_layer
 
     def new_kv_cache(self, n_pages: int, page_size: int) -> KVCache:
         return KVCache(self.backend, self.kv_dims(), n_pages, page_size)

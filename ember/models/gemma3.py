@@ -94,10 +94,6 @@ class Gemma3Model(Model):
         self.head = w.get("output.weight", optional=True) or self.tok_embd
         self.n_ctx_train = a.n_ctx_train
 
-    def kv_dims(self) -> list[tuple[int, int]]:
-        kv = self.args.n_kv_head * self.args.head_dim
-        return [(kv, kv)] * self.args.n_layer
-
     def forward(self, step: Step, cache: KVCache):
         a, B, n = self.args, self.backend, step.n
         x = self.buffers.get("x", n, a.d_model)

@@ -74,10 +74,6 @@ class LlamaModel(Model):
         self.head = w.get("output.weight", optional=True) or self.tok_embd  # tied embeddings
         self.n_ctx_train = a.n_ctx_train
 
-    def kv_dims(self) -> list[tuple[int, int]]:
-        kv = self.args.n_kv_head * self.args.head_dim
-        return [(kv, kv)] * self.args.n_layer
-
     def forward(self, step: Step, cache: KVCache):
         a, B, buf, n = self.args, self.backend, self.buffers, step.n
         x = buf.get("x", n, a.d_model)
