@@ -2,16 +2,20 @@
 
 For each weight matrix: n=1 (one generated token; weights streamed from DRAM: the script cycles
 through enough copies of the matrix to defeat the 32 MB L3, as a real decode step over all layers
-does) and n=512 (a prompt batch: compute bound). Prints time per call, GFLOP/s and the effective
-weight bandwidth (bytes of W / time; the machine copies about 19.5 GB/s), then what the products
-alone would allow per token for each model: matmul-only tg and pp512 rates (the output head runs
-for the last prompt token only, as in llama.cpp).
+does) and n=512 (a prompt batch: compute bound). Each is timed with 16-bit activations (two int8
+levels, the default) and with 8-bit ones (one level, as llama.cpp), interleaved, and the ratio
+printed. Prints the median time per call, GFLOP/s and the effective weight bandwidth (bytes of W /
+time; the machine copies about 19.5 GB/s), then what the products alone would allow per token for
+each model: matmul-only tg and pp512 rates (the output head runs for the last prompt token only, as
+in llama.cpp). Medians, since the machine may be shared: note its load alongside.
 
     python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3] [--ns 1 512] [--isa avx2]
+                                 [--act-bits 16 8]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -93,34 +97,48 @@ class Runner:
             call(i)
             times.append(time.perf_counter() - t0)
             i += 1
-        return float(np.min(times))
+        return float(np.median(times))
 
 
-def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -> None:
+def set_act_bits(bits: int) -> None:
+    if lib.ember_matmul_set_act_bits(bits) != 0:
+        raise SystemExit(f"activation bits must be 8 or 16, not {bits}")
+
+
+def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int], modes: list[int]) -> None:
     rng = np.random.default_rng(0)
+    first = modes[0]
     print(f"\n{name}")
-    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms/call':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s}")
-    totals = {n: 0.0 for n in ns}
+    cols = " ".join(f"{f'ms act{b}':>9s}" for b in modes)
+    ratio = f" {f'{first}/{modes[1]}':>6s}" if len(modes) > 1 else ""
+    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {cols}{ratio} {'GFLOP/s':>8s} {'W GB/s':>7s}  (act{first})")
+    totals = {(n, b): 0.0 for n in ns for b in modes}
     for s in shapes:
         w = random_weight(s.qtype, s.m, s.k, rng)
         copies = [w] + [w.copy() for _ in range(max(0, COLD_BYTES // w.nbytes - 1))]
         for n in ns:
-            t = runner.time_call(s, copies if n == 1 else [w], n)
-            gflops = 2.0 * s.m * s.k * n / t / 1e9
-            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f}")
-            # per token of the model: prompt tokens need the head once per batch only
-            totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
+            t = {}
+            for b in modes:
+                set_act_bits(b)
+                t[b] = runner.time_call(s, copies if n == 1 else [w], n)
+                # per token of the model: prompt tokens need the head once per batch only
+                totals[n, b] += t[b] * s.per_token if not (s.head and n > 1) else 0.0
+            times = " ".join(f"{t[b] * 1e3:9.3f}" for b in modes)
+            ratio = f" {t[first] / t[modes[1]]:6.2f}" if len(modes) > 1 else ""
+            gflops = 2.0 * s.m * s.k * n / t[first] / 1e9
+            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {times}{ratio} {gflops:8.1f} {w.nbytes / t[first] / 1e9:7.2f}")
         if any(n > 1 for n in ns) and 1 in ns and s.head:
-            head_1 = runner.time_call(s, copies, 1)
-            for n in ns:
-                if n > 1:
-                    totals[n] += head_1
+            for b in modes:
+                set_act_bits(b)
+                head_1 = runner.time_call(s, copies, 1)
+                for n in ns:
+                    if n > 1:
+                        totals[n, b] += head_1
         del copies
     for n in ns:
-        rate = n / totals[n]
         label = "tg (n=1)" if n == 1 else f"pp{n}"
-        print(f"  matmuls only, {label}: {totals[n] * 1e3:.2f} ms per {'step' if n == 1 else 'batch'}"
-              f" -> {rate:.0f} tok/s")
+        rates = ", ".join(f"act{b} {totals[n, b] * 1e3:.2f} ms -> {n / totals[n, b]:.0f} tok/s" for b in modes)
+        print(f"  matmuls only, {label} per {'step' if n == 1 else 'batch'}: {rates}")
 
 
 def main() -> None:
@@ -129,13 +147,19 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 512])
     ap.add_argument("--isa", help="force a SIMD path (scalar, avx2, avx512, neon)")
+    ap.add_argument("--act-bits", nargs="+", type=int, default=[16, 8], choices=[8, 16],
+                    help="activation precisions to time (the first is the one GFLOP/s refer to)")
     args = ap.parse_args()
     if args.isa and lib.ember_cpu_set_isa(args.isa.encode()) != 0:
         raise SystemExit(f"SIMD path {args.isa} is not available here")
-    print(f"ember_matmul, {args.threads} threads, SIMD path {ffi.string(lib.ember_cpu_isa()).decode()}")
+    print(f"ember_matmul, {args.threads} threads, SIMD path {ffi.string(lib.ember_cpu_isa()).decode()}, "
+          f"load average {os.getloadavg()[0]:.2f} at start")
+    start = lib.ember_matmul_act_bits()
     runner = Runner(args.threads)
     for name in args.models:
-        bench_model(runner, name, MODELS[name], args.ns)
+        bench_model(runner, name, MODELS[name], args.ns, args.act_bits)
+    set_act_bits(start)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,20 @@
 """Quantized matrix products of the CPU backend (ember_matmul, ember_get_rows, ember_dequantize)
-against numpy references, on every SIMD path this CPU can run."""
+against numpy references, on every SIMD path this CPU can run, with both activation precisions
+(16: two int8 levels, the default; 8: one)."""
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from gguf import quants as gq
 
+from ember.backends.base import BackendError
+from ember.backends.cpu import Backend
 from ember.backends.cpu._native import ffi, lib
 from ember.quant.types import QK_K, GGMLType, layout
 
@@ -40,6 +46,7 @@ def _runnable_isas() -> list[str]:
 
 
 ISAS = _runnable_isas()
+ACT_BITS = [16, 8]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +62,15 @@ def isa_guard():
     start = _isa()
     yield
     assert lib.ember_cpu_set_isa(start.encode()) == 0
+
+
+@pytest.fixture(params=ACT_BITS, ids=lambda b: f"act{b}")
+def act_bits(request):
+    """Runs the test with each activation precision, then restores the one it found."""
+    start = lib.ember_matmul_act_bits()
+    assert lib.ember_matmul_set_act_bits(request.param) == 0
+    yield request.param
+    assert lib.ember_matmul_set_act_bits(start) == 0
 
 
 def make_weight(qtype: GGMLType, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -77,15 +93,24 @@ def dequant_ref(w: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
     return gq.dequantize(w, qtype).reshape(-1, k)
 
 
-def quantize_activations_ref(x: np.ndarray, block: int) -> np.ndarray:
-    """What the kernels multiply by: x rounded to int8 per block with d = amax / 127 (float32 steps)."""
-    xb = x.reshape(x.shape[0], -1, block)
+def round_blocks(xb: np.ndarray) -> np.ndarray:
+    """xb (..., block) f32 rounded to int8 with d = amax / 127 per block (float32 steps), as float64."""
     amax = np.abs(xb).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     q = np.rint(xb * inv)
-    d = amax / np.float32(127)
-    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+    return q.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)
+
+
+def quantize_activations_ref(x: np.ndarray, block: int, bits: int) -> np.ndarray:
+    """What the kernels multiply by: x rounded to int8 per block and, for 16 bits, plus the rounding
+    of the residual. The residual x - q d is exact in float64, so rounding it to float32 once gives
+    the kernels' fma result bit for bit."""
+    xb = x.reshape(x.shape[0], -1, block)
+    xq = round_blocks(xb)
+    if bits == 16:
+        xq = xq + round_blocks((xb.astype(np.float64) - xq).astype(np.float32))
+    return xq.reshape(x.shape)
 
 
 def act_block(qtype: GGMLType) -> int | None:
@@ -119,25 +144,32 @@ class Case:
     y_rounded: np.ndarray  # x^ @ W^T: x^ the activations as the kernels round them
     mag: np.ndarray       # |x^| @ |W|^T: the scale of float32 summation error
     y_exact: np.ndarray   # x @ W^T
-    bound: np.ndarray     # |y - y_exact| allowed by the int8 rounding of x (and float32 sums)
+    bound: np.ndarray     # |y - y_exact| allowed by the rounding of x (and float32 sums)
+
+
+def max_step_error(amax: np.ndarray, bits: int) -> np.ndarray:
+    """How far the kernels may move a value of a block with max |x| amax. One rounding to nearest:
+    half a step, amax / 254. The residual is then at most amax / 254 (times 1 + 1e-4 for the float32
+    scale), and its own rounding moves it by at most half of its step: amax / 254^2."""
+    return amax / (254.0 if bits == 8 else 254.0 * 254.0) * 1.001
 
 
 @functools.lru_cache(maxsize=None)
-def case(qtype: GGMLType, k: int, m: int = M, n: int = max(NS)) -> Case:
+def case(qtype: GGMLType, k: int, bits: int = 16, m: int = M, n: int = max(NS)) -> Case:
     rng = np.random.default_rng(int(qtype) * 1000 + k)
     w = make_weight(qtype, m, k, rng)
     wf = dequant_ref(w, qtype, k).astype(np.float64)
     x = rng.standard_normal((n, k), dtype=np.float32)
     block = act_block(qtype)
-    xq = x.astype(np.float64) if block is None else quantize_activations_ref(x, block)
+    xq = x.astype(np.float64) if block is None else quantize_activations_ref(x, block, bits)
     mag = np.abs(xq) @ np.abs(wf).T
     if block is None:
         bound = FLOAT_SUM_RTOL * mag
     else:
-        # rounding to nearest moves each x_i by at most half a step, amax(block of i) / 254;
-        # weighted by |w_i| and summed, that bounds the output error
+        # each x_i moves by at most max_step_error of its block; weighted by |w_i| and summed,
+        # that bounds the output error
         amax = np.repeat(np.abs(x.reshape(n, -1, block)).max(-1), block, axis=1).astype(np.float64)
-        bound = (amax / 254 * 1.001) @ np.abs(wf).T + FLOAT_SUM_RTOL * mag
+        bound = max_step_error(amax, bits) @ np.abs(wf).T + FLOAT_SUM_RTOL * mag
     return Case(w, x, xq @ wf.T, mag, x.astype(np.float64) @ wf.T, bound)
 
 
@@ -147,10 +179,10 @@ FLOAT_SUM_RTOL = 2e-6
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
-def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
+def test_matmul_matches_reference(qtype, isa, act_bits, pools, isa_guard):
     assert lib.ember_cpu_set_isa(isa.encode()) == 0
     for k in ks_for(qtype):
-        c = case(qtype, k)
+        c = case(qtype, k, act_bits)
         for n in NS:
             y = run_matmul(pools[1], qtype, c.w, M, k, c.x[:n])
             err = np.abs(y - c.y_rounded[:n])
@@ -159,11 +191,11 @@ def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q2_K], ids=lambda t: t.name)
-def test_long_rows_are_split_in_k(qtype, pools, isa_guard):
-    """k above the 4096 values a packed panel holds: the panel kernels sum over k-slices
+def test_long_rows_are_split_in_k(qtype, act_bits, pools, isa_guard):
+    """k above the 2048 values a packed panel holds: the panel kernels sum over k-slices
     (n = 30: above every type's threshold for the panel kernels)."""
     k, n = 4352, 30
-    c = case(qtype, k, m=21, n=n)
+    c = case(qtype, k, act_bits, m=21, n=n)
     for isa in ISAS:
         assert lib.ember_cpu_set_isa(isa.encode()) == 0
         y = run_matmul(pools[1], qtype, c.w, 21, k, c.x)
@@ -174,7 +206,7 @@ def test_long_rows_are_split_in_k(qtype, pools, isa_guard):
 def test_float_weights_take_any_k(qtype, pools, isa_guard):
     """Float rows have no blocks: k = 37 leaves a tail after the 16-wide vector loop."""
     k = 37
-    c = case(qtype, k, m=11, n=5)
+    c = case(qtype, k, m=11, n=5)  # float weights multiply x itself, whatever the activation precision
     for isa in ISAS:
         assert lib.ember_cpu_set_isa(isa.encode()) == 0
         y = run_matmul(pools[1], qtype, c.w, 11, k, c.x)
@@ -183,7 +215,7 @@ def test_float_weights_take_any_k(qtype, pools, isa_guard):
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
-def test_simd_agrees_with_scalar(qtype, isa, pools, isa_guard):
+def test_simd_agrees_with_scalar(qtype, isa, act_bits, pools, isa_guard):
     rng = np.random.default_rng(100 + int(qtype))
     k = 1536
     w = make_weight(qtype, M, k, rng)
@@ -199,7 +231,7 @@ def test_simd_agrees_with_scalar(qtype, isa, pools, isa_guard):
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
-def test_one_and_two_threads_agree_exactly(qtype, pools):
+def test_one_and_two_threads_agree_exactly(qtype, act_bits, pools):
     """Each output is computed by one thread with the same tiles, whatever the thread count
     (k = 512: Q4_1 rows are short enough to be walked 4 at a time; 1536: one at a time)."""
     rng = np.random.default_rng(5)
@@ -213,10 +245,10 @@ def test_one_and_two_threads_agree_exactly(qtype, pools):
             np.testing.assert_array_equal(y1, y2)
 
 
-def test_large_prompt_crosses_token_chunks(pools, isa_guard):
+def test_large_prompt_crosses_token_chunks(act_bits, pools, isa_guard):
     """n large enough that the activations are swept in several L2-sized chunks."""
     k, n = 2048, 300
-    c = case(T.Q4_0, k, m=45, n=n)
+    c = case(T.Q4_0, k, act_bits, m=45, n=n)
     for isa in ISAS:
         assert lib.ember_cpu_set_isa(isa.encode()) == 0
         y = run_matmul(pools[1], T.Q4_0, c.w, 45, k, c.x)
@@ -225,7 +257,7 @@ def test_large_prompt_crosses_token_chunks(pools, isa_guard):
 
 @pytest.mark.parametrize("types", [(T.Q4_1, T.Q4_1, T.Q4_1), (T.Q5_0, T.Q5_0, T.Q8_0), (T.Q4_K, T.Q5_K),
                                    (T.F16, T.F32)], ids=lambda ts: "+".join(t.name for t in ts))
-def test_multi_matches_separate_calls(types, pools):
+def test_multi_matches_separate_calls(types, act_bits, pools):
     """One pass for several W sharing x (as q, k, v) gives exactly the separate products."""
     rng = np.random.default_rng(11)
     k, ms = 512, [45, 19, 19][:len(types)]
@@ -284,3 +316,111 @@ def test_scratch_size_and_support():
         assert lib.ember_type_supported(int(t)) == 1
     assert lib.ember_type_supported(int(T.IQ2_XXS)) == 0
     assert lib.ember_type_supported(999) == 0
+
+
+def one_hot_weight(qtype: GGMLType, k: int) -> np.ndarray:
+    """W (k, k) of `qtype` whose row i is 1 at column i and 0 elsewhere (up to the f16 scale of the
+    legacy types), so that y = x^ @ W^T shows the activations exactly as the kernels rounded them."""
+    if qtype in LEGACY:
+        return gq.quantize(np.eye(k, dtype=np.float32), qtype)
+    lay = layout(qtype)
+    blocks = np.zeros((k, k // QK_K, lay.type_size), np.uint8)
+    one = np.array([1.0], np.float16).view(np.uint8)
+    if qtype == T.Q4_K:  # d, dmin, scales (all 1, mins 0), qs: nibble (j & 1) of qs[32 (j / 2) + l]
+        blocks[:, :, 0:2] = one
+        blocks[:, :, 4:8] = 1
+        blocks[:, :, 12:16] = 1
+        for i in range(k):
+            j, l = divmod(i % QK_K, 32)
+            blocks[i, i // QK_K, 16 + 32 * (j // 2) + l] = 1 << (4 * (j & 1))
+    else:  # Q2_K: scales 1 with mins 0, d 1, dmin 0; value v is bits 2s of qs[32h + l]
+        blocks[:, :, 0:16] = 1
+        blocks[:, :, 80:82] = one
+        for i in range(k):
+            v = i % QK_K
+            h, s, l = v >> 7, (v >> 5) & 3, v & 31
+            blocks[i, i // QK_K, 16 + 32 * h + l] = 1 << (2 * s)
+    return blocks.reshape(k, -1)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K], ids=lambda t: t.name)
+def test_kernels_see_the_reference_activations(qtype, act_bits, pools, isa_guard):
+    """Through one-hot weights, every activation value on every path (microtiles: n = 1, 2; panels:
+    n = 33) is the reference rounding to within float32 noise, far below one step of the residual.
+    (Not Q3_K/Q6_K: their SIMD microtiles shed the weight offset only in the sum over lanes, which a
+    one-hot row turns into float cancellation of ~1e-4.)"""
+    k = 512
+    w = one_hot_weight(qtype, k)
+    wf = dequant_ref(w, qtype, k).astype(np.float64)
+    assert np.count_nonzero(wf) == k and np.all(np.abs(np.diag(wf) - 1) < 1e-3)
+    x = np.random.default_rng(9).standard_normal((33, k), dtype=np.float32)
+    block = act_block(qtype)
+    want = quantize_activations_ref(x, block, act_bits) @ wf.T
+    amax = np.repeat(np.abs(x.reshape(33, -1, block)).max(-1), block, axis=1)
+    for isa in ISAS:
+        assert lib.ember_cpu_set_isa(isa.encode()) == 0
+        for n in (1, 2, 33):
+            y = run_matmul(pools[1], qtype, w, k, k, x[:n])
+            assert np.all(np.abs(y - want[:n]) <= 1e-6 * amax[:n]), (isa, n)
+
+
+def test_scratch_serves_both_precisions():
+    """One size for both precisions (so switching between calls is safe): two rows per token."""
+    for t, k in ((T.Q4_0, 576), (T.Q4_K, 1024)):
+        assert lib.ember_matmul_scratch_size(int(t), k, 5) == 5 * lib.ember_matmul_scratch_size(int(t), k, 1)
+    row_q8 = 576 + 12 * (576 // 32)  # q | d, s, nq per block of 32
+    assert lib.ember_matmul_scratch_size(int(T.Q4_0), 576, 1) == 2 * (-(-row_q8 // 64) * 64)
+
+
+@pytest.mark.parametrize("qtype", [T.Q5_1, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
+def test_kernels_stay_inside_scratch(qtype, act_bits, pools, isa_guard):
+    """Bytes after the scratch size are never written, on any path (panels too: n = 40)."""
+    k, m, n = 512, 19, 40
+    rng = np.random.default_rng(3)
+    w = make_weight(qtype, m, k, rng)
+    x = rng.standard_normal((n, k), dtype=np.float32)
+    size = lib.ember_matmul_scratch_size(int(qtype), k, n)
+    for isa in ISAS:
+        assert lib.ember_cpu_set_isa(isa.encode()) == 0
+        buf = np.empty(size + 64 + 256, np.uint8)
+        start = (-buf.ctypes.data) % 64
+        buf[start + size:] = 0xA5
+        y = np.empty((n, m), np.float32)
+        lib.ember_matmul(pools[1], int(qtype), ffi.from_buffer(w), m, k, ffi.cast("float *", ffi.from_buffer(x)), n,
+                         ffi.cast("float *", ffi.from_buffer(y)), ffi.from_buffer(buf[start:]))
+        assert np.all(buf[start + size:] == 0xA5), isa
+
+
+def test_two_levels_are_near_exact(pools):
+    """The point of the residual level: on a real-sized row the error against the exact product is
+    some 100x below the single int8 rounding's (which llama.cpp also has)."""
+    k = 1536
+    errors = {}
+    start = lib.ember_matmul_act_bits()
+    for bits in ACT_BITS:
+        assert lib.ember_matmul_set_act_bits(bits) == 0
+        c = case(T.Q4_1, k, bits)
+        errors[bits] = np.abs(run_matmul(pools[1], T.Q4_1, c.w, M, k, c.x) - c.y_exact).mean()
+    assert lib.ember_matmul_set_act_bits(start) == 0
+    assert errors[16] * 100 < errors[8], errors
+
+
+def test_act_bits_setting():
+    start = lib.ember_matmul_act_bits()
+    assert start in ACT_BITS
+    for bad in (0, 4, 12, 32):
+        assert lib.ember_matmul_set_act_bits(bad) == -1
+        assert lib.ember_matmul_act_bits() == start
+    code = "from ember.backends.cpu._native import lib; print(lib.ember_matmul_act_bits())"
+    for value, expect in (("8", 8), ("16", 16), ("", 16), ("9", 16), ("8bits", 16)):
+        env = {**os.environ, "EMBER_ACT_BITS": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert int(out.stdout) == expect, value
+        assert ("EMBER_ACT_BITS" in out.stderr) == (value not in ("", "8", "16")), (value, out.stderr)
+
+
+def test_backend_refuses_bad_shapes():
+    """A K-quant matrix whose rows are not whole super-blocks: an error, not a product."""
+    be = Backend(threads=1)
+    with pytest.raises(BackendError, match="Q4_K"):
+        be._scratch_for(int(T.Q4_K), 96, 1)

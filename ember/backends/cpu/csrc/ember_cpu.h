@@ -24,8 +24,9 @@ enum ember_isa { EMBER_ISA_SCALAR = 0, EMBER_ISA_AVX2 = 1, EMBER_ISA_AVX512 = 2,
 extern int ember_isa_active;
 
 /* ---- threads ---- */
-/* fn runs once on each of the pool's threads: ith in [0, nth). The caller is thread 0.
- * Returns when every thread has finished. */
+/* fn runs once for each share index ith in [0, nth), nth = the pool's thread count, each on whichever
+ * thread claims it first (the caller takes part): a share must never wait for another, which may be
+ * run later by the same thread. Returns when every share has finished. */
 typedef void (*ember_task_fn)(void *ctx, int ith, int nth);
 void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx);
 

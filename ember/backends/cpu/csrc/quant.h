@@ -42,7 +42,7 @@ _Static_assert(sizeof(blk_q2_k) == 84 && sizeof(blk_q3_k) == 110 && sizeof(blk_q
 /* The 16 non-linear levels of IQ4_NL / IQ4_XS. */
 extern const int8_t ember_iq4nl_values[16];
 
-/* ---- quantized activations (caller's scratch; our own planar layout, one row per token) ----
+/* ---- quantized activations (caller's scratch; our own planar layout) ----
  * Values are q = round_even(x * 127 / amax), d = amax / 127 per block of 32 (Q8) or 256 (Q8K).
  * EMBER_ACT_Q8  (for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL):
  *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,)
@@ -50,6 +50,10 @@ extern const int8_t ember_iq4nl_values[16];
  *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | dc f32 (k/CH,) | s f32 (k/CH,) | nq int32 (k/CH,)
  * Per chunk of CH values (for Q8: CH = 32 and dc is d): dc its scale, s = dc * sum(q), nq = -sum(q);
  * the packed-panel kernels read these, the others d and bsums (sums of each 16 q).
+ * Two levels (the default): a token has two such rows, one after the other: the rounding of x, then
+ * the rounding of its residual x - q * d (computed with one rounding, fma), with scales of its own.
+ * Kernels take the pair as a row and a_res, the bytes from a token's row to its residual row (0: one
+ * level); the product is W . (q1 d1 + q2 d2), each weight block unpacked once for both rows.
  * EMBER_ACT_F32: the caller's x itself, no scratch. */
 enum { EMBER_ACT_F32 = 0, EMBER_ACT_Q8 = 1, EMBER_ACT_Q8K16 = 2, EMBER_ACT_Q8K32 = 3, EMBER_ACT_KINDS = 4 };
 
@@ -97,15 +101,18 @@ typedef struct {
 const ember_qtype *ember_qtype_get(int type);
 
 /* ---- kernels ---- */
-/* Quantize one activation row: x (k,) f32 -> dst (ember_act_row_bytes(act, k) bytes). */
-typedef void (*ember_quantize_fn)(const float *x, void *dst, int64_t k);
+/* Quantize one activation row: x (k,) f32 -> dst (ember_act_row_bytes(act, k) bytes); when res is not
+ * NULL, the residual x - deq(dst) -> res (as many bytes, the same format). */
+typedef void (*ember_quantize_fn)(const float *x, void *dst, void *res, int64_t k);
 
 /* A microtile of the product: y[c * y_stride + r] = dot(W row r, activation row c)
- * for r < nr, c < nc, with 1 <= nc <= cols of the kernel's entry and nr = 1, or nr = rows when
- * a row is at most short_row bytes (walking several rows at once is only fast for short rows).
- * w: nr rows of w_stride bytes; a: nc activation rows of a_stride bytes (format: the type's act). */
+ * for r < nr, c < nc, with nr = 1, or nr = rows when a row is at most short_row bytes (walking
+ * several rows at once is only fast for short rows), and 1 <= nc <= cols of the kernel's entry
+ * (cols / 2 with residual rows: cols counts the activation rows a tile holds).
+ * w: nr rows of w_stride bytes; a: nc activation rows of a_stride bytes (format: the type's act),
+ * each with its residual row a_res bytes after it (a_res 0: none). */
 typedef void (*ember_tile_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, int64_t a_stride,
-                              float *y, int64_t y_stride, int nr, int nc);
+                              int64_t a_res, float *y, int64_t y_stride, int nr, int nc);
 
 typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
@@ -116,14 +123,15 @@ typedef struct {
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel
  * (vector lanes = rows), then sweeping all tokens over it: for prompts, where the packing is
  * paid once per many tokens. w: nrows rows of w_stride bytes; a: n activation rows of a_stride
- * bytes (the type's act format); y[t * y_stride + r] for t < n, r < nrows. */
+ * bytes (the type's act format), residual rows a_res bytes after them (0: none);
+ * y[t * y_stride + r] for t < n, r < nrows. */
 typedef void (*ember_panel_fn)(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
-                               int64_t a_stride, int64_t n, float *y, int64_t y_stride);
+                               int64_t a_stride, int64_t a_res, int64_t n, float *y, int64_t y_stride);
 
 typedef struct {
-    ember_panel_fn fn; /* NULL: none for the type */
-    int rows;          /* panel height: thread ranges are split in multiples of it */
-    int min_tokens;    /* below this many tokens the microtiles are faster */
+    ember_panel_fn fn;  /* NULL: none for the type */
+    int rows;           /* panel height: thread ranges are split in multiples of it */
+    int min_tokens[2];  /* below this many tokens the microtiles are faster: one level, two levels */
 } ember_panel;
 
 typedef struct {

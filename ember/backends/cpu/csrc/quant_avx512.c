@@ -6,7 +6,8 @@
  * one 512-bit vector holds 4 consecutive weights of each of the 16 rows; a dpbusd with 4 activation
  * bytes broadcast then adds 4 products to each row's lane. Every lane is one output, so there are no
  * horizontal sums, and each block's float scaling serves 16 rows at once. The panel is packed once
- * and swept by all the tokens. */
+ * and swept by all the tokens; a token's residual row (two-level activations) is dotted with the same
+ * loaded weights right after its main row. */
 #include "quant.h"
 
 #if defined(EMBER_X86)
@@ -241,20 +242,26 @@ static void pack_row(int type, const uint8_t *row, int64_t b0, int64_t nb, int r
 /* Activation rows as the panel kernel reads them: q, and per chunk dc, s, nq. */
 typedef struct {
     const uint8_t *a; /* (n, a_stride) */
-    int64_t a_stride, meta_offset, n_chunks; /* chunks in a whole row */
+    int64_t a_stride, a_res; /* a_res: bytes from a row to its residual row (0: none) */
+    int64_t meta_offset, n_chunks; /* chunks in a whole row */
 } act_rows;
 
-/* y[c * ys + lane] (+)= sum over chunks [ch0, ch0 + nch) of 16 rows x tc tokens, for lanes in mask. */
-ALWAYS void panel_tile(const int CH, const int MIN, const int tc, int shift, const panel *p, int64_t ch0,
+#define LEVELS 2
+
+/* y[c * ys + lane] (+)= sum over chunks [ch0, ch0 + nch) of 16 rows x tc tokens (L rows each), for
+ * lanes in mask. */
+ALWAYS void panel_tile(const int CH, const int MIN, const int tc, const int L, int shift, const panel *p, int64_t ch0,
                        int64_t nch, const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
                        int accumulate) {
     __m512 acc[PANEL_TOKENS];
-    const uint8_t *q[PANEL_TOKENS];
-    const float *dc[PANEL_TOKENS];
+    const uint8_t *q[PANEL_TOKENS][LEVELS];
+    const float *dc[PANEL_TOKENS][LEVELS];
     UNROLL for (int c = 0; c < tc; c++) {
         acc[c] = _mm512_setzero_ps();
-        q[c] = act->a + (t0 + c) * act->a_stride;
-        dc[c] = (const float *)(q[c] + act->meta_offset);
+        UNROLL for (int l = 0; l < L; l++) {
+            q[c][l] = act->a + (t0 + c) * act->a_stride + l * act->a_res;
+            dc[c][l] = (const float *)(q[c][l] + act->meta_offset);
+        }
     }
     const int64_t nc = act->n_chunks;
     for (int64_t i = 0; i < nch; i++) {
@@ -265,12 +272,18 @@ ALWAYS void panel_tile(const int CH, const int MIN, const int tc, int shift, con
         __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
         __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
         UNROLL for (int c = 0; c < tc; c++) {
-            __m512i isum = MIN ? _mm512_setzero_si512()
-                               : _mm512_slli_epi32(_mm512_set1_epi32(((const int32_t *)(dc[c] + 2 * nc))[ci]), shift);
-            const int32_t *q4 = (const int32_t *)(q[c] + ci * CH);
-            UNROLL for (int j = 0; j < CH / 4; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, _mm512_set1_ps(dc[c][ci])), acc[c]);
-            if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(dc[c][nc + ci]), acc[c]);
+            UNROLL for (int l = 0; l < L; l++) {
+                const int32_t nq = ((const int32_t *)(dc[c][l] + 2 * nc))[ci];
+                __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_slli_epi32(_mm512_set1_epi32(nq), shift);
+                const int32_t *q4 = (const int32_t *)(q[c][l] + ci * CH);
+                UNROLL for (int j = 0; j < CH / 4; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
+                __m512 da = _mm512_set1_ps(dc[c][l][ci]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
+            }
+            if (MIN) { /* mins times the sum of the token's values, both levels */
+                float s = dc[c][0][nc + ci] + (L == 2 ? dc[c][L - 1][nc + ci] : 0.0f);
+                acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s), acc[c]);
+            }
         }
     }
     UNROLL for (int c = 0; c < tc; c++) {
@@ -280,17 +293,21 @@ ALWAYS void panel_tile(const int CH, const int MIN, const int tc, int shift, con
     }
 }
 
-#define PANEL_TILE_CASE(CH, MIN, TC) \
-    case TC: panel_tile(CH, MIN, TC, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate); return
+#define PANEL_TILE_CASE(CH, MIN, TC, L) \
+    case TC: panel_tile(CH, MIN, TC, L, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate); return
+
+#define PANEL_TILE_CASES(CH, MIN, L)                                                                         \
+    switch (tc) {                                                                                            \
+        PANEL_TILE_CASE(CH, MIN, 1, L); PANEL_TILE_CASE(CH, MIN, 2, L); PANEL_TILE_CASE(CH, MIN, 3, L);      \
+        PANEL_TILE_CASE(CH, MIN, 4, L); PANEL_TILE_CASE(CH, MIN, 5, L); PANEL_TILE_CASE(CH, MIN, 6, L);      \
+        PANEL_TILE_CASE(CH, MIN, 7, L); default: PANEL_TILE_CASE(CH, MIN, 8, L);                             \
+    }
 
 #define DEFINE_PANEL_TILES(fname, CH, MIN)                                                                   \
     static void fname(int tc, int shift, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,     \
                       int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate) {                   \
-        switch (tc) {                                                                                        \
-            PANEL_TILE_CASE(CH, MIN, 1); PANEL_TILE_CASE(CH, MIN, 2); PANEL_TILE_CASE(CH, MIN, 3);           \
-            PANEL_TILE_CASE(CH, MIN, 4); PANEL_TILE_CASE(CH, MIN, 5); PANEL_TILE_CASE(CH, MIN, 6);           \
-            PANEL_TILE_CASE(CH, MIN, 7); default: PANEL_TILE_CASE(CH, MIN, 8);                               \
-        }                                                                                                    \
+        if (act->a_res) PANEL_TILE_CASES(CH, MIN, 2);                                                        \
+        PANEL_TILE_CASES(CH, MIN, 1);                                                                        \
     }
 
 DEFINE_PANEL_TILES(panel_tiles_32, 32, 0)
@@ -303,13 +320,13 @@ typedef void (*panel_tiles_fn)(int tc, int shift, const panel *p, int64_t ch0, i
 
 /* W rows (nrows, k) -> y[t * ys + r] for t < n: pack 16 rows (a k-slice at a time), sweep the tokens. */
 static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
-                         int64_t as, int64_t n, float *y, int64_t ys) {
+                         int64_t as, int64_t ar, int64_t n, float *y, int64_t ys) {
     _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_KMAX + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
     const int CH = panel_chunk(type), min = panel_has_min(type), shift = panel_shift(type);
     const int qk = ember_qtype_get(type)->block_size;
     const int act_kind = ember_qtype_get(type)->act;
     const panel_tiles_fn tiles = CH == 32 ? (min ? panel_tiles_32m : panel_tiles_32) : (min ? panel_tiles_16m : panel_tiles_16);
-    const act_rows act = {a, as, ember_act_meta_offset(act_kind, k), k / CH};
+    const act_rows act = {a, as, ar, ember_act_meta_offset(act_kind, k), k / CH};
     panel p = {(uint32_t *)buf, (float *)(buf + PANEL_ROWS * PANEL_KMAX), NULL, NULL};
     p.mins = p.scale + PANEL_ROWS * (PANEL_KMAX / 16);
     p.rows = (uint8_t *)(p.mins + PANEL_ROWS * (PANEL_KMAX / 16));
@@ -335,16 +352,17 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
     }
 }
 
-#define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
+#define PANEL(one, two) {panel_matmul, PANEL_ROWS, {one, two}}
 
-/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048). */
+/* The token counts from which packing pays, with one and with two activation levels (measured on
+ * Zen 4, k = 576 .. 2048; with two levels a microtile takes 2 tokens, not 4, per unpacked block). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
-        [EMBER_T_Q4_0] = PANEL(6), [EMBER_T_Q4_1] = PANEL(6), [EMBER_T_Q5_0] = PANEL(6),
-        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6),
-        [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
-        [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
+        [EMBER_T_Q4_0] = PANEL(6, 3), [EMBER_T_Q4_1] = PANEL(6, 3), [EMBER_T_Q5_0] = PANEL(6, 4),
+        [EMBER_T_Q5_1] = PANEL(6, 4), [EMBER_T_Q8_0] = PANEL(6, 2), [EMBER_T_IQ4_NL] = PANEL(6, 3),
+        [EMBER_T_Q4_K] = PANEL(8, 4), [EMBER_T_Q5_K] = PANEL(8, 4), [EMBER_T_IQ4_XS] = PANEL(8, 4),
+        [EMBER_T_Q2_K] = PANEL(20, 12), [EMBER_T_Q3_K] = PANEL(20, 12), [EMBER_T_Q6_K] = PANEL(20, 12),
     },
 };
 

@@ -3,13 +3,19 @@
  * multiplies (int8 x int8 -> int16) folded pairwise into int32 lanes. Weights are made signed
  * (offset subtracted) before the product, so each block's integer sum is exactly the scalar one;
  * the float side follows quant_scalar.c block by block. Activations are quantized by the scalar
- * code. Tiles are one W row by up to 4 tokens: a block is unpacked once per 4 tokens. */
+ * code. Tiles are one W row by up to 4 tokens: a block is unpacked once per 4 tokens, and dotted
+ * with each token's row and, for two-level activations, its residual row. */
 #include "quant.h"
 
 #if defined(EMBER_ARM64)
 #include <arm_neon.h>
 
 #define NEON_TOKENS 4
+
+/* Activation rows of nc tokens with L levels: level l of token c at a + c * as + l * ar. */
+static inline const int8_t *act_row(const void *a, int64_t as, int64_t ar, int c, int l) {
+    return (const int8_t *)a + c * as + l * ar;
+}
 
 static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
 
@@ -86,17 +92,23 @@ static int block_size_of(int type) {
     }
 }
 
-/* one W row (k/32 blocks) x activation rows (nc, EMBER_ACT_Q8) -> y[c * ys] */
-static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
+/* one W row (k/32 blocks) x activation rows (nc, EMBER_ACT_Q8; L levels) -> y[c * ys] */
+static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y, int64_t ys,
+                   int nc) {
     const int64_t nb = k / QK;
-    const int bs = block_size_of(type);
+    const int bs = block_size_of(type), L = ar ? 2 : 1;
     float sum[NEON_TOKENS] = {0};
     for (int64_t b = 0; b < nb; b++) {
         wblock wb = unpack_block(type, (const uint8_t *)w + b * bs);
         for (int c = 0; c < nc; c++) {
-            const int8_t *q = (const int8_t *)a + c * as;
-            const float *d = (const float *)(q + k), *s = d + nb;
-            sum[c] += wb.d * d[b] * (float)dot32(wb.w0, wb.w1, q + b * QK) + wb.m * s[b];
+            float dots = 0.0f, sums = 0.0f;
+            for (int l = 0; l < L; l++) {
+                const int8_t *q = act_row(a, as, ar, c, l);
+                const float *d = (const float *)(q + k), *s = d + nb;
+                dots += d[b] * (float)dot32(wb.w0, wb.w1, q + b * QK);
+                sums += s[b];
+            }
+            sum[c] += wb.d * dots + wb.m * sums;
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
@@ -105,8 +117,10 @@ static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as
 /* ---- super-blocks ---- */
 
 /* Q4_K / Q5_K: sub-block j of 32 values, six-bit scale and min. */
-static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
+static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y,
+                      int64_t ys, int nc) {
     const int64_t nb = k / QK_K;
+    const int L = ar ? 2 : 1;
     float sum[NEON_TOKENS] = {0};
     for (int64_t i = 0; i < nb; i++) {
         const blk_q4_k *b4 = (const blk_q4_k *)w + i;
@@ -135,23 +149,26 @@ static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t
             wv[j][1] = vreinterpretq_s8_u8(v1);
         }
         for (int c = 0; c < nc; c++) {
-            const int8_t *q = (const int8_t *)a + c * as + i * QK_K;
-            const float *ad = (const float *)((const int8_t *)a + c * as + k);
-            const int16_t *bs = (const int16_t *)(ad + nb) + i * 16;
-            int isum = 0, msum = 0;
-            for (int j = 0; j < 8; j++) {
-                isum += sc[j] * dot32(wv[j][0], wv[j][1], q + 32 * j);
-                msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+            for (int l = 0; l < L; l++) {
+                const int8_t *q = act_row(a, as, ar, c, l) + i * QK_K;
+                const float *ad = (const float *)(act_row(a, as, ar, c, l) + k);
+                const int16_t *bs = (const int16_t *)(ad + nb) + i * 16;
+                int isum = 0, msum = 0;
+                for (int j = 0; j < 8; j++) {
+                    isum += sc[j] * dot32(wv[j][0], wv[j][1], q + 32 * j);
+                    msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+                }
+                sum[c] += ad[i] * (d * (float)isum - dmin * (float)msum);
             }
-            sum[c] += ad[i] * (d * (float)isum - dmin * (float)msum);
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
 }
 
 /* Q6_K: value v = 128h + 32s + l; weights u - 32 (signed), scale per 16 values. */
-static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
+static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y, int64_t ys, int nc) {
     const int64_t nb = k / QK_K;
+    const int L = ar ? 2 : 1;
     float sum[NEON_TOKENS] = {0};
     for (int64_t i = 0; i < nb; i++) {
         const blk_q6_k *b = (const blk_q6_k *)w + i;
@@ -168,11 +185,13 @@ static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, float 
             }
         }
         for (int c = 0; c < nc; c++) {
-            const int8_t *q = (const int8_t *)a + c * as + i * QK_K;
-            const float *ad = (const float *)((const int8_t *)a + c * as + k);
-            int isum = 0;
-            for (int g = 0; g < 16; g++) isum += b->scales[g] * dot16(wv[g], q + 16 * g);
-            sum[c] += h2f(b->d) * ad[i] * (float)isum;
+            for (int l = 0; l < L; l++) {
+                const int8_t *q = act_row(a, as, ar, c, l) + i * QK_K;
+                const float *ad = (const float *)(act_row(a, as, ar, c, l) + k);
+                int isum = 0;
+                for (int g = 0; g < 16; g++) isum += b->scales[g] * dot16(wv[g], q + 16 * g);
+                sum[c] += h2f(b->d) * ad[i] * (float)isum;
+            }
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
@@ -181,10 +200,10 @@ static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, float 
 /* ---- tiles (nr is 1: one row per call) ---- */
 
 #define NEON_TILE32(name, TYPE)                                                                            \
-    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y,     \
-                            int64_t ys, int nr, int nc) {                                                  \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,   \
+                            float *y, int64_t ys, int nr, int nc) {                                        \
         (void)ws, (void)nr;                                                                                \
-        tile32(TYPE, k, w, a, as, y, ys, nc);                                                              \
+        tile32(TYPE, k, w, a, as, ar, y, ys, nc);                                                          \
     }
 
 NEON_TILE32(q4_0, EMBER_T_Q4_0)
@@ -194,22 +213,22 @@ NEON_TILE32(q5_1, EMBER_T_Q5_1)
 NEON_TILE32(q8_0, EMBER_T_Q8_0)
 NEON_TILE32(iq4_nl, EMBER_T_IQ4_NL)
 
-static void tile_q4_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
-                      int nc) {
+static void tile_q4_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                      int64_t ys, int nr, int nc) {
     (void)ws, (void)nr;
-    tile_q45k(0, k, w, a, as, y, ys, nc);
+    tile_q45k(0, k, w, a, as, ar, y, ys, nc);
 }
 
-static void tile_q5_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
-                      int nc) {
+static void tile_q5_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                      int64_t ys, int nr, int nc) {
     (void)ws, (void)nr;
-    tile_q45k(1, k, w, a, as, y, ys, nc);
+    tile_q45k(1, k, w, a, as, ar, y, ys, nc);
 }
 
-static void tile_q6_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
-                      int nc) {
+static void tile_q6_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                      int64_t ys, int nr, int nc) {
     (void)ws, (void)nr;
-    tile_q6k(k, w, a, as, y, ys, nc);
+    tile_q6k(k, w, a, as, ar, y, ys, nc);
 }
 
 #define TN(name) {tile_##name, 1, NEON_TOKENS}

@@ -1,6 +1,7 @@
 /* Portable kernels: the activation quantizers and one dot product per type. They define the results
  * the SIMD kernels must reproduce (same integer sums per block, same float factors) and are the
- * fallback for any type or CPU without a SIMD kernel. */
+ * fallback for any type or CPU without a SIMD kernel. Each weight block is unpacked once into signed
+ * bytes and scales, then dotted with the activation row and, when there is one, its residual row. */
 #include <math.h>
 
 #include "quant.h"
@@ -16,13 +17,25 @@ static float quantize_block(const float *x, int8_t *q, int n) {
     return amax / 127.0f;
 }
 
-/* x (k,) -> EMBER_ACT_Q8 row: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) */
-static void quantize_q8(const float *x, void *dst, int64_t k) {
-    int8_t *q = dst;
-    float *d = (float *)(q + k), *s = d + k / QK;
+/* A block of n <= 256 values -> q1 with its scale (returned) and, when q2 is not NULL, the residual
+ * x - q1 d1 -> q2 with its scale *d2. The residual is rounded once (fma), as the SIMD quantizers do. */
+static float quantize_levels(const float *x, int8_t *q1, int8_t *q2, float *d2, int n) {
+    float d1 = quantize_block(x, q1, n);
+    if (q2) {
+        float r[QK_K];
+        for (int i = 0; i < n; i++) r[i] = fmaf(-(float)q1[i], d1, x[i]);
+        *d2 = quantize_block(r, q2, n);
+    }
+    return d1;
+}
+
+/* s and nq of an EMBER_ACT_Q8 row whose q and d are written */
+static void q8_block_sums(void *row, int64_t k) {
+    const int8_t *q = row;
+    const float *d = (const float *)(q + k);
+    float *s = (float *)d + k / QK;
     int32_t *nq = (int32_t *)(s + k / QK);
     for (int64_t b = 0; b < k / QK; b++) {
-        d[b] = quantize_block(x + b * QK, q + b * QK, QK);
         int sum = 0;
         for (int i = 0; i < QK; i++) sum += q[b * QK + i];
         s[b] = d[b] * (float)sum;
@@ -30,12 +43,20 @@ static void quantize_q8(const float *x, void *dst, int64_t k) {
     }
 }
 
-/* x (k,) -> EMBER_ACT_Q8K row: q (k,) | d (k/256,) | bsums (k/16,) (chunk sums: the callers) */
-static void quantize_q8k(const float *x, void *dst, int64_t k) {
-    int8_t *q = dst;
-    float *d = (float *)(q + k);
-    int16_t *bsums = (int16_t *)(d + k / QK_K);
-    for (int64_t b = 0; b < k / QK_K; b++) d[b] = quantize_block(x + b * QK_K, q + b * QK_K, QK_K);
+/* x (k,) -> EMBER_ACT_Q8 rows: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) at dst (and res) */
+static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
+    int8_t *q = dst, *qr = res;
+    float *d = (float *)(q + k), *dr = res ? (float *)(qr + k) : NULL;
+    for (int64_t b = 0; b < k / QK; b++)
+        d[b] = quantize_levels(x + b * QK, q + b * QK, res ? qr + b * QK : NULL, res ? dr + b : NULL, QK);
+    q8_block_sums(dst, k);
+    if (res) q8_block_sums(res, k);
+}
+
+/* bsums (k/16,) of an EMBER_ACT_Q8K row whose q is written */
+static void q8k_bsums(void *row, int64_t k) {
+    const int8_t *q = row;
+    int16_t *bsums = (int16_t *)((float *)(q + k) + k / QK_K);
     for (int64_t g = 0; g < k / 16; g++) {
         int sum = 0;
         for (int i = 0; i < 16; i++) sum += q[g * 16 + i];
@@ -43,27 +64,41 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
     }
 }
 
-static void quantize_q8k16(const float *x, void *dst, int64_t k) {
-    quantize_q8k(x, dst, k);
-    ember_q8k_chunk_sums(dst, k, 16);
+/* x (k,) -> EMBER_ACT_Q8K rows: q (k,) | d (k/256,) | bsums (k/16,) | chunk sums of ch values */
+static void quantize_q8k(const float *x, void *dst, void *res, int64_t k, int ch) {
+    int8_t *q = dst, *qr = res;
+    float *d = (float *)(q + k), *dr = res ? (float *)(qr + k) : NULL;
+    for (int64_t b = 0; b < k / QK_K; b++)
+        d[b] = quantize_levels(x + b * QK_K, q + b * QK_K, res ? qr + b * QK_K : NULL, res ? dr + b : NULL, QK_K);
+    q8k_bsums(dst, k);
+    ember_q8k_chunk_sums(dst, k, ch);
+    if (res) {
+        q8k_bsums(res, k);
+        ember_q8k_chunk_sums(res, k, ch);
+    }
 }
 
-static void quantize_q8k32(const float *x, void *dst, int64_t k) {
-    quantize_q8k(x, dst, k);
-    ember_q8k_chunk_sums(dst, k, 32);
-}
+static void quantize_q8k16(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 16); }
 
-/* ---- views of a quantized activation row ---- */
+static void quantize_q8k32(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 32); }
+
+/* ---- views of quantized activation rows ---- */
 
 typedef struct {
     const int8_t *q;     /* (k,) */
     const float *d, *s;  /* (k/32,) each */
 } act_q8;
 
-static inline act_q8 act_q8_view(const void *a, int64_t k) {
-    const int8_t *q = a;
-    const float *d = (const float *)(q + k);
-    return (act_q8){q, d, d + k / QK};
+/* The main row at a and the residual row at res (when not NULL) -> x[]; returns how many. */
+static inline int act_q8_views(const void *a, const void *res, int64_t k, act_q8 x[2]) {
+    const void *rows[2] = {a, res};
+    int n = res ? 2 : 1;
+    for (int l = 0; l < n; l++) {
+        const int8_t *q = rows[l];
+        const float *d = (const float *)(q + k);
+        x[l] = (act_q8){q, d, d + k / QK};
+    }
+    return n;
 }
 
 typedef struct {
@@ -72,235 +107,216 @@ typedef struct {
     const int16_t *bsums;  /* (k/16,) */
 } act_q8k;
 
-static inline act_q8k act_q8k_view(const void *a, int64_t k) {
-    const int8_t *q = a;
-    const float *d = (const float *)(q + k);
-    return (act_q8k){q, d, (const int16_t *)(d + k / QK_K)};
+static inline int act_q8k_views(const void *a, const void *res, int64_t k, act_q8k x[2]) {
+    const void *rows[2] = {a, res};
+    int n = res ? 2 : 1;
+    for (int l = 0; l < n; l++) {
+        const int8_t *q = rows[l];
+        const float *d = (const float *)(q + k);
+        x[l] = (act_q8k){q, d, (const int16_t *)(d + k / QK_K)};
+    }
+    return n;
 }
 
 static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
 
-/* ---- 32-value blocks: w row (k/32 blocks) . activation row ---- */
-
-/* sum over a block of (q_w - off) * q_a, with q_w given as its 32 unsigned values */
-static inline int block_dot(const uint8_t *u, const int8_t *qa, int off) {
+static inline int dot_n(const int8_t *v, const int8_t *q, int n) {
     int sum = 0;
-    for (int l = 0; l < QK; l++) sum += ((int)u[l] - off) * qa[l];
+    for (int l = 0; l < n; l++) sum += v[l] * q[l];
     return sum;
 }
 
-static inline void unpack_nibbles(const uint8_t *qs16, uint8_t *u) {
-    for (int l = 0; l < 16; l++) {
-        u[l] = qs16[l] & 0xf;
-        u[l + 16] = qs16[l] >> 4;
-    }
-}
+/* ---- 32-value blocks ---- */
 
-static inline void add_high_bits(const uint8_t *qh4, uint8_t *u) {
+/* A legacy block as 32 signed weights v (offset removed), its scale d and min m (0 when none). */
+typedef struct {
+    int8_t v[QK];
+    float d, m;
+} block32;
+
+static inline int q5_high(const uint8_t *qh4, int l) {
     uint32_t qh;
     memcpy(&qh, qh4, 4);
-    for (int l = 0; l < QK; l++) u[l] |= ((qh >> l) & 1) << 4;
+    return (int)((qh >> l) & 1) << 4;
 }
 
-static float dot_q4_0(int64_t k, const void *w, const void *a) {
-    const blk_q4_0 *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        uint8_t u[QK];
-        unpack_nibbles(b[i].qs, u);
-        sum += h2f(b[i].d) * x.d[i] * (float)block_dot(u, x.q + i * QK, 8);
+/* The nibbles of qs (16 bytes), low then high, plus the fifth bits of qh (when not NULL), minus off. */
+static inline void unpack_nibbles(const uint8_t *qs, const uint8_t *qh, int off, int8_t *v) {
+    for (int l = 0; l < 16; l++) {
+        v[l] = (int8_t)(((qs[l] & 0xf) | (qh ? q5_high(qh, l) : 0)) - off);
+        v[l + 16] = (int8_t)(((qs[l] >> 4) | (qh ? q5_high(qh, l + 16) : 0)) - off);
     }
-    return sum;
 }
 
-static float dot_q4_1(int64_t k, const void *w, const void *a) {
-    const blk_q4_1 *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        uint8_t u[QK];
-        unpack_nibbles(b[i].qs, u);
-        sum += h2f(b[i].d) * x.d[i] * (float)block_dot(u, x.q + i * QK, 0) + h2f(b[i].m) * x.s[i];
+static block32 unpack_block32(int type, const void *p) {
+    block32 b = {.m = 0.0f};
+    switch (type) {
+    case EMBER_T_Q4_0: {
+        const blk_q4_0 *x = p;
+        unpack_nibbles(x->qs, NULL, 8, b.v);
+        b.d = h2f(x->d);
+        break;
     }
-    return sum;
-}
-
-static float dot_q5_0(int64_t k, const void *w, const void *a) {
-    const blk_q5_0 *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        uint8_t u[QK];
-        unpack_nibbles(b[i].qs, u);
-        add_high_bits(b[i].qh, u);
-        sum += h2f(b[i].d) * x.d[i] * (float)block_dot(u, x.q + i * QK, 16);
+    case EMBER_T_Q4_1: {
+        const blk_q4_1 *x = p;
+        unpack_nibbles(x->qs, NULL, 0, b.v);
+        b.d = h2f(x->d), b.m = h2f(x->m);
+        break;
     }
-    return sum;
-}
-
-static float dot_q5_1(int64_t k, const void *w, const void *a) {
-    const blk_q5_1 *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        uint8_t u[QK];
-        unpack_nibbles(b[i].qs, u);
-        add_high_bits(b[i].qh, u);
-        sum += h2f(b[i].d) * x.d[i] * (float)block_dot(u, x.q + i * QK, 0) + h2f(b[i].m) * x.s[i];
+    case EMBER_T_Q5_0: {
+        const blk_q5_0 *x = p;
+        unpack_nibbles(x->qs, x->qh, 16, b.v);
+        b.d = h2f(x->d);
+        break;
     }
-    return sum;
-}
-
-static float dot_q8_0(int64_t k, const void *w, const void *a) {
-    const blk_q8_0 *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        int isum = 0;
-        for (int l = 0; l < QK; l++) isum += b[i].qs[l] * x.q[i * QK + l];
-        sum += h2f(b[i].d) * x.d[i] * (float)isum;
+    case EMBER_T_Q5_1: {
+        const blk_q5_1 *x = p;
+        unpack_nibbles(x->qs, x->qh, 0, b.v);
+        b.d = h2f(x->d), b.m = h2f(x->m);
+        break;
     }
-    return sum;
-}
-
-static float dot_iq4_nl(int64_t k, const void *w, const void *a) {
-    const blk_iq4_nl *b = w;
-    act_q8 x = act_q8_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK; i++) {
-        const int8_t *qa = x.q + i * QK;
-        int isum = 0;
-        for (int l = 0; l < 16; l++)
-            isum += ember_iq4nl_values[b[i].qs[l] & 0xf] * qa[l] + ember_iq4nl_values[b[i].qs[l] >> 4] * qa[l + 16];
-        sum += h2f(b[i].d) * x.d[i] * (float)isum;
+    case EMBER_T_Q8_0: {
+        const blk_q8_0 *x = p;
+        memcpy(b.v, x->qs, QK);
+        b.d = h2f(x->d);
+        break;
     }
-    return sum;
-}
-
-/* ---- 256-value super-blocks: w row (k/256 blocks) . activation row ---- */
-
-/* sum over 16 values of u * q_a (u unsigned weights without their offset) */
-static inline int dot16(const uint8_t *u, const int8_t *qa) {
-    int sum = 0;
-    for (int l = 0; l < 16; l++) sum += u[l] * qa[l];
-    return sum;
-}
-
-static float dot_q2_k(int64_t k, const void *w, const void *a) {
-    const blk_q2_k *b = w;
-    act_q8k x = act_q8k_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const int8_t *qa = x.q + i * QK_K;
-        const int16_t *bs = x.bsums + i * 16;
-        int isum = 0, msum = 0;
-        for (int g = 0; g < 16; g++) { /* 16 values: v = 16g .. ; h = g / 8, s = (g / 2) % 4 */
-            uint8_t u[16];
-            int h = g >> 3, s = (g >> 1) & 3, l0 = 16 * (g & 1);
-            for (int l = 0; l < 16; l++) u[l] = (b[i].qs[32 * h + l0 + l] >> (2 * s)) & 3;
-            isum += (b[i].scales[g] & 0xf) * dot16(u, qa + 16 * g);
-            msum += (b[i].scales[g] >> 4) * bs[g];
+    default: { /* IQ4_NL */
+        const blk_iq4_nl *x = p;
+        for (int l = 0; l < 16; l++) {
+            b.v[l] = ember_iq4nl_values[x->qs[l] & 0xf];
+            b.v[l + 16] = ember_iq4nl_values[x->qs[l] >> 4];
         }
-        sum += x.d[i] * (h2f(b[i].d) * (float)isum - h2f(b[i].dmin) * (float)msum);
+        b.d = h2f(x->d);
     }
-    return sum;
+    }
+    return b;
 }
 
-static float dot_q3_k(int64_t k, const void *w, const void *a) {
-    const blk_q3_k *b = w;
-    act_q8k x = act_q8k_view(a, k);
+/* w row (k/32 blocks of `type`) . activation row a (and its residual row res) */
+static float dot_legacy(int type, int64_t k, const void *w, const void *a, const void *res) {
+    const int bytes = ember_qtype_get(type)->type_size;
+    act_q8 x[2];
+    const int levels = act_q8_views(a, res, k, x);
     float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const int8_t *qa = x.q + i * QK_K;
-        const int16_t *bs = x.bsums + i * 16;
-        int8_t sc[16];
-        ember_q3k_scales(b[i].scales, sc);
-        int isum = 0;
-        for (int g = 0; g < 16; g++) { /* u = low 2 bits + 4 * hmask bit, value u - 4 */
-            uint8_t u[16];
-            int h = g >> 3, s = (g >> 1) & 3, l0 = 16 * (g & 1);
-            for (int l = 0; l < 16; l++)
-                u[l] = (uint8_t)(((b[i].qs[32 * h + l0 + l] >> (2 * s)) & 3) |
-                                 (((b[i].hmask[l0 + l] >> (4 * h + s)) & 1) << 2));
-            isum += sc[g] * (dot16(u, qa + 16 * g) - 4 * bs[g]);
+    for (int64_t i = 0; i < k / QK; i++) {
+        const block32 b = unpack_block32(type, (const uint8_t *)w + i * bytes);
+        float dots = 0.0f, sums = 0.0f; /* sum over levels of d_a * isum, and of s */
+        for (int l = 0; l < levels; l++) {
+            dots += x[l].d[i] * (float)dot_n(b.v, x[l].q + i * QK, QK);
+            sums += x[l].s[i];
         }
-        sum += h2f(b[i].d) * x.d[i] * (float)isum;
+        sum += b.d * dots + b.m * sums;
     }
     return sum;
 }
 
-/* Q4_K and Q5_K: sub-block j of 32 values has six-bit scale sc[j] and min m[j]. */
-static float dot_q45_k(int64_t k, const void *w, const void *a, int five) {
-    act_q8k x = act_q8k_view(a, k);
+/* ---- 256-value super-blocks ---- */
+
+/* A super-block as 256 signed weights v (offsets removed), an integer scale and min per 16 values
+ * (the 32-value types repeat theirs), and the float factors: value = d sc v - dmin mn. */
+typedef struct {
+    int8_t v[QK_K];
+    int sc[16], mn[16];
+    float d, dmin;
+} block256;
+
+static void unpack_q2_k(const blk_q2_k *x, block256 *b) {
+    for (int v = 0; v < QK_K; v++) /* v = 128h + 32s + l: bits 2s of qs[32h + l] */
+        b->v[v] = (int8_t)((x->qs[32 * (v >> 7) + (v & 31)] >> (2 * ((v >> 5) & 3))) & 3);
+    for (int g = 0; g < 16; g++) b->sc[g] = x->scales[g] & 0xf, b->mn[g] = x->scales[g] >> 4;
+    b->d = h2f(x->d), b->dmin = h2f(x->dmin);
+}
+
+static void unpack_q3_k(const blk_q3_k *x, block256 *b) {
+    for (int v = 0; v < QK_K; v++) { /* like Q2_K; a clear bit (4h + s) of hmask[l] means minus 4 */
+        int h = v >> 7, s = (v >> 5) & 3, l = v & 31;
+        int q = (x->qs[32 * h + l] >> (2 * s)) & 3;
+        b->v[v] = (int8_t)(q - (((x->hmask[l] >> (4 * h + s)) & 1) ? 0 : 4));
+    }
+    int8_t sc[16];
+    ember_q3k_scales(x->scales, sc);
+    for (int g = 0; g < 16; g++) b->sc[g] = sc[g], b->mn[g] = 0;
+    b->d = h2f(x->d), b->dmin = 0.0f;
+}
+
+/* Q4_K (qh NULL) and Q5_K: sub-block j: nibble (j & 1) of qs[32 (j / 2) + l], fifth bit j of qh[l] */
+static void unpack_q45_k(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, uint16_t d, uint16_t dmin,
+                         block256 *b) {
+    uint8_t sc[8], m[8];
+    ember_q4k_scales(scales, sc, m);
+    for (int j = 0; j < 8; j++) {
+        for (int l = 0; l < 32; l++) {
+            int q = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0xf;
+            b->v[32 * j + l] = (int8_t)(q | (qh ? ((qh[l] >> j) & 1) << 4 : 0));
+        }
+        b->sc[2 * j] = b->sc[2 * j + 1] = sc[j];
+        b->mn[2 * j] = b->mn[2 * j + 1] = m[j];
+    }
+    b->d = h2f(d), b->dmin = h2f(dmin);
+}
+
+static void unpack_q6_k(const blk_q6_k *x, block256 *b) {
+    for (int v = 0; v < QK_K; v++) { /* low 4 bits: ql[64h + 32(s&1) + l] nibble s/2; high 2: qh[32h + l] bits 2s */
+        int h = v >> 7, s = (v >> 5) & 3, l = v & 31;
+        int lo = (x->ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0xf;
+        int hi = (x->qh[32 * h + l] >> (2 * s)) & 3;
+        b->v[v] = (int8_t)((lo | hi << 4) - 32);
+    }
+    for (int g = 0; g < 16; g++) b->sc[g] = x->scales[g], b->mn[g] = 0;
+    b->d = h2f(x->d), b->dmin = 0.0f;
+}
+
+static void unpack_iq4_xs(const blk_iq4_xs *x, block256 *b) {
+    for (int ib = 0; ib < 8; ib++) { /* sub-block ib: low nibbles of qs[16 ib ..] then high nibbles */
+        for (int l = 0; l < 16; l++) {
+            b->v[32 * ib + l] = ember_iq4nl_values[x->qs[16 * ib + l] & 0xf];
+            b->v[32 * ib + l + 16] = ember_iq4nl_values[x->qs[16 * ib + l] >> 4];
+        }
+        b->sc[2 * ib] = b->sc[2 * ib + 1] = ember_iq4xs_scale(x, ib);
+        b->mn[2 * ib] = b->mn[2 * ib + 1] = 0;
+    }
+    b->d = h2f(x->d), b->dmin = 0.0f;
+}
+
+static void unpack_block256(int type, const void *p, block256 *b) {
+    switch (type) {
+    case EMBER_T_Q2_K: unpack_q2_k(p, b); break;
+    case EMBER_T_Q3_K: unpack_q3_k(p, b); break;
+    case EMBER_T_Q4_K: {
+        const blk_q4_k *x = p;
+        unpack_q45_k(x->scales, x->qs, NULL, x->d, x->dmin, b);
+        break;
+    }
+    case EMBER_T_Q5_K: {
+        const blk_q5_k *x = p;
+        unpack_q45_k(x->scales, x->qs, x->qh, x->d, x->dmin, b);
+        break;
+    }
+    case EMBER_T_Q6_K: unpack_q6_k(p, b); break;
+    default: unpack_iq4_xs(p, b);
+    }
+}
+
+/* w row (k/256 super-blocks of `type`) . activation row a (and its residual row res) */
+static float dot_k(int type, int64_t k, const void *w, const void *a, const void *res) {
+    const int bytes = ember_qtype_get(type)->type_size;
+    act_q8k x[2];
+    const int levels = act_q8k_views(a, res, k, x);
     float sum = 0.0f;
     for (int64_t i = 0; i < k / QK_K; i++) {
-        const blk_q4_k *b4 = (const blk_q4_k *)w + i;
-        const blk_q5_k *b5 = (const blk_q5_k *)w + i;
-        const uint8_t *scales = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
-        uint16_t d = five ? b5->d : b4->d, dmin = five ? b5->dmin : b4->dmin;
-        const int8_t *qa = x.q + i * QK_K;
-        const int16_t *bs = x.bsums + i * 16;
-        uint8_t sc[8], m[8];
-        ember_q4k_scales(scales, sc, m);
-        int isum = 0, msum = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t u[32];
-            for (int l = 0; l < 32; l++) {
-                u[l] = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0xf;
-                if (five) u[l] |= ((b5->qh[l] >> j) & 1) << 4;
+        block256 b;
+        unpack_block256(type, (const uint8_t *)w + i * bytes, &b);
+        for (int l = 0; l < levels; l++) {
+            const int8_t *qa = x[l].q + i * QK_K;
+            const int16_t *bs = x[l].bsums + i * 16;
+            int isum = 0, msum = 0;
+            for (int g = 0; g < 16; g++) {
+                isum += b.sc[g] * dot_n(b.v + 16 * g, qa + 16 * g, 16);
+                msum += b.mn[g] * bs[g];
             }
-            isum += sc[j] * (dot16(u, qa + 32 * j) + dot16(u + 16, qa + 32 * j + 16));
-            msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+            sum += x[l].d[i] * (b.d * (float)isum - b.dmin * (float)msum);
         }
-        sum += x.d[i] * (h2f(d) * (float)isum - h2f(dmin) * (float)msum);
-    }
-    return sum;
-}
-
-static float dot_q4_k(int64_t k, const void *w, const void *a) { return dot_q45_k(k, w, a, 0); }
-
-static float dot_q5_k(int64_t k, const void *w, const void *a) { return dot_q45_k(k, w, a, 1); }
-
-static float dot_q6_k(int64_t k, const void *w, const void *a) {
-    const blk_q6_k *b = w;
-    act_q8k x = act_q8k_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const int8_t *qa = x.q + i * QK_K;
-        const int16_t *bs = x.bsums + i * 16;
-        int isum = 0;
-        for (int g = 0; g < 16; g++) { /* v = 16g + l = 128h + 32s + l' */
-            uint8_t u[16];
-            int h = g >> 3, s = (g >> 1) & 3, l0 = 16 * (g & 1);
-            for (int l = 0; l < 16; l++) {
-                int lo = (b[i].ql[64 * h + 32 * (s & 1) + l0 + l] >> (4 * (s >> 1))) & 0xf;
-                int hi = (b[i].qh[32 * h + l0 + l] >> (2 * s)) & 3;
-                u[l] = (uint8_t)(lo | hi << 4);
-            }
-            isum += b[i].scales[g] * (dot16(u, qa + 16 * g) - 32 * bs[g]);
-        }
-        sum += h2f(b[i].d) * x.d[i] * (float)isum;
-    }
-    return sum;
-}
-
-static float dot_iq4_xs(int64_t k, const void *w, const void *a) {
-    const blk_iq4_xs *b = w;
-    act_q8k x = act_q8k_view(a, k);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const int8_t *qa = x.q + i * QK_K;
-        int isum = 0;
-        for (int ib = 0; ib < 8; ib++) {
-            int s = 0;
-            for (int l = 0; l < 16; l++) {
-                uint8_t q = b[i].qs[16 * ib + l];
-                s += ember_iq4nl_values[q & 0xf] * qa[32 * ib + l] + ember_iq4nl_values[q >> 4] * qa[32 * ib + l + 16];
-            }
-            isum += ember_iq4xs_scale(&b[i], ib) * s;
-        }
-        sum += h2f(b[i].d) * x.d[i] * (float)isum;
     }
     return sum;
 }
@@ -332,36 +348,40 @@ static float dot_bf16(int64_t k, const void *w, const void *a) {
 
 /* ---- tiles: one dot product per (row, token) ---- */
 
-typedef float (*dot_fn)(int64_t k, const void *w, const void *a);
-
-static inline void tile_by_dots(dot_fn dot, int64_t k, const void *w, int64_t ws, const void *a, int64_t as,
-                                float *y, int64_t ys, int nr, int nc) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            y[c * ys + r] = dot(k, (const uint8_t *)w + r * ws, (const uint8_t *)a + c * as);
-}
-
-#define SCALAR_TILE(name)                                                                                \
-    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y,   \
-                            int64_t ys, int nr, int nc) {                                                \
-        tile_by_dots(dot_##name, k, w, ws, a, as, y, ys, nr, nc);                                        \
+#define QUANT_TILE(name, TYPE, DOT)                                                                            \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,       \
+                            float *y, int64_t ys, int nr, int nc) {                                            \
+        for (int c = 0; c < nc; c++) {                                                                         \
+            const uint8_t *ac = (const uint8_t *)a + c * as;                                                   \
+            for (int r = 0; r < nr; r++)                                                                       \
+                y[c * ys + r] = DOT(TYPE, k, (const uint8_t *)w + r * ws, ac, ar ? ac + ar : NULL);            \
+        }                                                                                                      \
     }
 
-SCALAR_TILE(q4_0)
-SCALAR_TILE(q4_1)
-SCALAR_TILE(q5_0)
-SCALAR_TILE(q5_1)
-SCALAR_TILE(q8_0)
-SCALAR_TILE(iq4_nl)
-SCALAR_TILE(q2_k)
-SCALAR_TILE(q3_k)
-SCALAR_TILE(q4_k)
-SCALAR_TILE(q5_k)
-SCALAR_TILE(q6_k)
-SCALAR_TILE(iq4_xs)
-SCALAR_TILE(f32)
-SCALAR_TILE(f16)
-SCALAR_TILE(bf16)
+#define FLOAT_TILE(name)                                                                                       \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,       \
+                            float *y, int64_t ys, int nr, int nc) {                                            \
+        (void)ar;                                                                                              \
+        for (int c = 0; c < nc; c++)                                                                           \
+            for (int r = 0; r < nr; r++)                                                                       \
+                y[c * ys + r] = dot_##name(k, (const uint8_t *)w + r * ws, (const uint8_t *)a + c * as);       \
+    }
+
+QUANT_TILE(q4_0, EMBER_T_Q4_0, dot_legacy)
+QUANT_TILE(q4_1, EMBER_T_Q4_1, dot_legacy)
+QUANT_TILE(q5_0, EMBER_T_Q5_0, dot_legacy)
+QUANT_TILE(q5_1, EMBER_T_Q5_1, dot_legacy)
+QUANT_TILE(q8_0, EMBER_T_Q8_0, dot_legacy)
+QUANT_TILE(iq4_nl, EMBER_T_IQ4_NL, dot_legacy)
+QUANT_TILE(q2_k, EMBER_T_Q2_K, dot_k)
+QUANT_TILE(q3_k, EMBER_T_Q3_K, dot_k)
+QUANT_TILE(q4_k, EMBER_T_Q4_K, dot_k)
+QUANT_TILE(q5_k, EMBER_T_Q5_K, dot_k)
+QUANT_TILE(q6_k, EMBER_T_Q6_K, dot_k)
+QUANT_TILE(iq4_xs, EMBER_T_IQ4_XS, dot_k)
+FLOAT_TILE(f32)
+FLOAT_TILE(f16)
+FLOAT_TILE(bf16)
 
 #define T1(name) {tile_##name, 1, 4}
 

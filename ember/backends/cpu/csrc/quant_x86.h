@@ -8,9 +8,10 @@
  *   block_scales8(bs, mn, p, g, &m)   the f16 d (and m when mn) that start each of g <= 8 blocks of
  *                             bs bytes at p, as floats (lanes past g: 0)
  *
- * Every kernel computes, per block, exactly the integer sums of quant_scalar.c and multiplies them by
- * the same float factors; only the order of the float additions differs. Weights are used as unsigned
- * bytes u = w + off, and the offset is taken back in integers: sum(u * q) - off * sum(q). */
+ * Every kernel computes, per block and activation level, exactly the integer sums of quant_scalar.c
+ * and multiplies them by the same float factors; only the order of the float additions differs.
+ * Weights are used as unsigned bytes u = w + off, and the offset is taken back in integers:
+ * sum(u * q) - off * sum(q). */
 
 #ifndef ALWAYS
 #define ALWAYS static inline __attribute__((always_inline))
@@ -88,78 +89,124 @@ ALWAYS void round32(const float *x, __m256 inv, int8_t *q, __m256i *i) {
     _mm256_storeu_si256((__m256i *)q, p);
 }
 
-/* x (k,) -> EMBER_ACT_Q8 row: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) */
-static void quantize_q8(const float *x, void *dst, int64_t k) {
-    int8_t *q = dst;
-    float *d = (float *)(q + k), *s = d + k / QK;
-    int32_t *nq = (int32_t *)(s + k / QK);
-    for (int64_t b = 0; b < k / QK; b++) {
-        float amax = absmax(x + b * QK, 4);
-        __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+/* n values (a multiple of 32) with one scale -> q (n,) and the sums of each 16 q -> sum16 (n/16,);
+ * returns d = amax / 127. */
+ALWAYS float quantize_run(const float *x, int n, int8_t *q, int32_t *sum16) {
+    float amax = absmax(x, n / 8);
+    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int j = 0; j < n / 32; j++) {
         __m256i i[4];
-        round32(x + b * QK, inv, q + b * QK, i);
-        d[b] = amax / 127.0f;
-        int32_t sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
-        s[b] = d[b] * (float)sum;
-        nq[b] = -sum;
+        round32(x + 32 * j, inv, q + 32 * j, i);
+        sum16[2 * j] = hsum8i(_mm256_add_epi32(i[0], i[1]));
+        sum16[2 * j + 1] = hsum8i(_mm256_add_epi32(i[2], i[3]));
+    }
+    return amax / 127.0f;
+}
+
+/* r (n,) = x - q d, rounded once (as quant_scalar.c's fmaf) */
+ALWAYS void residual(const float *x, const int8_t *q, float d, int n, float *r) {
+    const __m256 dv = _mm256_set1_ps(d);
+    for (int i = 0; i < n; i += 8) {
+        __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        _mm256_storeu_ps(r + i, _mm256_fnmadd_ps(qf, dv, _mm256_loadu_ps(x + i)));
     }
 }
 
-/* x (k,) -> EMBER_ACT_Q8K row: q (k,) | d (k/256,) | bsums (k/16,) (chunk sums: the callers) */
-static void quantize_q8k(const float *x, void *dst, int64_t k) {
-    int8_t *q = dst;
+/* One 32-value block of x -> block b of an EMBER_ACT_Q8 row (q, d, s, nq) */
+ALWAYS void quantize_q8_block(const float *x, void *row, int64_t k, int64_t b) {
+    int8_t *q = row;
+    float *d = (float *)(q + k), *s = d + k / QK;
+    int32_t *nq = (int32_t *)(s + k / QK), sum16[2];
+    d[b] = quantize_run(x, QK, q + b * QK, sum16);
+    s[b] = d[b] * (float)(sum16[0] + sum16[1]);
+    nq[b] = -(sum16[0] + sum16[1]);
+}
+
+/* x (k,) -> EMBER_ACT_Q8 rows: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) at dst (and res) */
+static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        quantize_q8_block(x + b * QK, dst, k, b);
+        if (res) {
+            float r[QK];
+            residual(x + b * QK, (const int8_t *)dst + b * QK, ((const float *)((const int8_t *)dst + k))[b], QK, r);
+            quantize_q8_block(r, res, k, b);
+        }
+    }
+}
+
+/* One 256-value block of x -> block b of an EMBER_ACT_Q8K row (q, d, bsums) */
+ALWAYS void quantize_q8k_block(const float *x, void *row, int64_t k, int64_t b) {
+    int8_t *q = row;
     float *d = (float *)(q + k);
     int16_t *bsums = (int16_t *)(d + k / QK_K);
+    int32_t sum16[16];
+    d[b] = quantize_run(x, QK_K, q + b * QK_K, sum16);
+    for (int g = 0; g < 16; g++) bsums[16 * b + g] = (int16_t)sum16[g];
+}
+
+/* x (k,) -> EMBER_ACT_Q8K rows at dst (and res): q (k,) | d (k/256,) | bsums (k/16,) | chunk sums */
+ALWAYS void quantize_q8k(const float *x, void *dst, void *res, int64_t k, int ch) {
     for (int64_t b = 0; b < k / QK_K; b++) {
-        const float *xb = x + b * QK_K;
-        float amax = absmax(xb, 32);
-        __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        for (int j = 0; j < QK_K / 32; j++) {
-            __m256i i[4];
-            round32(xb + 32 * j, inv, q + b * QK_K + 32 * j, i);
-            bsums[16 * b + 2 * j] = (int16_t)hsum8i(_mm256_add_epi32(i[0], i[1]));
-            bsums[16 * b + 2 * j + 1] = (int16_t)hsum8i(_mm256_add_epi32(i[2], i[3]));
+        quantize_q8k_block(x + b * QK_K, dst, k, b);
+        if (res) {
+            float r[QK_K];
+            residual(x + b * QK_K, (const int8_t *)dst + b * QK_K, ((const float *)((const int8_t *)dst + k))[b],
+                     QK_K, r);
+            quantize_q8k_block(r, res, k, b);
         }
-        d[b] = amax / 127.0f;
     }
+    ember_q8k_chunk_sums(dst, k, ch);
+    if (res) ember_q8k_chunk_sums(res, k, ch);
 }
 
-static void quantize_q8k16(const float *x, void *dst, int64_t k) {
-    quantize_q8k(x, dst, k);
-    ember_q8k_chunk_sums(dst, k, 16);
-}
+static void quantize_q8k16(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 16); }
 
-static void quantize_q8k32(const float *x, void *dst, int64_t k) {
-    quantize_q8k(x, dst, k);
-    ember_q8k_chunk_sums(dst, k, 32);
-}
+static void quantize_q8k32(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 32); }
 
-/* ---- microtiles: W rows x up to TILE_C tokens ----
+/* ---- microtiles: W rows x up to TILE_C activation rows ----
  * Mostly one row, walked from start to end: rows walked side by side defeat the hardware
  * prefetchers once rows pass ~450 bytes (measured here: one core streams 26 GB/s along one row,
  * 8-11 GB/s along 2-4 rows of 550+ bytes in lockstep). Short rows of the 32-value types go 4 at a
  * time, which shares each activation load (about 25% faster there). Each weight block is reused
- * across the tile's tokens; a lone row keeps two accumulators per token (even and odd blocks) so
- * that the FMA latency hides. */
+ * across the tile's activation rows (with residual rows: 2 tokens, each with its two rows, whose
+ * products go to the token's accumulators); a lone row keeps two accumulators per token (even and
+ * odd blocks) so that the FMA latency hides. */
 
 /* y[c * ys] = sum of the lanes of acc[c][0] + acc[c][1] */
 #define STORE_TILE(acc, y, ys, nc) \
     UNROLL for (int c_ = 0; c_ < (nc); c_++) (y)[c_ * (ys)] = hsum8(_mm256_add_ps((acc)[c_][0], (acc)[c_][1]))
 
-/* Dispatch from run-time nc to a body specialized for it (nc <= TILE_C = 4). */
-#define DEFINE_TILE(fname, BODY, TYPE)                                                                      \
-    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, \
-                      int nr, int nc) {                                                                     \
-        (void)ws, (void)nr;                                                                                 \
-        switch (nc) {                                                                                       \
-        case 1: BODY(TYPE, k, w, a, as, y, ys, 1); return;                                                  \
-        case 2: BODY(TYPE, k, w, a, as, y, ys, 2); return;                                                  \
-        case 3: BODY(TYPE, k, w, a, as, y, ys, 3); return;                                                  \
-        default: BODY(TYPE, k, w, a, as, y, ys, 4); return;                                                 \
-        }                                                                                                   \
-    }
+#define TILE_C 4 /* activation rows of a tile */
+#define LEVELS 2 /* activation rows of a token at most: its rounding and the rounding of the residual */
 
-#define TILE_C 4
+/* Calls BODY specialized for the run-time nc and level count (ar != 0: two levels): one level, nc <= 4
+ * tokens at once; two levels, tokens two at a time. Every body takes
+ * (type, k, w, ws, a, as, ar, y, ys, nr, nc, levels) and returns nothing. */
+#define TILE_DISPATCH(BODY, TYPE, NR)                                                                        \
+    do {                                                                                                     \
+        if (ar) {                                                                                            \
+            for (int c0 = 0; c0 < nc; c0 += 2) {                                                             \
+                const uint8_t *a0 = (const uint8_t *)a + c0 * as;                                            \
+                if (nc - c0 >= 2) BODY(TYPE, k, w, ws, a0, as, ar, y + c0 * ys, ys, NR, 2, 2);               \
+                else BODY(TYPE, k, w, ws, a0, as, ar, y + c0 * ys, ys, NR, 1, 2);                            \
+            }                                                                                                \
+            return;                                                                                          \
+        }                                                                                                    \
+        switch (nc) {                                                                                        \
+        case 1: BODY(TYPE, k, w, ws, a, as, 0, y, ys, NR, 1, 1); return;                                     \
+        case 2: BODY(TYPE, k, w, ws, a, as, 0, y, ys, NR, 2, 1); return;                                     \
+        case 3: BODY(TYPE, k, w, ws, a, as, 0, y, ys, NR, 3, 1); return;                                     \
+        default: BODY(TYPE, k, w, ws, a, as, 0, y, ys, NR, 4, 1); return;                                    \
+        }                                                                                                    \
+    } while (0)
+
+/* A tile function over one W row for BODY. */
+#define DEFINE_TILE(fname, BODY, TYPE)                                                                      \
+    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y, \
+                      int64_t ys, int nr, int nc) {                                                         \
+        (void)nr;                                                                                           \
+        TILE_DISPATCH(BODY, TYPE, 1);                                                                       \
+    }
 
 /* ================= 32-value blocks: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL ================= */
 
@@ -238,74 +285,79 @@ ALWAYS __m256 load_floats(const float *p, int g) {
 #endif
 #define SHORT_ROW_BYTES 448 /* rows up to this long can be walked side by side (see above) */
 
-/* Block b of nr rows against nc tokens: into acc[r][c][half] (half only when nr == 1: a single row
- * needs two accumulator chains per token to hide the FMA latency, several rows have one each). */
-ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as, int64_t b,
-                    const float *scale, const int nr, const int nc, __m256 acc[][TILE_C][2], const int half) {
-    const int off = weight_offset(type);
+/* Accumulator chains per (row, token): a lone row needs two per level (even and odd blocks) to hide
+ * the FMA latency, several rows one per level. Chain of block parity p and level l: */
+ALWAYS int chain32(const int nr, const int L, int p, int l) { return (nr == 1 ? p * L : 0) + (L == 2 ? l : 0); }
+
+/* Block b of nr rows against nc tokens (L rows each): the integer sums sum((u - off) * q), scaled by
+ * scale[j] = d_w * d_a of the row, token and level, into acc[r][c][chain32(.., p, l)]. */
+ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as, int64_t ar,
+                    int64_t b, const float *scale, const int nr, const int nc, const int L, __m256 acc[][TILE_C][4],
+                    const int p) {
     __m256i u[TILE32_R];
     UNROLL for (int r = 0; r < nr; r++) u[r] = weights32(type, w + r * ws + b * block_bytes(type));
-    UNROLL for (int c = 0; c < nc; c++) {
-        __m256i qa = load256(a + c * as + b * QK);
+    const int off = weight_offset(type);
+    UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+        __m256i qa = load256(a + c * as + l * ar + b * QK);
         __m256i init = off ? neg_offset_sums(qa, off) : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < nr; r++) {
             __m256i isum = signed_weights(type) ? dot4_signed(init, u[r], qa) : dot4_acc(init, u[r], qa);
-            acc[r][c][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c)),
-                                              acc[r][c][half]);
+            __m256 s = _mm256_broadcast_ss(scale + 8 * ((r * TILE_C + c) * LEVELS + l));
+            const int h = chain32(nr, L, p, l);
+            acc[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc[r][c][h]);
         }
     }
 }
 
 /* Blocks [b0, b0 + g) of the rows (g <= 8): the products d_w * d_a of the group are formed 8 at a
- * time and read back as broadcast operands, and the Q4_1/Q5_1 terms m * s take one FMA per group.
- * Called with g = 8 as a constant for all but the last group, so masks and loops fold away. */
+ * time and read back as broadcast operands, and the Q4_1/Q5_1 terms m * s take one FMA per group
+ * and level. Called with g = 8 as a constant for all but the last group, so masks fold away. */
 ALWAYS void group32(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
-                    int64_t b0, const int g, const int nr, const int nc, __m256 acc[][TILE_C][2]) {
+                    int64_t ar, int64_t b0, const int g, const int nr, const int nc, const int L,
+                    __m256 acc[][TILE_C][4]) {
     const int64_t nb = k / QK;
-    const int bs = block_bytes(type), H = nr == 1 ? 2 : 1;
-    _Alignas(32) float scale[TILE32_R][TILE_C][8];
+    const int bs = block_bytes(type), last = chain32(nr, L, nr == 1, L - 1);
+    _Alignas(32) float scale[TILE32_R][TILE_C][LEVELS][8];
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const float *ad = (const float *)(a + c * as + k); /* d (nb,) then s (nb,) */
-            _mm256_store_ps(scale[r][c], _mm256_mul_ps(dw, load_floats(ad + b0, g)));
-            if (has_min(type)) acc[r][c][H - 1] = _mm256_fmadd_ps(mw, load_floats(ad + nb + b0, g), acc[r][c][H - 1]);
+        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+            const float *ad = (const float *)(a + c * as + l * ar + k); /* d (nb,) then s (nb,) */
+            _mm256_store_ps(scale[r][c][l], _mm256_mul_ps(dw, load_floats(ad + b0, g)));
+            if (has_min(type))
+                acc[r][c][last] = _mm256_fmadd_ps(mw, load_floats(ad + nb + b0, g), acc[r][c][last]);
         }
     }
     int j = 0;
-    UNROLL for (; j + 2 <= g; j += 2) {
-        block32(type, w, ws, a, as, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
-        block32(type, w, ws, a, as, b0 + j + 1, &scale[0][0][j + 1], nr, nc, acc, H - 1);
+    for (; j + 2 <= g; j += 2) { /* rolled: unrolled, GCC hoists every scale address into a register */
+        block32(type, w, ws, a, as, ar, b0 + j, &scale[0][0][0][j], nr, nc, L, acc, 0);
+        block32(type, w, ws, a, as, ar, b0 + j + 1, &scale[0][0][0][j + 1], nr, nc, L, acc, 1);
     }
-    if (j < g) block32(type, w, ws, a, as, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
+    if (j < g) block32(type, w, ws, a, as, ar, b0 + j, &scale[0][0][0][j], nr, nc, L, acc, 0);
 }
 
-/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q8) -> y[c * ys + r] */
+/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q8; L levels) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
-                        float *y, int64_t ys, const int nr, const int nc) {
-    const int64_t nb = k / QK;
-    __m256 acc[TILE32_R][TILE_C][2];
-    UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+                        int64_t ar, float *y, int64_t ys, const int nr, const int nc, const int L) {
+    const int64_t nb = k / QK, chains = (nr == 1 ? 2 : 1) * L;
+    __m256 acc[TILE32_R][TILE_C][4];
+    UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) UNROLL for (int h = 0; h < chains; h++)
+        acc[r][c][h] = _mm256_setzero_ps();
     int64_t b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8) group32(type, k, w, ws, a, as, b0, 8, nr, nc, acc);
-    if (b0 < nb) group32(type, k, w, ws, a, as, b0, (int)(nb - b0), nr, nc, acc);
-    UNROLL for (int c = 0; c < nc; c++) UNROLL for (int r = 0; r < nr; r++)
-        y[c * ys + r] = hsum8(nr == 1 ? _mm256_add_ps(acc[r][c][0], acc[r][c][1]) : acc[r][c][0]);
+    for (; b0 + 8 <= nb; b0 += 8) group32(type, k, w, ws, a, as, ar, b0, 8, nr, nc, L, acc);
+    if (b0 < nb) group32(type, k, w, ws, a, as, ar, b0, (int)(nb - b0), nr, nc, L, acc);
+    UNROLL for (int c = 0; c < nc; c++) UNROLL for (int r = 0; r < nr; r++) {
+        __m256 sum = acc[r][c][0];
+        UNROLL for (int h = 1; h < chains; h++) sum = _mm256_add_ps(sum, acc[r][c][h]);
+        y[c * ys + r] = hsum8(sum);
+    }
 }
 
 /* nr is 1 or TILE32_R */
-#define TILE32_CASE(NR, NC) tile32_body(TYPE, k, w, ws, a, as, y, ys, NR, NC); return
-#define DEFINE_TILE32(fname, TYPE_)                                                                          \
-    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys,  \
-                      int nr, int nc) {                                                                      \
-        enum { TYPE = TYPE_ };                                                                               \
-        if (nr == TILE32_R) switch (nc) {                                                                    \
-            case 1: TILE32_CASE(TILE32_R, 1); case 2: TILE32_CASE(TILE32_R, 2);                              \
-            case 3: TILE32_CASE(TILE32_R, 3); default: TILE32_CASE(TILE32_R, 4);                             \
-            }                                                                                                \
-        switch (nc) {                                                                                        \
-        case 1: TILE32_CASE(1, 1); case 2: TILE32_CASE(1, 2); case 3: TILE32_CASE(1, 3); default: TILE32_CASE(1, 4); \
-        }                                                                                                    \
+#define DEFINE_TILE32(fname, TYPE)                                                                           \
+    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,  \
+                      int64_t ys, int nr, int nc) {                                                          \
+        if (nr == TILE32_R) TILE_DISPATCH(tile32_body, TYPE, TILE32_R);                                      \
+        TILE_DISPATCH(tile32_body, TYPE, 1);                                                                 \
     }
 
 DEFINE_TILE32(tile_q4_0, EMBER_T_Q4_0)
@@ -375,31 +427,33 @@ ALWAYS int k_block_bytes(int type) {
     }
 }
 
-/* The row's integer super-block sums sum_j scale_j * sum(u * q) go to iacc (int32 lanes, two chains:
- * even and odd sub-blocks); at the end of each super-block they are scaled by d * d_a, and
- * mins * bsums by dmin * d_a. */
-ALWAYS void tilek32_body(const int type, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
-                         int64_t ys, const int nc) {
+/* The row's integer super-block sums sum_j scale_j * sum(u * q) go to iacc (int32 lanes; per token and
+ * level, two chains: even and odd sub-blocks); at the end of each super-block they are scaled by
+ * d * d_a of their level, and mins * bsums by dmin * d_a. */
+ALWAYS void tilek32_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
+                         int64_t ar, float *y, int64_t ys, const int nr, const int nc, const int L) {
+    (void)ws, (void)nr;
     const int64_t nb = k / QK_K;
     __m256 acc[TILE_C][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const ksuper32 s = prepare_k32(type, w + b * k_block_bytes(type));
-        __m256i iacc[TILE_C][2];
-        UNROLL for (int c = 0; c < nc; c++) iacc[c][0] = iacc[c][1] = _mm256_setzero_si256();
+        __m256i iacc[TILE_C][LEVELS][2];
+        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++)
+            iacc[c][l][0] = iacc[c][l][1] = _mm256_setzero_si256();
         UNROLL for (int j = 0; j < 8; j++) {
             const __m256i u = unpack_k32(type, s.blk, j), sc = _mm256_shuffle_epi8(s.scales, pick16(j));
-            UNROLL for (int c = 0; c < nc; c++) {
-                __m256i qa = load256(a + c * as + b * QK_K + 32 * j);
+            UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+                __m256i qa = load256(a + c * as + l * ar + b * QK_K + 32 * j);
                 __m256i p = type == EMBER_T_IQ4_XS ? pairs16(_mm256_abs_epi8(u), _mm256_sign_epi8(qa, u)) : pairs16(u, qa);
-                iacc[c][j & 1] = dot2w_acc(iacc[c][j & 1], p, sc);
+                iacc[c][l][j & 1] = dot2w_acc(iacc[c][l][j & 1], p, sc);
             }
         }
-        UNROLL for (int c = 0; c < nc; c++) {
-            const float *ad = (const float *)(a + c * as + k);
+        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+            const float *ad = (const float *)(a + c * as + l * ar + k);
             const int16_t *bsums = (const int16_t *)(ad + nb);
             __m256 da = _mm256_set1_ps(ad[b]);
-            __m256i isum = _mm256_add_epi32(iacc[c][0], iacc[c][1]);
+            __m256i isum = _mm256_add_epi32(iacc[c][l][0], iacc[c][l][1]);
             acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.d, da), acc[c][0]);
             if (type != EMBER_T_IQ4_XS) {
                 __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s.mins16, load256(bsums + 16 * b)));
@@ -474,28 +528,34 @@ ALWAYS __m256i unpack_k16(int type, const uint8_t *p, int j) {
     return _mm256_or_si256(lo, shift_mask(load256(b->qh + 32 * h), 4 - 2 * s, 0x30));
 }
 
-ALWAYS void tilek16_body(const int type, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
-                         int64_t ys, const int nc) {
+/* Q3_K and Q6_K take their offset back from the bsums, in lanes other than those of the products: a
+ * lane's integer sum is exact but carries the offset (u = w + off), and only the total of the lanes
+ * sheds it, after the float scaling (rounding relative to the biased sums: ~1e-7, far below that of
+ * the activations; folding the lanes in integers first cost 14% here). */
+ALWAYS void tilek16_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
+                         int64_t ar, float *y, int64_t ys, const int nr, const int nc, const int L) {
+    (void)ws, (void)nr;
     const int64_t nb = k / QK_K;
     __m256 acc[TILE_C][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const ksuper16 s = prepare_k16(type, w + b * k_block_bytes(type));
-        __m256i iacc[TILE_C][2];
-        UNROLL for (int c = 0; c < nc; c++) iacc[c][0] = iacc[c][1] = _mm256_setzero_si256();
+        __m256i iacc[TILE_C][LEVELS][2];
+        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++)
+            iacc[c][l][0] = iacc[c][l][1] = _mm256_setzero_si256();
         UNROLL for (int j = 0; j < 8; j++) {
             const __m256i u = unpack_k16(type, s.blk, j);
             const __m256i sc = _mm256_shuffle_epi8(j < 4 ? s.sc_lo : s.sc_hi, pick16_pair(2 * (j % 4)));
-            UNROLL for (int c = 0; c < nc; c++) {
-                __m256i qa = load256(a + c * as + b * QK_K + 32 * j);
-                iacc[c][j & 1] = dot2w_acc(iacc[c][j & 1], pairs16(u, qa), sc);
+            UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+                __m256i qa = load256(a + c * as + l * ar + b * QK_K + 32 * j);
+                iacc[c][l][j & 1] = dot2w_acc(iacc[c][l][j & 1], pairs16(u, qa), sc);
             }
         }
-        UNROLL for (int c = 0; c < nc; c++) {
-            const float *ad = (const float *)(a + c * as + k);
+        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
+            const float *ad = (const float *)(a + c * as + l * ar + k);
             const int16_t *bsums = (const int16_t *)(ad + nb);
             __m256 da = _mm256_set1_ps(ad[b]);
-            __m256i bs = load256(bsums + 16 * b), isum = _mm256_add_epi32(iacc[c][0], iacc[c][1]);
+            __m256i bs = load256(bsums + 16 * b), isum = _mm256_add_epi32(iacc[c][l][0], iacc[c][l][1]);
             if (type == EMBER_T_Q2_K) {
                 __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s.corr16, bs));
                 acc[c][1] = _mm256_fnmadd_ps(msum, _mm256_mul_ps(s.dmin, da), acc[c][1]);
@@ -527,8 +587,9 @@ ALWAYS float load_w1(int type, const uint8_t *row, int64_t i) {
     return type == EMBER_T_F16 ? f16_to_f32(h) : ember_bf16_to_f32(h);
 }
 
-ALWAYS void tilef_body(const int type, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
-                       int64_t ys, const int nc) {
+ALWAYS void tilef_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
+                       int64_t ar, float *y, int64_t ys, const int nr, const int nc, const int L) {
+    (void)ws, (void)ar, (void)nr, (void)L;
     __m256 acc[TILE_C][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -545,9 +606,18 @@ ALWAYS void tilef_body(const int type, int64_t k, const uint8_t *w, const uint8_
         for (int c = 0; c < nc; c++) y[c * ys] += load_w1(type, w, i) * ((const float *)(a + c * as))[i];
 }
 
-DEFINE_TILE(tile_f32, tilef_body, EMBER_T_F32)
-DEFINE_TILE(tile_f16, tilef_body, EMBER_T_F16)
-DEFINE_TILE(tile_bf16, tilef_body, EMBER_T_BF16)
+/* Float weights take x itself: one level. */
+#define DEFINE_TILE_F(fname, TYPE)                                                                          \
+    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y, \
+                      int64_t ys, int nr, int nc) {                                                         \
+        (void)nr;                                                                                           \
+        ar = 0;                                                                                             \
+        TILE_DISPATCH(tilef_body, TYPE, 1);                                                                 \
+    }
+
+DEFINE_TILE_F(tile_f32, EMBER_T_F32)
+DEFINE_TILE_F(tile_f16, EMBER_T_F16)
+DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
 
 /* ================= the table entries (the includer defines the table) ================= */
 
