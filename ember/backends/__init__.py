@@ -9,7 +9,7 @@ from .base import AttentionBatch, Backend, BackendError, RopeParams, Weight
 __all__ = ["AttentionBatch", "Backend", "BackendError", "RopeParams", "Weight", "get_backend", "available"]
 
 # Modules tried for device="auto", best first.
-_AUTO_ORDER = ("cpu",)
+_AUTO_ORDER = ("cuda", "cpu")
 
 
 def get_backend(device: str = "auto", **options) -> Backend:
@@ -24,7 +24,12 @@ def get_backend(device: str = "auto", **options) -> Backend:
                 errors.append(f"{name}: no such backend")
                 continue
             raise
-        return module.Backend(device=device if device != "auto" else name, **options)
+        try:
+            return module.Backend(device=device if device != "auto" else name, **options)
+        except BackendError as e:  # e.g. no GPU: auto falls through to the next backend
+            if device != "auto":
+                raise
+            errors.append(f"{name}: {e}")
     raise BackendError(f"no usable backend for device '{device}' ({'; '.join(errors)})")
 
 

@@ -1,0 +1,346 @@
+"""CUDA speed on the GPU machine, through the engine (what a user gets), beside llama.cpp's numbers.
+
+For each model: pp512 (one 512-token prompt) and tg128 (128 tokens, one stream), as llama-bench
+defines them; 64 concurrent streams of 512 prompt + 128 generated tokens (llama-batched-bench's
+total rate); the same 64 streams sharing one 512-token prompt (served by the prefix cache; the
+generation rate). Then, on ~1.5 B llama-shaped synthetic models (Q4_K, Q8_0), the batch-1 decode
+step's weight bandwidth against a measured device copy; and cold start: process start to first
+token with an empty kernel cache, then again with the cache on disk.
+
+No llama.cpp CUDA build runs here: the peer figures are the issue's table (llama.cpp 0c1e570,
+sm_90, on the same H200 kind, same-shaped models). Writes JSON (--out).
+
+    python bench/cuda.py --models smollm2=PATH gemma3-270m=PATH [--quick] [--out cuda.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ember.engine import LLM
+from ember.sampler import SamplingParams
+
+PEERS = {  # llama.cpp on the H200 (the issue's table), tokens/s
+    "smollm2": {"pp512": 57500, "tg128": 936, "batched_total": 27000, "shared_gen": 10800},
+    "gemma3-270m": {"pp512": 65000, "tg128": 996, "batched_total": 32200, "shared_gen": 10400},
+}
+GOALS = {"pp512": 1.0, "tg128": 1.5, "batched_total": 1.5, "shared_gen": 1.5}
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+
+
+# ---- single stream ----
+
+def single_stream(path: str, reps: int, n_prompt: int = 512, n_gen: int = 128) -> dict:
+    rng = np.random.default_rng(0)
+    with LLM(path, device="cuda", slots=1, ctx=n_prompt + n_gen + 8, prefix_cache=False) as llm:
+        v = llm.model.n_vocab
+        llm.generate(rng.integers(0, v, n_prompt).tolist(), 4, GREEDY)  # warm-up: kernels, recordings
+        llm.generate([int(rng.integers(v))], 8, GREEDY)
+        pp = []
+        for _ in range(reps):
+            c = llm.generate(rng.integers(0, v, n_prompt).tolist(), 1, GREEDY)
+            pp.append(n_prompt / c.timings.prompt_s)
+        tg = []
+        for _ in range(reps):
+            c = llm.generate([int(rng.integers(v))], n_gen + 1, GREEDY)
+            tg.append(c.timings.generation_tps)
+        step_ms = replay_step_ms(llm)
+        return {"pp512": statistics.median(pp), "tg128": statistics.median(tg), "pp_samples": pp, "tg_samples": tg,
+                "graph_step_ms": step_ms, "load_s": llm.load_s, **backend_info(llm)}
+
+
+def replay_step_ms(llm, n: int = 200) -> float | None:
+    """Median time of one recorded single-token step replayed alone: the GPU's share of tg."""
+    runner, backend = llm.engine.runner, llm.model.backend
+    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == 1]
+    if not recs:
+        return None
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        backend.replay(recs[0])
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def backend_info(llm) -> dict:
+    b = llm.model.backend
+    recs = list(llm.engine.runner._recordings.values())
+    return {"graph_error": b.graph_error, "graphs": b.graphs, "fuse": b.fuse,
+            "ops_per_recorded_step": [len(r.ops) for r, _ in recs][:4],
+            "launches_per_replay": [len(r.launches) for r, _ in recs][:4]}
+
+
+# ---- many streams ----
+
+def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: bool) -> dict:
+    rng = np.random.default_rng(1)
+    with LLM(path, device="cuda", slots=n_streams, ctx=n_prompt + n_gen + 8, batch=2048) as llm:
+        v = llm.model.n_vocab
+        llm.generate(rng.integers(0, v, 64).tolist(), 4, GREEDY)  # warm-up
+        base = rng.integers(0, v, n_prompt).tolist()
+        prompts = [base if shared else rng.integers(0, v, n_prompt).tolist() for _ in range(n_streams)]
+        firsts, ends, counts = [0.0] * n_streams, [0.0] * n_streams, [0] * n_streams
+
+        def run(i: int) -> None:
+            for _ in llm.stream(prompts[i], n_gen, GREEDY, logprobs=False):
+                counts[i] += 1
+                if counts[i] == 1:
+                    firsts[i] = time.perf_counter()
+            ends[i] = time.perf_counter()
+
+        with ThreadPoolExecutor(n_streams) as pool:
+            t0 = time.perf_counter()
+            for f in [pool.submit(run, i) for i in range(n_streams)]:
+                f.result()
+        t_end = max(ends)
+        generated = sum(counts)
+        prefill_end = max(firsts)
+        computed = n_prompt if shared else n_prompt * n_streams
+        return {"streams": n_streams, "generated": generated, "wall_s": t_end - t0,
+                "total_tps": (n_prompt * n_streams + generated) / (t_end - t0),
+                "gen_tps": (generated - n_streams) / max(t_end - prefill_end, 1e-9),
+                "gen_tps_whole_run": generated / (t_end - t0),
+                "prompt_tokens_computed": llm.engine.metrics.prompt_tokens_computed, "expected_computed": computed}
+
+
+# ---- 1.5 B roofline ----
+
+def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device-to-device copy, bytes read plus written per second (GB/s)."""
+    a = cp.random.random(nbytes // 4, dtype=cp.float32)
+    b = cp.empty_like(a)
+    b[...] = a
+    times = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        b[...] = a
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) / 1000)
+    return 2 * a.nbytes / statistics.median(times) / 1e9
+
+
+LLAMA_1_5B = {"n_layer": 28, "d_model": 1536, "d_ff": 8960, "n_head": 12, "n_kv_head": 2, "head_dim": 128, "n_vocab": 151936}
+
+
+def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
+    """A llama-shaped GGUF with random blocks of one type (valid small scales); returns the bytes of
+    the matrices one decode step reads (every layer matrix and the tied output head)."""
+    import gguf
+
+    from ember.quant import GGMLType, layout
+
+    qtype = GGMLType[qtype_name]
+    lay = layout(qtype)
+    scale_fields = {GGMLType.Q4_K: ((0, 0.002), (2, 0.001)), GGMLType.Q8_0: ((0, 0.002),)}[qtype]
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, size=(64 << 20) // lay.type_size * lay.type_size, dtype=np.uint8)
+    blocks = pool.reshape(-1, lay.type_size)
+    for off, value in scale_fields:
+        blocks[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    s = shape
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(s["n_layer"])
+    w.add_context_length(4096)
+    w.add_embedding_length(s["d_model"])
+    w.add_feed_forward_length(s["d_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_kv_head"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    step_bytes = 0
+
+    def matrix(name: str, rows: int, cols: int) -> int:
+        nbytes = rows * lay.row_bytes(cols)
+        w.add_tensor(name, np.resize(pool, nbytes).reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+        return nbytes
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, np.float32))
+
+    d, q_dim, kv_dim = s["d_model"], s["n_head"] * s["head_dim"], s["n_kv_head"] * s["head_dim"]
+    step_bytes += matrix("token_embd.weight", s["n_vocab"], d)  # tied: the output head reads all of it
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", d)
+        norm(p + "ffn_norm.weight", d)
+        for name, rows, cols in (("attn_q", q_dim, d), ("attn_k", kv_dim, d), ("attn_v", kv_dim, d),
+                                 ("attn_output", d, q_dim), ("ffn_gate", s["d_ff"], d), ("ffn_up", s["d_ff"], d),
+                                 ("ffn_down", d, s["d_ff"])):
+            step_bytes += matrix(p + name + ".weight", rows, cols)
+    norm("output_norm.weight", d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return step_bytes
+
+
+def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int) -> dict:
+    """Batch-1 decode steps of the model alone (recorded once, replayed as a graph), as the engine's
+    runner runs them, at a context of about 100 tokens."""
+    from ember.backends import AttentionBatch, get_backend
+    from ember.gguf_loader import GGUFFile
+    from ember.models import Step, load_model
+
+    backend = get_backend("cuda")
+    with GGUFFile(path) as f:
+        model = load_model(f, backend)
+        page = 16
+        cache = model.new_kv_cache(64, page)
+        tables = np.arange(64, dtype=np.int32).reshape(1, 64)
+        tok, pos, rows = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+        slots, out = np.zeros(1, np.int64), np.zeros(1, np.int32)
+        step = Step(tok, AttentionBatch(pos, rows, tables, slots, page), out)
+        for p in range(100):  # fill the cache token by token (prefill speed is not measured here)
+            pos[0], slots[0], tok[0] = p, p, p % 1000
+            model.forward(step, cache)
+        with backend.record() as rec:
+            model.forward(step, cache)
+        times = []
+        for i in range(n_steps):
+            pos[0] = slots[0] = 100 + i % 50
+            t0 = time.perf_counter()
+            backend.replay(rec)
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        gbs = step_bytes / t / 1e9
+        return {"step_ms": 1000 * t, "weight_gb": step_bytes / 1e9, "weight_gbs": gbs, "copy_gbs": copy_gbs,
+                "fraction_of_copy": gbs / copy_gbs, "tokens_per_s": 1 / t, "launches_per_step": len(rec.launches)}
+
+
+# ---- cold start ----
+
+CHILD = """
+import json, sys, time
+t_import = time.time()
+from ember.engine import LLM
+from ember.sampler import SamplingParams
+llm = LLM(sys.argv[1], device="cuda", ctx=64, slots=1)
+t_loaded = time.time()
+llm.generate([1, 2, 3], 1, SamplingParams(temperature=0.0, ignore_eos=True))
+t_first = time.time()
+k = llm.model.backend.kernels.stats
+print(json.dumps({"t_import": t_import, "t_loaded": t_loaded, "t_first": t_first,
+                  "compiled": k.compiled, "from_cache": k.loaded_from_cache}))
+llm.close()
+"""
+
+
+def cold_starts(path: str, reps: int) -> dict:
+    """Process start to first token: with an empty kernel cache, then with the cache on disk."""
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, EMBER_KERNEL_CACHE=cache, PYTHONPATH=os.pathsep.join(
+            [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        for label in ["cold", *["warm"] * reps]:
+            t0 = time.time()
+            proc = subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            entry = {"first_token_s": r["t_first"] - t0, "python_start_s": r["t_import"] - t0,
+                     "load_s": r["t_loaded"] - r["t_import"], "compiled": r["compiled"], "from_cache": r["from_cache"]}
+            out.setdefault(label, []).append(entry)
+    return out
+
+
+# ---- driver ----
+
+def section(results: dict, name: str, fn, *args):
+    t0 = time.perf_counter()
+    try:
+        results[name] = fn(*args)
+    except Exception as e:  # one failing section must not lose the others
+        results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+        print(f"[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
+    print(f"[{name}] {time.perf_counter() - t0:.1f} s: {json.dumps(results[name], default=str)[:600]}", flush=True)
+    return results[name]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
+    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: single many shared roofline cold")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
+    args = ap.parse_args()
+    import cupy as cp
+
+    reps = 2 if args.quick else 5
+    results: dict = {"quick": args.quick, "models": {}}
+    section(results, "copy_gbs", copy_bandwidth, cp)
+    for spec in args.models:
+        name, _, path = spec.partition("=")
+        r = results["models"].setdefault(name, {})
+        if "single" not in args.skip:
+            section(r, "single", single_stream, path, reps)
+        if "many" not in args.skip:
+            section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
+        if "shared" not in args.skip:
+            section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
+        if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
+            section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)
+    if "roofline" not in args.skip:
+        copy_gbs = results["copy_gbs"] if isinstance(results["copy_gbs"], float) else 4300.0
+        with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+            for qtype in (["Q4_K"] if args.quick else ["Q4_K", "Q8_0"]):
+                path = Path(tmp) / f"llama1.5b-{qtype}.gguf"
+                t0 = time.perf_counter()
+                step_bytes = write_big_model(path, qtype, LLAMA_1_5B)
+                print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
+                section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
+                        100 if args.quick else 300)
+                path.unlink()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print_table(results)
+    print(f"wrote {args.out}")
+
+
+def print_table(results: dict) -> None:
+    print(f"\ndevice copy bandwidth: {results.get('copy_gbs')} GB/s")
+    print(f"{'model':12} {'test':14} {'ember':>10} {'llama.cpp':>10} {'ratio':>6} {'goal':>5}")
+    for name, r in results["models"].items():
+        peer = PEERS.get(name, {})
+        rows = [("pp512", r.get("single", {}).get("pp512")), ("tg128", r.get("single", {}).get("tg128")),
+                ("batched_total", r.get("many", {}).get("total_tps")),
+                ("shared_gen", r.get("shared", {}).get("gen_tps"))]
+        for test, value in rows:
+            if value is None:
+                print(f"{name:12} {test:14} {'failed':>10}")
+                continue
+            p = peer.get(test)
+            ratio = f"{value / p:6.2f}" if p else "     -"
+            print(f"{name:12} {test:14} {value:10.0f} {p or 0:10.0f} {ratio} {GOALS[test]:5.1f}")
+        single = r.get("single", {})
+        if "graph_step_ms" in single:
+            print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
+        for label, runs in r.get("cold_start", {}).items():
+            if isinstance(runs, list):
+                print(f"{name:12} {label} start to first token: {[round(x['first_token_s'], 2) for x in runs]} s")
+    for key, r in results.items():
+        if key.startswith("roofline") and "weight_gbs" in r:
+            print(f"{key}: {r['step_ms']:.3f} ms/step, {r['weight_gbs']:.0f} GB/s = "
+                  f"{100 * r['fraction_of_copy']:.0f}% of copy ({r['weight_gb']:.2f} GB/step, goal 50%)")
+
+
+if __name__ == "__main__":
+    main()

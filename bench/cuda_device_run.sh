@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Everything the CUDA backend needs checked on the GPU machine, in one call:
+#
+#   bash bench/cuda_device_run.sh [tests] [quick] [full]     (default: tests quick)
+#
+#   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models (two processes)
+#   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
+#          64-stream runs, the 1.5 B roofline in Q4_K only)
+#   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
+#
+# Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool). The
+# machine's python3 has CuPy, numpy, tokenizers and jinja2; ember runs from this checkout
+# (PYTHONPATH), its CPU extension built in place when cffi and gcc allow (the CUDA backend needs
+# none of it; without it the engine test compares with the reference backend).
+# Logs and JSON go to $OUT; each stage reports its own failure and the next one still runs.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ember_cuda_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+STAGES=${*:-tests quick}
+SETUP="$OUT/setup.log"
+
+stage() { echo; echo "=== $1 ($(date +%H:%M:%S))"; }
+
+stage setup
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+  $PY -c 'import sys, numpy, cupy; print(sys.version); print("numpy", numpy.__version__, "cupy", cupy.__version__,
+"runtime", cupy.cuda.runtime.runtimeGetVersion(), "nvrtc", cupy.cuda.nvrtc.getVersion())' 2>&1
+} | tee "$SETUP"
+for whl in .devcarry/wheels/*.whl; do  # one at a time: a wheel that does not fit must not stop the others
+  [ -f "$whl" ] || { echo "no .devcarry/wheels: gguf (tests, roofline) and cffi (CPU extension) may be missing"; break; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ember_site \
+    "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
+done
+[ -d /tmp/ember_site ] && export PYTHONPATH=/tmp/ember_site
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1; then
+  echo "CPU extension built"
+else
+  echo "CPU extension not built (see setup.log): CPU comparisons fall back to the reference backend"
+fi
+mkdir -p /tmp/ember_models
+MODELS=()
+for m in smollm2 gemma3; do
+  if [ -f ".devcarry/$m.skel" ] && $PY .devcarry/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
+    name=$m; [ "$m" = gemma3 ] && name=gemma3-270m
+    MODELS+=("$name=/tmp/ember_models/$m.gguf")
+  else
+    echo "skeleton $m missing or broken: its benchmarks are skipped"
+  fi
+done
+$PY -c 'import ember.backends.cuda as c; b = c.Backend(); print(b.describe())' 2>&1 | tail -3
+
+for s in $STAGES; do
+  case $s in
+    tests)
+      # Two processes: a kernel fault in the op tests (a lost CUDA context) cannot hide the model,
+      # replay and engine results.
+      stage "tests: ops"
+      timeout 150 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        -k "not model and not replay and not engine" tests/test_cuda.py tests/test_cuda_fuse.py \
+        >"$OUT/tests_ops.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_ops.log" | head -25
+      tail -n 8 "$OUT/tests_ops.log"
+      stage "tests: models, replay, engine"
+      timeout 210 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        -k "model or replay or engine" tests/test_cuda.py >"$OUT/tests_models.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_models.log" | head -25
+      tail -n 8 "$OUT/tests_models.log"
+      ;;
+    quick|full)
+      stage "bench $s"
+      flag=""; [ "$s" = quick ] && flag="--quick"
+      limit=240; [ "$s" = full ] && limit=540
+      timeout $limit $PY bench/cuda.py $flag --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
+        >"$OUT/bench_$s.log" 2>&1
+      echo "bench exit $?"
+      grep -E "FAILED|Error" "$OUT/bench_$s.log" | head -10
+      if grep -q "^device copy bandwidth" "$OUT/bench_$s.log"; then
+        sed -n '/^device copy bandwidth/,$p' "$OUT/bench_$s.log"
+      else
+        tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
+      fi
+      ;;
+    *) echo "unknown stage '$s' (tests, quick, full)" ;;
+  esac
+done

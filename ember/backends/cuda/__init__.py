@@ -1,0 +1,325 @@
+"""CUDA backend: CUDA C kernels compiled at run time (NVRTC through CuPy), weights on the GPU in
+their GGUF block layout, a paged f16 KV cache, and decode steps replayed as CUDA graphs.
+
+Needs CuPy (`pip install ember[cuda]`) and an NVIDIA GPU; under CuPy's ROCm build the same
+kernel sources compile with hipRTC (graph capture is then skipped and recorded steps replay their
+launches from Python). Importing this module needs neither: `Backend()` says what is missing.
+
+Device memory: the weights take about the file's size (no dequantized copy; 1-D tensors such
+as norm weights are kept as f32); activations are f32; the KV cache is f16.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+
+import numpy as np
+
+from ...quant import dequantize
+from ...quant.types import GGMLType, layout
+from ..base import AttentionBatch, BackendError, RopeParams, Weight
+from ._ops import (
+    ATT_MAX_D,
+    MATRIX_TYPES,
+    Add,
+    AddRow,
+    Attention,
+    DeviceMatrix,
+    GatedAct,
+    GatherRows,
+    GetRows,
+    KvStore,
+    Matmul,
+    RmsNorm,
+    Rope,
+    RopeArgs,
+    Scale,
+    split_count,
+)
+
+WEIGHT_PADDING = 64  # bytes past a matrix's end: the block decoders may read one word beyond
+
+
+def import_cupy():
+    """CuPy, or a BackendError saying how to get it."""
+    os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "ember", "kernels", "cupy"))
+    try:
+        import cupy
+    except ImportError as e:
+        raise BackendError(f"the CUDA backend needs CuPy (pip install 'ember[cuda]'): {e}") from None
+    return cupy
+
+
+def device_index(device: str) -> int:
+    _, _, index = device.partition(":")
+    if not index:
+        return 0
+    if not index.isdigit():
+        raise BackendError(f"bad CUDA device '{device}': expected cuda or cuda:N")
+    return int(index)
+
+
+class Backend:
+    name = "cuda"
+
+    def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
+                 fuse: bool | None = None):
+        cp = self.cp = import_cupy()
+        index = device_index(device)
+        try:
+            count = cp.cuda.runtime.getDeviceCount()
+        except Exception as e:  # no driver, no device, or a driver older than CuPy's toolkit
+            raise BackendError(f"no usable CUDA GPU: {e}") from None
+        if index >= count:
+            raise BackendError(f"CUDA device {index} does not exist ({count} visible)")
+        self.device = cp.cuda.Device(index)
+        self.device.use()
+        from ._kernels import Kernels
+        from ._staging import InputRing
+
+        self.kernels = Kernels(cp, self.device)
+        for module in ("ops", "attention"):
+            self.kernels.prefetch(module)
+        self.n_threads = 1  # host threads: the GPU does the work
+        self.n_sm = int(self.device.attributes["MultiProcessorCount"])
+        self.graphs = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0" if graphs is None else graphs
+        self.fuse = os.environ.get("EMBER_CUDA_FUSE", "1") != "0" if fuse is None else fuse
+        self.graph_error: str | None = None
+        self._ring = InputRing(cp)
+        self._recording = None
+        self._scratch: dict[str, object] = {}
+        self._threads_using = {threading.get_ident()}
+        self._capture_stream = None
+
+    # ---- description ----
+    def describe(self) -> dict:
+        """What `ember info --system` can show: the GPU, its memory, the toolchain."""
+        props = self.cp.cuda.runtime.getDeviceProperties(self.device.id)
+        free, total = self.device.mem_info
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return {"backend": self.name, "device": self.device.id, "name": name,
+                "compute_capability": self.device.compute_capability, "multiprocessors": self.n_sm,
+                "memory_total_gib": round(total / 2**30, 1), "memory_free_gib": round(free / 2**30, 1),
+                "cupy": self.cp.__version__, "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
+                "graphs": self.graphs, "kernel_cache": str(_kernel_cache())}
+
+    def supports(self, qtype: GGMLType) -> bool:
+        return qtype in MATRIX_TYPES
+
+    # ---- memory ----
+    def weight(self, tensor) -> Weight:
+        shape = tuple(tensor.shape)
+        if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
+            values = dequantize(tensor.data, tensor.type).astype(np.float32)
+            return Weight(tensor.name, tensor.type, shape, self.cp.asarray(values))
+        if tensor.type not in MATRIX_TYPES or len(shape) != 2:
+            raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name} and shape {shape}, which the "
+                               "CUDA backend cannot compute with")
+        if shape[1] % 32:
+            raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
+                               "multiple of 32")
+        self.kernels.prefetch(f"matmul_{int(tensor.type)}")  # compiles while the weights upload
+        raw = np.asarray(tensor.data)
+        buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
+        buf[:raw.nbytes].set(raw)
+        row_bytes = layout(tensor.type).row_bytes(shape[1])
+        return Weight(tensor.name, tensor.type, shape, DeviceMatrix(buf, row_bytes))
+
+    def empty(self, shape, dtype=np.float32):
+        return self.cp.empty(shape, dtype)
+
+    def from_numpy(self, a: np.ndarray):
+        return self.cp.asarray(a)
+
+    def to_numpy(self, a) -> np.ndarray:
+        if self._recording is not None:
+            return self._recording.download(self.cp, a)
+        return self.cp.asnumpy(a)
+
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
+        # zero-filled so that unwritten slots are finite
+        return self.cp.zeros((n_slots, k_dim), np.float16), self.cp.zeros((n_slots, v_dim), np.float16)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.Stream.null.synchronize()
+
+    # ---- recording ----
+    @contextlib.contextmanager
+    def record(self):
+        """Ops run as usual and are recorded; at the end they are fused and captured as a graph."""
+        from ._staging import Recording
+
+        rec = self._recording = Recording()
+        try:
+            yield rec
+        finally:
+            self._recording = None
+        self._finish(rec)
+
+    def _finish(self, rec) -> None:
+        from ._fuse import fuse
+
+        ops = fuse(rec.ops, self.kernels.max_smem) if self.fuse else rec.ops
+        rec.n_ops_fused = len(ops)
+        rec.launches = [launch for op in (*rec.uploads, *ops, *rec.downloads) for launch in op.launches(self.kernels)]
+        if self.graphs and self.graph_error is None:
+            try:
+                rec.graph = self._capture(rec.launches)
+            except Exception as e:  # e.g. ROCm: replays then run the launches from Python
+                self.graph_error = f"{type(e).__name__}: {e}"
+
+    def _capture(self, launches):
+        cp = self.cp
+        if self._capture_stream is None:
+            self._capture_stream = cp.cuda.Stream(non_blocking=True)
+        stream = self._capture_stream
+        cp.cuda.Stream.null.synchronize()
+        with stream:
+            stream.begin_capture()
+            try:
+                for launch in launches:
+                    launch.run()
+            finally:
+                graph = stream.end_capture()
+        graph.upload(cp.cuda.Stream.null)
+        return graph
+
+    def replay(self, rec) -> None:
+        self._use_device()
+        rec.stage_inputs()
+        null = self.cp.cuda.Stream.null
+        if rec.graph is not None:
+            rec.graph.launch(null)
+        else:
+            for launch in rec.launches:
+                launch.run()
+        null.synchronize()
+
+    # ---- helpers ----
+    def _use_device(self) -> None:
+        ident = threading.get_ident()
+        if ident not in self._threads_using:  # the current device is per thread (the engine has its own)
+            self.device.use()
+            self._threads_using.add(ident)
+
+    def _run(self, op) -> None:
+        self._use_device()
+        for launch in op.launches(self.kernels):
+            launch.run()
+        if self._recording is not None:
+            self._recording.ops.append(op)
+
+    def _input(self, a, dtype):
+        """A host int array of the step on the device (uploaded once while its values hold)."""
+        if isinstance(a, self.cp.ndarray):
+            return a.astype(dtype, copy=False)
+        a = np.asarray(a)
+        if self._recording is not None:
+            if a.dtype != dtype or not a.flags.c_contiguous:
+                # a converted copy's memory would not see the values written for later steps
+                raise BackendError(f"a recorded step needs contiguous {np.dtype(dtype).name} inputs, got {a.dtype}")
+            return self._recording.upload(self.cp, a)
+        return self._ring.upload(np.ascontiguousarray(a, dtype))
+
+    def _scratch_f32(self, name: str, size: int):
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size:  # recordings keep the old buffer alive
+            buf = self.cp.empty(max(size, 2 * (buf.size if buf is not None else 0)), np.float32)
+            self._scratch[name] = buf
+        return buf[:size]
+
+    # ---- ops ----
+    def get_rows(self, w: Weight, ids, out) -> None:
+        rows = w.shape[0]
+        ids_h = np.asarray(ids)
+        if ids_h.size and (int(ids_h.min()) < 0 or int(ids_h.max()) >= rows):
+            raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
+        self._run(GetRows(w, self._input(ids, np.int32), out))
+
+    def matmul(self, w: Weight, x, out) -> None:
+        self.matmuls([w], x, [out])
+
+    def matmuls(self, ws: list[Weight], x, outs: list) -> None:
+        for w, out in zip(ws, outs):
+            if len(w.shape) != 2 or w.shape[1] != x.shape[1] or out.shape != (x.shape[0], w.shape[0]):
+                raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
+        self._run(Matmul(list(ws), x, list(outs)))
+
+    def gather_rows(self, x, rows, out) -> None:
+        self._run(GatherRows(x, self._input(rows, np.int32), out))
+
+    def add_bias(self, x, b: Weight) -> None:
+        self._run(AddRow(x, b.data))
+
+    def rms_norm(self, x, w, eps, out) -> None:
+        d = w.shape[-1] if w is not None else x.shape[-1]
+        self._run(RmsNorm(x, w.data if w is not None else None, float(eps), out, d))
+
+    def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
+        if p.n_rot % 2 or p.n_rot > min(512, x.shape[-1] // n_head):
+            raise BackendError(f"rotary dimension {p.n_rot} does not fit heads of {x.shape[-1] // n_head}")
+        self._run(Rope(x, n_head, self._input(batch.positions, np.int32), rope_args(p)))
+
+    def silu_mul(self, gate, up, out) -> None:
+        self._run(GatedAct("silu", gate, up, out))
+
+    def gelu_mul(self, gate, up, out) -> None:
+        self._run(GatedAct("gelu", gate, up, out))
+
+    def add(self, a, b, out) -> None:
+        self._run(Add(a, b, out))
+
+    def scale(self, x, s: float) -> None:
+        self._run(Scale(x, float(s)))
+
+    def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
+        k_cache, v_cache = cache
+        slots = np.asarray(batch.slots)
+        if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= k_cache.shape[0]):
+            raise BackendError(f"KV slot out of range (cache has {k_cache.shape[0]} slots)")
+        self._run(KvStore(k, v, k_cache, v_cache, self._input(batch.slots, np.int64)))
+
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+        k_cache, v_cache = cache
+        check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
+        n, (_n_seq, max_pages) = q.shape[0], batch.block_tables.shape
+        hd_v = v_cache.shape[1] // n_kv_head
+        n_split = split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size, self.n_sm)
+        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
+        self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
+                            self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
+                            batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split))
+
+
+def check_attention(q, k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int) -> None:
+    """The kernel's contract, checked on the host (positions only on direct runs' values)."""
+    if n_kv < 1 or n_head % n_kv:
+        raise BackendError(f"{n_head} query heads do not group into {n_kv} kv heads")
+    hd_k, hd_v = k_cache.shape[1] // n_kv, v_cache.shape[1] // n_kv
+    if hd_k % 8 or hd_v % 2 or hd_k > ATT_MAX_D or hd_v > ATT_MAX_D:
+        raise BackendError(f"head sizes {hd_k}/{hd_v} are not supported by the CUDA attention kernel "
+                           f"(multiples of 8 and 2, at most {ATT_MAX_D})")
+    pos = np.asarray(batch.positions)
+    tables = batch.block_tables
+    if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= tables.shape[1] * batch.page_size):
+        raise BackendError("a position lies beyond its sequence's page table")
+
+
+def rope_args(p: RopeParams) -> RopeArgs:
+    """ggml's rope parameters resolved: YaRN's ramp bounds and the magnitude scale."""
+    from ..reference import yarn_corr_dims
+
+    mscale, low, high = p.attn_factor, 0.0, 0.0
+    if p.ext_factor != 0.0:
+        low, high = yarn_corr_dims(p)
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p.freq_scale)
+    return RopeArgs(p.n_rot, p.neox, p.freq_base, p.freq_scale, p.ext_factor, mscale, float(low), float(high),
+                    p.freq_factors)
+
+
+def _kernel_cache():
+    from ._kernels import cache_dir
+
+    return cache_dir()

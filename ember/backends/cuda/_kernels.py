@@ -1,0 +1,148 @@
+"""Run-time compilation of the CUDA C kernels (package data under kernels/), cached on disk.
+
+A module is compiled once per source text, compiler and GPU architecture: NVRTC turns it into
+a cubin stored under ~/.cache/ember/kernels (EMBER_KERNEL_CACHE overrides), and later starts
+load that file. Compiles run in a thread pool (NVRTC releases the GIL), so a model's modules
+build in parallel while its weights upload. Under ROCm, CuPy's own compile path (hipRTC) and
+cache are used instead.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..base import BackendError
+
+CACHE_VERSION = "1"  # bump when the way sources are assembled changes
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EMBER_KERNEL_CACHE") or Path.home() / ".cache" / "ember" / "kernels")
+
+
+def kernel_source(name: str) -> str:
+    return resources.files(__package__).joinpath("kernels", name).read_text()
+
+
+def module_source(module: str) -> str:
+    """The full source of one compiled module: "ops", "attention" or "matmul_<ggml type id>"."""
+    common = kernel_source("common.cuh")
+    if module in ("ops", "attention"):
+        return common + kernel_source(f"{module}.cu")
+    if module.startswith("matmul_"):
+        qtype = int(module.split("_", 1)[1])
+        return f"#define QT {qtype}\n" + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
+    raise BackendError(f"no kernel module named '{module}'")
+
+
+@dataclass
+class CompileStats:
+    compiled: list = field(default_factory=list)  # (module, seconds)
+    loaded_from_cache: list = field(default_factory=list)
+
+
+class Kernels:
+    """Compiled modules of one device, and their functions by name."""
+
+    def __init__(self, cp, device):
+        self.cp = cp
+        self.hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
+        self.arch = nvrtc_arch(device.compute_capability) if not self.hip else device.compute_capability
+        # dynamic shared memory a kernel may ask for, less room for its static shared arrays
+        self.max_smem = int(device.attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024)) - 2048
+        self.stats = CompileStats()
+        self._pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="ember-nvrtc")
+        self._futures: dict[str, Future] = {}
+        self._modules: dict = {}
+        self._functions: dict = {}
+        self._lock = threading.Lock()
+
+    def prefetch(self, module: str) -> None:
+        """Start compiling (or loading) a module in the background."""
+        with self._lock:
+            if module not in self._futures:
+                self._futures[module] = self._pool.submit(self._build, module)
+
+    def module(self, module: str):
+        self.prefetch(module)
+        mod = self._modules.get(module)
+        if mod is None:
+            binary = self._futures[module].result()  # raises the compile error, if any
+            mod = self._load(module, binary)
+            self._modules[module] = mod
+        return mod
+
+    def fn(self, module: str, name: str):
+        key = (module, name)
+        f = self._functions.get(key)
+        if f is None:
+            f = self.module(module).get_function(name)
+            if name.startswith("mv_"):  # the decode products stage x in up to all of shared memory
+                f.max_dynamic_shared_size_bytes = self.max_smem
+            self._functions[key] = f
+        return f
+
+    # ---- building ----
+    def _options(self) -> tuple[str, ...]:
+        return ("-std=c++17",) if self.hip else ("-std=c++17", f"-arch=sm_{self.arch}")
+
+    def _build(self, module: str):
+        """Path of the module's cubin (CUDA) or its source (HIP: CuPy compiles and caches it)."""
+        src = module_source(module)
+        if self.hip:
+            return src
+        from cupy.cuda import nvrtc
+
+        opts = self._options()
+        key = hashlib.sha256("\0".join([CACHE_VERSION, src, *opts, str(nvrtc.getVersion())]).encode()).hexdigest()
+        path = cache_dir() / f"{module}-{key[:24]}.cubin"
+        if path.exists():
+            self.stats.loaded_from_cache.append(module)
+            return path
+        t0 = time.perf_counter()
+        cubin = compile_nvrtc(src, f"{module}.cu", opts)
+        self.stats.compiled.append((module, time.perf_counter() - t0))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: a concurrent start sees the whole file or none
+        return path
+
+    def _load(self, module: str, binary):
+        if self.hip:
+            return self.cp.RawModule(code=binary, options=self._options())
+        return self.cp.RawModule(path=str(binary))
+
+
+def nvrtc_arch(compute_capability: str) -> str:
+    """The device's architecture, or the newest older one this NVRTC can target."""
+    from cupy.cuda import nvrtc
+
+    want = int(compute_capability)
+    try:
+        supported = [int(a) for a in nvrtc.getSupportedArchs()]
+    except Exception:  # an NVRTC without the query: assume it knows the device
+        return str(want)
+    return str(max((a for a in supported if a <= want), default=want))
+
+
+def compile_nvrtc(src: str, name: str, options) -> bytes:
+    """CUDA C -> cubin with NVRTC; a compile error becomes a BackendError carrying the log."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(src, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError as e:
+            log = nvrtc.getProgramLog(prog)
+            raise BackendError(f"compiling the CUDA kernels of {name} failed ({e}):\n{log[-4000:]}") from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)

@@ -1,0 +1,396 @@
+"""The CUDA backend's ops as small records, each turning itself into kernel launches.
+
+The backend builds one record per op call and runs its launches at once; while a step is
+recorded it also keeps the records, so that `_fuse` can merge neighbours and the merged list can
+be captured into a CUDA graph. Records refer to device arrays (CuPy), never to host data: step
+inputs were uploaded before the record was made.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...quant.types import GGMLType
+
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
+               GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
+
+MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernels
+MV_THREADS = 128
+MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
+ATT_HEADS, ATT_MAX_D = 8, 256
+
+u64, i32, i64, f32 = np.uint64, np.int32, np.int64, np.float32
+
+
+@dataclass(frozen=True)
+class DeviceMatrix:
+    """A weight matrix on the device in its GGUF block layout (Weight.data of this backend)."""
+
+    buf: Any  # CuPy uint8 (rows * row_bytes + padding,)
+    row_bytes: int
+
+
+def ptr(a) -> np.uint64:
+    """Device address of a CuPy array (or 0 for None), as a kernel argument."""
+    return u64(0) if a is None else u64(a.data.ptr)
+
+
+@dataclass
+class Launch:
+    fn: Any
+    grid: tuple
+    block: tuple
+    args: tuple
+    smem: int = 0
+
+    def run(self) -> None:
+        if min(self.grid) > 0:  # empty work (a step with no rows of logits) launches nothing
+            self.fn(self.grid, self.block, self.args, shared_mem=self.smem)
+
+
+def mv_smem(qtype: GGMLType, n: int, k: int) -> int:
+    """Shared memory of the matrix-vector kernels: x as floats, or int8 with scales and half-sums."""
+    return n * k * 4 if qtype in FLOAT_TYPES else n * k + n * (k // 32) * 12
+
+
+def use_matvec(qtype: GGMLType, n: int, k: int, max_smem: int) -> bool:
+    return n <= MV_MAX_ROWS and mv_smem(qtype, n, k) <= max_smem
+
+
+def team_log2(k: int) -> int:
+    """Lanes per pair of output rows: about four 32-value units per lane, 4 to 32 lanes."""
+    want = max(1, math.ceil(k / 32 / 4))
+    return min(5, max(2, (want - 1).bit_length()))
+
+
+def _pad4(xs: list, fill) -> list:
+    return list(xs) + [fill] * (4 - len(xs))
+
+
+# ---- matrix products ----
+
+@dataclass(eq=False)
+class Matmul:
+    """outs[j] (n, rows_j) = x (n, k) @ ws[j].T for matrices sharing x, with optional fusions
+    (decode path only): x RMS-normalised by norm_w first (and written to h_out), the result added
+    into aux (MODE_RESIDUAL), or act(outs[0]) * outs[1] written to aux (gated modes)."""
+
+    ws: list  # Weight (data: DeviceMatrix)
+    x: Any
+    outs: list
+    norm_w: Any = None
+    eps: float = 0.0
+    h_out: Any = None
+    mode: int = MODE_STORE
+    aux: Any = None
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.x.shape[1]
+
+    def groups(self) -> list[list[int]]:
+        """Indices of ws grouped by type, at most four to a launch."""
+        by_type: dict = {}
+        for j, w in enumerate(self.ws):
+            by_type.setdefault(w.type, []).append(j)
+        return [idx[i:i + 4] for idx in by_type.values() for i in range(0, len(idx), 4)]
+
+    def matvec(self, kernels) -> bool:
+        return all(use_matvec(w.type, self.n, self.k, kernels.max_smem) for w in self.ws)
+
+    def launches(self, kernels) -> list[Launch]:
+        if self.n == 0:
+            return []
+        if self.matvec(kernels):
+            return [self._matvec(kernels, g, first=i == 0) for i, g in enumerate(self.groups())]
+        if self.mode != MODE_STORE or self.norm_w is not None:
+            raise AssertionError("fused products exist only on the decode path")
+        return [self._tile(kernels, g) for g in self.groups()]
+
+    def _matvec(self, kernels, group: list[int], first: bool) -> Launch:
+        ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
+        qtype, n, k = ws[0].type, self.n, self.k
+        nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
+        tl = team_log2(k)
+        teams = ws[0].shape[0] if self.mode in (MODE_SILU, MODE_GELU) else -(-sum(w.shape[0] for w in ws) // 2)
+        grid = (-(-teams // (MV_THREADS >> tl)), 1, 1)
+        args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
+                *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
+                i32(k), i32(n), ptr(self.x), ptr(self.norm_w), f32(self.eps),
+                ptr(self.h_out if first else None), i32(self.mode), ptr(self.aux), i32(tl))
+        fn = kernels.fn(f"matmul_{int(qtype)}", f"mv_n{nmax}")
+        return Launch(fn, grid, (MV_THREADS, 1, 1), args, mv_smem(qtype, n, k))
+
+    def _tile(self, kernels, group: list[int]) -> Launch:
+        ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
+        n, k = self.n, self.k
+        rows_max = max(w.shape[0] for w in ws)
+        grid = (-(-rows_max // 128), -(-n // 64), len(ws))
+        args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
+                *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i64(ws[0].data.row_bytes), i32(k), i32(n),
+                ptr(self.x))
+        return Launch(kernels.fn(f"matmul_{int(ws[0].type)}", "mm_tile"), grid, (128, 1, 1), args)
+
+
+@dataclass(eq=False)
+class GetRows:
+    """out (n, cols) = rows ids (n,) of w."""
+
+    w: Any
+    ids: Any  # device int32 (n,)
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        rows, cols = self.w.shape
+        n = self.out.shape[0]
+        grid = (-(-(cols // 32) // 128), n, 1)
+        args = (ptr(self.w.data.buf), i64(self.w.data.row_bytes), i32(rows), i32(cols), ptr(self.ids), ptr(self.out))
+        return [Launch(kernels.fn(f"matmul_{int(self.w.type)}", "get_rows"), grid, (128, 1, 1), args)]
+
+
+# ---- row and elementwise ops ----
+
+def _elementwise(kernels, name: str, n: int, *args) -> Launch:
+    return Launch(kernels.fn("ops", name), (-(-n // 256), 1, 1), (256, 1, 1), args)
+
+
+@dataclass(eq=False)
+class RmsNorm:
+    """out (rows, d) = x / rms(x) * w over rows of d = w's length; out may be x."""
+
+    x: Any
+    w: Any  # device f32 (d,) or None
+    eps: float
+    out: Any
+    d: int
+
+    @property
+    def rows(self) -> int:
+        return self.x.size // self.d
+
+    def launches(self, kernels) -> list[Launch]:
+        args = (ptr(self.x), ptr(self.w), ptr(self.out), i32(self.rows), i32(self.d), f32(self.eps))
+        return [Launch(kernels.fn("ops", "rms_norm"), (-(-self.rows // 4), 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class NormAdd:
+    """Fused: h = rms_norm(h) * w, then x += h (rows of d)."""
+
+    h: Any
+    w: Any
+    x: Any
+    eps: float
+    d: int
+
+    def launches(self, kernels) -> list[Launch]:
+        rows = self.h.size // self.d
+        args = (ptr(self.h), ptr(self.w), ptr(self.x), i32(rows), i32(self.d), f32(self.eps))
+        return [Launch(kernels.fn("ops", "norm_add"), (-(-rows // 4), 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class GatedAct:
+    """out = act(gate) * up, act "silu" or "gelu" (tanh form)."""
+
+    act: str
+    gate: Any
+    up: Any
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.gate.size
+        return [_elementwise(kernels, f"{self.act}_mul", n, ptr(self.gate), ptr(self.up), ptr(self.out), i64(n))]
+
+
+@dataclass(eq=False)
+class Add:
+    a: Any
+    b: Any
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.a.size
+        return [_elementwise(kernels, "add", n, ptr(self.a), ptr(self.b), ptr(self.out), i64(n))]
+
+
+@dataclass(eq=False)
+class Scale:
+    x: Any
+    s: float
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.x.size
+        return [_elementwise(kernels, "scale", n, ptr(self.x), f32(self.s), i64(n))]
+
+
+@dataclass(eq=False)
+class AddRow:
+    """x (rows, d) += b (d,)"""
+
+    x: Any
+    b: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        rows, d = self.x.shape
+        return [_elementwise(kernels, "add_row", rows * d, ptr(self.x), ptr(self.b), i32(rows), i32(d))]
+
+
+@dataclass(eq=False)
+class GatherRows:
+    """out[r] = x[idx[r]]"""
+
+    x: Any
+    idx: Any  # device int32 (n,)
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n, d = self.out.shape
+        return [_elementwise(kernels, "gather_rows", n * d, ptr(self.x), ptr(self.idx), ptr(self.out), i32(n), i32(d))]
+
+
+# ---- attention inputs and attention ----
+
+@dataclass(frozen=True)
+class RopeArgs:
+    """RopeParams resolved for the kernels (YaRN ramp bounds and magnitude scale computed here)."""
+
+    n_rot: int
+    neox: bool
+    base: float
+    freq_scale: float
+    ext_factor: float
+    mscale: float
+    corr_low: float
+    corr_high: float
+    freq_factors: Any  # device f32 (n_rot/2,) or None
+
+    def kernel_args(self) -> tuple:
+        return (i32(self.n_rot), i32(int(self.neox)), f32(self.base), f32(self.freq_scale), f32(self.ext_factor),
+                f32(self.mscale), f32(self.corr_low), f32(self.corr_high), ptr(self.freq_factors))
+
+
+@dataclass(eq=False)
+class Rope:
+    """x (n, n_head * head_dim) rotated in place at positions pos."""
+
+    x: Any
+    n_head: int
+    pos: Any  # device int32 (n,)
+    p: RopeArgs
+
+    def launches(self, kernels) -> list[Launch]:
+        n, width = self.x.shape
+        args = (ptr(self.x), ptr(self.pos), i32(self.n_head), i32(width // self.n_head), *self.p.kernel_args())
+        return [Launch(kernels.fn("ops", "rope"), (n, 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class KvStore:
+    k: Any
+    v: Any
+    k_cache: Any
+    v_cache: Any
+    slots: Any  # device int64 (n,)
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.k.shape[0]
+        args = (ptr(self.k), ptr(self.v), ptr(self.k_cache), ptr(self.v_cache), ptr(self.slots),
+                i32(self.k_cache.shape[1]), i32(self.v_cache.shape[1]))
+        return [Launch(kernels.fn("ops", "kv_store"), (n, 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class QkvPost:
+    """Fused: per-head norms of q and k (optional), rope of both, k and v into the cache."""
+
+    q: Any
+    k: Any
+    v: Any
+    q_norm: Any
+    k_norm: Any
+    eps: float
+    pos: Any
+    p: RopeArgs
+    n_head: int
+    n_kv: int
+    k_cache: Any
+    v_cache: Any
+    slots: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n, q_width = self.q.shape
+        hd = q_width // self.n_head
+        args = (ptr(self.q), ptr(self.k), ptr(self.v), ptr(self.q_norm), ptr(self.k_norm), f32(self.eps),
+                ptr(self.pos), *self.p.kernel_args(), i32(self.n_head), i32(self.n_kv), i32(hd),
+                i32(self.v.shape[1]), ptr(self.k_cache), ptr(self.v_cache), ptr(self.slots))
+        return [Launch(kernels.fn("ops", "qkv_post"), (n, 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class Attention:
+    q: Any
+    k_cache: Any
+    v_cache: Any
+    out: Any
+    part: Any  # scratch f32 (n, n_head, n_split, hd_v + 2), used when n_split > 1
+    pos: Any
+    seq_rows: Any
+    tables: Any  # device int32 (n_seq, max_pages)
+    page_size: int
+    n_head: int
+    n_kv: int
+    window: int
+    scale: float
+    softcap: float
+    n_split: int
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.q.shape[0]
+        hd_k, hd_v = self.k_cache.shape[1] // self.n_kv, self.v_cache.shape[1] // self.n_kv
+        n_hc = -(-(self.n_head // self.n_kv) // ATT_HEADS)
+        args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
+                ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
+                i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
+                f32(self.softcap), i32(self.n_split))
+        out = [Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)]
+        if self.n_split > 1:
+            out.append(Launch(kernels.fn("attention", "attn_combine"), (self.n_head, n, 1), (128, 1, 1),
+                              (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split))))
+        return out
+
+
+def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int) -> int:
+    """Key-range splits of decode attention: enough blocks to fill the GPU twice, each split
+    covering at least 64 positions of the longest possible sequence, at most 32."""
+    blocks = n_tok * n_kv * -(-group // ATT_HEADS)
+    return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // 64), 32))
+
+
+@dataclass(eq=False)
+class Copy:
+    """A plain copy between device and pinned host memory (recorded steps' inputs and outputs)."""
+
+    dst: int
+    src: int
+    nbytes: int
+    kind: int  # cudaMemcpyHostToDevice / DeviceToHost
+    keep: tuple = field(default_factory=tuple)  # the arrays behind dst and src
+
+    def launches(self, kernels) -> list:
+        return [self]
+
+    def run(self) -> None:
+        import cupy
+
+        cupy.cuda.runtime.memcpyAsync(self.dst, self.src, self.nbytes, self.kind, cupy.cuda.get_current_stream().ptr)

@@ -1,0 +1,181 @@
+// Causal attention over the paged f16 KV cache: grouped-query heads, sliding window, softcap.
+//
+// q (n_tok, n_head, hd_k) f32; out (n_tok, n_head, hd_v) f32.
+// k_cache (n_slots, n_kv, hd_k), v_cache (n_slots, n_kv, hd_v): f16 bits.
+// Token t belongs to the sequence whose page table is row seq_rows[t] of tables (n_seq, max_pages);
+// position p of it lives in slot tables[s][p / page_size] * page_size + p % page_size. Token t at
+// position pos[t] attends to positions max(0, pos[t] - window + 1) .. pos[t] (window <= 0: from 0).
+//
+// One block per (token, kv head, group of <= 8 query heads sharing it, split of the key range):
+// keys in chunks of 128 (a thread per key for the scores, online softmax, then threads over value
+// dimensions). With n_split > 1 (flash-decoding), each split writes (max, sum, partial output) and
+// attn_combine merges them. The key range is read from pos on the device, so one launch shape
+// serves every step of a recorded graph.
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 128
+#define ATT_HEADS 8
+#define ATT_MAX_D 256
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attn(const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,
+         float *__restrict__ out, float *__restrict__ part, const int *__restrict__ pos,
+         const int *__restrict__ seq_rows, const int *__restrict__ tables, int max_pages, int page_size, int n_head,
+         int n_kv, int hd_k, int hd_v, int window, float scale, float softcap, int n_split) {
+    __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
+    __shared__ float sc[ATT_HEADS][ATT_CHUNK];                 // scores, then probabilities
+    __shared__ int slot_s[ATT_CHUNK];
+    __shared__ float m_s[ATT_HEADS], l_s[ATT_HEADS], alpha_s[ATT_HEADS];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.z, split = blockIdx.x;
+    const int group = n_head / n_kv, n_hc = (group + ATT_HEADS - 1) / ATT_HEADS;
+    const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
+    const int h0 = g * group + hc * ATT_HEADS, gh = min(ATT_HEADS, group - hc * ATT_HEADS);
+
+    const int p_t = pos[t];
+    const int first = window > 0 ? max(0, p_t - window + 1) : 0;
+    const int per = (p_t + 1 - first + n_split - 1) / n_split;
+    const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
+    const int *table = tables + (size_t)seq_rows[t] * max_pages;
+    const int kv_k = n_kv * hd_k, kv_v = n_kv * hd_v;
+
+    for (int i = tid; i < gh * hd_k; i += ATT_THREADS)
+        qs[i] = q[((size_t)t * n_head + h0 + i / hd_k) * hd_k + i % hd_k] * scale;
+    if (tid < ATT_HEADS) m_s[tid] = NEG_INF, l_s[tid] = 0.f;
+
+    // value-phase layout: thread = (key group kg, value pair dp)
+    const int n_pairs = hd_v / 2, n_kg = max(1, ATT_THREADS / n_pairs);
+    const int kg = tid / n_pairs, dp = tid % n_pairs;
+    const bool pv_active = kg < n_kg;
+    float acc[ATT_HEADS][2];
+#pragma unroll
+    for (int h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.f;
+    __syncthreads();
+
+    for (int c0 = s0; c0 < s1; c0 += ATT_CHUNK) {
+        const int n_c = min(ATT_CHUNK, s1 - c0);
+        if (tid < n_c) {  // scores of key c0 + tid for each head
+            const int p = c0 + tid;
+            const int slot = table[p / page_size] * page_size + p % page_size;
+            slot_s[tid] = slot;
+            const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
+            float s[ATT_HEADS];
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) s[h] = 0.f;
+            for (int d8 = 0; d8 < hd_k / 8; d8++) {
+                const uint4 raw = kp[d8];
+                const u32 w4[4] = {raw.x, raw.y, raw.z, raw.w};
+                float kf[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) kf[2 * j] = h2f((u16)(w4[j] & 0xFFFFu)), kf[2 * j + 1] = h2f((u16)(w4[j] >> 16));
+#pragma unroll
+                for (int h = 0; h < ATT_HEADS; h++) {
+                    if (h >= gh) break;
+                    const float4 *qv = (const float4 *)(qs + h * hd_k + 8 * d8);
+                    const float4 a = qv[0], b = qv[1];
+                    s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                            b.z * kf[6] + b.w * kf[7];
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) {
+                if (h >= gh) break;
+                sc[h][tid] = softcap > 0.f ? softcap * tanhf(s[h] / softcap) : s[h];
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) sc[h][tid] = NEG_INF;
+        }
+        __syncthreads();
+        for (int h = warp; h < gh; h += ATT_THREADS / 32) {  // online softmax, one warp per head
+            float x[ATT_CHUNK / 32], cmax = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < ATT_CHUNK / 32; i++) x[i] = sc[h][lane + 32 * i], cmax = fmaxf(cmax, x[i]);
+            cmax = warp_max(cmax);  // finite: key c0 is always in range
+            const float m_old = m_s[h], m_new = fmaxf(m_old, cmax);
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < ATT_CHUNK / 32; i++) {
+                const float e = expf(x[i] - m_new);
+                sc[h][lane + 32 * i] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float alpha = expf(m_old - m_new);
+                alpha_s[h] = alpha;
+                m_s[h] = m_new;
+                l_s[h] = l_s[h] * alpha + sum;
+            }
+        }
+        __syncthreads();
+        if (pv_active) {
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) {
+                if (h >= gh) break;
+                acc[h][0] *= alpha_s[h];
+                acc[h][1] *= alpha_s[h];
+            }
+            for (int j = kg; j < n_c; j += n_kg) {
+                const u32 vv = *(const u32 *)(v_cache + (size_t)slot_s[j] * kv_v + (size_t)g * hd_v + 2 * dp);
+                const float v0 = h2f((u16)(vv & 0xFFFFu)), v1 = h2f((u16)(vv >> 16));
+#pragma unroll
+                for (int h = 0; h < ATT_HEADS; h++) {
+                    if (h >= gh) break;
+                    const float pr = sc[h][j];
+                    acc[h][0] += pr * v0;
+                    acc[h][1] += pr * v1;
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Sum the key groups' partial outputs (qs is free now): red[(kg * gh + h) * hd_v + d].
+    float *red = qs;
+    if (pv_active) {
+#pragma unroll
+        for (int h = 0; h < ATT_HEADS; h++) {
+            if (h >= gh) break;
+            red[(kg * gh + h) * hd_v + 2 * dp] = acc[h][0];
+            red[(kg * gh + h) * hd_v + 2 * dp + 1] = acc[h][1];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < gh * hd_v; i += ATT_THREADS) {
+        const int h = i / hd_v, d = i % hd_v;
+        float s = 0.f;
+        for (int j = 0; j < n_kg; j++) s += red[(j * gh + h) * hd_v + d];
+        if (n_split == 1) {
+            out[((size_t)t * n_head + h0 + h) * hd_v + d] = s / l_s[h];
+        } else {
+            float *base = part + (((size_t)t * n_head + h0 + h) * n_split + split) * (hd_v + 2);
+            base[2 + d] = s;
+            if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
+        }
+    }
+}
+
+// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v).
+// grid (n_head, n_tok). Empty splits carry max -inf and sum 0.
+extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                        int hd_v, int n_split) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *base = part + ((size_t)t * n_head + h) * n_split * (hd_v + 2);
+    float m = NEG_INF;
+    for (int s = 0; s < n_split; s++) m = fmaxf(m, base[(size_t)s * (hd_v + 2)]);
+    float den = 0.f;
+    for (int s = 0; s < n_split; s++) {
+        const float *b = base + (size_t)s * (hd_v + 2);
+        den += expf(b[0] - m) * b[1];
+    }
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float num = 0.f;
+        for (int s = 0; s < n_split; s++) {
+            const float *b = base + (size_t)s * (hd_v + 2);
+            num += expf(b[0] - m) * b[2 + d];
+        }
+        out[((size_t)t * n_head + h) * hd_v + d] = num / den;
+    }
+}

@@ -1,0 +1,111 @@
+// Shared definitions of ember's CUDA kernels. Compiled at run time (NVRTC, or hipRTC under
+// ROCm), so no header is included: integer types, f16 conversions and reductions are here.
+// Activations are row-major f32; "(a, b)" shapes list the slowest dimension first.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef long long i64;
+
+#define FULL_MASK 0xffffffffu
+
+// DEVI: device helpers. EMBER_HOST_TEST builds the block decoders as host code instead, with
+// software versions of the few intrinsics they use (bench/cuda_decode_check.py compares them
+// with the numpy references without a GPU).
+#ifdef EMBER_HOST_TEST
+#include <cstring>
+#define DEVI static inline
+static inline float as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
+static inline u32 fshr(u32 lo, u32 hi, u32 s) { return (u32)((((unsigned long long)hi << 32) | lo) >> (s & 31)); }
+static inline u32 bperm(u32 x, u32 y, u32 s) {
+    const unsigned long long v = ((unsigned long long)y << 32) | x;
+    u32 r = 0;
+    for (int n = 0; n < 4; n++) r |= (u32)((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+    return r;
+}
+static inline float h2f(u16 h) {
+    const u32 sign = (u32)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    if (e == 31) return as_float(sign | 0x7F800000u | (m << 13));
+    if (e == 0) return (sign ? -1.f : 1.f) * (float)m * 5.9604644775390625e-8f;  // 2^-24
+    return as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+#else
+#define DEVI __device__ __forceinline__
+DEVI float as_float(u32 u) { return __uint_as_float(u); }
+DEVI u32 fshr(u32 lo, u32 hi, u32 s) { return __funnelshift_r(lo, hi, s); }
+DEVI u32 bperm(u32 x, u32 y, u32 s) { return __byte_perm(x, y, s); }
+
+// ---- half precision (stored as raw u16 bits) ----
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+DEVI float h2f(u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
+DEVI u16 f2h(float f) { return __builtin_bit_cast(u16, (_Float16)f); }
+#else
+DEVI float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+DEVI u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+// Two f32 -> one word of two f16 (low half = a).
+DEVI u32 pack_h2(float a, float b) { return (u32)f2h(a) | ((u32)f2h(b) << 16); }
+
+// ---- integer dot product of four int8 lanes ----
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+DEVI int dp4a(int a, int b, int c) {
+    for (int j = 0; j < 4; j++) c += (int)(i8)(a >> (8 * j)) * (int)(i8)(b >> (8 * j));
+    return c;
+}
+#else
+DEVI int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#endif
+#endif  // EMBER_HOST_TEST
+
+DEVI float bf2f(u16 b) { return as_float(((u32)b) << 16); }
+
+// ---- unaligned little-endian loads from GGUF blocks (many block sizes are not multiples of 4) ----
+DEVI u32 ld_u32_a4(const u8 *p) { return *(const u32 *)p; }
+DEVI float ld_f16(const u8 *p) { return h2f(*(const u16 *)p); }
+
+#ifndef EMBER_HOST_TEST
+#define NEG_INF __int_as_float(0xff800000)
+
+// ---- reductions ----
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+// Sum over aligned groups of `width` lanes (width a power of two <= 32).
+__device__ __forceinline__ float group_sum(float v, int width) {
+    for (int o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Sum of v over the whole block; red: caller's shared scratch of >= 32 floats. All threads get it.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red may still be read from a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < n_warps; w++) s += red[w];
+    return s;
+}
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
+__device__ __forceinline__ float gelu_tanh_f(float g) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+#endif  // EMBER_HOST_TEST

@@ -1,0 +1,255 @@
+// GGUF block decoding, one "unit" of 32 consecutive values of a row at a time.
+//
+// Every supported type splits a row into units of 32 values (one block, or one eighth of a
+// 256-value super-block). unit_q decodes a unit of a quantized type to 32 small integers
+// (int8, packed four to a word: byte j of q[i] is value 4i+j) with a scale and an offset per
+// half of 16 values:  value = a[h] * q + b[h]  (h = 0 for values 0..15, 1 for 16..31).
+// The matrix-vector kernels use that form directly in int8 dot products; unit_f gives floats.
+// Block layouts: see ember/quant/*.py, the numpy references these decoders are tested against.
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_IQ4_NL 20
+#define T_IQ4_XS 23
+#define T_BF16 30
+
+struct QUnit {
+    int q[8];
+    float a[2];
+    float b[2];
+};
+
+// N words of the byte run p (2-byte aligned): out[i] = bytes p+4i .. p+4i+3. Reads N+1 aligned
+// words when p is not 4-byte aligned (the weight buffers carry padding past their end).
+template <int N>
+DEVI void ld_words_a2(const u8 *p, u32 *out) {
+    const u32 *base = (const u32 *)((size_t)p & ~(size_t)3);
+    const bool odd = ((size_t)p & 2) != 0;
+    u32 w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) w[i] = (i < N || odd) ? base[i] : 0u;
+#pragma unroll
+    for (int i = 0; i < N; i++) out[i] = odd ? fshr(w[i], w[i + 1], 16) : w[i];
+}
+
+// Four 4-bit codes (one per byte) -> their four int8 levels of ggml's IQ4 table.
+DEVI u32 iq4_levels(u32 codes) {
+    // levels -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113, as bytes
+    const u32 t0 = 0xBFAD9881u, t1 = 0xF6EADDCFu, t2 = 0x26190D01u, t3 = 0x71594535u;
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u32 c = (codes >> (8 * j)) & 15u;
+        const u32 lo = c < 8 ? t0 : t2, hi = c < 8 ? t1 : t3;
+        r |= (bperm(lo, hi, c & 7u) & 0xFFu) << (8 * j);
+    }
+    return r;
+}
+
+// Bits 0..3 of x -> bit 4 of bytes 0..3 (the fifth bit of four 5-bit values).
+DEVI u32 spread4_to_bit4(u32 x) {
+    return ((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25);
+}
+
+DEVI void set_ab(QUnit &o, float a, float b) {
+    o.a[0] = o.a[1] = a;
+    o.b[0] = o.b[1] = b;
+}
+
+// The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K super-block; sc12: its 12 scale bytes.
+DEVI void k4_scale_min(const u8 *sc12, int s, int &sc, int &m) {
+    if (s < 4) {
+        sc = sc12[s] & 63;
+        m = sc12[s + 4] & 63;
+    } else {
+        sc = (sc12[s + 4] & 15) | ((sc12[s - 4] >> 6) << 4);
+        m = (sc12[s + 4] >> 4) | ((sc12[s] >> 6) << 4);
+    }
+}
+
+// Q3_K's signed 6-bit scale of 16-value sub-block i (0..15); sc12: its 12 scale bytes.
+DEVI int q3_scale(const u8 *sc12, int i) {
+    const int low = (sc12[i % 8] >> (4 * (i / 8))) & 15;
+    const int high = (sc12[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// Unit u (values 32u .. 32u+31) of a quantized row.
+template <int TT>
+DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
+    if constexpr (TT == T_Q4_0 || TT == T_IQ4_NL) {  // 18 bytes: f16 d | qs[16]
+        const u8 *b = row + (size_t)u * 18;
+        const float d = ld_f16(b);
+        u32 w[4];
+        ld_words_a2<4>(b + 2, w);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;
+            o.q[i] = (int)(TT == T_Q4_0 ? lo : iq4_levels(lo));
+            o.q[i + 4] = (int)(TT == T_Q4_0 ? hi : iq4_levels(hi));
+        }
+        set_ab(o, d, TT == T_Q4_0 ? -8.f * d : 0.f);
+    } else if constexpr (TT == T_Q4_1) {  // 20 bytes: f16 d | f16 m | qs[16]
+        const u8 *b = row + (size_t)u * 20;
+        const u32 dm = ld_u32_a4(b);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 w = ld_u32_a4(b + 4 + 4 * i);
+            o.q[i] = (int)(w & 0x0F0F0F0Fu);
+            o.q[i + 4] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+        set_ab(o, h2f((u16)(dm & 0xFFFFu)), h2f((u16)(dm >> 16)));
+    } else if constexpr (TT == T_Q5_0) {  // 22 bytes: f16 d | u32 qh | qs[16]
+        const u8 *b = row + (size_t)u * 22;
+        const float d = ld_f16(b);
+        u32 w[5];
+        ld_words_a2<5>(b + 2, w);
+        const u32 qh = w[0];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            o.q[i] = (int)((w[1 + i] & 0x0F0F0F0Fu) | spread4_to_bit4(qh >> (4 * i)));
+            o.q[i + 4] = (int)(((w[1 + i] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4(qh >> (16 + 4 * i)));
+        }
+        set_ab(o, d, -16.f * d);
+    } else if constexpr (TT == T_Q5_1) {  // 24 bytes: f16 d | f16 m | u32 qh | qs[16]
+        const u8 *b = row + (size_t)u * 24;
+        const u32 dm = ld_u32_a4(b), qh = ld_u32_a4(b + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 w = ld_u32_a4(b + 8 + 4 * i);
+            o.q[i] = (int)((w & 0x0F0F0F0Fu) | spread4_to_bit4(qh >> (4 * i)));
+            o.q[i + 4] = (int)(((w >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4(qh >> (16 + 4 * i)));
+        }
+        set_ab(o, h2f((u16)(dm & 0xFFFFu)), h2f((u16)(dm >> 16)));
+    } else if constexpr (TT == T_Q8_0) {  // 34 bytes: f16 d | i8 qs[32]
+        const u8 *b = row + (size_t)u * 34;
+        u32 w[8];
+        ld_words_a2<8>(b + 2, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++) o.q[i] = (int)w[i];
+        set_ab(o, ld_f16(b), 0.f);
+    } else if constexpr (TT == T_IQ4_XS) {  // 136 bytes: f16 d | u16 scales_h | scales_l[4] | qs[128]
+        const u8 *sb = row + (size_t)(u >> 3) * 136;
+        const int ib = u & 7;
+        const u32 head = ld_u32_a4(sb);
+        const int ls = ((sb[4 + ib / 2] >> (4 * (ib & 1))) & 15) | ((((head >> 16) >> (2 * ib)) & 3) << 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 w = ld_u32_a4(sb + 8 + 16 * ib + 4 * i);
+            o.q[i] = (int)iq4_levels(w & 0x0F0F0F0Fu);
+            o.q[i + 4] = (int)iq4_levels((w >> 4) & 0x0F0F0F0Fu);
+        }
+        set_ab(o, h2f((u16)(head & 0xFFFFu)) * (float)(ls - 32), 0.f);
+    } else if constexpr (TT == T_Q2_K) {  // 84 bytes: scales[16] | qs[64] | f16 d | f16 dmin
+        const u8 *sb = row + (size_t)(u >> 3) * 84;
+        const int s = u & 7, c = s >> 2, j = s & 3;
+#pragma unroll
+        for (int i = 0; i < 8; i++) o.q[i] = (int)((ld_u32_a4(sb + 16 + 32 * c + 4 * i) >> (2 * j)) & 0x03030303u);
+        const u32 dd = ld_u32_a4(sb + 80);
+        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sc = sb[2 * s + h];
+            o.a[h] = d * (float)(sc & 15);
+            o.b[h] = -dmin * (float)(sc >> 4);
+        }
+    } else if constexpr (TT == T_Q3_K) {  // 110 bytes: hmask[32] | qs[64] | scales[12] | f16 d
+        const u8 *sb = row + (size_t)(u >> 3) * 110;
+        const int s = u & 7, c = s >> 2, j = s & 3;
+        u32 hm[8], w[8];
+        ld_words_a2<8>(sb, hm);
+        ld_words_a2<8>(sb + 32 + 32 * c, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            o.q[i] = (int)(((w[i] >> (2 * j)) & 0x03030303u) | (((hm[i] >> s) & 0x01010101u) << 2));
+        const float d = ld_f16(sb + 108);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            o.a[h] = d * (float)q3_scale(sb + 96, 2 * s + h);
+            o.b[h] = -4.f * o.a[h];
+        }
+    } else if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        // Q4_K, 144 bytes: f16 d | f16 dmin | scales[12] | qs[128]
+        // Q5_K, 176 bytes: f16 d | f16 dmin | scales[12] | qh[32] | qs[128]
+        constexpr int size = TT == T_Q4_K ? 144 : 176, qs_at = TT == T_Q4_K ? 16 : 48;
+        const u8 *sb = row + (size_t)(u >> 3) * size;
+        const int s = u & 7;
+        const uint4 *qs = (const uint4 *)(sb + qs_at + 32 * (s >> 1));  // 16-byte aligned
+        const uint4 l0 = qs[0], l1 = qs[1];
+        const u32 w[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) o.q[i] = (int)((w[i] >> shift) & 0x0F0F0F0Fu);
+        if constexpr (TT == T_Q5_K) {
+            const uint4 *qh = (const uint4 *)(sb + 16);
+            const uint4 h0 = qh[0], h1 = qh[1];
+            const u32 hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) o.q[i] |= (int)(((hb[i] >> s) & 0x01010101u) << 4);
+        }
+        const u32 dd = ld_u32_a4(sb);
+        int sc, m;
+        k4_scale_min(sb + 4, s, sc, m);
+        set_ab(o, h2f((u16)(dd & 0xFFFFu)) * (float)sc, -(h2f((u16)(dd >> 16)) * (float)m));
+    } else if constexpr (TT == T_Q6_K) {  // 210 bytes: ql[128] | qh[64] | i8 scales[16] | f16 d
+        const u8 *sb = row + (size_t)(u >> 3) * 210;
+        const int s = u & 7, c = s >> 2, k = s & 3;
+        u32 ql[8], qh[8];
+        ld_words_a2<8>(sb + 64 * c + 32 * (k & 1), ql);
+        ld_words_a2<8>(sb + 128 + 32 * c, qh);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            o.q[i] = (int)(((ql[i] >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4));
+        const float d = ld_f16(sb + 208);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            o.a[h] = d * (float)(i8)sb[192 + 2 * s + h];
+            o.b[h] = -32.f * o.a[h];
+        }
+    }
+}
+
+// The 32 values of unit u as floats, for every supported type.
+template <int TT>
+DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
+    if constexpr (TT == T_F32) {
+        const float4 *p = (const float4 *)(row + (size_t)u * 128);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 f = p[i];
+            v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+        }
+    } else if constexpr (TT == T_F16 || TT == T_BF16) {
+        const uint4 *p = (const uint4 *)(row + (size_t)u * 64);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 h = p[i];
+            const u32 w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u16 lo = (u16)(w[j] & 0xFFFFu), hi = (u16)(w[j] >> 16);
+                v[8 * i + 2 * j] = TT == T_F16 ? h2f(lo) : bf2f(lo);
+                v[8 * i + 2 * j + 1] = TT == T_F16 ? h2f(hi) : bf2f(hi);
+            }
+        }
+    } else {
+        QUnit o;
+        unit_q<TT>(row, u, o);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int h = i >> 2;
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[4 * i + j] = o.a[h] * (float)(i8)(o.q[i] >> (8 * j)) + o.b[h];
+        }
+    }
+}
