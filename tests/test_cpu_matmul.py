@@ -108,8 +108,13 @@ def quantize_activations_ref(x: np.ndarray, block: int, bits: int) -> np.ndarray
     the kernels' fma result bit for bit."""
     xb = x.reshape(x.shape[0], -1, block)
     xq = round_blocks(xb)
-    if bits == 16:
-        xq = xq + round_blocks((xb.astype(np.float64) - xq).astype(np.float32))
+    if bits == 16:  # the residual in steps of d / 256, at most 127 of them
+        amax = np.abs(xb).max(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            inv2 = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32) * np.float32(256)
+        r = (xb.astype(np.float64) - xq).astype(np.float32)
+        q2 = np.clip(np.rint(r * inv2), -127, 127)
+        xq = xq + q2.astype(np.float64) * ((amax / np.float32(127)).astype(np.float32) / np.float32(256)).astype(np.float64)
     return xq.reshape(x.shape)
 
 
@@ -149,9 +154,9 @@ class Case:
 
 def max_step_error(amax: np.ndarray, bits: int) -> np.ndarray:
     """How far the kernels may move a value of a block with max |x| amax. One rounding to nearest:
-    half a step, amax / 254. The residual is then at most amax / 254 (times 1 + 1e-4 for the float32
-    scale), and its own rounding moves it by at most half of its step: amax / 254^2."""
-    return amax / (254.0 if bits == 8 else 254.0 * 254.0) * 1.001
+    half a step, amax / 254. The residual is then rounded in steps of amax / (127 * 256): half a step,
+    or up to one where a residual of nearly half a first-level step is clamped to 127 of them."""
+    return amax / (254.0 if bits == 8 else 127.0 * 256.0) * 1.001
 
 
 @functools.lru_cache(maxsize=None)
@@ -368,7 +373,7 @@ def test_scratch_serves_both_precisions():
     """One size for both precisions (so switching between calls is safe): two rows per token."""
     for t, k in ((T.Q4_0, 576), (T.Q4_K, 1024)):
         assert lib.ember_matmul_scratch_size(int(t), k, 5) == 5 * lib.ember_matmul_scratch_size(int(t), k, 1)
-    row_q8 = 576 + 12 * (576 // 32)  # q | d, s, nq per block of 32
+    row_q8 = 576 + 12 * (576 // 32) + 32 * (576 // 32)  # q | d, s, nq per block of 32 | 8 lane sums per block
     assert lib.ember_matmul_scratch_size(int(T.Q4_0), 576, 1) == 2 * (-(-row_q8 // 64) * 64)
 
 

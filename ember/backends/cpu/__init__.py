@@ -47,6 +47,61 @@ def set_isa(name: str) -> None:
         raise BackendError(f"SIMD path '{name}' is not available on this CPU (have: {isa()}, {' '.join(cpu_features())})")
 
 
+_OP_NAMES = {
+    lib.EMBER_OP_MATMUL: "matmul", lib.EMBER_OP_MATMUL_MULTI: "matmul (shared input)", lib.EMBER_OP_GET_ROWS: "get_rows",
+    lib.EMBER_OP_RMS_NORM: "rms_norm", lib.EMBER_OP_ROPE: "rope", lib.EMBER_OP_SILU_MUL: "silu_mul",
+    lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
+    lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
+    lib.EMBER_OP_ADD_ROW: "add_row",
+}
+
+
+def _type_name(t: int) -> str:
+    return GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
+
+
+def op_label(op) -> str:
+    """A profile line's name: the op, and for products the matrix type and shape."""
+    name = _OP_NAMES.get(op.kind, f"op {op.kind}")
+    if op.kind == lib.EMBER_OP_MATMUL:
+        return f"{name} {_type_name(op.type)} {op.i[0]}x{op.i[1]}"
+    if op.kind == lib.EMBER_OP_MATMUL_MULTI:
+        count = int(op.i[0])
+        types = ffi.cast("int *", op.p[0])
+        ms = ffi.cast("int64_t *", op.p[2])
+        parts = "+".join(f"{_type_name(types[j])} {ms[j]}" for j in range(count))
+        return f"{name} {parts} x{op.i[1]}"
+    return name
+
+
+@dataclass
+class Profile:
+    """Native time per op label, summed over the steps run while it was attached."""
+
+    ns: dict = field(default_factory=dict)  # label -> total nanoseconds
+    calls: dict = field(default_factory=dict)  # label -> times run
+
+    def add(self, labels: list[str], ns) -> None:
+        for label, t in zip(labels, ns):
+            self.ns[label] = self.ns.get(label, 0) + int(t)
+            self.calls[label] = self.calls.get(label, 0) + 1
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.ns.values()) / 1e9
+
+    def by_kind(self) -> dict[str, float]:
+        """Seconds per op kind (matrix products grouped by type)."""
+        out: dict[str, float] = {}
+        for label, t in self.ns.items():
+            words = label.split(" (")[0].split()
+            key = " ".join(words[:2]) if words[0] == "matmul" and "(" not in label else words[0]
+            if "(shared input)" in label:
+                key = "matmul " + label.split(") ")[1].split()[0]
+            out[key] = out.get(key, 0.0) + t / 1e9
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 @dataclass
 class Recording:
     """Ops of one recorded forward pass and the arrays they point into."""
@@ -54,6 +109,7 @@ class Recording:
     ops: list = field(default_factory=list)  # ember_op records
     keep: list = field(default_factory=list)  # arrays and cffi objects the ops reference
     array: object = None  # the packed ember_op[] once finished
+    labels: list | None = None  # op labels, made on the first profiled replay
 
     def finish(self) -> None:
         self.array = ffi.new("ember_op[]", len(self.ops))
@@ -71,6 +127,7 @@ class Backend:
         self._pool = ffi.gc(lib.ember_pool_create(self.n_threads), lib.ember_pool_destroy)
         self._scratch = np.empty(0, np.uint8)
         self._recording: Recording | None = None
+        self.profile: Profile | None = None  # set to a Profile to time every op
 
     @property
     def isa(self) -> str:
@@ -111,7 +168,12 @@ class Backend:
         rec.finish()
 
     def replay(self, rec: Recording) -> None:
-        failed = lib.ember_run_ops(self._pool, rec.array, len(rec.ops))
+        if self.profile is not None:
+            if rec.labels is None:
+                rec.labels = [op_label(rec.array[k]) for k in range(len(rec.ops))]
+            failed = self._timed(rec.array, len(rec.ops), rec.labels)
+        else:
+            failed = lib.ember_run_ops(self._pool, rec.array, len(rec.ops))
         if failed >= 0:
             raise BackendError(f"op {failed} of a recorded step could not run")
 
@@ -127,9 +189,18 @@ class Backend:
         if self._recording is not None:
             self._recording.ops.append(op)
             self._recording.keep.append((ptrs, keep))
-        failed = lib.ember_run_ops(self._pool, op, 1)
+        if self.profile is not None:
+            failed = self._timed(op, 1, [op_label(op[0])])
+        else:
+            failed = lib.ember_run_ops(self._pool, op, 1)
         if failed >= 0:
             raise BackendError(f"the CPU kernels refused op kind {kind}")
+
+    def _timed(self, ops, n: int, labels: list[str]) -> int:
+        ns = np.zeros(n, np.int64)
+        failed = lib.ember_run_ops_timed(self._pool, ops, n, ffi.cast("int64_t *", ns.ctypes.data))
+        self.profile.add(labels, ns)
+        return failed
 
     def _p(self, a: np.ndarray):
         """Address of an array (kept alive by the recording, if any)."""

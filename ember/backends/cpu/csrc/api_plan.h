@@ -33,6 +33,9 @@ typedef struct ember_op {
 /* Run ops[0..n_ops) in order. Returns -1, or the index of an op that could not run (bad kind). */
 int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops);
 
+/* The same, adding each op's wall time in nanoseconds to ns[k] (for profiles). */
+int64_t ember_run_ops_timed(ember_pool *pool, const ember_op *ops, int64_t n_ops, int64_t *ns);
+
 /* The two small ops that have no kernel of their own. */
 void ember_gather_rows(const float *x, const int32_t *rows, float *out, int64_t n_out, int64_t d);
 void ember_add_row(float *x, const float *b, int64_t n, int64_t d);

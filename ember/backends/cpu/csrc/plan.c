@@ -4,6 +4,8 @@
 #include "api_plan.h"
 #include "api_quant.h"
 
+#include <time.h>
+
 /* out (n_out, d) = rows `rows` of x (*, d) */
 void ember_gather_rows(const float *x, const int32_t *rows, float *out, int64_t n_out, int64_t d) {
     for (int64_t r = 0; r < n_out; r++) memcpy(out + r * d, x + (int64_t)rows[r] * d, (size_t)d * sizeof(float));
@@ -67,5 +69,20 @@ static int run_op(ember_pool *pool, const ember_op *o) {
 int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops) {
     for (int64_t k = 0; k < n_ops; k++)
         if (run_op(pool, &ops[k]) != 0) return k;
+    return -1;
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int64_t ember_run_ops_timed(ember_pool *pool, const ember_op *ops, int64_t n_ops, int64_t *ns) {
+    for (int64_t k = 0; k < n_ops; k++) {
+        int64_t t0 = now_ns();
+        if (run_op(pool, &ops[k]) != 0) return k;
+        ns[k] += now_ns() - t0;
+    }
     return -1;
 }

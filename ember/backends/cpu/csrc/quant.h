@@ -45,16 +45,24 @@ extern const int8_t ember_iq4nl_values[16];
 /* ---- quantized activations (caller's scratch; our own planar layout) ----
  * Values are q = round_even(x * 127 / amax), d = amax / 127 per block of 32 (Q8) or 256 (Q8K).
  * EMBER_ACT_Q8  (for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL):
- *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,)
+ *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,) | nls int32 (k/32, 8)
+ *     nls: minus the sums of each 4 consecutive q (the lanes of an 8 x int32 dot product), from which
+ *     the microtiles take back a weight offset; with two levels, in the first row, of the combined
+ *     RESIDUAL_STEPS q1 + q2 (the residual row's are unused).
  * EMBER_ACT_Q8K16, EMBER_ACT_Q8K32 (the K-quants and IQ4_XS; the number is the chunk CH):
  *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | dc f32 (k/CH,) | s f32 (k/CH,) | nq int32 (k/CH,)
  * Per chunk of CH values (for Q8: CH = 32 and dc is d): dc its scale, s = dc * sum(q), nq = -sum(q);
  * the packed-panel kernels read these, the others d and bsums (sums of each 16 q).
  * Two levels (the default): a token has two such rows, one after the other: the rounding of x, then
- * the rounding of its residual x - q * d (computed with one rounding, fma), with scales of its own.
- * Kernels take the pair as a row and a_res, the bytes from a token's row to its residual row (0: one
- * level); the product is W . (q1 d1 + q2 d2), each weight block unpacked once for both rows.
+ * the rounding of its residual x - q1 d1 (computed with one rounding, fma) at the fixed scale
+ * d2 = d1 / RESIDUAL_STEPS (clamped to +-127: |residual| <= d1 / 2). Kernels take the pair as a row and
+ * a_res, the bytes from a token's row to its residual row (0: one level); the product is
+ * W . (q1 d1 + q2 d2) = W . (RESIDUAL_STEPS q1 + q2) d2, so a kernel may combine the two integer sums
+ * of a block exactly before its one float multiply; each weight block is unpacked once for both rows.
  * EMBER_ACT_F32: the caller's x itself, no scratch. */
+#define RESIDUAL_SHIFT 8
+#define RESIDUAL_STEPS 256.0f /* 1 << RESIDUAL_SHIFT: residual steps per step of the first level */
+
 enum { EMBER_ACT_F32 = 0, EMBER_ACT_Q8 = 1, EMBER_ACT_Q8K16 = 2, EMBER_ACT_Q8K32 = 3, EMBER_ACT_KINDS = 4 };
 
 static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
@@ -67,9 +75,13 @@ static inline int64_t ember_act_meta_offset(int act, int64_t k) {
     return act == EMBER_ACT_Q8 ? k : k + 4 * (k / QK_K) + 2 * (k / 16);
 }
 
+/* Byte offset of nls in an EMBER_ACT_Q8 row (32-byte aligned). */
+static inline int64_t ember_act_q8_nls_offset(int64_t k) { return (k + 12 * (k / QK) + 31) & ~(int64_t)31; }
+
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
     if (act == EMBER_ACT_F32) return 0;
+    if (act == EMBER_ACT_Q8) return ember_align64(ember_act_q8_nls_offset(k) + 32 * (k / QK));
     return ember_align64(ember_act_meta_offset(act, k) + 12 * (k / ember_act_chunk(act)));
 }
 

@@ -8,23 +8,30 @@
 
 /* ---- activation quantizers ---- */
 
-/* Quantize n values with one scale: q (n,) = round_even(x * 127 / amax); returns d = amax / 127. */
-static float quantize_block(const float *x, int8_t *q, int n) {
+/* Quantize n values with one scale: q (n,) = round_even(x * 127 / amax); returns d = amax / 127 and
+ * the factor used, 127 / amax (0 for a zero block), in *inv. */
+static float quantize_block(const float *x, int8_t *q, int n, float *inv) {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
     float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * id);
+    *inv = id;
     return amax / 127.0f;
 }
 
-/* A block of n <= 256 values -> q1 with its scale (returned) and, when q2 is not NULL, the residual
- * x - q1 d1 -> q2 with its scale *d2. The residual is rounded once (fma), as the SIMD quantizers do. */
+/* A block of n <= 256 values -> q1 with its scale d1 (returned) and, when q2 is not NULL, the residual
+ * x - q1 d1 (rounded once: fma, as the SIMD quantizers do) -> q2 at the fixed scale *d2 = d1 / 256
+ * (see quant.h), clamped to +-127. */
 static float quantize_levels(const float *x, int8_t *q1, int8_t *q2, float *d2, int n) {
-    float d1 = quantize_block(x, q1, n);
+    float inv;
+    float d1 = quantize_block(x, q1, n, &inv);
     if (q2) {
-        float r[QK_K];
-        for (int i = 0; i < n; i++) r[i] = fmaf(-(float)q1[i], d1, x[i]);
-        *d2 = quantize_block(r, q2, n);
+        const float inv2 = inv * RESIDUAL_STEPS;
+        for (int i = 0; i < n; i++) {
+            float v = nearbyintf(fmaf(-(float)q1[i], d1, x[i]) * inv2);
+            q2[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
+        }
+        *d2 = d1 * (1.0f / RESIDUAL_STEPS);
     }
     return d1;
 }
@@ -51,6 +58,12 @@ static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
         d[b] = quantize_levels(x + b * QK, q + b * QK, res ? qr + b * QK : NULL, res ? dr + b : NULL, QK);
     q8_block_sums(dst, k);
     if (res) q8_block_sums(res, k);
+    int32_t *nls = (int32_t *)(q + ember_act_q8_nls_offset(k));
+    for (int64_t j = 0; j < k / 4; j++) {
+        int32_t sum = q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3];
+        if (res) sum = sum * (1 << RESIDUAL_SHIFT) + qr[4 * j] + qr[4 * j + 1] + qr[4 * j + 2] + qr[4 * j + 3];
+        nls[j] = -sum;
+    }
 }
 
 /* bsums (k/16,) of an EMBER_ACT_Q8K row whose q is written */

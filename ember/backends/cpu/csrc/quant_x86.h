@@ -55,11 +55,6 @@ ALWAYS int32_t hsum8i(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* -off * (per-lane sums of 4 bytes of q): the integer offset correction for unsigned weights. */
-ALWAYS __m256i neg_offset_sums(__m256i q, int off) {
-    return _mm256_sub_epi32(_mm256_setzero_si256(), dot4_acc(_mm256_setzero_si256(), bytes(off), q));
-}
-
 /* Signed weights times signed activations: |w| * (q with w's sign), 4 products per lane. */
 ALWAYS __m256i dot4_signed(__m256i acc, __m256i w, __m256i q) {
     return dot4_acc(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
@@ -89,70 +84,98 @@ ALWAYS void round32(const float *x, __m256 inv, int8_t *q, __m256i *i) {
     _mm256_storeu_si256((__m256i *)q, p);
 }
 
-/* n values (a multiple of 32) with one scale -> q (n,) and the sums of each 16 q -> sum16 (n/16,);
- * returns d = amax / 127. */
-ALWAYS float quantize_run(const float *x, int n, int8_t *q, int32_t *sum16) {
-    float amax = absmax(x, n / 8);
-    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+/* n values (a multiple of 32) times inv -> q (n,) and the sums of each 16 q -> sum16 (n/16,) */
+ALWAYS void round_run(const float *x, int n, float inv, int8_t *q, int32_t *sum16) {
+    const __m256 iv = _mm256_set1_ps(inv);
     for (int j = 0; j < n / 32; j++) {
         __m256i i[4];
-        round32(x + 32 * j, inv, q + 32 * j, i);
+        round32(x + 32 * j, iv, q + 32 * j, i);
         sum16[2 * j] = hsum8i(_mm256_add_epi32(i[0], i[1]));
         sum16[2 * j + 1] = hsum8i(_mm256_add_epi32(i[2], i[3]));
     }
+}
+
+/* n values (a multiple of 32) with one scale -> q (n,) and the sums of each 16 q -> sum16 (n/16,);
+ * returns d = amax / 127, and the factor used, 127 / amax (0 for a zero block), in *inv. */
+ALWAYS float quantize_run(const float *x, int n, int8_t *q, int32_t *sum16, float *inv) {
+    float amax = absmax(x, n / 8);
+    *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    round_run(x, n, *inv, q, sum16);
     return amax / 127.0f;
 }
 
-/* r (n,) = x - q d, rounded once (as quant_scalar.c's fmaf) */
-ALWAYS void residual(const float *x, const int8_t *q, float d, int n, float *r) {
-    const __m256 dv = _mm256_set1_ps(d);
+/* r (n,) = x - q d, rounded once (as quant_scalar.c's fmaf), clamped to the residual's range in steps
+ * of d / RESIDUAL_STEPS (inv2 = RESIDUAL_STEPS / d): the rounding of r then never passes +-127. */
+ALWAYS void residual(const float *x, const int8_t *q, float d, float inv2, int n, float *r) {
+    const __m256 dv = _mm256_set1_ps(d), lim = _mm256_set1_ps(127.0f / inv2);
     for (int i = 0; i < n; i += 8) {
         __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
-        _mm256_storeu_ps(r + i, _mm256_fnmadd_ps(qf, dv, _mm256_loadu_ps(x + i)));
+        __m256 v = _mm256_fnmadd_ps(qf, dv, _mm256_loadu_ps(x + i));
+        _mm256_storeu_ps(r + i, inv2 > 0.0f ? _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), v)) : v);
     }
 }
 
-/* One 32-value block of x -> block b of an EMBER_ACT_Q8 row (q, d, s, nq) */
-ALWAYS void quantize_q8_block(const float *x, void *row, int64_t k, int64_t b) {
+/* One 32-value block of x -> block b of an EMBER_ACT_Q8 row (q, d, s, nq): with its own scale when
+ * inv < 0 (returns the factor it used), else rounded with factor inv at scale d (the residual level). */
+ALWAYS float quantize_q8_block(const float *x, void *row, int64_t k, int64_t b, float inv, float d_fixed) {
     int8_t *q = row;
     float *d = (float *)(q + k), *s = d + k / QK;
     int32_t *nq = (int32_t *)(s + k / QK), sum16[2];
-    d[b] = quantize_run(x, QK, q + b * QK, sum16);
+    if (inv < 0.0f) {
+        d[b] = quantize_run(x, QK, q + b * QK, sum16, &inv);
+    } else {
+        round_run(x, QK, inv, q + b * QK, sum16);
+        d[b] = d_fixed;
+    }
     s[b] = d[b] * (float)(sum16[0] + sum16[1]);
     nq[b] = -(sum16[0] + sum16[1]);
+    return inv;
 }
 
-/* x (k,) -> EMBER_ACT_Q8 rows: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) at dst (and res) */
+/* x (k,) -> EMBER_ACT_Q8 rows: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) at dst (and the residual at res) */
 static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
+    const float *d = (const float *)((const int8_t *)dst + k);
+    int32_t *nls = (int32_t *)((uint8_t *)dst + ember_act_q8_nls_offset(k));
+    const __m256i ones = bytes(1), zero = _mm256_setzero_si256();
     for (int64_t b = 0; b < k / QK; b++) {
-        quantize_q8_block(x + b * QK, dst, k, b);
+        float inv = quantize_q8_block(x + b * QK, dst, k, b, -1.0f, 0.0f);
+        __m256i sums = dot4_acc(zero, ones, load256((const int8_t *)dst + b * QK));
         if (res) {
-            float r[QK];
-            residual(x + b * QK, (const int8_t *)dst + b * QK, ((const float *)((const int8_t *)dst + k))[b], QK, r);
-            quantize_q8_block(r, res, k, b);
+            float r[QK], inv2 = inv * RESIDUAL_STEPS;
+            residual(x + b * QK, (const int8_t *)dst + b * QK, d[b], inv2, QK, r);
+            quantize_q8_block(r, res, k, b, inv2, d[b] * (1.0f / RESIDUAL_STEPS));
+            sums = dot4_acc(_mm256_slli_epi32(sums, RESIDUAL_SHIFT), ones, load256((const int8_t *)res + b * QK));
         }
+        _mm256_storeu_si256((__m256i *)(nls + 8 * b), _mm256_sub_epi32(zero, sums));
     }
 }
 
-/* One 256-value block of x -> block b of an EMBER_ACT_Q8K row (q, d, bsums) */
-ALWAYS void quantize_q8k_block(const float *x, void *row, int64_t k, int64_t b) {
+/* One 256-value block of x -> block b of an EMBER_ACT_Q8K row (q, d, bsums); own scale or fixed as
+ * quantize_q8_block */
+ALWAYS float quantize_q8k_block(const float *x, void *row, int64_t k, int64_t b, float inv, float d_fixed) {
     int8_t *q = row;
     float *d = (float *)(q + k);
     int16_t *bsums = (int16_t *)(d + k / QK_K);
     int32_t sum16[16];
-    d[b] = quantize_run(x, QK_K, q + b * QK_K, sum16);
+    if (inv < 0.0f) {
+        d[b] = quantize_run(x, QK_K, q + b * QK_K, sum16, &inv);
+    } else {
+        round_run(x, QK_K, inv, q + b * QK_K, sum16);
+        d[b] = d_fixed;
+    }
     for (int g = 0; g < 16; g++) bsums[16 * b + g] = (int16_t)sum16[g];
+    return inv;
 }
 
 /* x (k,) -> EMBER_ACT_Q8K rows at dst (and res): q (k,) | d (k/256,) | bsums (k/16,) | chunk sums */
 ALWAYS void quantize_q8k(const float *x, void *dst, void *res, int64_t k, int ch) {
+    const float *d = (const float *)((const int8_t *)dst + k);
     for (int64_t b = 0; b < k / QK_K; b++) {
-        quantize_q8k_block(x + b * QK_K, dst, k, b);
+        float inv = quantize_q8k_block(x + b * QK_K, dst, k, b, -1.0f, 0.0f);
         if (res) {
-            float r[QK_K];
-            residual(x + b * QK_K, (const int8_t *)dst + b * QK_K, ((const float *)((const int8_t *)dst + k))[b],
-                     QK_K, r);
-            quantize_q8k_block(r, res, k, b);
+            float r[QK_K], inv2 = inv * RESIDUAL_STEPS;
+            residual(x + b * QK_K, (const int8_t *)dst + b * QK_K, d[b], inv2, QK_K, r);
+            quantize_q8k_block(r, res, k, b, inv2, d[b] * (1.0f / RESIDUAL_STEPS));
         }
     }
     ember_q8k_chunk_sums(dst, k, ch);
@@ -223,6 +246,9 @@ ALWAYS int weight_offset(int type) {
     }
 }
 
+/* log2 of weight_offset(type) (where it is not 0) */
+ALWAYS int offset_shift(int type) { return type == EMBER_T_Q4_0 ? 3 : type == EMBER_T_Q5_0 ? 4 : 7; }
+
 ALWAYS int has_min(int type) { return type == EMBER_T_Q4_1 || type == EMBER_T_Q5_1; }
 
 ALWAYS int block_bytes(int type) {
@@ -285,26 +311,39 @@ ALWAYS __m256 load_floats(const float *p, int g) {
 #endif
 #define SHORT_ROW_BYTES 448 /* rows up to this long can be walked side by side (see above) */
 
-/* Accumulator chains per (row, token): a lone row needs two per level (even and odd blocks) to hide
- * the FMA latency, several rows one per level. Chain of block parity p and level l: */
-ALWAYS int chain32(const int nr, const int L, int p, int l) { return (nr == 1 ? p * L : 0) + (L == 2 ? l : 0); }
+/* Accumulator chains per (row, token): a lone row needs two (even and odd blocks) to hide the FMA
+ * latency, several rows one. Two activation levels share a chain: their integer sums are combined
+ * exactly (q1 * RESIDUAL_STEPS + q2, see quant.h) before the one float multiply. */
+ALWAYS int chain32(const int nr, int p) { return nr == 1 ? p : 0; }
 
-/* Block b of nr rows against nc tokens (L rows each): the integer sums sum((u - off) * q), scaled by
- * scale[j] = d_w * d_a of the row, token and level, into acc[r][c][chain32(.., p, l)]. */
+/* Block b of nr rows against nc tokens (L rows each): the integer sum sum(u * q) (L = 2: of both
+ * levels combined), scaled by scale[j] = d_w * d_a of the row and token (L = 2: d_a of the residual
+ * level), into acc[r][c][chain32(nr, p)]. The weight offset of the unsigned types is taken back in
+ * integers (init). */
 ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as, int64_t ar,
-                    int64_t b, const float *scale, const int nr, const int nc, const int L, __m256 acc[][TILE_C][4],
-                    const int p) {
+                    int64_t nls_offset, int64_t b, const float *scale, const int nr, const int nc, const int L,
+                    __m256 acc[][TILE_C][2], const int p) {
     __m256i u[TILE32_R];
     UNROLL for (int r = 0; r < nr; r++) u[r] = weights32(type, w + r * ws + b * block_bytes(type));
-    const int off = weight_offset(type);
-    UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
-        __m256i qa = load256(a + c * as + l * ar + b * QK);
-        __m256i init = off ? neg_offset_sums(qa, off) : _mm256_setzero_si256();
+    const __m256i zero = _mm256_setzero_si256();
+    UNROLL for (int c = 0; c < nc; c++) {
+        __m256i qa[LEVELS];
+        UNROLL for (int l = 0; l < L; l++) qa[l] = load256(a + c * as + l * ar + b * QK);
+        /* -off * sum(q), per lane, in the units of the (combined) sum */
+        __m256i init = zero;
+        if (weight_offset(type))
+            init = _mm256_slli_epi32(load256(a + c * as + nls_offset + 32 * b), offset_shift(type));
         UNROLL for (int r = 0; r < nr; r++) {
-            __m256i isum = signed_weights(type) ? dot4_signed(init, u[r], qa) : dot4_acc(init, u[r], qa);
-            __m256 s = _mm256_broadcast_ss(scale + 8 * ((r * TILE_C + c) * LEVELS + l));
-            const int h = chain32(nr, L, p, l);
-            acc[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc[r][c][h]);
+            __m256i isum;
+            if (L == 2) {
+                __m256i hi = signed_weights(type) ? dot4_signed(zero, u[r], qa[0]) : dot4_acc(zero, u[r], qa[0]);
+                isum = signed_weights(type) ? dot4_signed(init, u[r], qa[1]) : dot4_acc(init, u[r], qa[1]);
+                isum = _mm256_add_epi32(_mm256_slli_epi32(hi, RESIDUAL_SHIFT), isum);
+            } else {
+                isum = signed_weights(type) ? dot4_signed(init, u[r], qa[0]) : dot4_acc(init, u[r], qa[0]);
+            }
+            __m256 sc = _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c));
+            acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[r][c][chain32(nr, p)]);
         }
     }
 }
@@ -314,32 +353,36 @@ ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t 
  * and level. Called with g = 8 as a constant for all but the last group, so masks fold away. */
 ALWAYS void group32(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                     int64_t ar, int64_t b0, const int g, const int nr, const int nc, const int L,
-                    __m256 acc[][TILE_C][4]) {
-    const int64_t nb = k / QK;
-    const int bs = block_bytes(type), last = chain32(nr, L, nr == 1, L - 1);
-    _Alignas(32) float scale[TILE32_R][TILE_C][LEVELS][8];
+                    __m256 acc[][TILE_C][2]) {
+    const int64_t nb = k / QK, nls_offset = ember_act_q8_nls_offset(k);
+    const int bs = block_bytes(type), last = chain32(nr, nr == 1);
+    _Alignas(32) float scale[TILE32_R][TILE_C][8];
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
-        UNROLL for (int c = 0; c < nc; c++) UNROLL for (int l = 0; l < L; l++) {
-            const float *ad = (const float *)(a + c * as + l * ar + k); /* d (nb,) then s (nb,) */
-            _mm256_store_ps(scale[r][c][l], _mm256_mul_ps(dw, load_floats(ad + b0, g)));
-            if (has_min(type))
+        UNROLL for (int c = 0; c < nc; c++) {
+            /* per level: d (nb,), then s (nb,) */
+            const float *ad = (const float *)(a + c * as + k), *rd = (const float *)(a + c * as + ar + k);
+            const __m256 sc = _mm256_mul_ps(dw, load_floats((L == 2 ? rd : ad) + b0, g));
+            _mm256_store_ps(scale[r][c], sc);
+            if (has_min(type)) {
                 acc[r][c][last] = _mm256_fmadd_ps(mw, load_floats(ad + nb + b0, g), acc[r][c][last]);
+                if (L == 2) acc[r][c][last] = _mm256_fmadd_ps(mw, load_floats(rd + nb + b0, g), acc[r][c][last]);
+            }
         }
     }
     int j = 0;
     for (; j + 2 <= g; j += 2) { /* rolled: unrolled, GCC hoists every scale address into a register */
-        block32(type, w, ws, a, as, ar, b0 + j, &scale[0][0][0][j], nr, nc, L, acc, 0);
-        block32(type, w, ws, a, as, ar, b0 + j + 1, &scale[0][0][0][j + 1], nr, nc, L, acc, 1);
+        block32(type, w, ws, a, as, ar, nls_offset, b0 + j, &scale[0][0][j], nr, nc, L, acc, 0);
+        block32(type, w, ws, a, as, ar, nls_offset, b0 + j + 1, &scale[0][0][j + 1], nr, nc, L, acc, 1);
     }
-    if (j < g) block32(type, w, ws, a, as, ar, b0 + j, &scale[0][0][0][j], nr, nc, L, acc, 0);
+    if (j < g) block32(type, w, ws, a, as, ar, nls_offset, b0 + j, &scale[0][0][j], nr, nc, L, acc, 0);
 }
 
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q8; L levels) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         int64_t ar, float *y, int64_t ys, const int nr, const int nc, const int L) {
-    const int64_t nb = k / QK, chains = (nr == 1 ? 2 : 1) * L;
-    __m256 acc[TILE32_R][TILE_C][4];
+    const int64_t nb = k / QK, chains = nr == 1 ? 2 : 1;
+    __m256 acc[TILE32_R][TILE_C][2];
     UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) UNROLL for (int h = 0; h < chains; h++)
         acc[r][c][h] = _mm256_setzero_ps();
     int64_t b0 = 0;
