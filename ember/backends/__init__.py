@@ -3,6 +3,8 @@ that implements the protocol in `base.py`; model code only calls those ops."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from .base import AttentionBatch, Backend, BackendError, RopeParams, Weight
 
@@ -12,11 +14,22 @@ __all__ = ["AttentionBatch", "Backend", "BackendError", "RopeParams", "Weight", 
 _AUTO_ORDER = ("cuda", "cpu")
 
 
+def _gpu_driver_present() -> bool:
+    """Whether a GPU driver is loaded (Linux: NVIDIA's or ROCm's device files). Where that cannot be
+    told cheaply, True: the backend itself then finds out."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
+
+
 def get_backend(device: str = "auto", **options) -> Backend:
     """Create the backend for `device` ("auto", "cpu", "reference", ...)."""
     names = _AUTO_ORDER if device == "auto" else (device.split(":", 1)[0],)
     errors = []
     for name in names:
+        if device == "auto" and name == "cuda" and not _gpu_driver_present():
+            errors.append("cuda: no GPU driver loaded")  # skips importing CuPy (~0.1 s of start-up)
+            continue
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:

@@ -6,13 +6,12 @@ any time and its sequence leaves within one step. A step is: schedule, run, post
 """
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -24,6 +23,9 @@ from .radix import RadixCache
 from .runner import ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class QueueFull(RuntimeError):
@@ -119,7 +121,7 @@ class FinishEvent:
 class RequestHandle:
     """Stream of one request's events; iterate (threads) or `async for` (asyncio)."""
 
-    def __init__(self, engine: "Engine", n: int, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, engine: "Engine", n: int, loop: "asyncio.AbstractEventLoop | None"):
         self._engine, self._n_open = engine, n
         self.seqs: list[Sequence] = []
         self.submitted = time.perf_counter()
@@ -128,6 +130,8 @@ class RequestHandle:
             self._push = self._sync.put
         else:
             self._sync = None
+            import asyncio  # only asyncio callers get here, and they have it loaded
+
             self._aqueue: asyncio.Queue = asyncio.Queue()
             self._push = lambda ev: loop.call_soon_threadsafe(self._aqueue.put_nowait, ev)
 
@@ -195,6 +199,8 @@ class Engine:
 
     def submit_async(self, request: Request) -> RequestHandle:
         """Like submit, from a running asyncio loop: `async for ev in engine.submit_async(req)`."""
+        import asyncio
+
         return self._submit(request, asyncio.get_running_loop())
 
     def _submit(self, request: Request, loop) -> RequestHandle:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
@@ -19,7 +20,6 @@ from ..gguf_loader import GGUFFile
 from ..models import load_model
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
-from ..tokenizer.chat import ChatTemplate
 from .engine import Engine, EngineConfig, FinishEvent, PromptEvent, Request, TokenEvent
 
 if TYPE_CHECKING:
@@ -91,12 +91,18 @@ class LLM:
         self.backend = get_backend(device, threads=threads)
         self.model = load_model(self.gguf, self.backend)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata)
         self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
         self.engine = Engine(self.model, self.tokenizer, EngineConfig(
             n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens, max_batch_tokens=batch,
             prefix_cache=prefix_cache))
         self.load_s = time.perf_counter() - t0
+
+    @cached_property
+    def chat_template(self):
+        """The file's chat template (compiled on first use: Jinja costs start-up time otherwise)."""
+        from ..tokenizer.chat import ChatTemplate
+
+        return ChatTemplate.from_metadata(self.gguf.metadata)
 
     # ---- text ----
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

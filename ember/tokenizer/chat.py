@@ -23,8 +23,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # Jinja is imported on first use: it costs start-up time otherwise
+    import jinja2
 
 from .vocab import add_bos_eos
 
@@ -60,6 +62,8 @@ class ChatTemplate:
     @classmethod
     def from_string(cls, text: str, source: str = "file", bos_token: str = "", eos_token: str = "",
                     add_bos: bool = False, add_eos: bool = False) -> ChatTemplate:
+        import jinja2
+
         try:
             template = environment().from_string(text)
         except jinja2.TemplateError as e:
@@ -105,7 +109,9 @@ def builtin_source(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def environment() -> ImmutableSandboxedEnvironment:
+def environment():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = to_json
