@@ -61,8 +61,78 @@ def single_stream(path: str, reps: int, n_prompt: int = 512, n_gen: int = 128) -
             c = llm.generate([int(rng.integers(v))], n_gen + 1, GREEDY)
             tg.append(c.timings.generation_tps)
         step_ms = replay_step_ms(llm)
+        profile = step_profile(llm)
         return {"pp512": statistics.median(pp), "tg128": statistics.median(tg), "pp_samples": pp, "tg_samples": tg,
-                "graph_step_ms": step_ms, "load_s": llm.load_s, **backend_info(llm)}
+                "graph_step_ms": step_ms, "load_s": llm.load_s, **backend_info(llm), "profile": profile}
+
+
+def graph_us(cp, launches, reps: int = 40) -> float:
+    """Microseconds per pass over `launches`, `reps` passes captured in one CUDA graph (in-graph
+    launch gaps included, as in a recorded step)."""
+    for launch in launches:  # warm-up (and compile)
+        launch.run()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(reps):
+            for launch in launches:
+                launch.run()
+        graph = stream.end_capture()
+    times = []
+    for _ in range(5):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(stream)
+        graph.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / reps)
+    return statistics.median(times)
+
+
+def step_profile(llm) -> dict:
+    runner = llm.engine.runner
+    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == 1]
+    return launch_profile(llm.model.backend, recs[0]) if recs else {}
+
+
+def launch_profile(backend, rec) -> dict:
+    """Each kernel of a recorded step timed alone (graph-replayed): per kernel name,
+    [launches, total us]; their sum beside the whole step's replay."""
+    by_name: dict = {}
+    for launch in rec.launches:
+        if not hasattr(launch, "fn"):  # host<->device copies
+            continue
+        us = graph_us(backend.cp, [launch], reps=20)
+        entry = by_name.setdefault(backend.kernels.name_of(launch.fn), [0, 0.0])
+        entry[0] += 1
+        entry[1] = round(entry[1] + us, 2)
+    total = round(sum(v[1] for v in by_name.values()), 1)
+    return {"sum_us": total, "kernels": dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))}
+
+
+def with_tails(mode: str, fn, *args):
+    """fn(*args) with the backend's EMBER_CUDA_TAILS mode ("post", the default; "all"; "0"): the
+    A/B of the ways of doing a layer's RMS norms (fused products' tails or quant_x launches)."""
+    old = os.environ.get("EMBER_CUDA_TAILS")
+    os.environ["EMBER_CUDA_TAILS"] = mode
+    try:
+        return fn(*args)
+    finally:
+        if old is None:
+            del os.environ["EMBER_CUDA_TAILS"]
+        else:
+            os.environ["EMBER_CUDA_TAILS"] = old
+
+
+def decode_only(path: str, reps: int, n_gen: int = 128) -> dict:
+    """tg and the recorded step's replay time alone (for A/B variants)."""
+    rng = np.random.default_rng(0)
+    with LLM(path, device="cuda", slots=1, ctx=n_gen + 16, prefix_cache=False) as llm:
+        v = llm.model.n_vocab
+        llm.generate([int(rng.integers(v))], 8, GREEDY)
+        tg = [llm.generate([int(rng.integers(v))], n_gen + 1, GREEDY).timings.generation_tps for _ in range(reps)]
+        return {"tg128": statistics.median(tg), "graph_step_ms": replay_step_ms(llm),
+                "launches_per_replay": backend_info(llm)["launches_per_replay"]}
 
 
 def replay_step_ms(llm, n: int = 200) -> float | None:
@@ -223,8 +293,103 @@ def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int)
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
         gbs = step_bytes / t / 1e9
-        return {"step_ms": 1000 * t, "weight_gb": step_bytes / 1e9, "weight_gbs": gbs, "copy_gbs": copy_gbs,
-                "fraction_of_copy": gbs / copy_gbs, "tokens_per_s": 1 / t, "launches_per_step": len(rec.launches)}
+        e0, e1 = backend.cp.cuda.Event(), backend.cp.cuda.Event()
+        e0.record()
+        for _ in range(20):
+            if rec.graph is not None:
+                rec.graph.launch(backend.cp.cuda.Stream.null)
+        e1.record()
+        e1.synchronize()
+        gpu_ms = backend.cp.cuda.get_elapsed_time(e0, e1) / 20
+        return {"step_ms": 1000 * t, "gpu_step_ms": gpu_ms, "weight_gb": step_bytes / 1e9, "weight_gbs": gbs,
+                "copy_gbs": copy_gbs, "fraction_of_copy": gbs / copy_gbs, "tokens_per_s": 1 / t,
+                "launches_per_step": len(rec.launches), "profile": launch_profile(backend, rec)}
+
+
+# ---- single kernels ----
+
+KERNEL_SHAPES = [  # (label, type, rows, k, n, mode): decode products of the benchmarked models' shapes
+    ("1.5B qkv", "Q4_K", [1536, 256, 256], 1536, 1, "store"),
+    ("1.5B o", "Q4_K", [1536], 1536, 1, "store"),
+    ("1.5B gate+up", "Q4_K", [8960, 8960], 1536, 1, "silu"),
+    ("1.5B gate+up +q", "Q4_K", [8960, 8960], 1536, 1, "silu_q"),
+    ("1.5B down", "Q4_K", [1536], 8960, 1, "store"),
+    ("1.5B down +tail", "Q4_K", [1536], 8960, 1, "tail"),
+    ("1.5B o +tail", "Q4_K", [1536], 1536, 1, "tail"),
+    ("1.5B o +quant_x", "Q4_K", [1536], 1536, 1, "sep"),
+    ("1.5B head", "Q4_K", [151936], 1536, 1, "store"),
+    ("1.5B down Q8_0", "Q8_0", [1536], 8960, 1, "store"),
+    ("1.5B head Q6_K", "Q6_K", [151936], 1536, 1, "store"),
+    ("1.5B down n=8", "Q4_K", [1536], 8960, 8, "store"),
+    ("135M qkv Q4_1", "Q4_1", [576, 192, 192], 576, 1, "store"),
+    ("135M down Q4_1", "Q4_1", [576], 1536, 1, "store"),
+    ("135M down +tail", "Q4_1", [576], 1536, 1, "tail"),
+    ("135M down +quant_x", "Q4_1", [576], 1536, 1, "sep"),
+    ("135M head Q8_0", "Q8_0", [49152], 576, 1, "store"),
+    ("270M head Q8_0", "Q8_0", [262144], 640, 1, "store"),
+]
+
+
+def kernel_times(reps: int = 40) -> dict:
+    """Each decode product alone, `reps` launches captured in one CUDA graph: microseconds per
+    launch (the in-graph launch gap included) and weight GB/s; plus the smallest kernel's time."""
+    from ember.backends import get_backend
+    from ember.backends.base import Weight
+    from ember.backends.cuda._ops import (
+        MODE_RESIDUAL,
+        MODE_SILU,
+        DeviceMatrix,
+        Matmul,
+        Tail,
+        xq_bytes,
+    )
+    from ember.quant import GGMLType, layout
+
+    b = get_backend("cuda")
+    cp = b.cp
+    out = {}
+
+    for label, tname, rows, k, n, mode in KERNEL_SHAPES:
+        qtype = GGMLType[tname]
+        rb = layout(qtype).row_bytes(k)
+        ws = [Weight(f"w{i}", qtype, (r, k), DeviceMatrix(cp.random.randint(0, 256, r * rb + 64, dtype=cp.uint8), rb))
+              for i, r in enumerate(rows)]
+        x = cp.random.standard_normal((n, k), dtype=cp.float32)
+        xq = cp.empty(xq_bytes(n, k), cp.uint8)
+        ys = [cp.empty((n, r), cp.float32) for r in rows]
+        Matmul([], x, [], xq=xq)._quant_x(b.kernels).run()
+        kw = {}
+        if mode.startswith("silu"):
+            kw = {"mode": MODE_SILU, "aux": cp.empty((n, rows[0]), cp.float32)}
+            if mode == "silu_q":
+                kw["act_q"] = cp.empty(xq_bytes(n, rows[0]), cp.uint8)
+        elif mode == "tail":  # residual add, then the next RMS norm quantized by the last block
+            res, d = cp.zeros((n, rows[0]), cp.float32), rows[0]
+            kw = {"mode": MODE_RESIDUAL, "aux": res,
+                  "tail": Tail(b._new_counter(), res, pre_w=cp.ones(d, cp.float32), pre_eps=1e-5,
+                               pre_h=cp.empty((n, d), cp.float32), pre_q=cp.empty(xq_bytes(n, d), cp.uint8))}
+        extra = []
+        if mode == "sep":  # the same work as a tail, as its own quant_x launch
+            res, d = cp.zeros((n, rows[0]), cp.float32), rows[0]
+            kw = {"mode": MODE_RESIDUAL, "aux": res}
+            nxt = Matmul([], cp.empty((n, d), cp.float32), [], xq=cp.empty(xq_bytes(n, d), cp.uint8), src=res,
+                         norm_w=cp.ones(d, cp.float32), eps=1e-5)
+            extra = [nxt._quant_x(b.kernels)]
+        op = Matmul(ws, x, ys, xq=xq, quant_in=False, **kw)
+        us = graph_us(cp, op.launches(b.kernels) + extra, reps)
+        nbytes = sum(r * rb for r in rows)
+        out[label] = {"us": round(us, 2), "gbs": round(nbytes / us / 1e3, 1), "mb": round(nbytes / 1e6, 2)}
+    from ember.backends.cuda._ops import TopK
+
+    for rows, vocab in ((1, 262144), (64, 262144), (64, 49152)):
+        logits = cp.random.standard_normal((rows, vocab), dtype=cp.float32)
+        for k in (1, 40):
+            op = TopK(logits, k, cp.empty((rows, k), cp.int32), cp.empty((rows, k), cp.float32))
+            out[f"top-{k} {rows}x{vocab}"] = {"us": round(graph_us(cp, op.launches(b.kernels), 5), 2)}
+    x = cp.random.standard_normal((1, 576), dtype=cp.float32)
+    tiny = Matmul([], x, [], xq=cp.empty(xq_bytes(1, 576), cp.uint8))._quant_x(b.kernels)
+    out["quant_x 576 (floor)"] = {"us": round(graph_us(cp, [tiny], reps), 2)}
+    return out
 
 
 # ---- cold start ----
@@ -281,7 +446,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
-    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: single many shared roofline cold")
+    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: kernels single many shared roofline cold")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
     import cupy as cp
@@ -289,11 +454,15 @@ def main() -> None:
     reps = 2 if args.quick else 5
     results: dict = {"quick": args.quick, "models": {}}
     section(results, "copy_gbs", copy_bandwidth, cp)
+    if "kernels" not in args.skip:
+        section(results, "kernels", kernel_times)
     for spec in args.models:
         name, _, path = spec.partition("=")
         r = results["models"].setdefault(name, {})
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
+            section(r, "decode_tails_0", with_tails, "0", decode_only, path, reps)
+            section(r, "decode_tails_all", with_tails, "all", decode_only, path, reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
@@ -310,6 +479,8 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_tails_all", with_tails, "all", decode_bandwidth, path,
+                        step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))
@@ -335,13 +506,30 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
+        for label in ("decode_tails_0", "decode_tails_all"):
+            v = r.get(label) or {}
+            if "tg128" in v:
+                print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
+                      f"launches {v['launches_per_replay']}")
+        prof = single.get("profile") or {}
+        if prof.get("kernels"):
+            top = ", ".join(f"{k} {v[0]}x {v[1]:.0f}us" for k, v in list(prof["kernels"].items())[:8])
+            print(f"{name:12} kernels alone sum {prof['sum_us']} us: {top}")
         for label, runs in r.get("cold_start", {}).items():
             if isinstance(runs, list):
                 print(f"{name:12} {label} start to first token: {[round(x['first_token_s'], 2) for x in runs]} s")
+    for label, r in (results.get("kernels") or {}).items():
+        if isinstance(r, dict) and "us" in r:
+            print(f"kernel {label:22} {r['us']:8.2f} us" + (f"  {r['gbs']:7.1f} GB/s of {r['mb']} MB" if "gbs" in r else ""))
     for key, r in results.items():
         if key.startswith("roofline") and "weight_gbs" in r:
             print(f"{key}: {r['step_ms']:.3f} ms/step, {r['weight_gbs']:.0f} GB/s = "
-                  f"{100 * r['fraction_of_copy']:.0f}% of copy ({r['weight_gb']:.2f} GB/step, goal 50%)")
+                  f"{100 * r['fraction_of_copy']:.0f}% of copy ({r['weight_gb']:.2f} GB/step, goal 50%); "
+                  f"graph alone {r.get('gpu_step_ms', 0):.3f} ms")
+            prof = r.get("profile") or {}
+            if prof.get("kernels"):
+                top = ", ".join(f"{k} {v[0]}x {v[1]:.0f}us" for k, v in list(prof["kernels"].items())[:8])
+                print(f"{key}: kernels alone sum {prof['sum_us']} us: {top}")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ script compiles them with nvcc into a small program, feeds it random blocks of e
 type, and compares
   - every decoded value with ember.quant.dequantize (the numpy reference), and
   - a row-times-vector product done the way the decode kernels do it (x quantized to int8 per
-    32 values, integer dot products, per-half scales and offsets) with float64 numpy.
+    32 values, slices of two 16-value halves, integer dot products, per-half scales and offsets)
+    with float64 numpy.
 
-    python bench/cuda_decode_check.py            # needs nvcc on PATH
+    python bench/cuda_decode_check.py            # nvcc, else g++ (the decoders are plain C++ there)
 """
 from __future__ import annotations
 
+import shutil
 import struct
 import subprocess
 import sys
@@ -44,33 +46,60 @@ static int dp4a_host(int a, int b, int c) {
     return c;
 }
 
-// The decode kernels' product of one row with x, lane arithmetic of mv_body for one activation row.
+// x quantized as the decode products read it (q8_store_warp): int8 per value, and per 32-value
+// block (d, d * sum of the first 16 q, d * sum of the last 16 q).
+static void quantize_x(const float *x, int k, std::vector<int> &xq, std::vector<float> &meta) {
+    xq.assign(k / 4, 0);
+    meta.assign(3 * (k / 32), 0.f);
+    for (int b = 0; b < k / 32; b++) {
+        const float *v = x + 32 * b;
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum[2] = {0, 0};
+        for (int i = 0; i < 32; i++) {
+            const int q = (int)lrintf(v[i] * id);
+            sum[i / 16] += q;
+            xq[8 * b + i / 4] |= (int)(((u32)q & 0xFFu) << (8 * (i % 4)));
+        }
+        meta[3 * b] = d, meta[3 * b + 1] = d * (float)sum[0], meta[3 * b + 2] = d * (float)sum[1];
+    }
+}
+
+// The decode kernels' product of one row with x: slice by slice, as a lane of mv_body does.
 template <int TT>
 static float row_dot(const u8 *row, int k, const float *x) {
-    const int units = k / 32;
     float acc = 0.f;
-    for (int u = 0; u < units; u++) {
-        const float *v = x + 32 * u;
-        if constexpr (TT == T_F32 || TT == T_F16 || TT == T_BF16) {
+    if constexpr (TT == T_F32 || TT == T_F16 || TT == T_BF16) {
+        for (int u = 0; u < k / 32; u++) {
             float w[32];
             unit_f<TT>(row, u, w);
-            for (int i = 0; i < 32; i++) acc += w[i] * v[i];
-        } else {
-            float amax = 0.f;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            int xq[8] = {0}, sum[2] = {0, 0};
-            for (int i = 0; i < 32; i++) {
-                const int q = (int)lrintf(v[i] * id);
-                sum[i / 16] += q;
-                xq[i / 4] |= (int)(((u32)q & 0xFFu) << (8 * (i % 4)));
+            for (int i = 0; i < 32; i++) acc += w[i] * x[32 * u + i];
+        }
+    } else {
+        std::vector<int> xq;
+        std::vector<float> meta;
+        quantize_x(x, k, xq, meta);
+        for (int s = 0; s < k / 32; s++) {
+            QSlice o;
+            slice_q<TT>(row, s, o);
+            if constexpr (TT == T_Q4_K || TT == T_Q5_K) {  // the paired decoder gives the same slices
+                QSlice p0, p1;
+                slice2_q<TT>(row, s / 2, p0, p1);
+                const QSlice &pw = s % 2 ? p1 : p0;
+                for (int i = 0; i < 8; i++)
+                    if (pw.q[i] != o.q[i]) return NAN;
+                for (int h = 0; h < 2; h++)
+                    if (pw.a[h] != o.a[h] || pw.b[h] != o.b[h]) return NAN;
             }
-            QUnit o;
-            unit_q<TT>(row, u, o);
-            int d0 = 0, d1 = 0;
-            for (int i = 0; i < 4; i++) d0 = dp4a_host(o.q[i], xq[i], d0);
-            for (int i = 4; i < 8; i++) d1 = dp4a_host(o.q[i], xq[i], d1);
-            acc += d * (o.a[0] * (float)d0 + o.a[1] * (float)d1) + o.b[0] * d * (float)sum[0] + o.b[1] * d * (float)sum[1];
+            int xo[2];
+            slice_offsets<TT>(s, xo);
+            for (int h = 0; h < 2; h++) {
+                int dot = 0;
+                for (int i = 0; i < 4; i++) dot = dp4a_host(o.q[4 * h + i], xq[xo[h] / 4 + i], dot);
+                const float *m = &meta[3 * (xo[h] / 32)];
+                acc += m[0] * o.a[h] * (float)dot + o.b[h] * ((xo[h] & 16) ? m[2] : m[1]);
+            }
         }
     }
     return acc;
@@ -112,10 +141,16 @@ int main(int argc, char **argv) {
 
 
 def build(workdir: Path) -> Path:
-    src = workdir / "decode_check.cu"
-    src.write_text(HARNESS)
     exe = workdir / "decode_check"
-    subprocess.run(["nvcc", "-std=c++17", "-O1", "-I", str(KERNELS), str(src), "-o", str(exe)], check=True)
+    if shutil.which("nvcc"):
+        src = workdir / "decode_check.cu"
+        src.write_text(HARNESS)
+        cmd = ["nvcc", "-std=c++17", "-O1", "-I", str(KERNELS), str(src), "-o", str(exe)]
+    else:
+        src = workdir / "decode_check.cpp"
+        src.write_text(HARNESS)
+        cmd = ["g++", "-std=c++17", "-O1", "-I", str(KERNELS), str(src), "-o", str(exe)]
+    subprocess.run(cmd, check=True)
     return exe
 
 

@@ -122,6 +122,26 @@ def test_matmul(cuda, matrices, qtype, n):
     assert err < limit, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
+def test_matmul_of_long_rows(cuda, qtype, n):
+    """Few long rows: teams of several warps per pair of rows (summed through shared memory)."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda._ops import team_log2
+
+    rows, cols = 70, 8192
+    assert team_log2(cols, -(-rows // 2)) > 5
+    rng = np.random.default_rng(11)
+    raw = weight(rng, qtype, rows, cols, 0.05)
+    w = cuda.weight(SimpleNamespace(name="long", type=qtype, shape=(rows, cols), data=raw.reshape(-1)))
+    x = rng.normal(0, 1, (n, cols)).astype(np.float32)
+    out = poisoned(cuda, (n, rows))
+    cuda.matmul(w, cuda.from_numpy(x), out)
+    want = x.astype(np.float64) @ dequantize(raw, qtype).reshape(rows, cols).astype(np.float64).T
+    assert rel_err(cuda.to_numpy(out), want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
 @pytest.mark.parametrize("n", [2, 100])
 def test_matmuls_of_mixed_types(cuda, matrices, n):
     names = ["Q4_K", "Q6_K", "Q4_K", "F16", "Q8_0"]  # grouped by type, one launch per group
@@ -145,37 +165,164 @@ def test_bad_shapes_are_clear_errors(cuda, matrices):
 
 # ---- fused decode products (used by recorded steps) ----
 
-@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
+def xq_values(cuda, buf, n: int, k: int) -> np.ndarray:
+    """Dequantized contents of an activation buffer (int8 * scale), checking its half-sums."""
+    raw = cuda.to_numpy(buf)
+    q = raw[:n * k].view(np.int8).reshape(n, k // 32, 32).astype(np.float64)
+    meta = raw[n * k:n * k + n * (k // 32) * 16].view(np.float32).reshape(n, k // 32, 4).astype(np.float64)
+    np.testing.assert_allclose(meta[..., 1], meta[..., 0] * q[..., :16].sum(-1), rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(meta[..., 2], meta[..., 0] * q[..., 16:].sum(-1), rtol=1e-6, atol=1e-30)
+    assert np.abs(q).max() <= 127
+    return (q * meta[..., :1]).reshape(n, k)
+
+
+def sub_matrix(w, rows: int):
+    """The first `rows` rows of a device matrix, as a Weight of its own (same memory)."""
+    return replace(w, shape=(rows, w.shape[1]))
+
+
+def rms(x, w, eps):
+    return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps) * w
+
+
+def test_quant_x_format(cuda):
+    from ember.backends.cuda._ops import Matmul, xq_bytes
+
+    x = np.random.default_rng(9).normal(0, 2, (3, COLS)).astype(np.float32)
+    x[1, :40] = 0.0  # an all-zero block: scale 0, values 0
+    xq = cuda.cp.zeros(xq_bytes(3, COLS), np.uint8)
+    launch = Matmul([], cuda.from_numpy(x), [], xq=xq)._quant_x(cuda.kernels)
+    launch.run()
+    got = xq_values(cuda, xq, 3, COLS)
+    step = np.abs(x.reshape(3, -1, 32)).max(-1, keepdims=True) / 127
+    assert (np.abs(got - x).reshape(3, -1, 32) <= 0.5001 * step + 1e-30).all()
+    assert (got[1, :32] == 0).all()
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.F16], ids=lambda t: t.name)
 def test_fused_products(cuda, matrices, qtype):
-    from ember.backends.cuda._ops import MODE_GELU, MODE_RESIDUAL, MODE_SILU, Matmul
+    from ember.backends.cuda._ops import (
+        MODE_GELU,
+        MODE_RESIDUAL,
+        MODE_SILU,
+        Matmul,
+        xq_bytes,
+    )
 
     rng = np.random.default_rng(2)
-    w = cuda.weight(matrices.tensors[qtype.name])
-    W = dense(matrices, qtype.name)
+    rows = 288  # whole blocks of 32 output rows: the gated product can quantize its output
+    w = sub_matrix(cuda.weight(matrices.tensors[qtype.name]), rows)
+    W = dense(matrices, qtype.name)[:rows]
     norm = cuda.weight(matrices.tensors["norm"])
     nw = dense(matrices, "norm")
     n = 3
     x = rng.normal(0, 1, (n, COLS)).astype(np.float32)
-    xn = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-5) * nw
+    xn = rms(x.astype(np.float64), nw, 1e-5)
     tol = 1e-5 if qtype in FLOAT_TYPES else 2e-2
+    xq = cuda.cp.empty(xq_bytes(n, COLS), np.uint8)
 
-    y, h = poisoned(cuda, (n, ROWS)), poisoned(cuda, (n, COLS))
-    cuda._run(Matmul([w], cuda.from_numpy(x), [y], norm_w=norm.data, eps=1e-5, h_out=h))
+    y, h = poisoned(cuda, (n, rows)), poisoned(cuda, (n, COLS))
+    cuda._run(Matmul([w], h, [y], xq=xq, src=cuda.from_numpy(x), norm_w=norm.data, eps=1e-5))
     assert rel_err(cuda.to_numpy(h), xn) < 1e-5
     assert rel_err(cuda.to_numpy(y), xn @ W.T) < tol
 
-    res0 = rng.normal(0, 1, (n, ROWS)).astype(np.float32)
+    res0 = rng.normal(0, 1, (n, rows)).astype(np.float32)
     res = cuda.from_numpy(res0)
-    cuda._run(Matmul([w], cuda.from_numpy(x), [y], mode=MODE_RESIDUAL, aux=res))
+    cuda._run(Matmul([w], cuda.from_numpy(x), [y], xq=xq, mode=MODE_RESIDUAL, aux=res))
     assert rel_err(cuda.to_numpy(res), res0 + x.astype(np.float64) @ W.T) < tol
 
     for mode, act in ((MODE_SILU, lambda g: g / (1 + np.exp(-g))),
                       (MODE_GELU, lambda g: 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))))):
-        g, u = poisoned(cuda, (n, ROWS)), poisoned(cuda, (n, ROWS))
-        cuda._run(Matmul([w, w], cuda.from_numpy(x), [g, u], norm_w=norm.data, eps=1e-5, h_out=h, mode=mode, aux=g))
-        want = xn @ W.T
-        assert rel_err(cuda.to_numpy(u), want) < tol
-        assert rel_err(cuda.to_numpy(g), act(want) * want) < tol
+        for quantize in (False, True):
+            g, u = poisoned(cuda, (n, rows)), poisoned(cuda, (n, rows))
+            act_q = cuda.cp.zeros(xq_bytes(n, rows), np.uint8) if quantize else None
+            cuda._run(Matmul([w, w], h, [g, u], xq=xq, src=cuda.from_numpy(x), norm_w=norm.data, eps=1e-5,
+                             mode=mode, aux=g, act_q=act_q))
+            want = xn @ W.T
+            assert rel_err(cuda.to_numpy(u), want) < tol
+            assert rel_err(cuda.to_numpy(g), act(want) * want) < tol
+            if quantize:  # the same bytes quant_x makes of the activation
+                again = cuda.cp.zeros(xq_bytes(n, rows), np.uint8)
+                Matmul([], g, [], xq=again)._quant_x(cuda.kernels).run()
+                np.testing.assert_array_equal(cuda.to_numpy(act_q), cuda.to_numpy(again))
+
+
+@pytest.mark.parametrize("post", [False, True], ids=["llama", "gemma"])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.F16], ids=lambda t: t.name)
+def test_product_tails(cuda, matrices, qtype, post):
+    """The last block's row work: [post-norm of y, added into res,] the next norm of res, quantized."""
+    rows = 288
+    w = sub_matrix(cuda.weight(matrices.tensors[qtype.name]), rows)
+    check_tail(cuda, w, dense(matrices, qtype.name)[:rows], post, 1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
+@pytest.mark.parametrize("post", [False, True], ids=["llama", "gemma"])
+def test_product_tails_of_long_rows(cuda, post):
+    """Outputs wider than the tail keeps in registers (16 x 128 values): read again chunk by chunk."""
+    from types import SimpleNamespace
+
+    rows, cols = 2336, 256
+    raw = weight(np.random.default_rng(13), GGMLType.Q8_0, rows, cols, 0.05)
+    w = cuda.weight(SimpleNamespace(name="wide", type=GGMLType.Q8_0, shape=(rows, cols), data=raw.reshape(-1)))
+    check_tail(cuda, w, dequantize(raw, GGMLType.Q8_0).reshape(rows, cols).astype(np.float64), post, 2e-2)
+
+
+def check_tail(cuda, w, W: np.ndarray, post: bool, tol: float) -> None:
+    from ember.backends.cuda._ops import MODE_RESIDUAL, Matmul, Tail, xq_bytes
+
+    rng = np.random.default_rng(3)
+    rows, cols = W.shape
+    w1, w2 = rng.uniform(0.5, 1.5, rows), rng.uniform(0.5, 1.5, rows)
+    norm1, norm2 = cuda.from_numpy(w1.astype(np.float32)), cuda.from_numpy(w2.astype(np.float32))
+    w1, w2 = w1.astype(np.float32).astype(np.float64), w2.astype(np.float32).astype(np.float64)
+    n = 2
+    xq = cuda.cp.empty(xq_bytes(n, cols), np.uint8)
+    counter = cuda._new_counter()
+    for rep in range(2):  # the counter is back at zero after each launch
+        x = rng.normal(0, 1, (n, cols)).astype(np.float32)
+        res0 = rng.normal(0, 3, (n, rows)).astype(np.float32)
+        y, pre_h, res = poisoned(cuda, (n, rows)), poisoned(cuda, (n, rows)), cuda.from_numpy(res0)
+        pre_q = cuda.cp.zeros(xq_bytes(n, rows), np.uint8)
+        tail = Tail(counter, res, add=post, post_w=norm1 if post else None, post_eps=1e-6, pre_w=norm2,
+                    pre_eps=1e-5, pre_h=pre_h, pre_q=pre_q)
+        cuda._run(Matmul([w], cuda.from_numpy(x), [y], xq=xq, mode=0 if post else MODE_RESIDUAL,
+                         aux=None if post else res, tail=tail))
+        yy = x.astype(np.float64) @ W.T
+        if post:
+            yy = rms(yy, w1, 1e-6)
+        assert rel_err(cuda.to_numpy(y), yy) < tol
+        r = res0 + yy
+        assert rel_err(cuda.to_numpy(res), r) < tol
+        assert rel_err(cuda.to_numpy(pre_h), rms(r, w2, 1e-5)) < tol
+        assert rel_err(xq_values(cuda, pre_q, n, rows), cuda.to_numpy(pre_h)) < 1e-2
+        assert int(cuda.to_numpy(counter)[0]) == 0
+
+
+@pytest.mark.parametrize("case", ["decode_one", "decode_long_split"])
+def test_attention_quantizes_its_output(cuda, case):
+    from ember.backends.cuda import check_attention
+    from ember.backends.cuda._ops import Attention, split_count, xq_bytes
+
+    lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
+    rng = np.random.default_rng(8)
+    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
+    batch = paged_batch(rng, lengths, new, page, max_pages)
+    n = len(batch.positions)
+    cache, _ = fill_cache(cuda, rng, len(lengths) * max_pages * page, n_kv * hd)
+    q = cuda.from_numpy(rng.normal(0, 1, (n, n_head * hd)).astype(np.float32))
+    k_cache, v_cache = cache
+    check_attention(q, k_cache, v_cache, batch, n_head, n_kv)
+    n_split = 1 if case == "decode_one" else split_count(n, n_kv, n_head // n_kv, max_pages * page, cuda.n_sm)
+    assert (n_split > 1) == (case == "decode_long_split")  # both ways of writing the output
+    part = cuda._scratch_f32("attn_part", n * n_head * n_split * (hd + 2)) if n_split > 1 else None
+    out, xq = poisoned(cuda, (n, n_head * hd)), cuda.cp.zeros(xq_bytes(n, n_head * hd), np.uint8)
+    cuda._run(Attention(q, k_cache, v_cache, out, part, cuda._input(batch.positions, np.int32),
+                        cuda._input(batch.seq_rows, np.int32), cuda._input(batch.block_tables, np.int32), page,
+                        n_head, n_kv, window, 1 / math.sqrt(hd), softcap, n_split, xq=xq))
+    got = cuda.to_numpy(out)
+    step = np.abs(got.reshape(n, -1, 32)).max(-1, keepdims=True) / 127
+    err = np.abs(xq_values(cuda, xq, n, n_head * hd) - got).reshape(n, -1, 32)
+    assert (err <= 0.5001 * step + 1e-30).all()
 
 
 # ---- row ops ----
@@ -304,6 +451,37 @@ def test_kv_store_and_attention(cuda, ref, case):
     assert rel_err(cuda.to_numpy(out), want) < 1e-5
 
 
+# ---- sampling reductions ----
+
+@pytest.mark.parametrize("vocab", [49152, 262144, 300])
+def test_top_k_and_argmax(cuda, vocab):
+    rng = np.random.default_rng(12)
+    n = 6
+    x = rng.normal(0, 3, (n, vocab)).astype(np.float32)
+    x[1, :] = -np.inf
+    x[1, [7, 90]] = 2.5  # equal maxima: the lower id is the argmax
+    x[2, :] = 1.0  # all equal: argmax 0; top k: k values of 1.0, distinct ids
+    x[3, -1] = 100.0  # the maximum at the last id
+    x[4, ::3] = -np.inf
+    for k in (1, 2, 40, 256):
+        ids, vals = cuda.cp.full((n, k), -1, np.int32), poisoned(cuda, (n, k))
+        cuda.top_k(cuda.from_numpy(x), k, ids, vals)
+        ids, vals = cuda.to_numpy(ids), cuda.to_numpy(vals)
+        want = -np.sort(-x, axis=1)[:, :k]
+        np.testing.assert_array_equal(vals, want)
+        np.testing.assert_array_equal(np.take_along_axis(x, ids, 1), vals)  # ids point at their values
+        assert all(len(set(r)) == k for r in ids.tolist())
+        if k == 1:
+            np.testing.assert_array_equal(ids[:, 0], x.argmax(1))
+        else:  # rows without ties: the same ids as a stable sort
+            for r in (0, 3, 5):
+                np.testing.assert_array_equal(ids[r], np.argsort(-x[r], kind="stable")[:k])
+    from ember.backends import BackendError
+
+    with pytest.raises(BackendError, match="top_k needs"):
+        cuda.top_k(cuda.from_numpy(x), 257, cuda.cp.empty((n, 257), np.int32), cuda.empty((n, 257)))
+
+
 # ---- whole models ----
 
 PAGE = 4
@@ -388,12 +566,13 @@ def test_model_matches_reference(tmp_path_factory, cuda, ref, arch, qtype, n_seq
     assert_logits_close(got, want, qtype)
 
 
-@pytest.mark.parametrize("graphs,fuse", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("graphs,fuse,tails", [(True, True, None), (True, True, True), (True, True, False),
+                                               (True, False, None), (False, True, True)])
 @pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_K), ("gemma3", GGMLType.Q8_0), ("llama", GGMLType.F16)])
 @pytest.mark.parametrize("n_seq", [1, 5])
-def test_replay_matches_direct(tmp_path_factory, arch, qtype, graphs, fuse, n_seq):
+def test_replay_matches_direct(tmp_path_factory, arch, qtype, graphs, fuse, tails, n_seq):
     """Steps recorded once and replayed (fused, as a CUDA graph) give the logits of direct runs."""
-    backend = get_backend("cuda", graphs=graphs, fuse=fuse)
+    backend = get_backend("cuda", graphs=graphs, fuse=fuse, tails=tails)
     path = model_file(tmp_path_factory, arch, qtype)
     with GGUFFile(path) as f:
         model = load_model(f, backend)

@@ -1,8 +1,11 @@
-"""The CUDA backend's fusion pass, without a GPU: it works on op records and array addresses only,
-so arrays here are address ranges (the pass never touches their contents)."""
+"""The CUDA backend's fusion pass and launch building, without a GPU: they work on op records and
+array addresses only, so arrays here are address ranges (the pass never touches their contents),
+and launches are checked against the kernels' parameter lists in the CUDA sources."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from ember.backends.cuda._ops import (
     Add,
     Attention,
     GatedAct,
+    GatherRows,
     KvStore,
     Matmul,
     NormAdd,
@@ -23,10 +27,11 @@ from ember.backends.cuda._ops import (
     RmsNorm,
     Rope,
     RopeArgs,
+    xq_bytes,
 )
 from ember.quant import GGMLType
 
-MAX_SMEM = 227 * 1024
+KERNELS = Path(__file__).resolve().parents[1] / "ember" / "backends" / "cuda" / "kernels"
 
 
 class Addr:
@@ -47,117 +52,267 @@ class Addr:
         return Addr(n, *self.shape[1:], dtype=self.dtype, at=self.data.ptr)
 
 
+def counter() -> Addr:
+    return Addr(1, dtype=np.uint32)
+
+
 def mat(rows: int, cols: int, qtype=GGMLType.Q4_K) -> Weight:
-    return Weight("w", qtype, (rows, cols), None)
+    buf = type("Matrix", (), {"buf": Addr(rows * cols), "row_bytes": cols})()
+    return Weight("w", qtype, (rows, cols), buf)
+
+
+def matmul(ws: list, x: Addr, outs: list) -> Matmul:
+    """A product as the backend records it: with its quantized-activation buffer on the decode path."""
+    n, k = x.shape
+    return Matmul(ws, x, outs, xq=Addr(xq_bytes(n, k), dtype=np.uint8) if n <= 8 else None)
 
 
 ROPE = RopeArgs(64, False, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, None)
 
 
-def llama_layer(n: int, d=256, ff=512, heads=4, kv_heads=2, hd=64):
+def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd=64):
     """The op records of one llama layer (what the backend records for LlamaModel.forward)."""
-    x, h = Addr(n, d), Addr(n, d)
     q, k, v, att = Addr(n, heads * hd), Addr(n, kv_heads * hd), Addr(n, kv_heads * hd), Addr(n, heads * hd)
     g, u = Addr(n, ff), Addr(n, ff)
     kc, vc = Addr(64, kv_heads * hd, dtype=np.float16), Addr(64, kv_heads * hd, dtype=np.float16)
     pos, slots, rows, tables = Addr(n, dtype=np.int32), Addr(n, dtype=np.int64), Addr(n, dtype=np.int32), Addr(1, 16)
+    attn_norm, ffn_norm = Addr(d), Addr(d)
     ops = [
-        RmsNorm(x, Addr(d), 1e-5, h, d),
-        Matmul([mat(heads * hd, d), mat(kv_heads * hd, d), mat(kv_heads * hd, d)], h, [q, k, v]),
+        RmsNorm(x, attn_norm, 1e-5, h, d),
+        matmul([mat(heads * hd, d), mat(kv_heads * hd, d), mat(kv_heads * hd, d)], h, [q, k, v]),
         Rope(q, heads, pos, ROPE),
         Rope(k, kv_heads, pos, ROPE),
         KvStore(k, v, kc, vc, slots),
         Attention(q, kc, vc, att, None, pos, rows, tables, 16, heads, kv_heads, 0, 0.125, 0.0, 1),
-        Matmul([mat(d, heads * hd)], att, [h]),
+        matmul([mat(d, heads * hd)], att, [h]),
         Add(x, h, x),
-        RmsNorm(x, Addr(d), 1e-5, h, d),
-        Matmul([mat(ff, d), mat(ff, d)], h, [g, u]),
+        RmsNorm(x, ffn_norm, 1e-5, h, d),
+        matmul([mat(ff, d), mat(ff, d)], h, [g, u]),
         GatedAct("silu", g, u, g),
-        Matmul([mat(d, ff)], g, [h]),
+        matmul([mat(d, ff)], g, [h]),
         Add(x, h, x),
     ]
-    return ops, {"x": x, "h": h, "q": q, "k": k, "g": g, "u": u}
+    return ops, {"g": g, "attn_norm": attn_norm, "ffn_norm": ffn_norm}
 
 
-def test_llama_decode_layer_fuses_to_six_kernels():
-    ops, a = llama_layer(n=1)
-    fused = fuse(ops, MAX_SMEM)
+def test_llama_decode_layers_fuse_to_six_kernels_each():
+    n, d = 1, 256
+    x, h = Addr(n, d), Addr(n, d)
+    ops1, a1 = llama_layer(n, x, h)
+    ops2, a2 = llama_layer(n, x, h)
+    fused = fuse(ops1 + ops2, counter, residual_tails=True)
+    assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul] * 2
+    qkv, _, attn, wo, ffn, down = fused[:6]
+    qkv2, down2 = fused[6], fused[11]
+    # the first layer normalises x itself (quant_x launch); later norms are tails of the last product
+    assert qkv.norm_w is a1["attn_norm"] and qkv.src is x and qkv.x is h and qkv.quant_in
+    assert attn.xq is wo.xq and not wo.quant_in
+    assert wo.mode == MODE_RESIDUAL and wo.aux is x and wo.tail is not None and not wo.tail.add
+    assert wo.tail.pre_w is a1["ffn_norm"] and wo.tail.pre_h is h and wo.tail.pre_q is ffn.xq and wo.tail.res is x
+    assert ffn.norm_w is None and not ffn.quant_in and ffn.mode == MODE_SILU and ffn.aux is a1["g"]
+    assert ffn.act_q is down.xq and not down.quant_in
+    assert down.mode == MODE_RESIDUAL and down.tail.pre_w is a2["attn_norm"] and down.tail.pre_q is qkv2.xq
+    assert qkv2.norm_w is None and not qkv2.quant_in
+    assert down2.mode == MODE_RESIDUAL and down2.tail is None  # nothing after it to normalise for
+    assert wo.tail.counter is not down.tail.counter
+
+
+def test_llama_layers_by_default_normalise_in_quant_x_launches():
+    """Without residual tails (the default), a llama layer's norms are quant_x launches of the
+    products reading them; the other hand-overs (attention, gated product) stay."""
+    x, h = Addr(1, 256), Addr(1, 256)
+    ops1, a1 = llama_layer(1, x, h)
+    ops2, a2 = llama_layer(1, x, h)
+    fused = fuse(ops1 + ops2, counter)
+    assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul] * 2
+    assert all(op.tail is None for op in fused if isinstance(op, Matmul))
+    _, _, attn, wo, ffn, down = fused[:6]
+    assert attn.xq is wo.xq and not wo.quant_in and wo.mode == MODE_RESIDUAL
+    assert ffn.norm_w is a1["ffn_norm"] and ffn.quant_in and ffn.act_q is down.xq and not down.quant_in
+    assert fused[6].norm_w is a2["attn_norm"] and fused[6].quant_in
+
+
+def test_without_counters_no_tails_form():
+    x, h = Addr(1, 256), Addr(1, 256)
+    ops, _ = llama_layer(1, x, h)
+    fused = fuse(ops)
     assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul]
-    qkv, _, _, wo, ffn, down = fused
-    assert qkv.norm_w is not None and qkv.x is a["x"] and qkv.h_out is a["h"]
-    assert wo.mode == MODE_RESIDUAL and wo.aux is a["x"]
-    assert ffn.norm_w is not None and ffn.mode == MODE_SILU and ffn.aux is a["g"]
-    assert down.mode == MODE_RESIDUAL and down.aux is a["x"]
+    assert fused[3].tail is None and fused[4].norm_w is not None and fused[4].quant_in
 
 
 def test_prefill_products_stay_unfused():
-    ops, _ = llama_layer(n=64)  # tensor-core path: only the row ops fuse
-    fused = fuse(ops, MAX_SMEM)
+    x, h = Addr(64, 256), Addr(64, 256)
+    ops, _ = llama_layer(64, x, h)  # tensor-core path: only the row ops fuse
+    fused = fuse(ops, counter)
     assert [type(op) for op in fused] == [RmsNorm, Matmul, QkvPost, Attention, Matmul, Add, RmsNorm, Matmul,
                                           GatedAct, Matmul, Add]
-    assert all(op.norm_w is None and op.mode == 0 for op in fused if isinstance(op, Matmul))
+    assert all(op.norm_w is None and op.mode == 0 and op.tail is None for op in fused if isinstance(op, Matmul))
 
 
-def test_gemma_layer():
-    n, d, ff, hd = 2, 256, 512, 64
-    x, h, q, k, v, att = Addr(n, d), Addr(n, d), Addr(n, 4 * hd), Addr(n, hd), Addr(n, hd), Addr(n, 4 * hd)
+def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64):
+    h, q, k, v, att = Addr(n, d), Addr(n, 4 * hd), Addr(n, hd), Addr(n, hd), Addr(n, 4 * hd)
     g, u = Addr(n, ff), Addr(n, ff)
     kc, vc, pos, slots = Addr(64, hd), Addr(64, hd), Addr(n, dtype=np.int32), Addr(n, dtype=np.int64)
+    post_attn, ffn_norm, post_ffn = Addr(d), Addr(d), Addr(d)
     ops = [
         RmsNorm(x, Addr(d), 1e-6, h, d),
-        Matmul([mat(4 * hd, d), mat(hd, d, GGMLType.Q6_K), mat(hd, d)], h, [q, k, v]),
+        matmul([mat(4 * hd, d), mat(hd, d, GGMLType.Q6_K), mat(hd, d)], h, [q, k, v]),
         RmsNorm(q, Addr(hd), 1e-6, q, hd),
         RmsNorm(k, Addr(hd), 1e-6, k, hd),
         Rope(q, 4, pos, ROPE),
         Rope(k, 1, pos, ROPE),
         KvStore(k, v, kc, vc, slots),
         Attention(q, kc, vc, att, None, pos, pos, Addr(1, 8), 16, 4, 1, 512, 0.125, 0.0, 1),
-        Matmul([mat(d, 4 * hd)], att, [h]),
-        RmsNorm(h, Addr(d), 1e-6, h, d),
+        matmul([mat(d, 4 * hd)], att, [h]),
+        RmsNorm(h, post_attn, 1e-6, h, d),
         Add(x, h, x),
-        RmsNorm(x, Addr(d), 1e-6, h, d),
-        Matmul([mat(ff, d), mat(ff, d)], h, [g, u]),
+        RmsNorm(x, ffn_norm, 1e-6, h, d),
+        matmul([mat(ff, d), mat(ff, d)], h, [g, u]),
         GatedAct("gelu", g, u, g),
-        Matmul([mat(d, ff)], g, [h]),
-        RmsNorm(h, Addr(d), 1e-6, h, d),
+        matmul([mat(d, ff)], g, [h]),
+        RmsNorm(h, post_ffn, 1e-6, h, d),
         Add(x, h, x),
     ]
-    fused = fuse(ops, MAX_SMEM)
+    return ops, {"h": h, "post_attn": post_attn, "ffn_norm": ffn_norm, "post_ffn": post_ffn}
+
+
+def test_gemma_layer():
+    x = Addr(2, 256)
+    ops, a = gemma_layer(2, x)
+    fused = fuse(ops, counter)
+    assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul]
+    qkv, post, attn, wo, ffn, down = fused
+    assert post.q_norm is not None and post.k_norm is not None
+    assert len(qkv.groups()) == 2  # Q4_K and Q6_K: two launches sharing one quant_x
+    assert attn.xq is wo.xq
+    # o: stored, then its tail normalises it, adds it into x, and normalises x for the feed-forward
+    assert wo.mode == 0 and wo.tail.add and wo.tail.post_w is a["post_attn"] and wo.tail.res is x
+    assert wo.tail.pre_w is a["ffn_norm"] and wo.tail.pre_h is a["h"] and wo.tail.pre_q is ffn.xq
+    assert ffn.mode == MODE_GELU and ffn.norm_w is None and not ffn.quant_in and ffn.act_q is down.xq
+    assert down.tail.add and down.tail.post_w is a["post_ffn"] and down.tail.pre_w is None
+
+
+def test_gemma_without_counters_keeps_norm_add():
+    fused = fuse(gemma_layer(1, Addr(1, 256))[0])
     assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, NormAdd, Matmul, Matmul, NormAdd]
-    assert fused[1].q_norm is not None and fused[1].k_norm is not None
-    assert fused[5].mode == MODE_GELU and fused[5].norm_w is not None
-    assert fused[3].mode == 0  # its output is normalised before the residual add
 
 
-def test_in_place_norm_is_not_fused_into_a_product():
+def test_in_place_norm_feeds_a_product():
     x = Addr(1, 256)
-    ops = [RmsNorm(x, Addr(256), 1e-5, x, 256), Matmul([mat(320, 256)], x, [Addr(1, 320)])]
-    assert [type(op) for op in fuse(ops, MAX_SMEM)] == [RmsNorm, Matmul]
+    w = Addr(256)
+    fused = fuse([RmsNorm(x, w, 1e-5, x, 256), matmul([mat(320, 256)], x, [Addr(1, 320)])], counter)
+    assert [type(op) for op in fused] == [Matmul]
+    assert fused[0].src is x and fused[0].x is x and fused[0].norm_w is w
+
+
+def test_gathered_rows_normalised_in_place_feed_the_head():
+    x, g, idx, out = Addr(3, 256), Addr(2, 256), Addr(2, dtype=np.int32), Addr(2, 1000)
+    ops = [GatherRows(x, idx, g), RmsNorm(g, Addr(256), 1e-5, g, 256), matmul([mat(1000, 256)], g, [out])]
+    fused = fuse(ops, counter)
+    assert [type(op) for op in fused] == [Matmul]
+    assert fused[0].src is x and fused[0].idx is idx and fused[0].x is g
 
 
 @pytest.mark.parametrize("case", ["residual_is_input", "add_of_other_arrays", "partial_view"])
 def test_residual_fusion_needs_disjoint_arrays(case):
     x, h, other = Addr(1, 256), Addr(1, 256), Addr(1, 256)
     if case == "residual_is_input":
-        ops = [Matmul([mat(256, 256)], x, [h]), Add(x, h, x)]
+        ops = [matmul([mat(256, 256)], x, [h]), Add(x, h, x)]
     elif case == "add_of_other_arrays":
-        ops = [Matmul([mat(256, 256)], x, [h]), Add(other, x, other)]
+        ops = [matmul([mat(256, 256)], x, [h]), Add(other, x, other)]
     else:  # the add reads a different view of h's memory
         big = Addr(2, 256, at=h.data.ptr)
-        ops = [Matmul([mat(256, 256)], x, [h]), Add(other, big.rows(1), other)]
-        assert [type(op) for op in fuse(ops, MAX_SMEM)] == [Matmul]  # same address and shape: still h
+        ops = [matmul([mat(256, 256)], x, [h]), Add(other, big.rows(1), other)]
+        assert [type(op) for op in fuse(ops, counter)] == [Matmul]  # same address and shape: still h
         return
-    assert [type(op) for op in fuse(ops, MAX_SMEM)] == [Matmul, Add]
+    assert [type(op) for op in fuse(ops, counter)] == [Matmul, Add]
 
 
 def test_mixed_type_gate_and_up_stay_apart():
     x, g, u = Addr(1, 256), Addr(1, 512), Addr(1, 512)
-    ops = [Matmul([mat(512, 256), mat(512, 256, GGMLType.Q6_K)], x, [g, u]), GatedAct("silu", g, u, g)]
-    assert [type(op) for op in fuse(ops, MAX_SMEM)] == [Matmul, GatedAct]
+    ops = [matmul([mat(512, 256), mat(512, 256, GGMLType.Q6_K)], x, [g, u]), GatedAct("silu", g, u, g)]
+    assert [type(op) for op in fuse(ops, counter)] == [Matmul, GatedAct]
+
+
+def test_activation_quantizing_needs_whole_blocks_of_rows():
+    x, g, u, h = Addr(1, 256), Addr(1, 496), Addr(1, 496), Addr(1, 256)
+    ops = [matmul([mat(496, 256), mat(496, 256)], x, [g, u]), GatedAct("silu", g, u, g),
+           matmul([mat(256, 496, GGMLType.Q8_0)], g, [h])]
+    fused = fuse(ops, counter)
+    assert fused[0].mode == MODE_SILU and fused[0].act_q is None and fused[1].quant_in  # 496 % 32 != 0
+
+
+def test_float_product_reads_the_tail_output_unquantized():
+    x, h, y = Addr(1, 256), Addr(1, 256), Addr(1, 64)
+    ops = [matmul([mat(256, 256)], Addr(1, 256), [h]), Add(x, h, x), RmsNorm(x, Addr(256), 1e-5, h, 256),
+           matmul([mat(64, 256, GGMLType.F16)], h, [y])]
+    fused = fuse(ops, counter, residual_tails=True)
+    assert [type(op) for op in fused] == [Matmul, Matmul]
+    assert fused[0].tail.pre_h is h and fused[0].tail.pre_q is None and not fused[1].quant_in
 
 
 def test_rope_with_different_positions_is_not_fused():
     q, k, v = Addr(3, 256), Addr(3, 128), Addr(3, 128)
     p1, p2 = Addr(3, dtype=np.int32), Addr(3, dtype=np.int32)
     ops = [Rope(q, 4, p1, ROPE), Rope(k, 2, p2, ROPE), KvStore(k, v, Addr(64, 128), Addr(64, 128), Addr(3))]
-    assert [type(op) for op in fuse(ops, MAX_SMEM)] == [Rope, Rope, KvStore]
+    assert [type(op) for op in fuse(ops, counter)] == [Rope, Rope, KvStore]
+
+
+# ---- launches against the kernels' parameter lists ----
+
+class FakeKernels:
+    """Stands in for compiled modules: a launch's function is (module, name)."""
+
+    max_smem = 0
+
+    def fn(self, module: str, name: str):
+        return (module, name)
+
+
+def strip_comments(src: str) -> str:
+    return re.sub(r"//[^\n]*", "", src)
+
+
+def param_count(name: str) -> int:
+    """Parameters of kernel `name` as written in the sources (the *_PARAMS macros expanded)."""
+    src = strip_comments("".join(p.read_text() for p in sorted(KERNELS.glob("*.c*"))))
+    macros = {m.group(1): m.group(2).replace("\\\n", " ")
+              for m in re.finditer(r"#define (\w+_PARAMS)((?:[^\n]*\\\n)*[^\n]*)", src)}
+    m = re.search(r"extern \"C\" __global__ void(?: __launch_bounds__\(\w+\))?\s+" + name + r"\(([^)]*)\)", src)
+    assert m, f"kernel {name} not found"
+    params = m.group(1)
+    for macro, text in macros.items():
+        params = params.replace(macro, text)
+    return len([p for p in params.split(",") if p.strip()])
+
+
+def test_launch_arguments_match_the_kernels():
+    x, h = Addr(2, 256), Addr(2, 256)
+    ops1, _ = llama_layer(2, x, h)
+    ops2, _ = llama_layer(2, x, h)
+    gem, _ = gemma_layer(2, Addr(2, 256))
+    head = [GatherRows(x, Addr(1, dtype=np.int32), Addr(1, 256).rows(1)), ]
+    seen = set()
+    for op in fuse(ops1 + ops2, counter, residual_tails=True) + fuse(gem, counter) + ops1 + head:
+        for launch in op.launches(FakeKernels()):
+            _, name = launch.fn
+            seen.add(name)
+            assert len(launch.args) == param_count(name), name
+            assert len(launch.grid) == 3 and len(launch.block) == 3
+    split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 4, 66), Addr(1), Addr(1),
+                      Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=Addr(xq_bytes(1, 256), dtype=np.uint8))
+    for launch in split.launches(FakeKernels()):
+        seen.add(launch.fn[1])
+        assert len(launch.args) == param_count(launch.fn[1])
+    assert {"mv_n2", "quant_x", "attn", "attn_combine", "qkv_post", "gather_rows", "rms_norm", "rope"} <= seen
+
+
+def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
+    x, g, u, h = Addr(1, 256), Addr(1, 512), Addr(1, 512), Addr(1, 256)
+    ops = [matmul([mat(512, 256), mat(512, 256)], x, [g, u]), GatedAct("silu", g, u, g), matmul([mat(256, 512)], g, [h])]
+    gated, down = fuse(ops, counter)
+    quant, launch = gated.launches(FakeKernels())  # its input comes unquantized: quant_x first
+    assert quant.fn == ("ops", "quant_x") and quant.grid == (1, 1, 1)
+    assert launch.block == (256, 1, 1) and launch.grid == (512 // 32, 1, 1)
+    (launch,) = down.launches(FakeKernels())  # its input was quantized by the gated product
+    assert launch.fn == ("matmul_12", "mv_n1")

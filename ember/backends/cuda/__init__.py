@@ -23,6 +23,7 @@ from ..base import AttentionBatch, BackendError, RopeParams, Weight
 from ._ops import (
     ATT_MAX_D,
     MATRIX_TYPES,
+    TOPK_MAX,
     Add,
     AddRow,
     Attention,
@@ -36,7 +37,10 @@ from ._ops import (
     Rope,
     RopeArgs,
     Scale,
+    TopK,
     split_count,
+    use_matvec,
+    xq_bytes,
 )
 
 WEIGHT_PADDING = 64  # bytes past a matrix's end: the block decoders may read one word beyond
@@ -65,7 +69,7 @@ class Backend:
     name = "cuda"
 
     def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool | None = None, tails: bool | None = None):
         cp = self.cp = import_cupy()
         index = device_index(device)
         try:
@@ -86,10 +90,20 @@ class Backend:
         self.n_sm = int(self.device.attributes["MultiProcessorCount"])
         self.graphs = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0" if graphs is None else graphs
         self.fuse = os.environ.get("EMBER_CUDA_FUSE", "1") != "0" if fuse is None else fuse
+        # Fused products' tails (their last block does the layer's row-wide norms): "post" (default)
+        # where they take over a post-norm and residual add, "all" also for plain residual products,
+        # "0" never (norms as quant_x launches). tails=True/False mean "all"/"0".
+        mode = os.environ.get("EMBER_CUDA_TAILS", "post") if tails is None else ("all" if tails else "0")
+        if mode not in ("post", "all", "0"):
+            raise BackendError(f"EMBER_CUDA_TAILS must be post, all or 0, not '{mode}'")
+        self.tails = mode
         self.graph_error: str | None = None
         self._ring = InputRing(cp)
         self._recording = None
         self._scratch: dict[str, object] = {}
+        self._xq: dict[tuple, object] = {}  # (address, shape) of an activation -> its quantized copy
+        self._counters: list = []  # device uint32 pools; tails take one entry each
+        self._counter_at = 0
         self._threads_using = {threading.get_ident()}
         self._capture_stream = None
 
@@ -103,7 +117,7 @@ class Backend:
                 "compute_capability": self.device.compute_capability, "multiprocessors": self.n_sm,
                 "memory_total_gib": round(total / 2**30, 1), "memory_free_gib": round(free / 2**30, 1),
                 "cupy": self.cp.__version__, "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
-                "graphs": self.graphs, "kernel_cache": str(_kernel_cache())}
+                "graphs": self.graphs, "tails": self.tails, "kernel_cache": str(_kernel_cache())}
 
     def supports(self, qtype: GGMLType) -> bool:
         return qtype in MATRIX_TYPES
@@ -161,7 +175,11 @@ class Backend:
     def _finish(self, rec) -> None:
         from ._fuse import fuse
 
-        ops = fuse(rec.ops, self.kernels.max_smem) if self.fuse else rec.ops
+        if self.fuse:
+            counter = self._new_counter if self.tails != "0" else None
+            ops = fuse(rec.ops, counter, residual_tails=self.tails == "all")
+        else:
+            ops = rec.ops
         rec.n_ops_fused = len(ops)
         rec.launches = [launch for op in (*rec.uploads, *ops, *rec.downloads) for launch in op.launches(self.kernels)]
         if self.graphs and self.graph_error is None:
@@ -223,6 +241,24 @@ class Backend:
             return self._recording.upload(self.cp, a)
         return self._ring.upload(np.ascontiguousarray(a, dtype))
 
+    def _xq_for(self, x):
+        """The buffer holding activation x (n, k) quantized for the decode products: one per
+        activation buffer, so that a producer and the product reading x agree on it."""
+        key = (x.data.ptr, tuple(x.shape))
+        buf = self._xq.get(key)
+        if buf is None:
+            buf = self._xq[key] = self.cp.empty(xq_bytes(*x.shape), np.uint8)
+        return buf
+
+    def _new_counter(self):
+        """A zeroed device counter of its own for one fused tail (zero again after each launch)."""
+        pool_size = 4096
+        if not self._counters or self._counter_at == pool_size:
+            self._counters.append(self.cp.zeros(pool_size, np.uint32))
+            self._counter_at = 0
+        self._counter_at += 1
+        return self._counters[-1][self._counter_at - 1:self._counter_at]
+
     def _scratch_f32(self, name: str, size: int):
         buf = self._scratch.get(name)
         if buf is None or buf.size < size:  # recordings keep the old buffer alive
@@ -245,7 +281,9 @@ class Backend:
         for w, out in zip(ws, outs):
             if len(w.shape) != 2 or w.shape[1] != x.shape[1] or out.shape != (x.shape[0], w.shape[0]):
                 raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
-        self._run(Matmul(list(ws), x, list(outs)))
+        n, k = x.shape
+        decode = all(use_matvec(w.type, n, k) for w in ws) and n > 0
+        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
@@ -291,6 +329,21 @@ class Backend:
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split))
+
+
+    # ---- sampling reductions (not yet part of the Backend protocol) ----
+    def top_k(self, logits, k: int, ids, vals) -> None:
+        """ids (n, k) int32 and vals (n, k) f32 = the k largest logits of each row of logits (n, vocab),
+        best first, computed on the device (k = 1: the argmax, lowest id among equal values).
+        k <= TOPK_MAX; which of several values equal to the k-th largest are kept is unspecified."""
+        n, vocab = logits.shape
+        if not 1 <= k <= min(TOPK_MAX, vocab):
+            raise BackendError(f"top_k needs 1 <= k <= {min(TOPK_MAX, vocab)}, got {k}")
+        if tuple(ids.shape) != (n, k) or tuple(vals.shape) != (n, k) or ids.dtype != np.int32:
+            raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
+        if n:
+            self.kernels.prefetch("sample")
+            self._run(TopK(logits, k, ids, vals))
 
 
 def check_attention(q, k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int) -> None:

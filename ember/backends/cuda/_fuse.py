@@ -1,21 +1,32 @@
 """Fusion of a recorded step's ops, before the step is captured into a CUDA graph.
 
 At one token per sequence a step is hundreds of tiny kernels, and their launch gaps, not the
-bytes they move, set the step time. Neighbouring ops are merged where one kernel can do both:
+bytes they move, set the step time. Neighbouring ops are merged where one kernel can do both.
+First, pairs as the ops arrive:
 
-  RmsNorm(x -> h) + Matmul(h)            -> Matmul normalising x itself (and still writing h)
+  RmsNorm(x -> h) + Matmul(h)            -> Matmul whose quant_x launch normalises x (writing h)
+  GatherRows(x -> g) + that, normed in place -> the quant_x launch gathers the rows itself
   Matmul(gate, up) + SiluMul/GeluMul     -> Matmul writing gate, up and act(gate) * up
   Matmul(-> h) + Add(r, h -> r)          -> Matmul writing h and adding it into r
   RmsNorm(h -> h) + Add(r, h -> r)       -> NormAdd
+  Matmul(-> h) + NormAdd(h, r)           -> Matmul whose tail normalises h and adds it into r
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
+
+then producers take over the next product's activation work (decode products read x quantized):
+
+  Matmul with a tail + Matmul normalising r  -> the tail also normalises and quantizes r
+  (optionally also for a Matmul adding into r in its epilogue: a tail of its own)
+  gated Matmul + Matmul(act)             -> the gated one quantizes act in its epilogue
+  Attention + Matmul(out)                -> attention quantizes its output
 
 Every fused op writes everything its parts wrote, so no liveness analysis is needed; the rules
 only check that no output overlaps an input another block of the same kernel still reads.
-Products fuse only on the matrix-vector path (decode), where the fusions are epilogues and
-prologues of one kernel. Pure Python on array addresses: testable without a GPU.
+Products fuse only on the matrix-vector path (decode), where the fusions are prologues and
+epilogues. Pure Python on array addresses: testable without a GPU.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ._ops import (
@@ -24,54 +35,78 @@ from ._ops import (
     MODE_SILU,
     MODE_STORE,
     Add,
+    Attention,
     GatedAct,
+    GatherRows,
     KvStore,
     Matmul,
     NormAdd,
     QkvPost,
     RmsNorm,
     Rope,
-    use_matvec,
+    Tail,
 )
 
 
-def fuse(ops: list, max_smem: int) -> list:
+def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = False) -> list:
+    """The fused op list. new_counter() gives a zeroed device uint32 for each tail; without it,
+    no tails are formed. Tails form where they take over a post-norm and residual add (gemma's
+    layers); with residual_tails, also on products that add into the residual in their epilogue,
+    just to do the next norm (measured on an H200: slower than a quant_x launch, see bench/cuda.py)."""
     merged: list = []
     for op in ops:
         merged.append(op)
         while len(merged) >= 2:
-            pair = merge_pair(merged[-2], merged[-1], max_smem)
+            pair = merge_pair(merged[-2], merged[-1], new_counter)
             if pair is None:
                 break
             merged[-2:] = [pair]
-    return fuse_qkv_post(merged)
+    return hand_over_activations(fuse_qkv_post(merged), new_counter, residual_tails)
 
 
-def merge_pair(a, b, max_smem: int):
+def merge_pair(a, b, new_counter):
     """One op doing a then b, or None."""
     if isinstance(a, RmsNorm) and isinstance(b, Matmul):
-        return norm_into_matmul(a, b, max_smem)
+        return norm_into_matmul(a, b)
+    if isinstance(a, GatherRows) and isinstance(b, Matmul):
+        return gather_into_matmul(a, b)
     if isinstance(a, Matmul) and isinstance(b, GatedAct):
-        return gate_into_matmul(a, b, max_smem)
+        return gate_into_matmul(a, b)
     if isinstance(a, Matmul) and isinstance(b, Add):
-        return residual_into_matmul(a, b, max_smem)
+        return residual_into_matmul(a, b)
     if isinstance(a, RmsNorm) and isinstance(b, Add):
         return norm_add(a, b)
+    if isinstance(a, Matmul) and isinstance(b, NormAdd) and new_counter is not None:
+        return norm_add_into_tail(a, b, new_counter)
     return None
 
 
-def norm_into_matmul(norm: RmsNorm, mm: Matmul, max_smem: int):
-    if not (mm.norm_w is None and mm.mode == MODE_STORE and same(mm.x, norm.out) and norm.w is not None):
-        return None
-    if norm.d != mm.k or not matvec(mm, max_smem) or overlap(norm.out, norm.x):
+def plain(mm: Matmul) -> bool:
+    """A decode product with no epilogue fused into it yet (a norm prologue is allowed)."""
+    return mm.matvec() and mm.mode == MODE_STORE and mm.tail is None and mm.act_q is None
+
+
+def norm_into_matmul(norm: RmsNorm, mm: Matmul):
+    if not (plain(mm) and mm.norm_w is None and mm.quant_in and same(mm.x, norm.out) and norm.w is not None
+            and norm.d == mm.k):
         return None
     if any(overlap(o, norm.x) or overlap(o, norm.out) for o in mm.outs):
         return None
-    return replace(mm, x=norm.x, norm_w=norm.w, eps=norm.eps, h_out=norm.out)
+    # quant_x reads each row of x whole before writing it: h may be x itself
+    return replace(mm, src=norm.x, norm_w=norm.w, eps=norm.eps)
 
 
-def gate_into_matmul(mm: Matmul, act: GatedAct, max_smem: int):
-    if mm.mode != MODE_STORE or len(mm.ws) != 2 or not matvec(mm, max_smem):
+def gather_into_matmul(g: GatherRows, mm: Matmul):
+    """The gathered rows, normalised in place, feed the product: quant_x gathers them itself."""
+    if mm.norm_w is None or mm.idx is not None or not (same(mm.src, g.out) and same(mm.x, g.out)):
+        return None
+    if overlap(g.x, g.out) or g.x.shape[1] != mm.k or any(overlap(o, g.x) for o in mm.outs):
+        return None
+    return replace(mm, src=g.x, idx=g.idx)
+
+
+def gate_into_matmul(mm: Matmul, act: GatedAct):
+    if not plain(mm) or len(mm.ws) != 2:
         return None
     gate, up = mm.ws
     if gate.type != up.type or gate.shape != up.shape:
@@ -81,13 +116,13 @@ def gate_into_matmul(mm: Matmul, act: GatedAct, max_smem: int):
     # The kernel writes gate, up, then the activation, element by element in one thread: the
     # activation may land on gate or up exactly, but must not overlap anything else.
     in_place = same(act.out, mm.outs[0]) or same(act.out, mm.outs[1])
-    if (not in_place and reads_overlap(mm, act.out)) or overlap(act.out, mm.x) or overlap(act.out, mm.h_out):
+    if (not in_place and reads_overlap(mm, act.out)) or overlap(act.out, mm.x):
         return None
     return replace(mm, mode=MODE_SILU if act.act == "silu" else MODE_GELU, aux=act.out)
 
 
-def residual_into_matmul(mm: Matmul, add: Add, max_smem: int):
-    if mm.mode != MODE_STORE or len(mm.ws) != 1 or not matvec(mm, max_smem):
+def residual_into_matmul(mm: Matmul, add: Add):
+    if not plain(mm) or len(mm.ws) != 1:
         return None
     h = mm.outs[0]
     if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
@@ -108,6 +143,16 @@ def norm_add(norm: RmsNorm, add: Add):
     if overlap(add.out, h):
         return None
     return NormAdd(h=h, w=norm.w, x=add.out, eps=norm.eps, d=norm.d)
+
+
+def norm_add_into_tail(mm: Matmul, na: NormAdd, new_counter):
+    """The product's output h, normalised and added into the residual by its last block."""
+    if not plain(mm) or len(mm.ws) != 1 or not same(na.h, mm.outs[0]) or na.d != mm.ws[0].shape[0]:
+        return None
+    if overlap(na.x, na.h) or reads_overlap(mm, na.x):
+        return None
+    tail = Tail(counter=new_counter(), res=na.x, add=True, post_w=na.w, post_eps=na.eps)
+    return replace(mm, tail=tail)
 
 
 def fuse_qkv_post(ops: list) -> list:
@@ -151,11 +196,72 @@ def match_qkv_post(ops: list, i: int):
     return fused, (j - i) + 3
 
 
+# ---- producers writing the next product's activations ----
+
+def hand_over_activations(ops: list, new_counter, residual_tails: bool = False) -> list:
+    out = list(ops)
+    for i in range(len(out) - 1):
+        a, b = out[i], out[i + 1]
+        if not isinstance(b, Matmul) or not b.matvec() or not b.quant_in:
+            continue
+        pair = None
+        if isinstance(a, Matmul) and new_counter is not None and (a.tail is not None or residual_tails):
+            pair = norm_into_tail(a, b, new_counter)
+        if pair is None and isinstance(a, Matmul):
+            pair = act_quant(a, b)
+        if pair is None and isinstance(a, Attention):
+            pair = attention_quant(a, b)
+        if pair is not None:
+            out[i], out[i + 1] = pair
+    return out
+
+
+def norm_into_tail(p: Matmul, c: Matmul, new_counter):
+    """p adds into the residual r (epilogue or tail) and c normalises r: p's tail does c's norm."""
+    if c.norm_w is None or c.idx is not None or len(p.ws) != 1 or not p.matvec() or p.act_q is not None:
+        return None
+    if p.mode == MODE_RESIDUAL and p.tail is None:
+        res = p.aux
+    elif p.mode == MODE_STORE and p.tail is not None and p.tail.add and p.tail.pre_w is None:
+        res = p.tail.res
+    else:
+        return None
+    d = p.ws[0].shape[0]
+    if not same(c.src, res) or c.k != d or d % 32 or c.n != p.n:
+        return None
+    if overlap(c.x, res) or (c.xq is not None and (overlap(c.xq, res) or reads_overlap(p, c.xq))):
+        return None
+    if c.needs_xq and c.xq is None:
+        return None
+    # c.x may be p's own output h: the tail overwrites row j of it only after reading it
+    base = p.tail if p.tail is not None else Tail(counter=new_counter(), res=res)
+    tail = replace(base, pre_w=c.norm_w, pre_eps=c.eps, pre_h=c.x, pre_q=c.xq if c.needs_xq else None)
+    return replace(p, tail=tail), replace(c, src=None, norm_w=None, eps=0.0, quant_in=False)
+
+
+def act_quant(p: Matmul, c: Matmul):
+    """A gated product's activation rows quantized by it, for the next product reading them."""
+    if p.mode not in (MODE_SILU, MODE_GELU) or p.act_q is not None or p.tail is not None or not p.matvec():
+        return None
+    rows = p.ws[0].shape[0]
+    if c.norm_w is not None or not c.needs_xq or c.xq is None or not same(c.x, p.aux) or rows % 32 or c.n != p.n:
+        return None
+    if reads_overlap(p, c.xq) or overlap(c.xq, p.aux):
+        return None
+    return replace(p, act_q=c.xq), replace(c, quant_in=False)
+
+
+def attention_quant(a: Attention, c: Matmul):
+    """Attention's output quantized as it is written, for the product reading it."""
+    hd_v = a.v_cache.shape[1] // a.n_kv
+    if hd_v % 32 or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None:
+        return None
+    if not same(c.x, a.out) or overlap(c.xq, a.out) or overlap(c.xq, a.q):
+        return None
+    return replace(a, xq=c.xq), replace(c, quant_in=False)
+
+
 # ---- array identity on device addresses ----
-
-def matvec(mm: Matmul, max_smem: int) -> bool:
-    return all(use_matvec(w.type, mm.n, mm.k, max_smem) for w in mm.ws)
-
 
 def address(a) -> int:
     return a.data.ptr
@@ -175,8 +281,9 @@ def overlap(a, b) -> bool:
 
 
 def reads_overlap(mm: Matmul, out) -> bool:
-    """Whether `out` overlaps what a product reads or writes besides it (x, h_out, outs)."""
-    return overlap(out, mm.x) or overlap(out, mm.h_out) or any(overlap(out, o) for o in mm.outs)
+    """Whether `out` overlaps what a product reads or writes besides it (x, src, xq, outs)."""
+    return (overlap(out, mm.x) or overlap(out, mm.src) or overlap(out, mm.xq)
+            or any(overlap(out, o) for o in mm.outs))
 
 
 def same_rope(a, b) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..base import BackendError
 
-CACHE_VERSION = "1"  # bump when the way sources are assembled changes
+CACHE_VERSION = "2"  # bump when the way sources are assembled changes
 
 
 def cache_dir() -> Path:
@@ -31,9 +31,9 @@ def kernel_source(name: str) -> str:
 
 
 def module_source(module: str) -> str:
-    """The full source of one compiled module: "ops", "attention" or "matmul_<ggml type id>"."""
+    """The full source of one compiled module: "ops", "attention", "sample" or "matmul_<ggml type id>"."""
     common = kernel_source("common.cuh")
-    if module in ("ops", "attention"):
+    if module in ("ops", "attention", "sample"):
         return common + kernel_source(f"{module}.cu")
     if module.startswith("matmul_"):
         qtype = int(module.split("_", 1)[1])
@@ -61,6 +61,7 @@ class Kernels:
         self._futures: dict[str, Future] = {}
         self._modules: dict = {}
         self._functions: dict = {}
+        self._names: dict = {}  # id(function) -> "module.name", for profiles
         self._lock = threading.Lock()
 
     def prefetch(self, module: str) -> None:
@@ -83,10 +84,12 @@ class Kernels:
         f = self._functions.get(key)
         if f is None:
             f = self.module(module).get_function(name)
-            if name.startswith("mv_"):  # the decode products stage x in up to all of shared memory
-                f.max_dynamic_shared_size_bytes = self.max_smem
             self._functions[key] = f
+            self._names[id(f)] = f"{module}.{name}"
         return f
+
+    def name_of(self, f) -> str:
+        return self._names.get(id(f), "?")
 
     # ---- building ----
     def _options(self) -> tuple[str, ...]:

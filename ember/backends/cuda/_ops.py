@@ -19,9 +19,11 @@ FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
+PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
 
 MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernels
-MV_THREADS = 128
+DECODE_TOKENS = 8  # attention of steps up to this many tokens: four threads per key (few keys per split)
+MV_THREADS, MVQ_THREADS = 128, 256
 MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
 ATT_HEADS, ATT_MAX_D = 8, 256
 
@@ -54,19 +56,35 @@ class Launch:
             self.fn(self.grid, self.block, self.args, shared_mem=self.smem)
 
 
-def mv_smem(qtype: GGMLType, n: int, k: int) -> int:
-    """Shared memory of the matrix-vector kernels: x as floats, or int8 with scales and half-sums."""
-    return n * k * 4 if qtype in FLOAT_TYPES else n * k + n * (k // 32) * 12
+def use_matvec(qtype: GGMLType, n: int, k: int, max_smem: int = 0) -> bool:
+    """Decode-sized products (n <= 8 activation rows) take the matrix-vector kernels."""
+    return n <= MV_MAX_ROWS
 
 
-def use_matvec(qtype: GGMLType, n: int, k: int, max_smem: int) -> bool:
-    return n <= MV_MAX_ROWS and mv_smem(qtype, n, k) <= max_smem
+def quantized(qtype: GGMLType) -> bool:
+    return qtype not in FLOAT_TYPES
 
 
-def team_log2(k: int) -> int:
-    """Lanes per pair of output rows: about four 32-value units per lane, 4 to 32 lanes."""
-    want = max(1, math.ceil(k / 32 / 4))
-    return min(5, max(2, (want - 1).bit_length()))
+def xq_bytes(n: int, k: int) -> int:
+    """Bytes of n activation rows of k values quantized for the decode products: int8 values,
+    then a float4 (scale, half-sums) per 32 values."""
+    return n * k + n * (k // 32) * 16
+
+
+TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
+
+
+def team_log2(k: int, teams: int = 1 << 30) -> int:
+    """Lanes per pair of output rows: about four 32-value slices per lane, 4 to 32 lanes; for long
+    rows of few teams, up to a block of 128 lanes while that keeps two slices per lane, so that
+    enough warps stream the matrix."""
+    slices = k // 32
+    tl = min(5, max(2, (max(1, math.ceil(slices / 4)) - 1).bit_length()))
+    while tl == 5 or 5 < tl < 7:
+        if teams * (1 << tl) // 32 >= TARGET_WARPS or slices < 2 * (2 << tl):
+            break
+        tl += 1
+    return tl
 
 
 def _pad4(xs: list, fill) -> list:
@@ -75,20 +93,53 @@ def _pad4(xs: list, fill) -> list:
 
 # ---- matrix products ----
 
+@dataclass(frozen=True)
+class Tail:
+    """Row-wide work done by the last block of a single-matrix decode product (rows of d = its
+    output width): res += y (y normalised by post_w first and overwritten, when add), then res
+    normalised by pre_w into pre_h (f32) and pre_q (quantized, or None) for the next product."""
+
+    counter: Any  # device uint32 (1,), zero between launches
+    res: Any
+    add: bool = False
+    post_w: Any = None
+    post_eps: float = 0.0
+    pre_w: Any = None
+    pre_eps: float = 0.0
+    pre_h: Any = None
+    pre_q: Any = None
+
+    def kernel_args(self) -> tuple:
+        return (ptr(self.counter), ptr(self.res), i32(int(self.add)), ptr(self.post_w), f32(self.post_eps),
+                ptr(self.pre_w), f32(self.pre_eps), ptr(self.pre_h), ptr(self.pre_q))
+
+
+NO_TAIL_ARGS = (u64(0), u64(0), i32(0), u64(0), f32(0), u64(0), f32(0), u64(0), u64(0))
+
+
 @dataclass(eq=False)
 class Matmul:
-    """outs[j] (n, rows_j) = x (n, k) @ ws[j].T for matrices sharing x, with optional fusions
-    (decode path only): x RMS-normalised by norm_w first (and written to h_out), the result added
-    into aux (MODE_RESIDUAL), or act(outs[0]) * outs[1] written to aux (gated modes)."""
+    """outs[j] (n, rows_j) = x (n, k) @ ws[j].T for matrices sharing x.
+
+    Decode path (n <= 8): quantized types read x from xq (n, k quantized: xq_bytes), which a
+    quant_x launch fills first unless a producer already did (quant_in False). Fusions (recorded
+    steps only): x = RMS-norm of src (rows idx of src when idx is set) by norm_w, done by that
+    quant_x launch; the result added into aux (MODE_RESIDUAL), or act(outs[0]) * outs[1]
+    written to aux (gated modes) and quantized into act_q; a Tail."""
 
     ws: list  # Weight (data: DeviceMatrix)
     x: Any
     outs: list
+    xq: Any = None  # device uint8 (xq_bytes(n, k),); needed on the decode path by quantized types
+    quant_in: bool = True
+    src: Any = None
+    idx: Any = None  # device int32 (n,)
     norm_w: Any = None
     eps: float = 0.0
-    h_out: Any = None
     mode: int = MODE_STORE
     aux: Any = None
+    act_q: Any = None
+    tail: Tail | None = None
 
     @property
     def n(self) -> int:
@@ -98,6 +149,10 @@ class Matmul:
     def k(self) -> int:
         return self.x.shape[1]
 
+    @property
+    def needs_xq(self) -> bool:
+        return any(quantized(w.type) for w in self.ws)
+
     def groups(self) -> list[list[int]]:
         """Indices of ws grouped by type, at most four to a launch."""
         by_type: dict = {}
@@ -105,31 +160,52 @@ class Matmul:
             by_type.setdefault(w.type, []).append(j)
         return [idx[i:i + 4] for idx in by_type.values() for i in range(0, len(idx), 4)]
 
-    def matvec(self, kernels) -> bool:
-        return all(use_matvec(w.type, self.n, self.k, kernels.max_smem) for w in self.ws)
+    def matvec(self, kernels=None) -> bool:
+        return self.n <= MV_MAX_ROWS
 
     def launches(self, kernels) -> list[Launch]:
         if self.n == 0:
             return []
-        if self.matvec(kernels):
-            return [self._matvec(kernels, g, first=i == 0) for i, g in enumerate(self.groups())]
-        if self.mode != MODE_STORE or self.norm_w is not None:
+        if self.matvec():
+            out = []
+            if self.norm_w is not None or (self.quant_in and self.needs_xq):
+                out.append(self._quant_x(kernels))
+            groups = self.groups()
+            if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
+                raise AssertionError("fused epilogues need one launch")
+            return out + [self._matvec(kernels, g) for g in groups]
+        if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
         return [self._tile(kernels, g) for g in self.groups()]
 
-    def _matvec(self, kernels, group: list[int], first: bool) -> Launch:
+    def _quant_x(self, kernels) -> Launch:
+        if self.needs_xq and self.xq is None:
+            raise AssertionError("a decode product of quantized weights needs its xq buffer")
+        normed = self.norm_w is not None
+        src = self.src if normed else self.x
+        args = (ptr(src), ptr(self.idx if normed else None), ptr(self.norm_w), f32(self.eps),
+                ptr(self.x if normed else None), ptr(self.xq), i32(self.n), i32(self.k))
+        return Launch(kernels.fn("ops", "quant_x"), (self.n, 1, 1), (128, 1, 1), args)
+
+    def _matvec(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
         qtype, n, k = ws[0].type, self.n, self.k
         nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
-        tl = team_log2(k)
-        teams = ws[0].shape[0] if self.mode in (MODE_SILU, MODE_GELU) else -(-sum(w.shape[0] for w in ws) // 2)
-        grid = (-(-teams // (MV_THREADS >> tl)), 1, 1)
+        gated = self.mode in (MODE_SILU, MODE_GELU)
+        if gated and self.act_q is not None:  # blocks of 32 output rows, teams of 8 lanes
+            tl, threads = 3, MVQ_THREADS
+            grid = ws[0].shape[0] // 32
+        else:
+            teams = ws[0].shape[0] if gated else -(-sum(w.shape[0] for w in ws) // 2)
+            spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
+            tl, threads = team_log2(k // spl, teams), MV_THREADS
+            grid = -(-teams // (threads >> tl))
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
-                i32(k), i32(n), ptr(self.x), ptr(self.norm_w), f32(self.eps),
-                ptr(self.h_out if first else None), i32(self.mode), ptr(self.aux), i32(tl))
+                i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), ptr(self.act_q),
+                *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(f"matmul_{int(qtype)}", f"mv_n{nmax}")
-        return Launch(fn, grid, (MV_THREADS, 1, 1), args, mv_smem(qtype, n, k))
+        return Launch(fn, (grid, 1, 1), (threads, 1, 1), args)
 
     def _tile(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
@@ -354,6 +430,7 @@ class Attention:
     scale: float
     softcap: float
     n_split: int
+    xq: Any = None  # device uint8 (xq_bytes(n, n_head * hd_v),) or None: out also quantized (hd_v % 32 == 0)
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -362,19 +439,43 @@ class Attention:
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
                 ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
-                f32(self.softcap), i32(self.n_split))
+                f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 else None),
+                i32(2 if n <= DECODE_TOKENS else 0))
         out = [Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)]
         if self.n_split > 1:
             out.append(Launch(kernels.fn("attention", "attn_combine"), (self.n_head, n, 1), (128, 1, 1),
-                              (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split))))
+                              (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
+                               ptr(self.xq))))
         return out
 
 
 def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int) -> int:
     """Key-range splits of decode attention: enough blocks to fill the GPU twice, each split
-    covering at least 64 positions of the longest possible sequence, at most 32."""
+    covering at least 16 positions of the longest possible sequence, at most 32 (a decode step's
+    keys are few: more splits put more blocks to reading them)."""
     blocks = n_tok * n_kv * -(-group // ATT_HEADS)
-    return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // 64), 32))
+    return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // 16), 32))
+
+
+# ---- sampling reductions ----
+
+TOPK_MAX = 256
+
+
+@dataclass(eq=False)
+class TopK:
+    """ids, vals (n, k) = the k largest values of each row of x (n, vocab), best first."""
+
+    x: Any
+    k: int
+    ids: Any  # device int32 (n, k)
+    vals: Any  # device f32 (n, k)
+
+    def launches(self, kernels) -> list[Launch]:
+        n, vocab = self.x.shape
+        name = "row_argmax" if self.k == 1 else "row_topk"
+        args = (ptr(self.x), i32(vocab), i32(self.k), ptr(self.ids), ptr(self.vals))
+        return [Launch(kernels.fn("sample", name), (n, 1, 1), (1024, 1, 1), args)]
 
 
 @dataclass(eq=False)

@@ -7,8 +7,8 @@
 // position pos[t] attends to positions max(0, pos[t] - window + 1) .. pos[t] (window <= 0: from 0).
 //
 // One block per (token, kv head, group of <= 8 query heads sharing it, split of the key range):
-// keys in chunks of 128 (a thread per key for the scores, online softmax, then threads over value
-// dimensions). With n_split > 1 (flash-decoding), each split writes (max, sum, partial output) and
+// keys in chunks of 128 / kpt (kpt threads per key for the scores: 4 for decode steps, whose
+// splits hold few keys; online softmax; then threads over value dimensions). With n_split > 1 (flash-decoding), each split writes (max, sum, partial output) and
 // attn_combine merges them. The key range is read from pos on the device, so one launch shape
 // serves every step of a recorded graph.
 
@@ -21,7 +21,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attn(const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,
          float *__restrict__ out, float *__restrict__ part, const int *__restrict__ pos,
          const int *__restrict__ seq_rows, const int *__restrict__ tables, int max_pages, int page_size, int n_head,
-         int n_kv, int hd_k, int hd_v, int window, float scale, float softcap, int n_split) {
+         int n_kv, int hd_k, int hd_v, int window, float scale, float softcap, int n_split, u8 *__restrict__ xq,
+         int kpt_log2) {
     __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
     __shared__ float sc[ATT_HEADS][ATT_CHUNK];                 // scores, then probabilities
     __shared__ int slot_s[ATT_CHUNK];
@@ -53,17 +54,21 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     for (int h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.f;
     __syncthreads();
 
-    for (int c0 = s0; c0 < s1; c0 += ATT_CHUNK) {
-        const int n_c = min(ATT_CHUNK, s1 - c0);
-        if (tid < n_c) {  // scores of key c0 + tid for each head
-            const int p = c0 + tid;
-            const int slot = table[p / page_size] * page_size + p % page_size;
-            slot_s[tid] = slot;
-            const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
-            float s[ATT_HEADS];
+    // scores: kpt threads per key (2^kpt_log2), each over a share of the key's dimensions
+    const int kpt = 1 << kpt_log2, chunk = ATT_CHUNK >> kpt_log2;
+    const int key = tid >> kpt_log2, kpart = tid & (kpt - 1);
+    for (int c0 = s0; c0 < s1; c0 += chunk) {
+        const int n_c = min(chunk, s1 - c0);
+        float s[ATT_HEADS];
 #pragma unroll
-            for (int h = 0; h < ATT_HEADS; h++) s[h] = 0.f;
-            for (int d8 = 0; d8 < hd_k / 8; d8++) {
+        for (int h = 0; h < ATT_HEADS; h++) s[h] = 0.f;
+        if (key < n_c) {  // scores of key c0 + key for each head
+            const int p = c0 + key;
+            const int slot = table[p / page_size] * page_size + p % page_size;
+            if (kpart == 0) slot_s[key] = slot;
+            const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
+#pragma unroll 4
+            for (int d8 = kpart; d8 < hd_k / 8; d8 += kpt) {
                 const uint4 raw = kp[d8];
                 const u32 w4[4] = {raw.x, raw.y, raw.z, raw.w};
                 float kf[8];
@@ -78,27 +83,32 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                             b.z * kf[6] + b.w * kf[7];
                 }
             }
+        }
+        for (int o = 1; o < kpt; o <<= 1)  // the key's threads are adjacent lanes
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) s[h] += __shfl_xor_sync(FULL_MASK, s[h], o);
+        if (kpart == 0) {
 #pragma unroll
             for (int h = 0; h < ATT_HEADS; h++) {
                 if (h >= gh) break;
-                sc[h][tid] = softcap > 0.f ? softcap * tanhf(s[h] / softcap) : s[h];
+                sc[h][key] = key >= n_c ? NEG_INF : softcap > 0.f ? softcap * tanhf(s[h] / softcap) : s[h];
             }
-        } else {
-#pragma unroll
-            for (int h = 0; h < ATT_HEADS; h++) sc[h][tid] = NEG_INF;
         }
         __syncthreads();
         for (int h = warp; h < gh; h += ATT_THREADS / 32) {  // online softmax, one warp per head
             float x[ATT_CHUNK / 32], cmax = NEG_INF;
 #pragma unroll
-            for (int i = 0; i < ATT_CHUNK / 32; i++) x[i] = sc[h][lane + 32 * i], cmax = fmaxf(cmax, x[i]);
+            for (int i = 0; i < ATT_CHUNK / 32; i++) {
+                x[i] = lane + 32 * i < chunk ? sc[h][lane + 32 * i] : NEG_INF;
+                cmax = fmaxf(cmax, x[i]);
+            }
             cmax = warp_max(cmax);  // finite: key c0 is always in range
             const float m_old = m_s[h], m_new = fmaxf(m_old, cmax);
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < ATT_CHUNK / 32; i++) {
                 const float e = expf(x[i] - m_new);
-                sc[h][lane + 32 * i] = e;
+                if (lane + 32 * i < chunk) sc[h][lane + 32 * i] = e;
                 sum += e;
             }
             sum = warp_sum(sum);
@@ -117,6 +127,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                 acc[h][0] *= alpha_s[h];
                 acc[h][1] *= alpha_s[h];
             }
+#pragma unroll 8
             for (int j = kg; j < n_c; j += n_kg) {
                 const u32 vv = *(const u32 *)(v_cache + (size_t)slot_s[j] * kv_v + (size_t)g * hd_v + 2 * dp);
                 const float v0 = h2f((u16)(vv & 0xFFFFu)), v1 = h2f((u16)(vv >> 16));
@@ -143,12 +154,14 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         }
     }
     __syncthreads();
-    for (int i = tid; i < gh * hd_v; i += ATT_THREADS) {
+    for (int i = tid; i < gh * hd_v; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
         const int h = i / hd_v, d = i % hd_v;
         float s = 0.f;
         for (int j = 0; j < n_kg; j++) s += red[(j * gh + h) * hd_v + d];
         if (n_split == 1) {
-            out[((size_t)t * n_head + h0 + h) * hd_v + d] = s / l_s[h];
+            const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + d;
+            out[at] = s / l_s[h];
+            if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
         } else {
             float *base = part + (((size_t)t * n_head + h0 + h) * n_split + split) * (hd_v + 2);
             base[2 + d] = s;
@@ -157,25 +170,31 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v).
-// grid (n_head, n_tok). Empty splits carry max -inf and sum 0.
+// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v),
+// and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows of n_head * hd_v).
+// grid (n_head, n_tok), n_split <= 32. Empty splits carry max -inf and sum 0. The first warp turns
+// the splits' (max, sum) into weights; then every output value is one pass over the splits.
 extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                        int hd_v, int n_split) {
-    const int h = blockIdx.x, t = blockIdx.y;
-    const float *base = part + ((size_t)t * n_head + h) * n_split * (hd_v + 2);
-    float m = NEG_INF;
-    for (int s = 0; s < n_split; s++) m = fmaxf(m, base[(size_t)s * (hd_v + 2)]);
-    float den = 0.f;
-    for (int s = 0; s < n_split; s++) {
-        const float *b = base + (size_t)s * (hd_v + 2);
-        den += expf(b[0] - m) * b[1];
+                                        int hd_v, int n_split, u8 *__restrict__ xq) {
+    __shared__ float wgt[32];
+    const int h = blockIdx.x, t = blockIdx.y, stride = hd_v + 2;
+    const float *base = part + ((size_t)t * n_head + h) * n_split * stride;
+    if (threadIdx.x < 32) {
+        const int s = threadIdx.x;
+        const float ms = s < n_split ? base[(size_t)s * stride] : NEG_INF;
+        const float ls = s < n_split ? base[(size_t)s * stride + 1] : 0.f;
+        const float m = warp_max(ms);  // finite: the first split is never empty
+        const float e = s < n_split ? expf(ms - m) : 0.f;
+        const float den = warp_sum(e * ls);
+        wgt[s] = e / den;
     }
+    __syncthreads();
     for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
         float num = 0.f;
-        for (int s = 0; s < n_split; s++) {
-            const float *b = base + (size_t)s * (hd_v + 2);
-            num += expf(b[0] - m) * b[2 + d];
-        }
-        out[((size_t)t * n_head + h) * hd_v + d] = num / den;
+#pragma unroll 8
+        for (int s = 0; s < n_split; s++) num += wgt[s] * base[(size_t)s * stride + 2 + d];
+        const size_t at = ((size_t)t * n_head + h) * hd_v + d;
+        out[at] = num;
+        if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.y * n_head * hd_v));
     }
 }

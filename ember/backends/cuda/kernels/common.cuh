@@ -17,6 +17,10 @@ typedef long long i64;
 #ifdef EMBER_HOST_TEST
 #include <cstring>
 #define DEVI static inline
+#ifndef __CUDACC__  // plain C++ (g++): the CUDA vector types the decoders load through
+struct uint2 { u32 x, y; };
+struct uint4 { u32 x, y, z, w; };
+#endif
 static inline float as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 static inline u32 fshr(u32 lo, u32 hi, u32 s) { return (u32)((((unsigned long long)hi << 32) | lo) >> (s & 31)); }
 static inline u32 bperm(u32 x, u32 y, u32 s) {
@@ -101,6 +105,21 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     float s = 0.f;
     for (int w = 0; w < n_warps; w++) s += red[w];
     return s;
+}
+
+// Quantize one 32-value block held one value per lane (all 32 lanes of the warp take part;
+// idx = block start + lane): int8 values q = round(v / d), d = max|v| / 127, written to
+// xq[idx]; lane 0 writes meta[idx / 32] = (d, d * sum(q[0..15]), d * sum(q[16..31]), 0).
+// This is the activation format every decode product reads (see matmul.cu).
+__device__ __forceinline__ void q8_store_warp(float v, size_t idx, u8 *__restrict__ xq, float4 *__restrict__ meta) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    const int q = __float2int_rn(v * id);
+    int s = q;
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);  // sums over each half of 16
+    const int s_hi = __shfl_sync(FULL_MASK, s, 16);
+    xq[idx] = (u8)(q & 0xFF);
+    if ((threadIdx.x & 31) == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
 }
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }

@@ -1,13 +1,19 @@
 // Matrix products with GGUF-block weights of one type QT (defined by the loader), and get_rows.
 //
-//   y (n, rows) = x (n, k) @ W.T      W: rows of k values, each row k/32 units of GGUF blocks
+//   y (n, rows) = x (n, k) @ W.T      W: rows of k values, each row k/32 slices of GGUF blocks
 //
-// mv_n{1,2,4,8}: decode (n <= 8). Memory-bound: one pass over the weights, 32-value units
-//   decoded in registers. A team of T lanes (T a power of two <= 32) computes two output rows;
-//   x is staged once per block in shared memory, for quantized types as int8 (per-32 scale,
-//   per-16 sums) so a unit costs eight dp4a per activation row. Optional fusions, used by
-//   recorded steps: an RMS norm of x before the product (prologue), and an epilogue that adds
-//   the result into a residual or applies a gated activation to two matrices' rows.
+// mv_n{1,2,4,8}: decode (n <= 8). Memory-bound: one pass over the weights. A team of T lanes
+//   (T a power of two, 4..128; more than a warp for long rows of few rows) streams two weight rows, lane by lane over consecutive slices
+//   (32 values: see slice_q; 16-byte loads where the block layout allows), so a warp reads
+//   contiguous runs of each row. Quantized types read x already quantized (int8 per value,
+//   (scale, half-sums) per 32: q8_store_warp), written once per step by whoever produced x
+//   (quant_x, attention, a gated product, a product's tail); each weight slice is decoded once
+//   and dotted with all n activation rows (eight dp4a each). Float types read x as f32.
+//   Epilogues (recorded steps): add into a residual, or a gated activation of two matrices'
+//   rows, optionally quantized for the next product (blocks of 32 rows, 256 threads). A tail
+//   run by the block that finishes last (a counter) does the row-wide work that needs every
+//   output: optional norm of y added into the residual, then the next RMS norm of the residual,
+//   quantized for the next product -- so a layer's norms cost no launch of their own.
 // mm_tile: prefill / batched (n > 8). 64 tokens x 128 rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
 
@@ -16,90 +22,39 @@
 #endif
 
 constexpr bool QFLOAT = QT == T_F32 || QT == T_F16 || QT == T_BF16;
+constexpr int SPL = QT == T_Q4_K || QT == T_Q5_K ? 2 : 1;  // slices per lane step (slice2_q)
 
 #define MV_THREADS 128
+#define MVQ_THREADS 256  // gated products quantizing their output: 32 rows x 8 lanes
 #define MODE_STORE 0
 #define MODE_RESIDUAL 1
 #define MODE_SILU 2
 #define MODE_GELU 3
 
 struct MvArgs {
-    const u8 *w[4];    // matrices (rows_m, row_bytes), all of type QT and k columns
-    float *y[4];       // outputs (n, rows_m)
+    const u8 *w[4];  // matrices (rows_m, row_bytes), all of type QT and k columns
+    float *y[4];     // outputs (n, rows_m)
     int rows[4];
     int n_mat;
     i64 row_bytes;
     int k, n;
-    const float *x;       // (n, k)
-    const float *norm_w;  // (k,) or null: x is RMS-normalised and scaled by norm_w first
-    float eps;
-    float *h_out;         // (n, k) or null: the normalised x is also written here (block 0)
+    const float *x;  // (n, k) f32: read by float weight types
+    const u8 *xq;    // (n, k) int8, then (n, k/32) float4 (d, d*sum lo16, d*sum hi16, 0): quantized types
     int mode;
-    float *aux;           // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
+    float *aux;      // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
     int team_log2;
+    u8 *act_q;       // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
+    // tail, run by the last block to finish when counter is set; rows of d = rows_0 values:
+    unsigned *counter;
+    float *res;      // residual (n, d)
+    int tail_add;    // res += y_0 (normalised by post_w first, y_0 overwritten with that) in the tail
+    const float *post_w;
+    float post_eps;
+    const float *pre_w;  // then res normalised by pre_w into pre_h (n, d) f32 and pre_q (quantized)
+    float pre_eps;
+    float *pre_h;
+    u8 *pre_q;       // or null (a float-typed next product reads pre_h)
 };
-
-// Stage x (n, k) in shared memory: normalised if asked, then as int8 units (quantized types)
-// or floats. Quantized layout per row j: q bytes [k], scale [k/32], scale * half-sums [k/16].
-__device__ void mv_stage_x(const MvArgs &a, u8 *smem, float *red) {
-    const int k = a.k, units = k / 32;
-    for (int j = 0; j < a.n; j++) {
-        const float *xr = a.x + (size_t)j * k;
-        float scale = 1.f;
-        if (a.norm_w) {
-            float ss = 0.f;
-            for (int c = threadIdx.x; c < k; c += blockDim.x) ss += xr[c] * xr[c];
-            scale = rsqrtf(block_sum(ss, red) / (float)k + a.eps);
-        }
-        for (int u = threadIdx.x; u < units; u += blockDim.x) {
-            float v[32];
-            const float4 *p = (const float4 *)(xr + 32 * u);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float4 f = p[i];
-                v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-            }
-            if (a.norm_w) {
-#pragma unroll
-                for (int i = 0; i < 32; i++) v[i] *= scale * a.norm_w[32 * u + i];
-                if (a.h_out && blockIdx.x == 0) {
-                    float4 *h = (float4 *)(a.h_out + (size_t)j * k + 32 * u);
-#pragma unroll
-                    for (int i = 0; i < 8; i++) h[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-                }
-            }
-            if constexpr (QFLOAT) {
-                float4 *dst = (float4 *)smem + ((size_t)j * k + 32 * u) / 4;
-#pragma unroll
-                for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-            } else {
-                float amax = 0.f;
-#pragma unroll
-                for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-                const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-                int sum[2] = {0, 0};
-                u32 *qw = (u32 *)smem + ((size_t)j * k + 32 * u) / 4;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    u32 word = 0;
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        const int q = __float2int_rn(v[4 * i + b] * id);
-                        sum[i >> 2] += q;
-                        word |= ((u32)q & 0xFFu) << (8 * b);
-                    }
-                    qw[i] = word;
-                }
-                float *xd = (float *)(smem + (size_t)a.n * k);
-                float *xs = xd + (size_t)a.n * units;
-                xd[(size_t)j * units + u] = d;
-                xs[(size_t)j * 2 * units + 2 * u] = d * (float)sum[0];
-                xs[(size_t)j * 2 * units + 2 * u + 1] = d * (float)sum[1];
-            }
-        }
-    }
-    __syncthreads();
-}
 
 // Element i (0..3) of a 4-array with a run-time index, without sending the array to local memory.
 template <typename T>
@@ -122,129 +77,299 @@ __device__ __forceinline__ bool mv_job(const MvArgs &a, int v, int &m, int &r) {
     return false;
 }
 
+// acc[jb][j] += (lane's share of) row jb . x row j, for this lane's slices s = lane, lane + T, ...
+template <int NMAX>
+__device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
+                                            bool ok0, bool ok1, int lane, int T, float (&acc)[2][NMAX]) {
+    const int k = a.k, S = k / 32;
+    if constexpr (QFLOAT) {
+#pragma unroll 2
+        for (int s = lane; s < S; s += T) {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++) {
+                if (!(jb == 0 ? ok0 : ok1)) continue;
+                float wv[32];
+                unit_f<QT>(jb == 0 ? w0 : w1, s, wv);
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) {
+                    if (j >= a.n) break;
+                    const float4 *xv = (const float4 *)(a.x + (size_t)j * k + 32 * s);
+                    float sum = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const float4 f = xv[i];
+                        sum += wv[4 * i] * f.x + wv[4 * i + 1] * f.y + wv[4 * i + 2] * f.z + wv[4 * i + 3] * f.w;
+                    }
+                    acc[jb][j] += sum;
+                }
+            }
+        }
+    } else {
+        const u8 *__restrict__ xq = a.xq;
+        const float4 *__restrict__ meta = (const float4 *)(a.xq + (size_t)a.n * k);
+#pragma unroll 2
+        for (int p = lane; p < S / SPL; p += T) {  // lane step p: slices SPL*p .. SPL*p + SPL-1
+            QSlice q0[SPL], q1[SPL];
+            if constexpr (SPL == 2) {
+                if (ok0) slice2_q<QT>(w0, p, q0[0], q0[1]);
+                if (ok1) slice2_q<QT>(w1, p, q1[0], q1[1]);
+            } else {
+                if (ok0) slice_q<QT>(w0, p, q0[0]);
+                if (ok1) slice_q<QT>(w1, p, q1[0]);
+            }
+#pragma unroll
+            for (int e = 0; e < SPL; e++) {
+                int xo[2];
+                slice_offsets<QT>(SPL * p + e, xo);
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) {
+                    if (j >= a.n) break;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const size_t at = (size_t)j * k + xo[h];
+                        const int4 xv = *(const int4 *)(xq + at);
+                        const float4 m = meta[at >> 5];
+                        const float xs = (xo[h] & 16) ? m.z : m.y;
+                        if (ok0) {
+                            int d = dp4a(q0[e].q[4 * h], xv.x, 0);
+                            d = dp4a(q0[e].q[4 * h + 1], xv.y, d);
+                            d = dp4a(q0[e].q[4 * h + 2], xv.z, d);
+                            d = dp4a(q0[e].q[4 * h + 3], xv.w, d);
+                            acc[0][j] += m.x * q0[e].a[h] * (float)d + q0[e].b[h] * xs;
+                        }
+                        if (ok1) {
+                            int d = dp4a(q1[e].q[4 * h], xv.x, 0);
+                            d = dp4a(q1[e].q[4 * h + 1], xv.y, d);
+                            d = dp4a(q1[e].q[4 * h + 2], xv.z, d);
+                            d = dp4a(q1[e].q[4 * h + 3], xv.w, d);
+                            acc[1][j] += m.x * q1[e].a[h] * (float)d + q1[e].b[h] * xs;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The tail, in the block that finishes last: rows of the residual (see MvArgs). What other blocks
+// wrote is read through L2 (ld_l2), after the counter says they all wrote it. A thread handles the
+// values c = base + tid + nt*i of a row, TAIL_REG of them per chunk: rows of up to TAIL_REG * nt
+// values stay in registers between the passes (one round trip to L2 per row), longer ones are
+// read again chunk by chunk.
+#define TAIL_REG 16
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+__device__ __forceinline__ float ld_l2(const float *p) { return *(const volatile float *)p; }
+#else
+__device__ __forceinline__ float ld_l2(const float *p) { return __ldcg(p); }
+#endif
+
+__device__ __forceinline__ void tail_load(float (&v)[TAIL_REG], const float *p, int base, int d) {
+#pragma unroll
+    for (int i = 0; i < TAIL_REG; i++) {
+        const int c = base + threadIdx.x + blockDim.x * i;
+        v[i] = c < d ? ld_l2(p + c) : 0.f;
+    }
+}
+
+// Pass 2 of a chunk: x += y (normalised by ps * post_w first) when adding; returns the sum of squares.
+__device__ __forceinline__ float tail_add_chunk(const MvArgs &a, float (&xv)[TAIL_REG], const float (&yv)[TAIL_REG],
+                                                float *y, float *x, int base, int d, float ps) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < TAIL_REG; i++) {
+        const int c = base + threadIdx.x + blockDim.x * i;
+        if (c >= d) break;
+        if (a.tail_add) {
+            float t = yv[i];
+            if (a.post_w) {
+                t = t * ps * a.post_w[c];
+                y[c] = t;
+            }
+            xv[i] += t;
+            x[c] = xv[i];
+        }
+        ss += xv[i] * xv[i];
+    }
+    return ss;
+}
+
+// Pass 3 of a chunk: the next norm of x, written as f32 and quantized (whole warps: d % 32 == 0).
+__device__ __forceinline__ void tail_pre_chunk(const MvArgs &a, const float (&xv)[TAIL_REG], int j, int base, int d,
+                                               float sc) {
+    float4 *meta = (float4 *)(a.pre_q + (size_t)a.n * d);
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < TAIL_REG; i++) {
+        if (base + (int)blockDim.x * i + 32 * warp >= d) break;
+        const int c = base + threadIdx.x + blockDim.x * i;
+        const size_t at = (size_t)j * d + c;
+        const float t = xv[i] * sc * a.pre_w[c];
+        a.pre_h[at] = t;
+        if (a.pre_q) q8_store_warp(t, at, a.pre_q, meta);
+    }
+}
+
+__device__ void mv_tail(const MvArgs &a, float *red, int *last_s) {
+    // The block's outputs, ordered by the barrier, are published by thread 0's fence before it
+    // counts (fences are cumulative; the pattern of a cooperative grid barrier).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const bool last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+        if (last) __threadfence();  // what every block published is visible from here on
+        *last_s = last;
+    }
+    __syncthreads();
+    if (!*last_s) return;
+    const int d = a.rows[0], chunk = TAIL_REG * blockDim.x;
+    const bool one = d <= chunk;  // the whole row in registers
+    for (int j = 0; j < a.n; j++) {
+        float *y = a.y[0] + (size_t)j * d, *x = a.res + (size_t)j * d;
+        float xv[TAIL_REG], yv[TAIL_REG];
+        if (one) {
+            tail_load(xv, x, 0, d);
+            if (a.tail_add) tail_load(yv, y, 0, d);
+        }
+        float ps = 1.f;
+        if (a.tail_add && a.post_w) {
+            float s0 = 0.f;
+            for (int base = 0; base < d; base += chunk) {
+                if (!one) tail_load(yv, y, base, d);
+#pragma unroll
+                for (int i = 0; i < TAIL_REG; i++) s0 += yv[i] * yv[i];
+            }
+            ps = rsqrtf(block_sum(s0, red) / (float)d + a.post_eps);
+        }
+        float ss = 0.f;
+        for (int base = 0; base < d; base += chunk) {
+            if (!one) {
+                tail_load(xv, x, base, d);
+                if (a.tail_add) tail_load(yv, y, base, d);
+            }
+            ss += tail_add_chunk(a, xv, yv, y, x, base, d, ps);
+        }
+        if (a.pre_w) {
+            const float sc = rsqrtf(block_sum(ss, red) / (float)d + a.pre_eps);
+            for (int base = 0; base < d; base += chunk) {
+                if (!one) tail_load(xv, x, base, d);  // this thread's own writes of pass 2
+                tail_pre_chunk(a, xv, j, base, d, sc);
+            }
+        }
+        __syncthreads();  // the next row's block_sum reuses red
+    }
+    if (threadIdx.x == 0) atomicExch(a.counter, 0u);  // ready for the next launch
+}
+
 template <int NMAX>
 __device__ void mv_body(const MvArgs &a) {
-    extern __shared__ __align__(16) u8 smem[];
     __shared__ float red[32];
-    mv_stage_x(a, smem, red);
-
-    const int T = 1 << a.team_log2, lane = threadIdx.x & (T - 1);
-    const int team = blockIdx.x * (MV_THREADS >> a.team_log2) + (threadIdx.x >> a.team_log2);
+    __shared__ float act_s[8][32];
+    __shared__ int last_s;
+    __shared__ float part_s[4][2][8];  // teams wider than a warp: per-warp partial sums
+    const int tl = a.team_log2, T = 1 << tl, lane = threadIdx.x & (T - 1), tb = threadIdx.x >> tl;
+    const int team = blockIdx.x * (blockDim.x >> tl) + tb;
     const bool gated = a.mode == MODE_SILU || a.mode == MODE_GELU;
     int m[2], r[2];
     bool ok[2];
-    if (gated) {
+    if (gated) {  // a team computes gate row `team` and up row `team`
         m[0] = 0, m[1] = 1, r[0] = r[1] = team;
         ok[0] = ok[1] = team < a.rows[0];
     } else {
         ok[0] = mv_job(a, 2 * team, m[0], r[0]);
         ok[1] = mv_job(a, 2 * team + 1, m[1], r[1]);
     }
-    // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
-    const u8 *wrow[2];
-#pragma unroll
-    for (int jb = 0; jb < 2; jb++) wrow[jb] = ok[jb] ? pick4(a.w, m[jb]) + (size_t)r[jb] * a.row_bytes : nullptr;
+    const u8 *w0 = pick4(a.w, m[0]) + (size_t)r[0] * a.row_bytes;
+    const u8 *w1 = pick4(a.w, m[1]) + (size_t)r[1] * a.row_bytes;
 
-    const int k = a.k, units = k / 32;
     float acc[2][NMAX];
 #pragma unroll
     for (int jb = 0; jb < 2; jb++)
 #pragma unroll
         for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
-
-#pragma unroll 2
-    for (int u = lane; u < units; u += T) {
+    // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
+    mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, acc);
 #pragma unroll
-        for (int jb = 0; jb < 2; jb++) {
-            if (!ok[jb]) continue;
-            if constexpr (QFLOAT) {
-                float wv[32];
-                unit_f<QT>(wrow[jb], u, wv);
+    for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+        for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T < 32 ? T : 32);
+    if (T > 32) {  // a team of several warps (tall k): sum the warps' partials through shared memory
+        const int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) part_s[warp][jb][j] = acc[jb][j];
+        }
+        __syncthreads();
+        if (lane == 0) {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++)
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
-                    if (j >= a.n) break;
-                    const float4 *xv = (const float4 *)smem + ((size_t)j * k + 32 * u) / 4;
-                    float s = 0.f;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const float4 f = xv[i];
-                        s += wv[4 * i] * f.x + wv[4 * i + 1] * f.y + wv[4 * i + 2] * f.z + wv[4 * i + 3] * f.w;
-                    }
-                    acc[jb][j] += s;
+                    float sum = 0.f;
+                    for (int w = 0; w < T / 32; w++) sum += part_s[warp + w][jb][j];
+                    acc[jb][j] = sum;
                 }
-            } else {
-                QUnit q;
-                unit_q<QT>(wrow[jb], u, q);
-                const float *xd = (const float *)(smem + (size_t)a.n * k);
-                const float *xs = xd + (size_t)a.n * units;
+        }
+    }
+
+    if (lane == 0) {
+        if (gated) {
+            const int rows = a.rows[0];
+#pragma unroll
+            for (int j = 0; j < NMAX; j++) {
+                if (j >= a.n) break;
+                const float g = acc[0][j], up = acc[1][j];
+                const float act = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
+                if (ok[0]) {
+                    const size_t at = (size_t)j * rows + r[0];
+                    a.y[0][at] = g;
+                    a.y[1][at] = up;
+                    a.aux[at] = act;
+                }
+                if (a.act_q) act_s[j][tb] = ok[0] ? act : 0.f;
+            }
+        } else {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++) {
+                if (!ok[jb]) continue;
+                const int rows = pick4(a.rows, m[jb]);
+                float *y = pick4(a.y, m[jb]);
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
                     if (j >= a.n) break;
-                    const int4 *xq = (const int4 *)(smem + (size_t)j * k + 32 * u);
-                    const int4 x0 = xq[0], x1 = xq[1];
-                    int d0 = dp4a(q.q[0], x0.x, 0);
-                    d0 = dp4a(q.q[1], x0.y, d0);
-                    d0 = dp4a(q.q[2], x0.z, d0);
-                    d0 = dp4a(q.q[3], x0.w, d0);
-                    int d1 = dp4a(q.q[4], x1.x, 0);
-                    d1 = dp4a(q.q[5], x1.y, d1);
-                    d1 = dp4a(q.q[6], x1.z, d1);
-                    d1 = dp4a(q.q[7], x1.w, d1);
-                    const size_t ju = (size_t)j * units + u;
-                    acc[jb][j] += xd[ju] * (q.a[0] * (float)d0 + q.a[1] * (float)d1) + q.b[0] * xs[2 * ju] +
-                                  q.b[1] * xs[2 * ju + 1];
+                    const size_t at = (size_t)j * rows + r[jb];
+                    y[at] = acc[jb][j];
+                    if (a.mode == MODE_RESIDUAL) a.aux[at] += acc[jb][j];
                 }
             }
         }
     }
-
-#pragma unroll
-    for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-        for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T);
-    if (lane != 0) return;
-
-    if (gated) {
-        if (!ok[0]) return;
-        const int rows = a.rows[0], row = r[0];
-#pragma unroll
-        for (int j = 0; j < NMAX; j++) {
-            if (j >= a.n) break;
-            const float g = acc[0][j], up = acc[1][j];
-            const size_t at = (size_t)j * rows + row;
-            a.y[0][at] = g;
-            a.y[1][at] = up;
-            a.aux[at] = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
-        }
-        return;
+    if (a.act_q) {  // 256 threads, teams of 8: this block's 32 rows, one warp per activation row
+        __syncthreads();
+        const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31, rows = a.rows[0];
+        float4 *meta = (float4 *)(a.act_q + (size_t)a.n * rows);
+        for (int j = warp; j < a.n; j += blockDim.x >> 5)
+            q8_store_warp(act_s[j][ln], (size_t)j * rows + (size_t)blockIdx.x * 32 + ln, a.act_q, meta);
     }
-#pragma unroll
-    for (int jb = 0; jb < 2; jb++) {
-        if (!ok[jb]) continue;
-        const int rows = pick4(a.rows, m[jb]);
-        float *y = pick4(a.y, m[jb]);
-#pragma unroll
-        for (int j = 0; j < NMAX; j++) {
-            if (j >= a.n) break;
-            const size_t at = (size_t)j * rows + r[jb];
-            y[at] = acc[jb][j];
-            if (a.mode == MODE_RESIDUAL) a.aux[at] += acc[jb][j];
-        }
-    }
+    if (a.counter) mv_tail(a, red, &last_s);
 }
 
-#define MV_PARAMS                                                                                           \
-    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3, \
-        int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x, \
-        const float *norm_w, float eps, float *h_out, int mode, float *aux, int team_log2
-#define MV_ARGS                                                                                           \
-    MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n, \
-                x,  norm_w,        eps,              h_out,                  mode,  aux,       team_log2}
+#define MV_PARAMS                                                                                            \
+    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
+        int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
+        const u8 *xq, int mode, float *aux, int team_log2, u8 *act_q, unsigned *counter, float *res,         \
+        int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
+        u8 *pre_q
+#define MV_ARGS                                                                                            \
+    MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
+                x, xq, mode, aux, team_log2, act_q, counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, \
+                pre_h, pre_q}
 
-extern "C" __global__ void __launch_bounds__(MV_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 
 // ---- prefill: tensor-core tiles ----
 

@@ -103,17 +103,32 @@ __device__ void rope_cos_sin(const RopeP &p, int pos, int i, float &c, float &s)
     s = (float)(sn * (double)p.mscale);
 }
 
-// Rotate pair i of every head of one token's row x (n_head, head_dim).
+// Rotate pair i of every head of one token's row x (n_head, head_dim). Loads go out ROPE_BATCH
+// pairs at a time before any store (x is read and written: the compiler would not hoist them).
+#define ROPE_BATCH 4
 __device__ __forceinline__ void rope_rotate(float *x, int n_head, int head_dim, const RopeP &p, const float *cs,
                                             const float *sn) {
-    const int half = p.n_rot / 2;
-    for (int idx = threadIdx.x; idx < n_head * half; idx += blockDim.x) {
-        const int h = idx / half, i = idx % half;
-        float *xh = x + (size_t)h * head_dim;
-        const int ia = p.neox ? i : 2 * i, ib = p.neox ? i + half : 2 * i + 1;
-        const float a = xh[ia], b = xh[ib];
-        xh[ia] = a * cs[i] - b * sn[i];
-        xh[ib] = a * sn[i] + b * cs[i];
+    const int half = p.n_rot / 2, total = n_head * half;
+    for (int i0 = threadIdx.x; i0 < total; i0 += ROPE_BATCH * blockDim.x) {
+        float a[ROPE_BATCH], b[ROPE_BATCH];
+        int at_a[ROPE_BATCH], at_b[ROPE_BATCH], pair[ROPE_BATCH];
+#pragma unroll
+        for (int r = 0; r < ROPE_BATCH; r++) {
+            const int idx = min(i0 + r * (int)blockDim.x, total - 1);
+            const int h = idx / half, i = idx % half;
+            pair[r] = i;
+            at_a[r] = h * head_dim + (p.neox ? i : 2 * i);
+            at_b[r] = h * head_dim + (p.neox ? i + half : 2 * i + 1);
+            a[r] = x[at_a[r]];
+            b[r] = x[at_b[r]];
+        }
+#pragma unroll
+        for (int r = 0; r < ROPE_BATCH; r++) {
+            if (i0 + r * (int)blockDim.x >= total) break;
+            const int i = pair[r];
+            x[at_a[r]] = a[r] * cs[i] - b[r] * sn[i];
+            x[at_b[r]] = a[r] * sn[i] + b[r] * cs[i];
+        }
     }
 }
 
@@ -143,14 +158,25 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     float *qt = q + (size_t)t * n_head * hd, *kt = k + (size_t)t * n_kv * hd;
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) rope_cos_sin(p, pos[t], i, cs[i], sn[i]);
-    if (q_norm) {  // one warp per head of q, then of k
+    if (q_norm) {  // one warp per head of q, then of k; values loaded eight at a time per lane
         for (int h = warp; h < n_head + n_kv; h += n_warps) {
             float *row = h < n_head ? qt + (size_t)h * hd : kt + (size_t)(h - n_head) * hd;
             const float *w = h < n_head ? q_norm : k_norm;
             float ss = 0.f;
             for (int c = lane; c < hd; c += 32) ss += row[c] * row[c];
             const float sc = rsqrtf(warp_sum(ss) / (float)hd + eps);
-            for (int c = lane; c < hd; c += 32) row[c] = row[c] * sc * w[c];
+            for (int c0 = lane; c0 < hd; c0 += 8 * 32) {
+                float vals[8], wv[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int c = c0 + 32 * i;
+                    vals[i] = c < hd ? row[c] : 0.f;
+                    wv[i] = c < hd ? w[c] : 0.f;
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (c0 + 32 * i < hd) row[c0 + 32 * i] = vals[i] * sc * wv[i];
+            }
         }
     }
     __syncthreads();
@@ -159,6 +185,62 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
     __syncthreads();
     const i64 slot = slots[t];
     const int k_dim = n_kv * hd;
-    for (int c = threadIdx.x; c < k_dim; c += blockDim.x) k_cache[slot * k_dim + c] = f2h(kt[c]);
-    for (int c = threadIdx.x; c < v_dim; c += blockDim.x) v_cache[slot * v_dim + c] = f2h(v[(size_t)t * v_dim + c]);
+    const float *vt = v + (size_t)t * v_dim;
+    for (int c0 = threadIdx.x; c0 < max(k_dim, v_dim); c0 += 4 * blockDim.x) {  // loads first, then stores
+        float kv[4], vv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = c0 + i * (int)blockDim.x;
+            kv[i] = c < k_dim ? kt[c] : 0.f;
+            vv[i] = c < v_dim ? vt[c] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = c0 + i * (int)blockDim.x;
+            if (c < k_dim) k_cache[slot * k_dim + c] = f2h(kv[i]);
+            if (c < v_dim) v_cache[slot * v_dim + c] = f2h(vv[i]);
+        }
+    }
+}
+
+// Activations for the decode products, one block per output row r < n: row src = idx ? idx[r] : r
+// of x (rows, k) f32, RMS-normalised and scaled by w when w is set (eps), written as f32 to h
+// (n, k) when h is set (h may be x itself only without idx), and quantized into xq: (n, k) int8
+// then (n, k/32) float4 meta (q8_store_warp's format), when xq is set. k a multiple of 32.
+// A warp quantizes 32-value blocks, loading QX_BATCH of them before using any (h may alias x,
+// so the compiler could not hoist the loads itself).
+#define QX_BATCH 8
+extern "C" __global__ void __launch_bounds__(128)
+    quant_x(const float *x, const int *idx, const float *w, float eps, float *h, u8 *xq, int n, int k) {
+    __shared__ float red[32];
+    const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
+    const int kb = k / 32;
+    const float *xr = x + (size_t)(idx ? idx[r] : r) * k;
+    float scale = 1.f;
+    if (w) {
+        float ss = 0.f;
+        for (int c = tid; c < k; c += blockDim.x) ss += xr[c] * xr[c];
+        scale = rsqrtf(block_sum(ss, red) / (float)k + eps);
+        __syncthreads();  // every thread has read its values of x before h (maybe x) is written
+    }
+    float4 *meta = (float4 *)(xq + (size_t)n * k);
+    for (int b0 = warp; b0 < kb; b0 += QX_BATCH * nw) {
+        float v[QX_BATCH], wv[QX_BATCH];
+#pragma unroll
+        for (int i = 0; i < QX_BATCH; i++) {
+            const int b = b0 + i * nw;
+            v[i] = b < kb ? xr[32 * b + lane] : 0.f;
+            wv[i] = b < kb && w ? w[32 * b + lane] : 1.f;
+        }
+#pragma unroll
+        for (int i = 0; i < QX_BATCH; i++) {
+            const int b = b0 + i * nw;
+            if (b >= kb) break;  // whole warps: b depends on the warp only
+            const int c = 32 * b + lane;
+            float t = v[i];
+            if (w) t = t * scale * wv[i];
+            if (h) h[(size_t)r * k + c] = t;
+            if (xq) q8_store_warp(t, (size_t)r * k + c, xq, meta);
+        }
+    }
 }

@@ -253,3 +253,180 @@ DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
         }
     }
 }
+
+// ---- slices: what one lane of a decode product reads at a time ----
+//
+// A row of a quantized type is cut into k/32 slices of 32 values, as two halves of 16 values
+// that lie at 16-aligned offsets xo[0], xo[1] of the row (not always next to each other):
+// value = a[h] * q + b[h] for the 16 int8 q of half h (q[4h .. 4h+3], four to a word). For the
+// 32-value block types a slice is one block (halves = its two 16-value halves). For the K
+// types a slice is chosen so that its quants are 16 contiguous bytes (one 16-byte load where
+// the block size allows): slice i of a super-block covers the same byte range in both halves.
+
+struct QSlice {
+    int q[8];
+    float a[2];
+    float b[2];
+};
+
+// Row offsets of the two halves of slice s.
+template <int TT>
+DEVI void slice_offsets(int s, int *xo) {
+    if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        // slice i: qs bytes 16i .. 16i+15 of chunk c = i/2 (low nibbles: values 64c + 16(i&1) ..,
+        // high nibbles: 32 values later)
+        const int i = s & 7, base = 256 * (s >> 3) + 64 * (i >> 1) + 16 * (i & 1);
+        xo[0] = base, xo[1] = base + 32;
+    } else if constexpr (TT == T_Q2_K || TT == T_Q3_K || TT == T_Q6_K) {
+        // slice i: half n = i/4 of 128 values, pair p = (i/2)&1, l-range lh = i&1: groups g = p and
+        // g = p + 2 of 32 values (values 128n + 32g + 16lh ..)
+        const int i = s & 7, base = 256 * (s >> 3) + 128 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1);
+        xo[0] = base, xo[1] = base + 64;
+    } else {
+        xo[0] = 32 * s, xo[1] = 32 * s + 16;
+    }
+}
+
+// Scales and mins of sub-blocks 2c and 2c+1 (chunk c of 64 values) of a Q4_K/Q5_K super-block,
+// from its 12 scale bytes in three words: all eight 6-bit fields a byte each, four to a word,
+// then the two wanted bytes (k4_scale_min's layout, without per-byte branches).
+DEVI void k4_scales_pair(u32 w0, u32 w1, u32 w2, int c, int *sc, int *m) {
+    const u32 scw = c < 2 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
+    const u32 mw = c < 2 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
+    const int sh = 16 * (c & 1);
+    sc[0] = (int)((scw >> sh) & 0xFFu), sc[1] = (int)((scw >> (sh + 8)) & 0xFFu);
+    m[0] = (int)((mw >> sh) & 0xFFu), m[1] = (int)((mw >> (sh + 8)) & 0xFFu);
+}
+
+// Slices 2p and 2p+1 of a Q4_K/Q5_K row at once: chunk c = p % 4 of super-block p / 4, its 32
+// quant bytes in two 16-byte loads and one scale decode for both (decode products take K-quant
+// rows two slices per lane step).
+template <int TT>
+DEVI void slice2_q(const u8 *__restrict__ row, int p, QSlice &o0, QSlice &o1) {
+    constexpr int size = TT == T_Q4_K ? 144 : 176, qs_at = TT == T_Q4_K ? 16 : 48;
+    const u8 *sb = row + (size_t)(p >> 2) * size;
+    const int c = p & 3;
+    const uint4 hd = *(const uint4 *)sb;
+    const uint4 qa = *(const uint4 *)(sb + qs_at + 32 * c), qb = *(const uint4 *)(sb + qs_at + 32 * c + 16);
+    const u32 wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        o0.q[j] = (int)(wa[j] & 0x0F0F0F0Fu);
+        o0.q[4 + j] = (int)((wa[j] >> 4) & 0x0F0F0F0Fu);
+        o1.q[j] = (int)(wb[j] & 0x0F0F0F0Fu);
+        o1.q[4 + j] = (int)((wb[j] >> 4) & 0x0F0F0F0Fu);
+    }
+    if constexpr (TT == T_Q5_K) {
+        const uint4 ha = *(const uint4 *)(sb + 16), hb = *(const uint4 *)(sb + 32);
+        const u32 xa[4] = {ha.x, ha.y, ha.z, ha.w}, xb[4] = {hb.x, hb.y, hb.z, hb.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o0.q[j] |= (int)(((xa[j] >> (2 * c)) & 0x01010101u) << 4);
+            o0.q[4 + j] |= (int)(((xa[j] >> (2 * c + 1)) & 0x01010101u) << 4);
+            o1.q[j] |= (int)(((xb[j] >> (2 * c)) & 0x01010101u) << 4);
+            o1.q[4 + j] |= (int)(((xb[j] >> (2 * c + 1)) & 0x01010101u) << 4);
+        }
+    }
+    const float d = h2f((u16)(hd.x & 0xFFFFu)), dmin = h2f((u16)(hd.x >> 16));
+    int sc[2], m[2];
+    k4_scales_pair(hd.y, hd.z, hd.w, c, sc, m);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        o0.a[h] = o1.a[h] = d * (float)sc[h];
+        o0.b[h] = o1.b[h] = -dmin * (float)m[h];
+    }
+}
+
+template <int TT>
+DEVI void slice_q(const u8 *__restrict__ row, int s, QSlice &o) {
+    if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        constexpr int size = TT == T_Q4_K ? 144 : 176, qs_at = TT == T_Q4_K ? 16 : 48;
+        const u8 *sb = row + (size_t)(s >> 3) * size;  // super-blocks are 16-byte aligned
+        const int i = s & 7, c = i >> 1;
+        const uint4 hd = *(const uint4 *)sb;  // f16 d | f16 dmin | scales[12]
+        const uint4 qv = *(const uint4 *)(sb + qs_at + 16 * i);
+        const u32 w[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o.q[j] = (int)(w[j] & 0x0F0F0F0Fu);
+            o.q[4 + j] = (int)((w[j] >> 4) & 0x0F0F0F0Fu);
+        }
+        if constexpr (TT == T_Q5_K) {
+            const uint4 hv = *(const uint4 *)(sb + 16 + 16 * (i & 1));  // qh bytes of the same l-range
+            const u32 h[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                o.q[j] |= (int)(((h[j] >> (2 * c)) & 0x01010101u) << 4);
+                o.q[4 + j] |= (int)(((h[j] >> (2 * c + 1)) & 0x01010101u) << 4);
+            }
+        }
+        const float d = h2f((u16)(hd.x & 0xFFFFu)), dmin = h2f((u16)(hd.x >> 16));
+        int sc[2], m[2];
+        k4_scales_pair(hd.y, hd.z, hd.w, c, sc, m);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            o.a[h] = d * (float)sc[h];
+            o.b[h] = -dmin * (float)m[h];
+        }
+    } else if constexpr (TT == T_Q6_K) {  // 210 bytes: ql[128] | qh[64] | i8 scales[16] | f16 d
+        const u8 *sb = row + (size_t)(s >> 3) * 210;
+        const int i = s & 7, n = i >> 2, p = (i >> 1) & 1, lh = i & 1;
+        u32 ql[4], qh[4];
+        ld_words_a2<4>(sb + 64 * n + 32 * p + 16 * lh, ql);
+        ld_words_a2<4>(sb + 128 + 32 * n + 16 * lh, qh);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o.q[j] = (int)((ql[j] & 0x0F0F0F0Fu) | (((qh[j] >> (2 * p)) & 0x03030303u) << 4));
+            o.q[4 + j] = (int)(((ql[j] >> 4) & 0x0F0F0F0Fu) | (((qh[j] >> (2 * p + 4)) & 0x03030303u) << 4));
+        }
+        const float d = ld_f16(sb + 208);
+        const int is = 8 * n + 2 * p + lh;  // scale of 16 values: (value offset in the super-block) / 16
+        o.a[0] = d * (float)(i8)sb[192 + is];
+        o.a[1] = d * (float)(i8)sb[192 + is + 4];
+        o.b[0] = -32.f * o.a[0];
+        o.b[1] = -32.f * o.a[1];
+    } else if constexpr (TT == T_Q2_K) {  // 84 bytes: scales[16] | qs[64] | f16 d | f16 dmin
+        const u8 *sb = row + (size_t)(s >> 3) * 84;
+        const int i = s & 7, n = i >> 2, p = (i >> 1) & 1, lh = i & 1;
+        const u32 *qw = (const u32 *)(sb + 16 + 32 * n + 16 * lh);  // 4-byte aligned
+        const u32 dd = ld_u32_a4(sb + 80);
+        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 w = qw[j];
+            o.q[j] = (int)((w >> (2 * p)) & 0x03030303u);
+            o.q[4 + j] = (int)((w >> (2 * p + 4)) & 0x03030303u);
+        }
+        const int is = 8 * n + 2 * p + lh;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sc = sb[is + 4 * h];
+            o.a[h] = d * (float)(sc & 15);
+            o.b[h] = -dmin * (float)(sc >> 4);
+        }
+    } else if constexpr (TT == T_Q3_K) {  // 110 bytes: hmask[32] | qs[64] | scales[12] | f16 d
+        const u8 *sb = row + (size_t)(s >> 3) * 110;
+        const int i = s & 7, n = i >> 2, p = (i >> 1) & 1, lh = i & 1;
+        u32 hm[4], w[4];
+        ld_words_a2<4>(sb + 16 * lh, hm);
+        ld_words_a2<4>(sb + 32 + 32 * n + 16 * lh, w);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o.q[j] = (int)(((w[j] >> (2 * p)) & 0x03030303u) | (((hm[j] >> (4 * n + p)) & 0x01010101u) << 2));
+            o.q[4 + j] = (int)(((w[j] >> (2 * p + 4)) & 0x03030303u) | (((hm[j] >> (4 * n + p + 2)) & 0x01010101u) << 2));
+        }
+        const float d = ld_f16(sb + 108);
+        const int is = 8 * n + 2 * p + lh;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            o.a[h] = d * (float)q3_scale(sb + 96, is + 4 * h);
+            o.b[h] = -4.f * o.a[h];
+        }
+    } else {  // one 32-value block (or IQ4_XS sub-block) per slice
+        QUnit u;
+        unit_q<TT>(row, s, u);
+#pragma unroll
+        for (int j = 0; j < 8; j++) o.q[j] = u.q[j];
+        o.a[0] = u.a[0], o.a[1] = u.a[1], o.b[0] = u.b[0], o.b[1] = u.b[1];
+    }
+}
