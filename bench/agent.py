@@ -130,6 +130,25 @@ def summarize(turns: list[Turn], wall: float) -> dict:
     }
 
 
+def alone_ttft(llm: LLM, agent: list[list[list[int]]], control: list[list[list[int]]], reps: int = 3) -> dict:
+    """TTFT of one request on an idle engine: a cache hit (an agent turn whose earlier turns are
+    cached) and a miss (a control prompt of about the same length), medians of reps: the
+    cache's effect on latency without the queueing of the concurrent run."""
+    turn = ember_turn(llm)
+    hits, misses = [], []
+    for rep in range(reps):
+        llm.engine.clear_cache()
+        session = agent[rep % len(agent)]
+        for ids in session[:-1]:  # earlier turns: they fill the cache
+            turn(ids)
+        hits.append(turn(session[-1]).ttft)
+        llm.engine.clear_cache()
+        misses.append(turn(control[rep % len(control)][-1]).ttft)
+    hit, miss = sorted(hits)[reps // 2], sorted(misses)[reps // 2]
+    return {"hit_s": hit, "miss_s": miss, "ratio": hit / miss, "hit_prompt": len(agent[0][-1]),
+            "miss_prompt": len(control[0][-1])}
+
+
 def _median_run(runs: list[dict]) -> dict:
     """The run of median wall time."""
     return sorted(runs, key=lambda x: x["wall_s"])[len(runs) // 2]
@@ -255,6 +274,7 @@ def main() -> None:
     ap.add_argument("--skip-peer", action="store_true", help="ember only")
     ap.add_argument("--skip-http", action="store_true", help="do not also run ember through `ember serve`")
     ap.add_argument("--control-reps", type=int, default=3, help="control runs with the cache on and off, each")
+    ap.add_argument("--alone-only", action="store_true", help="only the idle-engine TTFT probe (hit vs miss)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "agent.json")
     args = ap.parse_args()
     ctx = 4096
@@ -262,6 +282,11 @@ def main() -> None:
     workloads = {"agent": build_requests(llm, args.sessions, args.turns, args.seed, shared=True),
                  "control": build_requests(llm, args.sessions, args.turns, args.seed + 1, shared=False)}
     results = {"model": args.model, "sessions": args.sessions, "turns": args.turns, "threads": args.threads}
+    if args.alone_only:
+        a = alone_ttft(llm, workloads["agent"], workloads["control"])
+        print(f"one request on an idle engine: TTFT cache hit {a['hit_s']:.3f} s, miss {a['miss_s']:.3f} s: "
+              f"hit / miss {a['ratio']:.2f}")
+        return
     for name, prompts in workloads.items():
         r = results[name] = {"theoretical_hit_rate": theoretical_hit_rate(prompts)}
         llm.engine.clear_cache()
@@ -295,6 +320,13 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
         report(name, r)
+    a = results["alone_ttft"] = alone_ttft(llm, workloads["agent"], workloads["control"])
+    print(f"\n== one request on an idle engine: TTFT cache hit {a['hit_s']:.3f} s ({a['hit_prompt']} prompt tokens), "
+          f"miss {a['miss_s']:.3f} s ({a['miss_prompt']}): hit / miss {a['ratio']:.2f}")
+    ag, ct = results["agent"]["ember"], results["control"]["ember"]
+    if ag["ttft_hit_p50"] and ct["ttft_miss_p50"]:
+        print(f"   under the concurrent load: agent hit p50 {ag['ttft_hit_p50']:.3f} s / control miss p50 "
+              f"{ct['ttft_miss_p50']:.3f} s = {ag['ttft_hit_p50'] / ct['ttft_miss_p50']:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")

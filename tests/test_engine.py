@@ -184,3 +184,32 @@ def test_scores_do_not_depend_on_batching(llm):
         t.join()
     for r in results.values():
         np.testing.assert_allclose(r, alone, atol=1e-4)
+
+
+def test_device_argmax_steps_give_the_host_sampler_tokens(tiny):
+    """On a backend that reduces logits on the device (the reference backend has top_k), greedy
+    steps bring back only token ids; the tokens are those the host sampler picks from full rows,
+    and steps with a grammar, logprobs or a sampled request still get full rows."""
+    llm = LLM(tiny, device="reference", ctx=128, slots=4)
+    try:
+        rng = random.Random(5)
+        prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 20))] for _ in range(6)]
+        eng = llm.engine
+        assert eng._device_top_k
+        m = eng.metrics
+        no_eos = SamplingParams(temperature=0.0, ignore_eos=True)  # a ban: the best two suffice
+        for params in (GREEDY, no_eos):
+            before = m.argmax_steps
+            eng._device_top_k = True
+            device = [collect(eng.submit(Request(p, 12, params))) for p in prompts]
+            assert m.argmax_steps - before >= 6 * 11  # every decode step; prompt steps too
+            eng._device_top_k = False
+            host = [collect(eng.submit(Request(p, 12, params))) for p in prompts]
+            assert device == host
+        eng._device_top_k = True
+        before = m.argmax_steps
+        collect(eng.submit(Request(prompts[0], 8, SamplingParams(temperature=0.8, seed=3))))
+        collect(eng.submit(Request(prompts[1], 8, GREEDY, logprobs=2)))
+        assert m.argmax_steps == before
+    finally:
+        llm.close()

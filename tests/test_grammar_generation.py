@@ -60,3 +60,31 @@ def test_schema_outputs_validate(llm, name):
 @pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
 def test_schema_outputs_validate_whole_corpus(llm, name):
     check_outputs(llm(name), ALL, seeds=[1, 2, 3, 4])
+
+
+def run_tokens(llm, grammar: GrammarSpec, logprobs: int | None) -> list[int]:
+    prompt = llm.tokenize("A list of numbers:")
+    h = llm.engine.submit(Request(prompt, 12, SamplingParams(temperature=0.0), grammar=grammar, logprobs=logprobs))
+    tokens = []
+    for ev in h:
+        if isinstance(ev, TokenEvent):
+            tokens.append(ev.token)
+        elif isinstance(ev, FinishEvent):
+            assert ev.error is None, ev.error
+    return tokens
+
+
+def test_forced_tokens_are_appended_without_sampling(llm):
+    """Where the grammar allows a single token, the engine appends it unsampled and computes the
+    stretch in one step; the output is the one token-by-token sampling gives (with logprobs on,
+    which turns the shortcut off)."""
+    m = llm("smollm2")
+    ids = m.tokenize(" one two three", add_special=False)
+    grammar = GrammarSpec("root ::= " + " ".join(f"<[{i}]>" for i in ids) + ' [0-9] [0-9] "."')
+    before_forced, before_steps = m.engine.metrics.forced_tokens, m.engine.metrics.steps
+    fast = run_tokens(m, grammar, logprobs=None)
+    forced, steps = m.engine.metrics.forced_tokens - before_forced, m.engine.metrics.steps - before_steps
+    slow = run_tokens(m, grammar, logprobs=1)
+    assert fast[:len(ids)] == ids and fast == slow
+    assert forced == len(ids)  # all but the first (sampled from the prompt's logits), and the final "."
+    assert steps <= len(fast) - forced + 1

@@ -54,6 +54,13 @@ class Backend:
     def gather_rows(self, x, rows, out) -> None:
         out[...] = x[np.asarray(rows)]
 
+    def top_k(self, logits, k: int, ids, vals) -> None:
+        """ids (n, k) and vals (n, k) = each row's k largest logits, best first (lowest id on ties):
+        what a device backend returns instead of whole rows."""
+        order = np.argsort(-np.asarray(logits), axis=1, kind="stable")[:, :k]
+        ids[...] = order
+        vals[...] = np.take_along_axis(np.asarray(logits), order, axis=1)
+
     def add_bias(self, x, b: Weight) -> None:
         x += b.data
 

@@ -155,6 +155,9 @@ class RequestHandle:
             yield ev
 
 
+MAX_DEVICE_BEST = 64  # most best-token candidates per row brought back instead of the whole row
+
+
 class _SeqState:
     """What the engine keeps per sequence besides scheduling: sampling and text."""
 
@@ -185,6 +188,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.last_error: str | None = None
         self._grammar_vocab = None  # built on the first grammar request
+        self._device_top_k = hasattr(model.backend, "top_k")  # greedy steps need only token ids
         self._mask: np.ndarray | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -297,10 +301,30 @@ class Engine:
             self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
             return
         self._count_admissions(plan)
-        logits = self.runner.run(plan)
+        top_k = self._best_needed(plan)
+        out = self.runner.run(plan, top_k)
         self.scheduler.complete(plan)
-        self._postprocess(plan, logits)
+        self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
         self.metrics.steps += 1
+        self.metrics.argmax_steps += bool(top_k)
+
+    def _best_needed(self, plan: Plan) -> int:
+        """k > 0 when every sequence of the step needs only its rows' k best tokens (greedy, no
+        grammar, no logit changes but bans, no log-probabilities) and the backend can find them on
+        the device: then only token ids cross to the host instead of rows of vocabulary size."""
+        if not self._device_top_k:
+            return 0
+        k = 1
+        for c in plan.chunks:
+            st = c.seq.owner
+            if c.seq.prompt_logits:
+                return 0
+            if c.logit_rows:
+                need = st.sampler.best_needed if st.matcher is None and st.request.logprobs is None else 0
+                if not 0 < need <= MAX_DEVICE_BEST:
+                    return 0
+                k = max(k, need)
+        return k
 
     def _finish_cancelled(self) -> None:
         for seq in [s for s in self.scheduler.running + self.scheduler.waiting if s.cancelled]:
@@ -319,7 +343,9 @@ class Engine:
                 m.prompt_tokens_cached += seq.n_cache_hit
         m.preemptions = self.scheduler.n_preemptions
 
-    def _postprocess(self, plan: Plan, logits: np.ndarray) -> None:
+    def _postprocess(self, plan: Plan, logits: np.ndarray, best_only: bool = False) -> None:
+        """best_only: `logits` holds each row's best token ids (n_rows, k), best first, instead of
+        its logits."""
         row = 0
         for chunk in plan.chunks:
             seq = chunk.seq
@@ -328,10 +354,12 @@ class Engine:
             if seq.prompt_logits and chunk.start < seq.n_prompt:
                 self._deliver_prompt(seq, chunk, rows)
             if seq.n_computed == len(seq.tokens):  # the last token was computed: its logits are in rows[-1]
-                if seq.wants_sample:
-                    self._sample(seq, rows[-1])
-                else:
+                if not seq.wants_sample:
                     self._finish(seq, "length")
+                elif best_only:
+                    self._emit(seq, seq.owner.sampler.choose_from_best(rows[-1]), None)
+                else:
+                    self._sample(seq, rows[-1])
 
     def _deliver_prompt(self, seq: Sequence, chunk, rows: np.ndarray) -> None:
         st = seq.owner
@@ -347,15 +375,26 @@ class Engine:
         if st.matcher is not None and not st.matcher.accept_token(token):
             self._finish(seq, "error", error=f"the grammar rejected token {token} it had allowed")
             return
+        lp = st.sampler.logprobs(token, n=req.logprobs) if req.logprobs is not None else None
+        if not self._emit(seq, token, lp) or st.matcher is None or req.logprobs is not None:
+            return
+        # Tokens the grammar leaves no choice about are appended now, without sampling, and computed
+        # together in the next step (no log-probabilities for them: requests that want those skip this).
+        for forced in st.matcher.forced_tokens(limit=min(64, seq.max_new_tokens - seq.n_generated)):
+            if not st.matcher.accept_token(forced) or not self._emit(seq, forced, None):
+                return
+            self.metrics.forced_tokens += 1
+
+    def _emit(self, seq: Sequence, token: int, lp) -> bool:
+        """Append a chosen token and send it; False when the sequence finished with it."""
+        st, req = seq.owner, seq.owner.request
         st.sampler.accept(token)
-        now = time.perf_counter()
-        self._time_token(seq, now)
+        self._time_token(seq, time.perf_counter())
         if token in self.tokenizer.eog_ids:
             self._finish(seq, "stop")
-            return
+            return False
         seq.tokens.append(token)
         self.metrics.generated_tokens += 1
-        lp = st.sampler.logprobs(token, n=req.logprobs) if req.logprobs is not None else None
         text, stopped = self._text(st, st.decoder.feed(token))
         st.handle._push(TokenEvent(st.index, token, text, lp.logprob if lp else None,
                                    list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs else None))
@@ -363,6 +402,9 @@ class Engine:
             self._finish(seq, "stop", flush=False)  # whatever follows the stop string is dropped
         elif not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
             self._finish(seq, "length")
+        else:
+            return True
+        return False
 
     def _allowed(self, st: _SeqState) -> np.ndarray | None:
         """The grammar's mask of allowed tokens (packed bits), or None without a grammar."""

@@ -40,11 +40,13 @@ class EngineMetrics:
     prompt_tokens_cached: int = 0  # of which served from the prefix cache
     prompt_tokens_computed: int = 0  # prompt tokens actually run through the model
     generated_tokens: int = 0
+    forced_tokens: int = 0  # of which the grammar allowed only one (appended without sampling)
     requests_started: int = 0
     requests_finished: int = 0
     requests_cancelled: int = 0
     preemptions: int = 0
     steps: int = 0
+    argmax_steps: int = 0  # of which only token ids came back (greedy rows reduced on the device)
     ttft_hit: Histogram = field(default_factory=Histogram)  # half or more of the prompt was cached
     ttft_miss: Histogram = field(default_factory=Histogram)
     inter_token: Histogram = field(default_factory=Histogram)

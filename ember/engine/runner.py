@@ -39,13 +39,15 @@ class ModelRunner:
         self.recordable = hasattr(model.backend, "record")
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
 
-    def run(self, plan: Plan) -> np.ndarray:
+    def run(self, plan: Plan, top_k: int = 0):
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
-        in plan order (valid until the next run)."""
+        in plan order (valid until the next run), or with top_k > 0 only each row's k best
+        (TopLogits: ids and values, reduced on the device)."""
         for src, dst in plan.copies:
             self.cache.copy_page(src, dst)
         step = self.step(plan)
-        key = (step.n, len(plan.chunks), len(step.output_rows))
+        step.top_k = top_k
+        key = (step.n, len(plan.chunks), len(step.output_rows), top_k)
         hit = self._recordings.get(key)
         if hit is not None:
             self._recordings.move_to_end(key)

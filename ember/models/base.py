@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NamedTuple, Any
 
 import numpy as np
 
@@ -90,11 +90,11 @@ class Buffers:
         self.backend = backend
         self._store: dict[str, Any] = {}
 
-    def get(self, name: str, n: int, width: int):
-        """A (n, width) float buffer named `name`; the same memory every step of at most that size."""
+    def get(self, name: str, n: int, width: int, dtype=np.float32):
+        """A (n, width) buffer named `name`; the same memory every step of at most that size."""
         buf = self._store.get(name)
         if buf is None or buf.shape[0] < n or buf.shape[1] != width:
-            buf = self.backend.empty((max(n, 1), width))
+            buf = self.backend.empty((max(n, 1), width), dtype)
             self._store[name] = buf
         return buf[:n]
 
@@ -131,10 +131,18 @@ class Step:
     tokens: np.ndarray  # (n,) int32
     attn: AttentionBatch
     output_rows: np.ndarray  # (n_out,) int32 indices into tokens
+    top_k: int = 0  # > 0: each output row reduced on the device to its k best (a backend with top_k)
 
     @property
     def n(self) -> int:
         return len(self.tokens)
+
+
+class TopLogits(NamedTuple):
+    """The k best logits of each output row: ids (n_out, k) int32 and values (n_out, k), best first."""
+
+    ids: np.ndarray
+    values: np.ndarray
 
 
 class Model:
@@ -177,4 +185,9 @@ class Model:
         self.backend.rms_norm(h, norm, eps, h)
         out = self.buffers.get("logits", len(rows), self.n_vocab)
         self.backend.matmul(head, h, out)
+        if step.top_k:  # only the best ids and their logits cross to the host
+            ids = self.buffers.get(f"top_ids{step.top_k}", len(rows), step.top_k, np.int32)
+            vals = self.buffers.get(f"top_vals{step.top_k}", len(rows), step.top_k)
+            self.backend.top_k(out, step.top_k, ids, vals)
+            return TopLogits(self.backend.to_numpy(ids), self.backend.to_numpy(vals))
         return self.backend.to_numpy(out)

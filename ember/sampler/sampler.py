@@ -63,6 +63,25 @@ class Sampler:
         self._n_vocab: int | None = None
         self._last: _LastDraw | None = None
 
+    @property
+    def best_needed(self) -> int:
+        """How many of a row's best tokens suffice to make the choice (then a backend may reduce rows
+        to those on the device), or 0 when it needs the whole row. Greedy with nothing that changes
+        logits before the argmax but bans (-inf biases, ignore_eos): one more than the bans."""
+        if self._greedy_steps is None or self._penalties is not None or self._dry is not None:
+            return 0
+        if self._bias_tokens.size and not np.all(np.isneginf(self._bias)):
+            return 0
+        return 1 + int(self._bias_tokens.size)
+
+    def choose_from_best(self, ids: np.ndarray) -> int:
+        """The greedy choice from a row's best ids (best first, at least best_needed of them):
+        the first that is not banned. Accept it as usual."""
+        for token in ids:
+            if not self._bias_tokens.size or int(token) not in self._bias_tokens:
+                return int(token)
+        raise ValueError("every candidate token is banned")
+
     # ---- per-step API ----
     def sample(self, logits: np.ndarray, allowed_mask: np.ndarray | None = None) -> int:
         """Choose the next token (without accepting it). `logits`: (n_vocab,) float. `allowed_mask`:

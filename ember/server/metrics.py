@@ -65,6 +65,8 @@ def ember_families(state: ServerState):
     yield _counter("ember:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", m.prompt_tokens_cached)
     yield _gauge("ember:prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix cache.",
                  m.cache_hit_rate)
+    yield _counter("ember:forced_tokens", "Generated tokens a grammar left no choice about (appended unsampled).",
+                   m.forced_tokens)
     ttft = HistogramMetricFamily("ember:time_to_first_token_seconds",
                                  "Submission to first token; cache=hit when half or more of the prompt was cached.",
                                  labels=["cache"])
