@@ -375,3 +375,24 @@ def test_attention_sharp_softmax(isa, pool):
     b = make_batch(case, np.random.default_rng(9))
     out = run_attention(pool, case, b, 2.0)
     np.testing.assert_allclose(out, attention_ref(case, b, 2.0), rtol=1e-4, atol=3e-6)
+
+
+@pytest.mark.parametrize("n,vocab,k", [(1, 262144, 1), (1, 49152, 3), (5, 1000, 7), (3, 64, 60), (1, 10000, 64),
+                                       (2, 5, 5)])
+def test_top_k_matches_a_stable_sort(pool, n, vocab, k):
+    """Each row's k largest, best first, the lower id first among equal values, NaN never chosen;
+    one row is split across the threads and merged, several rows go whole to a thread."""
+    rng = np.random.default_rng(n * 1000 + k)
+    x = rng.standard_normal((n, vocab)).astype(np.float32)
+    x[:, ::7] = x[:, 1:2]  # many ties with one value
+    x[0, 3] = np.nan
+    x[0, min(4, vocab - 1)] = -np.inf
+    ids, vals = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
+    lib.ember_top_k(pool, buf(x), n, vocab, k, buf(ids, "int32_t"), buf(vals))
+    order = np.argsort(-x, axis=1, kind="stable")  # NaN sorts last
+    nans = np.isnan(x).sum(axis=1)
+    for r in range(n):
+        valid = min(k, vocab - nans[r])  # NaN is never chosen: a short row ends in id -1
+        assert ids[r, :valid].tolist() == order[r, :valid].tolist()
+        np.testing.assert_array_equal(vals[r, :valid], x[r, order[r, :valid]])
+        assert (ids[r, valid:] == -1).all() and (vals[r, valid:] == -np.inf).all()

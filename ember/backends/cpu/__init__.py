@@ -52,7 +52,7 @@ _OP_NAMES = {
     lib.EMBER_OP_RMS_NORM: "rms_norm", lib.EMBER_OP_ROPE: "rope", lib.EMBER_OP_SILU_MUL: "silu_mul",
     lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
-    lib.EMBER_OP_ADD_ROW: "add_row",
+    lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k",
 }
 
 
@@ -262,6 +262,16 @@ class Backend:
 
     def add_bias(self, x, b: Weight) -> None:
         self._run(lib.EMBER_OP_ADD_ROW, (self._p(x), self._p(b.data)), (x.shape[0], x.shape[1]))
+
+    def top_k(self, logits, k: int, ids, vals) -> None:
+        """ids (n, k) int32 and vals (n, k) f32 = each row's k largest logits, best first (lowest id
+        among equal values), so that greedy steps hand Python only token ids."""
+        n, vocab = logits.shape
+        if not 1 <= k <= min(lib.EMBER_TOPK_MAX, vocab):
+            raise BackendError(f"top_k needs 1 <= k <= {min(lib.EMBER_TOPK_MAX, vocab)}, got {k}")
+        if ids.shape != (n, k) or vals.shape != (n, k) or ids.dtype != np.int32 or vals.dtype != F32:
+            raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
+        self._run(lib.EMBER_OP_TOP_K, (self._p(logits), self._p(ids), self._p(vals)), (n, vocab, k))
 
     def gather_rows(self, x, rows, out) -> None:
         """out[r] = x[rows[r]]"""

@@ -19,8 +19,11 @@ enum ember_op_kind {
                                   i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
                                   f: scale, softcap */
     EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
-    EMBER_OP_ADD_ROW = 13      /* p: x, b; i: n, d                        -- x[r] += b for every row */
+    EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
+    EMBER_OP_TOP_K = 14        /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
 };
+
+#define EMBER_TOPK_MAX 64
 
 typedef struct ember_op {
     int32_t kind;
@@ -35,6 +38,11 @@ int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops);
 
 /* The same, adding each op's wall time in nanoseconds to ns[k] (for profiles). */
 int64_t ember_run_ops_timed(ember_pool *pool, const ember_op *ops, int64_t n_ops, int64_t *ns);
+
+/* ids (n, k) int32 and vals (n, k) = the k <= EMBER_TOPK_MAX largest values of each row of x (n, vocab),
+ * best first, the lower id first among equal values; NaN never chosen (a row with fewer than k others
+ * ends in id -1, value -inf). */
+void ember_top_k(ember_pool *pool, const float *x, int64_t n, int64_t vocab, int k, int32_t *ids, float *vals);
 
 /* The two small ops that have no kernel of their own. */
 void ember_gather_rows(const float *x, const int32_t *rows, float *out, int64_t n_out, int64_t d);

@@ -30,6 +30,10 @@ extern int ember_isa_active;
 typedef void (*ember_task_fn)(void *ctx, int ith, int nth);
 void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx);
 
+/* A pause in the work (the end of a whole step): idle workers go to sleep at once instead of spinning
+ * for the next job, leaving the cores to the caller's own work until ember_parallel wakes them. */
+void ember_pool_rest(ember_pool *pool);
+
 /* Split [0, n) into nth nearly equal contiguous ranges; range ith is [*lo, *hi). */
 static inline void ember_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
     int64_t per = n / nth, extra = n % nth;

@@ -61,6 +61,9 @@ static int run_op(ember_pool *pool, const ember_op *o) {
     case EMBER_OP_ADD_ROW:
         ember_add_row(p[0], p[1], i[0], i[1]);
         return 0;
+    case EMBER_OP_TOP_K:
+        ember_top_k(pool, p[0], i[0], i[1], (int)i[2], p[1], p[2]);
+        return 0;
     default:
         return -1;
     }
@@ -69,6 +72,7 @@ static int run_op(ember_pool *pool, const ember_op *o) {
 int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops) {
     for (int64_t k = 0; k < n_ops; k++)
         if (run_op(pool, &ops[k]) != 0) return k;
+    if (n_ops > 1) ember_pool_rest(pool); /* a whole step: the caller's Python work comes next */
     return -1;
 }
 
@@ -84,5 +88,6 @@ int64_t ember_run_ops_timed(ember_pool *pool, const ember_op *ops, int64_t n_ops
         if (run_op(pool, &ops[k]) != 0) return k;
         ns[k] += now_ns() - t0;
     }
+    if (n_ops > 1) ember_pool_rest(pool);
     return -1;
 }

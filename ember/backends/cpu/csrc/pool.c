@@ -34,6 +34,7 @@ struct ember_pool {
     atomic_uint_fast64_t claim;   /* (job generation << 16) | next unclaimed share */
     atomic_int done;              /* shares finished in the current job */
     atomic_int sleeping;
+    atomic_int resting;           /* set between steps: idle workers sleep at once instead of spinning */
     atomic_int stop;
     ember_task_fn fn;
     void *ctx;
@@ -65,7 +66,8 @@ static void *worker_main(void *p) {
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = atomic_load(&pool->gen);
-        for (int i = 0; g == seen && i < SPIN_ROUNDS; i++) {
+        for (int i = 0; g == seen && i < SPIN_ROUNDS && !atomic_load_explicit(&pool->resting, memory_order_relaxed);
+             i++) {
             CPU_RELAX();
             g = atomic_load(&pool->gen);
         }
@@ -126,12 +128,17 @@ void ember_pool_destroy(ember_pool *pool) {
 
 int ember_pool_threads(const ember_pool *pool) { return pool ? pool->n_threads : 1; }
 
+void ember_pool_rest(ember_pool *pool) {
+    if (pool) atomic_store_explicit(&pool->resting, 1, memory_order_relaxed);
+}
+
 void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
     if (!pool || pool->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
     }
     pthread_mutex_lock(&pool->run_lock);
+    atomic_store_explicit(&pool->resting, 0, memory_order_relaxed);
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store(&pool->done, 0);
