@@ -15,8 +15,9 @@ from ..backends import AttentionBatch
 from ..models import KVCache, Model, Step
 from .scheduler import Plan
 
-MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound: Python's share is negligible there
+MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound on a CPU: Python's share is negligible there
 MAX_RECORDINGS = 64
+MAX_LARGE_RECORDINGS = 8  # larger steps, where a backend records them too (kept apart: decode shapes stay)
 
 
 class StepInputs:
@@ -37,7 +38,10 @@ class ModelRunner:
         self.page_size = cache.page_size
         self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq)
         self.recordable = hasattr(model.backend, "record")
+        # a GPU launches hundreds of small kernels per step: it records prompt-sized steps as well
+        self.max_recorded = max(MAX_RECORDED_TOKENS, getattr(model.backend, "max_recorded_tokens", 0))
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
+        self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
 
     def run(self, plan: Plan, top_k: int = 0):
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
@@ -48,18 +52,20 @@ class ModelRunner:
         step = self.step(plan)
         step.top_k = top_k
         key = (step.n, len(plan.chunks), len(step.output_rows), top_k)
-        hit = self._recordings.get(key)
+        store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
+            (self._large, MAX_LARGE_RECORDINGS)
+        hit = store.get(key)
         if hit is not None:
-            self._recordings.move_to_end(key)
+            store.move_to_end(key)
             self.model.backend.replay(hit[0])
             return hit[1]
-        if not self.recordable or step.n > MAX_RECORDED_TOKENS:
+        if not self.recordable or step.n > self.max_recorded:
             return self.model.forward(step, self.cache)
         with self.model.backend.record() as rec:
             logits = self.model.forward(step, self.cache)
-        self._recordings[key] = (rec, logits)
-        if len(self._recordings) > MAX_RECORDINGS:
-            self._recordings.popitem(last=False)
+        store[key] = (rec, logits)
+        if len(store) > limit:
+            store.popitem(last=False)
         return logits
 
     def step(self, plan: Plan) -> Step:

@@ -67,6 +67,7 @@ def device_index(device: str) -> int:
 
 class Backend:
     name = "cuda"
+    max_recorded_tokens = 4096  # prompt-sized steps are captured as graphs too: eager, each op is a Python call
 
     def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
                  fuse: bool | None = None, tails: bool | None = None):
