@@ -228,15 +228,7 @@ def start_llama_server(path: Path, sessions: int, threads: int, ctx_per_slot: in
     args = ["-m", str(path), "-t", str(threads), "-np", str(sessions), "-c", str(ctx_per_slot * sessions),
             "--port", str(port), "--host", "127.0.0.1", "--no-webui"]
     proc = peer.popen("llama-server", args, probe_model=str(path))
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, port
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("llama-server did not become ready")
+    return _when_ready(proc, port, "llama-server"), port
 
 
 def start_ember_server(model: str, sessions: int, threads: int, ctx_per_slot: int) -> tuple[object, int]:
@@ -247,15 +239,20 @@ def start_ember_server(model: str, sessions: int, threads: int, ctx_per_slot: in
     cmd = [sys.executable, "-m", "ember", "serve", model, "--port", str(port), "--slots", str(sessions),
            "--threads", str(threads), "--ctx", str(ctx_per_slot), "--device", "cpu", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _when_ready(proc, port, "ember serve"), port
+
+
+def _when_ready(proc, port: int, name: str):
+    """proc once its /health answers 200 (killed, and an error, if it never does)."""
     for _ in range(600):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if r.status == 200:
-                    return proc, port
+                    return proc
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("ember serve did not become ready")
+    raise RuntimeError(f"{name} did not become ready")
 
 
 def _free_port() -> int:
