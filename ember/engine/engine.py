@@ -328,8 +328,8 @@ class Engine:
 
     def _finish_cancelled(self) -> None:
         for seq in [s for s in self.scheduler.running + self.scheduler.waiting if s.cancelled]:
+            self.metrics.requests_cancelled += 1  # before the sequence is seen to leave
             self._finish(seq, "cancelled")
-            self.metrics.requests_cancelled += 1
 
     def _count_admissions(self, plan: Plan) -> None:
         m = self.metrics
@@ -444,11 +444,11 @@ class Engine:
         """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
         if seq.status is Status.FINISHED:
             return
+        self.metrics.requests_finished += 1  # counted before anyone can see the sequence gone
         self.scheduler.finish(seq, reason)
         st = seq.owner
         tail = st.held + st.decoder.flush() if flush else ""
         st.handle._push(FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit, seq.n_generated, error))
-        self.metrics.requests_finished += 1
 
     def _fail_running(self, message: str, trace: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
