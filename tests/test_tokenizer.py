@@ -421,3 +421,15 @@ def test_spm_without_scores_is_an_error():
 def test_lone_surrogates_become_replacement_characters(tok):
     s = tok("smollm2")
     assert s.encode("a\udc80b", add_special=False) == s.encode("a\ufffdb", add_special=False)
+
+
+def test_merges_of_unknown_tokens_and_repeats_are_handled_like_the_careful_parse(metadata, tok):
+    """Plain merge lists go to `tokenizers` as they are; a merge naming a token the vocabulary lacks,
+    or a repeated merge (the first occurrence ranks), takes the careful parse: same tokens either way."""
+    md = metadata("smollm2")
+    merges = md["tokenizer.ggml.merges"]
+    text = " ".join(c["text"] for c in golden("smollm2", "tokenize")["cases"][:20])
+    want = tok("smollm2").encode(text)
+    for extra in (["Ġqqzzqq Ġxxyyxx"], [merges[5]]):  # unknown tokens; a repeat of an early merge
+        variant = Tokenizer.from_metadata({**md, "tokenizer.ggml.merges": merges + extra})
+        assert variant.encode(text) == want

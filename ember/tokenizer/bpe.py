@@ -49,6 +49,15 @@ def parse_merges(merges: list[str], token_to_id: dict[str, int]) -> list[tuple[s
     return pairs
 
 
+def plain_pairs(merges: list[str]) -> list[tuple[str, str]] | None:
+    """The merges as pairs when every one is plainly "left right" (one space, neither part empty) and
+    none repeats; else None (then parse_merges, which also drops merges of unknown tokens, decides)."""
+    pairs = [tuple(m.split(" ")) for m in merges]
+    if any(len(p) != 2 or not p[0] or not p[1] for p in pairs) or len(set(pairs)) != len(pairs):
+        return None
+    return pairs
+
+
 class BpeEngine:
     """Raw text -> token ids, for byte-level BPE vocabularies."""
 
@@ -58,8 +67,14 @@ class BpeEngine:
         # unknown token (one id past the vocabulary, dropped afterwards) does the same here.
         self._missing = len(token_to_id)
         vocab = {**token_to_id, _MISSING: self._missing}
-        bpe = models.BPE(vocab=vocab, merges=parse_merges(merges, token_to_id), unk_token=_MISSING,
-                         ignore_merges=pre.ignore_merges, fuse_unk=False, byte_fallback=False)
+        options = dict(unk_token=_MISSING, ignore_merges=pre.ignore_merges, fuse_unk=False, byte_fallback=False)
+        pairs = plain_pairs(merges)  # the common case, parsed fast; `tokenizers` checks the tokens exist
+        try:
+            bpe = models.BPE(vocab=vocab, merges=pairs, **options) if pairs is not None else None
+        except Exception:  # a merge of tokens the vocabulary lacks: keep only the usable ones
+            bpe = None
+        if bpe is None:
+            bpe = models.BPE(vocab=vocab, merges=parse_merges(merges, token_to_id), **options)
         self._tok = Tokenizer(bpe)
         splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in pre.patterns]
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
