@@ -72,9 +72,8 @@ def profile(model: str, threads: int, n_prompt: int, n_gen: int) -> dict:
         llm.backend.profile = prof = Profile()
         wall = _timed(run)
         llm.backend.profile = None
-        outside = 1 - prof.total_s / wall
-        if name == "tg":  # decode steps are recorded: time their replays alone, unprofiled, in one run
-            outside = replay_share(llm, run)
+        # decode steps are recorded: their share outside the kernels comes from timing the replays alone
+        outside = replay_share(llm, run) if name == "tg" else 1 - prof.total_s / wall
         kinds = prof.by_kind()
         out[name] = {"wall_s": wall, "native_s": prof.total_s, "outside_share": outside,
                      "by_kind_s": kinds,

@@ -94,10 +94,8 @@ class Profile:
         """Seconds per op kind (matrix products grouped by type)."""
         out: dict[str, float] = {}
         for label, t in self.ns.items():
-            words = label.split(" (")[0].split()
-            key = " ".join(words[:2]) if words[0] == "matmul" and "(" not in label else words[0]
-            if "(shared input)" in label:
-                key = "matmul " + label.split(") ")[1].split()[0]
+            words = label.replace(" (shared input)", "").split()  # "matmul Q4_1 ..." -> "matmul Q4_1"
+            key = " ".join(words[:2]) if words[0] == "matmul" else words[0]
             out[key] = out.get(key, 0.0) + t / 1e9
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
