@@ -89,9 +89,9 @@ def graph_us(cp, launches, reps: int = 40) -> float:
     return statistics.median(times)
 
 
-def step_profile(llm) -> dict:
+def step_profile(llm, tokens: int = 1) -> dict:
     runner = llm.engine.runner
-    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == 1]
+    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == tokens and key[1] == tokens]
     return launch_profile(llm.model.backend, recs[0]) if recs else {}
 
 
@@ -110,18 +110,23 @@ def launch_profile(backend, rec) -> dict:
     return {"sum_us": total, "kernels": dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))}
 
 
-def with_tails(mode: str, fn, *args):
-    """fn(*args) with the backend's EMBER_CUDA_TAILS mode ("post", the default; "all"; "0"): the
-    A/B of the ways of doing a layer's RMS norms (fused products' tails or quant_x launches)."""
-    old = os.environ.get("EMBER_CUDA_TAILS")
-    os.environ["EMBER_CUDA_TAILS"] = mode
+def with_env(name: str, value: str, fn, *args):
+    """fn(*args) with one of the backend's switches set, for A/B variants: EMBER_CUDA_TAILS ("post",
+    the default; "all"; "0": the ways of doing a layer's RMS norms) or EMBER_CUDA_PDL ("1", the
+    default; "0": captured steps launched the ordinary way)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         return fn(*args)
     finally:
         if old is None:
-            del os.environ["EMBER_CUDA_TAILS"]
+            del os.environ[name]
         else:
-            os.environ["EMBER_CUDA_TAILS"] = old
+            os.environ[name] = old
+
+
+def with_tails(mode: str, fn, *args):
+    return with_env("EMBER_CUDA_TAILS", mode, fn, *args)
 
 
 def decode_only(path: str, reps: int, n_gen: int = 128) -> dict:
@@ -135,10 +140,12 @@ def decode_only(path: str, reps: int, n_gen: int = 128) -> dict:
                 "launches_per_replay": backend_info(llm)["launches_per_replay"]}
 
 
-def replay_step_ms(llm, n: int = 200) -> float | None:
-    """Median time of one recorded single-token step replayed alone: the GPU's share of tg."""
+def replay_step_ms(llm, n: int = 200, tokens: int = 1) -> float | None:
+    """Median time of one recorded step of `tokens` tokens replayed alone: the GPU's share."""
     runner, backend = llm.engine.runner, llm.model.backend
-    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == 1]
+    # steps of `tokens` sequences of one token each (a recorded prompt chunk of as many tokens
+    # would read page-table rows the current inputs do not have)
+    recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == tokens and key[1] == tokens]
     if not recs:
         return None
     times = []
@@ -152,7 +159,7 @@ def replay_step_ms(llm, n: int = 200) -> float | None:
 def backend_info(llm) -> dict:
     b = llm.model.backend
     recs = list(llm.engine.runner._recordings.values())
-    return {"graph_error": b.graph_error, "graphs": b.graphs, "fuse": b.fuse,
+    return {"graph_error": b.graph_error, "graphs": b.graphs, "fuse": b.fuse, "pdl_error": b.pdl_error,
             "ops_per_recorded_step": [len(r.ops) for r, _ in recs][:4],
             "launches_per_replay": [len(r.launches) for r, _ in recs][:4]}
 
@@ -175,11 +182,13 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
                     firsts[i] = time.perf_counter()
             ends[i] = time.perf_counter()
 
+        timer = StepTimer(llm.engine)
         with ThreadPoolExecutor(n_streams) as pool:
             t0 = time.perf_counter()
             for f in [pool.submit(run, i) for i in range(n_streams)]:
                 f.result()
         t_end = max(ends)
+        timer.remove()
         generated = sum(counts)
         prefill_end = max(firsts)
         computed = n_prompt if shared else n_prompt * n_streams
@@ -187,7 +196,48 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
                 "total_tps": (n_prompt * n_streams + generated) / (t_end - t0),
                 "gen_tps": (generated - n_streams) / max(t_end - prefill_end, 1e-9),
                 "gen_tps_whole_run": generated / (t_end - t0),
-                "prompt_tokens_computed": llm.engine.metrics.prompt_tokens_computed, "expected_computed": computed}
+                "prompt_tokens_computed": llm.engine.metrics.prompt_tokens_computed, "expected_computed": computed,
+                "decode_steps": timer.summary(n_streams), "decode_replay_ms": replay_step_ms(llm, 50, n_streams),
+                "decode_profile": step_profile(llm, n_streams) if shared else {}}
+
+
+class StepTimer:
+    """Wall time of the engine's steps and of the runner inside them, for steps of exactly n
+    tokens (all streams decoding): what a decode step costs beside the GPU's replay alone."""
+
+    def __init__(self, engine):
+        self.engine, self.runner = engine, engine.runner
+        self.steps: list = []  # (tokens, step seconds, runner seconds)
+        self._run, self._step = self.runner.run, engine.step
+        self._last = None  # (tokens, runner seconds) of the step under way
+
+        def run(plan, top_k=0):
+            t = time.perf_counter()
+            try:
+                return self._run(plan, top_k)
+            finally:
+                self._last = (sum(c.n for c in plan.chunks), time.perf_counter() - t)
+
+        def step():
+            t = time.perf_counter()
+            self._last = None
+            self._step()
+            if self._last is not None:
+                self.steps.append((self._last[0], time.perf_counter() - t, self._last[1]))
+
+        self.runner.run, engine.step = run, step
+
+    def remove(self) -> None:
+        del self.runner.run, self.engine.step
+
+    def summary(self, n: int) -> dict:
+        runner_ms = sorted(1000 * r for k, _, r in self.steps if k == n)
+        step_ms = sorted(1000 * s for k, s, _ in self.steps if k == n)
+        if not step_ms:
+            return {}
+        return {"steps": len(step_ms), "step_ms_p50": step_ms[len(step_ms) // 2],
+                "runner_ms_p50": runner_ms[len(runner_ms) // 2], "step_ms_sum": sum(step_ms),
+                "runner_ms_sum": sum(runner_ms)}
 
 
 # ---- 1.5 B roofline ----
@@ -461,12 +511,16 @@ def main() -> None:
         r = results["models"].setdefault(name, {})
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
+            section(r, "decode_pdl_0", with_env, "EMBER_CUDA_PDL", "0", decode_only, path, reps)
+            section(r, "decode_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0", decode_only, path, reps)
             section(r, "decode_tails_0", with_tails, "0", decode_only, path, reps)
             section(r, "decode_tails_all", with_tails, "all", decode_only, path, reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
+            section(r, "shared_mv_rows_8", with_env, "EMBER_CUDA_MV_ROWS", "8", many_streams, path, 64, 512,
+                    32 if args.quick else 128, True)
         if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
             section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)
     if "roofline" not in args.skip:
@@ -479,8 +533,8 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_tails_all", with_tails, "all", decode_bandwidth, path,
-                        step_bytes, copy_gbs, 100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0",
+                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))
@@ -506,11 +560,21 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
-        for label in ("decode_tails_0", "decode_tails_all"):
+        for label in ("decode_pdl_0", "decode_prologue_0", "decode_tails_0", "decode_tails_all"):
             v = r.get(label) or {}
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
                       f"launches {v['launches_per_replay']}")
+        for label in ("many", "shared", "shared_mv_rows_8"):
+            v = r.get(label) or {}
+            if v.get("decode_steps"):
+                d = v["decode_steps"]
+                print(f"{name:12} {label:6} decode steps: {d['steps']}, step p50 {d['step_ms_p50']:.2f} ms, runner p50 "
+                      f"{d['runner_ms_p50']:.2f} ms, replay alone {v.get('decode_replay_ms')} ms")
+            prof = v.get("decode_profile") or {}
+            if prof.get("kernels"):
+                top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof["kernels"].items())[:8])
+                print(f"{name:12} {label:6} {v['streams']}-token step kernels alone sum {prof['sum_us']} us: {top}")
         prof = single.get("profile") or {}
         if prof.get("kernels"):
             top = ", ".join(f"{k} {v[0]}x {v[1]:.0f}us" for k, v in list(prof["kernels"].items())[:8])

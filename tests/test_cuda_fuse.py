@@ -141,8 +141,8 @@ def test_without_counters_no_tails_form():
 
 
 def test_prefill_products_stay_unfused():
-    x, h = Addr(64, 256), Addr(64, 256)
-    ops, _ = llama_layer(64, x, h)  # tensor-core path: only the row ops fuse
+    x, h = Addr(65, 256), Addr(65, 256)
+    ops, _ = llama_layer(65, x, h)  # tensor-core path (more than 64 rows): only the row ops fuse
     fused = fuse(ops, counter)
     assert [type(op) for op in fused] == [RmsNorm, Matmul, QkvPost, Attention, Matmul, Add, RmsNorm, Matmul,
                                           GatedAct, Matmul, Add]

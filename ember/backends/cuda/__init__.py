@@ -23,7 +23,9 @@ from ..base import AttentionBatch, BackendError, RopeParams, Weight
 from ._ops import (
     ATT_MAX_D,
     MATRIX_TYPES,
+    MV_MAX_ROWS,
     TOPK_MAX,
+    TOPS_MAX,
     Add,
     AddRow,
     Attention,
@@ -32,6 +34,7 @@ from ._ops import (
     GatherRows,
     GetRows,
     KvStore,
+    Launch,
     Matmul,
     RmsNorm,
     Rope,
@@ -39,7 +42,9 @@ from ._ops import (
     Scale,
     TopK,
     split_count,
-    use_matvec,
+    tops_k,
+    tops_slices,
+    matvec_rows,
     xq_bytes,
 )
 
@@ -70,7 +75,7 @@ class Backend:
     max_recorded_tokens = 4096  # prompt-sized steps are captured as graphs too: eager, each op is a Python call
 
     def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
-                 fuse: bool | None = None, tails: bool | None = None):
+                 fuse: bool | None = None, tails: bool | None = None, pdl: bool | None = None):
         cp = self.cp = import_cupy()
         index = device_index(device)
         try:
@@ -98,6 +103,12 @@ class Backend:
         if mode not in ("post", "all", "0"):
             raise BackendError(f"EMBER_CUDA_TAILS must be post, all or 0, not '{mode}'")
         self.tails = mode
+        # a decode product's blocks normalise and quantize x themselves; "0": a quant_x launch first
+        self.prologue = os.environ.get("EMBER_CUDA_PROLOGUE", "1") != "0"
+        # activation rows up to which products take the matrix-vector kernels (8 or 64)
+        self.mv_rows = int(os.environ.get("EMBER_CUDA_MV_ROWS", str(MV_MAX_ROWS)))
+        # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
+        self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
         self._ring = InputRing(cp)
         self._recording = None
@@ -107,6 +118,15 @@ class Backend:
         self._counter_at = 0
         self._threads_using = {threading.get_ident()}
         self._capture_stream = None
+        # Programmatic dependent launch inside captured steps (Hopper+, see _launch.py)
+        self.pdl_error: str | None = None
+        self._launcher = None
+        if (os.environ.get("EMBER_CUDA_PDL", "1") != "0") if pdl is None else pdl:
+            from ._launch import load_launcher
+
+            self._launcher, self.pdl_error = load_launcher(cp, self.device)
+        else:
+            self.pdl_error = "switched off"
 
     # ---- description ----
     def describe(self) -> dict:
@@ -118,7 +138,8 @@ class Backend:
                 "compute_capability": self.device.compute_capability, "multiprocessors": self.n_sm,
                 "memory_total_gib": round(total / 2**30, 1), "memory_free_gib": round(free / 2**30, 1),
                 "cupy": self.cp.__version__, "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
-                "graphs": self.graphs, "tails": self.tails, "kernel_cache": str(_kernel_cache())}
+                "graphs": self.graphs, "tails": self.tails, "pdl": self._launcher is not None,
+                "kernel_cache": str(_kernel_cache())}
 
     def supports(self, qtype: GGMLType) -> bool:
         return qtype in MATRIX_TYPES
@@ -190,6 +211,17 @@ class Backend:
                 self.graph_error = f"{type(e).__name__}: {e}"
 
     def _capture(self, launches):
+        if self._launcher is not None:
+            try:
+                return self._capture_with(launches, self._launcher)
+            except Exception as e:  # an older driver, say: capture the ordinary way from now on
+                self.pdl_error = f"{type(e).__name__}: {e}"
+                self._launcher = None
+        return self._capture_with(launches, None)
+
+    def _capture_with(self, launches, launcher):
+        """The launches as one graph; with a launcher, each kernel that follows a kernel may start
+        before that one ends (its wait is inside the kernel)."""
         cp = self.cp
         if self._capture_stream is None:
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
@@ -198,8 +230,16 @@ class Backend:
         with stream:
             stream.begin_capture()
             try:
+                after_kernel = False
                 for launch in launches:
-                    launch.run()
+                    kernel = isinstance(launch, Launch)
+                    if kernel and min(launch.grid) == 0:
+                        continue  # empty work launches nothing
+                    if launcher is not None and kernel:
+                        launcher.launch(launch, stream.ptr, programmatic=after_kernel)
+                    else:
+                        launch.run()
+                    after_kernel = kernel
             finally:
                 graph = stream.end_capture()
         graph.upload(cp.cuda.Stream.null)
@@ -260,6 +300,14 @@ class Backend:
         self._counter_at += 1
         return self._counters[-1][self._counter_at - 1:self._counter_at]
 
+    def _zeroed_u32(self, name: str, size: int):
+        """Counters that kernels leave at zero after each launch (zeroed once here)."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size:  # recordings keep the old buffer alive
+            buf = self.cp.zeros(max(size, 2 * (buf.size if buf is not None else 0), 64), np.uint32)
+            self._scratch[name] = buf
+        return buf[:size]
+
     def _scratch_f32(self, name: str, size: int):
         buf = self._scratch.get(name)
         if buf is None or buf.size < size:  # recordings keep the old buffer alive
@@ -283,8 +331,10 @@ class Backend:
             if len(w.shape) != 2 or w.shape[1] != x.shape[1] or out.shape != (x.shape[0], w.shape[0]):
                 raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
         n, k = x.shape
-        decode = all(use_matvec(w.type, n, k) for w in ws) and n > 0
-        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None))
+        rows = min(matvec_rows(w.type, self.mv_rows) for w in ws) if ws else 8
+        decode = 0 < n <= rows
+        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
+                         prologue=self.prologue))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
@@ -342,8 +392,14 @@ class Backend:
             raise BackendError(f"top_k needs 1 <= k <= {min(TOPK_MAX, vocab)}, got {k}")
         if tuple(ids.shape) != (n, k) or tuple(vals.shape) != (n, k) or ids.dtype != np.int32:
             raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
-        if n:
-            self.kernels.prefetch("sample")
+        if not n:
+            return
+        self.kernels.prefetch("sample")
+        if k <= TOPS_MAX and self.sliced_top_k:
+            size = n * tops_slices(vocab) * tops_k(k)
+            self._run(TopK(logits, k, ids, vals, self._scratch_f32("tops_v", size),
+                           self._scratch_f32("tops_i", size).view(np.int32), self._zeroed_u32("tops_count", n)))
+        else:
             self._run(TopK(logits, k, ids, vals))
 
 

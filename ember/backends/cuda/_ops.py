@@ -21,7 +21,7 @@ QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLT
 MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
 PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
 
-MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernels
+MV_MAX_ROWS = 64  # activation rows up to which products take the matrix-vector kernels (in groups of 8)
 DECODE_TOKENS = 8  # attention of steps up to this many tokens: four threads per key (few keys per split)
 MV_THREADS, MVQ_THREADS = 128, 256
 MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
@@ -56,9 +56,16 @@ class Launch:
             self.fn(self.grid, self.block, self.args, shared_mem=self.smem)
 
 
-def use_matvec(qtype: GGMLType, n: int, k: int, max_smem: int = 0) -> bool:
-    """Decode-sized products (n <= 8 activation rows) take the matrix-vector kernels."""
-    return n <= MV_MAX_ROWS
+# Types whose matrix-vector kernels beat the tensor-core tiles up to MV_MAX_ROWS activation rows
+# (a batched decode step: the tiles' few blocks wait on memory). Measured on an H200 at 64 rows:
+# Q4_1 18 vs 29 us, Q5_0 22 vs 27 us per product; the K-quants and Q8_0 decode too much per slice
+# (Q4_K 286 vs 54 us), so they take the tiles past 8 rows.
+BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
+
+
+def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
+    """Activation rows up to which products of this type take the matrix-vector kernels."""
+    return limit if qtype in BATCH_MV_TYPES else min(limit, 8)
 
 
 def quantized(qtype: GGMLType) -> bool:
@@ -70,6 +77,8 @@ def xq_bytes(n: int, k: int) -> int:
     then a float4 (scale, half-sums) per 32 values."""
     return n * k + n * (k // 32) * 16
 
+
+PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
 
 TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
 
@@ -140,6 +149,8 @@ class Matmul:
     aux: Any = None
     act_q: Any = None
     tail: Tail | None = None
+    mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
+    prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
 
     @property
     def n(self) -> int:
@@ -161,14 +172,14 @@ class Matmul:
         return [idx[i:i + 4] for idx in by_type.values() for i in range(0, len(idx), 4)]
 
     def matvec(self, kernels=None) -> bool:
-        return self.n <= MV_MAX_ROWS
+        return self.n <= self.mv_rows
 
     def launches(self, kernels) -> list[Launch]:
         if self.n == 0:
             return []
         if self.matvec():
             out = []
-            if self.norm_w is not None or (self.quant_in and self.needs_xq):
+            if not self.in_prologue() and (self.norm_w is not None or (self.quant_in and self.needs_xq)):
                 out.append(self._quant_x(kernels))
             groups = self.groups()
             if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
@@ -177,6 +188,21 @@ class Matmul:
         if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
         return [self._tile(kernels, g) for g in self.groups()]
+
+    def in_prologue(self) -> bool:
+        """Whether the product's blocks normalise and quantize x themselves (into shared memory),
+        instead of a quant_x launch before: one launch of quantized types, x's rows fit in shared
+        memory (a group of 8 at most), and h (written by the first blocks) is not read by others."""
+        if not (self.prologue and self.norm_w is not None and self.matvec() and len(self.groups()) == 1):
+            return False
+        if any(not quantized(w.type) for w in self.ws) or self.k % 32:
+            return False
+        h, src = self.x, self.src
+        apart = h.data.ptr + h.nbytes <= src.data.ptr or src.data.ptr + src.nbytes <= h.data.ptr
+        return apart and self._prologue_smem() <= PROLOGUE_SMEM
+
+    def _prologue_smem(self) -> int:
+        return xq_bytes(min(self.n, 8), self.k)
 
     def _quant_x(self, kernels) -> Launch:
         if self.needs_xq and self.xq is None:
@@ -191,21 +217,27 @@ class Matmul:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
         qtype, n, k = ws[0].type, self.n, self.k
         nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
+        n_groups = -(-n // 8)  # more than 8 rows: groups of 8, each block of teams once per group
         gated = self.mode in (MODE_SILU, MODE_GELU)
         if gated and self.act_q is not None:  # blocks of 32 output rows, teams of 8 lanes
             tl, threads = 3, MVQ_THREADS
-            grid = ws[0].shape[0] // 32
+            grid = ws[0].shape[0] // 32 * n_groups
         else:
             teams = ws[0].shape[0] if gated else -(-sum(w.shape[0] for w in ws) // 2)
             spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
-            tl, threads = team_log2(k // spl, teams), MV_THREADS
-            grid = -(-teams // (threads >> tl))
+            tl, threads = team_log2(k // spl, teams * n_groups), MV_THREADS
+            grid = -(-teams // (threads >> tl)) * n_groups
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
                 i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), ptr(self.act_q),
-                *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
+                *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(f"matmul_{int(qtype)}", f"mv_n{nmax}")
-        return Launch(fn, (grid, 1, 1), (threads, 1, 1), args)
+        return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
+
+    def _prologue_args(self) -> tuple:
+        if not self.in_prologue():
+            return (u64(0), u64(0), u64(0), f32(0), u64(0))
+        return (ptr(self.src), ptr(self.idx), ptr(self.norm_w), f32(self.eps), ptr(self.x))
 
     def _tile(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
@@ -460,19 +492,41 @@ def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int) -> i
 # ---- sampling reductions ----
 
 TOPK_MAX = 256
+TOPS_MAX = 8  # k up to which rows are cut into slices, one block each (row_top{1,2,4,8})
+TOPS_SLICE = 256 * 8  # values per slice (TOPS_THREADS * TOPS_PER_THREAD in sample.cu)
+
+
+def tops_k(k: int) -> int:
+    """The sliced kernel's list length for k <= TOPS_MAX."""
+    return 1 if k == 1 else 2 if k == 2 else 4 if k <= 4 else 8
+
+
+def tops_slices(vocab: int) -> int:
+    return -(-vocab // TOPS_SLICE)
 
 
 @dataclass(eq=False)
 class TopK:
-    """ids, vals (n, k) = the k largest values of each row of x (n, vocab), best first."""
+    """ids, vals (n, k) = the k largest values of each row of x (n, vocab), best first.
+
+    k <= TOPS_MAX with scratch (cand_v, cand_i: (n, tops_slices(vocab), tops_k(k)); counter: n
+    zeroed uint32): many blocks per row. Otherwise one block per row."""
 
     x: Any
     k: int
     ids: Any  # device int32 (n, k)
     vals: Any  # device f32 (n, k)
+    cand_v: Any = None
+    cand_i: Any = None
+    counter: Any = None
 
     def launches(self, kernels) -> list[Launch]:
         n, vocab = self.x.shape
+        if self.counter is not None and self.k <= TOPS_MAX:
+            args = (ptr(self.x), i32(vocab), i32(self.k), ptr(self.ids), ptr(self.vals), ptr(self.cand_v),
+                    ptr(self.cand_i), ptr(self.counter))
+            return [Launch(kernels.fn("sample", f"row_top{tops_k(self.k)}"), (tops_slices(vocab), n, 1), (256, 1, 1),
+                           args)]
         name = "row_argmax" if self.k == 1 else "row_topk"
         args = (ptr(self.x), i32(vocab), i32(self.k), ptr(self.ids), ptr(self.vals))
         return [Launch(kernels.fn("sample", name), (n, 1, 1), (1024, 1, 1), args)]

@@ -34,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
     const int h0 = g * group + hc * ATT_HEADS, gh = min(ATT_HEADS, group - hc * ATT_HEADS);
 
+    PDL_ENTER();
     const int p_t = pos[t];
     const int first = window > 0 ? max(0, p_t - window + 1) : 0;
     const int per = (p_t + 1 - first + n_split - 1) / n_split;
@@ -176,6 +177,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 // the splits' (max, sum) into weights; then every output value is one pass over the splits.
 extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
                                         int hd_v, int n_split, u8 *__restrict__ xq) {
+    PDL_ENTER();
     __shared__ float wgt[32];
     const int h = blockIdx.x, t = blockIdx.y, stride = hd_v + 2;
     const float *base = part + ((size_t)t * n_head + h) * n_split * stride;

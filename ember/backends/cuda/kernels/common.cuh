@@ -122,6 +122,47 @@ __device__ __forceinline__ void q8_store_warp(float v, size_t idx, u8 *__restric
     if ((threadIdx.x & 31) == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
 }
 
+// ---- programmatic dependent launch (Hopper and later; see _launch.py) ----
+// Inside a captured step every kernel may be launched while the one before it still runs. It
+// first lets its own successor launch (pdl_launch_next), may then read constant data (weights)
+// and prefetch into L2, and waits (pdl_wait) for everything earlier kernels wrote before it reads
+// or writes any activation. L2 is the point of coherence, so a prefetch can never make a later
+// load stale. Launched the ordinary way (eager runs, ROCm, older GPUs) all three do nothing.
+__device__ __forceinline__ void pdl_launch_next() {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+// The bytes [p, p + n) into L2, lines lane, lane + lanes, ... of 128 bytes.
+__device__ __forceinline__ void prefetch_range_l2(const void *p, long long n, int lane, int lanes) {
+    const unsigned long long a = (unsigned long long)p, end = a + (unsigned long long)n;
+    for (unsigned long long l = (a & ~127ull) + 128ull * (unsigned long long)lane; l < end;
+         l += 128ull * (unsigned long long)lanes)
+        prefetch_l2((const void *)l);
+}
+// Loads of what other blocks of the same launch wrote (after a counter says they did): from L2,
+// never from this multiprocessor's L1.
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+__device__ __forceinline__ float ld_l2(const float *p) { return *(const volatile float *)p; }
+__device__ __forceinline__ int ld_l2(const int *p) { return *(const volatile int *)p; }
+#else
+__device__ __forceinline__ float ld_l2(const float *p) { return __ldcg(p); }
+__device__ __forceinline__ int ld_l2(const int *p) { return __ldcg(p); }
+#endif
+
+// First statement of a kernel that reads or writes activations from its first instruction on.
+#define PDL_ENTER() (pdl_launch_next(), pdl_wait())
+
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
 __device__ __forceinline__ float gelu_tanh_f(float g) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)

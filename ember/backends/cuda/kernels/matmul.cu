@@ -2,7 +2,8 @@
 //
 //   y (n, rows) = x (n, k) @ W.T      W: rows of k values, each row k/32 slices of GGUF blocks
 //
-// mv_n{1,2,4,8}: decode (n <= 8). Memory-bound: one pass over the weights. A team of T lanes
+// mv_n{1,2,4,8}: decode (n <= 8; more rows: mv_n8 over groups of 8, see mv_body). Memory-bound:
+//   one pass over the weights. A team of T lanes
 //   (T a power of two, 4..128; more than a warp for long rows of few rows) streams two weight rows, lane by lane over consecutive slices
 //   (32 values: see slice_q; 16-byte loads where the block layout allows), so a warp reads
 //   contiguous runs of each row. Quantized types read x already quantized (int8 per value,
@@ -44,6 +45,14 @@ struct MvArgs {
     float *aux;      // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
     int team_log2;
     u8 *act_q;       // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
+    // prologue, when pro_w is set (quantized types): each block computes its rows of x itself,
+    // x = RMS norm of pro_src rows (rows pro_idx[j] when set) by pro_w, quantized into dynamic
+    // shared memory instead of read from xq; the first block of teams also writes x to pro_h.
+    const float *pro_src;
+    const int *pro_idx;
+    const float *pro_w;
+    float pro_eps;
+    float *pro_h;
     // tail, run by the last block to finish when counter is set; rows of d = rows_0 values:
     unsigned *counter;
     float *res;      // residual (n, d)
@@ -78,9 +87,11 @@ __device__ __forceinline__ bool mv_job(const MvArgs &a, int v, int &m, int &r) {
 }
 
 // acc[jb][j] += (lane's share of) row jb . x row j, for this lane's slices s = lane, lane + T, ...
+// Quantized types read rows jx .. jx + nl - 1 of xq, a buffer of nx rows; float types rows j0.. of x.
 template <int NMAX>
 __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
-                                            bool ok0, bool ok1, int lane, int T, float (&acc)[2][NMAX]) {
+                                            bool ok0, bool ok1, int lane, int T, int j0, int nl,
+                                            const u8 *__restrict__ xq, int jx, int nx, float (&acc)[2][NMAX]) {
     const int k = a.k, S = k / 32;
     if constexpr (QFLOAT) {
 #pragma unroll 2
@@ -92,8 +103,8 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
                 unit_f<QT>(jb == 0 ? w0 : w1, s, wv);
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
-                    if (j >= a.n) break;
-                    const float4 *xv = (const float4 *)(a.x + (size_t)j * k + 32 * s);
+                    if (j >= nl) break;
+                    const float4 *xv = (const float4 *)(a.x + (size_t)(j0 + j) * k + 32 * s);
                     float sum = 0.f;
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
@@ -105,8 +116,7 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
             }
         }
     } else {
-        const u8 *__restrict__ xq = a.xq;
-        const float4 *__restrict__ meta = (const float4 *)(a.xq + (size_t)a.n * k);
+        const float4 *__restrict__ meta = (const float4 *)(xq + (size_t)nx * k);
 #pragma unroll 2
         for (int p = lane; p < S / SPL; p += T) {  // lane step p: slices SPL*p .. SPL*p + SPL-1
             QSlice q0[SPL], q1[SPL];
@@ -123,10 +133,10 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
                 slice_offsets<QT>(SPL * p + e, xo);
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
-                    if (j >= a.n) break;
+                    if (j >= nl) break;
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const size_t at = (size_t)j * k + xo[h];
+                        const size_t at = (size_t)(jx + j) * k + xo[h];
                         const int4 xv = *(const int4 *)(xq + at);
                         const float4 m = meta[at >> 5];
                         const float xs = (xo[h] & 16) ? m.z : m.y;
@@ -157,11 +167,6 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
 // values stay in registers between the passes (one round trip to L2 per row), longer ones are
 // read again chunk by chunk.
 #define TAIL_REG 16
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
-__device__ __forceinline__ float ld_l2(const float *p) { return *(const volatile float *)p; }
-#else
-__device__ __forceinline__ float ld_l2(const float *p) { return __ldcg(p); }
-#endif
 
 __device__ __forceinline__ void tail_load(float (&v)[TAIL_REG], const float *p, int base, int d) {
 #pragma unroll
@@ -260,14 +265,40 @@ __device__ void mv_tail(const MvArgs &a, float *red, int *last_s) {
     if (threadIdx.x == 0) atomicExch(a.counter, 0u);  // ready for the next launch
 }
 
+// The prologue (see MvArgs): rows j0 .. j0 + nl - 1 of x into xq_s (nl rows, q8_store_warp's format).
+__device__ void mv_prologue(const MvArgs &a, int j0, int nl, bool write_h, u8 *xq_s, float *red) {
+    const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
+    for (int j = 0; j < nl; j++) {
+        const int r = j0 + j;
+        const float *xr = a.pro_src + (size_t)(a.pro_idx ? a.pro_idx[r] : r) * k;
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) ss += xr[c] * xr[c];
+        const float sc = rsqrtf(block_sum(ss, red) / (float)k + a.pro_eps);
+        for (int b = warp; b < kb; b += nw) {  // whole warps: b depends on the warp only
+            const int c = 32 * b + lane;
+            const float t = xr[c] * sc * a.pro_w[c];
+            if (write_h) a.pro_h[(size_t)r * k + c] = t;
+            q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
+        }
+    }
+    __syncthreads();
+}
+
 template <int NMAX>
 __device__ void mv_body(const MvArgs &a) {
+    extern __shared__ __align__(16) u8 xq_s[];  // prologue: nl rows of x quantized (nl * k * 1.5 bytes)
     __shared__ float red[32];
     __shared__ float act_s[8][32];
     __shared__ int last_s;
     __shared__ float part_s[4][2][8];  // teams wider than a warp: per-warp partial sums
+    // More than NMAX activation rows (batched decode): groups of NMAX rows, the groups of one
+    // block of teams on neighbouring blocks, so that they read the same weights at about the same
+    // time (from L2 but for the first).
+    const int n_groups = (a.n + NMAX - 1) / NMAX, group = blockIdx.x % n_groups, tblock = blockIdx.x / n_groups;
+    const int j0 = group * NMAX, nl = min(NMAX, a.n - j0);
     const int tl = a.team_log2, T = 1 << tl, lane = threadIdx.x & (T - 1), tb = threadIdx.x >> tl;
-    const int team = blockIdx.x * (blockDim.x >> tl) + tb;
+    const int team = tblock * (blockDim.x >> tl) + tb;
     const bool gated = a.mode == MODE_SILU || a.mode == MODE_GELU;
     int m[2], r[2];
     bool ok[2];
@@ -280,6 +311,12 @@ __device__ void mv_body(const MvArgs &a) {
     }
     const u8 *w0 = pick4(a.w, m[0]) + (size_t)r[0] * a.row_bytes;
     const u8 *w1 = pick4(a.w, m[1]) + (size_t)r[1] * a.row_bytes;
+    // The weights depend on no earlier kernel: the team's two rows go into L2 while the kernel
+    // before this one still runs (launched early inside a captured step), then wait for x.
+    pdl_launch_next();
+    if (ok[0]) prefetch_range_l2(w0, a.row_bytes, lane, T);
+    if (ok[1]) prefetch_range_l2(w1, a.row_bytes, lane, T);
+    pdl_wait();
 
     float acc[2][NMAX];
 #pragma unroll
@@ -287,7 +324,13 @@ __device__ void mv_body(const MvArgs &a) {
 #pragma unroll
         for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
     // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
-    mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, acc);
+    const u8 *xq = a.xq;
+    int jx = j0, nx = a.n;
+    if (a.pro_w) {
+        mv_prologue(a, j0, nl, tblock == 0, xq_s, red);
+        xq = xq_s, jx = 0, nx = nl;
+    }
+    mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc);
 #pragma unroll
     for (int jb = 0; jb < 2; jb++)
 #pragma unroll
@@ -318,11 +361,11 @@ __device__ void mv_body(const MvArgs &a) {
             const int rows = a.rows[0];
 #pragma unroll
             for (int j = 0; j < NMAX; j++) {
-                if (j >= a.n) break;
+                if (j >= nl) break;
                 const float g = acc[0][j], up = acc[1][j];
                 const float act = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
                 if (ok[0]) {
-                    const size_t at = (size_t)j * rows + r[0];
+                    const size_t at = (size_t)(j0 + j) * rows + r[0];
                     a.y[0][at] = g;
                     a.y[1][at] = up;
                     a.aux[at] = act;
@@ -337,8 +380,8 @@ __device__ void mv_body(const MvArgs &a) {
                 float *y = pick4(a.y, m[jb]);
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
-                    if (j >= a.n) break;
-                    const size_t at = (size_t)j * rows + r[jb];
+                    if (j >= nl) break;
+                    const size_t at = (size_t)(j0 + j) * rows + r[jb];
                     y[at] = acc[jb][j];
                     if (a.mode == MODE_RESIDUAL) a.aux[at] += acc[jb][j];
                 }
@@ -349,8 +392,8 @@ __device__ void mv_body(const MvArgs &a) {
         __syncthreads();
         const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31, rows = a.rows[0];
         float4 *meta = (float4 *)(a.act_q + (size_t)a.n * rows);
-        for (int j = warp; j < a.n; j += blockDim.x >> 5)
-            q8_store_warp(act_s[j][ln], (size_t)j * rows + (size_t)blockIdx.x * 32 + ln, a.act_q, meta);
+        for (int j = warp; j < nl; j += blockDim.x >> 5)
+            q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, a.act_q, meta);
     }
     if (a.counter) mv_tail(a, red, &last_s);
 }
@@ -358,13 +401,14 @@ __device__ void mv_body(const MvArgs &a) {
 #define MV_PARAMS                                                                                            \
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
-        const u8 *xq, int mode, float *aux, int team_log2, u8 *act_q, unsigned *counter, float *res,         \
+        const u8 *xq, int mode, float *aux, int team_log2, u8 *act_q, const float *pro_src, const int *pro_idx, \
+        const float *pro_w, float pro_eps, float *pro_h, unsigned *counter, float *res,                      \
         int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
         u8 *pre_q
 #define MV_ARGS                                                                                            \
     MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
-                x, xq, mode, aux, team_log2, act_q, counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, \
-                pre_h, pre_q}
+                x, xq, mode, aux, team_log2, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, counter, res,      \
+                tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
@@ -394,6 +438,7 @@ __device__ __forceinline__ void mma_16816(float *c, const u32 *a, u32 b0, u32 b1
 extern "C" __global__ void __launch_bounds__(128)
     mm_tile(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
             int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const float *__restrict__ x) {
+    PDL_ENTER();
     __shared__ __align__(16) u16 xs[TILE_M][TILE_LD];  // x tile as f16 (tokens, k)
     // Float weights are (nearly) exact in f16, so x's rounding would dominate their error: x is
     // split into f16 high and low parts, two products (quantized weights do not need it).
@@ -505,6 +550,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     get_rows(const u8 *__restrict__ w, i64 row_bytes, int rows, int cols, const int *__restrict__ ids,
              float *__restrict__ out) {
+    PDL_ENTER();
     const int u = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (u >= cols / 32) return;
     const int id = ids[t];

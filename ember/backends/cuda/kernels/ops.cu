@@ -4,6 +4,7 @@
 // x (rows, d) -> out (rows, d) = x / sqrt(mean(x^2) + eps) * w;  w (d,) or null. One warp per row;
 // out may alias x (each warp reads its whole row before writing it).
 extern "C" __global__ void rms_norm(const float *x, const float *w, float *out, int rows, int d, float eps) {
+    PDL_ENTER();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float *xr = x + (size_t)row * d;
@@ -16,6 +17,7 @@ extern "C" __global__ void rms_norm(const float *x, const float *w, float *out, 
 
 // Fused: h (rows, d) = rms_norm(h) * w, then x (rows, d) += h. One warp per row.
 extern "C" __global__ void norm_add(float *h, const float *w, float *x, int rows, int d, float eps) {
+    PDL_ENTER();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     float *hr = h + (size_t)row * d, *xr = x + (size_t)row * d;
@@ -31,36 +33,42 @@ extern "C" __global__ void norm_add(float *h, const float *w, float *x, int rows
 
 // out (n,) = silu(gate) * up
 extern "C" __global__ void silu_mul(const float *gate, const float *up, float *out, i64 n) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = silu_f(gate[i]) * up[i];
 }
 
 // out (n,) = gelu_tanh(gate) * up
 extern "C" __global__ void gelu_mul(const float *gate, const float *up, float *out, i64 n) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = gelu_tanh_f(gate[i]) * up[i];
 }
 
 // out (n,) = a + b   (out may alias a or b)
 extern "C" __global__ void add(const float *a, const float *b, float *out, i64 n) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
 
 // x (n,) *= s
 extern "C" __global__ void scale(float *x, float s, i64 n) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 // x (rows, d) += b (d,)
 extern "C" __global__ void add_row(float *x, const float *b, int rows, int d) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (i64)rows * d) x[i] += b[i % d];
 }
 
 // out (n, d) = x[idx[r]] for r < n
 extern "C" __global__ void gather_rows(const float *x, const int *idx, float *out, int n, int d) {
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)n * d) return;
     const int r = (int)(i / d), c = (int)(i % d);
@@ -71,6 +79,7 @@ extern "C" __global__ void gather_rows(const float *x, const int *idx, float *ou
 // k (n, k_dim), v (n, v_dim) f32; caches (n_slots, dim) f16.
 extern "C" __global__ void kv_store(const float *k, const float *v, u16 *k_cache, u16 *v_cache,
                                     const i64 *slots, int k_dim, int v_dim) {
+    PDL_ENTER();
     const int t = blockIdx.x;
     const i64 slot = slots[t];
     for (int c = threadIdx.x; c < k_dim; c += blockDim.x) k_cache[slot * k_dim + c] = f2h(k[(size_t)t * k_dim + c]);
@@ -139,6 +148,7 @@ __device__ __forceinline__ void rope_rotate(float *x, int n_head, int head_dim, 
 
 // x (n_tok, n_head, head_dim) rotated in place at pos (n_tok,); one block per token, n_rot <= 512.
 extern "C" __global__ void rope(float *x, const int *pos, int n_head, int head_dim, ROPE_PARAMS) {
+    PDL_ENTER();
     __shared__ float cs[256], sn[256];
     const RopeP p = ROPE_ARGS;
     const int t = blockIdx.x;
@@ -153,6 +163,7 @@ extern "C" __global__ void rope(float *x, const int *pos, int n_head, int head_d
 extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                                     float eps, const int *pos, ROPE_PARAMS, int n_head, int n_kv, int hd, int v_dim,
                                     u16 *k_cache, u16 *v_cache, const i64 *slots) {
+    PDL_ENTER();
     __shared__ float cs[256], sn[256];
     const RopeP p = ROPE_ARGS;
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -212,6 +223,7 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
 #define QX_BATCH 8
 extern "C" __global__ void __launch_bounds__(128)
     quant_x(const float *x, const int *idx, const float *w, float eps, float *h, u8 *xq, int n, int k) {
+    PDL_ENTER();
     __shared__ float red[32];
     const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
     const int kb = k / 32;

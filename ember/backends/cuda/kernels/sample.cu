@@ -27,6 +27,7 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { retur
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     row_argmax(const float *__restrict__ x, int vocab, int k, int *__restrict__ ids, float *__restrict__ vals) {
+    PDL_ENTER();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *row = x + (size_t)blockIdx.x * vocab;
@@ -84,6 +85,7 @@ __device__ u32 block_suffix_sum(u32 c, u32 *tot) {
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     row_topk(const float *__restrict__ x, int vocab, int k, int *__restrict__ ids, float *__restrict__ vals) {
+    PDL_ENTER();
     __shared__ u32 hist[2048];
     __shared__ u32 tot[32];
     __shared__ u32 cand_key[TOPK_MAX];
@@ -174,4 +176,136 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
         ids[(size_t)blockIdx.x * k + s] = cand_id[s];
         vals[(size_t)blockIdx.x * k + s] = key_value(cand_key[s]);
     }
+}
+
+// ---- small k (1..8): many blocks per row ----
+// A row of 262,144 logits read by one block takes ~20 us (k = 1) to ~150 us (radix select); at
+// one token per step that is a tenth of the step. Here a row is cut into slices of
+// TOPS_THREADS * TOPS_PER_THREAD values, one block each: every thread keeps its K best in
+// registers (sorted, by value then lower id), the block merges them in K rounds of a block-wide
+// best, and writes K candidates; the block that finishes its row last (a counter per row, zero
+// between launches) merges the row's candidates the same way. Grid (slices, rows).
+#define TOPS_THREADS 256
+#define TOPS_PER_THREAD 8
+
+// (v, id) into the sorted list (bv, bi) of K, if it belongs there. Walking up from the bottom,
+// each slot is rewritten from its own and the slot above's old contents only.
+template <int K>
+__device__ __forceinline__ void tops_keep(float (&bv)[K], int (&bi)[K], float v, int id) {
+#pragma unroll
+    for (int j = K - 1; j >= 0; j--) {
+        if (better(v, id, bv[j], bi[j])) {
+            if (j > 0 && better(v, id, bv[j - 1], bi[j - 1])) {
+                bv[j] = bv[j - 1], bi[j] = bi[j - 1];
+            } else {
+                bv[j] = v, bi[j] = id;
+            }
+        }
+    }
+}
+
+// K rounds of a block-wide best over the threads' list heads: out_v/out_i (K) in shared memory,
+// best first; the winning thread drops its head each round. Ids are unique, so one thread wins.
+template <int K>
+__device__ __forceinline__ void tops_block_merge(float (&bv)[K], int (&bi)[K], float *out_v, int *out_i,
+                                                 float *sv, int *si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int r = 0; r < K; r++) {
+        float b = bv[0];
+        int i = bi[0];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, b, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, i, o);
+            if (better(ov, oi, b, i)) b = ov, i = oi;
+        }
+        if (lane == 0) sv[warp] = b, si[warp] = i;
+        __syncthreads();
+        b = lane < nw ? sv[lane] : NEG_INF;
+        i = lane < nw ? si[lane] : 0x7FFFFFFF;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, b, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, i, o);
+            if (better(ov, oi, b, i)) b = ov, i = oi;
+        }
+        if (threadIdx.x == 0) out_v[r] = b, out_i[r] = i;
+        if (bi[0] == i && i != 0x7FFFFFFF) {  // this thread's head won: pop it
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) bv[j] = bv[j + 1], bi[j] = bi[j + 1];
+            bv[K - 1] = NEG_INF, bi[K - 1] = 0x7FFFFFFF;
+        }
+        __syncthreads();  // sv/si are rewritten next round
+    }
+}
+
+template <int K>
+__device__ void tops_body(const float *__restrict__ x, int vocab, int k, int *__restrict__ ids,
+                          float *__restrict__ vals, float *cand_v, int *cand_i, unsigned *counter) {
+    __shared__ float sv[32], best_v[K];
+    __shared__ int si[32], best_i[K];
+    __shared__ int last_s;
+    const int row = blockIdx.y, slice = blockIdx.x, n_slices = gridDim.x, tid = threadIdx.x;
+    const float *x_row = x + (size_t)row * vocab;
+    float bv[K];
+    int bi[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) bv[j] = NEG_INF, bi[j] = 0x7FFFFFFF;
+    const int base = slice * TOPS_THREADS * TOPS_PER_THREAD + tid;
+    float v[TOPS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < TOPS_PER_THREAD; r++) {
+        const int i = base + r * TOPS_THREADS;
+        v[r] = i < vocab ? x_row[i] : NEG_INF;
+    }
+#pragma unroll
+    for (int r = 0; r < TOPS_PER_THREAD; r++) {
+        const int i = base + r * TOPS_THREADS;
+        if (i < vocab) tops_keep<K>(bv, bi, v[r], i);
+    }
+    tops_block_merge<K>(bv, bi, best_v, best_i, sv, si);
+    float *cv = cand_v + ((size_t)row * n_slices + slice) * K;
+    int *ci = cand_i + ((size_t)row * n_slices + slice) * K;
+    if (tid < K) cv[tid] = best_v[tid], ci[tid] = best_i[tid];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const bool last = atomicAdd(counter + row, 1u) == (unsigned)n_slices - 1;
+        if (last) __threadfence();
+        last_s = last;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    // the row's n_slices * K candidates, read through L2 (other blocks wrote them)
+    const float *rv = cand_v + (size_t)row * n_slices * K;
+    const int *ri = cand_i + (size_t)row * n_slices * K;
+#pragma unroll
+    for (int j = 0; j < K; j++) bv[j] = NEG_INF, bi[j] = 0x7FFFFFFF;
+    for (int c = tid; c < n_slices * K; c += TOPS_THREADS) tops_keep<K>(bv, bi, ld_l2(rv + c), ld_l2(ri + c));
+    tops_block_merge<K>(bv, bi, best_v, best_i, sv, si);
+    if (tid < k) {
+        // a row of NaNs only: no value compares; report id 0 (as row_argmax)
+        const int id = best_i[tid];
+        ids[(size_t)row * k + tid] = id == 0x7FFFFFFF ? 0 : id;
+        vals[(size_t)row * k + tid] = id == 0x7FFFFFFF ? x_row[0] : best_v[tid];
+    }
+    if (tid == 0) atomicExch(counter + row, 0u);  // ready for the next launch
+}
+
+#define TOPS_PARAMS                                                                                     \
+    const float *__restrict__ x, int vocab, int k, int *__restrict__ ids, float *__restrict__ vals, \
+        float *cand_v, int *cand_i, unsigned *counter
+extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top1(TOPS_PARAMS) {
+    PDL_ENTER();
+    tops_body<1>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
+}
+extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top2(TOPS_PARAMS) {
+    PDL_ENTER();
+    tops_body<2>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
+}
+extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top4(TOPS_PARAMS) {
+    PDL_ENTER();
+    tops_body<4>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
+}
+extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top8(TOPS_PARAMS) {
+    PDL_ENTER();
+    tops_body<8>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
 }
