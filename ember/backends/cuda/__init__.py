@@ -1,5 +1,6 @@
 """CUDA backend: CUDA C kernels compiled at run time (NVRTC through CuPy), weights on the GPU in
-their GGUF block layout, a paged f16 KV cache, and decode steps replayed as CUDA graphs.
+their GGUF block layout, a paged f16 KV cache, and decode steps replayed as CUDA graphs (on
+Hopper and later with programmatic dependent launch between their kernels: _launch.py).
 
 Needs CuPy (`pip install ember[cuda]`) and an NVIDIA GPU; under CuPy's ROCm build the same
 kernel sources compile with hipRTC (graph capture is then skipped and recorded steps replay their

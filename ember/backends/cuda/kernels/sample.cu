@@ -8,6 +8,8 @@
 //   histogram each), then every value above it and as many values equal to it as still fit are
 //   gathered and sorted (bitonic, descending; equal values by id). Which of several values equal
 //   to the k-th largest are kept is not specified.
+// row_top{1,2,4,8} (k <= 8, what greedy decoding with a few banned tokens needs): many blocks
+//   per row, see below; equal values by the lower id.
 // Outputs: ids (n, k) int32 and vals (n, k) f32, best first.
 
 #define TOPK_THREADS 1024
@@ -24,6 +26,15 @@ __device__ __forceinline__ float key_value(u32 k) {
 }
 
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+// The best (value, id) over the warp, in every lane.
+__device__ __forceinline__ void warp_best(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, v, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, i, o);
+        if (better(ov, oi, v, i)) v = ov, i = oi;
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     row_argmax(const float *__restrict__ x, int vocab, int k, int *__restrict__ ids, float *__restrict__ vals) {
@@ -44,21 +55,13 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
             if (i < vocab && better(v[r], i, best, bi)) best = v[r], bi = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (better(ov, oi, best, bi)) best = ov, bi = oi;
-    }
+    warp_best(best, bi);
     if (lane == 0) sv[warp] = best, si[warp] = bi;
     __syncthreads();
     if (warp == 0) {
         best = lane < (nt >> 5) ? sv[lane] : NEG_INF;
         bi = lane < (nt >> 5) ? si[lane] : 0x7FFFFFFF;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (better(ov, oi, best, bi)) best = ov, bi = oi;
-        }
+        warp_best(best, bi);
         if (lane == 0) {
             // a row of NaNs only: no value compares; report id 0
             ids[blockIdx.x] = bi == 0x7FFFFFFF ? 0 : bi;
@@ -213,20 +216,12 @@ __device__ __forceinline__ void tops_block_merge(float (&bv)[K], int (&bi)[K], f
     for (int r = 0; r < K; r++) {
         float b = bv[0];
         int i = bi[0];
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, b, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, i, o);
-            if (better(ov, oi, b, i)) b = ov, i = oi;
-        }
+        warp_best(b, i);
         if (lane == 0) sv[warp] = b, si[warp] = i;
         __syncthreads();
         b = lane < nw ? sv[lane] : NEG_INF;
         i = lane < nw ? si[lane] : 0x7FFFFFFF;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, b, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, i, o);
-            if (better(ov, oi, b, i)) b = ov, i = oi;
-        }
+        warp_best(b, i);
         if (threadIdx.x == 0) out_v[r] = b, out_i[r] = i;
         if (bi[0] == i && i != 0x7FFFFFFF) {  // this thread's head won: pop it
 #pragma unroll
@@ -293,19 +288,12 @@ __device__ void tops_body(const float *__restrict__ x, int vocab, int k, int *__
 #define TOPS_PARAMS                                                                                     \
     const float *__restrict__ x, int vocab, int k, int *__restrict__ ids, float *__restrict__ vals, \
         float *cand_v, int *cand_i, unsigned *counter
-extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top1(TOPS_PARAMS) {
-    PDL_ENTER();
-    tops_body<1>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
-}
-extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top2(TOPS_PARAMS) {
-    PDL_ENTER();
-    tops_body<2>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
-}
-extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top4(TOPS_PARAMS) {
-    PDL_ENTER();
-    tops_body<4>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
-}
-extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top8(TOPS_PARAMS) {
-    PDL_ENTER();
-    tops_body<8>(x, vocab, k, ids, vals, cand_v, cand_i, counter);
-}
+#define TOPS_KERNEL(K)                                                                  \
+    extern "C" __global__ void __launch_bounds__(TOPS_THREADS) row_top##K(TOPS_PARAMS) { \
+        PDL_ENTER();                                                                    \
+        tops_body<K>(x, vocab, k, ids, vals, cand_v, cand_i, counter);                  \
+    }
+TOPS_KERNEL(1)
+TOPS_KERNEL(2)
+TOPS_KERNEL(4)
+TOPS_KERNEL(8)
