@@ -66,6 +66,23 @@ def single_stream(path: str, reps: int, n_prompt: int = 512, n_gen: int = 128) -
                 "graph_step_ms": step_ms, "load_s": llm.load_s, **backend_info(llm), "profile": profile}
 
 
+def prefill_only(path: str, reps: int, n_prompt: int = 512) -> dict:
+    """pp512 alone, and the prompt step's kernels each timed alone (for A/B variants)."""
+    rng = np.random.default_rng(0)
+    with LLM(path, device="cuda", slots=1, ctx=n_prompt + 16, prefix_cache=False) as llm:
+        v = llm.model.n_vocab
+        llm.generate(rng.integers(0, v, n_prompt).tolist(), 1, GREEDY)
+        pp = [n_prompt / llm.generate(rng.integers(0, v, n_prompt).tolist(), 1, GREEDY).timings.prompt_s
+              for _ in range(reps)]
+        return {"pp512": statistics.median(pp), "pp_samples": pp, "profile": prompt_profile(llm, n_prompt)}
+
+
+def prompt_profile(llm, n_prompt: int) -> dict:
+    runner = llm.engine.runner
+    recs = [rec for key, (rec, _) in runner._large.items() if key[0] == n_prompt]
+    return launch_profile(llm.model.backend, recs[0]) if recs else {}
+
+
 def graph_us(cp, launches, reps: int = 40) -> float:
     """Microseconds per pass over `launches`, `reps` passes captured in one CUDA graph (in-graph
     launch gaps included, as in a recorded step)."""
@@ -496,7 +513,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
-    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: kernels single many shared roofline cold")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    help="sections to skip: kernels single variants tiles many shared roofline cold")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
     import cupy as cp
@@ -511,10 +529,14 @@ def main() -> None:
         r = results["models"].setdefault(name, {})
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
+        if "variants" not in args.skip:
             section(r, "decode_pdl_0", with_env, "EMBER_CUDA_PDL", "0", decode_only, path, reps)
             section(r, "decode_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0", decode_only, path, reps)
             section(r, "decode_tails_0", with_tails, "0", decode_only, path, reps)
             section(r, "decode_tails_all", with_tails, "all", decode_only, path, reps)
+        if "tiles" not in args.skip:
+            for mode in ("128", "64", "auto"):
+                section(r, f"prefill_tiles_{mode}", with_env, "EMBER_CUDA_TILE_ROWS", mode, prefill_only, path, reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
@@ -565,6 +587,13 @@ def print_table(results: dict) -> None:
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
                       f"launches {v['launches_per_replay']}")
+        for mode in ("128", "64", "auto"):
+            v = r.get(f"prefill_tiles_{mode}") or {}
+            if "pp512" in v:
+                prof = v.get("profile") or {}
+                top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
+                print(f"{name:12} tiles {mode:4} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
+                      f"{prof.get('sum_us')} us: {top}")
         for label in ("many", "shared", "shared_mv_rows_8"):
             v = r.get(label) or {}
             if v.get("decode_steps"):

@@ -126,6 +126,21 @@ def test_matmul(cuda, matrices, qtype, n):
     assert err < limit, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("tile_rows", ["64", "auto"])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.F16], ids=lambda t: t.name)
+def test_matmul_of_smaller_tiles(cuda, matrices, qtype, tile_rows, monkeypatch):
+    """Tensor-core products in blocks of 64 weight rows (twice the blocks) give the same results."""
+    monkeypatch.setattr(cuda, "tile_rows", tile_rows)
+    w = cuda.weight(matrices.tensors[qtype.name])
+    x = cuda.from_numpy(np.random.default_rng(5).normal(0, 1, (200, COLS)).astype(np.float32))
+    out = poisoned(cuda, (200, ROWS))
+    cuda.matmul(w, x, out)
+    monkeypatch.setattr(cuda, "tile_rows", "128")
+    want = poisoned(cuda, (200, ROWS))
+    cuda.matmul(w, x, want)
+    assert rel_err(cuda.to_numpy(out), cuda.to_numpy(want).astype(np.float64)) < 1e-6
+
+
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
 def test_matmul_of_long_rows(cuda, qtype, n):

@@ -106,6 +106,11 @@ class Backend:
         self.tails = mode
         # a decode product's blocks normalise and quantize x themselves; "0": a quant_x launch first
         self.prologue = os.environ.get("EMBER_CUDA_PROLOGUE", "1") != "0"
+        # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
+        # not give two blocks per multiprocessor)
+        self.tile_rows = os.environ.get("EMBER_CUDA_TILE_ROWS", "128")
+        if self.tile_rows not in ("128", "64", "auto"):
+            raise BackendError(f"EMBER_CUDA_TILE_ROWS must be 128, 64 or auto, not '{self.tile_rows}'")
         # activation rows up to which products take the matrix-vector kernels (8 or 64)
         self.mv_rows = int(os.environ.get("EMBER_CUDA_MV_ROWS", str(MV_MAX_ROWS)))
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
@@ -339,7 +344,7 @@ class Backend:
         rows = min(matvec_rows(w.type, self.mv_rows) for w in ws) if ws else 8
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
-                         prologue=self.prologue))
+                         prologue=self.prologue, tile_rows=self.tile_rows, n_sm=self.n_sm))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))

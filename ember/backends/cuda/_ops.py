@@ -152,6 +152,8 @@ class Matmul:
     tail: Tail | None = None
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
+    tile_rows: str = "128"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
+    n_sm: int = 132
 
     @property
     def n(self) -> int:
@@ -247,11 +249,16 @@ class Matmul:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
         n, k = self.n, self.k
         rows_max = max(w.shape[0] for w in ws)
-        grid = (-(-rows_max // 128), -(-n // 64), len(ws))
+        tn = 128
+        if self.tile_rows == "64" or (self.tile_rows == "auto" and
+                                      -(-rows_max // 128) * -(-n // 64) * len(ws) < 2 * self.n_sm):
+            tn = 64  # twice the blocks of half the rows: products too small to fill the GPU
+        grid = (-(-rows_max // tn), -(-n // 64), len(ws))
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i64(ws[0].data.row_bytes), i32(k), i32(n),
                 ptr(self.x))
-        return Launch(kernels.fn(f"matmul_{int(ws[0].type)}", "mm_tile"), grid, (128, 1, 1), args)
+        name = "mm_tile" if tn == 128 else "mm_tile64"
+        return Launch(kernels.fn(f"matmul_{int(ws[0].type)}", name), grid, (128, 1, 1), args)
 
 
 @dataclass(eq=False)

@@ -15,7 +15,7 @@
 //   run by the block that finishes last (a counter) does the row-wide work that needs every
 //   output: optional norm of y added into the residual, then the next RMS norm of the residual,
 //   quantized for the next product -- so a layer's norms cost no launch of their own.
-// mm_tile: prefill / batched (n > 8). 64 tokens x 128 rows per block; units dequantized to
+// mm_tile, mm_tile64: prefill / batched. 64 tokens x 128 (64) rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
 
 #ifndef QT
@@ -418,7 +418,6 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_
 // ---- prefill: tensor-core tiles ----
 
 #define TILE_M 64    // tokens per block
-#define TILE_N 128   // weight rows per block
 #define TILE_K 32    // one unit
 #define TILE_LD 40   // shared row stride in halves: 80 bytes, conflict-free fragment loads
 
@@ -435,29 +434,32 @@ __device__ __forceinline__ void mma_16816(float *c, const u32 *a, u32 b0, u32 b1
 }
 
 // y_m (n, rows_m) = x (n, k) @ W_m.T for matrix m = blockIdx.z; grid (row tiles, token tiles, n_mat).
-extern "C" __global__ void __launch_bounds__(128)
-    mm_tile(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
-            int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const float *__restrict__ x) {
-    PDL_ENTER();
+// TN: weight rows per block, 128 (mm_tile) or 64 (mm_tile64: twice the blocks, for products too
+// small to fill the GPU); each of the 4 warps computes 32 tokens x TN/2 rows.
+template <int TN>
+__device__ __forceinline__ void mm_tile_body(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0,
+                                             float *y1, float *y2, float *y3, int rows0, int rows1, int rows2,
+                                             int rows3, i64 row_bytes, int k, int n, const float *__restrict__ x) {
+    constexpr int NI = TN / 16;  // 8-row fragments per warp
     __shared__ __align__(16) u16 xs[TILE_M][TILE_LD];  // x tile as f16 (tokens, k)
     // Float weights are (nearly) exact in f16, so x's rounding would dominate their error: x is
     // split into f16 high and low parts, two products (quantized weights do not need it).
     __shared__ __align__(16) u16 xs_lo[QFLOAT ? TILE_M : 1][TILE_LD];
-    __shared__ __align__(16) u16 ws[TILE_N][TILE_LD];  // weight tile as f16 (rows, k)
+    __shared__ __align__(16) u16 ws[TN][TILE_LD];  // weight tile as f16 (rows, k)
     const int mi_ = blockIdx.z;
     const u8 *w = mi_ == 0 ? w0 : mi_ == 1 ? w1 : mi_ == 2 ? w2 : w3;
     float *y = mi_ == 0 ? y0 : mi_ == 1 ? y1 : mi_ == 2 ? y2 : y3;
     const int rows = mi_ == 0 ? rows0 : mi_ == 1 ? rows1 : mi_ == 2 ? rows2 : rows3;
-    const int r0 = blockIdx.x * TILE_N, t0 = blockIdx.y * TILE_M;
+    const int r0 = blockIdx.x * TN, t0 = blockIdx.y * TILE_M;
     if (r0 >= rows) return;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;  // this warp's 32 tokens x 64 rows
-    float acc[2][8][4];
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * (TN / 2);  // this warp's 32 tokens x TN/2 rows
+    float acc[2][NI][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
@@ -475,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(128)
                 *(uint2 *)&xs_lo[tr][c4] = make_uint2(pack_h2(r.x, r.y), pack_h2(r.z, r.w));
             }
         }
-        {  // weight tile: one unit of one row per thread
+        if (tid < TN) {  // weight tile: one unit of one row per thread
             float v[32];
             if (r0 + tid < rows) {
                 unit_f<QT>(w + (size_t)(r0 + tid) * row_bytes, k0 / 32, v);
@@ -496,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++)
+                for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int tr = wm + 16 * mi + g + 8 * (e >> 1), rr = wn + 8 * ni + 2 * tq + (e & 1);
@@ -522,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(128)
                     af[mi][3] = *(const u32 *)&xt[tr + 8][c + 8];
                 }
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++) {
+                for (int ni = 0; ni < NI; ni++) {
                     const int rr = wn + 8 * ni + g, c = ks + 2 * tq;
                     const u32 b0 = *(const u32 *)&ws[rr][c], b1 = *(const u32 *)&ws[rr][c + 8];
 #pragma unroll
@@ -538,12 +540,24 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 8; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int t = t0 + wm + 16 * mi + g + 8 * (e >> 1), rr = r0 + wn + 8 * ni + 2 * tq + (e & 1);
                 if (t < n && rr < rows) y[(size_t)t * rows + rr] = acc[mi][ni][e];
             }
+}
+
+#define MM_TILE_PARAMS                                                                                    \
+    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3, \
+        int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const float *__restrict__ x
+extern "C" __global__ void __launch_bounds__(128) mm_tile(MM_TILE_PARAMS) {
+    PDL_ENTER();
+    mm_tile_body<128>(w0, w1, w2, w3, y0, y1, y2, y3, rows0, rows1, rows2, rows3, row_bytes, k, n, x);
+}
+extern "C" __global__ void __launch_bounds__(128) mm_tile64(MM_TILE_PARAMS) {
+    PDL_ENTER();
+    mm_tile_body<64>(w0, w1, w2, w3, y0, y1, y2, y3, rows0, rows1, rows2, rows3, row_bytes, k, n, x);
 }
 
 // out (n, cols) = rows ids (n,) of W (rows, cols) as f32; ids outside [0, rows) give zeros.
