@@ -152,7 +152,7 @@ class Matmul:
     tail: Tail | None = None
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
-    tile_rows: str = "128"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
+    tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
 
     @property
