@@ -62,9 +62,11 @@ class Sampler:
         self._greedy_steps = _greedy_steps(p)
         self._n_vocab: int | None = None
         self._last: _LastDraw | None = None
+        # fixed for the sampler's life, and asked for every sequence at every step: computed once
+        self.best_needed = self._count_best_needed()
+        self._banned = frozenset(int(t) for t in self._bias_tokens)
 
-    @property
-    def best_needed(self) -> int:
+    def _count_best_needed(self) -> int:
         """How many of a row's best tokens suffice to make the choice (then a backend may reduce rows
         to those on the device), or 0 when it needs the whole row. Greedy with nothing that changes
         logits before the argmax but bans (-inf biases, ignore_eos): one more than the bans."""
@@ -74,11 +76,11 @@ class Sampler:
             return 0
         return 1 + int(self._bias_tokens.size)
 
-    def choose_from_best(self, ids: np.ndarray) -> int:
+    def choose_from_best(self, ids) -> int:
         """The greedy choice from a row's best ids (best first, at least best_needed of them):
         the first that is not banned. Accept it as usual."""
-        for token in ids:
-            if not self._bias_tokens.size or int(token) not in self._bias_tokens:
+        for token in ids.tolist() if hasattr(ids, "tolist") else ids:
+            if token not in self._banned:
                 return int(token)
         raise ValueError("every candidate token is banned")
 
