@@ -611,3 +611,20 @@ def test_copy_is_a_fork():
     run(s, 3)
     twin = copy.deepcopy(s)
     assert twin.params is s.params and run(twin, 10) == run(s, 10)
+
+
+def test_best_needed_counts_the_bans_of_a_greedy_sampler():
+    """Greedy rows may be reduced to their best few ids on the device: one more than the banned
+    tokens; anything else that changes logits before the argmax needs the whole row."""
+    greedy = Sampler(SamplingParams(temperature=0.0, logit_bias=((5, -math.inf), (9, -math.inf))))
+    assert greedy.best_needed == 3
+    assert greedy.choose_from_best(np.array([9, 5, 2, 7])) == 2  # the first not banned
+    assert greedy.choose_from_best([4, 9]) == 4
+    with pytest.raises(ValueError, match="banned"):
+        greedy.choose_from_best(np.array([5, 9]))
+    assert Sampler(SamplingParams(temperature=0.0)).best_needed == 1
+    assert Sampler(SamplingParams(temperature=0.0, logit_bias=((5, 2.0),))).best_needed == 0  # a boost
+    assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=8)).best_needed == 0
+    assert Sampler(SamplingParams(temperature=0.8)).best_needed == 0
+    # a fork keeps the answer
+    assert greedy.fork().best_needed == 3 and greedy.fork().choose_from_best([5, 1]) == 1
