@@ -402,6 +402,17 @@ def test_mt19937_matches_the_standard():
     assert rng.uniform() == (a + b * 2.0 ** 32) / 2.0 ** 64
 
 
+def test_mt19937_copies_continue_the_same_stream():
+    """The generator is made on the first draw; a copy taken before or after it draws what the
+    original draws next."""
+    fresh = Mt19937(7)
+    early = fresh.copy()
+    first = [fresh.uniform() for _ in range(3)]
+    assert [early.uniform() for _ in range(3)] == first
+    late = fresh.copy()
+    assert late.uniform() == fresh.uniform() and late.uniform_f32() == fresh.uniform_f32()
+
+
 def flat_logits(n=1000, seed=0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(n) * 0.5).astype(np.float32)
 

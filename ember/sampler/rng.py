@@ -19,11 +19,21 @@ def resolve_seed(seed: int | None) -> int:
 
 
 class Mt19937:
+    """The generator is made on the first draw: greedy samplers never draw, and importing
+    numpy.random costs a one-shot command ~16 ms of its start."""
+
     def __init__(self, seed: int):
-        # RandomState's integer seeding is mt19937's init_genrand, the same as std::mt19937(seed)
-        self._bits = np.random.MT19937()
-        self._bits.state = {"bit_generator": "MT19937",
-                            "state": np.random.RandomState(seed).get_state(legacy=False)["state"]}
+        self._seed = seed
+        self._gen = None
+
+    @property
+    def _bits(self):
+        if self._gen is None:
+            # RandomState's integer seeding is mt19937's init_genrand, the same as std::mt19937(seed)
+            self._gen = np.random.MT19937()
+            self._gen.state = {"bit_generator": "MT19937",
+                               "state": np.random.RandomState(self._seed).get_state(legacy=False)["state"]}
+        return self._gen
 
     def uniform(self) -> float:
         """std::uniform_real_distribution<double>(0, 1): two 32-bit draws, low word first."""
@@ -37,7 +47,8 @@ class Mt19937:
         return float(u) if u < 1 else float(np.nextafter(np.float32(1), np.float32(0)))
 
     def copy(self) -> Mt19937:
-        twin = Mt19937.__new__(Mt19937)
-        twin._bits = np.random.MT19937()
-        twin._bits.state = self._bits.state
+        twin = Mt19937(self._seed)
+        if self._gen is not None:  # drawn from already: the twin continues from the same state
+            twin._gen = np.random.MT19937()
+            twin._gen.state = self._gen.state
         return twin
