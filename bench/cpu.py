@@ -4,10 +4,10 @@ For each model: load time, prompt processing (pp512: 512 tokens in one batch fro
 empty context) and generation (tg128: 128 tokens one at a time from an empty context),
 as llama-bench defines them, plus cold start (process start to one generated token), the
 peak resident memory of a generating process against its budget (file + KV cache + 64 MB),
-speed at 1 thread beside --threads (scaling), and a per-kernel profile of ember's decode and
+speed at 1 thread beside --threads (scaling; ember's runs alternate between the two), and a per-kernel profile of ember's decode and
 prompt steps (native time per op, and the share of a decode step spent outside the kernels).
-Medians of --reps runs; ratios are ember / llama.cpp (above 1: ember is faster, or for
-times, slower). Writes JSON to bench/results/cpu.json.
+Medians of --reps runs, ember's and llama.cpp's in turn; ratios are ember / llama.cpp (above 1:
+ember is faster, or for times, slower). Writes JSON to bench/results/cpu.json.
 
     python bench/cpu.py [--models smollm2 gemma3-270m] [--threads 2] [--reps 5] [--quick]
 """
@@ -35,26 +35,63 @@ from ember.sampler import SamplingParams  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def ember_speed(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
+def speeds(model: str, path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tuple[dict, dict]:
+    """ember's and llama.cpp's speeds, one run of each in turn, `reps` times: load on the machine from other
+    processes then reaches both alike (runs of one side minutes apart moved ratios by 10-20% here)."""
+    e = {"load_s": statistics.median(ember_loads(model, threads, reps, n_prompt, n_gen))}
+    llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
+    rng = np.random.default_rng(0)
+    ignore = lambda logits, positions: None  # noqa: E731 - the logits are not needed, only computed
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    llm.evaluate(rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
+    e_pp, e_tg, p_pp, p_tg, build = [], [], [], [], "?"
+    for _ in range(reps):
+        prompt, first = rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), int(rng.integers(0, 1000))
+        e_pp.append(n_prompt / _timed(lambda p=prompt: llm.evaluate(p, ignore, logits_from=n_prompt - 1)))
+        # n_gen single-token steps from a one-token context, each sampled greedily (what a user gets)
+        e_tg.append(n_gen / _timed(lambda t=first: llm.generate([t], n_gen, greedy)))
+        peer_run = llama_bench(path, threads, 1, n_prompt, n_gen)
+        p_pp, p_tg, build = p_pp + peer_run["pp_samples"], p_tg + peer_run["tg_samples"], peer_run["build"]
+    e.update(pp_tps=statistics.median(e_pp), tg_tps=statistics.median(e_tg), pp_samples=e_pp, tg_samples=e_tg,
+             isa=getattr(llm.backend, "isa", "?"))
+    llm.close()
+    p = {"build": build, "pp_tps": statistics.median(p_pp), "tg_tps": statistics.median(p_tg),
+         "pp_samples": p_pp, "tg_samples": p_tg}
+    return e, p
+
+
+def ember_loads(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) -> list[float]:
+    """Seconds to construct an LLM (the file in the page cache), `reps` times."""
     loads = []
     for _ in range(reps):
         t0 = time.perf_counter()
         llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
         loads.append(time.perf_counter() - t0)
         llm.close()
-    llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, llm.model.n_vocab, n_prompt).tolist() for _ in range(reps + 1)]
-    ignore = lambda logits, positions: None  # noqa: E731 - the logits are not needed, only computed
-    llm.evaluate(prompts[0], ignore, logits_from=n_prompt - 1)  # warm-up: first touch of the weights
-    pp = [n_prompt / _timed(lambda p=p: llm.evaluate(p, ignore, logits_from=n_prompt - 1)) for p in prompts[1:]]
+    return loads
+
+
+def ember_scaling(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
+    """pp and tg at 1 thread and at `threads`, the runs alternating so that both see the same load on the
+    machine (other processes move runs made minutes apart by more than the difference measured)."""
+    counts = sorted({1, threads})
+    llms = {t: LLM(model, device="cpu", threads=t, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt) for t in counts}
+    rng = np.random.default_rng(2)
+    ignore = lambda logits, positions: None  # noqa: E731
     greedy = SamplingParams(temperature=0.0, ignore_eos=True)
-    # n_gen single-token steps from a one-token context, each sampled greedily (what a user gets)
-    tg = [n_gen / _timed(lambda t=t: llm.generate([int(t)], n_gen, greedy)) for t in rng.integers(0, 1000, reps)]
-    result = {"load_s": statistics.median(loads), "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
-              "pp_samples": pp, "tg_samples": tg, "isa": getattr(llm.backend, "isa", "?")}
-    llm.close()
-    return result
+    pp: dict = {t: [] for t in counts}
+    tg: dict = {t: [] for t in counts}
+    for llm in llms.values():  # warm-up: first touch of the weights
+        llm.evaluate(rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)
+    for _ in range(reps):
+        for t, llm in llms.items():
+            prompt, first = rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), int(rng.integers(0, 1000))
+            pp[t].append(n_prompt / _timed(lambda m=llm, p=prompt: m.evaluate(p, ignore, logits_from=n_prompt - 1)))
+            tg[t].append(n_gen / _timed(lambda m=llm, f=first: m.generate([f], n_gen, greedy)))
+    for llm in llms.values():
+        llm.close()
+    return {str(t): {"pp_tps": statistics.median(pp[t]), "tg_tps": statistics.median(tg[t]),
+                     "pp_samples": pp[t], "tg_samples": tg[t]} for t in counts}
 
 
 def profile(model: str, threads: int, n_prompt: int, n_gen: int) -> dict:
@@ -136,16 +173,35 @@ def llama_bench(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) 
 
 
 def cold_starts(model: str, path: Path, threads: int, reps: int) -> dict:
-    """Seconds from process start to exit after generating one token from a short prompt."""
+    """Seconds from process start to exit after generating one token from a short prompt, after one
+    untimed run of each (the file in the page cache, as for every other figure here)."""
     prompt = "The capital of France is"
     ember_cmd = [sys.executable, "-m", "ember", "run", model, "-p", prompt, "-n", "1", "--temp", "0",
                  "-t", str(threads)]
+    env = installed_env()
+
+    def run_ember():
+        subprocess.run(ember_cmd, capture_output=True, check=True, env=env)
+
+    def run_peer():
+        peer.run("llama-completion", ["-m", str(path), "-p", prompt, "-n", "1", "-t", str(threads), "-no-cnv",
+                                      "--temp", "0"])
+
+    run_ember(), run_peer()
     ember_t, peer_t = [], []
     for _ in range(reps):
-        ember_t.append(_timed(lambda: subprocess.run(ember_cmd, capture_output=True, check=True)))
-        peer_t.append(_timed(lambda: peer.run("llama-completion", ["-m", str(path), "-p", prompt, "-n", "1",
-                                                                   "-t", str(threads), "-no-cnv", "--temp", "0"])))
+        ember_t.append(_timed(run_ember))
+        peer_t.append(_timed(run_peer))
     return {"ember_s": statistics.median(ember_t), "llama_cpp_s": statistics.median(peer_t)}
+
+
+def installed_env() -> dict:
+    """The environment with Python's bytecode cache on, as a pip-installed ember runs (pip compiles it at
+    install time); a development shell may set PYTHONDONTWRITEBYTECODE, which makes every start compile
+    ember's sources again (30-50 ms here). The cache goes to bench/results/pycache, not the source tree."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("PYTHONPYCACHEPREFIX", str(RESULTS / "pycache"))
+    return env
 
 
 def report_details(r: dict, threads: int, e: dict, p: dict) -> None:
@@ -154,10 +210,12 @@ def report_details(r: dict, threads: int, e: dict, p: dict) -> None:
           f"{m['peak_rss_bytes'] / 2**20:.0f}); budget file {m['file_bytes'] / 2**20:.0f}"
           f" + KV {m['kv_bytes'] / 2**20:.0f} + 64 = {m['budget_bytes'] / 2**20:.0f} MiB "
           f"({'within' if m['within_budget'] else 'OVER'})")
-    e1, p1 = r["scaling"]["ember_1"], r["scaling"]["llama_cpp_1"]
+    e1, en = r["scaling"]["ember"]["1"], r["scaling"]["ember"][str(threads)]
+    p1 = r["scaling"]["llama_cpp_1"]
     for key, label in (("pp_tps", "pp"), ("tg_tps", "tg")):
-        print(f"  scaling {label}: ember 1 thread {e1[key]:.1f}, {threads} threads {e[key]:.1f} "
-              f"({e[key] / e1[key]:.2f}x); llama.cpp {p1[key]:.1f} -> {p[key]:.1f} ({p[key] / p1[key]:.2f}x)")
+        print(f"  scaling {label}: ember 1 thread {e1[key]:.1f}, {threads} threads {en[key]:.1f} "
+              f"({en[key] / e1[key]:.2f}x, alternating runs); llama.cpp {p1[key]:.1f} -> {p[key]:.1f} "
+              f"({p[key] / p1[key]:.2f}x)")
     for name, prof in r["profile"].items():
         total = prof["native_s"]
         parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in list(prof["by_kind_s"].items())[:7])
@@ -180,14 +238,13 @@ def main() -> None:
     results = {"threads": args.threads, "reps": args.reps, "models": {}}
     for model in args.models:
         path = hub.resolve(model)
-        e = ember_speed(model, args.threads, args.reps, args.n_prompt, args.n_gen)
-        p = llama_bench(path, args.threads, args.reps, args.n_prompt, args.n_gen)
+        e, p = speeds(model, path, args.threads, args.reps, args.n_prompt, args.n_gen)
         c = cold_starts(model, path, args.threads, args.reps)
         results["models"][model] = r = {"ember": e, "llama_cpp": p, "cold_start": c}
         if not args.quick:
             r["memory"] = peak_rss(model, path, args.threads, args.n_gen, args.n_prompt + args.n_gen)
             one = max(1, min(3, args.reps))
-            r["scaling"] = {"ember_1": ember_speed(model, 1, one, args.n_prompt, args.n_gen),
+            r["scaling"] = {"ember": ember_scaling(model, args.threads, args.reps, args.n_prompt, args.n_gen),
                             "llama_cpp_1": llama_bench(path, 1, one, args.n_prompt, args.n_gen)}
             r["profile"] = profile(model, args.threads, args.n_prompt, args.n_gen)
         print(f"\n{model} ({args.threads} threads, median of {args.reps}; ember ISA {e['isa']}, "

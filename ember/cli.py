@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 import time
 
@@ -22,7 +24,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run a command; argv None means this process's own command line, which then ends here."""
+    code = _run_command(build_parser().parse_args(argv))
+    if argv is None:
+        _exit_now(code)
+    return code
+
+
+def _run_command(args) -> int:
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -31,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 1
+
+
+def _exit_now(code: int) -> None:
+    """End the process without tearing down its objects: freeing a loaded model's vocabulary and
+    modules object by object costs 50-60 ms, a sixth of a one-shot run. Output is flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,8 +142,6 @@ def _byte_size(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
-    import os
-
     from .app import ModelConfig, ServerConfig, serve
 
     keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())

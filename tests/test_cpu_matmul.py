@@ -373,7 +373,9 @@ def test_scratch_serves_both_precisions():
     """One size for both precisions (so switching between calls is safe): two rows per token."""
     for t, k in ((T.Q4_0, 576), (T.Q4_K, 1024)):
         assert lib.ember_matmul_scratch_size(int(t), k, 5) == 5 * lib.ember_matmul_scratch_size(int(t), k, 1)
-    row_q8 = 576 + 12 * (576 // 32) + 32 * (576 // 32)  # q | d, s, nq per block of 32 | 8 lane sums per block
+    # q | d, s, nq per block of 32 | 8 lane sums per block (32-aligned) | c16: both levels as int16 (64-aligned)
+    lane_sums_end = -(-(576 + 12 * (576 // 32)) // 32) * 32 + 32 * (576 // 32)
+    row_q8 = -(-lane_sums_end // 64) * 64 + 2 * 576
     assert lib.ember_matmul_scratch_size(int(T.Q4_0), 576, 1) == 2 * (-(-row_q8 // 64) * 64)
 
 

@@ -4,9 +4,9 @@ Weights stay in the memory-mapped GGUF file in their block format; activations a
 float32 numpy arrays; the KV cache is float16.
 
 Every op is an `ember_op` record run by the C side. A forward pass can be recorded
-(`record()`) and replayed later in one native call (`replay()`): Python then costs one
-call per step instead of one per op. A recording holds references to every array it
-points into, so its addresses stay valid.
+(`record()`, which runs it in one native call at the end of the block) and replayed later
+(`replay()`): Python then costs one call per step instead of one per op. A recording holds
+references to every array it points into, so its addresses stay valid.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ class Backend:
         if self.n_threads < 1:
             raise BackendError(f"threads must be at least 1, got {threads}")
         self._pool = ffi.gc(lib.ember_pool_create(self.n_threads), lib.ember_pool_destroy)
-        self._scratch = np.empty(0, np.uint8)
+        self._scratch = np.empty(0, np.uint8)  # 64-byte aligned view of a larger allocation
         self._recording: Recording | None = None
         self.profile: Profile | None = None  # set to a Profile to time every op
 
@@ -157,13 +157,15 @@ class Backend:
     # ---- recording ----
     @contextlib.contextmanager
     def record(self):
-        """Ops run as usual and are also recorded; yields the Recording."""
+        """Ops are recorded and run together, in one native call, when the block ends; yields the
+        Recording. Nothing in the block may read an op's output (a replay could not either)."""
         rec = self._recording = Recording()
         try:
             yield rec
         finally:
             self._recording = None
         rec.finish()
+        self.replay(rec)
 
     def replay(self, rec: Recording) -> None:
         if self.profile is not None:
@@ -187,6 +189,7 @@ class Backend:
         if self._recording is not None:
             self._recording.ops.append(op)
             self._recording.keep.append((ptrs, keep))
+            return
         if self.profile is not None:
             failed = self._timed(op, 1, [op_label(op[0])])
         else:
@@ -252,11 +255,11 @@ class Backend:
             name = GGMLType(qtype).name if qtype in GGMLType._value2member_map_ else str(qtype)
             raise BackendError(f"cannot multiply by a {name} matrix with {k} columns (unsupported type, "
                                "or rows that are not whole blocks)")
-        need = size + 64
-        if self._scratch.nbytes < need:  # recordings keep the old buffer alive
-            self._scratch = np.empty(max(need, 2 * self._scratch.nbytes), np.uint8)
-        offset = (-self._scratch.ctypes.data) % 64  # the kernels want 64-byte alignment
-        return self._scratch[offset:]
+        if self._scratch.nbytes < max(size, 64):  # recordings keep the old buffer alive
+            raw = np.empty(max(size, 2 * self._scratch.nbytes, 64) + 64, np.uint8)
+            offset = (-raw.ctypes.data) % 64  # the kernels want 64-byte alignment
+            self._scratch = raw[offset:]  # aligned once here: .ctypes costs 10-20 us, per matmul it added up
+        return self._scratch
 
     def add_bias(self, x, b: Weight) -> None:
         self._run(lib.EMBER_OP_ADD_ROW, (self._p(x), self._p(b.data)), (x.shape[0], x.shape[1]))

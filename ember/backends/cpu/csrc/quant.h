@@ -45,10 +45,12 @@ extern const int8_t ember_iq4nl_values[16];
 /* ---- quantized activations (caller's scratch; our own planar layout) ----
  * Values are q = round_even(x * 127 / amax), d = amax / 127 per block of 32 (Q8) or 256 (Q8K).
  * EMBER_ACT_Q8  (for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL):
- *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,) | nls int32 (k/32, 8)
+ *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,) | nls int32 (k/32, 8) | c16 int16 (k,)
  *     nls: minus the sums of each 4 consecutive q (the lanes of an 8 x int32 dot product), from which
  *     the microtiles take back a weight offset; with two levels, in the first row, of the combined
  *     RESIDUAL_STEPS q1 + q2 (the residual row's are unused).
+ *     c16: with two levels, in the first row, RESIDUAL_STEPS q1 + q2 (|c16| <= 32639): both levels in
+ *     one 16-bit value, for kernels that multiply signed weights by it directly (unused otherwise).
  * EMBER_ACT_Q8K16, EMBER_ACT_Q8K32 (the K-quants and IQ4_XS; the number is the chunk CH):
  *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | dc f32 (k/CH,) | s f32 (k/CH,) | nq int32 (k/CH,)
  * Per chunk of CH values (for Q8: CH = 32 and dc is d): dc its scale, s = dc * sum(q), nq = -sum(q);
@@ -78,10 +80,15 @@ static inline int64_t ember_act_meta_offset(int act, int64_t k) {
 /* Byte offset of nls in an EMBER_ACT_Q8 row (32-byte aligned). */
 static inline int64_t ember_act_q8_nls_offset(int64_t k) { return (k + 12 * (k / QK) + 31) & ~(int64_t)31; }
 
+/* Byte offset of c16 in an EMBER_ACT_Q8 row (64-byte aligned). */
+static inline int64_t ember_act_q8_c16_offset(int64_t k) {
+    return ember_align64(ember_act_q8_nls_offset(k) + 32 * (k / QK));
+}
+
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
     if (act == EMBER_ACT_F32) return 0;
-    if (act == EMBER_ACT_Q8) return ember_align64(ember_act_q8_nls_offset(k) + 32 * (k / QK));
+    if (act == EMBER_ACT_Q8) return ember_align64(ember_act_q8_c16_offset(k) + 2 * k);
     return ember_align64(ember_act_meta_offset(act, k) + 12 * (k / ember_act_chunk(act)));
 }
 
@@ -97,6 +104,13 @@ static inline void ember_q8k_chunk_sums(void *row, int64_t k, int ch) {
         s[i] = dc[i] * (float)sum;
         nq[i] = -sum;
     }
+}
+
+/* c16 of an EMBER_ACT_Q8 row pair whose q rows are written (every quantizer calls it for two levels). */
+static inline void ember_q8_combine(void *row, const void *res, int64_t k) {
+    const int8_t *q1 = row, *q2 = res;
+    int16_t *c16 = (int16_t *)((uint8_t *)row + ember_act_q8_c16_offset(k));
+    for (int64_t i = 0; i < k; i++) c16[i] = (int16_t)(q1[i] * (1 << RESIDUAL_SHIFT) + q2[i]);
 }
 
 /* ---- per-type facts ---- */

@@ -54,7 +54,51 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
+#define X86_TILE_Q8_0 tile_q8_0_wide
+static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                           int64_t ys, int nr, int nc);
+
 #include "quant_x86.h"
+
+/* ================= Q8_0 rows against both activation levels at once ================= */
+
+/* One Q8_0 row (k/32 blocks) against one token's c16 = 256 q1 + q2 (quant.h) -> *y. The signed weights,
+ * widened to 16 bits, meet c16 in one dpwssd per block instead of a dpbusd per level plus the offset
+ * and level arithmetic: output heads (262144 x 640 in Gemma 3) were bound by that integer work, not by
+ * memory. Each int32 lane sums two products (|sum| < 2^24), so it converts to float exactly. */
+static void row_q8_0_c16(int64_t k, const uint8_t *w, const uint8_t *a, int64_t ar, float *y) {
+    const int64_t nb = k / QK;
+    const int16_t *c16 = (const int16_t *)(a + ember_act_q8_c16_offset(k)); /* (k,) */
+    const float *d2 = (const float *)(a + ar + k);                            /* (nb,) residual-level scales */
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const blk_q8_0 *b0 = (const blk_q8_0 *)w + b, *b1 = b0 + 1;
+        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b0->qs)),
+                                         _mm512_load_si512((const void *)(c16 + 32 * b)));
+        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b1->qs)),
+                                         _mm512_load_si512((const void *)(c16 + 32 * b + 32)));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(f16_to_f32(b0->d) * d2[b]), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(f16_to_f32(b1->d) * d2[b + 1]), acc1);
+    }
+    if (b < nb) {
+        const blk_q8_0 *b0 = (const blk_q8_0 *)w + b;
+        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b0->qs)),
+                                         _mm512_load_si512((const void *)(c16 + 32 * b)));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(f16_to_f32(b0->d) * d2[b]), acc0);
+    }
+    *y = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Lone rows with two levels take row_q8_0_c16; the rest (short rows side by side, one level) the shared tile. */
+static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                           int64_t ys, int nr, int nc) {
+    if (nr != 1 || !ar) {
+        tile_q8_0(k, w, ws, a, as, ar, y, ys, nr, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++) row_q8_0_c16(k, w, (const uint8_t *)a + c * as, ar, y + c * ys);
+}
 
 /* ================= packed panels ================= */
 

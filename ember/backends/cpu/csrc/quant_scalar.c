@@ -64,6 +64,7 @@ static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
         if (res) sum = sum * (1 << RESIDUAL_SHIFT) + qr[4 * j] + qr[4 * j + 1] + qr[4 * j + 2] + qr[4 * j + 3];
         nls[j] = -sum;
     }
+    if (res) ember_q8_combine(dst, res, k);
 }
 
 /* bsums (k/16,) of an EMBER_ACT_Q8K row whose q is written */

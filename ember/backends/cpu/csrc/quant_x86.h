@@ -148,6 +148,7 @@ static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
         }
         _mm256_storeu_si256((__m256i *)(nls + 8 * b), _mm256_sub_epi32(zero, sums));
     }
+    if (res) ember_q8_combine(dst, res, k);
 }
 
 /* One 256-value block of x -> block b of an EMBER_ACT_Q8K row (q, d, bsums); own scale or fixed as
@@ -665,6 +666,9 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
 /* ================= the table entries (the includer defines the table) ================= */
 
 #define T32(name) {tile_##name, TILE32_R, TILE_C, SHORT_ROW_BYTES}
+#ifndef X86_TILE_Q8_0 /* the includer may put a kernel of its own in front of tile_q8_0 */
+#define X86_TILE_Q8_0 tile_q8_0
+#endif
 #define TK(name) {tile_##name, 1, TILE_C, 0}
 #define TF(name) {tile_##name, 1, TILE_C, 0}
 
@@ -673,7 +677,8 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
                  [EMBER_ACT_Q8K32] = quantize_q8k32},                                                         \
     .tile = {                                                                                                   \
         [EMBER_T_Q4_0] = T32(q4_0), [EMBER_T_Q4_1] = T32(q4_1), [EMBER_T_Q5_0] = T32(q5_0),                    \
-        [EMBER_T_Q5_1] = T32(q5_1), [EMBER_T_Q8_0] = T32(q8_0), [EMBER_T_IQ4_NL] = T32(iq4_nl),                \
+        [EMBER_T_Q5_1] = T32(q5_1), [EMBER_T_IQ4_NL] = T32(iq4_nl),                                              \
+        [EMBER_T_Q8_0] = {X86_TILE_Q8_0, TILE32_R, TILE_C, SHORT_ROW_BYTES},                                    \
         [EMBER_T_Q2_K] = TK(q2_k), [EMBER_T_Q3_K] = TK(q3_k), [EMBER_T_Q4_K] = TK(q4_k),                       \
         [EMBER_T_Q5_K] = TK(q5_k), [EMBER_T_Q6_K] = TK(q6_k), [EMBER_T_IQ4_XS] = TK(iq4_xs),                   \
         [EMBER_T_F32] = TF(f32), [EMBER_T_F16] = TF(f16), [EMBER_T_BF16] = TF(bf16),                           \
