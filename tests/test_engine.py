@@ -166,6 +166,15 @@ def test_queue_full_and_bad_requests(tiny):
         for _ in range(10):
             eng.submit(Request([1, 5, 6], 50))
     eng.close()
+    # cancel messages in the engine's inbox are not waiting requests
+    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=4))
+    first = [eng.submit(Request([1, 5, 6], 50)) for _ in range(2)]
+    for _ in range(200):
+        for h in first:
+            h.cancel()
+    more = [eng.submit(Request([1, 5, 6], 2)) for _ in range(2)]
+    assert [reason for h in more for _, (_, reason) in collect(h).items()] == ["length", "length"]
+    eng.close()
 
 
 def test_scores_do_not_depend_on_batching(llm):

@@ -191,6 +191,8 @@ class Engine:
         self._device_top_k = hasattr(model.backend, "top_k")  # greedy steps need only token ids
         self._mask: np.ndarray | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._adds_lock = threading.Lock()
+        self._adds_in_inbox = 0  # requests in the inbox (their sequences are not yet in scheduler.waiting)
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
@@ -211,8 +213,21 @@ class Engine:
         if self._closed:
             raise EngineClosed("the engine is shut down")
         self._check_fits(request)
-        if len(self.scheduler.waiting) + self._inbox.qsize() >= self.config.max_waiting:
-            raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
+        with self._adds_lock:  # waiting, or sent and not yet seen by the engine (cancel messages do not count)
+            if len(self.scheduler.waiting) + self._adds_in_inbox >= self.config.max_waiting:
+                raise QueueFull(f"{self.config.max_waiting} requests are already waiting")
+            self._adds_in_inbox += 1
+        try:
+            handle = self._handle(request, loop)
+        except BaseException:
+            with self._adds_lock:
+                self._adds_in_inbox -= 1
+            raise
+        self._inbox.put(("add", handle))
+        self._wake.set()
+        return handle
+
+    def _handle(self, request: Request, loop) -> RequestHandle:
         compiled = self._compile(request.grammar)  # GrammarError here, in the caller's thread
         handle = RequestHandle(self, request.n, loop)
         room = self.config.n_ctx - len(request.prompt)
@@ -224,8 +239,6 @@ class Engine:
             seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder(),
                                   matcher)
             handle.seqs.append(seq)
-        self._inbox.put(("add", handle))
-        self._wake.set()
         return handle
 
     def _check_fits(self, request: Request) -> None:
@@ -276,9 +289,11 @@ class Engine:
         self._wake.clear()
         for kind, handle in self._inbox_items():
             if kind == "add":
-                for seq in handle.seqs:
-                    self.scheduler.add(seq)
-                    self.metrics.requests_started += 1
+                with self._adds_lock:  # moved to waiting in the same breath: the count never dips
+                    for seq in handle.seqs:
+                        self.scheduler.add(seq)
+                        self.metrics.requests_started += 1
+                    self._adds_in_inbox -= 1
             elif kind == "cancel":
                 for seq in handle.seqs:
                     seq.cancelled = True
