@@ -42,10 +42,10 @@ from ._ops import (
     RopeArgs,
     Scale,
     TopK,
+    matvec_rows,
     split_count,
     tops_k,
     tops_slices,
-    matvec_rows,
     xq_bytes,
 )
 
@@ -113,7 +113,10 @@ class Backend:
         if self.tile_rows not in ("128", "64", "auto"):
             raise BackendError(f"EMBER_CUDA_TILE_ROWS must be 128, 64 or auto, not '{self.tile_rows}'")
         # activation rows up to which products take the matrix-vector kernels (8 or 64)
-        self.mv_rows = int(os.environ.get("EMBER_CUDA_MV_ROWS", str(MV_MAX_ROWS)))
+        rows = os.environ.get("EMBER_CUDA_MV_ROWS", str(MV_MAX_ROWS))
+        if not rows.isdigit() or not 1 <= int(rows) <= MV_MAX_ROWS:
+            raise BackendError(f"EMBER_CUDA_MV_ROWS must be a number of rows from 1 to {MV_MAX_ROWS}, not '{rows}'")
+        self.mv_rows = int(rows)
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
