@@ -8,7 +8,8 @@
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
 #
-# Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool). The
+# Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool, and
+# optionally kernels/ compiled ahead with bench/cuda_kernel_cache.py). The
 # machine's python3 has CuPy, numpy, tokenizers and jinja2; ember runs from this checkout
 # (PYTHONPATH), its CPU extension built in place when cffi and gcc allow (the CUDA backend needs
 # none of it; without it the engine test compares with the reference backend).
@@ -36,6 +37,13 @@ for whl in .devcarry/wheels/*.whl; do  # one at a time: a wheel that does not fi
     "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
 done
 [ -d /tmp/ember_site ] && export PYTHONPATH=/tmp/ember_site
+# Kernels compiled ahead here (bench/cuda_kernel_cache.py --arch 90 --out .devcarry/kernels): a fresh
+# machine then compiles only what they miss (the cold-start section still uses an empty cache).
+if [ -d .devcarry/kernels ]; then
+  mkdir -p /tmp/ember_kernels && cp -n .devcarry/kernels/*.cubin /tmp/ember_kernels/ 2>/dev/null
+  export EMBER_KERNEL_CACHE=/tmp/ember_kernels
+  echo "kernel cache: $(ls /tmp/ember_kernels | wc -l) modules carried"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1; then
   echo "CPU extension built"

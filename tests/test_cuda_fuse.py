@@ -316,3 +316,26 @@ def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
     assert launch.block == (256, 1, 1) and launch.grid == (512 // 32, 1, 1)
     (launch,) = down.launches(FakeKernels())  # its input was quantized by the gated product
     assert launch.fn == ("matmul_12", "mv_n1")
+
+
+def nvrtc_or_skip():
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as e:  # no CuPy, or no NVRTC library: nothing to compile with here
+        pytest.skip(f"NVRTC is not available: {type(e).__name__}")
+
+
+def test_kernel_cache_can_be_filled_without_a_gpu(tmp_path):
+    """Modules compile for a named architecture into a cache folder (NVRTC only, no GPU); a second
+    build finds the cubin there instead of compiling again."""
+    nvrtc_or_skip()
+    from ember.backends.cuda._kernels import build_cubin
+
+    path, seconds = build_cubin("sample", "90", tmp_path)
+    assert seconds is not None and path.parent == tmp_path and path.read_bytes()[:4] == b"\x7fELF"
+    again, seconds_again = build_cubin("sample", "90", tmp_path)
+    assert again == path and seconds_again is None
+    other, _ = build_cubin("sample", "80", tmp_path)  # another architecture: another entry
+    assert other != path

@@ -92,35 +92,42 @@ class Kernels:
         return self._names.get(id(f), "?")
 
     # ---- building ----
-    def _options(self) -> tuple[str, ...]:
-        return ("-std=c++17",) if self.hip else ("-std=c++17", f"-arch=sm_{self.arch}")
-
     def _build(self, module: str):
         """Path of the module's cubin (CUDA) or its source (HIP: CuPy compiles and caches it)."""
-        src = module_source(module)
         if self.hip:
-            return src
-        from cupy.cuda import nvrtc
-
-        opts = self._options()
-        key = hashlib.sha256("\0".join([CACHE_VERSION, src, *opts, str(nvrtc.getVersion())]).encode()).hexdigest()
-        path = cache_dir() / f"{module}-{key[:24]}.cubin"
-        if path.exists():
+            return module_source(module)
+        path, seconds = build_cubin(module, self.arch)
+        if seconds is None:
             self.stats.loaded_from_cache.append(module)
-            return path
-        t0 = time.perf_counter()
-        cubin = compile_nvrtc(src, f"{module}.cu", opts)
-        self.stats.compiled.append((module, time.perf_counter() - t0))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)  # atomic: a concurrent start sees the whole file or none
+        else:
+            self.stats.compiled.append((module, seconds))
         return path
 
     def _load(self, module: str, binary):
         if self.hip:
-            return self.cp.RawModule(code=binary, options=self._options())
+            return self.cp.RawModule(code=binary, options=("-std=c++17",))
         return self.cp.RawModule(path=str(binary))
+
+
+def build_cubin(module: str, arch: str, cache: Path | None = None) -> tuple[Path, float | None]:
+    """The module's cubin for sm_<arch> in the cache (compiled there unless it already is): its
+    path, and the seconds compiling took (None: it was there). Needs NVRTC, not a GPU, so a cache
+    can be filled ahead on another machine and carried (bench/cuda_kernel_cache.py)."""
+    from cupy.cuda import nvrtc
+
+    src, opts = module_source(module), ("-std=c++17", f"-arch=sm_{arch}")
+    key = hashlib.sha256("\0".join([CACHE_VERSION, src, *opts, str(nvrtc.getVersion())]).encode()).hexdigest()
+    path = (cache or cache_dir()) / f"{module}-{key[:24]}.cubin"
+    if path.exists():
+        return path, None
+    t0 = time.perf_counter()
+    cubin = compile_nvrtc(src, f"{module}.cu", opts)
+    seconds = time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)  # atomic: a concurrent start sees the whole file or none
+    return path, seconds
 
 
 def nvrtc_arch(compute_capability: str) -> str:
