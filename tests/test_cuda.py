@@ -591,8 +591,9 @@ def test_model_matches_reference(tmp_path_factory, cuda, ref, arch, qtype, n_seq
 
 @pytest.mark.parametrize("graphs,fuse,tails", [(True, True, None), (True, True, True), (True, True, False),
                                                (True, False, None), (False, True, True)])
-@pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_K), ("gemma3", GGMLType.Q8_0), ("llama", GGMLType.F16)])
-@pytest.mark.parametrize("n_seq", [1, 5])
+@pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_K), ("gemma3", GGMLType.Q8_0), ("llama", GGMLType.F16),
+                                        ("llama", GGMLType.Q4_1)])  # Q4_1 past 8 rows: grouped matrix-vector kernels
+@pytest.mark.parametrize("n_seq", [1, 5, 20])
 def test_replay_matches_direct(tmp_path_factory, arch, qtype, graphs, fuse, tails, n_seq):
     """Steps recorded once and replayed (fused, as a CUDA graph) give the logits of direct runs."""
     backend = get_backend("cuda", graphs=graphs, fuse=fuse, tails=tails)
