@@ -27,7 +27,7 @@ from .vocab import Attr, Vocab, vocab_from_metadata
 
 log = logging.getLogger(__name__)
 _SURROGATE = re.compile("[\ud800-\udfff]")
-SPECIAL_ATTRS = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN | Attr.UNUSED
+SPECIAL_ATTRS = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN | Attr.UNUSED)
 
 
 class Tokenizer:
