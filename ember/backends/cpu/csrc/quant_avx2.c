@@ -42,7 +42,43 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
 }
 
+#define X86_TILE_Q8_0 tile_q8_0_wide
+static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                           int64_t ys, int nr, int nc);
+
 #include "quant_x86.h"
+
+/* One Q8_0 row (k/32 blocks) against one token's c16 = 256 q1 + q2 (quant.h) -> *y: the signed weights,
+ * widened to 16 bits, meet c16 in two vpmaddwd per block, instead of a sign-fixed vpmaddubsw pair per
+ * level plus the level arithmetic (the AVX-512 file does the same with one vpdpwssd). Each int32 lane
+ * sums four products (|sum| <= 4 * 128 * 32639 < 2^24), so it converts to float exactly. */
+static void row_q8_0_c16(int64_t k, const uint8_t *w, const uint8_t *a, int64_t ar, float *y) {
+    const int64_t nb = k / QK;
+    const int16_t *c16 = (const int16_t *)(a + ember_act_q8_c16_offset(k)); /* (k,) */
+    const float *d2 = (const float *)(a + ar + k);                            /* (nb,) residual-level scales */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const blk_q8_0 *bl = (const blk_q8_0 *)w + b;
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)bl->qs));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bl->qs + 16)));
+        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, load256(c16 + 32 * b)),
+                                           _mm256_madd_epi16(w1, load256(c16 + 32 * b + 16)));
+        const __m256 sc = _mm256_set1_ps(f16_to_f32(bl->d) * d2[b]);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc0);
+    }
+    *y = hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Lone rows with two levels take row_q8_0_c16; the rest (short rows side by side, one level) the shared tile. */
+static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                           int64_t ys, int nr, int nc) {
+    if (nr != 1 || !ar) {
+        tile_q8_0(k, w, ws, a, as, ar, y, ys, nr, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++) row_q8_0_c16(k, w, (const uint8_t *)a + c * as, ar, y + c * ys);
+}
 
 const ember_kernels ember_kernels_avx2 = {X86_QUANTIZE_AND_TILES};
 
