@@ -145,7 +145,10 @@ def test_hostile_grammars_fail_fast(name):
         Grammar.parse(HOSTILE[name])
     elapsed = time.perf_counter() - t0
     assert str(e.value)
-    assert elapsed < 0.25, f"{name}: {elapsed * 1000:.0f} ms"
+    # A guard against blow-ups (a quadratic or exponential parse of these inputs takes minutes), not a
+    # speed measurement: the rejections take milliseconds, but a loaded 2-core CI machine once took
+    # 277 ms over one of them.
+    assert elapsed < 2.0, f"{name}: {elapsed * 1000:.0f} ms"
 
 
 def test_exponential_grammars_stay_small():
@@ -153,7 +156,7 @@ def test_exponential_grammars_stay_small():
     text = "root ::= a30\na0 ::= \"x\"\n" + "\n".join(f"a{i} ::= a{i - 1} a{i - 1}" for i in range(1, 31))
     t0 = time.perf_counter()
     g = Grammar.parse(text)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 2.0  # a guard against a blow-up (2**30 copies), not a speed measurement
     assert g.program.n_nodes < 200_000
     # ambiguous alternations of the same literal parse in linear size
     g = Grammar.parse("root ::= " + " ".join('("a" | "a" | "a")' for _ in range(500)))
