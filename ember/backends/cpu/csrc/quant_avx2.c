@@ -42,9 +42,7 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
 }
 
-#define X86_TILE_Q8_0 tile_q8_0_wide
-static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
-                           int64_t ys, int nr, int nc);
+#define X86_ROW_Q8_0_C16 /* row_q8_0_c16 below: lone Q8_0 rows take it (quant_x86.h) */
 
 #include "quant_x86.h"
 
@@ -70,15 +68,6 @@ static void row_q8_0_c16(int64_t k, const uint8_t *w, const uint8_t *a, int64_t 
     *y = hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* Lone rows with two levels take row_q8_0_c16; the rest (short rows side by side, one level) the shared tile. */
-static void tile_q8_0_wide(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
-                           int64_t ys, int nr, int nc) {
-    if (nr != 1 || !ar) {
-        tile_q8_0(k, w, ws, a, as, ar, y, ys, nr, nc);
-        return;
-    }
-    for (int c = 0; c < nc; c++) row_q8_0_c16(k, w, (const uint8_t *)a + c * as, ar, y + c * ys);
-}
 
 const ember_kernels ember_kernels_avx2 = {X86_QUANTIZE_AND_TILES};
 

@@ -666,7 +666,22 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
 /* ================= the table entries (the includer defines the table) ================= */
 
 #define T32(name) {tile_##name, TILE32_R, TILE_C, SHORT_ROW_BYTES}
-#ifndef X86_TILE_Q8_0 /* the includer may put a kernel of its own in front of tile_q8_0 */
+#ifdef X86_ROW_Q8_0_C16
+/* The includer's kernel for one Q8_0 row against one token's c16 = 256 q1 + q2 (quant.h) -> *y. */
+static void row_q8_0_c16(int64_t k, const uint8_t *w, const uint8_t *a, int64_t ar, float *y);
+
+/* Lone rows with two levels (output heads at one token) take row_q8_0_c16; the rest (short rows side
+ * by side, one level) the shared tile. */
+static void tile_q8_0_c16(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
+                          int64_t ys, int nr, int nc) {
+    if (nr != 1 || !ar) {
+        tile_q8_0(k, w, ws, a, as, ar, y, ys, nr, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++) row_q8_0_c16(k, w, (const uint8_t *)a + c * as, ar, y + c * ys);
+}
+#define X86_TILE_Q8_0 tile_q8_0_c16
+#else
 #define X86_TILE_Q8_0 tile_q8_0
 #endif
 #define TK(name) {tile_##name, 1, TILE_C, 0}
