@@ -7,6 +7,8 @@
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
+#   TESTS_K="expr" narrows both test stages to pytest -k expr; BENCH_SKIP="sections" is passed to
+#   bench/cuda.py --skip (see its --help).
 #
 # Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool, and
 # optionally kernels/ compiled ahead with bench/cuda_kernel_cache.py). The
@@ -69,14 +71,16 @@ for s in $STAGES; do
       # replay and engine results.
       stage "tests: ops"
       timeout 150 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        -k "not model and not replay and not engine" tests/test_cuda.py tests/test_cuda_fuse.py \
+        -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
+        tests/test_cuda.py tests/test_cuda_fuse.py \
         >"$OUT/tests_ops.log" 2>&1
       echo "pytest exit $?"
       grep -E "^(FAILED|ERROR)" "$OUT/tests_ops.log" | head -25
       tail -n 8 "$OUT/tests_ops.log"
       stage "tests: models, replay, engine"
       timeout 210 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        -k "model or replay or engine" tests/test_cuda.py >"$OUT/tests_models.log" 2>&1
+        -k "(model or replay or engine)${TESTS_K:+ and ($TESTS_K)}" tests/test_cuda.py \
+        >"$OUT/tests_models.log" 2>&1
       echo "pytest exit $?"
       grep -E "^(FAILED|ERROR)" "$OUT/tests_models.log" | head -25
       tail -n 8 "$OUT/tests_models.log"
@@ -85,7 +89,7 @@ for s in $STAGES; do
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
       limit=240; [ "$s" = full ] && limit=540
-      timeout $limit $PY bench/cuda.py $flag --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
+      timeout $limit $PY bench/cuda.py $flag ${BENCH_SKIP:+--skip $BENCH_SKIP} --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
         >"$OUT/bench_$s.log" 2>&1
       echo "bench exit $?"
       grep -E "FAILED|Error" "$OUT/bench_$s.log" | head -10

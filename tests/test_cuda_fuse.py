@@ -273,7 +273,7 @@ def strip_comments(src: str) -> str:
     return re.sub(r"//[^\n]*", "", src)
 
 
-def param_count(name: str) -> int:
+def kernel_params(name: str) -> list[str]:
     """Parameters of kernel `name` as written in the sources (the *_PARAMS macros expanded)."""
     src = strip_comments("".join(p.read_text() for p in sorted(KERNELS.glob("*.c*"))))
     macros = {m.group(1): m.group(2).replace("\\\n", " ")
@@ -283,7 +283,25 @@ def param_count(name: str) -> int:
     params = m.group(1)
     for macro, text in macros.items():
         params = params.replace(macro, text)
-    return len([p for p in params.split(",") if p.strip()])
+    return [" ".join(p.split()) for p in params.split(",") if p.strip()]
+
+
+def param_count(name: str) -> int:
+    return len(kernel_params(name))
+
+
+def param_type(param: str) -> str:
+    """A parameter's C type without its name ("const float *__restrict__ q" -> "const float *")."""
+    return re.sub(r"\s*\b\w+$", "", param.replace("__restrict__", "")).strip()
+
+
+def param_dtype(param: str) -> np.dtype:
+    """The numpy scalar type a launch must pass for a parameter (its width is the C type's)."""
+    t = param_type(param)
+    if "*" in t:
+        return np.dtype(np.uint64)
+    return np.dtype({"int": np.int32, "i32": np.int32, "unsigned": np.uint32, "u32": np.uint32, "float": np.float32,
+                     "i64": np.int64, "long long": np.int64}[t.replace("const ", "")])
 
 
 def test_launch_arguments_match_the_kernels():
@@ -297,7 +315,8 @@ def test_launch_arguments_match_the_kernels():
         for launch in op.launches(FakeKernels()):
             _, name = launch.fn
             seen.add(name)
-            assert len(launch.args) == param_count(name), name
+            # each argument as wide as its C parameter (the driver reads the sizes the kernel declares)
+            assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(name)], name
             assert len(launch.grid) == 3 and len(launch.block) == 3
     split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 4, 66), Addr(1), Addr(1),
                       Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=Addr(xq_bytes(1, 256), dtype=np.uint8))
