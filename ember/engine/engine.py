@@ -3,6 +3,10 @@
 Callers submit requests from any thread (`submit`) or from asyncio (`submit_async`);
 each request's tokens stream back through its handle; a handle can be cancelled at
 any time and its sequence leaves within one step. A step is: schedule, run, postprocess.
+
+Events (tokens, finishes) a step produces wait in an outbox and are handed to their callers
+while the next step runs on the device: waking a caller's thread (and that thread taking the
+interpreter lock) then overlaps the device's work instead of delaying the next launch.
 """
 from __future__ import annotations
 
@@ -194,6 +198,7 @@ class Engine:
         self._adds_lock = threading.Lock()
         self._adds_in_inbox = 0  # requests in the inbox (their sequences are not yet in scheduler.waiting)
         self._wake = threading.Event()
+        self._outbox: list = []  # (push, event) not yet handed to callers, in order (see _deliver)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
@@ -274,6 +279,8 @@ class Engine:
     # ---- the loop ----
     def _loop(self) -> None:
         while not self._closed:
+            if not self.scheduler.has_work:
+                self._deliver()  # nothing to overlap with: before waiting for work
             self._drain_inbox(block=not self.scheduler.has_work)
             if self._closed:
                 break
@@ -282,6 +289,13 @@ class Engine:
             except Exception as e:  # a bug must not leave callers hanging
                 self._fail_running(f"{type(e).__name__}: {e}", traceback.format_exc())
         self._shutdown()
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand the outbox's events to their callers."""
+        out, self._outbox = self._outbox, []
+        for push, event in out:
+            push(event)
 
     def _drain_inbox(self, block: bool) -> None:
         if block:
@@ -313,11 +327,14 @@ class Engine:
         self._finish_cancelled()
         plan = self.scheduler.schedule()
         if not plan.chunks:
+            self._deliver()
             self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
             return
         self._count_admissions(plan)
         top_k = self._best_needed(plan)
-        out = self.runner.run(plan, top_k)
+        out = self.runner.run(plan, top_k, wait=False)
+        self._deliver()  # the last step's events, while this one runs on the device
+        self.runner.wait()
         self.scheduler.complete(plan)
         self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
         self.metrics.steps += 1
@@ -382,7 +399,8 @@ class Engine:
         keep = positions < seq.n_prompt
         if not keep.any():
             return
-        st.handle._push(PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep])))
+        event = PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep]))
+        self._outbox.append((st.handle._push, event))
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
@@ -411,8 +429,9 @@ class Engine:
         seq.tokens.append(token)
         self.metrics.generated_tokens += 1
         text, stopped = self._text(st, st.decoder.feed(token))
-        st.handle._push(TokenEvent(st.index, token, text, lp.logprob if lp else None,
-                                   list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs else None))
+        self._outbox.append((st.handle._push, TokenEvent(st.index, token, text, lp.logprob if lp else None,
+                                                         list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs
+                                                         else None)))
         if stopped:
             self._finish(seq, "stop", flush=False)  # whatever follows the stop string is dropped
         elif not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
@@ -463,7 +482,8 @@ class Engine:
         self.scheduler.finish(seq, reason)
         st = seq.owner
         tail = st.held + st.decoder.flush() if flush else ""
-        st.handle._push(FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit, seq.n_generated, error))
+        self._outbox.append((st.handle._push, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
+                                                          seq.n_generated, error)))
 
     def _fail_running(self, message: str, trace: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
@@ -472,6 +492,7 @@ class Engine:
             except Exception:  # pragma: no cover - bookkeeping already broken
                 seq.status = Status.FINISHED
         self.last_error = trace
+        self._deliver()
 
     # ---- state ----
     def kv_usage(self) -> KVUsage:

@@ -37,16 +37,26 @@ class ModelRunner:
         self.model, self.cache = model, cache
         self.page_size = cache.page_size
         self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq)
+        self._arange = np.arange(max(max_tokens, max_seqs), dtype=np.int32)
+        self._table_of: list = [None] * max_seqs  # the pages each table row holds (_decode_step)
         self.recordable = hasattr(model.backend, "record")
         # a GPU launches hundreds of small kernels per step: it records prompt-sized steps as well
         self.max_recorded = max(MAX_RECORDED_TOKENS, getattr(model.backend, "max_recorded_tokens", 0))
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
+        # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
+        self._async_replay = getattr(model.backend, "async_replay", False)
 
-    def run(self, plan: Plan, top_k: int = 0):
+    def wait(self) -> None:
+        """Until the last step run with wait=False has finished on the device."""
+        if self._async_replay:
+            self.model.backend.synchronize()
+
+    def run(self, plan: Plan, top_k: int = 0, wait: bool = True):
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
         in plan order (valid until the next run), or with top_k > 0 only each row's k best
-        (TopLogits: ids and values, reduced on the device)."""
+        (TopLogits: ids and values, reduced on the device). wait=False: a replayed step may
+        still be running on the device when this returns; its results hold after wait()."""
         for src, dst in plan.copies:
             self.cache.copy_page(src, dst)
         step = self.step(plan)
@@ -57,7 +67,10 @@ class ModelRunner:
         hit = store.get(key)
         if hit is not None:
             store.move_to_end(key)
-            self.model.backend.replay(hit[0])
+            if wait or not self._async_replay:
+                self.model.backend.replay(hit[0])
+            else:
+                self.model.backend.replay(hit[0], wait=False)
             return hit[1]
         if not self.recordable or step.n > self.max_recorded:
             return self.model.forward(step, self.cache)
@@ -71,9 +84,12 @@ class ModelRunner:
     def step(self, plan: Plan) -> Step:
         """Write the plan's inputs into the fixed arrays; returns views of them."""
         P, inp, chunks = self.page_size, self.inputs, plan.chunks
+        if all(c.n == 1 for c in chunks):
+            return self._decode_step(chunks)
         n = sum(c.n for c in chunks)
         at = n_rows = 0
         inp.tables[:len(chunks)] = 0
+        self._table_of[:len(chunks)] = [None] * len(chunks)
         for i, c in enumerate(chunks):
             end = at + c.n
             inp.tokens[at:end] = c.seq.tokens[c.start:c.start + c.n]
@@ -87,4 +103,27 @@ class ModelRunner:
         pos, seq_rows = inp.positions[:n], inp.seq_rows[:n]
         inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
         attn = AttentionBatch(pos, seq_rows, inp.tables[:len(chunks)], inp.slots[:n], P)
+        return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
+
+    def _decode_step(self, chunks) -> Step:
+        """step() for chunks of one token each (decode): whole-array writes from Python lists, and
+        a page-table row rewritten only when its pages changed (entries past a sequence's pages
+        are never read: attention reads the pages of the positions it attends)."""
+        P, inp, n = self.page_size, self.inputs, len(chunks)
+        inp.tokens[:n] = [c.seq.tokens[c.start] for c in chunks]
+        starts = [c.start for c in chunks]
+        inp.positions[:n] = starts
+        inp.seq_rows[:n] = self._arange[:n]
+        n_rows = 0
+        for i, c in enumerate(chunks):
+            pages = c.seq.pages
+            if self._table_of[i] != pages:
+                inp.tables[i, :len(pages)] = pages
+                self._table_of[i] = list(pages)
+            if c.logit_rows:
+                inp.rows[n_rows] = i
+                n_rows += 1
+        pos = inp.positions[:n]
+        inp.slots[:n] = inp.tables[self._arange[:n], pos // P].astype(np.int64) * P + pos % P
+        attn = AttentionBatch(pos, inp.seq_rows[:n], inp.tables[:n], inp.slots[:n], P)
         return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
