@@ -473,6 +473,66 @@ def test_kv_store_and_attention(cuda, ref, case):
     assert rel_err(cuda.to_numpy(out), want) < 1e-5
 
 
+FOLD_CASES = {
+    # name: (cached lengths, n_head, n_kv, head_dim, window, softcap, n_split, rope, q/k norms)
+    "one_split": ([37], 4, 2, 64, 0, 0.0, 1, "norm", False),
+    # p_t in split 18 of 32 (later ones empty), in the last, and alone in split 0 (an empty cache)
+    "splits_gqa": ([37, 900, 0], 9, 3, 64, 0, 0.0, 32, "neox", True),
+    # group of 10 heads: two head chunks write the same row; window 16 over 131 and 6 keys
+    "head_chunks_window_softcap": ([130, 5], 20, 2, 64, 16, 30.0, 4, "partial", True),
+    # 9 tokens: one thread per key; full shared query rows (8 heads of 256); YaRN with factors
+    "yarn_wide_heads": ([int(x) for x in np.arange(9) * 37 % 300], 8, 1, 256, 0, 0.0, 3, "yarn", True),
+    "linear_no_norms": ([64, 17], 8, 8, 128, 0, 0.0, 2, "linear", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLD_CASES))
+def test_attention_folds_qkv_post(cuda, case):
+    """One token per sequence: the attention launch doing qkv_post's work (norms, rope, the cache
+    row) gives the outputs and cache of a qkv_post launch followed by the attention."""
+    from ember.backends.cuda import rope_args
+    from ember.backends.cuda._ops import Attention, QkvPost
+
+    lengths, n_head, n_kv, hd, window, softcap, n_split, rope, norms = FOLD_CASES[case]
+    rng = np.random.default_rng(14)
+    n, page = len(lengths), 16
+    max_pages = max(lengths) // page + 2
+    batch = paged_batch(rng, lengths, [1] * n, page, max_pages)
+    factors = cuda.from_numpy(rng.uniform(1.0, 8.0, ROPES[rope].n_rot // 2).astype(np.float32)) if rope == "yarn" \
+        else None
+    rp = rope_args(replace(ROPES[rope], freq_factors=factors))
+    q0, k0, v0 = (rng.normal(0, 1, (n, h * hd)).astype(np.float32) for h in (n_head, n_kv, n_kv))
+    q_norm, k_norm = (cuda.from_numpy(rng.uniform(0.5, 1.5, hd).astype(np.float32)) if norms else None
+                      for _ in range(2))
+    part = cuda._scratch_f32("attn_part", n * n_head * n_split * (hd + 2)) if n_split > 1 else None
+    pos, rows = cuda._input(batch.positions, np.int32), cuda._input(batch.seq_rows, np.int32)
+    tables, slots = cuda._input(batch.block_tables, np.int32), cuda._input(batch.slots, np.int64)
+    got = []
+    for folded in (False, True):
+        (k_cache, v_cache), (k_init, _) = fill_cache(cuda, np.random.default_rng(15), n * max_pages * page, n_kv * hd)
+        q, k, v = cuda.from_numpy(q0), cuda.from_numpy(k0), cuda.from_numpy(v0)
+        post = QkvPost(q, k, v, q_norm, k_norm, 1e-6, pos, rp, n_head, n_kv, k_cache, v_cache, slots)
+        out = poisoned(cuda, (n, n_head * hd))
+        att = Attention(q, k_cache, v_cache, out, part, pos, rows, tables, page, n_head, n_kv, window,
+                        1 / math.sqrt(hd), softcap, n_split, one_token_per_seq=True, post=post if folded else None)
+        if not folded:
+            cuda._run(post)
+        cuda._run(att)
+        got.append([cuda.to_numpy(a) for a in (out, k_cache, v_cache)])
+        if folded:  # q and k keep the product's values
+            np.testing.assert_array_equal(cuda.to_numpy(q), q0)
+            np.testing.assert_array_equal(cuda.to_numpy(k), k0)
+    (out_a, k_a, v_a), (out_b, k_b, v_b) = got
+    assert rel_err(out_b, out_a) < 1e-5
+    np.testing.assert_array_equal(v_b, v_a)
+    # the same f32 key rounded to f16: at most one unit in the last place apart
+    np.testing.assert_allclose(k_b.astype(np.float32), k_a.astype(np.float32), rtol=1e-3, atol=1e-7)
+    others = np.ones(len(k_init), bool)
+    others[batch.slots] = False
+    np.testing.assert_array_equal(k_b[others].astype(np.float64), k_init[others])  # no stray writes
+    assert (k_b[batch.slots].astype(np.float64) != k_init[batch.slots]).mean() > 0.9  # the rows were written
+
+
 # ---- sampling reductions ----
 
 @pytest.mark.parametrize("vocab", [49152, 262144, 300])
@@ -552,11 +612,14 @@ class Driver:
         return np.array(logits, np.float64)
 
 
-def script(model, n_seq: int, seed: int = 1, record: bool = False) -> list[np.ndarray]:
-    """Prefill every sequence (different lengths, one step), decode a few steps, then a mixed step."""
+def script(model, n_seq: int, seed: int = 1, record: bool = False, keep: list | None = None) -> list[np.ndarray]:
+    """Prefill every sequence (different lengths, one step), decode a few steps, then a mixed step.
+    keep: a list that receives the Driver (its recordings)."""
     rng = np.random.default_rng(seed)
     v = model.n_vocab
     d = Driver(model, n_seq=n_seq, max_len=48, seed=seed)
+    if keep is not None:
+        keep.append(d)
     outs = [d.step([list(rng.integers(0, v, 3 + (5 * s) % 11)) for s in range(n_seq)], record)]
     for _ in range(4):
         outs.append(d.step([[int(rng.integers(v))] for _ in range(n_seq)], record))
@@ -628,6 +691,35 @@ def test_early_launched_kernels_compute_the_same(tmp_path_factory, arch, qtype, 
             assert backend.pdl_error is None and backend.describe()["pdl"], backend.pdl_error
     for i, (a, b) in enumerate(zip(results[True], results[False])):
         assert np.array_equal(a, b), f"step {i}: early launches changed the logits by {np.abs(a - b).max():.2e}"
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_1), ("gemma3", GGMLType.Q4_K)])
+@pytest.mark.parametrize("n_seq", [1, 5])
+def test_decode_attention_folding_computes_the_same(tmp_path_factory, monkeypatch, arch, qtype, n_seq):
+    """Replayed decode steps whose attention launches do the qkv_post work (EMBER_CUDA_FOLD_QKV=1,
+    the default) give the logits of the same steps with qkv_post launches; prompt steps keep them."""
+    from ember.backends.cuda._ops import Attention, Launch
+
+    path = model_file(tmp_path_factory, arch, qtype)
+    results = {}
+    for fold in ("1", "0"):
+        monkeypatch.setenv("EMBER_CUDA_FOLD_QKV", fold)
+        backend, keep = get_backend("cuda"), []
+        with GGUFFile(path) as f:
+            results[fold] = script(load_model(f, backend), n_seq, record=True, keep=keep)
+        assert backend.graph_error is None, backend.graph_error
+        for n, (rec, _) in keep[0].recordings.items():
+            attns = [op for op in rec.ops if isinstance(op, Attention)]
+            names = [backend.kernels.name_of(x.fn) for x in rec.launches if isinstance(x, Launch)]
+            decode = n == n_seq
+            assert all(a.one_token_per_seq == decode for a in attns), n
+            assert names.count("attention.attn") == len(attns)
+            assert names.count("ops.qkv_post") == (0 if decode and fold == "1" else len(attns)), n
+    for i, (a, b) in enumerate(zip(results["1"], results["0"])):
+        err = np.abs(a - b).max() / np.abs(b).max()
+        # an int8 rounding of the attention output may flip (the same values, another kernel)
+        assert err < 5e-3, f"step {i}: folding changed the logits by {err:.2e}"
+        assert (a.argmax(1) == b.argmax(1)).mean() >= 0.9, f"step {i}: argmax differs"
 
 
 # ---- the engine ----

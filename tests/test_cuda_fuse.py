@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -70,9 +71,11 @@ def matmul(ws: list, x: Addr, outs: list) -> Matmul:
 ROPE = RopeArgs(64, False, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, None)
 
 
-def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd=64):
-    """The op records of one llama layer (what the backend records for LlamaModel.forward)."""
-    q, k, v, att = Addr(n, heads * hd), Addr(n, kv_heads * hd), Addr(n, kv_heads * hd), Addr(n, heads * hd)
+def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd=64, single=False, qkv=None):
+    """The op records of one llama layer (what the backend records for LlamaModel.forward); single:
+    a step of one token per sequence; qkv: the q, k, v buffers (the model's, shared by layers)."""
+    q, k, v = qkv or (Addr(n, heads * hd), Addr(n, kv_heads * hd), Addr(n, kv_heads * hd))
+    att = Addr(n, heads * hd)
     g, u = Addr(n, ff), Addr(n, ff)
     kc, vc = Addr(64, kv_heads * hd, dtype=np.float16), Addr(64, kv_heads * hd, dtype=np.float16)
     pos, slots, rows, tables = Addr(n, dtype=np.int32), Addr(n, dtype=np.int64), Addr(n, dtype=np.int32), Addr(1, 16)
@@ -83,7 +86,8 @@ def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd
         Rope(q, heads, pos, ROPE),
         Rope(k, kv_heads, pos, ROPE),
         KvStore(k, v, kc, vc, slots),
-        Attention(q, kc, vc, att, None, pos, rows, tables, 16, heads, kv_heads, 0, 0.125, 0.0, 1),
+        Attention(q, kc, vc, att, None, pos, rows, tables, 16, heads, kv_heads, 0, 0.125, 0.0, 1,
+                  one_token_per_seq=single),
         matmul([mat(d, heads * hd)], att, [h]),
         Add(x, h, x),
         RmsNorm(x, ffn_norm, 1e-5, h, d),
@@ -92,7 +96,8 @@ def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd
         matmul([mat(d, ff)], g, [h]),
         Add(x, h, x),
     ]
-    return ops, {"g": g, "attn_norm": attn_norm, "ffn_norm": ffn_norm}
+    return ops, {"g": g, "attn_norm": attn_norm, "ffn_norm": ffn_norm, "q": q, "k": k, "v": v, "kc": kc, "vc": vc,
+                 "slots": slots, "pos": pos, "att": att}
 
 
 def test_llama_decode_layers_fuse_to_six_kernels_each():
@@ -149,7 +154,7 @@ def test_prefill_products_stay_unfused():
     assert all(op.norm_w is None and op.mode == 0 and op.tail is None for op in fused if isinstance(op, Matmul))
 
 
-def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64):
+def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64, single=False):
     h, q, k, v, att = Addr(n, d), Addr(n, 4 * hd), Addr(n, hd), Addr(n, hd), Addr(n, 4 * hd)
     g, u = Addr(n, ff), Addr(n, ff)
     kc, vc, pos, slots = Addr(64, hd), Addr(64, hd), Addr(n, dtype=np.int32), Addr(n, dtype=np.int64)
@@ -162,7 +167,7 @@ def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64):
         Rope(q, 4, pos, ROPE),
         Rope(k, 1, pos, ROPE),
         KvStore(k, v, kc, vc, slots),
-        Attention(q, kc, vc, att, None, pos, pos, Addr(1, 8), 16, 4, 1, 512, 0.125, 0.0, 1),
+        Attention(q, kc, vc, att, None, pos, pos, Addr(1, 8), 16, 4, 1, 512, 0.125, 0.0, 1, one_token_per_seq=single),
         matmul([mat(d, 4 * hd)], att, [h]),
         RmsNorm(h, post_attn, 1e-6, h, d),
         Add(x, h, x),
@@ -173,7 +178,8 @@ def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64):
         RmsNorm(h, post_ffn, 1e-6, h, d),
         Add(x, h, x),
     ]
-    return ops, {"h": h, "post_attn": post_attn, "ffn_norm": ffn_norm, "post_ffn": post_ffn}
+    return ops, {"h": h, "post_attn": post_attn, "ffn_norm": ffn_norm, "post_ffn": post_ffn, "q_norm": ops[2].w,
+                 "k_norm": ops[3].w}
 
 
 def test_gemma_layer():
@@ -258,6 +264,72 @@ def test_rope_with_different_positions_is_not_fused():
     assert [type(op) for op in fuse(ops, counter)] == [Rope, Rope, KvStore]
 
 
+# ---- qkv_post folded into the attention (decode steps) ----
+
+def test_decode_attention_does_the_qkv_post_work():
+    """One token per sequence: the attention launch normalises, rotates and stores k and v itself;
+    the model's q, k, v buffers, shared by the layers, are overwritten by the next layer's product."""
+    x, h = Addr(1, 256), Addr(1, 256)
+    qkv = (Addr(1, 256), Addr(1, 128), Addr(1, 128))
+    ops1, a1 = llama_layer(1, x, h, single=True, qkv=qkv)
+    ops2, _ = llama_layer(1, x, h, single=True, qkv=qkv)
+    fused = fuse(ops1 + ops2, counter, fold_qkv=True)
+    assert [type(op) for op in fused] == [Matmul, Attention, Matmul, Matmul, Matmul] * 2
+    _, attn, wo, _, _ = fused[:5]
+    post = attn.post
+    assert post.q is a1["q"] and post.k is a1["k"] and post.v is a1["v"] and post.slots is a1["slots"]
+    assert post.k_cache is a1["kc"] and post.v_cache is a1["vc"] and post.pos is a1["pos"] and post.q_norm is None
+    assert attn.xq is wo.xq and not wo.quant_in  # the output is still quantized for the o product
+    assert fused[6].post is not None and fused[6].post.k_cache is not a1["kc"]
+
+
+def test_gemma_decode_attention_does_the_head_norms():
+    ops, a = gemma_layer(3, Addr(3, 256), single=True)
+    fused = fuse(ops, counter, fold_qkv=True)
+    assert [type(op) for op in fused] == [Matmul, Attention, Matmul, Matmul, Matmul]
+    post = fused[1].post
+    assert post.q_norm is a["q_norm"] and post.k_norm is a["k_norm"] and post.eps == 1e-6 and post.n_kv == 1
+    assert fused[1].window == 512 and fused[1].xq is fused[2].xq
+
+
+@pytest.mark.parametrize("case", ["several_tokens_per_seq", "switched_off", "switched_off_by_env"])
+def test_qkv_post_stays_apart(case, monkeypatch):
+    x, h = Addr(3, 256), Addr(3, 256)
+    ops, _ = llama_layer(3, x, h, single=case != "several_tokens_per_seq")
+    if case == "switched_off_by_env":
+        monkeypatch.setenv("EMBER_CUDA_FOLD_QKV", "0")
+        fused = fuse(ops, counter)
+    else:
+        fused = fuse(ops, counter, fold_qkv=case == "several_tokens_per_seq")
+    assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul]
+    assert fused[2].post is None
+
+
+def test_qkv_post_stays_apart_for_other_value_head_sizes():
+    """hd_v != hd_k: keys of 64 values a head, values of 32 (the folded form needs them equal)."""
+    n = 1
+    q, k, v, att = Addr(n, 256), Addr(n, 128), Addr(n, 64), Addr(n, 128)
+    kc, vc = Addr(64, 128, dtype=np.float16), Addr(64, 64, dtype=np.float16)
+    pos, slots = Addr(n, dtype=np.int32), Addr(n, dtype=np.int64)
+    ops = [Rope(q, 4, pos, ROPE), Rope(k, 2, pos, ROPE), KvStore(k, v, kc, vc, slots),
+           Attention(q, kc, vc, att, None, pos, Addr(n, dtype=np.int32), Addr(1, 16), 16, 4, 2, 0, 0.125, 0.0, 1,
+                     one_token_per_seq=True)]
+    assert [type(op) for op in fuse(ops, counter, fold_qkv=True)] == [QkvPost, Attention]
+    vc_same = Addr(64, 128, dtype=np.float16)  # the same step with values of 64: folded
+    ops[2:] = [KvStore(k, Addr(n, 128), kc, vc_same, slots), replace(ops[3], v_cache=vc_same)]
+    assert [type(op) for op in fuse(ops, counter, fold_qkv=True)] == [Attention]
+
+
+def test_qkv_post_stays_apart_when_q_or_k_is_read_later():
+    """The folded form leaves q and k unrotated: a later op reading either keeps the QkvPost."""
+    for reader in ("q", "k"):
+        x, h = Addr(1, 256), Addr(1, 256)
+        ops, a = llama_layer(1, x, h, single=True)
+        other = Addr(*a[reader].shape)
+        fused = fuse(ops + [Add(a[reader], other, other)], counter, fold_qkv=True)
+        assert QkvPost in [type(op) for op in fused], reader
+
+
 # ---- launches against the kernels' parameter lists ----
 
 class FakeKernels:
@@ -310,8 +382,11 @@ def test_launch_arguments_match_the_kernels():
     ops2, _ = llama_layer(2, x, h)
     gem, _ = gemma_layer(2, Addr(2, 256))
     head = [GatherRows(x, Addr(1, dtype=np.int32), Addr(1, 256).rows(1)), ]
+    folded = fuse(llama_layer(2, x, h, single=True)[0] + gemma_layer(2, Addr(2, 256), single=True)[0], counter,
+                  fold_qkv=True)
+    assert sum(isinstance(op, Attention) and op.post is not None for op in folded) == 2
     seen = set()
-    for op in fuse(ops1 + ops2, counter, residual_tails=True) + fuse(gem, counter) + ops1 + head:
+    for op in fuse(ops1 + ops2, counter, residual_tails=True) + fuse(gem, counter) + ops1 + head + folded:
         for launch in op.launches(FakeKernels()):
             _, name = launch.fn
             seen.add(name)
@@ -320,10 +395,36 @@ def test_launch_arguments_match_the_kernels():
             assert len(launch.grid) == 3 and len(launch.block) == 3
     split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 4, 66), Addr(1), Addr(1),
                       Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=Addr(xq_bytes(1, 256), dtype=np.uint8))
-    for launch in split.launches(FakeKernels()):
-        seen.add(launch.fn[1])
-        assert len(launch.args) == param_count(launch.fn[1])
+    post = folded[1].post
+    for op in (split, replace(split, post=replace(post, q=split.q, k_cache=split.k_cache, v_cache=split.v_cache))):
+        for launch in op.launches(FakeKernels()):
+            seen.add(launch.fn[1])
+            assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
     assert {"mv_n2", "quant_x", "attn", "attn_combine", "qkv_post", "gather_rows", "rms_norm", "rope"} <= seen
+
+
+def param_name(param: str) -> str:
+    return param.split()[-1].lstrip("*")
+
+
+def test_folded_attention_passes_its_inputs_by_name():
+    """The attn launch's arguments, named by the kernel's parameters: the QkvPost's inputs in the
+    folded form, null pointers (the unfolded kernel) otherwise."""
+    ops, a = gemma_layer(1, Addr(1, 256), single=True)
+    attn = fuse(ops, counter, fold_qkv=True)[1]
+    p = attn.post
+    names = [param_name(q) for q in kernel_params("attn")]
+    (launch,) = attn.launches(FakeKernels())
+    args = dict(zip(names, launch.args))
+    assert len(names) == len(launch.args) == len(args)
+    want = {"q": p.q, "k_cache": p.k_cache, "v_cache": p.v_cache, "k_new": p.k, "v_new": p.v,
+            "q_norm": a["q_norm"], "k_norm": a["k_norm"], "slots": p.slots, "pos": p.pos}
+    assert {k: int(args[k]) for k in want} == {k: v.data.ptr for k, v in want.items()}
+    assert args["eps"] == np.float32(1e-6) and args["n_rot"] == 64 and args["neox"] == 0 and args["base"] == 10000.0
+    assert args["freq_scale"] == 1.0 and args["mscale"] == 1.0 and args["scale"] == np.float32(0.125)
+    (launch,) = replace(attn, post=None).launches(FakeKernels())
+    args = dict(zip(names, launch.args))
+    assert all(int(args[k]) == 0 for k in ("k_new", "v_new", "q_norm", "k_norm", "slots", "freq_factors"))
 
 
 def test_gated_product_quantizing_its_output_runs_32_rows_per_block():

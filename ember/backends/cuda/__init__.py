@@ -259,7 +259,11 @@ class Backend:
         graph.upload(cp.cuda.Stream.null)
         return graph
 
-    def replay(self, rec) -> None:
+    async_replay = True  # replay(wait=False) returns once the step is queued on the device
+
+    def replay(self, rec, wait: bool = True) -> None:
+        """Run a recorded step; wait=False returns once it is queued: its outputs hold, and its
+        inputs may be written for another step, after synchronize()."""
         self._use_device()
         rec.stage_inputs()
         null = self.cp.cuda.Stream.null
@@ -268,7 +272,8 @@ class Backend:
         else:
             for launch in rec.launches:
                 launch.run()
-        null.synchronize()
+        if wait:
+            null.synchronize()
 
     # ---- helpers ----
     def _use_device(self) -> None:
@@ -387,13 +392,17 @@ class Backend:
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
-        n, (_n_seq, max_pages) = q.shape[0], batch.block_tables.shape
+        n, (n_seq, max_pages) = q.shape[0], batch.block_tables.shape
         hd_v = v_cache.shape[1] // n_kv_head
         n_split = split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size, self.n_sm)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
+        # decode steps: a recording's fusion may then fold the KV-cache write into the attention
+        # (the engine replays such a recording only for steps of one token per sequence)
+        single = 0 < n <= n_seq and np.unique(np.asarray(batch.seq_rows)).size == n
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
-                            batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split))
+                            batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
+                            one_token_per_seq=bool(single)))
 
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----

@@ -11,6 +11,7 @@ First, pairs as the ops arrive:
   RmsNorm(h -> h) + Add(r, h -> r)       -> NormAdd
   Matmul(-> h) + NormAdd(h, r)           -> Matmul whose tail normalises h and adds it into r
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
+  QkvPost + Attention, one token per sequence -> Attention doing the QkvPost's work (decode steps)
 
 then producers take over the next product's activation work (decode products read x quantized):
 
@@ -20,14 +21,17 @@ then producers take over the next product's activation work (decode products rea
   Attention + Matmul(out)                -> attention quantizes its output
 
 Every fused op writes everything its parts wrote, so no liveness analysis is needed; the rules
-only check that no output overlaps an input another block of the same kernel still reads.
+only check that no output overlaps an input another block of the same kernel still reads. The
+one exception: an attention doing the QkvPost's work leaves q and k as the product wrote them
+(its blocks normalise and rotate copies), so it forms only where no later op reads them.
 Products fuse only on the matrix-vector path (decode), where the fusions are prologues and
 epilogues. Pure Python on array addresses: testable without a GPU.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 from ._ops import (
     MODE_GELU,
@@ -48,11 +52,14 @@ from ._ops import (
 )
 
 
-def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = False) -> list:
+def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = False,
+         fold_qkv: bool | None = None) -> list:
     """The fused op list. new_counter() gives a zeroed device uint32 for each tail; without it,
     no tails are formed. Tails form where they take over a post-norm and residual add (gemma's
     layers); with residual_tails, also on products that add into the residual in their epilogue,
-    just to do the next norm (measured on an H200: slower than a quant_x launch, see bench/cuda.py)."""
+    just to do the next norm (measured on an H200: slower than a quant_x launch, see bench/cuda.py).
+    fold_qkv: attention launches of decode steps do the QkvPost's work (one launch less per
+    layer); by default unless the environment sets EMBER_CUDA_FOLD_QKV=0."""
     merged: list = []
     for op in ops:
         merged.append(op)
@@ -61,7 +68,10 @@ def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = 
             if pair is None:
                 break
             merged[-2:] = [pair]
-    return hand_over_activations(fuse_qkv_post(merged), new_counter, residual_tails)
+    merged = fuse_qkv_post(merged)
+    if os.environ.get("EMBER_CUDA_FOLD_QKV", "1") != "0" if fold_qkv is None else fold_qkv:
+        merged = fold_qkv_posts(merged)
+    return hand_over_activations(merged, new_counter, residual_tails)
 
 
 def merge_pair(a, b, new_counter):
@@ -196,6 +206,72 @@ def match_qkv_post(ops: list, i: int):
     return fused, (j - i) + 3
 
 
+def fold_qkv_posts(ops: list) -> list:
+    out: list = []
+    for i, op in enumerate(ops):
+        folded = None
+        if isinstance(op, Attention) and out and isinstance(out[-1], QkvPost):
+            folded = fold_qkv_post(out[-1], op, ops[i + 1:])
+        if folded is None:
+            out.append(op)
+        else:
+            out[-1] = folded
+    return out
+
+
+def fold_qkv_post(post: QkvPost, att: Attention, later: list):
+    """The attention doing post's work itself (attn in attention.cu), or None. Only where every
+    token is the only one of its sequence: a token's blocks write its key and value to the cache
+    and read them back, and no other token's blocks read that row."""
+    if not att.one_token_per_seq or att.post is not None:
+        return None
+    if not (same(post.q, att.q) and same(post.pos, att.pos) and same(post.k_cache, att.k_cache)
+            and same(post.v_cache, att.v_cache)):
+        return None
+    hd_k, hd_v = att.k_cache.shape[1] // att.n_kv, att.v_cache.shape[1] // att.n_kv
+    if post.n_head != att.n_head or post.n_kv != att.n_kv or hd_k != hd_v or post.p.n_rot > hd_k:
+        return None
+    widths = (post.q.shape[1], post.k.shape[1], post.v.shape[1])
+    if widths != (att.n_head * hd_k, att.n_kv * hd_k, att.n_kv * hd_v) or post.slots.shape[0] != post.q.shape[0]:
+        return None
+    # other blocks of the launch still read q, k and v while one writes the output or the cache
+    written = (att.out, att.part, att.xq, att.k_cache, att.v_cache)
+    if any(overlap(w, r) for w in written for r in (post.q, post.k, post.v)):
+        return None
+    if not unread_later(later, (post.q, post.k)):  # they keep the product's values
+        return None
+    return replace(att, post=post)
+
+
+def unread_later(ops: list, arrays) -> bool:
+    """Whether no op of `ops` reads (or writes in part) any of `arrays` before a product
+    overwrites it whole. Every array an op refers to counts as read, but a product's outputs."""
+    live = list(arrays)
+    for op in ops:
+        if not is_dataclass(op):  # a record of unknown fields: it may read anything
+            return False
+        outs = op.outs if isinstance(op, Matmul) else []
+        refs = [a for f in fields(op) if not (outs and f.name == "outs") for a in arrays_in(getattr(op, f.name))]
+        if any(overlap(a, r) for a in live for r in refs):
+            return False
+        live = [a for a in live if not any(same(a, o) for o in outs)]
+        if not live:
+            break
+    return True
+
+
+def arrays_in(value):
+    """The device arrays a record refers to, through lists and nested records."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from arrays_in(v)
+    elif hasattr(value, "nbytes") and hasattr(getattr(value, "data", None), "ptr"):
+        yield value
+    elif is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            yield from arrays_in(getattr(value, f.name))
+
+
 # ---- producers writing the next product's activations ----
 
 def hand_over_activations(ops: list, new_counter, residual_tails: bool = False) -> list:
@@ -256,7 +332,8 @@ def attention_quant(a: Attention, c: Matmul):
     hd_v = a.v_cache.shape[1] // a.n_kv
     if hd_v % 32 or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None:
         return None
-    if not same(c.x, a.out) or overlap(c.xq, a.out) or overlap(c.xq, a.q):
+    reads = (a.q, a.post.k, a.post.v) if a.post is not None else (a.q,)
+    if not same(c.x, a.out) or overlap(c.xq, a.out) or any(overlap(c.xq, r) for r in reads):
         return None
     return replace(a, xq=c.xq), replace(c, quant_in=False)
 

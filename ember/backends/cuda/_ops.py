@@ -456,8 +456,19 @@ class QkvPost:
         return [Launch(kernels.fn("ops", "qkv_post"), (n, 1, 1), (128, 1, 1), args)]
 
 
+NO_ROPE = RopeArgs(0, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None)
+
+
 @dataclass(eq=False)
 class Attention:
+    """out (n, n_head * hd_v) = attention of q over the paged cache (see attention.cu).
+
+    With post (a QkvPost on q, the caches and pos; recorded decode steps only, see
+    _fuse.fold_qkv_post) the attention launch does that op's work itself: q and post.k are read as
+    the product wrote them, the new keys and values go into the cache, and q and k keep their
+    values. one_token_per_seq: every token of the step is the only one of its sequence (no token
+    reads a key another token's blocks write), which the folded form needs."""
+
     q: Any
     k_cache: Any
     v_cache: Any
@@ -474,6 +485,8 @@ class Attention:
     softcap: float
     n_split: int
     xq: Any = None  # device uint8 (xq_bytes(n, n_head * hd_v),) or None: out also quantized (hd_v % 32 == 0)
+    one_token_per_seq: bool = False
+    post: QkvPost | None = None
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -483,13 +496,21 @@ class Attention:
                 ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
                 f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 else None),
-                i32(2 if n <= DECODE_TOKENS else 0))
+                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args())
         out = [Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)]
         if self.n_split > 1:
             out.append(Launch(kernels.fn("attention", "attn_combine"), (self.n_head, n, 1), (128, 1, 1),
                               (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
                                ptr(self.xq))))
         return out
+
+    def _fold_args(self) -> tuple:
+        """attn's arguments for the folded qkv_post: k_new, v_new, q_norm, k_norm, eps, rope, slots
+        (all zero: unfolded)."""
+        p = self.post
+        if p is None:
+            return (u64(0), u64(0), u64(0), u64(0), f32(0), *NO_ROPE.kernel_args(), u64(0))
+        return (ptr(p.k), ptr(p.v), ptr(p.q_norm), ptr(p.k_norm), f32(p.eps), *p.p.kernel_args(), ptr(p.slots))
 
 
 def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int) -> int:

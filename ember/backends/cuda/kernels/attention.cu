@@ -11,22 +11,63 @@
 // splits hold few keys; online softmax; then threads over value dimensions). With n_split > 1 (flash-decoding), each split writes (max, sum, partial output) and
 // attn_combine merges them. The key range is read from pos on the device, so one launch shape
 // serves every step of a recorded graph.
+//
+// Folded qkv_post (k_new set; steps where every token is the only one of its sequence): q holds
+// the product's values, and each block normalises (q_norm, k_norm, eps: weights (hd_k,) or null),
+// rotates (the rope parameters) and scales its own query heads. The block whose split holds the
+// token's own position p_t (one per head chunk: the last non-empty split) also makes kv head g's
+// new key from k_new (n_tok, n_kv, hd_k) the same way and writes it, with v_new's (n_tok, n_kv,
+// hd_v) value, to cache row slots[t] before reading any key: a block sees its own global writes
+// after a barrier. No other block reads that row (other splits hold other positions, other tokens
+// other sequences' slots); the head chunks of one kv head write the same bytes.
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 128
 #define ATT_HEADS 8
 #define ATT_MAX_D 256
 
+// The folded qkv_post of one block: qs (gh, hd) = rotated, normalised q rows qt (gh, hd) * scale;
+// with kt set (the block that writes token t's cache row), kv head g's key kt (hd,) normalised and
+// rotated through ks (hd,) into k_row, and v_row = vt (hd_v,). cs, sn: the token's rope table.
+__device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float *cs, const float *sn,
+                                              const float *qt, const float *kt, const float *vt, u16 *k_row,
+                                              u16 *v_row, const float *q_norm, const float *k_norm, float eps,
+                                              const RopeP &rp, int gh, int hd, int hd_v, float scale) {
+    const int tid = threadIdx.x, warp = tid >> 5, own = kt != nullptr;
+    for (int i = tid; i < gh * hd; i += ATT_THREADS) qs[i] = qt[i];
+    if (own) {
+        for (int i = tid; i < hd; i += ATT_THREADS) ks[i] = kt[i];
+        for (int i = tid; i < hd_v; i += ATT_THREADS) v_row[i] = f2h(vt[i]);
+    }
+    __syncthreads();  // the rope table too
+    if (q_norm) {  // one warp per row: the query heads, then the key
+        for (int r = warp; r < gh + own; r += ATT_THREADS / 32)
+            warp_rms_norm(r < gh ? qs + r * hd : ks, r < gh ? q_norm : k_norm, hd, eps);
+        __syncthreads();
+    }
+    rope_rotate(qs, gh, hd, rp, cs, sn);
+    if (own) rope_rotate(ks, 1, hd, rp, cs, sn);
+    __syncthreads();
+    for (int i = tid; i < gh * hd; i += ATT_THREADS) qs[i] *= scale;
+    if (own)
+        for (int i = tid; i < hd; i += ATT_THREADS) k_row[i] = f2h(ks[i]);
+}
+
+// k_cache and v_cache are written by the folded form and read back in the same launch: neither
+// const nor __restrict__ (a read-only-cache load would not see the writes).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attn(const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,
-         float *__restrict__ out, float *__restrict__ part, const int *__restrict__ pos,
-         const int *__restrict__ seq_rows, const int *__restrict__ tables, int max_pages, int page_size, int n_head,
-         int n_kv, int hd_k, int hd_v, int window, float scale, float softcap, int n_split, u8 *__restrict__ xq,
-         int kpt_log2) {
+    attn(const float *__restrict__ q, u16 *k_cache, u16 *v_cache, float *__restrict__ out,
+         float *__restrict__ part, const int *__restrict__ pos, const int *__restrict__ seq_rows,
+         const int *__restrict__ tables, int max_pages, int page_size, int n_head, int n_kv, int hd_k, int hd_v,
+         int window, float scale, float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2,
+         const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,
+         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots) {
     __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
     __shared__ float sc[ATT_HEADS][ATT_CHUNK];                 // scores, then probabilities
     __shared__ int slot_s[ATT_CHUNK];
     __shared__ float m_s[ATT_HEADS], l_s[ATT_HEADS], alpha_s[ATT_HEADS];
+    // The folded form's rope table and new key live in sc until the first scores are written.
+    float *const cs = &sc[0][0], *const sn = cs + 256, *const ks = cs + 512;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.z, split = blockIdx.x;
@@ -34,16 +75,33 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
     const int h0 = g * group + hc * ATT_HEADS, gh = min(ATT_HEADS, group - hc * ATT_HEADS);
 
-    PDL_ENTER();
+    // Positions are step inputs, written by no kernel (see pdl_launch_next): the folded form's
+    // rope table is made while the kernel before this one still runs.
+    pdl_launch_next();
     const int p_t = pos[t];
+    const RopeP rp = ROPE_ARGS;
+    if (k_new)
+        for (int i = tid; i < n_rot / 2; i += ATT_THREADS) rope_cos_sin(rp, p_t, i, cs[i], sn[i]);
+    pdl_wait();
     const int first = window > 0 ? max(0, p_t - window + 1) : 0;
     const int per = (p_t + 1 - first + n_split - 1) / n_split;
     const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
     const int *table = tables + (size_t)seq_rows[t] * max_pages;
     const int kv_k = n_kv * hd_k, kv_v = n_kv * hd_v;
 
-    for (int i = tid; i < gh * hd_k; i += ATT_THREADS)
-        qs[i] = q[((size_t)t * n_head + h0 + i / hd_k) * hd_k + i % hd_k] * scale;
+    if (k_new) {
+        // splits are [first + i * per, ...) clipped to p_t + 1: p_t lies in exactly one, and every
+        // (token, kv head, head chunk) has a block of it
+        const bool own = s0 <= p_t && p_t < s1;
+        const i64 slot = own ? slots[t] : 0;
+        fold_qkv_post(qs, ks, cs, sn, q + ((size_t)t * n_head + h0) * hd_k,
+                      own ? k_new + (size_t)t * kv_k + (size_t)g * hd_k : nullptr,
+                      v_new + (size_t)t * kv_v + (size_t)g * hd_v, k_cache + slot * kv_k + (size_t)g * hd_k,
+                      v_cache + slot * kv_v + (size_t)g * hd_v, q_norm, k_norm, eps, rp, gh, hd_k, hd_v, scale);
+    } else {
+        for (int i = tid; i < gh * hd_k; i += ATT_THREADS)
+            qs[i] = q[((size_t)t * n_head + h0 + i / hd_k) * hd_k + i % hd_k] * scale;
+    }
     if (tid < ATT_HEADS) m_s[tid] = NEG_INF, l_s[tid] = 0.f;
 
     // value-phase layout: thread = (key group kg, value pair dp)

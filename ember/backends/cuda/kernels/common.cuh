@@ -124,9 +124,10 @@ __device__ __forceinline__ void q8_store_warp(float v, size_t idx, u8 *__restric
 
 // ---- programmatic dependent launch (Hopper and later; see _launch.py) ----
 // Inside a captured step every kernel may be launched while the one before it still runs. It
-// first lets its own successor launch (pdl_launch_next), may then read constant data (weights)
-// and prefetch into L2, and waits (pdl_wait) for everything earlier kernels wrote before it reads
-// or writes any activation. L2 is the point of coherence, so a prefetch can never make a later
+// first lets its own successor launch (pdl_launch_next), may then read constant data (weights,
+// and the step's inputs: the copies at a captured step's start write them before its first kernel
+// runs) and prefetch into L2, and waits (pdl_wait) for everything earlier kernels wrote before it
+// reads or writes any activation. L2 is the point of coherence, so a prefetch can never make a later
 // load stale. Launched the ordinary way (eager runs, ROCm, older GPUs) all three do nothing.
 __device__ __forceinline__ void pdl_launch_next() {
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -168,4 +169,88 @@ __device__ __forceinline__ float gelu_tanh_f(float g) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)
     return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
 }
+
+// ---- attention inputs: per-head RMS norms and rotary embedding ----
+// Used by ops.cu (rope, qkv_post) and by attention.cu's attn, which does qkv_post's work itself
+// in decode steps.
+
+// row (d,) = row / sqrt(mean(row^2) + eps) * w (d,), by one whole warp; values loaded eight at a
+// time per lane before any is stored (row is read and written).
+__device__ __forceinline__ void warp_rms_norm(float *row, const float *w, int d, float eps) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.f;
+    for (int c = lane; c < d; c += 32) ss += row[c] * row[c];
+    const float sc = rsqrtf(warp_sum(ss) / (float)d + eps);
+    for (int c0 = lane; c0 < d; c0 += 8 * 32) {
+        float vals[8], wv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = c0 + 32 * i;
+            vals[i] = c < d ? row[c] : 0.f;
+            wv[i] = c < d ? w[c] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (c0 + 32 * i < d) row[c0 + 32 * i] = vals[i] * sc * wv[i];
+    }
+}
+
+struct RopeP {
+    int n_rot, neox;
+    float base, freq_scale, ext_factor, mscale, corr_low, corr_high;
+    const float *freq_factors;  // (n_rot/2,) or null
+};
+
+// cos and sin of pair i at position pos (ggml's YaRN / linear scaling), formed in double.
+__device__ void rope_cos_sin(const RopeP &p, int pos, int i, float &c, float &s) {
+    const double inv = pow((double)p.base, -2.0 * (double)i / (double)p.n_rot);
+    double extrap = (double)pos * inv;
+    if (p.freq_factors) extrap /= (double)p.freq_factors[i];
+    const double interp = (double)p.freq_scale * extrap;
+    double theta = interp;
+    if (p.ext_factor != 0.f) {
+        const double y = ((double)i - (double)p.corr_low) / fmax(0.001, (double)p.corr_high - (double)p.corr_low);
+        const double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * (double)p.ext_factor;
+        theta = interp * (1.0 - mix) + extrap * mix;
+    }
+    double sn, cs;
+    sincos(theta, &sn, &cs);
+    c = (float)(cs * (double)p.mscale);
+    s = (float)(sn * (double)p.mscale);
+}
+
+// Rotate pair i of every head of one token's row x (n_head, head_dim), global or shared, by the
+// whole block. Loads go out ROPE_BATCH pairs at a time before any store (x is read and written:
+// the compiler would not hoist them).
+#define ROPE_BATCH 4
+__device__ __forceinline__ void rope_rotate(float *x, int n_head, int head_dim, const RopeP &p, const float *cs,
+                                            const float *sn) {
+    const int half = p.n_rot / 2, total = n_head * half;
+    for (int i0 = threadIdx.x; i0 < total; i0 += ROPE_BATCH * blockDim.x) {
+        float a[ROPE_BATCH], b[ROPE_BATCH];
+        int at_a[ROPE_BATCH], at_b[ROPE_BATCH], pair[ROPE_BATCH];
+#pragma unroll
+        for (int r = 0; r < ROPE_BATCH; r++) {
+            const int idx = min(i0 + r * (int)blockDim.x, total - 1);
+            const int h = idx / half, i = idx % half;
+            pair[r] = i;
+            at_a[r] = h * head_dim + (p.neox ? i : 2 * i);
+            at_b[r] = h * head_dim + (p.neox ? i + half : 2 * i + 1);
+            a[r] = x[at_a[r]];
+            b[r] = x[at_b[r]];
+        }
+#pragma unroll
+        for (int r = 0; r < ROPE_BATCH; r++) {
+            if (i0 + r * (int)blockDim.x >= total) break;
+            const int i = pair[r];
+            x[at_a[r]] = a[r] * cs[i] - b[r] * sn[i];
+            x[at_b[r]] = a[r] * sn[i] + b[r] * cs[i];
+        }
+    }
+}
+
+#define ROPE_PARAMS                                                                                       \
+    int n_rot, int neox, float base, float freq_scale, float ext_factor, float mscale, float corr_low, \
+        float corr_high, const float *freq_factors
+#define ROPE_ARGS {n_rot, neox, base, freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors}
 #endif  // EMBER_HOST_TEST

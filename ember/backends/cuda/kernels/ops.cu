@@ -86,65 +86,7 @@ extern "C" __global__ void kv_store(const float *k, const float *v, u16 *k_cache
     for (int c = threadIdx.x; c < v_dim; c += blockDim.x) v_cache[slot * v_dim + c] = f2h(v[(size_t)t * v_dim + c]);
 }
 
-// ---- rotary embedding ----
-
-struct RopeP {
-    int n_rot, neox;
-    float base, freq_scale, ext_factor, mscale, corr_low, corr_high;
-    const float *freq_factors;  // (n_rot/2,) or null
-};
-
-// cos and sin of pair i at position pos (ggml's YaRN / linear scaling), formed in double.
-__device__ void rope_cos_sin(const RopeP &p, int pos, int i, float &c, float &s) {
-    const double inv = pow((double)p.base, -2.0 * (double)i / (double)p.n_rot);
-    double extrap = (double)pos * inv;
-    if (p.freq_factors) extrap /= (double)p.freq_factors[i];
-    const double interp = (double)p.freq_scale * extrap;
-    double theta = interp;
-    if (p.ext_factor != 0.f) {
-        const double y = ((double)i - (double)p.corr_low) / fmax(0.001, (double)p.corr_high - (double)p.corr_low);
-        const double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * (double)p.ext_factor;
-        theta = interp * (1.0 - mix) + extrap * mix;
-    }
-    double sn, cs;
-    sincos(theta, &sn, &cs);
-    c = (float)(cs * (double)p.mscale);
-    s = (float)(sn * (double)p.mscale);
-}
-
-// Rotate pair i of every head of one token's row x (n_head, head_dim). Loads go out ROPE_BATCH
-// pairs at a time before any store (x is read and written: the compiler would not hoist them).
-#define ROPE_BATCH 4
-__device__ __forceinline__ void rope_rotate(float *x, int n_head, int head_dim, const RopeP &p, const float *cs,
-                                            const float *sn) {
-    const int half = p.n_rot / 2, total = n_head * half;
-    for (int i0 = threadIdx.x; i0 < total; i0 += ROPE_BATCH * blockDim.x) {
-        float a[ROPE_BATCH], b[ROPE_BATCH];
-        int at_a[ROPE_BATCH], at_b[ROPE_BATCH], pair[ROPE_BATCH];
-#pragma unroll
-        for (int r = 0; r < ROPE_BATCH; r++) {
-            const int idx = min(i0 + r * (int)blockDim.x, total - 1);
-            const int h = idx / half, i = idx % half;
-            pair[r] = i;
-            at_a[r] = h * head_dim + (p.neox ? i : 2 * i);
-            at_b[r] = h * head_dim + (p.neox ? i + half : 2 * i + 1);
-            a[r] = x[at_a[r]];
-            b[r] = x[at_b[r]];
-        }
-#pragma unroll
-        for (int r = 0; r < ROPE_BATCH; r++) {
-            if (i0 + r * (int)blockDim.x >= total) break;
-            const int i = pair[r];
-            x[at_a[r]] = a[r] * cs[i] - b[r] * sn[i];
-            x[at_b[r]] = a[r] * sn[i] + b[r] * cs[i];
-        }
-    }
-}
-
-#define ROPE_PARAMS                                                                                       \
-    int n_rot, int neox, float base, float freq_scale, float ext_factor, float mscale, float corr_low, \
-        float corr_high, const float *freq_factors
-#define ROPE_ARGS {n_rot, neox, base, freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors}
+// ---- rotary embedding (RopeP, rope_cos_sin, rope_rotate: common.cuh) ----
 
 // x (n_tok, n_head, head_dim) rotated in place at pos (n_tok,); one block per token, n_rot <= 512.
 extern "C" __global__ void rope(float *x, const int *pos, int n_head, int head_dim, ROPE_PARAMS) {
@@ -166,29 +108,13 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
     PDL_ENTER();
     __shared__ float cs[256], sn[256];
     const RopeP p = ROPE_ARGS;
-    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     float *qt = q + (size_t)t * n_head * hd, *kt = k + (size_t)t * n_kv * hd;
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) rope_cos_sin(p, pos[t], i, cs[i], sn[i]);
-    if (q_norm) {  // one warp per head of q, then of k; values loaded eight at a time per lane
-        for (int h = warp; h < n_head + n_kv; h += n_warps) {
-            float *row = h < n_head ? qt + (size_t)h * hd : kt + (size_t)(h - n_head) * hd;
-            const float *w = h < n_head ? q_norm : k_norm;
-            float ss = 0.f;
-            for (int c = lane; c < hd; c += 32) ss += row[c] * row[c];
-            const float sc = rsqrtf(warp_sum(ss) / (float)hd + eps);
-            for (int c0 = lane; c0 < hd; c0 += 8 * 32) {
-                float vals[8], wv[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int c = c0 + 32 * i;
-                    vals[i] = c < hd ? row[c] : 0.f;
-                    wv[i] = c < hd ? w[c] : 0.f;
-                }
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (c0 + 32 * i < hd) row[c0 + 32 * i] = vals[i] * sc * wv[i];
-            }
-        }
+    if (q_norm) {  // one warp per head of q, then of k
+        for (int h = warp; h < n_head + n_kv; h += n_warps)
+            warp_rms_norm(h < n_head ? qt + (size_t)h * hd : kt + (size_t)(h - n_head) * hd,
+                          h < n_head ? q_norm : k_norm, hd, eps);
     }
     __syncthreads();
     rope_rotate(qt, n_head, hd, p, cs, sn);
