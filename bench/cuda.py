@@ -530,6 +530,8 @@ def main() -> None:
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
         if "variants" not in args.skip:
+            section(r, "decode_fold_qkv_0", with_env, "EMBER_CUDA_FOLD_QKV", "0", decode_only, path, reps)
+            section(r, "decode_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", decode_only, path, reps)
             section(r, "decode_pdl_0", with_env, "EMBER_CUDA_PDL", "0", decode_only, path, reps)
             section(r, "decode_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0", decode_only, path, reps)
             section(r, "decode_tails_0", with_tails, "0", decode_only, path, reps)
@@ -542,6 +544,8 @@ def main() -> None:
         if "shared" not in args.skip:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
             section(r, "shared_mv_rows_8", with_env, "EMBER_CUDA_MV_ROWS", "8", many_streams, path, 64, 512,
+                    32 if args.quick else 128, True)
+            section(r, "shared_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
         if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
             section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)
@@ -582,7 +586,8 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
-        for label in ("decode_pdl_0", "decode_prologue_0", "decode_tails_0", "decode_tails_all"):
+        for label in ("decode_fold_qkv_0", "decode_att_waves_8", "decode_pdl_0", "decode_prologue_0", "decode_tails_0",
+                      "decode_tails_all"):
             v = r.get(label) or {}
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
@@ -594,8 +599,10 @@ def print_table(results: dict) -> None:
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
                 print(f"{name:12} tiles {mode:4} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
-        for label in ("many", "shared", "shared_mv_rows_8"):
+        for label in ("many", "shared", "shared_mv_rows_8", "shared_att_waves_8"):
             v = r.get(label) or {}
+            if "total_tps" in v and label not in ("many", "shared"):
+                print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")
             if v.get("decode_steps"):
                 d = v["decode_steps"]
                 print(f"{name:12} {label:6} decode steps: {d['steps']}, step p50 {d['step_ms_p50']:.2f} ms, runner p50 "

@@ -88,7 +88,7 @@ for s in $STAGES; do
     quick|full)
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
-      limit=240; [ "$s" = full ] && limit=540
+      limit=330; [ "$s" = full ] && limit=540
       timeout $limit $PY bench/cuda.py $flag ${BENCH_SKIP:+--skip $BENCH_SKIP} --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
         >"$OUT/bench_$s.log" 2>&1
       echo "bench exit $?"

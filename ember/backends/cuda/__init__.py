@@ -117,6 +117,11 @@ class Backend:
         if not rows.isdigit() or not 1 <= int(rows) <= MV_MAX_ROWS:
             raise BackendError(f"EMBER_CUDA_MV_ROWS must be a number of rows from 1 to {MV_MAX_ROWS}, not '{rows}'")
         self.mv_rows = int(rows)
+        # decode attention's key-range splits: blocks for this many per multiprocessor
+        waves = os.environ.get("EMBER_CUDA_ATT_WAVES", "2")
+        if not waves.isdigit() or not 1 <= int(waves) <= 64:
+            raise BackendError(f"EMBER_CUDA_ATT_WAVES must be a number from 1 to 64, not '{waves}'")
+        self.att_waves = int(waves)
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -394,7 +399,8 @@ class Backend:
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
         n, (n_seq, max_pages) = q.shape[0], batch.block_tables.shape
         hd_v = v_cache.shape[1] // n_kv_head
-        n_split = split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size, self.n_sm)
+        n_split = split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size, self.n_sm,
+                              self.att_waves)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         # decode steps: a recording's fusion may then fold the KV-cache write into the attention
         # (the engine replays such a recording only for steps of one token per sequence)

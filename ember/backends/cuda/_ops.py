@@ -513,12 +513,12 @@ class Attention:
         return (ptr(p.k), ptr(p.v), ptr(p.q_norm), ptr(p.k_norm), f32(p.eps), *p.p.kernel_args(), ptr(p.slots))
 
 
-def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int) -> int:
-    """Key-range splits of decode attention: enough blocks to fill the GPU twice, each split
-    covering at least 16 positions of the longest possible sequence, at most 32 (a decode step's
-    keys are few: more splits put more blocks to reading them)."""
+def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int, waves: int = 2) -> int:
+    """Key-range splits of decode attention: enough blocks for `waves` per multiprocessor, each
+    split covering at least 16 positions of the longest possible sequence, at most 32 (a decode
+    step's keys are few: more splits put more blocks to reading them)."""
     blocks = n_tok * n_kv * -(-group // ATT_HEADS)
-    return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // 16), 32))
+    return max(1, min(-(-waves * n_sm // blocks), -(-max_ctx // 16), 32))
 
 
 # ---- sampling reductions ----
