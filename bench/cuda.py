@@ -219,21 +219,28 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
 
 
 class StepTimer:
-    """Wall time of the engine's steps and of the runner inside them, for steps of exactly n
-    tokens (all streams decoding): what a decode step costs beside the GPU's replay alone."""
+    """Wall time of the engine's steps and of the runner inside them (launch and wait for the
+    device), for steps of exactly n tokens (all streams decoding): what a decode step costs
+    beside the GPU's replay alone."""
 
     def __init__(self, engine):
         self.engine, self.runner = engine, engine.runner
         self.steps: list = []  # (tokens, step seconds, runner seconds)
-        self._run, self._step = self.runner.run, engine.step
-        self._last = None  # (tokens, runner seconds) of the step under way
+        self._run, self._wait, self._step = self.runner.run, self.runner.wait, engine.step
+        self._last = None  # [tokens, runner seconds] of the step under way
 
-        def run(plan, top_k=0):
+        def run(plan, top_k=0, **kw):
             t = time.perf_counter()
             try:
-                return self._run(plan, top_k)
+                return self._run(plan, top_k, **kw)
             finally:
-                self._last = (sum(c.n for c in plan.chunks), time.perf_counter() - t)
+                self._last = [sum(c.n for c in plan.chunks), time.perf_counter() - t]
+
+        def wait():
+            t = time.perf_counter()
+            self._wait()
+            if self._last is not None:
+                self._last[1] += time.perf_counter() - t
 
         def step():
             t = time.perf_counter()
@@ -242,10 +249,10 @@ class StepTimer:
             if self._last is not None:
                 self.steps.append((self._last[0], time.perf_counter() - t, self._last[1]))
 
-        self.runner.run, engine.step = run, step
+        self.runner.run, self.runner.wait, engine.step = run, wait, step
 
     def remove(self) -> None:
-        del self.runner.run, self.engine.step
+        del self.runner.run, self.runner.wait, self.engine.step
 
     def summary(self, n: int) -> dict:
         runner_ms = sorted(1000 * r for k, _, r in self.steps if k == n)
