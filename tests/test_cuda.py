@@ -204,17 +204,33 @@ def rms(x, w, eps):
     return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps) * w
 
 
-def test_quant_x_format(cuda):
+@pytest.mark.parametrize("cols,norm", [(COLS, None), (1536, "apart"), (1536, "in_place")])
+def test_quant_x_format(cuda, cols, norm):
+    """Rows quantized (and RMS-normalised first, into h) by quant_x: a block per chunk of a row,
+    or one block per row when h overwrites x itself."""
     from ember.backends.cuda._ops import Matmul, xq_bytes
 
-    x = np.random.default_rng(9).normal(0, 2, (3, COLS)).astype(np.float32)
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 2, (3, cols)).astype(np.float32)
     x[1, :40] = 0.0  # an all-zero block: scale 0, values 0
-    xq = cuda.cp.zeros(xq_bytes(3, COLS), np.uint8)
-    launch = Matmul([], cuda.from_numpy(x), [], xq=xq)._quant_x(cuda.kernels)
+    xq = cuda.cp.zeros(xq_bytes(3, cols), np.uint8)
+    src = cuda.from_numpy(x)
+    if norm is None:
+        mm, want = Matmul([], src, [], xq=xq), x
+    else:
+        w = rng.normal(1, 0.2, cols).astype(np.float32)
+        h = src if norm == "in_place" else cuda.empty((3, cols))
+        mm = Matmul([], h, [], xq=xq, src=src, norm_w=cuda.from_numpy(w), eps=1e-6)
+        x64 = x.astype(np.float64)
+        want = (x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-6) * w).astype(np.float32)
+    launch = mm._quant_x(cuda.kernels)
+    assert launch.grid[1] == (1 if norm == "in_place" else cols // 256)
     launch.run()
-    got = xq_values(cuda, xq, 3, COLS)
-    step = np.abs(x.reshape(3, -1, 32)).max(-1, keepdims=True) / 127
-    assert (np.abs(got - x).reshape(3, -1, 32) <= 0.5001 * step + 1e-30).all()
+    if norm is not None:
+        assert np.allclose(cuda.to_numpy(mm.x), want, rtol=1e-5, atol=1e-6)
+    got = xq_values(cuda, xq, 3, cols)
+    step = np.abs(want.reshape(3, -1, 32)).max(-1, keepdims=True) / 127
+    assert (np.abs(got - want).reshape(3, -1, 32) <= 0.5001 * step + 1e-5 * np.abs(want).max()).all()
     assert (got[1, :32] == 0).all()
 
 

@@ -78,6 +78,7 @@ def xq_bytes(n: int, k: int) -> int:
     return n * k + n * (k // 32) * 16
 
 
+QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
 PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
 PROLOGUE_K = 1024  # longest rows a product's blocks normalise themselves (see Matmul.in_prologue)
 
@@ -217,7 +218,11 @@ class Matmul:
         src = self.src if normed else self.x
         args = (ptr(src), ptr(self.idx if normed else None), ptr(self.norm_w), f32(self.eps),
                 ptr(self.x if normed else None), ptr(self.xq), i32(self.n), i32(self.k))
-        return Launch(kernels.fn("ops", "quant_x"), (self.n, 1, 1), (128, 1, 1), args)
+        # chunks of QX_CHUNK values in blocks of their own, unless h overwrites src in place
+        in_place = normed and not (self.x.data.ptr + self.x.nbytes <= src.data.ptr or
+                                   src.data.ptr + src.nbytes <= self.x.data.ptr)
+        chunks = 1 if in_place else -(-self.k // QX_CHUNK)
+        return Launch(kernels.fn("ops", "quant_x"), (self.n, chunks, 1), (128, 1, 1), args)
 
     def _matvec(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]

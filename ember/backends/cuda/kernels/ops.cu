@@ -140,12 +140,14 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
     }
 }
 
-// Activations for the decode products, one block per output row r < n: row src = idx ? idx[r] : r
-// of x (rows, k) f32, RMS-normalised and scaled by w when w is set (eps), written as f32 to h
-// (n, k) when h is set (h may be x itself only without idx), and quantized into xq: (n, k) int8
-// then (n, k/32) float4 meta (q8_store_warp's format), when xq is set. k a multiple of 32.
-// A warp quantizes 32-value blocks, loading QX_BATCH of them before using any (h may alias x,
-// so the compiler could not hoist the loads itself).
+// Activations for the decode products, grid (n, chunks): row src = idx ? idx[r] : r (r =
+// blockIdx.x) of x (rows, k) f32, RMS-normalised and scaled by w when w is set (eps), written as
+// f32 to h (n, k) when h is set, and quantized into xq: (n, k) int8 then (n, k/32) float4 meta
+// (q8_store_warp's format), when xq is set. k a multiple of 32. Each of a row's blocks sums the
+// whole row's squares and writes its chunk of the 32-value blocks (long rows: a 1536-value row
+// in one block took 7.5 us); h may be x itself only with one chunk and no idx (every value is
+// read before any is written). A warp quantizes 32-value blocks, loading QX_BATCH of them
+// before using any (h may alias x, so the compiler could not hoist the loads itself).
 #define QX_BATCH 8
 extern "C" __global__ void __launch_bounds__(128)
     quant_x(const float *x, const int *idx, const float *w, float eps, float *h, u8 *xq, int n, int k) {
@@ -162,18 +164,19 @@ extern "C" __global__ void __launch_bounds__(128)
         __syncthreads();  // every thread has read its values of x before h (maybe x) is written
     }
     float4 *meta = (float4 *)(xq + (size_t)n * k);
-    for (int b0 = warp; b0 < kb; b0 += QX_BATCH * nw) {
+    const int per = (kb + gridDim.y - 1) / gridDim.y, b_end = min(kb, (int)(blockIdx.y + 1) * per);
+    for (int b0 = blockIdx.y * per + warp; b0 < b_end; b0 += QX_BATCH * nw) {
         float v[QX_BATCH], wv[QX_BATCH];
 #pragma unroll
         for (int i = 0; i < QX_BATCH; i++) {
             const int b = b0 + i * nw;
-            v[i] = b < kb ? xr[32 * b + lane] : 0.f;
-            wv[i] = b < kb && w ? w[32 * b + lane] : 1.f;
+            v[i] = b < b_end ? xr[32 * b + lane] : 0.f;
+            wv[i] = b < b_end && w ? w[32 * b + lane] : 1.f;
         }
 #pragma unroll
         for (int i = 0; i < QX_BATCH; i++) {
             const int b = b0 + i * nw;
-            if (b >= kb) break;  // whole warps: b depends on the warp only
+            if (b >= b_end) break;  // whole warps: b depends on the warp only
             const int c = 32 * b + lane;
             float t = v[i];
             if (w) t = t * scale * wv[i];
