@@ -583,7 +583,9 @@ def open_or_error(path: Path) -> str:
         outcome = "ok"
     except GGUFError:
         outcome = "error"
-    assert time.perf_counter() - start < 5, f"open of {path} took too long"
+    # a guard against blow-ups (a corrupted count looping for minutes), not a speed check: a loaded
+    # CI machine took 5.5 s to open the 262,144-token Gemma file once
+    assert time.perf_counter() - start < 30, f"open of {path} took too long"
     return outcome
 
 
