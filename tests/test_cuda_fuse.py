@@ -191,11 +191,33 @@ def test_gemma_layer():
     assert post.q_norm is not None and post.k_norm is not None
     assert len(qkv.groups()) == 2  # Q4_K and Q6_K: two launches sharing one quant_x
     assert attn.xq is wo.xq
-    # o: stored, then its tail normalises it, adds it into x, and normalises x for the feed-forward
-    assert wo.mode == 0 and wo.tail.add and wo.tail.post_w is a["post_attn"] and wo.tail.res is x
-    assert wo.tail.pre_w is a["ffn_norm"] and wo.tail.pre_h is a["h"] and wo.tail.pre_q is ffn.xq
-    assert ffn.mode == MODE_GELU and ffn.norm_w is None and not ffn.quant_in and ffn.act_q is down.xq
+    # o: only stored; the feed-forward product's blocks normalise it, add it into x and normalise x
+    # (a residual prologue: its last block through the prologue writes x and h back)
+    assert wo.mode == 0 and wo.tail is None
+    assert ffn.pro_y is a["h"] and ffn.pro_post_w is a["post_attn"] and ffn.src is x and ffn.x is a["h"]
+    assert ffn.norm_w is a["ffn_norm"] and ffn.pro_yout is None and ffn.pro_counter is not None and ffn.in_prologue()
+    assert ffn.mode == MODE_GELU and ffn.act_q is down.xq
+    # down: its tail does the post-norm and the residual add (no product follows it here)
     assert down.tail.add and down.tail.post_w is a["post_ffn"] and down.tail.pre_w is None
+
+
+def test_post_norm_stays_a_tail_where_the_next_product_cannot_take_it():
+    """Two layers: the second layer's q/k/v products are of two types (two launches): no
+    prologue, so the first layer's down product keeps its tail, which also does the next norm;
+    and rows too long for the residual prologue's shared memory keep the tail too."""
+    x = Addr(1, 256)
+    layer1, a1 = gemma_layer(1, x)
+    layer2, a2 = gemma_layer(1, x)
+    fused = fuse(layer1 + layer2, counter)
+    down1, qkv2 = fused[5], fused[6]
+    assert down1.tail.add and down1.tail.pre_w is not None and down1.tail.pre_q is qkv2.xq and qkv2.pro_y is None
+    wide = Addr(8, 1024)
+    ops, a = gemma_layer(8, wide, d=1024)
+    wo, ffn = fuse(ops, counter)[3:5]
+    assert wo.tail is not None and wo.tail.pre_w is a["ffn_norm"] and ffn.pro_y is None
+    ops, a = gemma_layer(1, Addr(1, 256))  # switched off
+    wo, ffn = fuse(ops, counter, post_prologue=False)[3:5]
+    assert wo.tail is not None and wo.tail.pre_w is a["ffn_norm"] and ffn.pro_y is None
 
 
 def test_gemma_without_counters_keeps_norm_add():

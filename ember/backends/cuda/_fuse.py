@@ -15,6 +15,8 @@ First, pairs as the ops arrive:
 
 then producers take over the next product's activation work (decode products read x quantized):
 
+  Matmul with a post-norm tail + Matmul normalising r -> the second one's blocks do the post-norm
+      and residual add before their own norm (residual prologue; its last block writes r back)
   Matmul with a tail + Matmul normalising r  -> the tail also normalises and quantizes r
   (optionally also for a Matmul adding into r in its epilogue: a tail of its own)
   gated Matmul + Matmul(act)             -> the gated one quantizes act in its epilogue
@@ -53,13 +55,15 @@ from ._ops import (
 
 
 def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = False,
-         fold_qkv: bool | None = None) -> list:
+         fold_qkv: bool | None = None, post_prologue: bool | None = None) -> list:
     """The fused op list. new_counter() gives a zeroed device uint32 for each tail; without it,
     no tails are formed. Tails form where they take over a post-norm and residual add (gemma's
     layers); with residual_tails, also on products that add into the residual in their epilogue,
     just to do the next norm (measured on an H200: slower than a quant_x launch, see bench/cuda.py).
     fold_qkv: attention launches of decode steps do the QkvPost's work (one launch less per
-    layer); by default unless the environment sets EMBER_CUDA_FOLD_QKV=0."""
+    layer); by default unless the environment sets EMBER_CUDA_FOLD_QKV=0. post_prologue: a post-norm
+    tail followed by a product normalising the residual becomes that product's residual prologue;
+    by default unless EMBER_CUDA_POST_PROLOGUE=0."""
     merged: list = []
     for op in ops:
         merged.append(op)
@@ -71,7 +75,9 @@ def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = 
     merged = fuse_qkv_post(merged)
     if os.environ.get("EMBER_CUDA_FOLD_QKV", "1") != "0" if fold_qkv is None else fold_qkv:
         merged = fold_qkv_posts(merged)
-    return hand_over_activations(merged, new_counter, residual_tails)
+    if post_prologue is None:
+        post_prologue = os.environ.get("EMBER_CUDA_POST_PROLOGUE", "1") != "0"
+    return hand_over_activations(merged, new_counter, residual_tails, post_prologue)
 
 
 def merge_pair(a, b, new_counter):
@@ -274,14 +280,16 @@ def arrays_in(value):
 
 # ---- producers writing the next product's activations ----
 
-def hand_over_activations(ops: list, new_counter, residual_tails: bool = False) -> list:
+def hand_over_activations(ops: list, new_counter, residual_tails: bool = False, post_prologue: bool = True) -> list:
     out = list(ops)
     for i in range(len(out) - 1):
         a, b = out[i], out[i + 1]
         if not isinstance(b, Matmul) or not b.matvec() or not b.quant_in:
             continue
         pair = None
-        if isinstance(a, Matmul) and new_counter is not None and (a.tail is not None or residual_tails):
+        if isinstance(a, Matmul) and new_counter is not None and a.tail is not None and post_prologue:
+            pair = post_norm_into_prologue(a, b, new_counter)
+        if pair is None and isinstance(a, Matmul) and new_counter is not None and (a.tail is not None or residual_tails):
             pair = norm_into_tail(a, b, new_counter)
         if pair is None and isinstance(a, Matmul):
             pair = act_quant(a, b)
@@ -290,6 +298,31 @@ def hand_over_activations(ops: list, new_counter, residual_tails: bool = False) 
         if pair is not None:
             out[i], out[i + 1] = pair
     return out
+
+
+def post_norm_into_prologue(p: Matmul, c: Matmul, new_counter):
+    """p's tail adds its post-normed output y into the residual r, and c normalises r: c's blocks
+    do both instead (each from y and r; the tail ran in one block after all of p's: ~7 us on an
+    H200 for gemma's rows of 640), and p only writes y."""
+    t = p.tail
+    if t is None or not t.add or t.post_w is None or t.pre_w is not None or len(p.ws) != 1:
+        return None
+    if c.norm_w is None or c.idx is not None or c.tail is not None or not same(c.src, t.res) or c.n != p.n:
+        return None
+    y, res = p.outs[0], t.res
+    if tuple(y.shape) != tuple(res.shape) or overlap(y, res):
+        return None
+    cand = replace(c, pro_y=y, pro_post_w=t.post_w, pro_post_eps=t.post_eps, pro_counter=new_counter(),
+                   pro_yout=None if same(y, c.x) else y)
+    if not cand.in_prologue():
+        return None
+    # c's blocks read y and r while others write c's outputs, and its last block writes r and y
+    written = [*c.outs, c.aux, c.act_q, c.xq]
+    if any(overlap(w, y) or overlap(w, res) for w in written) or overlap(c.x, res):
+        return None
+    if not same(y, c.x) and overlap(y, c.x):  # h is written whole by one block, y read by all
+        return None
+    return replace(p, tail=None), cand
 
 
 def norm_into_tail(p: Matmul, c: Matmul, new_counter):

@@ -151,6 +151,13 @@ class Matmul:
     aux: Any = None
     act_q: Any = None
     tail: Tail | None = None
+    # residual prologue (see MvArgs in matmul.cu): src is the residual r, first made r + RMS norm of
+    # pro_y by pro_post_w; the last block through its prologue writes r back (pro_counter)
+    pro_y: Any = None
+    pro_post_w: Any = None
+    pro_post_eps: float = 0.0
+    pro_counter: Any = None
+    pro_yout: Any = None  # where the post-normed y goes, or None (nothing reads it)
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
@@ -206,10 +213,14 @@ class Matmul:
             return False
         h, src = self.x, self.src
         apart = h.data.ptr + h.nbytes <= src.data.ptr or src.data.ptr + src.nbytes <= h.data.ptr
+        if self.pro_y is not None and self.idx is not None:
+            return False
         return apart and self._prologue_smem() <= PROLOGUE_SMEM
 
     def _prologue_smem(self) -> int:
-        return xq_bytes(min(self.n, 8), self.k)
+        """The quantized rows, and for a residual prologue each row's y, r and x as f32."""
+        rows = min(self.n, 8)
+        return xq_bytes(rows, self.k) + (12 * rows * self.k if self.pro_y is not None else 0)
 
     def _quant_x(self, kernels) -> Launch:
         if self.needs_xq and self.xq is None:
@@ -247,8 +258,9 @@ class Matmul:
 
     def _prologue_args(self) -> tuple:
         if not self.in_prologue():
-            return (u64(0), u64(0), u64(0), f32(0), u64(0))
-        return (ptr(self.src), ptr(self.idx), ptr(self.norm_w), f32(self.eps), ptr(self.x))
+            return (u64(0), u64(0), u64(0), f32(0), u64(0), u64(0), u64(0), u64(0), f32(0), u64(0))
+        return (ptr(self.src), ptr(self.idx), ptr(self.norm_w), f32(self.eps), ptr(self.x), ptr(self.pro_y),
+                ptr(self.pro_yout), ptr(self.pro_post_w), f32(self.pro_post_eps), ptr(self.pro_counter))
 
     def _tile(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]

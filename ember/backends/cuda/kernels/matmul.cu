@@ -53,6 +53,16 @@ struct MvArgs {
     const float *pro_w;
     float pro_eps;
     float *pro_h;
+    // residual prologue, when pro_y is set too (no pro_idx): pro_src is the residual r, and the
+    // blocks first form r + RMS norm of pro_y by pro_post_w (a post-norm, as gemma's layers end
+    // their halves), then normalise that. The last block through its prologue (pro_counter)
+    // writes the new r, pro_h, and the post-normed y to pro_yout when set: every block has read
+    // r and y by then. Replaces the tail of the product that wrote y.
+    const float *pro_y;
+    float *pro_yout;
+    const float *pro_post_w;
+    float pro_post_eps;
+    unsigned *pro_counter;
     // tail, run by the last block to finish when counter is set; rows of d = rows_0 values:
     unsigned *counter;
     float *res;      // residual (n, d)
@@ -285,12 +295,62 @@ __device__ void mv_prologue(const MvArgs &a, int j0, int nl, bool write_h, u8 *x
     __syncthreads();
 }
 
+// The residual prologue (pro_y set): f_s (nl, 3, k) keeps each row's post-normed y, new r and
+// normalised x for the block that writes them back.
+__device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float *f_s, float *red, int *last_s) {
+    const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
+    for (int j = 0; j < nl; j++) {
+        const size_t row = (size_t)(j0 + j) * k;
+        const float *y = a.pro_y + row, *res = a.pro_src + row;
+        float *yn = f_s + (size_t)j * 3 * k, *xn = yn + k, *hn = xn + k;
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) ss += y[c] * y[c];
+        const float ps = rsqrtf(block_sum(ss, red) / (float)k + a.pro_post_eps);
+        float sx = 0.f;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) {
+            const float t = y[c] * ps * a.pro_post_w[c], v = res[c] + t;
+            yn[c] = t;
+            xn[c] = v;
+            sx += v * v;
+        }
+        const float sc = rsqrtf(block_sum(sx, red) / (float)k + a.pro_eps);  // its barriers order xn
+        for (int b = warp; b < kb; b += nw) {
+            const int c = 32 * b + lane;
+            const float t = xn[c] * sc * a.pro_w[c];
+            hn[c] = t;
+            q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
+        }
+    }
+    __syncthreads();
+    // Every block has read r and y once it has counted in (its fence orders those reads first).
+    if (threadIdx.x == 0) {
+        __threadfence();
+        *last_s = atomicAdd(a.pro_counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!*last_s) return;
+    for (int j = 0; j < nl; j++) {
+        const size_t row = (size_t)(j0 + j) * k;
+        const float *yn = f_s + (size_t)j * 3 * k, *xn = yn + k, *hn = xn + k;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) {
+            ((float *)a.pro_src)[row + c] = xn[c];
+            if (a.pro_h) a.pro_h[row + c] = hn[c];
+            if (a.pro_yout) a.pro_yout[row + c] = yn[c];
+        }
+    }
+    if (threadIdx.x == 0) atomicExch(a.pro_counter, 0u);  // ready for the next launch
+}
+
+// Bytes of one row of x quantized (q8_store_warp's format: values, then a float4 per 32).
+__device__ __forceinline__ size_t k_xq_bytes(int k) { return (size_t)k + (size_t)(k / 32) * 16; }
+
 template <int NMAX>
 __device__ void mv_body(const MvArgs &a) {
     extern __shared__ __align__(16) u8 xq_s[];  // prologue: nl rows of x quantized (nl * k * 1.5 bytes)
     __shared__ float red[32];
     __shared__ float act_s[8][32];
-    __shared__ int last_s;
+    __shared__ int last_s, last_pro_s;
     __shared__ float part_s[4][2][8];  // teams wider than a warp: per-warp partial sums
     // More than NMAX activation rows (batched decode): groups of NMAX rows, the groups of one
     // block of teams on neighbouring blocks, so that they read the same weights at about the same
@@ -326,7 +386,10 @@ __device__ void mv_body(const MvArgs &a) {
     // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
     const u8 *xq = a.xq;
     int jx = j0, nx = a.n;
-    if (a.pro_w) {
+    if (a.pro_y) {
+        mv_prologue_res(a, j0, nl, xq_s, (float *)(xq_s + (size_t)nl * k_xq_bytes(a.k)), red, &last_pro_s);
+        xq = xq_s, jx = 0, nx = nl;
+    } else if (a.pro_w) {
         mv_prologue(a, j0, nl, tblock == 0, xq_s, red);
         xq = xq_s, jx = 0, nx = nl;
     }
@@ -402,12 +465,14 @@ __device__ void mv_body(const MvArgs &a) {
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
         const u8 *xq, int mode, float *aux, int team_log2, u8 *act_q, const float *pro_src, const int *pro_idx, \
-        const float *pro_w, float pro_eps, float *pro_h, unsigned *counter, float *res,                      \
+        const float *pro_w, float pro_eps, float *pro_h, const float *pro_y, float *pro_yout,                \
+        const float *pro_post_w, float pro_post_eps, unsigned *pro_counter, unsigned *counter, float *res,   \
         int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
         u8 *pre_q
 #define MV_ARGS                                                                                            \
     MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
-                x, xq, mode, aux, team_log2, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, counter, res,      \
+                x, xq, mode, aux, team_log2, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
+                pro_post_w, pro_post_eps, pro_counter, counter, res,                                                 \
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
