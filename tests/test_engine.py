@@ -222,3 +222,39 @@ def test_device_argmax_steps_give_the_host_sampler_tokens(tiny):
         assert m.argmax_steps == before
     finally:
         llm.close()
+
+
+def test_tokens_reach_the_caller_before_the_next_step_computes(tiny, monkeypatch):
+    """On a backend that computes a step before returning (CPU, reference), a step's tokens are
+    handed over at its end, not held until the next step has run (a GPU's replays return once
+    queued: there they go out while the next step runs). Checked on the order of events: every
+    step after the first starts with the tokens of all steps before it already pushed."""
+    import ember.engine.engine as engine_mod
+
+    pushed: list = []
+    init = engine_mod.RequestHandle.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        push = self._push
+        self._push = lambda ev: (pushed.append(ev), push(ev))
+
+    monkeypatch.setattr(engine_mod.RequestHandle, "__init__", recording_init)
+    llm = LLM(tiny, device="reference", ctx=128, slots=1)
+    try:
+        runner = llm.engine.runner
+        assert not runner.overlaps
+        tokens_at_run: list[int] = []
+        run = runner.run
+
+        def counting_run(plan, top_k=0, **kw):
+            tokens_at_run.append(sum(isinstance(ev, TokenEvent) for ev in pushed))
+            return run(plan, top_k, **kw)
+
+        runner.run = counting_run
+        ids, reason = collect(llm.engine.submit(Request([5, 6, 7], 6, SamplingParams(temperature=0.0,
+                                                                                       ignore_eos=True))))[0]
+        assert len(ids) == 6 and len(tokens_at_run) == 6  # one prompt step, then five decode steps
+        assert tokens_at_run == list(range(6)), tokens_at_run
+    finally:
+        llm.close()

@@ -4,9 +4,10 @@ Callers submit requests from any thread (`submit`) or from asyncio (`submit_asyn
 each request's tokens stream back through its handle; a handle can be cancelled at
 any time and its sequence leaves within one step. A step is: schedule, run, postprocess.
 
-Events (tokens, finishes) a step produces wait in an outbox and are handed to their callers
-while the next step runs on the device: waking a caller's thread (and that thread taking the
-interpreter lock) then overlaps the device's work instead of delaying the next launch.
+On a device that runs a step while the host goes on (a GPU), the events (tokens, finishes) a
+step produces wait in an outbox and are handed to their callers once the next step is launched:
+waking a caller's thread (and that thread taking the interpreter lock) then overlaps the
+device's work instead of delaying the next launch. Elsewhere they go out at the end of the step.
 """
 from __future__ import annotations
 
@@ -337,6 +338,8 @@ class Engine:
         self.runner.wait()
         self.scheduler.complete(plan)
         self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
+        if not self.runner.overlaps:  # the next step would compute before launching: no later
+            self._deliver()
         self.metrics.steps += 1
         self.metrics.argmax_steps += bool(top_k)
 

@@ -45,11 +45,11 @@ class ModelRunner:
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
         # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
-        self._async_replay = getattr(model.backend, "async_replay", False)
+        self.overlaps = bool(getattr(model.backend, "async_replay", False))
 
     def wait(self) -> None:
         """Until the last step run with wait=False has finished on the device."""
-        if self._async_replay:
+        if self.overlaps:
             self.model.backend.synchronize()
 
     def run(self, plan: Plan, top_k: int = 0, wait: bool = True):
@@ -67,7 +67,7 @@ class ModelRunner:
         hit = store.get(key)
         if hit is not None:
             store.move_to_end(key)
-            if wait or not self._async_replay:
+            if wait or not self.overlaps:
                 self.model.backend.replay(hit[0])
             else:
                 self.model.backend.replay(hit[0], wait=False)
