@@ -68,6 +68,11 @@ def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
     return limit if qtype in BATCH_MV_TYPES else min(limit, 8)
 
 
+def disjoint(a, b) -> bool:
+    """Whether two device arrays share no byte."""
+    return a.data.ptr + a.nbytes <= b.data.ptr or b.data.ptr + b.nbytes <= a.data.ptr
+
+
 def quantized(qtype: GGMLType) -> bool:
     return qtype not in FLOAT_TYPES
 
@@ -211,11 +216,9 @@ class Matmul:
             return False
         if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > PROLOGUE_K or self.n > 8:
             return False
-        h, src = self.x, self.src
-        apart = h.data.ptr + h.nbytes <= src.data.ptr or src.data.ptr + src.nbytes <= h.data.ptr
         if self.pro_y is not None and self.idx is not None:
             return False
-        return apart and self._prologue_smem() <= PROLOGUE_SMEM
+        return disjoint(self.x, self.src) and self._prologue_smem() <= PROLOGUE_SMEM
 
     def _prologue_smem(self) -> int:
         """The quantized rows, and for a residual prologue each row's y, r and x as f32."""
@@ -230,9 +233,7 @@ class Matmul:
         args = (ptr(src), ptr(self.idx if normed else None), ptr(self.norm_w), f32(self.eps),
                 ptr(self.x if normed else None), ptr(self.xq), i32(self.n), i32(self.k))
         # chunks of QX_CHUNK values in blocks of their own, unless h overwrites src in place
-        in_place = normed and not (self.x.data.ptr + self.x.nbytes <= src.data.ptr or
-                                   src.data.ptr + src.nbytes <= self.x.data.ptr)
-        chunks = 1 if in_place else -(-self.k // QX_CHUNK)
+        chunks = -(-self.k // QX_CHUNK) if not normed or disjoint(self.x, src) else 1
         return Launch(kernels.fn("ops", "quant_x"), (self.n, chunks, 1), (128, 1, 1), args)
 
     def _matvec(self, kernels, group: list[int]) -> Launch:
