@@ -83,7 +83,7 @@ class ModelRunner:
 
     def step(self, plan: Plan) -> Step:
         """Write the plan's inputs into the fixed arrays; returns views of them."""
-        P, inp, chunks = self.page_size, self.inputs, plan.chunks
+        inp, chunks = self.inputs, plan.chunks
         if all(c.n == 1 for c in chunks):
             return self._decode_step(chunks)
         n = sum(c.n for c in chunks)
@@ -100,19 +100,15 @@ class ModelRunner:
                 inp.rows[n_rows] = at + r - c.start
                 n_rows += 1
             at = end
-        pos, seq_rows = inp.positions[:n], inp.seq_rows[:n]
-        inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
-        attn = AttentionBatch(pos, seq_rows, inp.tables[:len(chunks)], inp.slots[:n], P)
-        return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
+        return self._written(n, len(chunks), n_rows)
 
     def _decode_step(self, chunks) -> Step:
         """step() for chunks of one token each (decode): whole-array writes from Python lists, and
         a page-table row rewritten only when its pages changed (entries past a sequence's pages
         are never read: attention reads the pages of the positions it attends)."""
-        P, inp, n = self.page_size, self.inputs, len(chunks)
+        inp, n = self.inputs, len(chunks)
         inp.tokens[:n] = [c.seq.tokens[c.start] for c in chunks]
-        starts = [c.start for c in chunks]
-        inp.positions[:n] = starts
+        inp.positions[:n] = [c.start for c in chunks]
         inp.seq_rows[:n] = self._arange[:n]
         n_rows = 0
         for i, c in enumerate(chunks):
@@ -123,7 +119,13 @@ class ModelRunner:
             if c.logit_rows:
                 inp.rows[n_rows] = i
                 n_rows += 1
-        pos = inp.positions[:n]
-        inp.slots[:n] = inp.tables[self._arange[:n], pos // P].astype(np.int64) * P + pos % P
-        attn = AttentionBatch(pos, inp.seq_rows[:n], inp.tables[:n], inp.slots[:n], P)
+        return self._written(n, n, n_rows)
+
+    def _written(self, n: int, n_seqs: int, n_rows: int) -> Step:
+        """The step's views once tokens, positions, sequence rows, tables and logit rows of n
+        tokens are written: the cache slots follow from those."""
+        P, inp = self.page_size, self.inputs
+        pos, seq_rows = inp.positions[:n], inp.seq_rows[:n]
+        inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
+        attn = AttentionBatch(pos, seq_rows, inp.tables[:n_seqs], inp.slots[:n], P)
         return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
