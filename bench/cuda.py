@@ -521,7 +521,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="sections to skip: kernels single variants tiles many shared roofline cold")
+                    help="sections to skip: kernels single variants tiles att many shared roofline cold")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
     import cupy as cp
@@ -547,6 +547,9 @@ def main() -> None:
         if "tiles" not in args.skip:
             for mode in ("128", "64", "auto"):
                 section(r, f"prefill_tiles_{mode}", with_env, "EMBER_CUDA_TILE_ROWS", mode, prefill_only, path, reps)
+        if "att" not in args.skip:  # prompt steps' attention: tensor-core tiles (default) or the scalar kernel
+            for mode in ("1", "0"):
+                section(r, f"prefill_att_tiles_{mode}", with_env, "EMBER_CUDA_ATT_TILES", mode, prefill_only, path, reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
@@ -600,12 +603,13 @@ def print_table(results: dict) -> None:
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
                       f"launches {v['launches_per_replay']}")
-        for mode in ("128", "64", "auto"):
-            v = r.get(f"prefill_tiles_{mode}") or {}
+        for label in ("prefill_tiles_128", "prefill_tiles_64", "prefill_tiles_auto", "prefill_att_tiles_1",
+                      "prefill_att_tiles_0"):
+            v = r.get(label) or {}
             if "pp512" in v:
                 prof = v.get("profile") or {}
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
-                print(f"{name:12} tiles {mode:4} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
+                print(f"{name:12} {label[8:]:12} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
         for label in ("many", "shared", "shared_mv_rows_8", "shared_att_waves_8"):
             v = r.get(label) or {}

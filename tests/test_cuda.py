@@ -467,7 +467,9 @@ ATTN_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
-def test_kv_store_and_attention(cuda, ref, case):
+def test_kv_store_and_attention(cuda, ref, case, monkeypatch):
+    """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below."""
+    monkeypatch.setattr(cuda, "att_tiles", False)
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
     page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
@@ -487,6 +489,48 @@ def test_kv_store_and_attention(cuda, ref, case):
     want = np.empty((n, n_head * hd))
     ref.attention(q.astype(np.float64), (k64, v64), want, batch, n_head, n_kv, window, scale, softcap)
     assert rel_err(cuda.to_numpy(out), want) < 1e-5
+
+
+TILE_CASES = {
+    # name: (cached lengths, new tokens, n_head, n_kv, head_dim, window, softcap)
+    "gemma_prompt_512": ([0], [512], 4, 1, 256, 512, 0.0),  # Gemma 3 270M's shape, a sliding layer
+    "smollm_two_prompts": ([0, 40], [300, 77], 9, 3, 64, 0, 0.0),  # pieces cut mid-tile by a new sequence
+    "decodes_then_chunk": ([30, 500, 7, 64], [1, 1, 1, 200], 8, 2, 128, 0, 0.0),  # a continuous-batching step
+    "window_chunk": ([700], [90], 4, 4, 64, 100, 0.0),  # keys start inside the first chunk
+    "softcap_heads_chunks": ([33], [70], 20, 2, 128, 0, 30.0),  # 10 heads per kv head: chunks of 8 and 2
+    "head_dim_256_gqa8": ([5, 0], [40, 3], 16, 2, 256, 0, 0.0),  # 8 rows per token
+}
+
+
+@pytest.mark.parametrize("case", sorted(TILE_CASES))
+def test_attention_tiles(cuda, ref, case, monkeypatch):
+    """attn_tile (tensor cores; q in two f16 parts, probabilities in f16) against the float64
+    reference, and the choice of it for steps with many tokens per sequence."""
+    from ember.backends.cuda import _ops
+
+    lengths, new, n_head, n_kv, hd, window, softcap = TILE_CASES[case]
+    assert cuda.att_tiles, "the H200 takes tensor-core attention tiles"
+    rng = np.random.default_rng(11)
+    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
+    batch = paged_batch(rng, lengths, new, page, max_pages)
+    n = len(batch.positions)
+    cache, (k64, v64) = fill_cache(cuda, rng, len(lengths) * max_pages * page, n_kv * hd)
+    q = rng.normal(0, 1, (n, n_head * hd)).astype(np.float32)
+    scale = 1 / math.sqrt(hd)
+    want = np.empty((n, n_head * hd))
+    ref.attention(q.astype(np.float64), (k64, v64), want, batch, n_head, n_kv, window, scale, softcap)
+    taken = []
+    real = _ops.Attention.launches
+
+    def spy(op, kernels):
+        taken.append(op.tiles)
+        return real(op, kernels)
+
+    monkeypatch.setattr(_ops.Attention, "launches", spy)
+    out = poisoned(cuda, (n, n_head * hd))
+    cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
+    assert taken == [True]
+    assert rel_err(cuda.to_numpy(out), want) < 5e-4  # the probabilities' f16 rounding
 
 
 FOLD_CASES = {
@@ -729,7 +773,8 @@ def test_decode_attention_folding_computes_the_same(tmp_path_factory, monkeypatc
             names = [backend.kernels.name_of(x.fn) for x in rec.launches if isinstance(x, Launch)]
             decode = n == n_seq
             assert all(a.one_token_per_seq == decode for a in attns), n
-            assert names.count("attention.attn") == len(attns)
+            assert all(a.tiles == (not decode) for a in attns), n  # prompt steps: tensor-core tiles
+            assert sum(x == "attention.attn" or x.startswith("attention.attn_tile") for x in names) == len(attns)
             assert names.count("ops.qkv_post") == (0 if decode and fold == "1" else len(attns)), n
     for i, (a, b) in enumerate(zip(results["1"], results["0"])):
         err = np.abs(a - b).max() / np.abs(b).max()
@@ -760,11 +805,27 @@ def cpu_or_reference() -> str:
         return "reference"
 
 
+def last_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    """The float64 reference's logits after `tokens` (one prompt step)."""
+    with GGUFFile(path) as f:
+        return Driver(load_model(f, get_backend("reference")), n_seq=1, max_len=len(tokens) + 1, seed=0).step([tokens])[-1]
+
+
 @pytest.mark.parametrize("n_prompts", [1, 64])
 def test_engine_greedy_matches_cpu(tmp_path, n_prompts):
+    """Greedy runs of the engine on the GPU give the CPU's tokens. Where a run parts from the
+    CPU's, the token it took must tie the best one to within the GPU's rounding (f16 attention
+    inputs in prompt steps): the random model has near-equal logits (1e-4 apart, seen), and either
+    choice there is right."""
     path = write_model(tmp_path / "v.gguf", "llama", GGMLType.F16, Shape(n_layer=2), vocab=True, tied=False)
     rng = np.random.default_rng(7)
     prompts = [[1] + rng.integers(3, 300, 4 + i % 9).tolist() for i in range(n_prompts)]
     got = greedy_runs(path, "cuda", prompts, 12)
     want = greedy_runs(path, cpu_or_reference(), prompts, 12)
-    assert got == want
+    parted = [i for i in range(n_prompts) if got[i] != want[i]]
+    assert len(parted) <= max(1, n_prompts // 16), f"runs {parted} differ from the CPU's"
+    for i in parted:
+        j = next(j for j, (a, b) in enumerate(zip(got[i], want[i])) if a != b)
+        logits = last_logits(path, prompts[i] + want[i][:j])
+        gap = (logits.max() - logits[got[i][j]]) / np.abs(logits).max()
+        assert gap < 1e-3, f"run {i} took token {got[i][j]} at {j}, {gap:.1e} below the best"

@@ -23,6 +23,7 @@ from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, RopeParams, Weight
 from ._ops import (
     ATT_MAX_D,
+    ATT_TILE_DIMS,
     MATRIX_TYPES,
     MV_MAX_ROWS,
     TOPK_MAX,
@@ -43,6 +44,7 @@ from ._ops import (
     Scale,
     TopK,
     matvec_rows,
+    runs_contiguous,
     split_count,
     tops_k,
     tops_slices,
@@ -122,6 +124,10 @@ class Backend:
         if not waves.isdigit() or not 1 <= int(waves) <= 64:
             raise BackendError(f"EMBER_CUDA_ATT_WAVES must be a number from 1 to 64, not '{waves}'")
         self.att_waves = int(waves)
+        # steps with many tokens per sequence (prompts) take tensor-core attention tiles (compute
+        # capability 8.0+, CUDA, head dims 64/128/256); "0": the scalar kernel for every step
+        self.att_tiles = (os.environ.get("EMBER_CUDA_ATT_TILES", "1") != "0" and not self.kernels.hip
+                          and int(self.device.compute_capability) >= 80)
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -398,17 +404,19 @@ class Backend:
         k_cache, v_cache = cache
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
         n, (n_seq, max_pages) = q.shape[0], batch.block_tables.shape
-        hd_v = v_cache.shape[1] // n_kv_head
-        n_split = split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size, self.n_sm,
-                              self.att_waves)
-        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
+        hd_k, hd_v = k_cache.shape[1] // n_kv_head, v_cache.shape[1] // n_kv_head
+        rows = np.asarray(batch.seq_rows)
         # decode steps: a recording's fusion may then fold the KV-cache write into the attention
         # (the engine replays such a recording only for steps of one token per sequence)
-        single = 0 < n <= n_seq and np.unique(np.asarray(batch.seq_rows)).size == n
+        single = 0 < n <= n_seq and np.unique(rows).size == n
+        tiles = self.att_tiles and not single and hd_k == hd_v in ATT_TILE_DIMS and runs_contiguous(rows)
+        n_split = 1 if tiles else split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size,
+                                              self.n_sm, self.att_waves)
+        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
-                            one_token_per_seq=bool(single)))
+                            one_token_per_seq=bool(single), tiles=bool(tiles)))
 
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----

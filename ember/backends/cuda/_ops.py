@@ -505,11 +505,14 @@ class Attention:
     xq: Any = None  # device uint8 (xq_bytes(n, n_head * hd_v),) or None: out also quantized (hd_v % 32 == 0)
     one_token_per_seq: bool = False
     post: QkvPost | None = None
+    tiles: bool = False  # tensor-core tiles (attn_tile<hd>): hd_k == hd_v in ATT_TILE_DIMS, n_split 1, no xq or post
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
         hd_k, hd_v = self.k_cache.shape[1] // self.n_kv, self.v_cache.shape[1] // self.n_kv
         n_hc = -(-(self.n_head // self.n_kv) // ATT_HEADS)
+        if self.tiles:
+            return [self._tile_launch(kernels, n, hd_k, n_hc)]
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
                 ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
@@ -522,6 +525,19 @@ class Attention:
                                ptr(self.xq))))
         return out
 
+    def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:
+        """attn_tile: one block per piece of the step (see attention.cu), at most one more piece per
+        sequence than whole tiles fit in n."""
+        fn = kernels.fn("attention", f"attn_tile{hd}")
+        smem = attn_tile_smem(hd)
+        allow_smem(fn, smem)
+        per_tile = ATT_TILE_ROWS // min(self.n_head // self.n_kv, ATT_HEADS)
+        pieces = -(-n // per_tile) + min(n, self.tables.shape[0])
+        args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.pos), ptr(self.seq_rows),
+                ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size), i32(n), i32(self.n_head),
+                i32(self.n_kv), i32(self.window), f32(self.scale), f32(self.softcap))
+        return Launch(fn, (pieces, self.n_kv * n_hc, 1), (128, 1, 1), args, smem=smem)
+
     def _fold_args(self) -> tuple:
         """attn's arguments for the folded qkv_post: k_new, v_new, q_norm, k_norm, eps, rope, slots
         (all zero: unfolded)."""
@@ -529,6 +545,30 @@ class Attention:
         if p is None:
             return (u64(0), u64(0), u64(0), u64(0), f32(0), *NO_ROPE.kernel_args(), u64(0))
         return (ptr(p.k), ptr(p.v), ptr(p.q_norm), ptr(p.k_norm), f32(p.eps), *p.p.kernel_args(), ptr(p.slots))
+
+
+ATT_TILE_DIMS = (64, 128, 256)  # head dims of attn_tile
+ATT_TILE_ROWS = 64  # query rows (token, head) per attn_tile block
+
+
+def attn_tile_smem(hd: int) -> int:
+    """attn_tile's dynamic shared memory: q rows (high and low f16 parts) and two stages of key and
+    value chunks (64 keys, 32 at head dim 256), rows padded by 8 halves."""
+    chunk = 32 if hd == 256 else 64
+    return (2 * ATT_TILE_ROWS + 4 * chunk) * (hd + 8) * 2
+
+
+def runs_contiguous(seq_rows) -> bool:
+    """Whether each sequence's tokens form one run in the step (attn_tile's pieces need it)."""
+    rows = np.asarray(seq_rows)
+    starts = rows[np.r_[True, rows[1:] != rows[:-1]]] if rows.size else rows
+    return np.unique(starts).size == starts.size
+
+
+def allow_smem(fn, nbytes: int) -> None:
+    """Let kernel fn take nbytes of dynamic shared memory (past 48 KB it must be asked for)."""
+    if nbytes > 48 * 1024 and getattr(fn, "max_dynamic_shared_size_bytes", 0) < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
 
 
 def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int, waves: int = 2) -> int:

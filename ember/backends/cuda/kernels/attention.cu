@@ -258,3 +258,285 @@ extern "C" __global__ void attn_combine(const float *__restrict__ part, float *_
         if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.y * n_head * hd_v));
     }
 }
+
+// ---- steps of many tokens per sequence: tensor-core tiles (flash attention) ----
+//
+// attn_tile<HD> (hd_k == hd_v == HD): one block per (query tile, kv head, head chunk); 4 warps,
+// each owning 16 query rows. A tile is a run of up to AT_ROWS / min(group, 8) consecutive tokens of
+// one sequence, so its rows (token, query head) share one page table and kv head: the step's
+// tokens are cut where the sequence changes and at multiples of that length, and block x takes
+// the x-th piece (blocks past the last piece return). Each sequence's tokens must be contiguous
+// in the step (the host checks). Keys and values stream through shared memory in chunks of BK
+// (cp.async, two stages); scores and outputs are mma.sync m16n8k16 with f32 accumulation. Keys and
+// values are f16 already; q * scale is split into f16 high and low parts (two products, so that
+// large scores keep f32-like accuracy), the probabilities are rounded to f16. Online softmax in
+// registers.
+// Dynamic shared memory: attn_tile_smem(HD) bytes. CUDA only (sm_80+): ROCm takes attn.
+
+#if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__)
+#define AT_ROWS 64
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give matrix i's rows.
+__device__ __forceinline__ void ldsm_x4_t(u32 *r, const void *p) {
+    const u32 s = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+// The block's piece of the step: tokens [*t0, *t1); false when there is none.
+__device__ __forceinline__ bool tile_of_block(const int *__restrict__ seq_rows, int n, int per_tile, int *t0,
+                                              int *t1, int *scan) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int per = (n + ATT_THREADS - 1) / ATT_THREADS, a0 = min(n, tid * per), a1 = min(n, a0 + per);
+    int c = 0;
+    for (int t = a0; t < a1; t++) c += t == 0 || t % per_tile == 0 || seq_rows[t] != seq_rows[t - 1];
+    int incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) scan[warp] = incl;
+    __syncthreads();
+    int before = incl - c, total = 0;
+    for (int w = 0; w < ATT_THREADS / 32; w++) {
+        before += w < warp ? scan[w] : 0;
+        total += scan[w];
+    }
+    const int b = blockIdx.x;
+    if (b >= total) return false;
+    // the thread whose share holds cut b (and the one holding cut b + 1) writes it
+    if (b + 1 >= before && b < before + c + 1) {
+        int k = before;
+        for (int t = a0; t < a1; t++) {
+            if (t == 0 || t % per_tile == 0 || seq_rows[t] != seq_rows[t - 1]) {
+                if (k == b) *t0 = t;
+                if (k == b + 1) *t1 = t;
+                k++;
+            }
+        }
+    }
+    if (tid == 0 && b + 1 == total) *t1 = n;
+    __syncthreads();
+    return true;
+}
+
+template <int HD, int BK>
+__device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, const u16 *__restrict__ k_cache,
+                                               const u16 *__restrict__ v_cache, float *__restrict__ out,
+                                               const int *__restrict__ pos, const int *__restrict__ seq_rows,
+                                               const int *__restrict__ tables, int max_pages, int page_size,
+                                               int n, int n_head, int n_kv, int window, float scale,
+                                               float softcap) {
+    constexpr int LD = HD + 8;         // shared row stride in halves: conflict-free fragment loads
+    constexpr int NB = BK / 8;         // score fragments per row
+    constexpr int ND = HD / 8;         // output fragments per row
+    constexpr int CH = HD / 8;         // 16-byte pieces per key row
+    extern __shared__ __align__(16) u16 at_smem[];
+    u16 *const qs = at_smem;                // (AT_ROWS, LD) q * scale, f16 high part
+    u16 *const ql = qs + AT_ROWS * LD;      // (AT_ROWS, LD) the low part: q * scale - qs
+    u16 *const ks = ql + AT_ROWS * LD;      // (2, BK, LD) keys, two stages
+    u16 *const vs = ks + 2 * BK * LD;       // (2, BK, LD) values
+    __shared__ int scan[ATT_THREADS / 32], tile_s[2], lo_s, hi_s, tok_pos[AT_ROWS];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, tq = lane & 3;
+    const int group = n_head / n_kv, n_hc = (group + ATT_HEADS - 1) / ATT_HEADS;
+    const int kvh = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
+    const int h0 = kvh * group + hc * ATT_HEADS, gh = min(ATT_HEADS, group - hc * ATT_HEADS);
+    const int per_tile = AT_ROWS / min(group, ATT_HEADS);
+
+    // the step's positions, rows and page tables are inputs no kernel writes (see pdl_launch_next)
+    pdl_launch_next();
+    if (tid == 0) lo_s = 0x7fffffff, hi_s = -1;
+    if (!tile_of_block(seq_rows, n, per_tile, &tile_s[0], &tile_s[1], scan)) return;
+    const int t0 = tile_s[0], n_t = tile_s[1] - t0;
+    if (tid < n_t) {
+        const int p = pos[t0 + tid];
+        tok_pos[tid] = p;
+        atomicMin(&lo_s, window > 0 ? max(0, p - window + 1) : 0);
+        atomicMax(&hi_s, p);
+    }
+    const int *table = tables + (size_t)seq_rows[t0] * max_pages;
+    __syncthreads();
+    const int k_lo = lo_s, k_hi = hi_s, n_rows = n_t * gh;
+    const size_t kv_stride = (size_t)n_kv * HD;
+    const u16 *kc = k_cache + (size_t)kvh * HD, *vc = v_cache + (size_t)kvh * HD;
+
+    constexpr int PER = BK * CH / ATT_THREADS;  // 16-byte pieces of a chunk per thread (keys; values alike)
+    auto load_kv = [&](int stage, int c0) {  // keys c0 .. c0 + BK - 1 (zeros past k_hi)
+        // every page-table read first, then the copies: one trip to memory, not one per piece
+        size_t at[PER];
+        int bytes[PER];
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            const int i = tid + m * ATT_THREADS, p = c0 + i / CH, in = p <= k_hi;
+            const size_t slot = in ? (size_t)table[p / page_size] * page_size + p % page_size : 0;
+            at[m] = slot * kv_stride + 8 * (i % CH);
+            bytes[m] = in ? 16 : 0;
+        }
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            const int i = tid + m * ATT_THREADS, to = (stage * BK + i / CH) * LD + 8 * (i % CH);
+            cp_async16(ks + to, kc + at[m], bytes[m]);
+            cp_async16(vs + to, vc + at[m], bytes[m]);
+        }
+        cp_async_commit();
+    };
+    pdl_wait();
+    load_kv(0, k_lo);
+    for (int i = tid; i < AT_ROWS * CH; i += ATT_THREADS) {  // q rows (token, head), scaled, as f16 hi + lo
+        const int r = i / CH, c = i % CH;
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (r < n_rows) {
+            const float4 *src = (const float4 *)(q + ((size_t)(t0 + r / gh) * n_head + h0 + r % gh) * HD + 8 * c);
+            const float4 a = src[0], b = src[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        u32 hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float x0 = v[2 * j] * scale, x1 = v[2 * j + 1] * scale;
+            hi[j] = pack_h2(x0, x1);
+            lo[j] = pack_h2(x0 - h2f((u16)(hi[j] & 0xFFFFu)), x1 - h2f((u16)(hi[j] >> 16)));
+        }
+        *(uint4 *)(qs + r * LD + 8 * c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *(uint4 *)(ql + r * LD + 8 * c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+
+    // this thread's two rows: r_lo = 16 warp + g8 and r_lo + 8; a row past the tile sees no key
+    const int r_lo = 16 * warp + g8;
+    int p_r[2], f_r[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r_lo + 8 * h;
+        p_r[h] = r < n_rows ? tok_pos[r / gh] : -1;
+        f_r[h] = window > 0 ? p_r[h] - window + 1 : 0;
+    }
+    float o[ND][4], m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+    const int n_chunks = (k_hi - k_lo) / BK + 1;
+    for (int it = 0; it < n_chunks; it++) {
+        const int st = it & 1, c0 = k_lo + it * BK;
+        if (it + 1 < n_chunks) {
+            load_kv(st ^ 1, c0 + BK);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u16 *kt = ks + st * BK * LD, *vt = vs + st * BK * LD;
+
+        float s[NB][4];
+#pragma unroll
+        for (int i = 0; i < NB; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD; kk += 16) {
+            u32 a[4], al[4];
+            const int q0 = r_lo * LD + kk + 2 * tq, q1 = q0 + 8 * LD;
+            a[0] = *(const u32 *)(qs + q0), a[1] = *(const u32 *)(qs + q1);
+            a[2] = *(const u32 *)(qs + q0 + 8), a[3] = *(const u32 *)(qs + q1 + 8);
+            al[0] = *(const u32 *)(ql + q0), al[1] = *(const u32 *)(ql + q1);
+            al[2] = *(const u32 *)(ql + q0 + 8), al[3] = *(const u32 *)(ql + q1 + 8);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                const u16 *kr = kt + (8 * nb + g8) * LD + kk + 2 * tq;
+                const u32 b0 = *(const u32 *)kr, b1 = *(const u32 *)(kr + 8);
+                mma_16816(s[nb], a, b0, b1);
+                mma_16816(s[nb], al, b0, b1);
+            }
+        }
+
+        // mask (causal, window), softcap, online softmax over the chunk
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, key = c0 + 8 * nb + 2 * tq + (e & 1);
+                float v = s[nb][e];
+                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                v = key >= f_r[h] && key <= p_r[h] ? v : NEG_INF;
+                s[nb][e] = v;
+                mx[h] = fmaxf(mx[h], v);
+            }
+        float alpha[2], sum[2] = {0.f, 0.f}, ref[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+            const float m_new = fmaxf(m_r[h], mx[h]);
+            ref[h] = m_new == NEG_INF ? 0.f : m_new;  // no key yet: exp(-inf - 0) = 0, never nan
+            alpha[h] = __expf(m_r[h] - ref[h]);
+            m_r[h] = m_new;
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nb][e] = __expf(s[nb][e] - ref[e >> 1]);
+                sum[e >> 1] += s[nb][e];
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sum[h] += __shfl_xor_sync(FULL_MASK, sum[h], 1);
+            sum[h] += __shfl_xor_sync(FULL_MASK, sum[h], 2);
+            l_r[h] = l_r[h] * alpha[h] + sum[h];
+        }
+#pragma unroll
+        for (int i = 0; i < ND; i++) o[i][0] *= alpha[0], o[i][1] *= alpha[0], o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+
+        // o += p v: the score fragments of keys 16kb.. are the A fragments of that k-step
+#pragma unroll
+        for (int kb = 0; kb < BK / 16; kb++) {
+            const u32 a[4] = {pack_h2(s[2 * kb][0], s[2 * kb][1]), pack_h2(s[2 * kb][2], s[2 * kb][3]),
+                              pack_h2(s[2 * kb + 1][0], s[2 * kb + 1][1]), pack_h2(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+            const u16 *vrow = vt + (16 * kb + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+            for (int dp = 0; dp < ND / 2; dp++) {
+                u32 b[4];
+                ldsm_x4_t(b, vrow + 16 * dp);
+                mma_16816(o[2 * dp], a, b[0], b[1]);
+                mma_16816(o[2 * dp + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // the stage is refilled next
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r_lo + 8 * h;
+        if (r >= n_rows) continue;
+        const float inv = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
+        float *dst = out + ((size_t)(t0 + r / gh) * n_head + h0 + r % gh) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < ND; i++) *(float2 *)(dst + 8 * i) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+    }
+}
+
+#define ATTN_TILE_PARAMS                                                                                          \
+    const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,               \
+        float *__restrict__ out, const int *__restrict__ pos, const int *__restrict__ seq_rows,                  \
+        const int *__restrict__ tables, int max_pages, int page_size, int n, int n_head, int n_kv, int window, \
+        float scale, float softcap
+#define ATTN_TILE_ARGS q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile64(ATTN_TILE_PARAMS) {
+    attn_tile_body<64, 64>(ATTN_TILE_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile128(ATTN_TILE_PARAMS) {
+    attn_tile_body<128, 64>(ATTN_TILE_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile256(ATTN_TILE_PARAMS) {
+    attn_tile_body<256, 32>(ATTN_TILE_ARGS);
+}
+#endif

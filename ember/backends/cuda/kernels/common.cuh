@@ -249,6 +249,23 @@ __device__ __forceinline__ void rope_rotate(float *x, int n_head, int head_dim, 
     }
 }
 
+// ---- tensor cores ----
+// c (16x8 f32) += a (16x16 f16, row-major fragments) * b (16x8 f16, column-major): mma.sync
+// m16n8k16 (compute capability 8.0+). Fragments: a0 = A[g][2q..2q+1], a1 = A[g+8][2q..], a2 =
+// A[g][2q+8..], a3 = A[g+8][2q+8..]; b0 = B[2q..2q+1][g], b1 = B[2q+8..][g]; c0, c1 = C[g][2q..],
+// c2, c3 = C[g+8][2q..] (lane = 4g + q; low halves hold the lower column or row).
+__device__ __forceinline__ void mma_16816(float *c, const u32 *a, u32 b0, u32 b1) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+    // not reached: HIP builds take the kernels' scalar paths (matmul.cu) or other kernels
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 #define ROPE_PARAMS                                                                                       \
     int n_rot, int neox, float base, float freq_scale, float ext_factor, float mscale, float corr_low, \
         float corr_high, const float *freq_factors

@@ -486,18 +486,6 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_
 #define TILE_K 32    // one unit
 #define TILE_LD 40   // shared row stride in halves: 80 bytes, conflict-free fragment loads
 
-__device__ __forceinline__ void mma_16816(float *c, const u32 *a, u32 b0, u32 b1) {
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
-    // not reached: the HIP build uses mm_tile_scalar_step below
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 // y_m (n, rows_m) = x (n, k) @ W_m.T for matrix m = blockIdx.z; grid (row tiles, token tiles, n_mat).
 // TN: weight rows per block, 128 (mm_tile) or 64 (mm_tile64: twice the blocks, for products too
 // small to fill the GPU); each of the 4 warps computes 32 tokens x TN/2 rows.
