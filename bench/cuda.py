@@ -550,6 +550,8 @@ def main() -> None:
         if "att" not in args.skip:  # prompt steps' attention: tensor-core tiles (default) or the scalar kernel
             for mode in ("1", "0"):
                 section(r, f"prefill_att_tiles_{mode}", with_env, "EMBER_CUDA_ATT_TILES", mode, prefill_only, path, reps)
+            section(r, "prefill_att_tile_splits_0", with_env, "EMBER_CUDA_ATT_TILE_SPLITS", "0", prefill_only, path,
+                    reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
@@ -604,12 +606,12 @@ def print_table(results: dict) -> None:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
                       f"launches {v['launches_per_replay']}")
         for label in ("prefill_tiles_128", "prefill_tiles_64", "prefill_tiles_auto", "prefill_att_tiles_1",
-                      "prefill_att_tiles_0"):
+                      "prefill_att_tiles_0", "prefill_att_tile_splits_0"):
             v = r.get(label) or {}
             if "pp512" in v:
                 prof = v.get("profile") or {}
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
-                print(f"{name:12} {label[8:]:12} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
+                print(f"{name:12} {label[8:]:17} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
         for label in ("many", "shared", "shared_mv_rows_8", "shared_att_waves_8"):
             v = r.get(label) or {}

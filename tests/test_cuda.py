@@ -502,8 +502,9 @@ TILE_CASES = {
 }
 
 
+@pytest.mark.parametrize("splits", [True, False])
 @pytest.mark.parametrize("case", sorted(TILE_CASES))
-def test_attention_tiles(cuda, ref, case, monkeypatch):
+def test_attention_tiles(cuda, ref, case, splits, monkeypatch):
     """attn_tile (tensor cores; q in two f16 parts, probabilities in f16) against the float64
     reference, and the choice of it for steps with many tokens per sequence."""
     from ember.backends.cuda import _ops
@@ -523,13 +524,14 @@ def test_attention_tiles(cuda, ref, case, monkeypatch):
     real = _ops.Attention.launches
 
     def spy(op, kernels):
-        taken.append(op.tiles)
+        taken.append((op.tiles, op.n_split > 1))
         return real(op, kernels)
 
     monkeypatch.setattr(_ops.Attention, "launches", spy)
+    monkeypatch.setattr(cuda, "att_tile_splits", splits)  # key ranges over several blocks, merged
     out = poisoned(cuda, (n, n_head * hd))
     cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
-    assert taken == [True]
+    assert taken == [(True, splits)]
     assert rel_err(cuda.to_numpy(out), want) < 5e-4  # the probabilities' f16 rounding
 
 

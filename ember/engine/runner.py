@@ -2,8 +2,9 @@
 
 The step's inputs (token ids, positions, page tables, cache slots, rows needing logits)
 are written into arrays allocated once, at fixed addresses. On a backend that can record
-(the CPU backend), the first step of each shape is recorded and later steps of that shape
-replay it in one native call, so decoding costs one Python call per step, not one per op.
+(the CPU backend, CUDA graphs), the second step of each shape is recorded and later steps of
+that shape replay it in one native call, so decoding costs one Python call per step, not one
+per op.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import numpy as np
 
 from ..backends import AttentionBatch
 from ..models import KVCache, Model, Step
+from ..models.base import TopLogits
 from .scheduler import Plan
 
 MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound on a CPU: Python's share is negligible there
 MAX_RECORDINGS = 64
+MAX_SEEN = 4096  # step shapes remembered as run once
 MAX_LARGE_RECORDINGS = 8  # larger steps, where a backend records them too (kept apart: decode shapes stay)
 
 
@@ -44,8 +47,23 @@ class ModelRunner:
         self.max_recorded = max(MAX_RECORDED_TOKENS, getattr(model.backend, "max_recorded_tokens", 0))
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
+        self._seen: OrderedDict = OrderedDict()  # shapes run once, not recorded (yet)
+        self.max_out = int(getattr(model, "max_output_rows", max_tokens))
+        self._n_out: int | None = None  # rows of logits the plan asked for, where step() padded them
         # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
         self.overlaps = bool(getattr(model.backend, "async_replay", False))
+
+    def _seen_before(self, key) -> bool:
+        """Whether a step of this shape ran before. A shape is recorded the second time it comes:
+        continuous batching makes many shapes that come once (prompt chunks beside changing
+        numbers of decodes: 65 of 69 prompt-sized steps of 64 streams x 512 tokens), and recording
+        costs more than running (on a GPU, capturing and uploading the graph)."""
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > MAX_SEEN:
+            self._seen.popitem(last=False)
+        return False
 
     def wait(self) -> None:
         """Until the last step run with wait=False has finished on the device."""
@@ -59,9 +77,13 @@ class ModelRunner:
         still be running on the device when this returns; its results hold after wait()."""
         for src, dst in plan.copies:
             self.cache.copy_page(src, dst)
+        self._n_out = None
         step = self.step(plan)
         step.top_k = top_k
-        key = (step.n, len(plan.chunks), len(step.output_rows), top_k)
+        key = (step.n, len(step.attn.block_tables), len(step.output_rows), top_k)
+        return first_rows(self._run(step, key, wait), self._n_out)
+
+    def _run(self, step: Step, key: tuple, wait: bool):
         store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
             (self._large, MAX_LARGE_RECORDINGS)
         hit = store.get(key)
@@ -72,7 +94,7 @@ class ModelRunner:
             else:
                 self.model.backend.replay(hit[0], wait=False)
             return hit[1]
-        if not self.recordable or step.n > self.max_recorded:
+        if not self.recordable or step.n > self.max_recorded or not self._seen_before(key):
             return self.model.forward(step, self.cache)
         with self.model.backend.record() as rec:
             logits = self.model.forward(step, self.cache)
@@ -100,7 +122,21 @@ class ModelRunner:
                 inp.rows[n_rows] = at + r - c.start
                 n_rows += 1
             at = end
+        self._n_out = n_rows
+        if n > MAX_RECORDED_TOKENS:  # prompt-sized: shapes in buckets, so that recordings come again
+            n_seqs, n_rows = self._bucketed(len(chunks), n_rows)
+            return self._written(n, n_seqs, n_rows)
         return self._written(n, len(chunks), n_rows)
+
+    def _bucketed(self, n_seqs: int, n_rows: int) -> tuple[int, int]:
+        """Page-table rows and logit rows of a prompt-sized step, rounded up to powers of two: with
+        continuous batching the numbers of sequences and of rows needing logits change from step
+        to step. Extra table rows are never read (no token refers to them); extra logit rows
+        repeat the last one and are dropped from the results (run)."""
+        seqs = min(1 << (n_seqs - 1).bit_length(), len(self.inputs.tables))
+        rows = min(1 << max(0, n_rows - 1).bit_length(), self.max_out) if n_rows else 0
+        self.inputs.rows[n_rows:rows] = self.inputs.rows[n_rows - 1] if n_rows else 0
+        return max(seqs, n_seqs), max(rows, n_rows)
 
     def _decode_step(self, chunks) -> Step:
         """step() for chunks of one token each (decode): whole-array writes from Python lists, and
@@ -129,3 +165,12 @@ class ModelRunner:
         inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
         attn = AttentionBatch(pos, seq_rows, inp.tables[:n_seqs], inp.slots[:n], P)
         return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
+
+
+def first_rows(logits, n: int | None):
+    """The first n rows of a step's logits (all of them for n None)."""
+    if n is None:
+        return logits
+    if isinstance(logits, TopLogits):
+        return TopLogits(logits.ids[:n], logits.values[:n])
+    return logits[:n]

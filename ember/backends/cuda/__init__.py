@@ -22,6 +22,7 @@ from ...quant import dequantize
 from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, RopeParams, Weight
 from ._ops import (
+    ATT_HEADS,
     ATT_MAX_D,
     ATT_TILE_DIMS,
     MATRIX_TYPES,
@@ -46,6 +47,8 @@ from ._ops import (
     matvec_rows,
     runs_contiguous,
     split_count,
+    tile_pieces,
+    tile_split_count,
     tops_k,
     tops_slices,
     xq_bytes,
@@ -128,6 +131,9 @@ class Backend:
         # capability 8.0+, CUDA, head dims 64/128/256); "0": the scalar kernel for every step
         self.att_tiles = (os.environ.get("EMBER_CUDA_ATT_TILES", "1") != "0" and not self.kernels.hip
                           and int(self.device.compute_capability) >= 80)
+        # their key ranges split over several blocks where the pieces alone would leave the GPU
+        # idle (merged by attn_combine); "0": one block per piece
+        self.att_tile_splits = os.environ.get("EMBER_CUDA_ATT_TILE_SPLITS", "1") != "0"
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -410,14 +416,17 @@ class Backend:
         # (the engine replays such a recording only for steps of one token per sequence)
         single = 0 < n <= n_seq and np.unique(rows).size == n
         tiles = self.att_tiles and not single and hd_k == hd_v in ATT_TILE_DIMS and runs_contiguous(rows)
-        n_split = 1 if tiles else split_count(n, n_kv_head, n_head // n_kv_head, max_pages * batch.page_size,
-                                              self.n_sm, self.att_waves)
+        group, max_ctx = n_head // n_kv_head, max_pages * batch.page_size
+        if tiles:
+            blocks = tile_pieces(n, group, n_seq) * n_kv_head * -(-group // ATT_HEADS)
+            n_split = tile_split_count(blocks, hd_k, max_ctx, self.n_sm) if self.att_tile_splits else 1
+        else:
+            n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
                             one_token_per_seq=bool(single), tiles=bool(tiles)))
-
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

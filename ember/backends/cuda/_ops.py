@@ -505,38 +505,41 @@ class Attention:
     xq: Any = None  # device uint8 (xq_bytes(n, n_head * hd_v),) or None: out also quantized (hd_v % 32 == 0)
     one_token_per_seq: bool = False
     post: QkvPost | None = None
-    tiles: bool = False  # tensor-core tiles (attn_tile<hd>): hd_k == hd_v in ATT_TILE_DIMS, n_split 1, no xq or post
+    tiles: bool = False  # tensor-core tiles (attn_tile<hd>): hd_k == hd_v in ATT_TILE_DIMS, no xq or post
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
         hd_k, hd_v = self.k_cache.shape[1] // self.n_kv, self.v_cache.shape[1] // self.n_kv
         n_hc = -(-(self.n_head // self.n_kv) // ATT_HEADS)
         if self.tiles:
-            return [self._tile_launch(kernels, n, hd_k, n_hc)]
-        args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
-                ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
-                i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
-                f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 else None),
-                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args())
-        out = [Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)]
+            out = [self._tile_launch(kernels, n, hd_k, n_hc)]
+        else:
+            out = [self._launch(kernels, n, hd_k, hd_v, n_hc)]
         if self.n_split > 1:
             out.append(Launch(kernels.fn("attention", "attn_combine"), (self.n_head, n, 1), (128, 1, 1),
                               (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
                                ptr(self.xq))))
         return out
 
+    def _launch(self, kernels, n: int, hd_k: int, hd_v: int, n_hc: int) -> Launch:
+        args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
+                ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
+                i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
+                f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 else None),
+                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args())
+        return Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)
+
     def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:
-        """attn_tile: one block per piece of the step (see attention.cu), at most one more piece per
-        sequence than whole tiles fit in n."""
+        """attn_tile: one block per (piece of the step, kv head and head chunk, split of the keys)."""
         fn = kernels.fn("attention", f"attn_tile{hd}")
         smem = attn_tile_smem(hd)
         allow_smem(fn, smem)
-        per_tile = ATT_TILE_ROWS // min(self.n_head // self.n_kv, ATT_HEADS)
-        pieces = -(-n // per_tile) + min(n, self.tables.shape[0])
+        pieces = tile_pieces(n, self.n_head // self.n_kv, self.tables.shape[0])
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.pos), ptr(self.seq_rows),
                 ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size), i32(n), i32(self.n_head),
-                i32(self.n_kv), i32(self.window), f32(self.scale), f32(self.softcap))
-        return Launch(fn, (pieces, self.n_kv * n_hc, 1), (128, 1, 1), args, smem=smem)
+                i32(self.n_kv), i32(self.window), f32(self.scale), f32(self.softcap), ptr(self.part),
+                i32(self.n_split))
+        return Launch(fn, (pieces, self.n_kv * n_hc, self.n_split), (128, 1, 1), args, smem=smem)
 
     def _fold_args(self) -> tuple:
         """attn's arguments for the folded qkv_post: k_new, v_new, q_norm, k_norm, eps, rope, slots
@@ -556,6 +559,23 @@ def attn_tile_smem(hd: int) -> int:
     value chunks (64 keys, 32 at head dim 256), rows padded by 8 halves."""
     chunk = 32 if hd == 256 else 64
     return (2 * ATT_TILE_ROWS + 4 * chunk) * (hd + 8) * 2
+
+
+def tile_pieces(n: int, group: int, n_seq: int) -> int:
+    """Blocks (per kv head, head chunk and split) that attn_tile's pieces may need: tokens are cut
+    at multiples of the piece length and where the sequence changes, once per sequence at most."""
+    return -(-n // (ATT_TILE_ROWS // min(group, ATT_HEADS))) + min(n, n_seq)
+
+
+def tile_split_count(blocks: int, hd: int, max_ctx: int, n_sm: int) -> int:
+    """Key-range splits of attn_tile where its pieces fill less than half the multiprocessors:
+    enough blocks for two per multiprocessor, at most 8 and at most one per key chunk of the
+    longest possible range. On an H200, pp512: Gemma 3 (33 blocks) attention 1076 -> 670 us a step,
+    with the merge (attn_combine); SmolLM2 (78 blocks) gained nothing (618 -> 428 + 196 us)."""
+    if 2 * blocks >= n_sm:
+        return 1
+    chunk = 32 if hd == 256 else 64
+    return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // chunk), 8))
 
 
 def runs_contiguous(seq_rows) -> bool:

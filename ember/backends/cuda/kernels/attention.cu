@@ -261,7 +261,8 @@ extern "C" __global__ void attn_combine(const float *__restrict__ part, float *_
 
 // ---- steps of many tokens per sequence: tensor-core tiles (flash attention) ----
 //
-// attn_tile<HD> (hd_k == hd_v == HD): one block per (query tile, kv head, head chunk); 4 warps,
+// attn_tile<HD> (hd_k == hd_v == HD): one block per (query tile, kv head and head chunk, split of
+// the key range: with n_split > 1 each writes attn's partial form to part, merged by attn_combine); 4 warps,
 // each owning 16 query rows. A tile is a run of up to AT_ROWS / min(group, 8) consecutive tokens of
 // one sequence, so its rows (token, query head) share one page table and kv head: the step's
 // tokens are cut where the sequence changes and at multiples of that length, and block x takes
@@ -336,7 +337,7 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
                                                const int *__restrict__ pos, const int *__restrict__ seq_rows,
                                                const int *__restrict__ tables, int max_pages, int page_size,
                                                int n, int n_head, int n_kv, int window, float scale,
-                                               float softcap) {
+                                               float softcap, float *__restrict__ part, int n_split) {
     constexpr int LD = HD + 8;         // shared row stride in halves: conflict-free fragment loads
     constexpr int NB = BK / 8;         // score fragments per row
     constexpr int ND = HD / 8;         // output fragments per row
@@ -391,8 +392,12 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
         }
         cp_async_commit();
     };
+    // this block's share of the key chunks (blockIdx.z of n_split; a share may be empty)
+    const int all_chunks = (k_hi - k_lo) / BK + 1, share = (all_chunks + n_split - 1) / n_split;
+    const int first_chunk = min(all_chunks, (int)blockIdx.z * share);
+    const int n_chunks = min(all_chunks, first_chunk + share) - first_chunk, c_first = k_lo + first_chunk * BK;
     pdl_wait();
-    load_kv(0, k_lo);
+    if (n_chunks > 0) load_kv(0, c_first);
     for (int i = tid; i < AT_ROWS * CH; i += ATT_THREADS) {  // q rows (token, head), scaled, as f16 hi + lo
         const int r = i / CH, c = i % CH;
         float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -425,9 +430,8 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-    const int n_chunks = (k_hi - k_lo) / BK + 1;
     for (int it = 0; it < n_chunks; it++) {
-        const int st = it & 1, c0 = k_lo + it * BK;
+        const int st = it & 1, c0 = c_first + it * BK;
         if (it + 1 < n_chunks) {
             load_kv(st ^ 1, c0 + BK);
             cp_async_wait<1>();
@@ -513,14 +517,23 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
         __syncthreads();  // the stage is refilled next
     }
 
+    // n_split 1: the output; else this split's (max, sum, unnormalised output) for attn_combine
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = r_lo + 8 * h;
         if (r >= n_rows) continue;
-        const float inv = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
-        float *dst = out + ((size_t)(t0 + r / gh) * n_head + h0 + r % gh) * HD + 2 * tq;
+        const size_t row = (size_t)(t0 + r / gh) * n_head + h0 + r % gh;
+        float *dst, mul = 1.f;
+        if (n_split == 1) {
+            dst = out + row * HD + 2 * tq;
+            mul = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
+        } else {
+            float *base = part + (row * n_split + blockIdx.z) * (HD + 2);
+            if (tq == 0) base[0] = m_r[h], base[1] = l_r[h];
+            dst = base + 2 + 2 * tq;
+        }
 #pragma unroll
-        for (int i = 0; i < ND; i++) *(float2 *)(dst + 8 * i) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+        for (int i = 0; i < ND; i++) *(float2 *)(dst + 8 * i) = make_float2(o[i][2 * h] * mul, o[i][2 * h + 1] * mul);
     }
 }
 
@@ -528,8 +541,9 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
     const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,               \
         float *__restrict__ out, const int *__restrict__ pos, const int *__restrict__ seq_rows,                  \
         const int *__restrict__ tables, int max_pages, int page_size, int n, int n_head, int n_kv, int window, \
-        float scale, float softcap
-#define ATTN_TILE_ARGS q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap
+        float scale, float softcap, float *__restrict__ part, int n_split
+#define ATTN_TILE_ARGS \
+    q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap, part, n_split
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile64(ATTN_TILE_PARAMS) {
     attn_tile_body<64, 64>(ATTN_TILE_ARGS);
 }
