@@ -49,7 +49,6 @@ class ModelRunner:
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
         self._seen: OrderedDict = OrderedDict()  # shapes run once, not recorded (yet)
         self.max_out = int(getattr(model, "max_output_rows", max_tokens))
-        self._n_out: int | None = None  # rows of logits the plan asked for, where step() padded them
         # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
         self.overlaps = bool(getattr(model.backend, "async_replay", False))
 
@@ -77,11 +76,13 @@ class ModelRunner:
         still be running on the device when this returns; its results hold after wait()."""
         for src, dst in plan.copies:
             self.cache.copy_page(src, dst)
-        self._n_out = None
         step = self.step(plan)
         step.top_k = top_k
         key = (step.n, len(step.attn.block_tables), len(step.output_rows), top_k)
-        return first_rows(self._run(step, key, wait), self._n_out)
+        logits = self._run(step, key, wait)
+        if step.n > MAX_RECORDED_TOKENS:  # rows past the plan's own are padding (_bucketed)
+            return first_rows(logits, sum(len(c.logit_rows) for c in plan.chunks))
+        return logits
 
     def _run(self, step: Step, key: tuple, wait: bool):
         store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
@@ -122,7 +123,6 @@ class ModelRunner:
                 inp.rows[n_rows] = at + r - c.start
                 n_rows += 1
             at = end
-        self._n_out = n_rows
         if n > MAX_RECORDED_TOKENS:  # prompt-sized: shapes in buckets, so that recordings come again
             n_seqs, n_rows = self._bucketed(len(chunks), n_rows)
             return self._written(n, n_seqs, n_rows)
@@ -167,10 +167,8 @@ class ModelRunner:
         return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
 
 
-def first_rows(logits, n: int | None):
-    """The first n rows of a step's logits (all of them for n None)."""
-    if n is None:
-        return logits
+def first_rows(logits, n: int):
+    """The first n rows of a step's logits."""
     if isinstance(logits, TopLogits):
         return TopLogits(logits.ids[:n], logits.values[:n])
     return logits[:n]
