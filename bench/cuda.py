@@ -404,6 +404,17 @@ KERNEL_SHAPES = [  # (label, type, rows, k, n, mode): decode products of the ben
 ]
 
 
+BATCH_SHAPES = [  # (label, type, rows, k, gated): products of batched decode steps
+    ("135M qkv Q4_1", "Q4_1", [576, 192, 192], 576, False),
+    ("135M gate+up Q4_1", "Q4_1", [1536, 1536], 576, True),
+    ("135M down Q4_1", "Q4_1", [576], 1536, False),
+    ("270M qk Q5_0", "Q5_0", [1024, 256], 640, False),
+    ("270M gate+up Q5_0", "Q5_0", [2048, 2048], 640, True),
+    ("270M o Q4_K", "Q4_K", [640], 1024, False),
+    ("270M down Q6_K", "Q6_K", [640], 2048, False),
+]
+
+
 def kernel_times(reps: int = 40) -> dict:
     """Each decode product alone, `reps` launches captured in one CUDA graph: microseconds per
     launch (the in-graph launch gap included) and weight GB/s; plus the smallest kernel's time."""
@@ -412,6 +423,8 @@ def kernel_times(reps: int = 40) -> dict:
     from ember.backends.cuda._ops import (
         MODE_RESIDUAL,
         MODE_SILU,
+        MS_COUNTERS,
+        MS_PART_FLOATS,
         DeviceMatrix,
         Matmul,
         Tail,
@@ -453,6 +466,24 @@ def kernel_times(reps: int = 40) -> dict:
         us = graph_us(cp, op.launches(b.kernels) + extra, reps)
         nbytes = sum(r * rb for r in rows)
         out[label] = {"us": round(us, 2), "gbs": round(nbytes / us / 1e3, 1), "mb": round(nbytes / 1e6, 2)}
+    for label, tname, rows, k, gated in BATCH_SHAPES:  # batched decode: 16 and 64 activation rows
+        qtype = GGMLType[tname]
+        rb = layout(qtype).row_bytes(k)
+        ws = [Weight(f"w{i}", qtype, (r, k), DeviceMatrix(cp.random.randint(0, 256, r * rb + 64, dtype=cp.uint8), rb))
+              for i, r in enumerate(rows)]
+        for n in (16, 64):
+            x = cp.random.standard_normal((n, k), dtype=cp.float32)
+            xq = cp.empty(xq_bytes(n, k), cp.uint8)
+            ys = [cp.empty((n, r), cp.float32) for r in rows]
+            kw = {"mode": MODE_SILU, "aux": cp.empty((n, rows[0]), cp.float32)} if gated else {}
+            split = dict(split_rows=64, part=b._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                         counters=b._zeroed_u32("mm_split_counters", MS_COUNTERS))
+            ops = {"mv_n8": Matmul(ws, x, ys, xq=xq, quant_in=False, mv_rows=64, **kw),  # groups of 8 rows
+                   "mm_tile": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm),  # no fused epilogue
+                   "mm_split": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm, **split, **kw)}
+            assert ops["mm_split"].split()
+            for name, op in ops.items():
+                out[f"{label} n={n} {name}"] = {"us": round(graph_us(cp, op.launches(b.kernels), reps), 2)}
     from ember.backends.cuda._ops import TopK
 
     for rows, vocab in ((1, 262144), (64, 262144), (64, 49152)):
@@ -556,10 +587,12 @@ def main() -> None:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
         if "shared" not in args.skip:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
-            section(r, "shared_mv_rows_8", with_env, "EMBER_CUDA_MV_ROWS", "8", many_streams, path, 64, 512,
+            section(r, "shared_mm_split_0", with_env, "EMBER_CUDA_MM_SPLIT", "0", many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
             section(r, "shared_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
+            section(r, "shared_att_tiles_decode_0", with_env, "EMBER_CUDA_ATT_TILES_DECODE", "0", many_streams, path,
+                    64, 512, 32 if args.quick else 128, True)
         if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
             section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)
     if "roofline" not in args.skip:
@@ -613,7 +646,7 @@ def print_table(results: dict) -> None:
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
                 print(f"{name:12} {label[8:]:17} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
-        for label in ("many", "shared", "shared_mv_rows_8", "shared_att_waves_8"):
+        for label in ("many", "shared", "shared_mm_split_0", "shared_att_waves_8", "shared_att_tiles_decode_0"):
             v = r.get(label) or {}
             if "total_tps" in v and label not in ("many", "shared"):
                 print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")

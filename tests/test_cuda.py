@@ -118,7 +118,7 @@ def test_matmul(cuda, matrices, qtype, n):
     # BF16) and of x split into two f16 parts for float weights.
     from ember.backends.cuda._ops import matvec_rows
 
-    matvec = n <= matvec_rows(qtype, cuda.mv_rows)
+    matvec = n <= matvec_rows(qtype, 8 if cuda.mm_split else cuda.mv_rows)
     if qtype in FLOAT_TYPES:
         limit = 3e-4 if qtype == GGMLType.F32 and not matvec else 1e-5
     else:
@@ -159,6 +159,67 @@ def test_matmul_of_long_rows(cuda, qtype, n):
     cuda.matmul(w, cuda.from_numpy(x), out)
     want = x.astype(np.float64) @ dequantize(raw, qtype).reshape(rows, cols).astype(np.float64).T
     assert rel_err(cuda.to_numpy(out), want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
+QUANT_TYPES = [t for t in ALL_TYPES if t not in FLOAT_TYPES]
+
+
+def split_op(cuda, ws, x, outs, **kw):
+    """A batched-decode product as the backend makes it (mm_split), asserted to take that path."""
+    from ember.backends.cuda._ops import MS_COUNTERS, MS_PART_FLOATS, MS_TOK, Matmul
+
+    op = Matmul(ws, x, outs, mv_rows=8, split_rows=MS_TOK, part=cuda._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                counters=cuda._zeroed_u32("mm_split_counters", MS_COUNTERS), n_sm=cuda.n_sm, **kw)
+    assert op.split()
+    return op
+
+
+@pytest.mark.parametrize("spread", ["splits", "one"])
+@pytest.mark.parametrize("n", [9, 40, 64])
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_split_products(cuda, matrices, qtype, n, spread, monkeypatch):
+    """mm_split (9..64 activation rows): k over several blocks whose partial sums the last block
+    of each tile adds up, or one block per tile walking k in chunks; a residual add and the gated
+    epilogues; matrices of fewer row tiles than the launch; counters left at zero."""
+    from ember.backends.cuda._ops import MODE_GELU, MODE_RESIDUAL, MODE_SILU, split_plan
+    from ember.quant.types import layout
+
+    assert cuda.mm_split, "the H200 takes mm_split"
+    if spread == "one":
+        monkeypatch.setattr(cuda, "n_sm", 1)  # one split: every block walks all of k
+    rng = np.random.default_rng(n)
+    w = cuda.weight(matrices.tensors[qtype.name])
+    W = dense(matrices, qtype.name)
+    small, Ws = sub_matrix(w, 77), W[:77]  # two row tiles of the launch's five
+    x = rng.normal(0, 1, (n, COLS)).astype(np.float32)
+    xd = cuda.from_numpy(x)
+    want = x.astype(np.float64) @ W.T
+    tol = 3e-3  # f16 x and weights, f32 sums
+
+    out, out_s = poisoned(cuda, (n, ROWS)), poisoned(cuda, (n, 77))
+    op = split_op(cuda, [w, small], xd, [out, out_s])
+    upb = layout(qtype).block_size // 32
+    n_split, ups = split_plan(COLS // 32, upb, 2 * -(-ROWS // 64), cuda.n_sm)
+    assert (n_split > 1) == (spread == "splits") and ups % upb == 0
+    assert [launch.grid for launch in op.launches(cuda.kernels)] == [(-(-ROWS // 64), n_split, 2)]
+    cuda._run(op)
+    assert rel_err(cuda.to_numpy(out), want) < tol
+    assert rel_err(cuda.to_numpy(out_s), x.astype(np.float64) @ Ws.T) < tol
+
+    res0 = rng.normal(0, 1, (n, ROWS)).astype(np.float32)
+    res = cuda.from_numpy(res0)
+    y = poisoned(cuda, (n, ROWS))
+    cuda._run(split_op(cuda, [w], xd, [y], mode=MODE_RESIDUAL, aux=res))
+    assert rel_err(cuda.to_numpy(y), want) < tol
+    assert rel_err(cuda.to_numpy(res), res0 + want) < tol
+
+    for mode, act in ((MODE_SILU, lambda g: g / (1 + np.exp(-g))),
+                      (MODE_GELU, lambda g: 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))))):
+        g, u, a = poisoned(cuda, (n, ROWS)), poisoned(cuda, (n, ROWS)), poisoned(cuda, (n, ROWS))
+        cuda._run(split_op(cuda, [w, w], xd, [g, u], mode=mode, aux=a))
+        assert rel_err(cuda.to_numpy(g), want) < tol and rel_err(cuda.to_numpy(u), want) < tol
+        assert rel_err(cuda.to_numpy(a), act(want) * want) < tol
+    assert not cuda._zeroed_u32("mm_split_counters", 1 << 13).get().any()
 
 
 @pytest.mark.parametrize("n", [2, 100])
@@ -499,7 +560,11 @@ TILE_CASES = {
     "window_chunk": ([700], [90], 4, 4, 64, 100, 0.0),  # keys start inside the first chunk
     "softcap_heads_chunks": ([33], [70], 20, 2, 128, 0, 30.0),  # 10 heads per kv head: chunks of 8 and 2
     "head_dim_256_gqa8": ([5, 0], [40, 3], 16, 2, 256, 0, 0.0),  # 8 rows per token
+    # batched decode steps (one token of each of more than 8 sequences): a piece per token
+    "decode_64_seqs": ([int(x) for x in np.arange(64) * 9 % 600], [1] * 64, 9, 3, 64, 0, 0.0),
+    "decode_12_seqs_window": ([int(x) for x in np.arange(12) * 97 % 900], [1] * 12, 4, 1, 256, 512, 0.0),
 }
+UNSPLIT_TILE_CASES = {"decode_64_seqs"}  # enough pieces to fill the GPU: key ranges stay whole
 
 
 @pytest.mark.parametrize("splits", [True, False])
@@ -531,7 +596,7 @@ def test_attention_tiles(cuda, ref, case, splits, monkeypatch):
     monkeypatch.setattr(cuda, "att_tile_splits", splits)  # key ranges over several blocks, merged
     out = poisoned(cuda, (n, n_head * hd))
     cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
-    assert taken == [(True, splits)]
+    assert taken == [(True, splits and case not in UNSPLIT_TILE_CASES)]
     assert rel_err(cuda.to_numpy(out), want) < 5e-4  # the probabilities' f16 rounding
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,10 +63,23 @@ def mat(rows: int, cols: int, qtype=GGMLType.Q4_K) -> Weight:
     return Weight("w", qtype, (rows, cols), buf)
 
 
+SPLIT = {}  # the backend's mm_split buffers, when a test turns the path on
+
+
 def matmul(ws: list, x: Addr, outs: list) -> Matmul:
-    """A product as the backend records it: with its quantized-activation buffer on the decode path."""
+    """A product as the backend records it: with its quantized-activation buffer on the decode path,
+    and mm_split's buffers for 9..64 rows where SPLIT holds them."""
     n, k = x.shape
-    return Matmul(ws, x, outs, xq=Addr(xq_bytes(n, k), dtype=np.uint8) if n <= 8 else None)
+    split = dict(SPLIT, mv_rows=8) if SPLIT and n > 8 else {}
+    return Matmul(ws, x, outs, xq=Addr(xq_bytes(n, k), dtype=np.uint8) if n <= 8 else None, **split)
+
+
+@pytest.fixture
+def split_path(monkeypatch):
+    from ember.backends.cuda._ops import MS_COUNTERS, MS_PART_FLOATS, MS_TOK
+
+    monkeypatch.setattr(sys.modules[__name__], "SPLIT", dict(
+        split_rows=MS_TOK, part=Addr(MS_PART_FLOATS), counters=Addr(MS_COUNTERS, dtype=np.uint32)))
 
 
 ROPE = RopeArgs(64, False, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, None)
@@ -152,6 +166,35 @@ def test_prefill_products_stay_unfused():
     assert [type(op) for op in fused] == [RmsNorm, Matmul, QkvPost, Attention, Matmul, Add, RmsNorm, Matmul,
                                           GatedAct, Matmul, Add]
     assert all(op.norm_w is None and op.mode == 0 and op.tail is None for op in fused if isinstance(op, Matmul))
+
+
+def test_batched_decode_products_fuse_their_epilogues(split_path):
+    """9..64 rows of quantized weights (mm_split): the residual adds and the gate go into the
+    products' epilogues; norms stay launches of their own (the products read x as f32)."""
+    x, h = Addr(40, 256), Addr(40, 256)
+    ops, a = llama_layer(40, x, h)
+    fused = fuse(ops, counter)
+    assert [type(op) for op in fused] == [RmsNorm, Matmul, QkvPost, Attention, Matmul, RmsNorm, Matmul, Matmul]
+    qkv, wo, ffn, down = (op for op in fused if isinstance(op, Matmul))
+    assert all(op.split() and not op.matvec() for op in (qkv, wo, ffn, down))
+    assert qkv.mode == 0 and wo.mode == MODE_RESIDUAL and wo.aux is x and down.mode == MODE_RESIDUAL
+    assert ffn.mode == MODE_SILU and ffn.aux is a["g"] and ffn.act_q is None and down.quant_in
+    launches = [launch for op in fused for launch in op.launches(FakeKernels())]
+    splits = [launch for launch in launches if launch.fn[1] == "mm_split"]
+    assert len(splits) == 4 and all(launch.block == (256, 1, 1) for launch in splits)
+    assert splits[0].grid[2] == 3 and splits[2].grid[2] == 2  # q, k, v; gate and up
+    for launch in splits:
+        assert [arg.dtype for arg in launch.args] == [param_dtype(p) for p in kernel_params("mm_split")]
+
+
+def test_batched_gate_needs_room_for_partial_sums(split_path):
+    """A gate whose partial sums would not fit the shared buffer leaves the product on mm_tile,
+    unfused."""
+    n, ff = 64, 40000
+    x, g, u = Addr(n, 256), Addr(n, ff), Addr(n, ff)
+    ops = [matmul([mat(ff, 256), mat(ff, 256)], x, [g, u]), GatedAct("silu", g, u, g)]
+    assert ops[0].split()
+    assert [type(op) for op in fuse(ops, counter)] == [Matmul, GatedAct]
 
 
 def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64, single=False):
@@ -372,7 +415,7 @@ def kernel_params(name: str) -> list[str]:
     src = strip_comments("".join(p.read_text() for p in sorted(KERNELS.glob("*.c*"))))
     macros = {m.group(1): m.group(2).replace("\\\n", " ")
               for m in re.finditer(r"#define (\w+_PARAMS)((?:[^\n]*\\\n)*[^\n]*)", src)}
-    m = re.search(r"extern \"C\" __global__ void(?: __launch_bounds__\(\w+\))?\s+" + name + r"\(([^)]*)\)", src)
+    m = re.search(r"extern \"C\" __global__ void(?: __launch_bounds__\([\w, ]+\))?\s+" + name + r"\(([^)]*)\)", src)
     assert m, f"kernel {name} not found"
     params = m.group(1)
     for macro, text in macros.items():

@@ -44,7 +44,12 @@ from ._ops import (
     RopeArgs,
     Scale,
     TopK,
+    DECODE_TOKENS,
+    MS_COUNTERS,
+    MS_PART_FLOATS,
+    MS_TOK,
     matvec_rows,
+    quantized,
     runs_contiguous,
     split_count,
     tile_pieces,
@@ -122,6 +127,11 @@ class Backend:
         if not rows.isdigit() or not 1 <= int(rows) <= MV_MAX_ROWS:
             raise BackendError(f"EMBER_CUDA_MV_ROWS must be a number of rows from 1 to {MV_MAX_ROWS}, not '{rows}'")
         self.mv_rows = int(rows)
+        # products of 9..64 activation rows of quantized weights (batched decode) split k over
+        # blocks of tensor-core tiles (mm_split: compute capability 8.0+, CUDA); "0": the
+        # matrix-vector kernels in groups of 8 rows and mm_tile take them
+        self.mm_split = (os.environ.get("EMBER_CUDA_MM_SPLIT", "1") != "0" and not self.kernels.hip
+                         and int(self.device.compute_capability) >= 80)
         # decode attention's key-range splits: blocks for this many per multiprocessor
         waves = os.environ.get("EMBER_CUDA_ATT_WAVES", "2")
         if not waves.isdigit() or not 1 <= int(waves) <= 64:
@@ -134,6 +144,9 @@ class Backend:
         # their key ranges split over several blocks where the pieces alone would leave the GPU
         # idle (merged by attn_combine); "0": one block per piece
         self.att_tile_splits = os.environ.get("EMBER_CUDA_ATT_TILE_SPLITS", "1") != "0"
+        # batched decode steps (more than DECODE_TOKENS sequences of one token each) take the tiles
+        # too, one piece per token; "0": the split-K kernel with the folded qkv_post
+        self.att_tiles_decode = os.environ.get("EMBER_CUDA_ATT_TILES_DECODE", "1") != "0"
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -368,9 +381,14 @@ class Backend:
                 raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
         n, k = x.shape
         rows = min(matvec_rows(w.type, self.mv_rows) for w in ws) if ws else 8
+        split = {}
+        if self.mm_split and n > 8 and all(quantized(w.type) for w in ws):
+            rows = min(rows, 8)
+            split = dict(split_rows=MS_TOK, part=self._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                         counters=self._zeroed_u32("mm_split_counters", MS_COUNTERS))
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
-                         prologue=self.prologue, tile_rows=self.tile_rows, n_sm=self.n_sm))
+                         prologue=self.prologue, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
@@ -415,7 +433,8 @@ class Backend:
         # decode steps: a recording's fusion may then fold the KV-cache write into the attention
         # (the engine replays such a recording only for steps of one token per sequence)
         single = 0 < n <= n_seq and np.unique(rows).size == n
-        tiles = self.att_tiles and not single and hd_k == hd_v in ATT_TILE_DIMS and runs_contiguous(rows)
+        tiles = (self.att_tiles and (not single or (self.att_tiles_decode and n > DECODE_TOKENS))
+                 and hd_k == hd_v in ATT_TILE_DIMS and runs_contiguous(rows))
         group, max_ctx = n_head // n_kv_head, max_pages * batch.page_size
         if tiles:
             blocks = tile_pieces(n, group, n_seq) * n_kv_head * -(-group // ATT_HEADS)

@@ -26,8 +26,8 @@ Every fused op writes everything its parts wrote, so no liveness analysis is nee
 only check that no output overlaps an input another block of the same kernel still reads. The
 one exception: an attention doing the QkvPost's work leaves q and k as the product wrote them
 (its blocks normalise and rotate copies), so it forms only where no later op reads them.
-Products fuse only on the matrix-vector path (decode), where the fusions are prologues and
-epilogues. Pure Python on array addresses: testable without a GPU.
+Products fuse on the matrix-vector path (decode), where the fusions are prologues and
+epilogues; batched-decode products (mm_split) fuse a residual add or a gate into the epilogue. Pure Python on array addresses: testable without a GPU.
 """
 from __future__ import annotations
 
@@ -102,6 +102,17 @@ def plain(mm: Matmul) -> bool:
     return mm.matvec() and mm.mode == MODE_STORE and mm.tail is None and mm.act_q is None
 
 
+def plain_or_split(mm: Matmul) -> bool:
+    """plain, or a batched-decode product (mm_split) with no epilogue yet: those fuse a residual
+    add or a gate too."""
+    return plain(mm) or (mm.split() and mm.mode == MODE_STORE and mm.tail is None and mm.act_q is None)
+
+
+def keeps_path(before: Matmul, after: Matmul):
+    """after, if it still takes the path before took (mm_split's gate needs partial sums room)."""
+    return after if after.matvec() or not before.split() or after.split() else None
+
+
 def norm_into_matmul(norm: RmsNorm, mm: Matmul):
     if not (plain(mm) and mm.norm_w is None and mm.quant_in and same(mm.x, norm.out) and norm.w is not None
             and norm.d == mm.k):
@@ -122,7 +133,7 @@ def gather_into_matmul(g: GatherRows, mm: Matmul):
 
 
 def gate_into_matmul(mm: Matmul, act: GatedAct):
-    if not plain(mm) or len(mm.ws) != 2:
+    if not plain_or_split(mm) or len(mm.ws) != 2:
         return None
     gate, up = mm.ws
     if gate.type != up.type or gate.shape != up.shape:
@@ -134,11 +145,11 @@ def gate_into_matmul(mm: Matmul, act: GatedAct):
     in_place = same(act.out, mm.outs[0]) or same(act.out, mm.outs[1])
     if (not in_place and reads_overlap(mm, act.out)) or overlap(act.out, mm.x):
         return None
-    return replace(mm, mode=MODE_SILU if act.act == "silu" else MODE_GELU, aux=act.out)
+    return keeps_path(mm, replace(mm, mode=MODE_SILU if act.act == "silu" else MODE_GELU, aux=act.out))
 
 
 def residual_into_matmul(mm: Matmul, add: Add):
-    if not plain(mm) or len(mm.ws) != 1:
+    if not plain_or_split(mm) or len(mm.ws) != 1:
         return None
     h = mm.outs[0]
     if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
@@ -147,7 +158,7 @@ def residual_into_matmul(mm: Matmul, add: Add):
         return None
     if overlap(res, h) or reads_overlap(mm, res):
         return None
-    return replace(mm, mode=MODE_RESIDUAL, aux=res)
+    return keeps_path(mm, replace(mm, mode=MODE_RESIDUAL, aux=res))
 
 
 def norm_add(norm: RmsNorm, add: Add):
@@ -229,7 +240,7 @@ def fold_qkv_post(post: QkvPost, att: Attention, later: list):
     """The attention doing post's work itself (attn in attention.cu), or None. Only where every
     token is the only one of its sequence: a token's blocks write its key and value to the cache
     and read them back, and no other token's blocks read that row."""
-    if not att.one_token_per_seq or att.post is not None:
+    if not att.one_token_per_seq or att.post is not None or att.tiles:
         return None
     if not (same(post.q, att.q) and same(post.pos, att.pos) and same(post.k_cache, att.k_cache)
             and same(post.v_cache, att.v_cache)):

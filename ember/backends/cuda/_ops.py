@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...quant.types import GGMLType
+from ...quant.types import GGMLType, layout
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
@@ -66,6 +66,37 @@ BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
 def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
     """Activation rows up to which products of this type take the matrix-vector kernels."""
     return limit if qtype in BATCH_MV_TYPES else min(limit, 8)
+
+
+# mm_split (matmul.cu): products of 9..64 activation rows, quantized weights, k split over blocks
+MS_ROWS, MS_TOK, MS_CH, MS_THREADS = 64, 64, 8, 256
+MS_LD = 32 * MS_CH + 8
+MS_MAX_SPLITS = 8
+MS_MIN_UNITS = 4  # 32-value units a split takes at least (the K types: a super-block, 8)
+MS_PART_FLOATS = 4 << 20  # the shared partial-sum buffer (16 MB); products needing more take mm_tile
+MS_COUNTERS = 8192  # tile counters (row tiles x matrices of a launch); products needing more take mm_tile
+
+
+def split_plan(units: int, upb: int, tiles: int, n_sm: int) -> tuple[int, int]:
+    """(splits, units per split) of a mm_split launch with `tiles` row tiles over all its matrices:
+    enough blocks for two per multiprocessor where k allows, each split at least MS_MIN_UNITS
+    units (whole GGUF blocks of upb units), at most MS_MAX_SPLITS."""
+    step = max(upb, MS_MIN_UNITS) if upb > 1 else MS_MIN_UNITS
+    most = max(1, min(MS_MAX_SPLITS, units // step))
+    want = max(1, min(most, 2 * n_sm // max(1, tiles)))
+    ups = -(-units // want)
+    ups = -(-ups // upb) * upb  # whole blocks
+    return -(-units // ups), ups
+
+
+def split_smem(qtype: GGMLType) -> tuple[int, int]:
+    """(span, dynamic shared memory) of mm_split for a type: span = one chunk of a row's raw
+    bytes plus 15 of alignment, in 16s; 16 bytes of slack past the last row (word reads)."""
+    lay = layout(qtype)
+    upb = lay.block_size // 32
+    chunk = -(-MS_CH // upb) * lay.type_size
+    span = 16 * -(-(chunk + 15) // 16)
+    return span, 2 * MS_TOK * MS_LD * 2 + MS_ROWS * span + 16
 
 
 def disjoint(a, b) -> bool:
@@ -167,6 +198,10 @@ class Matmul:
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
+    # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
+    split_rows: int = 0
+    part: Any = None  # device f32 (MS_PART_FLOATS,), shared by every product of the backend
+    counters: Any = None  # device uint32, zeros between launches
 
     @property
     def n(self) -> int:
@@ -190,6 +225,28 @@ class Matmul:
     def matvec(self, kernels=None) -> bool:
         return self.n <= self.mv_rows
 
+    def split(self) -> bool:
+        """Whether the product takes mm_split (a batched decode step of quantized weights)."""
+        if not (self.mv_rows < self.n <= min(self.split_rows, MS_TOK)) or self.part is None:
+            return False
+        if not all(quantized(w.type) for w in self.ws) or self.norm_w is not None:
+            return False
+        for g in self.groups():
+            tiles, n_split, _, floats = self._split_geometry(g)
+            if floats > self.part.size or (floats and tiles * len(g) > self.counters.size):
+                return False
+        return True
+
+    def _split_geometry(self, group: list[int]) -> tuple[int, int, int, int]:
+        """(row tiles, splits, units per split, partial floats) of one launch."""
+        ws = [self.ws[j] for j in group]
+        tiles = -(-max(w.shape[0] for w in ws) // MS_ROWS)
+        upb = layout(ws[0].type).block_size // 32
+        n_split, ups = split_plan(self.k // 32, upb, tiles * len(ws), self.n_sm)
+        gated = self.mode in (MODE_SILU, MODE_GELU)
+        floats = len(ws) * n_split * self.n * tiles * MS_ROWS if n_split > 1 or gated else 0
+        return tiles, n_split, ups, floats
+
     def launches(self, kernels) -> list[Launch]:
         if self.n == 0:
             return []
@@ -201,6 +258,11 @@ class Matmul:
             if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
                 raise AssertionError("fused epilogues need one launch")
             return out + [self._matvec(kernels, g) for g in groups]
+        if self.split():
+            groups = self.groups()
+            if self.tail is not None or self.act_q is not None or (self.mode != MODE_STORE and len(groups) > 1):
+                raise AssertionError("batched products fuse only a residual add or a gate")
+            return [self._split(kernels, g) for g in groups]
         if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
         return [self._tile(kernels, g) for g in self.groups()]
@@ -262,6 +324,22 @@ class Matmul:
             return (u64(0), u64(0), u64(0), f32(0), u64(0), u64(0), u64(0), u64(0), f32(0), u64(0))
         return (ptr(self.src), ptr(self.idx), ptr(self.norm_w), f32(self.eps), ptr(self.x), ptr(self.pro_y),
                 ptr(self.pro_yout), ptr(self.pro_post_w), f32(self.pro_post_eps), ptr(self.pro_counter))
+
+    def _split(self, kernels, group: list[int]) -> Launch:
+        ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
+        gated = self.mode in (MODE_SILU, MODE_GELU)
+        if gated and (len(ws) != 2 or ws[0].shape != ws[1].shape):
+            raise AssertionError("a gated product multiplies two matrices of one shape")
+        tiles, n_split, ups, _ = self._split_geometry(group)
+        lay = layout(ws[0].type)
+        span, smem = split_smem(ws[0].type)
+        args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
+                *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i64(ws[0].data.row_bytes), i32(self.k), i32(self.n),
+                ptr(self.x), ptr(self.part), ptr(self.counters), i32(ups), i32(self.mode), ptr(self.aux),
+                i32(lay.block_size), i32(lay.type_size), i32(span))
+        fn = kernels.fn(f"matmul_{int(ws[0].type)}", "mm_split")
+        allow_smem(fn, smem)
+        return Launch(fn, (tiles, n_split, len(ws)), (MS_THREADS, 1, 1), args, smem=smem)
 
     def _tile(self, kernels, group: list[int]) -> Launch:
         ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
@@ -587,7 +665,7 @@ def runs_contiguous(seq_rows) -> bool:
 
 def allow_smem(fn, nbytes: int) -> None:
     """Let kernel fn take nbytes of dynamic shared memory (past 48 KB it must be asked for)."""
-    if nbytes > 48 * 1024 and getattr(fn, "max_dynamic_shared_size_bytes", 0) < nbytes:
+    if nbytes > 48 * 1024 and hasattr(fn, "max_dynamic_shared_size_bytes") and fn.max_dynamic_shared_size_bytes < nbytes:
         fn.max_dynamic_shared_size_bytes = nbytes
 
 

@@ -277,15 +277,6 @@ extern "C" __global__ void attn_combine(const float *__restrict__ part, float *_
 #if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__)
 #define AT_ROWS 64
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    const u32 s = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 // Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give matrix i's rows.
 __device__ __forceinline__ void ldsm_x4_t(u32 *r, const void *p) {
     const u32 s = (u32)__cvta_generic_to_shared(p);

@@ -266,6 +266,20 @@ __device__ __forceinline__ void mma_16816(float *c, const u32 *a, u32 b0, u32 b1
 #endif
 }
 
+// ---- asynchronous copies global -> shared (compute capability 8.0+, CUDA only) ----
+#if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__)
+// 16 bytes at src into dst; bytes past src_bytes (0..16) are filled with zeros.
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
+
 #define ROPE_PARAMS                                                                                       \
     int n_rot, int neox, float base, float freq_scale, float ext_factor, float mscale, float corr_low, \
         float corr_high, const float *freq_factors

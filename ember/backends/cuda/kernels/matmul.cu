@@ -613,6 +613,245 @@ extern "C" __global__ void __launch_bounds__(128) mm_tile64(MM_TILE_PARAMS) {
     mm_tile_body<64>(w0, w1, w2, w3, y0, y1, y2, y3, rows0, rows1, rows2, rows3, row_bytes, k, n, x);
 }
 
+// ---- batched decode: split tensor-core tiles ----
+//
+// mm_split: y_m (n, rows_m) = x (n, k) @ W_m.T for 8 < n <= 64 activation rows of a quantized
+// type (a decode step of many sequences). mm_tile's blocks each walk the whole of k, so a product
+// of few row tiles is a long chain of memory waits on a few multiprocessors. Here the k units
+// (32 values) are split over gridDim.y blocks of ups units each, and a block:
+//   - copies its first chunk of weight blocks (MS_CH units of its 64 rows, as raw GGUF bytes)
+//     into shared memory with cp.async before waiting on the kernel before it (the weights depend
+//     on no kernel: launched early inside a captured step, the copy overlaps that kernel);
+//   - converts its share of x to f16, decodes the chunk's units to f16 (unit_f on the shared copy,
+//     which keeps the rows' alignment mod 16), and runs mma.sync m16n8k16 over it while the next
+//     chunk's bytes arrive;
+//   - with one split and no gate, writes y (and adds into aux in MODE_RESIDUAL) itself. Otherwise
+//     it writes its partial tile to part, and the last block of the tile (a counter, as mv_tail)
+//     sums the partials in split order, writes y, and does the epilogue: aux += y (residual), or
+//     aux = act(y_0) * y_1 (gated: both matrices' blocks count on the tile's one counter).
+// grid (row tiles of 64, splits, n_mat); 256 threads = 8 warps of 32 tokens x 16 rows.
+// part: (n_mat, splits, n, gridDim.x * 64) f32; counters: gridDim.x * n_mat zeros, left zero.
+// Dynamic shared memory: 2 * 64 * MS_LD * 2 + 64 * span bytes (span: one chunk of a row's raw
+// bytes plus 15 of alignment, rounded up to 16). CUDA only (sm_80+).
+#if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__)
+#define MS_ROWS 64
+#define MS_TOK 64
+#define MS_CH 8                 // units per chunk (256 values: one K-quant super-block)
+#define MS_LD (32 * MS_CH + 8)  // shared row stride in halves (528 bytes: conflict-free fragments)
+#define MS_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)
+    mm_split(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
+             int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const float *__restrict__ x,
+             float *part, unsigned *counters, int ups, int mode, float *aux, int blk_vals, int blk_bytes,
+             int span) {
+    extern __shared__ __align__(16) u8 ms_smem[];
+    u16(*xs)[MS_LD] = (u16(*)[MS_LD])ms_smem;
+    u16(*ws)[MS_LD] = (u16(*)[MS_LD])(ms_smem + MS_TOK * MS_LD * 2);
+    u8 *raw = ms_smem + (MS_TOK + MS_ROWS) * MS_LD * 2;
+    __shared__ int last_s;
+
+    const int mat = blockIdx.z, split = blockIdx.y, n_split = gridDim.y;
+    const u8 *w = mat == 0 ? w0 : mat == 1 ? w1 : mat == 2 ? w2 : w3;
+    const int rows = mat == 0 ? rows0 : mat == 1 ? rows1 : mat == 2 ? rows2 : rows3;
+    const int r0 = blockIdx.x * MS_ROWS;
+    pdl_launch_next();
+    if (r0 >= rows) {  // a matrix with fewer row tiles than the grid: nothing here (no counter)
+        pdl_wait();
+        return;
+    }
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+    const int units = k / 32, u0 = split * ups, u1 = min(units, u0 + ups);
+    const int upb = blk_vals / 32;  // units per GGUF block (1, or 8 for the K types)
+
+    // The raw bytes of units [uc, uc + nu) of the tile's rows into raw: row r at raw + r * span,
+    // from the 16-byte boundary below its first byte.
+    auto stage = [&](int uc, int nu) {
+        const i64 b0 = (i64)(uc / upb) * blk_bytes, nb = (i64)((nu + upb - 1) / upb) * blk_bytes;
+        const int per_row = span / 16;
+        for (int i = tid; i < MS_ROWS * per_row; i += MS_THREADS) {
+            const int r = i / per_row, c = i % per_row;
+            if (r0 + r >= rows) continue;
+            const size_t src = (size_t)(w + (size_t)(r0 + r) * row_bytes + b0);
+            const size_t a0 = src & ~(size_t)15;
+            if (a0 + 16 * c < src + nb) cp_async16(raw + r * span + 16 * c, (const void *)(a0 + 16 * c), 16);
+        }
+        cp_async_commit();
+    };
+    stage(u0, min(MS_CH, u1 - u0));
+    pdl_wait();
+
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 16;  // this warp's 32 tokens x 16 rows
+    float acc[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    for (int uc = u0; uc < u1; uc += MS_CH) {
+        const int nu = min(MS_CH, u1 - uc), f4 = nu * 8;  // float4s of a token's share of x
+        // x: tokens < n, values [32 uc, 32 (uc + nu)), as f16 (rows past n are never stored)
+        {
+            float4 v[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
+                if (t < n) v[i] = *(const float4 *)(x + (size_t)t * k + 32 * uc + 4 * c);
+            }
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
+                if (t < n) *(uint2 *)&xs[t][4 * c] = make_uint2(pack_h2(v[i].x, v[i].y), pack_h2(v[i].z, v[i].w));
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        // decode the chunk's units (rows past `rows` are never stored: their outputs are dropped)
+        {
+            const i64 b0 = (i64)(uc / upb) * blk_bytes;
+            for (int i = tid; i < MS_ROWS * nu; i += MS_THREADS) {
+                const int r = i / nu, u = i % nu;
+                if (r0 + r >= rows) continue;
+                const size_t src = (size_t)(w + (size_t)(r0 + r) * row_bytes + b0);
+                float v[32];
+                unit_f<QT>(raw + r * span + (src & 15), u, v);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    *(uint4 *)&ws[r][32 * u + 8 * j] =
+                        make_uint4(pack_h2(v[8 * j], v[8 * j + 1]), pack_h2(v[8 * j + 2], v[8 * j + 3]),
+                                   pack_h2(v[8 * j + 4], v[8 * j + 5]), pack_h2(v[8 * j + 6], v[8 * j + 7]));
+            }
+        }
+        __syncthreads();
+        if (uc + MS_CH < u1) stage(uc + MS_CH, min(MS_CH, u1 - uc - MS_CH));  // raw is free again
+        if (wm < n) {
+            for (int ks = 0; ks < 32 * nu; ks += 16) {
+                u32 af[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    const int tr = wm + 16 * mi + g, c = ks + 2 * tq;
+                    af[mi][0] = *(const u32 *)&xs[tr][c];
+                    af[mi][1] = *(const u32 *)&xs[tr + 8][c];
+                    af[mi][2] = *(const u32 *)&xs[tr][c + 8];
+                    af[mi][3] = *(const u32 *)&xs[tr + 8][c + 8];
+                }
+#pragma unroll
+                for (int ni = 0; ni < 2; ni++) {
+                    const int rr = wn + 8 * ni + g, c = ks + 2 * tq;
+                    const u32 b0 = *(const u32 *)&ws[rr][c], b1 = *(const u32 *)&ws[rr][c + 8];
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
+                }
+            }
+        }
+        __syncthreads();  // xs and ws are rewritten by the next chunk
+    }
+
+    const bool gated = mode == MODE_SILU || mode == MODE_GELU;
+    float *y = mat == 0 ? y0 : mat == 1 ? y1 : mat == 2 ? y2 : y3;
+    if (n_split == 1 && !gated) {
+        // c0, c1: token g, rows 2tq, 2tq+1; c2, c3: token g+8
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = wm + 16 * mi + g + 8 * (e >> 1), rr = r0 + wn + 8 * ni + 2 * tq + (e & 1);
+                    if (t < n && rr < rows) {
+                        const size_t at = (size_t)t * rows + rr;
+                        y[at] = acc[mi][ni][e];
+                        if (mode == MODE_RESIDUAL) aux[at] += acc[mi][ni][e];
+                    }
+                }
+        return;
+    }
+    const int cap = gridDim.x * MS_ROWS;  // row stride of part
+    float *my = part + ((size_t)mat * n_split + split) * n * cap;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {  // rows rr, rr + 1 (part has room up to cap)
+                const int t = wm + 16 * mi + g + 8 * (e >> 1), rr = r0 + wn + 8 * ni + 2 * tq;
+                if (t < n) *(float2 *)&my[(size_t)t * cap + rr] = make_float2(acc[mi][ni][e], acc[mi][ni][e + 1]);
+            }
+    // The block's partials, ordered by the barrier, are published by thread 0's fence before it
+    // counts (as mv_tail).
+    __syncthreads();
+    unsigned *counter = counters + (gated ? blockIdx.x : mat * gridDim.x + blockIdx.x);
+    if (tid == 0) {
+        __threadfence();
+        const unsigned expect = gated ? 2u * n_split : (unsigned)n_split;
+        const bool last = atomicAdd(counter, 1u) == expect - 1;
+        if (last) __threadfence();
+        last_s = last;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    // The tile's n x 64 sums, four rows (a float4 of each partial) per item, four items per thread
+    // at a time, four splits' loads in flight together.
+    const int items = n * (MS_ROWS / 4);
+    const float *pbase = part + (gated ? 0 : (size_t)mat * n_split * n * cap);
+    for (int i0 = 0; i0 < items; i0 += 4 * MS_THREADS) {
+        float4 sum[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int it = 0; it < 4; it++) sum[h][it] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // gated: the gate's splits, then the up's
+            if (h == 1 && !gated) break;
+            const float *ph = pbase + (size_t)h * n_split * n * cap;
+            for (int s0 = 0; s0 < n_split; s0 += 4) {
+                float4 v[4][4];
+#pragma unroll
+                for (int sj = 0; sj < 4; sj++)
+#pragma unroll
+                    for (int it = 0; it < 4; it++) {
+                        const int i = i0 + tid + MS_THREADS * it, t = i / (MS_ROWS / 4), c = i % (MS_ROWS / 4);
+                        v[sj][it] = make_float4(0.f, 0.f, 0.f, 0.f);
+                        if (s0 + sj < n_split && i < items)
+                            v[sj][it] = __ldcg((const float4 *)(ph + ((size_t)(s0 + sj) * n + t) * cap + r0 + 4 * c));
+                    }
+#pragma unroll
+                for (int sj = 0; sj < 4; sj++)
+#pragma unroll
+                    for (int it = 0; it < 4; it++) {
+                        sum[h][it].x += v[sj][it].x, sum[h][it].y += v[sj][it].y;
+                        sum[h][it].z += v[sj][it].z, sum[h][it].w += v[sj][it].w;
+                    }
+            }
+        }
+#pragma unroll
+        for (int it = 0; it < 4; it++) {
+            const int i = i0 + tid + MS_THREADS * it, t = i / (MS_ROWS / 4), c = i % (MS_ROWS / 4);
+            if (i >= items) break;
+            const float gv[4] = {sum[0][it].x, sum[0][it].y, sum[0][it].z, sum[0][it].w};
+            const float uv[4] = {sum[1][it].x, sum[1][it].y, sum[1][it].z, sum[1][it].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int rr = r0 + 4 * c + j;
+                if (rr >= rows) break;
+                const size_t at = (size_t)t * rows + rr;
+                if (gated) {
+                    y0[at] = gv[j];
+                    y1[at] = uv[j];
+                    aux[at] = (mode == MODE_SILU ? silu_f(gv[j]) : gelu_tanh_f(gv[j])) * uv[j];
+                } else {
+                    y[at] = gv[j];
+                    if (mode == MODE_RESIDUAL) aux[at] += gv[j];
+                }
+            }
+        }
+    }
+    if (tid == 0) atomicExch(counter, 0u);  // ready for the next launch
+}
+#endif
+
 // out (n, cols) = rows ids (n,) of W (rows, cols) as f32; ids outside [0, rows) give zeros.
 extern "C" __global__ void __launch_bounds__(128)
     get_rows(const u8 *__restrict__ w, i64 row_bytes, int rows, int cols, const int *__restrict__ ids,
