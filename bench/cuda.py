@@ -199,6 +199,8 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
                     firsts[i] = time.perf_counter()
             ends[i] = time.perf_counter()
 
+        runner = llm.engine.runner
+        shapes0 = len(runner._recordings) + len(runner._large)
         timer = StepTimer(llm.engine)
         with ThreadPoolExecutor(n_streams) as pool:
             t0 = time.perf_counter()
@@ -206,6 +208,7 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
                 f.result()
         t_end = max(ends)
         timer.remove()
+        shapes = len(runner._recordings) + len(runner._large) - shapes0
         generated = sum(counts)
         prefill_end = max(firsts)
         computed = n_prompt if shared else n_prompt * n_streams
@@ -215,6 +218,7 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
                 "gen_tps_whole_run": generated / (t_end - t0),
                 "prompt_tokens_computed": llm.engine.metrics.prompt_tokens_computed, "expected_computed": computed,
                 "decode_steps": timer.summary(n_streams), "decode_replay_ms": replay_step_ms(llm, 50, n_streams),
+                "phases": timer.phases(), "shapes_recorded": shapes,
                 "decode_profile": step_profile(llm, n_streams) if shared else {}}
 
 
@@ -253,6 +257,15 @@ class StepTimer:
 
     def remove(self) -> None:
         del self.runner.run, self.runner.wait, self.engine.step
+
+    def phases(self) -> dict:
+        """Every step's wall time, as totals of prompt-sized steps (more than 64 tokens) and
+        small ones, and the slowest few (tokens, ms): where a run's time goes."""
+        big = [s for k, s, _ in self.steps if k > 64]
+        small = [s for k, s, _ in self.steps if k <= 64]
+        slow = sorted(((round(1000 * s, 1), k) for k, s, _ in self.steps), reverse=True)[:8]
+        return {"prompt_steps": len(big), "prompt_ms": round(1000 * sum(big), 1), "small_steps": len(small),
+                "small_ms": round(1000 * sum(small), 1), "slowest_ms_tokens": slow}
 
     def summary(self, n: int) -> dict:
         runner_ms = sorted(1000 * r for k, _, r in self.steps if k == n)
@@ -650,6 +663,9 @@ def print_table(results: dict) -> None:
             v = r.get(label) or {}
             if "total_tps" in v and label not in ("many", "shared"):
                 print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")
+            if v.get("phases"):
+                print(f"{name:12} {label:6} steps: {v['phases']} ({v.get('shapes_recorded')} shapes recorded), wall "
+                      f"{v['wall_s']:.3f} s")
             if v.get("decode_steps"):
                 d = v["decode_steps"]
                 print(f"{name:12} {label:6} decode steps: {d['steps']}, step p50 {d['step_ms_p50']:.2f} ms, runner p50 "

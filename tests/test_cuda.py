@@ -184,9 +184,11 @@ def test_split_products(cuda, matrices, qtype, n, spread, monkeypatch):
     from ember.backends.cuda._ops import MODE_GELU, MODE_RESIDUAL, MODE_SILU, split_plan
     from ember.quant.types import layout
 
+    from ember.backends.cuda import _ops
+
     assert cuda.mm_split, "the H200 takes mm_split"
     if spread == "one":
-        monkeypatch.setattr(cuda, "n_sm", 1)  # one split: every block walks all of k
+        monkeypatch.setattr(_ops, "MS_MAX_SPLITS", 1)  # one split: every block walks all of k, chunk by chunk
     rng = np.random.default_rng(n)
     w = cuda.weight(matrices.tensors[qtype.name])
     W = dense(matrices, qtype.name)
@@ -564,7 +566,7 @@ TILE_CASES = {
     "decode_64_seqs": ([int(x) for x in np.arange(64) * 9 % 600], [1] * 64, 9, 3, 64, 0, 0.0),
     "decode_12_seqs_window": ([int(x) for x in np.arange(12) * 97 % 900], [1] * 12, 4, 1, 256, 512, 0.0),
 }
-UNSPLIT_TILE_CASES = {"decode_64_seqs"}  # enough pieces to fill the GPU: key ranges stay whole
+UNSPLIT_TILE_CASES: set = set()  # cases whose pieces fill the GPU: key ranges stay whole
 
 
 @pytest.mark.parametrize("splits", [True, False])

@@ -189,12 +189,19 @@ def test_batched_decode_products_fuse_their_epilogues(split_path):
 
 def test_batched_gate_needs_room_for_partial_sums(split_path):
     """A gate whose partial sums would not fit the shared buffer leaves the product on mm_tile,
-    unfused."""
-    n, ff = 64, 40000
+    unfused; so do products of many row tiles."""
+    n, ff = 64, 4000
     x, g, u = Addr(n, 256), Addr(n, ff), Addr(n, ff)
     ops = [matmul([mat(ff, 256), mat(ff, 256)], x, [g, u]), GatedAct("silu", g, u, g)]
     assert ops[0].split()
+    assert [type(op) for op in fuse(ops, counter)] == [Matmul]
+    need = replace(ops[0], mode=MODE_SILU)._split_geometry([0, 1])[3]
+    assert need == 2 * n * 63 * 64  # gate and up sums of 63 row tiles, one split
+    part = Addr(need - 1)  # one float short
+    ops[0] = replace(ops[0], part=part)
+    assert ops[0].split()
     assert [type(op) for op in fuse(ops, counter)] == [Matmul, GatedAct]
+    assert not replace(ops[0], ws=[mat(33 * 64 * 4, 256)] * 2).split()  # 264 row tiles: mm_tile
 
 
 def gemma_layer(n: int, x: Addr, d=256, ff=512, hd=64, single=False):

@@ -258,3 +258,40 @@ def test_tokens_reach_the_caller_before_the_next_step_computes(tiny, monkeypatch
         assert tokens_at_run == list(range(6)), tokens_at_run
     finally:
         llm.close()
+
+
+def test_padded_decode_steps_give_the_same_tokens(tiny, monkeypatch):
+    """On a backend that pads decode steps (a GPU), 12 decoding sequences run as a step of 16:
+    the 4 extra ones write only the page past the pool's and their logits are dropped. Checked on
+    the CPU backend made to pad: the tokens are those of the same requests unpadded, the padded
+    shape was recorded on its first step and replayed, and every page returns to the pool."""
+    from ember.backends import get_backend
+
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(12)]
+    results = {}
+    for pad in (False, True):
+        monkeypatch.setattr(type(get_backend("cpu")), "pads_decode_steps", pad, raising=False)
+        llm = LLM(tiny, device="cpu", ctx=64, slots=16, prefix_cache=False)
+        try:
+            runner = llm.engine.runner
+            assert (runner.pad_page is not None) == pad
+            assert llm.engine.cache.n_pages == llm.engine.pool.n_pages + 1
+            seen = []
+            real_run = runner._run
+
+            def spy(step, key, wait, first_sight=False):
+                seen.append((step.n, key in runner._recordings))
+                return real_run(step, key, wait, first_sight)
+
+            runner._run = spy
+            handles = [llm.engine.submit(Request(p, 10, GREEDY)) for p in prompts]
+            results[pad] = [collect(h) for h in handles]
+            clean_pool(llm)
+            if pad:
+                padded = [hit for n, hit in seen if n == 16]
+                assert len(padded) >= 8 and not padded[0] and all(padded[1:])  # recorded once, then replayed
+                assert all(n <= 8 or n == 16 for n, _ in seen if n <= 16)
+        finally:
+            llm.close()
+    assert results[True] == results[False]

@@ -182,13 +182,14 @@ class Engine:
     def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig()):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.pool = PagePool(config.n_pages, config.page_size)
-        self.cache = model.new_kv_cache(config.n_pages, config.page_size)
+        # one page past the pool's: the runner's padding tokens write there (see ModelRunner)
+        self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size)
         self.tree = RadixCache(self.pool)
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
-                                  -(-config.n_ctx // config.page_size))
+                                  -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
         self.metrics = EngineMetrics()
         self.last_error: str | None = None

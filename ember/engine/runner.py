@@ -24,24 +24,38 @@ MAX_LARGE_RECORDINGS = 8  # larger steps, where a backend records them too (kept
 
 
 class StepInputs:
-    """Fixed-address input arrays sized for the largest step."""
+    """Fixed-address input arrays sized for the largest step (and its padding: pad_seqs table rows)."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, pages_per_seq: int):
+    def __init__(self, max_tokens: int, max_seqs: int, pages_per_seq: int, pad_seqs: int = 0):
         self.tokens = np.zeros(max_tokens, np.int32)
         self.positions = np.zeros(max_tokens, np.int32)
         self.seq_rows = np.zeros(max_tokens, np.int32)
         self.slots = np.zeros(max_tokens, np.int64)
         self.rows = np.zeros(max_tokens, np.int32)
-        self.tables = np.zeros((max_seqs, pages_per_seq), np.int32)
+        self.tables = np.zeros((max_seqs + pad_seqs, pages_per_seq), np.int32)
+
+
+def decode_bucket(n: int) -> int:
+    """Tokens a padded decode step of n sequences runs: n up to 8 (the matrix-vector kernels take
+    each count as it is), else the next power of two."""
+    return n if n <= 8 else 1 << (n - 1).bit_length()
 
 
 class ModelRunner:
-    def __init__(self, model: Model, cache: KVCache, max_tokens: int, max_seqs: int, pages_per_seq: int):
+    def __init__(self, model: Model, cache: KVCache, max_tokens: int, max_seqs: int, pages_per_seq: int,
+                 pad_page: int | None = None):
+        """pad_page: a cache page no sequence uses. Given one, on a backend that asks for it
+        (pads_decode_steps: a GPU, where a recorded step's launches cost the same for a few more
+        rows), decode steps of more than 8 sequences run as decode_bucket(n) sequences, the extra
+        ones all the same token at position 0 of pad_page: the few shapes are recorded the first
+        time they come, and a batch whose streams end one by one keeps replaying them."""
         self.model, self.cache = model, cache
         self.page_size = cache.page_size
-        self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq)
+        self.pad_page = pad_page if getattr(model.backend, "pads_decode_steps", False) else None
+        pad_seqs = decode_bucket(max_seqs) - max_seqs if self.pad_page is not None else 0
+        self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq, pad_seqs)
         self._arange = np.arange(max(max_tokens, max_seqs), dtype=np.int32)
-        self._table_of: list = [None] * max_seqs  # the pages each table row holds (_decode_step)
+        self._table_of: list = [None] * (max_seqs + pad_seqs)  # the pages each table row holds (_decode_step)
         self.recordable = hasattr(model.backend, "record")
         # a GPU launches hundreds of small kernels per step: it records prompt-sized steps as well
         self.max_recorded = max(MAX_RECORDED_TOKENS, getattr(model.backend, "max_recorded_tokens", 0))
@@ -79,12 +93,16 @@ class ModelRunner:
         step = self.step(plan)
         step.top_k = top_k
         key = (step.n, len(step.attn.block_tables), len(step.output_rows), top_k)
-        logits = self._run(step, key, wait)
-        if step.n > MAX_RECORDED_TOKENS:  # rows past the plan's own are padding (_bucketed)
-            return first_rows(logits, sum(len(c.logit_rows) for c in plan.chunks))
+        decode = all(c.n == 1 for c in plan.chunks)
+        logits = self._run(step, key, wait, first_sight=decode)
+        rows = sum(len(c.logit_rows) for c in plan.chunks)
+        if len(step.output_rows) != rows:  # rows past the plan's own are padding (_bucketed, _pad_decode)
+            return first_rows(logits, rows)
         return logits
 
-    def _run(self, step: Step, key: tuple, wait: bool):
+    def _run(self, step: Step, key: tuple, wait: bool, first_sight: bool = False):
+        """first_sight: record the shape the first time it comes (decode steps: their shapes are
+        few, and every later step of the batch has one of them)."""
         store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
             (self._large, MAX_LARGE_RECORDINGS)
         hit = store.get(key)
@@ -95,7 +113,7 @@ class ModelRunner:
             else:
                 self.model.backend.replay(hit[0], wait=False)
             return hit[1]
-        if not self.recordable or step.n > self.max_recorded or not self._seen_before(key):
+        if not self.recordable or step.n > self.max_recorded or not (first_sight or self._seen_before(key)):
             return self.model.forward(step, self.cache)
         with self.model.backend.record() as rec:
             logits = self.model.forward(step, self.cache)
@@ -155,7 +173,26 @@ class ModelRunner:
             if c.logit_rows:
                 inp.rows[n_rows] = i
                 n_rows += 1
-        return self._written(n, n, n_rows)
+        size = decode_bucket(n)
+        if self.pad_page is None or size == n or size > len(inp.tokens) or size > len(inp.tables):
+            return self._written(n, n, n_rows)
+        return self._pad_decode(n, size, n_rows)
+
+    def _pad_decode(self, n: int, size: int, n_rows: int) -> Step:
+        """A decode step of n sequences made one of `size`: sequences n .. size-1 are the same
+        token (0) at position 0 of the pad page, each with a logit row, dropped by run(). They write
+        identical keys and values to one slot no sequence reads, and read only that slot."""
+        inp, extra = self.inputs, size - n
+        inp.tokens[n:size] = 0
+        inp.positions[n:size] = 0
+        inp.seq_rows[n:size] = self._arange[n:size]
+        pad = [self.pad_page]
+        for i in range(n, size):
+            if self._table_of[i] != pad:
+                inp.tables[i, 0] = self.pad_page
+                self._table_of[i] = pad
+        inp.rows[n_rows:n_rows + extra] = self._arange[n:size]
+        return self._written(size, size, n_rows + extra)
 
     def _written(self, n: int, n_seqs: int, n_rows: int) -> Step:
         """The step's views once tokens, positions, sequence rows, tables and logit rows of n

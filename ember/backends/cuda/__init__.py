@@ -84,6 +84,7 @@ def device_index(device: str) -> int:
 class Backend:
     name = "cuda"
     max_recorded_tokens = 4096  # prompt-sized steps are captured as graphs too: eager, each op is a Python call
+    pads_decode_steps = True  # decode steps of 9..64 sequences cost about the same padded to 16, 32 or 64
 
     def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
                  fuse: bool | None = None, tails: bool | None = None, pdl: bool | None = None):
@@ -438,7 +439,7 @@ class Backend:
         group, max_ctx = n_head // n_kv_head, max_pages * batch.page_size
         if tiles:
             blocks = tile_pieces(n, group, n_seq) * n_kv_head * -(-group // ATT_HEADS)
-            n_split = tile_split_count(blocks, hd_k, max_ctx, self.n_sm) if self.att_tile_splits else 1
+            n_split = tile_split_count(blocks, hd_k, max_ctx, self.n_sm, single) if self.att_tile_splits else 1
         else:
             n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None

@@ -81,9 +81,12 @@ def split_plan(units: int, upb: int, tiles: int, n_sm: int) -> tuple[int, int]:
     """(splits, units per split) of a mm_split launch with `tiles` row tiles over all its matrices:
     enough blocks for two per multiprocessor where k allows, each split at least MS_MIN_UNITS
     units (whole GGUF blocks of upb units), at most MS_MAX_SPLITS."""
-    step = max(upb, MS_MIN_UNITS) if upb > 1 else MS_MIN_UNITS
+    step = max(upb, MS_MIN_UNITS)
     most = max(1, min(MS_MAX_SPLITS, units // step))
-    want = max(1, min(most, 2 * n_sm // max(1, tiles)))
+    want = 2 * n_sm // max(1, tiles)
+    if want > 1:  # splitting anyway: a split of one chunk (MS_CH units) walks no chunk after another
+        want = max(want, -(-units // MS_CH))
+    want = max(1, min(most, want))
     ups = -(-units // want)
     ups = -(-ups // upb) * upb  # whole blocks
     return -(-units // ups), ups
@@ -233,7 +236,11 @@ class Matmul:
             return False
         for g in self.groups():
             tiles, n_split, _, floats = self._split_geometry(g)
-            if floats > self.part.size or (floats and tiles * len(g) > self.counters.size):
+            # products of many row tiles fill the GPU as mm_tile (H200, 64 rows: the SmolLM2 head
+            # 44 us as mm_tile, 68 as mm_split)
+            if tiles * len(g) >= 2 * self.n_sm or floats > self.part.size:
+                return False
+            if floats and tiles * len(g) > self.counters.size:
                 return False
         return True
 
@@ -645,14 +652,20 @@ def tile_pieces(n: int, group: int, n_seq: int) -> int:
     return -(-n // (ATT_TILE_ROWS // min(group, ATT_HEADS))) + min(n, n_seq)
 
 
-def tile_split_count(blocks: int, hd: int, max_ctx: int, n_sm: int) -> int:
+def tile_split_count(blocks: int, hd: int, max_ctx: int, n_sm: int, decode: bool = False) -> int:
     """Key-range splits of attn_tile where its pieces fill less than half the multiprocessors:
     enough blocks for two per multiprocessor, at most 8 and at most one per key chunk of the
     longest possible range. On an H200, pp512: Gemma 3 (33 blocks) attention 1076 -> 670 us a step,
-    with the merge (attn_combine); SmolLM2 (78 blocks) gained nothing (618 -> 428 + 196 us)."""
+    with the merge (attn_combine); SmolLM2 (78 blocks) gained nothing (618 -> 428 + 196 us).
+    decode: a batched decode step's pieces (one token each, a few query rows) are short work
+    with long key ranges: split until the blocks fill every multiprocessor's slots (four of
+    attn_tile64/128 fit one, one of attn_tile256)."""
+    chunk = 32 if hd == 256 else 64
+    if decode:
+        slots = (1 if hd == 256 else 4) * n_sm
+        return max(1, min(-(-slots // blocks), -(-max_ctx // chunk), 8))
     if 2 * blocks >= n_sm:
         return 1
-    chunk = 32 if hd == 256 else 64
     return max(1, min(-(-2 * n_sm // blocks), -(-max_ctx // chunk), 8))
 
 
