@@ -295,3 +295,31 @@ def test_padded_decode_steps_give_the_same_tokens(tiny, monkeypatch):
         finally:
             llm.close()
     assert results[True] == results[False]
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+def test_copy_pages_is_copy_page_for_each_pair(device):
+    """Copy-on-write of several pages at once (one gather per layer) leaves the cache as copying
+    them one by one does; chained pairs (a destination that is another pair's source) keep
+    their order."""
+    from ember.backends import get_backend
+    from ember.models import KVCache
+
+    backend = get_backend(device)
+    rng = np.random.default_rng(3)
+    caches = [KVCache(backend, [(8, 12), (16, 4)], 10, 4) for _ in range(2)]
+    for layer in zip(*(c.layers for c in caches)):
+        for arrays in zip(*layer):
+            data = rng.integers(0, 30000, arrays[0].shape).astype(arrays[0].dtype)
+            for a in arrays:
+                a[...] = data
+    for pairs in ([(1, 5), (1, 6), (2, 7), (0, 9)], [(3, 4), (4, 8)]):
+        caches[0].copy_pages(pairs)
+        for src, dst in pairs:
+            caches[1].copy_page(src, dst)
+        for (k0, v0), (k1, v1) in zip(caches[0].layers, caches[1].layers):
+            np.testing.assert_array_equal(np.asarray(k0), np.asarray(k1))
+            np.testing.assert_array_equal(np.asarray(v0), np.asarray(v1))
+    k = np.asarray(caches[0].layers[0][0])
+    assert np.array_equal(k[36:40], k[0:4]) and np.array_equal(k[32:36], k[12:16])  # 0 -> 9; 3 -> 4 -> 8
+    assert not np.array_equal(k[4:8], k[8:12])  # pages that were not copied still differ

@@ -88,8 +88,8 @@ class ModelRunner:
         in plan order (valid until the next run), or with top_k > 0 only each row's k best
         (TopLogits: ids and values, reduced on the device). wait=False: a replayed step may
         still be running on the device when this returns; its results hold after wait()."""
-        for src, dst in plan.copies:
-            self.cache.copy_page(src, dst)
+        if plan.copies:
+            self.cache.copy_pages(plan.copies)
         step = self.step(plan)
         step.top_k = top_k
         key = (step.n, len(step.attn.block_tables), len(step.output_rows), top_k)

@@ -110,6 +110,7 @@ class KVCache:
         if n_pages < 1 or page_size < 1:
             raise ValueError(f"KV cache needs at least one page of one slot (got {n_pages} x {page_size})")
         self.n_pages, self.page_size = n_pages, page_size
+        self.backend = backend
         self.layers = [backend.kv_cache(n_pages * page_size, k, v) for k, v in kv_dims]
 
     @property
@@ -122,6 +123,23 @@ class KVCache:
         for k, v in self.layers:
             k[b:b + P] = k[a:a + P]
             v[b:b + P] = v[a:a + P]
+
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """copy_page for each (src, dst) pair, as one gather per layer's keys and values (64
+        sequences taking their own copy of a shared prompt's last page: 2 x n_layer copies, not
+        128 x n_layer). Pairs whose destination is another pair's source are copied in order."""
+        srcs = {s for s, _ in pairs}
+        if len(pairs) < 2 or any(d in srcs for _, d in pairs):
+            for src, dst in pairs:
+                self.copy_page(src, dst)
+            return
+        P = self.page_size
+        offs = np.arange(P, dtype=np.int64)
+        src_i = self.backend.from_numpy((np.array([s for s, _ in pairs], np.int64)[:, None] * P + offs).ravel())
+        dst_i = self.backend.from_numpy((np.array([d for _, d in pairs], np.int64)[:, None] * P + offs).ravel())
+        for k, v in self.layers:
+            k[dst_i] = k[src_i]
+            v[dst_i] = v[src_i]
 
 
 @dataclass(slots=True)

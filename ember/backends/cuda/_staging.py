@@ -74,6 +74,7 @@ class Recording:
     launches: list = field(default_factory=list)  # what a replay runs, fused
     graph: object = None
     n_ops_fused: int = 0
+    run_now: bool = True  # ops, uploads and downloads also run as they are recorded (else: at the first replay)
 
     def upload(self, cp, a: np.ndarray):
         """The device copy of step input `a`; its host memory is read again at every replay."""
@@ -88,7 +89,8 @@ class Recording:
         dev = cp.empty(a.shape, a.dtype)
         copy = Copy(dev.data.ptr, pinned.ctypes.data, a.nbytes, H2D, keep=(dev, pinned))
         if a.nbytes:
-            copy.run()
+            if self.run_now:
+                copy.run()
             self.uploads.append(copy)
         self.inputs.append((a, pinned))
         self.by_key[key] = dev
@@ -101,9 +103,11 @@ class Recording:
         pinned = cupyx.empty_pinned(a.shape, a.dtype)
         copy = Copy(pinned.ctypes.data, a.data.ptr, a.nbytes, D2H, keep=(a, pinned))
         if a.nbytes:
-            copy.run()
+            if self.run_now:
+                copy.run()
             self.downloads.append(copy)
-        cp.cuda.Stream.null.synchronize()
+        if self.run_now:
+            cp.cuda.Stream.null.synchronize()
         return pinned
 
     def stage_inputs(self) -> None:
