@@ -17,6 +17,8 @@
 //   quantized for the next product -- so a layer's norms cost no launch of their own.
 // mm_tile, mm_tile64: prefill / batched. 64 tokens x 128 (64) rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
+// mm_split: batched decode (9..64 rows, quantized types): mm_tile64's tiles with k split over
+//   blocks, raw weight bytes staged by cp.async, partial sums added by each tile's last block.
 
 #ifndef QT
 #error "QT (the ggml type id) must be defined"
