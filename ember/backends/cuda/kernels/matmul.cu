@@ -488,6 +488,29 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_
 #define TILE_K 32    // one unit
 #define TILE_LD 40   // shared row stride in halves: 80 bytes, conflict-free fragment loads
 
+// 32 floats as f16 at dst (16-byte aligned): one unit of a weight tile.
+__device__ __forceinline__ void store_unit_f16(u16 *dst, const float *v) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        *(uint4 *)(dst + 8 * i) = make_uint4(pack_h2(v[8 * i], v[8 * i + 1]), pack_h2(v[8 * i + 2], v[8 * i + 3]),
+                                             pack_h2(v[8 * i + 4], v[8 * i + 5]), pack_h2(v[8 * i + 6], v[8 * i + 7]));
+}
+
+// mma_16816's a fragment of rows r, r + 8 and columns c, c + 8 (c = k offset + 2 * (lane & 3)) of a
+// row-major f16 tile of row stride LD halves; and its b fragment of row r (a weight row: B is W.T).
+template <int LD>
+__device__ __forceinline__ void frag_a(u32 *a, const u16 (*t)[LD], int r, int c) {
+    a[0] = *(const u32 *)&t[r][c];
+    a[1] = *(const u32 *)&t[r + 8][c];
+    a[2] = *(const u32 *)&t[r][c + 8];
+    a[3] = *(const u32 *)&t[r + 8][c + 8];
+}
+template <int LD>
+__device__ __forceinline__ void frag_b(u32 &b0, u32 &b1, const u16 (*t)[LD], int r, int c) {
+    b0 = *(const u32 *)&t[r][c];
+    b1 = *(const u32 *)&t[r][c + 8];
+}
+
 // y_m (n, rows_m) = x (n, k) @ W_m.T for matrix m = blockIdx.z; grid (row tiles, token tiles, n_mat).
 // TN: weight rows per block, 128 (mm_tile) or 64 (mm_tile64: twice the blocks, for products too
 // small to fill the GPU); each of the 4 warps computes 32 tokens x TN/2 rows.
@@ -540,10 +563,7 @@ __device__ __forceinline__ void mm_tile_body(const u8 *w0, const u8 *w1, const u
 #pragma unroll
                 for (int i = 0; i < 32; i++) v[i] = 0.f;
             }
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                *(uint4 *)&ws[tid][8 * i] = make_uint4(pack_h2(v[8 * i], v[8 * i + 1]), pack_h2(v[8 * i + 2], v[8 * i + 3]),
-                                                       pack_h2(v[8 * i + 4], v[8 * i + 5]), pack_h2(v[8 * i + 6], v[8 * i + 7]));
+            store_unit_f16(ws[tid], v);
         }
         __syncthreads();
 #pragma unroll
@@ -571,17 +591,11 @@ __device__ __forceinline__ void mm_tile_body(const u8 *w0, const u8 *w1, const u
                 u16(*xt)[TILE_LD] = part == 0 ? xs : xs_lo;
                 u32 af[2][4];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    const int tr = wm + 16 * mi + g, c = ks + 2 * tq;
-                    af[mi][0] = *(const u32 *)&xt[tr][c];
-                    af[mi][1] = *(const u32 *)&xt[tr + 8][c];
-                    af[mi][2] = *(const u32 *)&xt[tr][c + 8];
-                    af[mi][3] = *(const u32 *)&xt[tr + 8][c + 8];
-                }
+                for (int mi = 0; mi < 2; mi++) frag_a<TILE_LD>(af[mi], xt, wm + 16 * mi + g, ks + 2 * tq);
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
-                    const int rr = wn + 8 * ni + g, c = ks + 2 * tq;
-                    const u32 b0 = *(const u32 *)&ws[rr][c], b1 = *(const u32 *)&ws[rr][c + 8];
+                    u32 b0, b1;
+                    frag_b<TILE_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
                 }
@@ -719,11 +733,7 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)
                 const size_t src = (size_t)(w + (size_t)(r0 + r) * row_bytes + b0);
                 float v[32];
                 unit_f<QT>(raw + r * span + (src & 15), u, v);
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    *(uint4 *)&ws[r][32 * u + 8 * j] =
-                        make_uint4(pack_h2(v[8 * j], v[8 * j + 1]), pack_h2(v[8 * j + 2], v[8 * j + 3]),
-                                   pack_h2(v[8 * j + 4], v[8 * j + 5]), pack_h2(v[8 * j + 6], v[8 * j + 7]));
+                store_unit_f16(&ws[r][32 * u], v);
             }
         }
         __syncthreads();
@@ -732,17 +742,11 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)
             for (int ks = 0; ks < 32 * nu; ks += 16) {
                 u32 af[2][4];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    const int tr = wm + 16 * mi + g, c = ks + 2 * tq;
-                    af[mi][0] = *(const u32 *)&xs[tr][c];
-                    af[mi][1] = *(const u32 *)&xs[tr + 8][c];
-                    af[mi][2] = *(const u32 *)&xs[tr][c + 8];
-                    af[mi][3] = *(const u32 *)&xs[tr + 8][c + 8];
-                }
+                for (int mi = 0; mi < 2; mi++) frag_a<MS_LD>(af[mi], xs, wm + 16 * mi + g, ks + 2 * tq);
 #pragma unroll
                 for (int ni = 0; ni < 2; ni++) {
-                    const int rr = wn + 8 * ni + g, c = ks + 2 * tq;
-                    const u32 b0 = *(const u32 *)&ws[rr][c], b1 = *(const u32 *)&ws[rr][c + 8];
+                    u32 b0, b1;
+                    frag_b<MS_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
                 }
