@@ -174,7 +174,8 @@ class ModelRunner:
                 inp.rows[n_rows] = i
                 n_rows += 1
         size = decode_bucket(n)
-        if self.pad_page is None or size == n or size > len(inp.tokens) or size > len(inp.tables):
+        if (self.pad_page is None or size == n or size > len(inp.tokens) or size > len(inp.tables)
+                or n_rows + size - n > self.max_out):
             return self._written(n, n, n_rows)
         return self._pad_decode(n, size, n_rows)
 

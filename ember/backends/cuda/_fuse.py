@@ -27,7 +27,8 @@ only check that no output overlaps an input another block of the same kernel sti
 one exception: an attention doing the QkvPost's work leaves q and k as the product wrote them
 (its blocks normalise and rotate copies), so it forms only where no later op reads them.
 Products fuse on the matrix-vector path (decode), where the fusions are prologues and
-epilogues; batched-decode products (mm_split) fuse a residual add or a gate into the epilogue. Pure Python on array addresses: testable without a GPU.
+epilogues; batched-decode products (mm_split) fuse a residual add or a gate into the epilogue.
+Pure Python on array addresses: testable without a GPU.
 """
 from __future__ import annotations
 
