@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from ember.engine.pages import OutOfPages, PagePool
-from ember.engine.radix import RadixCache
+from ember.engine.radix import RadixCache, common_prefix
 from ember.engine.scheduler import Plan, Scheduler, SchedulerConfig
 from ember.engine.sequence import Sequence, Status
 
@@ -265,3 +265,45 @@ def test_random_workload_invariants():
     assert all(s.status is Status.FINISHED for s in live)
     tree.clear()
     assert pool.n_free == pool.n_pages
+
+
+class Unremembered(Scheduler):
+    """The admission lookups computed afresh every time (what the memos of Scheduler stand for)."""
+
+    def _cached_length(self, seq):
+        return self.tree.match_length(seq.tokens[:-1])
+
+    def _inflight_would_help(self, seq, cached):
+        return self._reuses(seq) and any(
+            r.in_prefill and common_prefix(r.tokens, seq.tokens) >= cached + self.pool.page_size for r in self.running)
+
+
+def test_admission_memos_change_no_decision():
+    """The same random workload (shared prefixes, preemption, eviction, cancellations) through a
+    scheduler with and without the per-step memos of cached lengths and common prefixes: every
+    step's plan is the same."""
+    plans = []
+    for cls in (Scheduler, Unremembered):
+        rng = random.Random(4)
+        pool = PagePool(30, 4)
+        tree = RadixCache(pool)
+        sched = cls(pool, tree, SchedulerConfig(max_batch_tokens=24, max_seqs=8))
+        prefixes = [[rng.randrange(50) for _ in range(rng.randrange(5, 30))] for _ in range(3)]
+        live, trace = [], []
+        for step in range(400):
+            for _ in range(rng.randrange(3) if step < 300 else 0):
+                s = Sequence(rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))],
+                             max_new_tokens=rng.randrange(1, 20))
+                sched.add(s)
+                live.append(s)
+            if live and rng.random() < 0.05:
+                victim = rng.choice(live)
+                if victim.status is not Status.FINISHED:
+                    sched.finish(victim, "cancelled")
+            plan = sched.schedule()
+            trace.append(([(c.seq.id - live[0].id, c.start, c.n, tuple(c.logit_rows)) for c in plan.chunks],
+                          list(plan.copies), sched.n_preemptions))
+            run_step(sched, plan, sample=lambda s: rng.randrange(50))
+        plans.append(trace)
+        assert sched.n_preemptions > 0 and any(t[1] for t in trace)  # the workload preempts and copies
+    assert plans[0] == plans[1]

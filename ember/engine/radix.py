@@ -46,6 +46,7 @@ class RadixCache:
         self.root.lock = 1  # never evicted
         self._clock = itertools.count(1)
         self.n_tokens = 0  # tokens held by the tree
+        self.version = 0  # changes whenever tokens are added or evicted
 
     # ---- lookup ----
     def match_length(self, tokens: list[int]) -> int:
@@ -115,6 +116,7 @@ class RadixCache:
         leaf = Node(parent, list(tokens), start, pages)
         parent.children[tokens[0]] = leaf
         self.n_tokens += len(tokens)
+        self.version += 1
         return leaf
 
     def _split(self, node: Node, k: int) -> Node:
@@ -171,6 +173,7 @@ class RadixCache:
     def _remove_leaf(self, leaf: Node) -> int:
         del leaf.parent.children[leaf.tokens[0]]
         self.n_tokens -= len(leaf.tokens)
+        self.version += 1
         return self.pool.release(leaf.pages)
 
     def evictable_tokens(self) -> int:

@@ -63,6 +63,12 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.step_no = 0
         self.n_preemptions = 0
+        # lookups repeated while one schedule() admits many requests (each pick scans every waiting
+        # request against the cache and every running prefill): cached lengths by sequence id,
+        # valid while the tree's version holds; common prefixes by pair of sequence ids
+        # (a sequence's tokens do not change within a step)
+        self._cached_memo: dict[int, tuple[int, int]] = {}
+        self._common_memo: dict[tuple[int, int], int] = {}
 
     def add(self, seq: Sequence) -> None:
         max_len = self.pool.n_pages * self.pool.page_size
@@ -77,6 +83,8 @@ class Scheduler:
     # ---- one step ----
     def schedule(self) -> Plan:
         self.step_no += 1
+        self._cached_memo.clear()
+        self._common_memo.clear()
         plan = Plan()
         budget = _Budget(self.config.max_batch_tokens, self.config.max_logit_rows)
         planned: set[int] = set()
@@ -155,7 +163,7 @@ class Scheduler:
     def _pick_waiting(self) -> Sequence | None:
         best, best_score = None, -1.0
         for seq in self.waiting:
-            cached = self.tree.match_length(seq.tokens[:-1]) if self._reuses(seq) else 0
+            cached = self._cached_length(seq) if self._reuses(seq) else 0
             if self._inflight_would_help(seq, cached):
                 continue
             score = cached + self.config.aging_tokens * seq.waited_steps
@@ -167,12 +175,30 @@ class Scheduler:
         """Whether seq may start from a cached prefix (scoring needs logits at every position)."""
         return self.config.prefix_cache and not seq.prompt_logits
 
+    def _cached_length(self, seq: Sequence) -> int:
+        """How much of seq's prompt the cache holds (memoized within a step; see __init__)."""
+        hit = self._cached_memo.get(seq.id)
+        if hit is not None and hit[0] == self.tree.version:
+            return hit[1]
+        n = self.tree.match_length(seq.tokens[:-1])
+        self._cached_memo[seq.id] = (self.tree.version, n)
+        return n
+
     def _inflight_would_help(self, seq: Sequence, cached: int) -> bool:
         """A running prefill shares at least a page more of this prompt than the cache holds."""
         if not self._reuses(seq):
             return False
+        need = cached + self.pool.page_size
+        if need > len(seq.tokens):  # no prefix of seq is that long
+            return False
         for r in self.running:
-            if r.in_prefill and common_prefix(r.tokens, seq.tokens) >= cached + self.pool.page_size:
+            if not r.in_prefill:
+                continue
+            key = (r.id, seq.id)
+            common = self._common_memo.get(key)
+            if common is None:
+                common = self._common_memo[key] = common_prefix(r.tokens, seq.tokens)
+            if common >= need:
                 return True
         return False
 
