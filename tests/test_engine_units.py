@@ -242,6 +242,22 @@ def test_cancel_waiting_and_running():
     assert pool.n_free == pool.n_pages
 
 
+def add_request(sched: Scheduler, rng: random.Random, prefixes: list, tail: int, max_new: int) -> Sequence:
+    """A request of one of the shared prefixes and a random tail (1 .. tail-1 tokens), queued."""
+    s = Sequence(rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, tail))],
+                 max_new_tokens=rng.randrange(1, max_new))
+    sched.add(s)
+    return s
+
+
+def cancel_one_maybe(sched: Scheduler, rng: random.Random, live: list) -> None:
+    """With probability 0.05, cancel a random request of `live` that has not finished."""
+    if live and rng.random() < 0.05:
+        victim = rng.choice(live)
+        if victim.status is not Status.FINISHED:
+            sched.finish(victim, "cancelled")
+
+
 def test_random_workload_invariants():
     rng = random.Random(1)
     pool, tree, sched = make(n_pages=40, page=4, max_batch_tokens=32, max_seqs=6)
@@ -249,14 +265,8 @@ def test_random_workload_invariants():
     live = []
     for step in range(600):
         if rng.random() < 0.3 and len(sched.waiting) < 20:
-            s = Sequence(rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 20))],
-                         max_new_tokens=rng.randrange(1, 30))
-            sched.add(s)
-            live.append(s)
-        if live and rng.random() < 0.05:
-            victim = rng.choice(live)
-            if victim.status is not Status.FINISHED:
-                sched.finish(victim, "cancelled")
+            live.append(add_request(sched, rng, prefixes, 20, 30))
+        cancel_one_maybe(sched, rng, live)
         run_step(sched, sched.schedule(), sample=lambda s: rng.randrange(50))
         check_refs(pool, tree, sched.running)
         assert sum(1 for s in sched.running) <= 6
@@ -292,14 +302,8 @@ def test_admission_memos_change_no_decision():
         live, trace = [], []
         for step in range(400):
             for _ in range(rng.randrange(3) if step < 300 else 0):
-                s = Sequence(rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 12))],
-                             max_new_tokens=rng.randrange(1, 20))
-                sched.add(s)
-                live.append(s)
-            if live and rng.random() < 0.05:
-                victim = rng.choice(live)
-                if victim.status is not Status.FINISHED:
-                    sched.finish(victim, "cancelled")
+                live.append(add_request(sched, rng, prefixes, 12, 20))
+            cancel_one_maybe(sched, rng, live)
             plan = sched.schedule()
             trace.append(([(c.seq.id - live[0].id, c.start, c.n, tuple(c.logit_rows)) for c in plan.chunks],
                           list(plan.copies), sched.n_preemptions))
