@@ -277,13 +277,51 @@ __device__ void mv_tail(const MvArgs &a, float *red, int *last_s) {
     if (threadIdx.x == 0) atomicExch(a.counter, 0u);  // ready for the next launch
 }
 
+// The prologues' work is latency (a row is a few KB, every block waits for it): a thread's values
+// of a row, c = 32 (warp + nw i) + lane for i < PRO_REG (whole warps: the quantized 32-value
+// blocks), are loaded at once into registers with their norm weights, then summed, scaled and
+// quantized from there: one round trip to memory per row instead of one per pass and per step of
+// a strided loop. Rows of more than PRO_REG blocks per warp (longer than the host lets a prologue
+// take) take the strided loops.
+#define PRO_REG 8
+
+// v[i] = p[32 (warp + nw i) + lane] for the blocks b = warp + nw i < kb, else 0
+__device__ __forceinline__ void pro_load(float (&v)[PRO_REG], const float *p, int kb) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < PRO_REG; i++) {
+        const int b = warp + nw * i;
+        v[i] = b < kb ? p[32 * b + lane] : 0.f;
+    }
+}
+
 // The prologue (see MvArgs): rows j0 .. j0 + nl - 1 of x into xq_s (nl rows, q8_store_warp's format).
 __device__ void mv_prologue(const MvArgs &a, int j0, int nl, bool write_h, u8 *xq_s, float *red) {
     const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
+    const bool regs = kb <= PRO_REG * nw;
+    float wv[PRO_REG];
+    if (regs) pro_load(wv, a.pro_w, kb);
     for (int j = 0; j < nl; j++) {
         const int r = j0 + j;
         const float *xr = a.pro_src + (size_t)(a.pro_idx ? a.pro_idx[r] : r) * k;
+        if (regs) {
+            float v[PRO_REG], ss = 0.f;
+            pro_load(v, xr, kb);
+#pragma unroll
+            for (int i = 0; i < PRO_REG; i++) ss += v[i] * v[i];
+            const float sc = rsqrtf(block_sum(ss, red) / (float)k + a.pro_eps);
+#pragma unroll
+            for (int i = 0; i < PRO_REG; i++) {
+                const int b = warp + nw * i;
+                if (b >= kb) break;  // whole warps: b depends on the warp only
+                const int c = 32 * b + lane;
+                const float t = v[i] * sc * wv[i];
+                if (write_h) a.pro_h[(size_t)r * k + c] = t;
+                q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
+            }
+            continue;
+        }
         float ss = 0.f;
         for (int c = threadIdx.x; c < k; c += blockDim.x) ss += xr[c] * xr[c];
         const float sc = rsqrtf(block_sum(ss, red) / (float)k + a.pro_eps);
@@ -302,10 +340,42 @@ __device__ void mv_prologue(const MvArgs &a, int j0, int nl, bool write_h, u8 *x
 __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float *f_s, float *red, int *last_s) {
     const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
+    const bool regs = kb <= PRO_REG * nw;
+    float pw[PRO_REG], wv[PRO_REG];
+    if (regs) {
+        pro_load(pw, a.pro_post_w, kb);
+        pro_load(wv, a.pro_w, kb);
+    }
     for (int j = 0; j < nl; j++) {
         const size_t row = (size_t)(j0 + j) * k;
         const float *y = a.pro_y + row, *res = a.pro_src + row;
         float *yn = f_s + (size_t)j * 3 * k, *xn = yn + k, *hn = xn + k;
+        if (regs) {
+            float yv[PRO_REG], rv[PRO_REG], ss = 0.f;
+            pro_load(yv, y, kb);
+            pro_load(rv, res, kb);
+#pragma unroll
+            for (int i = 0; i < PRO_REG; i++) ss += yv[i] * yv[i];
+            const float ps = rsqrtf(block_sum(ss, red) / (float)k + a.pro_post_eps);
+            float sx = 0.f;
+#pragma unroll
+            for (int i = 0; i < PRO_REG; i++) {  // past the row: y, r and the weights are 0
+                yv[i] *= ps * pw[i];
+                rv[i] += yv[i];
+                sx += rv[i] * rv[i];
+            }
+            const float sc = rsqrtf(block_sum(sx, red) / (float)k + a.pro_eps);
+#pragma unroll
+            for (int i = 0; i < PRO_REG; i++) {
+                const int b = warp + nw * i;
+                if (b >= kb) break;
+                const int c = 32 * b + lane;
+                const float t = rv[i] * sc * wv[i];
+                yn[c] = yv[i], xn[c] = rv[i], hn[c] = t;
+                q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
+            }
+            continue;
+        }
         float ss = 0.f;
         for (int c = threadIdx.x; c < k; c += blockDim.x) ss += y[c] * y[c];
         const float ps = rsqrtf(block_sum(ss, red) / (float)k + a.pro_post_eps);
