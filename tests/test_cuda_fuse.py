@@ -468,11 +468,13 @@ def test_launch_arguments_match_the_kernels():
     split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 4, 66), Addr(1), Addr(1),
                       Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=Addr(xq_bytes(1, 256), dtype=np.uint8))
     post = folded[1].post
-    for op in (split, replace(split, post=replace(post, q=split.q, k_cache=split.k_cache, v_cache=split.v_cache))):
+    many = replace(split, part=Addr(1, 4, 20, 66), n_split=20)  # merged by attn_combine32
+    for op in (split, many, replace(split, post=replace(post, q=split.q, k_cache=split.k_cache, v_cache=split.v_cache))):
         for launch in op.launches(FakeKernels()):
             seen.add(launch.fn[1])
             assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
-    assert {"mv_n2", "quant_x", "attn", "attn_combine", "qkv_post", "gather_rows", "rms_norm", "rope"} <= seen
+    assert {"mv_n2", "quant_x", "attn", "attn_combine", "attn_combine32", "qkv_post", "gather_rows", "rms_norm",
+            "rope"} <= seen
 
 
 def param_name(param: str) -> str:

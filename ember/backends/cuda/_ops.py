@@ -601,7 +601,8 @@ class Attention:
         else:
             out = [self._launch(kernels, n, hd_k, hd_v, n_hc)]
         if self.n_split > 1:
-            out.append(Launch(kernels.fn("attention", "attn_combine"), (self.n_head, n, 1), (128, 1, 1),
+            name = "attn_combine32" if self.n_split > 8 else "attn_combine"  # splits loaded at once
+            out.append(Launch(kernels.fn("attention", name), (self.n_head, n, 1), (128, 1, 1),
                               (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
                                ptr(self.xq))))
         return out

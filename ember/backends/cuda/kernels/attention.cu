@@ -34,7 +34,11 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
                                               u16 *v_row, const float *q_norm, const float *k_norm, float eps,
                                               const RopeP &rp, int gh, int hd, int hd_v, float scale) {
     const int tid = threadIdx.x, warp = tid >> 5, own = kt != nullptr;
-    for (int i = tid; i < gh * hd; i += ATT_THREADS) qs[i] = qt[i];
+    if ((hd & 3) == 0 && ((unsigned long long)qt & 15) == 0) {  // 16-byte loads: fewer round trips
+        for (int i = tid; i < gh * hd / 4; i += ATT_THREADS) ((float4 *)qs)[i] = ((const float4 *)qt)[i];
+    } else {
+        for (int i = tid; i < gh * hd; i += ATT_THREADS) qs[i] = qt[i];
+    }
     if (own) {
         for (int i = tid; i < hd; i += ATT_THREADS) ks[i] = kt[i];
         for (int i = tid; i < hd_v; i += ATT_THREADS) v_row[i] = f2h(vt[i]);
@@ -82,12 +86,16 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const RopeP rp = ROPE_ARGS;
     if (k_new)
         for (int i = tid; i < n_rot / 2; i += ATT_THREADS) rope_cos_sin(rp, p_t, i, cs[i], sn[i]);
-    pdl_wait();
+    // so are the key range and the page tables: the first chunk's cache slots are looked up now
     const int first = window > 0 ? max(0, p_t - window + 1) : 0;
     const int per = (p_t + 1 - first + n_split - 1) / n_split;
     const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
     const int *table = tables + (size_t)seq_rows[t] * max_pages;
     const int kv_k = n_kv * hd_k, kv_v = n_kv * hd_v;
+    const int kpt = 1 << kpt_log2, chunk = ATT_CHUNK >> kpt_log2;
+    const int key = tid >> kpt_log2, kpart = tid & (kpt - 1);
+    const int slot_first = s0 + key < s1 ? table[(s0 + key) / page_size] * page_size + (s0 + key) % page_size : 0;
+    pdl_wait();
 
     if (k_new) {
         // splits are [first + i * per, ...) clipped to p_t + 1: p_t lies in exactly one, and every
@@ -114,8 +122,6 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     __syncthreads();
 
     // scores: kpt threads per key (2^kpt_log2), each over a share of the key's dimensions
-    const int kpt = 1 << kpt_log2, chunk = ATT_CHUNK >> kpt_log2;
-    const int key = tid >> kpt_log2, kpart = tid & (kpt - 1);
     for (int c0 = s0; c0 < s1; c0 += chunk) {
         const int n_c = min(chunk, s1 - c0);
         float s[ATT_HEADS];
@@ -123,23 +129,31 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         for (int h = 0; h < ATT_HEADS; h++) s[h] = 0.f;
         if (key < n_c) {  // scores of key c0 + key for each head
             const int p = c0 + key;
-            const int slot = table[p / page_size] * page_size + p % page_size;
+            const int slot = c0 == s0 ? slot_first : table[p / page_size] * page_size + p % page_size;
             if (kpart == 0) slot_s[key] = slot;
             const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
-#pragma unroll 4
-            for (int d8 = kpart; d8 < hd_k / 8; d8 += kpt) {
-                const uint4 raw = kp[d8];
-                const u32 w4[4] = {raw.x, raw.y, raw.z, raw.w};
-                float kf[8];
+            for (int d0 = kpart; d0 < hd_k / 8; d0 += 8 * kpt) {  // up to 8 loads in flight, then their use
+                uint4 raw[8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) kf[2 * j] = h2f((u16)(w4[j] & 0xFFFFu)), kf[2 * j + 1] = h2f((u16)(w4[j] >> 16));
+                for (int u = 0; u < 8; u++)
+                    raw[u] = d0 + u * kpt < hd_k / 8 ? kp[d0 + u * kpt] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-                for (int h = 0; h < ATT_HEADS; h++) {
-                    if (h >= gh) break;
-                    const float4 *qv = (const float4 *)(qs + h * hd_k + 8 * d8);
-                    const float4 a = qv[0], b = qv[1];
-                    s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
-                            b.z * kf[6] + b.w * kf[7];
+                for (int u = 0; u < 8; u++) {
+                    const int d8 = d0 + u * kpt;
+                    if (d8 >= hd_k / 8) break;
+                    const u32 w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+                    float kf[8];
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        kf[2 * j] = h2f((u16)(w4[j] & 0xFFFFu)), kf[2 * j + 1] = h2f((u16)(w4[j] >> 16));
+#pragma unroll
+                    for (int h = 0; h < ATT_HEADS; h++) {
+                        if (h >= gh) break;
+                        const float4 *qv = (const float4 *)(qs + h * hd_k + 8 * d8);
+                        const float4 a = qv[0], b = qv[1];
+                        s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                                b.z * kf[6] + b.w * kf[7];
+                    }
                 }
             }
         }
@@ -233,12 +247,28 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 // and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows of n_head * hd_v).
 // grid (n_head, n_tok), n_split <= 32. Empty splits carry max -inf and sum 0. The first warp turns
 // the splits' (max, sum) into weights; then every output value is one pass over the splits.
-extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                        int hd_v, int n_split, u8 *__restrict__ xq) {
+// A thread's values of the first PRE splits, loaded at once (past n_split or hd_v: 0).
+template <int PRE>
+__device__ __forceinline__ void combine_load(float (&v)[PRE], const float *base, int stride, int n_split, int d,
+                                             int hd_v) {
+#pragma unroll
+    for (int s = 0; s < PRE; s++) v[s] = s < n_split && d < hd_v ? base[(size_t)s * stride + 2 + d] : 0.f;
+}
+
+// attn_combine: PRE = 8 (batched decode steps, whose tile splits are at most 8: the block per
+// (head, token) is short work, and more predicated loads cost more than they hide);
+// attn_combine32: PRE = 32 (one sequence's many splits of a long key range).
+template <int PRE>
+__device__ __forceinline__ void combine_body(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                             int hd_v, int n_split, u8 *__restrict__ xq) {
     PDL_ENTER();
     __shared__ float wgt[32];
     const int h = blockIdx.x, t = blockIdx.y, stride = hd_v + 2;
     const float *base = part + ((size_t)t * n_head + h) * n_split * stride;
+    // the thread's first value of the first PRE splits, loaded before the weights are known (one
+    // round trip for both)
+    float v[PRE];
+    combine_load<PRE>(v, base, stride, n_split, threadIdx.x, hd_v);
     if (threadIdx.x < 32) {
         const int s = threadIdx.x;
         const float ms = s < n_split ? base[(size_t)s * stride] : NEG_INF;
@@ -250,13 +280,27 @@ extern "C" __global__ void attn_combine(const float *__restrict__ part, float *_
     }
     __syncthreads();
     for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        if (d != threadIdx.x) combine_load<PRE>(v, base, stride, n_split, d, hd_v);
         float num = 0.f;
+#pragma unroll
+        for (int s = 0; s < PRE; s++)
+            if (s < n_split) num += wgt[s] * v[s];
 #pragma unroll 8
-        for (int s = 0; s < n_split; s++) num += wgt[s] * base[(size_t)s * stride + 2 + d];
+        for (int s = PRE; s < n_split; s++) num += wgt[s] * base[(size_t)s * stride + 2 + d];
         const size_t at = ((size_t)t * n_head + h) * hd_v + d;
         out[at] = num;
         if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.y * n_head * hd_v));
     }
+}
+
+extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                        int hd_v, int n_split, u8 *__restrict__ xq) {
+    combine_body<8>(part, out, n_head, hd_v, n_split, xq);
+}
+
+extern "C" __global__ void attn_combine32(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                          int hd_v, int n_split, u8 *__restrict__ xq) {
+    combine_body<32>(part, out, n_head, hd_v, n_split, xq);
 }
 
 // ---- steps of many tokens per sequence: tensor-core tiles (flash attention) ----
