@@ -15,6 +15,7 @@ sm_90, on the same H200 kind, same-shaped models). Writes JSON (--out).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -34,6 +35,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(ROOT))
 
 from ember.engine import LLM
+from ember.engine.engine import Request, TokenEvent
 from ember.sampler import SamplingParams
 
 PEERS = {  # llama.cpp on the H200 (the issue's table), tokens/s
@@ -183,7 +185,11 @@ def backend_info(llm) -> dict:
 
 # ---- many streams ----
 
-def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: bool) -> dict:
+def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: bool, consumer: str = "async") -> dict:
+    """n_streams requests of n_prompt tokens generating n_gen each, all submitted at once. The
+    streams are read as the HTTP server reads them (consumer "async": one asyncio loop in one
+    thread), or by a thread each ("threads": llm.stream in n_streams threads, whose wake-ups
+    compete with the engine's thread for the interpreter)."""
     rng = np.random.default_rng(1)
     with LLM(path, device="cuda", slots=n_streams, ctx=n_prompt + n_gen + 8, batch=2048) as llm:
         v = llm.model.n_vocab
@@ -192,20 +198,35 @@ def many_streams(path: str, n_streams: int, n_prompt: int, n_gen: int, shared: b
         prompts = [base if shared else rng.integers(0, v, n_prompt).tolist() for _ in range(n_streams)]
         firsts, ends, counts = [0.0] * n_streams, [0.0] * n_streams, [0] * n_streams
 
+        def got_token(i: int) -> None:
+            counts[i] += 1
+            if counts[i] == 1:
+                firsts[i] = time.perf_counter()
+
         def run(i: int) -> None:
             for _ in llm.stream(prompts[i], n_gen, GREEDY, logprobs=False):
-                counts[i] += 1
-                if counts[i] == 1:
-                    firsts[i] = time.perf_counter()
+                got_token(i)
             ends[i] = time.perf_counter()
+
+        async def run_async(i: int) -> None:
+            async for ev in llm.engine.submit_async(Request(prompts[i], n_gen, GREEDY)):
+                if isinstance(ev, TokenEvent):
+                    got_token(i)
+            ends[i] = time.perf_counter()
+
+        async def run_all() -> None:
+            await asyncio.gather(*(run_async(i) for i in range(n_streams)))
 
         runner = llm.engine.runner
         shapes0 = len(runner._recordings) + len(runner._large)
         timer = StepTimer(llm.engine)
-        with ThreadPoolExecutor(n_streams) as pool:
-            t0 = time.perf_counter()
-            for f in [pool.submit(run, i) for i in range(n_streams)]:
-                f.result()
+        t0 = time.perf_counter()
+        if consumer == "async":
+            asyncio.run(run_all())
+        else:
+            with ThreadPoolExecutor(n_streams) as pool:
+                for f in [pool.submit(run, i) for i in range(n_streams)]:
+                    f.result()
         t_end = max(ends)
         timer.remove()
         shapes = len(runner._recordings) + len(runner._large) - shapes0
@@ -598,8 +619,10 @@ def main() -> None:
                     reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
+            section(r, "many_threads", many_streams, path, 64, 512, 32 if args.quick else 128, False, "threads")
         if "shared" not in args.skip:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
+            section(r, "shared_threads", many_streams, path, 64, 512, 32 if args.quick else 128, True, "threads")
             section(r, "shared_mm_split_0", with_env, "EMBER_CUDA_MM_SPLIT", "0", many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
             section(r, "shared_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", many_streams, path, 64, 512,
@@ -659,7 +682,8 @@ def print_table(results: dict) -> None:
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
                 print(f"{name:12} {label[8:]:17} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
-        for label in ("many", "shared", "shared_mm_split_0", "shared_att_waves_8", "shared_att_tiles_decode_0"):
+        for label in ("many", "shared", "many_threads", "shared_threads", "shared_mm_split_0", "shared_att_waves_8",
+                      "shared_att_tiles_decode_0"):
             v = r.get(label) or {}
             if "total_tps" in v and label not in ("many", "shared"):
                 print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")

@@ -107,6 +107,46 @@ def test_asyncio_streaming_and_cancel(tiny):
     llm.close()
 
 
+def test_asyncio_streams_get_a_step_of_events_in_one_wake_up(tiny, monkeypatch):
+    """Eight asyncio streams decoding together: each gets its own tokens, in order, the same as
+    alone; a step's events for one event loop are handed over in one call into that loop; and a
+    caller whose loop is closed mid-request costs the others nothing (its events are dropped)."""
+    import ember.engine.engine as engine_mod
+
+    llm = LLM(str(tiny), threads=2, ctx=256, slots=8)
+    prompts = [llm.tokenize(t) for t in ("abc", "hello there", "xyz", "a b c d", "q", "one two", "zz", "top")]
+    want = [collect(llm.engine.submit(Request(p, 12, GREEDY)))[0] for p in prompts]
+    calls: list[int] = []
+    call = engine_mod._call_in_loop
+    monkeypatch.setattr(engine_mod, "_call_in_loop", lambda loop, fn, items: (calls.append(len(items)),
+                                                                                call(loop, fn, items)))
+
+    async def one(p):
+        ids, reason = [], None
+        async for ev in llm.engine.submit_async(Request(p, 12, GREEDY)):
+            if isinstance(ev, TokenEvent):
+                ids.append(ev.token)
+            elif isinstance(ev, FinishEvent):
+                reason = ev.reason
+        return ids, reason
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    got = asyncio.run(main())
+    assert [tuple(g) for g in got] == [(ids, reason) for ids, reason in want]
+    assert max(calls) >= 8 and len(calls) < sum(len(ids) + 1 for ids, _ in want) / 4
+
+    # a caller that went away: its loop is closed while its request still runs
+    gone = asyncio.new_event_loop()
+    loop_handle = llm.engine._submit(Request(prompts[0], 200, SamplingParams(temperature=0.0, ignore_eos=True)), gone)
+    gone.close()
+    assert collect(llm.engine.submit(Request(prompts[1], 12, GREEDY)))[0] == want[1]
+    loop_handle.cancel()
+    assert llm.engine.last_error is None
+    llm.close()
+
+
 def clear_prefix(llm: LLM, prompt: list[int], ids: list[int], margin: float = 1e-3) -> int:
     """How many of the generated ids come before the first near-tie (top-2 margin < margin):
     beyond it, another batch shape may round the other way, as the foundation tests allow."""
@@ -232,14 +272,13 @@ def test_tokens_reach_the_caller_before_the_next_step_computes(tiny, monkeypatch
     import ember.engine.engine as engine_mod
 
     pushed: list = []
-    init = engine_mod.RequestHandle.__init__
+    deliver = engine_mod.Engine._deliver
 
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        push = self._push
-        self._push = lambda ev: (pushed.append(ev), push(ev))
+    def recording_deliver(self):  # the events as they are handed over
+        pushed.extend(ev for _, ev in self._outbox)
+        deliver(self)
 
-    monkeypatch.setattr(engine_mod.RequestHandle, "__init__", recording_init)
+    monkeypatch.setattr(engine_mod.Engine, "_deliver", recording_deliver)
     llm = LLM(tiny, device="reference", ctx=128, slots=1)
     try:
         runner = llm.engine.runner

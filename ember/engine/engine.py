@@ -130,15 +130,21 @@ class RequestHandle:
         self._engine, self._n_open = engine, n
         self.seqs: list[Sequence] = []
         self.submitted = time.perf_counter()
+        self._loop = loop
         if loop is None:
             self._sync: queue.SimpleQueue | None = queue.SimpleQueue()
-            self._push = self._sync.put
         else:
             self._sync = None
             import asyncio  # only asyncio callers get here, and they have it loaded
 
             self._aqueue: asyncio.Queue = asyncio.Queue()
-            self._push = lambda ev: loop.call_soon_threadsafe(self._aqueue.put_nowait, ev)
+
+    def _push(self, ev) -> None:
+        """Hand one event over (from the engine's thread); see Engine._deliver for many."""
+        if self._loop is None:
+            self._sync.put(ev)
+        else:
+            _call_in_loop(self._loop, _put_all, [(self._aqueue, ev)])
 
     def cancel(self) -> None:
         self._engine._cancel(self)
@@ -158,6 +164,20 @@ class RequestHandle:
             if isinstance(ev, FinishEvent):
                 self._n_open -= 1
             yield ev
+
+
+def _put_all(items) -> None:
+    """In an event loop: each (asyncio queue, event) pair, in order."""
+    for q, ev in items:
+        q.put_nowait(ev)
+
+
+def _call_in_loop(loop, fn, arg) -> None:
+    """fn(arg) in the loop's thread; nothing where the loop is closed (its caller is gone)."""
+    try:
+        loop.call_soon_threadsafe(fn, arg)
+    except RuntimeError:
+        pass
 
 
 MAX_DEVICE_BEST = 64  # most best-token candidates per row brought back instead of the whole row
@@ -200,7 +220,7 @@ class Engine:
         self._adds_lock = threading.Lock()
         self._adds_in_inbox = 0  # requests in the inbox (their sequences are not yet in scheduler.waiting)
         self._wake = threading.Event()
-        self._outbox: list = []  # (push, event) not yet handed to callers, in order (see _deliver)
+        self._outbox: list = []  # (handle, event) not yet handed to callers, in order (see _deliver)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
@@ -294,10 +314,18 @@ class Engine:
         self._deliver()
 
     def _deliver(self) -> None:
-        """Hand the outbox's events to their callers."""
+        """Hand the outbox's events to their callers: to a thread's queue each, and to asyncio
+        callers as one call per event loop for all of them (one wake-up of the loop a step, not
+        one per token: at 64 streams a step's events cost the engine's thread 64 of those)."""
         out, self._outbox = self._outbox, []
-        for push, event in out:
-            push(event)
+        by_loop: dict = {}
+        for handle, event in out:
+            if handle._loop is None:
+                handle._sync.put(event)
+            else:
+                by_loop.setdefault(handle._loop, []).append((handle._aqueue, event))
+        for loop, items in by_loop.items():
+            _call_in_loop(loop, _put_all, items)
 
     def _drain_inbox(self, block: bool) -> None:
         if block:
@@ -404,7 +432,7 @@ class Engine:
         if not keep.any():
             return
         event = PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep]))
-        self._outbox.append((st.handle._push, event))
+        self._outbox.append((st.handle, event))
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
@@ -433,7 +461,7 @@ class Engine:
         seq.tokens.append(token)
         self.metrics.generated_tokens += 1
         text, stopped = self._text(st, st.decoder.feed(token))
-        self._outbox.append((st.handle._push, TokenEvent(st.index, token, text, lp.logprob if lp else None,
+        self._outbox.append((st.handle, TokenEvent(st.index, token, text, lp.logprob if lp else None,
                                                          list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs
                                                          else None)))
         if stopped:
@@ -486,7 +514,7 @@ class Engine:
         self.scheduler.finish(seq, reason)
         st = seq.owner
         tail = st.held + st.decoder.flush() if flush else ""
-        self._outbox.append((st.handle._push, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
+        self._outbox.append((st.handle, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
                                                           seq.n_generated, error)))
 
     def _fail_running(self, message: str, trace: str) -> None:
