@@ -603,6 +603,8 @@ def main() -> None:
             section(r, "single", single_stream, path, reps)
         if "variants" not in args.skip:
             section(r, "decode_fold_qkv_0", with_env, "EMBER_CUDA_FOLD_QKV", "0", decode_only, path, reps)
+            section(r, "decode_att_head_blocks_0", with_env, "EMBER_CUDA_ATT_HEAD_BLOCKS", "0", decode_only, path,
+                    reps)
             section(r, "decode_post_prologue_0", with_env, "EMBER_CUDA_POST_PROLOGUE", "0", decode_only, path, reps)
             section(r, "decode_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", decode_only, path, reps)
             section(r, "decode_pdl_0", with_env, "EMBER_CUDA_PDL", "0", decode_only, path, reps)
@@ -668,8 +670,8 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
-        for label in ("decode_fold_qkv_0", "decode_post_prologue_0", "decode_att_waves_8", "decode_pdl_0",
-                      "decode_prologue_0", "decode_tails_0", "decode_tails_all"):
+        for label in ("decode_fold_qkv_0", "decode_att_head_blocks_0", "decode_post_prologue_0", "decode_att_waves_8",
+                      "decode_pdl_0", "decode_prologue_0", "decode_tails_0", "decode_tails_all"):
             v = r.get(label) or {}
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "

@@ -529,10 +529,13 @@ ATTN_CASES = {
 }
 
 
+@pytest.mark.parametrize("head_blocks", [True, False])
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
-def test_kv_store_and_attention(cuda, ref, case, monkeypatch):
-    """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below."""
+def test_kv_store_and_attention(cuda, ref, case, head_blocks, monkeypatch):
+    """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below.
+    Decode steps with a block per query head, or per chunk of a kv head's query heads."""
     monkeypatch.setattr(cuda, "att_tiles", False)
+    monkeypatch.setattr(cuda, "att_head_blocks", head_blocks)
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
     page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1

@@ -148,6 +148,10 @@ class Backend:
         # batched decode steps (more than DECODE_TOKENS sequences of one token each) take the tiles
         # too, one piece per token; "0": the split-K kernel with the folded qkv_post
         self.att_tiles_decode = os.environ.get("EMBER_CUDA_ATT_TILES_DECODE", "1") != "0"
+        # decode steps of up to DECODE_TOKENS tokens on the split-K kernel: one block per query head
+        # (and split), each with a share of the work a block of the kv head's whole group did;
+        # "0": a block per kv head and group of up to 8 query heads
+        self.att_head_blocks = os.environ.get("EMBER_CUDA_ATT_HEAD_BLOCKS", "1") != "0"
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -446,13 +450,14 @@ class Backend:
         if tiles:
             blocks = tile_pieces(n, group, n_seq) * n_kv_head * -(-group // ATT_HEADS)
             n_split = tile_split_count(blocks, hd_k, max_ctx, self.n_sm, single) if self.att_tile_splits else 1
-        else:
-            n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves)
+        hpb = 1 if self.att_head_blocks and not tiles and n <= DECODE_TOKENS else ATT_HEADS
+        if not tiles:
+            n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves, hpb)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
-                            one_token_per_seq=bool(single), tiles=bool(tiles)))
+                            one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb))
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

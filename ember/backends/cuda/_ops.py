@@ -591,15 +591,18 @@ class Attention:
     one_token_per_seq: bool = False
     post: QkvPost | None = None
     tiles: bool = False  # tensor-core tiles (attn_tile<hd>): hd_k == hd_v in ATT_TILE_DIMS, no xq or post
+    heads_per_block: int = ATT_HEADS  # attn: query heads of one kv head a block takes (1..8; grid y = kv x chunks)
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
         hd_k, hd_v = self.k_cache.shape[1] // self.n_kv, self.v_cache.shape[1] // self.n_kv
-        n_hc = -(-(self.n_head // self.n_kv) // ATT_HEADS)
+        group = self.n_head // self.n_kv
         if self.tiles:
-            out = [self._tile_launch(kernels, n, hd_k, n_hc)]
-        else:
-            out = [self._launch(kernels, n, hd_k, hd_v, n_hc)]
+            out = [self._tile_launch(kernels, n, hd_k, -(-group // ATT_HEADS))]
+        else:  # attn derives its heads per block from the grid: ceil(group / chunks)
+            if not 1 <= self.heads_per_block <= ATT_HEADS:
+                raise AssertionError("attn takes 1 to 8 query heads per block")
+            out = [self._launch(kernels, n, hd_k, hd_v, -(-group // self.heads_per_block))]
         if self.n_split > 1:
             name = "attn_combine32" if self.n_split > 8 else "attn_combine"  # splits loaded at once
             out.append(Launch(kernels.fn("attention", name), (self.n_head, n, 1), (128, 1, 1),
@@ -683,11 +686,12 @@ def allow_smem(fn, nbytes: int) -> None:
         fn.max_dynamic_shared_size_bytes = nbytes
 
 
-def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int, waves: int = 2) -> int:
+def split_count(n_tok: int, n_kv: int, group: int, max_ctx: int, n_sm: int, waves: int = 2,
+                heads_per_block: int = ATT_HEADS) -> int:
     """Key-range splits of decode attention: enough blocks for `waves` per multiprocessor, each
     split covering at least 16 positions of the longest possible sequence, at most 32 (a decode
     step's keys are few: more splits put more blocks to reading them)."""
-    blocks = n_tok * n_kv * -(-group // ATT_HEADS)
+    blocks = n_tok * n_kv * -(-group // heads_per_block)
     return max(1, min(-(-waves * n_sm // blocks), -(-max_ctx // 16), 32))
 
 

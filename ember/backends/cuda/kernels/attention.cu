@@ -6,7 +6,8 @@
 // position p of it lives in slot tables[s][p / page_size] * page_size + p % page_size. Token t at
 // position pos[t] attends to positions max(0, pos[t] - window + 1) .. pos[t] (window <= 0: from 0).
 //
-// One block per (token, kv head, group of <= 8 query heads sharing it, split of the key range):
+// One block per (token, kv head, chunk of <= 8 of the query heads sharing it: decode steps take one
+// head a block, split of the key range):
 // keys in chunks of 128 / kpt (kpt threads per key for the scores: 4 for decode steps, whose
 // splits hold few keys; online softmax; then threads over value dimensions). With n_split > 1 (flash-decoding), each split writes (max, sum, partial output) and
 // attn_combine merges them. The key range is read from pos on the device, so one launch shape
@@ -75,9 +76,11 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = blockIdx.z, split = blockIdx.x;
-    const int group = n_head / n_kv, n_hc = (group + ATT_HEADS - 1) / ATT_HEADS;
+    // blockIdx.y: kv head g and chunk hc of its group's query heads, n_hc = gridDim.y / n_kv chunks
+    // of hpb = ceil(group / n_hc) <= ATT_HEADS heads (the host picks n_hc)
+    const int group = n_head / n_kv, n_hc = gridDim.y / n_kv, hpb = (group + n_hc - 1) / n_hc;
     const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
-    const int h0 = g * group + hc * ATT_HEADS, gh = min(ATT_HEADS, group - hc * ATT_HEADS);
+    const int h0 = g * group + hc * hpb, gh = min(hpb, group - hc * hpb);
 
     // Positions are step inputs, written by no kernel (see pdl_launch_next): the folded form's
     // rope table is made while the kernel before this one still runs.
