@@ -246,10 +246,6 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v),
-// and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows of n_head * hd_v).
-// grid (n_head, n_tok), n_split <= 32. Empty splits carry max -inf and sum 0. The first warp turns
-// the splits' (max, sum) into weights; then every output value is one pass over the splits.
 // A thread's values of the first PRE splits, loaded at once (past n_split or hd_v: 0).
 template <int PRE>
 __device__ __forceinline__ void combine_load(float (&v)[PRE], const float *base, int stride, int n_split, int d,
@@ -258,6 +254,10 @@ __device__ __forceinline__ void combine_load(float (&v)[PRE], const float *base,
     for (int s = 0; s < PRE; s++) v[s] = s < n_split && d < hd_v ? base[(size_t)s * stride + 2 + d] : 0.f;
 }
 
+// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v),
+// and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows of n_head * hd_v).
+// grid (n_head, n_tok), n_split <= 32. Empty splits carry max -inf and sum 0. The first warp turns
+// the splits' (max, sum) into weights; then every output value is one pass over the splits.
 // attn_combine: PRE = 8 (batched decode steps, whose tile splits are at most 8: the block per
 // (head, token) is short work, and more predicated loads cost more than they hide);
 // attn_combine32: PRE = 32 (one sequence's many splits of a long key range).
