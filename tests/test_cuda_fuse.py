@@ -533,3 +533,29 @@ def test_kernel_cache_can_be_filled_without_a_gpu(tmp_path):
     assert again == path and seconds_again is None
     other, _ = build_cubin("sample", "80", tmp_path)  # another architecture: another entry
     assert other != path
+
+
+@pytest.mark.parametrize("heads_per_block", [1, 2, 3, 8])
+def test_attention_blocks_cover_every_query_head_once(heads_per_block):
+    """attn takes its heads per block from the grid (ceil(group / chunks), chunks = grid y / kv
+    heads): for every group size, the chunks the host asks for give each query head of a kv head
+    exactly one block, and no chunk is empty."""
+    for n_kv in (1, 3):
+        for group in range(1, 41):
+            n_head = group * n_kv
+            att = Attention(Addr(1, n_head * 64), Addr(64, n_kv * 64), Addr(64, n_kv * 64), Addr(1, n_head * 64),
+                            None, Addr(1), Addr(1), Addr(1, 4), 16, n_head, n_kv, 0, 0.125, 0.0, 1,
+                            heads_per_block=heads_per_block)
+            (launch,) = att.launches(FakeKernels())
+            assert launch.fn == ("attention", "attn")
+            n_hc = launch.grid[1] // n_kv
+            assert launch.grid[1] == n_kv * n_hc
+            hpb = -(-group // n_hc)  # as the kernel derives it
+            assert hpb <= min(heads_per_block, 8)
+            heads = []
+            for y in range(launch.grid[1]):
+                g, hc = divmod(y, n_hc)
+                h0, gh = g * group + hc * hpb, min(hpb, group - hc * hpb)
+                assert gh >= 1
+                heads += range(h0, h0 + gh)
+            assert sorted(heads) == list(range(n_head))
