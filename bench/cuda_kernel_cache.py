@@ -29,7 +29,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    modules = ["ops", "attention", "sample"] + [f"matmul_{int(t)}" for t in sorted(MATRIX_TYPES)]
+    modules = ["ops", "attention", "sample"] + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES)
+                                                 for part in ("", "_batch")]
     t0 = time.perf_counter()
     build = lambda m: build_cubin(m, args.arch, args.out)  # noqa: E731
     # the first alone: NVRTC loads its builtins library on first use, which failed here when two

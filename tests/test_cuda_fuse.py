@@ -22,6 +22,7 @@ from ember.backends.cuda._ops import (
     Attention,
     GatedAct,
     GatherRows,
+    GetRows,
     KvStore,
     Matmul,
     NormAdd,
@@ -559,3 +560,68 @@ def test_attention_blocks_cover_every_query_head_once(heads_per_block):
                 assert gh >= 1
                 heads += range(h0, h0 + gh)
             assert sorted(heads) == list(range(n_head))
+
+
+def test_products_name_the_modules_holding_their_kernels():
+    """Each matmul.cu kernel a launch asks for is an entry of the module it names: matmul_<type>
+    (mv_n1, the tiles, mm_split, get_rows) or matmul_<type>_batch (mv_n2, mv_n4, mv_n8), checked
+    on the modules' PTX (NVRTC, no GPU)."""
+    nvrtc_or_skip()
+    from cupy.cuda import nvrtc
+
+    from ember.backends.cuda._kernels import matmul_module, module_source
+
+    entries = {}
+    for module in ("matmul_12", "matmul_12_batch"):
+        prog = nvrtc.createProgram(module_source(module), f"{module}.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["-std=c++17", "-arch=compute_90"])
+            entries[module] = set(re.findall(r"\.entry (\w+)", nvrtc.getPTX(prog).decode()))
+        finally:
+            nvrtc.destroyProgram(prog)
+    asked = set()
+    for n in (1, 2, 3, 5, 8, 20, 64, 65, 200):
+        x, y = Addr(n, 256), Addr(n, 512)
+        op = Matmul([mat(512, 256)], x, [y], xq=Addr(xq_bytes(n, 256), dtype=np.uint8) if n <= 64 else None)
+        ops = [op, GetRows(mat(512, 256), Addr(n, dtype=np.int32), Addr(n, 256))]
+        if n > 8:
+            ops.append(replace(op, mv_rows=8, split_rows=64, part=Addr(1 << 20), counters=Addr(64, dtype=np.uint32)))
+        for o in ops:
+            for launch in o.launches(FakeKernels()):
+                asked.add(launch.fn)
+    for module, name in asked:
+        if module.startswith("matmul_"):
+            assert name in entries[module], (module, name)
+            assert module == matmul_module(GGMLType.Q4_K, name)
+    assert {name for module, name in asked if module == "matmul_12_batch"} == {"mv_n2", "mv_n4", "mv_n8"}
+    assert entries["matmul_12_batch"] == {"mv_n2", "mv_n4", "mv_n8"}
+    assert {"mv_n1", "mm_tile", "mm_tile64", "mm_split", "get_rows"} <= entries["matmul_12"]
+
+
+def test_batch_modules_compile_after_the_first_token_needs():
+    """Modules asked for with prefetch_later are not compiled while a model loads: they are queued
+    when a module is first needed, behind every module asked for before then; one of them needed
+    first is built at once."""
+    import types
+
+    from ember.backends.cuda._kernels import Kernels
+
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(is_hip=True)),
+                               RawModule=lambda code, options: types.SimpleNamespace(get_function=lambda n: n))
+    kernels = Kernels(cp, types.SimpleNamespace(compute_capability="90", attributes={}))
+    order = []
+    kernels._build = lambda module: (order.append(module), module)[1]
+    kernels.prefetch("ops")
+    kernels.prefetch_later("matmul_12_batch")
+    kernels.prefetch("matmul_12")
+    kernels.prefetch_later("matmul_8_batch")
+    for f in list(kernels._futures.values()):
+        f.result()
+    assert sorted(order) == ["matmul_12", "ops"]  # nothing later yet
+    assert kernels.fn("matmul_12", "mv_n1") == "mv_n1"
+    for f in list(kernels._futures.values()):
+        f.result()
+    assert sorted(order[2:]) == ["matmul_12_batch", "matmul_8_batch"]
+    kernels.prefetch_later("matmul_6_batch")
+    assert kernels.fn("matmul_6_batch", "mv_n2") == "mv_n2"  # needed now: built, not left waiting
+    assert "matmul_6_batch" in order and not kernels._later

@@ -21,6 +21,7 @@ import numpy as np
 from ...quant import dequantize
 from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, RopeParams, Weight
+from ._kernels import matmul_module
 from ._ops import (
     ATT_HEADS,
     ATT_MAX_D,
@@ -102,7 +103,7 @@ class Backend:
         from ._staging import InputRing
 
         self.kernels = Kernels(cp, self.device)
-        for module in ("ops", "attention"):
+        for module in ("ops", "attention", "sample"):  # every model's first token needs them
             self.kernels.prefetch(module)
         self.n_threads = 1  # host threads: the GPU does the work
         self.n_sm = int(self.device.attributes["MultiProcessorCount"])
@@ -201,7 +202,8 @@ class Backend:
         if shape[1] % 32:
             raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
                                "multiple of 32")
-        self.kernels.prefetch(f"matmul_{int(tensor.type)}")  # compiles while the weights upload
+        self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
+        self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)

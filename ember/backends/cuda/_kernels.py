@@ -31,14 +31,22 @@ def kernel_source(name: str) -> str:
 
 
 def module_source(module: str) -> str:
-    """The full source of one compiled module: "ops", "attention", "sample" or "matmul_<ggml type id>"."""
+    """The full source of one compiled module: "ops", "attention", "sample", "matmul_<ggml type id>"
+    or "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8 rows, see matmul.cu)."""
     common = kernel_source("common.cuh")
     if module in ("ops", "attention", "sample"):
         return common + kernel_source(f"{module}.cu")
-    if module.startswith("matmul_"):
-        qtype = int(module.split("_", 1)[1])
-        return f"#define QT {qtype}\n" + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
+    parts = module.split("_")
+    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"]):
+        defines = f"#define QT {int(parts[1])}\n" + ("#define MV_BATCH 1\n" if len(parts) == 3 else "")
+        return defines + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
     raise BackendError(f"no kernel module named '{module}'")
+
+
+def matmul_module(qtype: int, kernel: str = "") -> str:
+    """The module holding one of matmul.cu's kernels for a weight type."""
+    batch = kernel in ("mv_n2", "mv_n4", "mv_n8")
+    return f"matmul_{int(qtype)}_batch" if batch else f"matmul_{int(qtype)}"
 
 
 @dataclass
@@ -59,6 +67,7 @@ class Kernels:
         self.stats = CompileStats()
         self._pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="ember-nvrtc")
         self._futures: dict[str, Future] = {}
+        self._later: list[str] = []  # see prefetch_later
         self._modules: dict = {}
         self._functions: dict = {}
         self._names: dict = {}  # id(function) -> "module.name", for profiles
@@ -70,7 +79,35 @@ class Kernels:
             if module not in self._futures:
                 self._futures[module] = self._pool.submit(self._build, module)
 
+    def prefetch_later(self, module: str) -> None:
+        """Compile (or load) a module in the background, but only once a module is first needed
+        and after every module asked for before then: a model's kernels for batched decode, which
+        its first token does not wait for (on a machine of few cores they would slow those it does)."""
+        with self._lock:
+            if module not in self._futures and module not in self._later:
+                self._later.append(module)
+
+    def _submit_later(self) -> None:
+        with self._lock:
+            later, self._later = self._later, []
+            before = list(self._futures.values())
+            for module in later:
+                if module not in self._futures:
+                    # the pool takes tasks in order: those waited on were taken before this one
+                    self._futures[module] = self._pool.submit(self._build_after, module, before)
+
+    def _build_after(self, module: str, before: list):
+        for f in before:
+            f.exception()  # waits; a failed module reports its error where it is used
+        return self._build(module)
+
     def module(self, module: str):
+        if self._later:
+            with self._lock:
+                if module in self._later:  # needed now: no longer later
+                    self._later.remove(module)
+            self.prefetch(module)  # ahead of the later ones
+            self._submit_later()
         self.prefetch(module)
         mod = self._modules.get(module)
         if mod is None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...quant.types import GGMLType, layout
+from ._kernels import matmul_module
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
@@ -323,7 +324,7 @@ class Matmul:
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
                 i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
-        fn = kernels.fn(f"matmul_{int(qtype)}", f"mv_n{nmax}")
+        fn = kernels.fn(matmul_module(qtype, f"mv_n{nmax}"), f"mv_n{nmax}")
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
 
     def _prologue_args(self) -> tuple:
@@ -344,7 +345,7 @@ class Matmul:
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i64(ws[0].data.row_bytes), i32(self.k), i32(self.n),
                 ptr(self.x), ptr(self.part), ptr(self.counters), i32(ups), i32(self.mode), ptr(self.aux),
                 i32(lay.block_size), i32(lay.type_size), i32(span))
-        fn = kernels.fn(f"matmul_{int(ws[0].type)}", "mm_split")
+        fn = kernels.fn(matmul_module(ws[0].type), "mm_split")
         allow_smem(fn, smem)
         return Launch(fn, (tiles, n_split, len(ws)), (MS_THREADS, 1, 1), args, smem=smem)
 
@@ -361,7 +362,7 @@ class Matmul:
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i64(ws[0].data.row_bytes), i32(k), i32(n),
                 ptr(self.x))
         name = "mm_tile" if tn == 128 else "mm_tile64"
-        return Launch(kernels.fn(f"matmul_{int(ws[0].type)}", name), grid, (128, 1, 1), args)
+        return Launch(kernels.fn(matmul_module(ws[0].type), name), grid, (128, 1, 1), args)
 
 
 @dataclass(eq=False)
@@ -377,7 +378,7 @@ class GetRows:
         n = self.out.shape[0]
         grid = (-(-(cols // 32) // 128), n, 1)
         args = (ptr(self.w.data.buf), i64(self.w.data.row_bytes), i32(rows), i32(cols), ptr(self.ids), ptr(self.out))
-        return [Launch(kernels.fn(f"matmul_{int(self.w.type)}", "get_rows"), grid, (128, 1, 1), args)]
+        return [Launch(kernels.fn(matmul_module(self.w.type), "get_rows"), grid, (128, 1, 1), args)]
 
 
 # ---- row and elementwise ops ----

@@ -556,10 +556,17 @@ __device__ void mv_body(const MvArgs &a) {
                 pro_post_w, pro_post_eps, pro_counter, counter, res,                                                 \
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
+// The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
+// defined) holds mv_n2, mv_n4 and mv_n8 alone. Each mv_body instance is most of a module's
+// compile time, and a first token needs only mv_n1: the batch module compiles later.
+#ifndef MV_BATCH
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+#else
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
+#endif
+#ifndef MV_BATCH
 
 // ---- prefill: tensor-core tiles ----
 
@@ -956,3 +963,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
+#endif  // MV_BATCH
