@@ -562,23 +562,49 @@ def test_attention_blocks_cover_every_query_head_once(heads_per_block):
             assert sorted(heads) == list(range(n_head))
 
 
+def ptx_entries(module: str) -> set[str]:
+    """The kernels of one module, from its PTX (NVRTC, no GPU)."""
+    from cupy.cuda import nvrtc
+
+    from ember.backends.cuda._kernels import module_source
+
+    prog = nvrtc.createProgram(module_source(module), f"{module}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["-std=c++17", "-arch=compute_90"])
+        return set(re.findall(r"\.entry (\w+)", nvrtc.getPTX(prog).decode()))
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_attention_launches_name_the_modules_holding_their_kernels():
+    """attn and the split merges live in "attention", each head size's tensor-core tiles in an
+    attention_tile<hd> module of their own."""
+    nvrtc_or_skip()
+    asked = set()
+    for hd in (64, 128, 256):
+        for tiles, n_split in ((False, 1), (False, 4), (False, 20), (True, 1), (True, 4)):
+            n = 64 if tiles else 1
+            att = Attention(Addr(n, 4 * hd), Addr(64, 2 * hd), Addr(64, 2 * hd), Addr(n, 4 * hd),
+                            Addr(n, 4, n_split, hd + 2) if n_split > 1 else None, Addr(n), Addr(n), Addr(1, 4), 16, 4,
+                            2, 0, 0.125, 0.0, n_split, tiles=tiles)
+            asked |= {launch.fn for launch in att.launches(FakeKernels())}
+    modules = {module for module, _ in asked}
+    assert modules == {"attention", "attention_tile64", "attention_tile128", "attention_tile256"}
+    entries = {module: ptx_entries(module) for module in modules}
+    for module, name in asked:
+        assert name in entries[module], (module, name)
+    assert entries["attention"] == {"attn", "attn_combine", "attn_combine32"}
+    assert all(entries[f"attention_tile{hd}"] == {f"attn_tile{hd}"} for hd in (64, 128, 256))
+
+
 def test_products_name_the_modules_holding_their_kernels():
     """Each matmul.cu kernel a launch asks for is an entry of the module it names: matmul_<type>
     (mv_n1, the tiles, mm_split, get_rows) or matmul_<type>_batch (mv_n2, mv_n4, mv_n8), checked
     on the modules' PTX (NVRTC, no GPU)."""
     nvrtc_or_skip()
-    from cupy.cuda import nvrtc
+    from ember.backends.cuda._kernels import matmul_module
 
-    from ember.backends.cuda._kernels import matmul_module, module_source
-
-    entries = {}
-    for module in ("matmul_12", "matmul_12_batch"):
-        prog = nvrtc.createProgram(module_source(module), f"{module}.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, ["-std=c++17", "-arch=compute_90"])
-            entries[module] = set(re.findall(r"\.entry (\w+)", nvrtc.getPTX(prog).decode()))
-        finally:
-            nvrtc.destroyProgram(prog)
+    entries = {module: ptx_entries(module) for module in ("matmul_12", "matmul_12_batch")}
     asked = set()
     for n in (1, 2, 3, 5, 8, 20, 64, 65, 200):
         x, y = Addr(n, 256), Addr(n, 512)

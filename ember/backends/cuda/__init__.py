@@ -143,6 +143,9 @@ class Backend:
         # capability 8.0+, CUDA, head dims 64/128/256); "0": the scalar kernel for every step
         self.att_tiles = (os.environ.get("EMBER_CUDA_ATT_TILES", "1") != "0" and not self.kernels.hip
                           and int(self.device.compute_capability) >= 80)
+        if self.att_tiles:  # a module per head size: the model's own is among them (small modules)
+            for hd in ATT_TILE_DIMS:
+                self.kernels.prefetch(f"attention_tile{hd}")
         # their key ranges split over several blocks where the pieces alone would leave the GPU
         # idle (merged by attn_combine); "0": one block per piece
         self.att_tile_splits = os.environ.get("EMBER_CUDA_ATT_TILE_SPLITS", "1") != "0"

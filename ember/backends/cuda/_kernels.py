@@ -20,6 +20,7 @@ from pathlib import Path
 from ..base import BackendError
 
 CACHE_VERSION = "2"  # bump when the way sources are assembled changes
+ATT_TILE_DIMS = (64, 128, 256)  # head sizes of attn_tile (attention.cu), a module each
 
 
 def cache_dir() -> Path:
@@ -31,11 +32,16 @@ def kernel_source(name: str) -> str:
 
 
 def module_source(module: str) -> str:
-    """The full source of one compiled module: "ops", "attention", "sample", "matmul_<ggml type id>"
-    or "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8 rows, see matmul.cu)."""
+    """The full source of one compiled module: "ops", "attention" (decode attention and the split
+    merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
+    "matmul_<ggml type id>" or "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
+    rows, see matmul.cu)."""
     common = kernel_source("common.cuh")
-    if module in ("ops", "attention", "sample"):
+    if module in ("ops", "sample"):
         return common + kernel_source(f"{module}.cu")
+    if module == "attention" or module in tuple(f"attention_tile{hd}" for hd in ATT_TILE_DIMS):
+        hd = int(module[len("attention_tile"):]) if module != "attention" else 0
+        return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"]):
         defines = f"#define QT {int(parts[1])}\n" + ("#define MV_BATCH 1\n" if len(parts) == 3 else "")

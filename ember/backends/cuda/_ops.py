@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...quant.types import GGMLType, layout
-from ._kernels import matmul_module
+from ._kernels import ATT_TILE_DIMS, matmul_module
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K,
@@ -621,7 +621,7 @@ class Attention:
 
     def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:
         """attn_tile: one block per (piece of the step, kv head and head chunk, split of the keys)."""
-        fn = kernels.fn("attention", f"attn_tile{hd}")
+        fn = kernels.fn(f"attention_tile{hd}", f"attn_tile{hd}")
         smem = attn_tile_smem(hd)
         allow_smem(fn, smem)
         pieces = tile_pieces(n, self.n_head // self.n_kv, self.tables.shape[0])
@@ -640,7 +640,6 @@ class Attention:
         return (ptr(p.k), ptr(p.v), ptr(p.q_norm), ptr(p.k_norm), f32(p.eps), *p.p.kernel_args(), ptr(p.slots))
 
 
-ATT_TILE_DIMS = (64, 128, 256)  # head dims of attn_tile
 ATT_TILE_ROWS = 64  # query rows (token, head) per attn_tile block
 
 

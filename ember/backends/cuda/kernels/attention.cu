@@ -58,6 +58,9 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
         for (int i = tid; i < hd; i += ATT_THREADS) k_row[i] = f2h(ks[i]);
 }
 
+// Modules: "attention" (ATT_TILE_HD 0: attn and attn_combine*) and "attention_tile<HD>" (one
+// attn_tile instance alone): a model's first token compiles only the tile size it uses, beside the rest.
+#if ATT_TILE_HD == 0
 // k_cache and v_cache are written by the folded form and read back in the same launch: neither
 // const nor __restrict__ (a read-only-cache load would not see the writes).
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
@@ -306,6 +309,8 @@ extern "C" __global__ void attn_combine32(const float *__restrict__ part, float 
     combine_body<32>(part, out, n_head, hd_v, n_split, xq);
 }
 
+#endif  // ATT_TILE_HD == 0
+
 // ---- steps of many tokens per sequence: tensor-core tiles (flash attention) ----
 //
 // attn_tile<HD> (hd_k == hd_v == HD): one block per (query tile, kv head and head chunk, split of
@@ -321,7 +326,7 @@ extern "C" __global__ void attn_combine32(const float *__restrict__ part, float 
 // registers.
 // Dynamic shared memory: attn_tile_smem(HD) bytes. CUDA only (sm_80+): ROCm takes attn.
 
-#if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__)
+#if !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC__) && ATT_TILE_HD > 0
 #define AT_ROWS 64
 
 // Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give matrix i's rows.
@@ -582,13 +587,19 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
         float scale, float softcap, float *__restrict__ part, int n_split
 #define ATTN_TILE_ARGS \
     q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap, part, n_split
+#if ATT_TILE_HD == 64
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile64(ATTN_TILE_PARAMS) {
     attn_tile_body<64, 64>(ATTN_TILE_ARGS);
 }
+#endif
+#if ATT_TILE_HD == 128
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile128(ATTN_TILE_PARAMS) {
     attn_tile_body<128, 64>(ATTN_TILE_ARGS);
 }
+#endif
+#if ATT_TILE_HD == 256
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile256(ATTN_TILE_PARAMS) {
     attn_tile_body<256, 32>(ATTN_TILE_ARGS);
 }
+#endif
 #endif
