@@ -311,3 +311,33 @@ def test_admission_memos_change_no_decision():
         plans.append(trace)
         assert sched.n_preemptions > 0 and any(t[1] for t in trace)  # the workload preempts and copies
     assert plans[0] == plans[1]
+
+
+def test_decode_fast_path_plans_what_the_general_rule_plans():
+    """_plan takes a shortcut for a decode token: on random sequence states and budgets, the chunk it
+    plans is the one the general rule (_chunk) gives, and the running order's key is the
+    in_prefill rule."""
+    from ember.engine.scheduler import _Budget, _running_order
+
+    pool, _, sched = make(n_pages=64)
+    rng = random.Random(5)
+    decodes = 0
+    for _ in range(5000):
+        n_prompt = rng.randint(1, 6)
+        tokens = list(range(n_prompt + rng.randint(0, 4)))
+        seq = Sequence(tokens[:n_prompt], max_new_tokens=rng.randint(0, 6), prompt_logits=rng.random() < 0.2)
+        seq.tokens = tokens
+        seq.n_computed = rng.randint(0, len(tokens) - 1)
+        seq.admitted_at = rng.randint(0, 9)
+        assert _running_order(seq) == (seq.in_prefill, seq.admitted_at)
+        tokens_left, rows_left = rng.randint(1, 3), rng.randint(0, 2)
+        want = sched._chunk(seq, _Budget(tokens_left, rows_left))
+        plan = Plan()
+        planned = sched._plan(seq, plan, _Budget(tokens_left, rows_left), set(), may_preempt=False)
+        assert planned == (want[0] > 0)
+        if planned:
+            (chunk,) = plan.chunks
+            assert (chunk.start, chunk.n, chunk.logit_rows) == (seq.n_computed, *want)
+            decodes += want == (1, [seq.n_computed]) and seq.n_generated > 0 and not seq.prompt_logits
+        pool.release(seq.pages)
+    assert decodes > 300

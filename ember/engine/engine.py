@@ -411,19 +411,22 @@ class Engine:
         """best_only: `logits` holds each row's best token ids (n_rows, k), best first, instead of
         its logits."""
         row = 0
+        best = logits.tolist() if best_only else None  # ids as Python ints, in one call
         for chunk in plan.chunks:
             seq = chunk.seq
-            rows = logits[row:row + len(chunk.logit_rows)]
-            row += len(chunk.logit_rows)
+            n_rows = len(chunk.logit_rows)
+            row += n_rows
             if seq.prompt_logits and chunk.start < seq.n_prompt:
-                self._deliver_prompt(seq, chunk, rows)
-            if seq.n_computed == len(seq.tokens):  # the last token was computed: its logits are in rows[-1]
+                self._deliver_prompt(seq, chunk, logits[row - n_rows:row])
+            if seq.n_computed == len(seq.tokens):  # the last token was computed: its logits are in row - 1
                 if not seq.wants_sample:
                     self._finish(seq, "length")
+                elif not n_rows:
+                    raise AssertionError("a sequence to sample from has no row of logits in its step")
                 elif best_only:
-                    self._emit(seq, seq.owner.sampler.choose_from_best(rows[-1]), None)
+                    self._emit(seq, seq.owner.sampler.choose_from_best(best[row - 1]), None)
                 else:
-                    self._sample(seq, rows[-1])
+                    self._sample(seq, logits[row - 1])
 
     def _deliver_prompt(self, seq: Sequence, chunk, rows: np.ndarray) -> None:
         st = seq.owner

@@ -50,6 +50,13 @@ class Plan:
         return sum(c.n for c in self.chunks)
 
 
+def _running_order(s: Sequence) -> tuple[bool, int]:
+    """Sort key of running sequences within a step: decodes before prefills (Sequence.in_prefill,
+    spelled out: this runs for every sequence of every step), then by admission."""
+    n = len(s.tokens)
+    return (n - s.n_computed > 1 or n == s.n_prompt, s.admitted_at)
+
+
 @dataclass(slots=True)
 class _Budget:
     tokens: int
@@ -89,7 +96,7 @@ class Scheduler:
         budget = _Budget(self.config.max_batch_tokens, self.config.max_logit_rows)
         planned: set[int] = set()
         # decodes first (one token each), oldest first; then prefill continuations
-        for seq in sorted(self.running, key=lambda s: (s.in_prefill, s.admitted_at)):
+        for seq in sorted(self.running, key=_running_order):
             if seq.status is Status.RUNNING and budget.tokens > 0:
                 self._plan(seq, plan, budget, planned)
         while self.waiting and len(self.running) < self.config.max_seqs and budget.tokens > 0:
@@ -101,10 +108,14 @@ class Scheduler:
         return plan
 
     def _plan(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int], may_preempt: bool = True) -> bool:
-        n, rows = self._chunk(seq, budget)
+        start = seq.n_computed
+        if len(seq.tokens) - start == 1 and len(seq.tokens) > seq.n_prompt and budget.rows > 0 \
+                and budget.tokens > 0 and not seq.prompt_logits:
+            n, rows = 1, [start]  # a decode token (what _chunk gives it, without its general case)
+        else:
+            n, rows = self._chunk(seq, budget)
         if n == 0:
             return False
-        start = seq.n_computed
         if not self._reserve(seq, start, n, plan, planned if may_preempt else None):
             return False
         plan.chunks.append(Chunk(seq, start, n, rows))
