@@ -3,6 +3,7 @@ returns its pages, cancellation and preemption under load leave nothing behind."
 from __future__ import annotations
 
 import asyncio
+import time
 import random
 import threading
 
@@ -362,3 +363,39 @@ def test_copy_pages_is_copy_page_for_each_pair(device):
     k = np.asarray(caches[0].layers[0][0])
     assert np.array_equal(k[36:40], k[0:4]) and np.array_equal(k[32:36], k[12:16])  # 0 -> 9; 3 -> 4 -> 8
     assert not np.array_equal(k[4:8], k[8:12])  # pages that were not copied still differ
+
+
+def test_requests_still_in_the_inbox_at_close_end_cancelled(tiny):
+    """A request the engine never saw (sent while a step ran, then the engine closed) gets its
+    finish event, as does one that was running."""
+    import threading
+
+    from ember.engine import Engine, EngineConfig
+
+    llm = LLM(str(tiny), threads=1, ctx=128)
+    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=128))
+    in_step, release = threading.Event(), threading.Event()
+    step = eng.step
+
+    def held_step():
+        in_step.set()
+        release.wait(10)
+        step()
+
+    eng.step = held_step
+    running = eng.submit(Request([1, 5, 6], 100, SamplingParams(temperature=0.0, ignore_eos=True)))
+    assert in_step.wait(10)
+    pending = eng.submit(Request([1, 7, 8], 4))  # stays in the inbox: the engine's thread is held
+    closer = threading.Thread(target=eng.close)
+    closer.start()
+    while not eng._closed:  # the held step then ends the loop: the inbox is left to shutdown
+        time.sleep(0.001)
+    release.set()
+    closer.join(30)
+    reasons: dict = {}
+    reader = threading.Thread(target=lambda: reasons.update(
+        (name, [r for _, (_, r) in collect(h).items()]) for name, h in (("pending", pending), ("running", running))))
+    reader.start()
+    reader.join(10)  # a finish event that never comes fails here, not by hanging
+    assert reasons == {"pending": ["cancelled"], "running": ["cancelled"]}
+    llm.close()

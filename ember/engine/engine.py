@@ -139,13 +139,6 @@ class RequestHandle:
 
             self._aqueue: asyncio.Queue = asyncio.Queue()
 
-    def _push(self, ev) -> None:
-        """Hand one event over (from the engine's thread); see Engine._deliver for many."""
-        if self._loop is None:
-            self._sync.put(ev)
-        else:
-            _call_in_loop(self._loop, _put_all, [(self._aqueue, ev)])
-
     def cancel(self) -> None:
         self._engine._cancel(self)
 
@@ -558,7 +551,8 @@ class Engine:
             if kind == "add":  # never admitted: tell the caller it ended
                 for seq in handle.seqs:
                     st = seq.owner
-                    st.handle._push(FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0))
+                    # handed over with the rest by the _deliver after this
+                    self._outbox.append((st.handle, FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0)))
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -112,9 +112,9 @@ class Kernels:
             with self._lock:
                 if module in self._later:  # needed now: no longer later
                     self._later.remove(module)
-            self.prefetch(module)  # ahead of the later ones
+        self.prefetch(module)  # ahead of the later ones
+        if self._later:
             self._submit_later()
-        self.prefetch(module)
         mod = self._modules.get(module)
         if mod is None:
             binary = self._futures[module].result()  # raises the compile error, if any
