@@ -846,7 +846,7 @@ def test_decode_attention_folding_computes_the_same(tmp_path_factory, monkeypatc
             decode = n == n_seq
             assert all(a.one_token_per_seq == decode for a in attns), n
             assert all(a.tiles == (not decode) for a in attns), n  # prompt steps: tensor-core tiles
-            assert sum(x == "attention.attn" or x.startswith("attention.attn_tile") for x in names) == len(attns)
+            assert sum(x == "attention.attn" or x.startswith("attention_tile") for x in names) == len(attns)
             assert names.count("ops.qkv_post") == (0 if decode and fold == "1" else len(attns)), n
     for i, (a, b) in enumerate(zip(results["1"], results["0"])):
         err = np.abs(a - b).max() / np.abs(b).max()
@@ -901,3 +901,56 @@ def test_engine_greedy_matches_cpu(tmp_path, n_prompts):
         logits = last_logits(path, prompts[i] + want[i][:j])
         gap = (logits.max() - logits[got[i][j]]) / np.abs(logits).max()
         assert gap < 1e-3, f"run {i} took token {got[i][j]} at {j}, {gap:.1e} below the best"
+
+
+def test_copy_pages(cuda):
+    """The copy-on-write kernel: several pages at once, chained pairs in order, odd widths."""
+    from test_engine import check_copy_pages
+
+    check_copy_pages(cuda)
+
+
+SERVE_NO_JIT = r"""
+import sys
+import numpy as np
+import cupy.cuda.compiler as compiler
+from ember.engine import LLM
+from ember.sampler import SamplingParams
+
+compiled = []
+inner = compiler._compile_with_cache_cuda
+def counting(source, *args, **kwargs):
+    import traceback
+    compiled.append("".join(traceback.format_stack(limit=8)))
+    return inner(source, *args, **kwargs)
+
+with LLM(sys.argv[1], device="cuda", slots=8, ctx=256) as llm:
+    compiler._compile_with_cache_cuda = counting
+    rng = np.random.default_rng(1)
+    shared = [1] + rng.integers(3, 300, 40).tolist()  # two full pages and part of a third
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: llm.generate(shared, 6, SamplingParams(temperature=0.8, top_p=0.9, seed=i)).token_ids,
+                      range(8)))
+        list(pool.map(lambda i: llm.generate(shared + [5 + i], 6, SamplingParams.greedy_params()).token_ids,
+                      range(8)))
+print("COMPILED", len(compiled))
+for s in compiled[:3]:
+    print(s)
+"""
+
+
+def test_serving_compiles_no_cupy_kernels(tmp_path):
+    """Serving (prompts sharing pages, copy on write, sampling, batched decode) launches only
+    ember's own precompiled kernels: a CuPy operation would compile a kernel the first time
+    in a process (0.1-0.3 s, mid-request). Own process: earlier tests may have compiled them."""
+    import os
+    import subprocess
+    import sys
+
+    path = write_model(tmp_path / "v.gguf", "llama", GGMLType.Q4_0, Shape(n_layer=2), vocab=True, tied=False)
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cupy"), PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", SERVE_NO_JIT, str(path)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "COMPILED 0" in run.stdout, run.stdout[-4000:]

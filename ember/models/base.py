@@ -119,24 +119,28 @@ class KVCache:
 
     def copy_page(self, src: int, dst: int) -> None:
         """Every layer's keys and values of page src into page dst (copy on write)."""
-        a, b, P = src * self.page_size, dst * self.page_size, self.page_size
-        for k, v in self.layers:
-            k[b:b + P] = k[a:a + P]
-            v[b:b + P] = v[a:a + P]
+        self.copy_pages([(src, dst)])
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
-        """copy_page for each (src, dst) pair, as one gather per layer's keys and values (64
-        sequences taking their own copy of a shared prompt's last page: 2 x n_layer copies, not
-        128 x n_layer). Pairs whose destination is another pair's source are copied in order."""
+        """copy_page for each (src, dst) pair: 64 sequences taking their own copy of a shared
+        prompt's last page are one copy per layer, not 64. Pairs whose destination is another
+        pair's source are copied in order. A backend with its own copy_pages does the copying
+        (CUDA: a kernel of its own, no per-process compile of a gather)."""
+        if not pairs:
+            return
         srcs = {s for s, _ in pairs}
-        if len(pairs) < 2 or any(d in srcs for _, d in pairs):
-            for src, dst in pairs:
-                self.copy_page(src, dst)
+        if len(pairs) > 1 and any(d in srcs for _, d in pairs):
+            for pair in pairs:
+                self.copy_pages([pair])
+            return
+        own = getattr(self.backend, "copy_pages", None)
+        if own is not None:
+            own(self.layers, pairs, self.page_size)
             return
         P = self.page_size
         offs = np.arange(P, dtype=np.int64)
-        src_i = self.backend.from_numpy((np.array([s for s, _ in pairs], np.int64)[:, None] * P + offs).ravel())
-        dst_i = self.backend.from_numpy((np.array([d for _, d in pairs], np.int64)[:, None] * P + offs).ravel())
+        src_i = (np.array([s for s, _ in pairs], np.int64)[:, None] * P + offs).ravel()
+        dst_i = (np.array([d for _, d in pairs], np.int64)[:, None] * P + offs).ravel()
         for k, v in self.layers:
             k[dst_i] = k[src_i]
             v[dst_i] = v[src_i]

@@ -31,6 +31,7 @@ from ._ops import (
     TOPK_MAX,
     TOPS_MAX,
     Add,
+    CopyPages,
     AddRow,
     Attention,
     DeviceMatrix,
@@ -432,6 +433,18 @@ class Backend:
 
     def scale(self, x, s: float) -> None:
         self._run(Scale(x, float(s)))
+
+    def copy_pages(self, layers, pairs, page_size: int) -> None:
+        """Page dst of every layer's caches = page src, for each (src, dst) of pairs, in one launch
+        per layer (CuPy's own indexing would compile a kernel on first use: a stall mid-serving).
+        Pairs run together, so no destination may be another pair's source (KVCache.copy_pages
+        runs those one at a time)."""
+        pairs = np.asarray(pairs, np.int32).reshape(-1, 2)
+        n_pages = layers[0][0].shape[0] // page_size if layers else 0
+        if pairs.size and (int(pairs.min()) < 0 or int(pairs.max()) >= n_pages):
+            raise BackendError(f"page out of range (cache has {n_pages} pages)")
+        if pairs.size and layers:
+            self._run(CopyPages(list(layers), self._input(pairs, np.int32), page_size))
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
         k_cache, v_cache = cache

@@ -534,6 +534,24 @@ class KvStore:
 
 
 @dataclass(eq=False)
+class CopyPages:
+    """For each (src, dst) row of pairs: page dst of every layer's keys and values = page src."""
+
+    layers: list  # [(k_cache, v_cache)], f16 (n_slots, dim)
+    pairs: Any  # device int32 (n, 2)
+    page: int  # slots per page
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.pairs.shape[0]
+        out = []
+        for k, v in self.layers:
+            chunks = max(1, min(64, -(-self.page * max(k.shape[1], v.shape[1]) // (8 * 256))))
+            out.append(Launch(kernels.fn("ops", "copy_pages"), (chunks, n, 1), (256, 1, 1),
+                              (ptr(k), ptr(v), ptr(self.pairs), i32(self.page), i32(k.shape[1]), i32(v.shape[1]))))
+        return out
+
+
+@dataclass(eq=False)
 class QkvPost:
     """Fused: per-head norms of q and k (optional), rope of both, k and v into the cache."""
 

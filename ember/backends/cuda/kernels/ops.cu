@@ -158,6 +158,25 @@ extern "C" __global__ void kv_store(const float *k, const float *v, u16 *k_cache
     for (int c = threadIdx.x; c < v_dim; c += blockDim.x) v_cache[slot * v_dim + c] = f2h(v[(size_t)t * v_dim + c]);
 }
 
+// Page copies of one layer's caches (copy on write): for each pair p, page pairs[2p + 1] of k and v
+// becomes a copy of page pairs[2p]. A page of k is page * k_dim f16 values, of v page * v_dim;
+// grid (chunks, n_pairs), 16-byte moves when a page's values come in eights (caches are 256-byte
+// aligned, so every page then starts on 16 bytes).
+extern "C" __global__ void copy_pages(u16 *k, u16 *v, const int *pairs, int page, int k_dim, int v_dim) {
+    PDL_ENTER();
+    const i64 src = pairs[2 * blockIdx.y], dst = pairs[2 * blockIdx.y + 1];
+    const i64 nk = (i64)page * k_dim, nv = (i64)page * v_dim;
+    const i64 step = (i64)gridDim.x * blockDim.x, first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (nk % 8 == 0 && nv % 8 == 0) {
+        uint4 *k4 = (uint4 *)k, *v4 = (uint4 *)v;
+        for (i64 i = first; i < nk / 8; i += step) k4[dst * (nk / 8) + i] = k4[src * (nk / 8) + i];
+        for (i64 i = first; i < nv / 8; i += step) v4[dst * (nv / 8) + i] = v4[src * (nv / 8) + i];
+    } else {
+        for (i64 i = first; i < nk; i += step) k[dst * nk + i] = k[src * nk + i];
+        for (i64 i = first; i < nv; i += step) v[dst * nv + i] = v[src * nv + i];
+    }
+}
+
 // ---- rotary embedding (RopeP, rope_cos_sin, rope_rotate: common.cuh) ----
 
 // x (n_tok, n_head, head_dim) rotated in place at pos (n_tok,); one block per token, n_rot <= 512.
