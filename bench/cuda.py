@@ -316,6 +316,20 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * a.nbytes / statistics.median(times) / 1e9
 
 
+# single-stream decode with one switch changed: (label, environment variable or "tails", value)
+DECODE_VARIANTS = [
+    ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
+    ("decode_att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
+    ("decode_fold_qkv_0", "EMBER_CUDA_FOLD_QKV", "0"),
+    ("decode_att_head_blocks_0", "EMBER_CUDA_ATT_HEAD_BLOCKS", "0"),
+    ("decode_post_prologue_0", "EMBER_CUDA_POST_PROLOGUE", "0"),
+    ("decode_att_waves_8", "EMBER_CUDA_ATT_WAVES", "8"),
+    ("decode_pdl_0", "EMBER_CUDA_PDL", "0"),
+    ("decode_prologue_0", "EMBER_CUDA_PROLOGUE", "0"),
+    ("decode_tails_0", "tails", "0"),
+    ("decode_tails_all", "tails", "all"),
+]
+
 LLAMA_1_5B = {"n_layer": 28, "d_model": 1536, "d_ff": 8960, "n_head": 12, "n_kv_head": 2, "head_dim": 128, "n_vocab": 151936}
 
 
@@ -587,6 +601,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
                     help="sections to skip: kernels single variants tiles att many shared roofline cold")
+    ap.add_argument("--variants", default="", help="comma-separated decode variants to run (default: all): "
+                    + ", ".join(v[0] for v in DECODE_VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
     import cupy as cp
@@ -602,15 +618,13 @@ def main() -> None:
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
         if "variants" not in args.skip:
-            section(r, "decode_fold_qkv_0", with_env, "EMBER_CUDA_FOLD_QKV", "0", decode_only, path, reps)
-            section(r, "decode_att_head_blocks_0", with_env, "EMBER_CUDA_ATT_HEAD_BLOCKS", "0", decode_only, path,
-                    reps)
-            section(r, "decode_post_prologue_0", with_env, "EMBER_CUDA_POST_PROLOGUE", "0", decode_only, path, reps)
-            section(r, "decode_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", decode_only, path, reps)
-            section(r, "decode_pdl_0", with_env, "EMBER_CUDA_PDL", "0", decode_only, path, reps)
-            section(r, "decode_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0", decode_only, path, reps)
-            section(r, "decode_tails_0", with_tails, "0", decode_only, path, reps)
-            section(r, "decode_tails_all", with_tails, "all", decode_only, path, reps)
+            for label, env, value in DECODE_VARIANTS:
+                if args.variants and label not in args.variants.split(","):
+                    continue
+                if env == "tails":
+                    section(r, label, with_tails, value, decode_only, path, reps)
+                else:
+                    section(r, label, with_env, env, value, decode_only, path, reps)
         if "tiles" not in args.skip:
             for mode in ("128", "64", "auto"):
                 section(r, f"prefill_tiles_{mode}", with_env, "EMBER_CUDA_TILE_ROWS", mode, prefill_only, path, reps)
@@ -643,7 +657,11 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_prologue_0", with_env, "EMBER_CUDA_PROLOGUE", "0",
+                section(results, f"roofline_{qtype}_prologue_k_1024", with_env, "EMBER_CUDA_PROLOGUE_K", "1024",
+                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_att_merge_0", with_env, "EMBER_CUDA_ATT_MERGE", "0",
+                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_mv_occ_0", with_env, "EMBER_CUDA_MV_OCC", "0",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -670,8 +688,7 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
-        for label in ("decode_fold_qkv_0", "decode_att_head_blocks_0", "decode_post_prologue_0", "decode_att_waves_8",
-                      "decode_pdl_0", "decode_prologue_0", "decode_tails_0", "decode_tails_all"):
+        for label, _, _ in DECODE_VARIANTS:
             v = r.get(label) or {}
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "

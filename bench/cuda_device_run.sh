@@ -8,7 +8,7 @@
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
 #   TESTS_K="expr" narrows both test stages to pytest -k expr; BENCH_SKIP="sections" is passed to
-#   bench/cuda.py --skip (see its --help).
+#   bench/cuda.py --skip (see its --help); BENCH_VARIANTS="a,b" to --variants.
 #
 # Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool, and
 # optionally kernels/ compiled ahead with bench/cuda_kernel_cache.py). The
@@ -89,7 +89,7 @@ for s in $STAGES; do
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
       limit=330; [ "$s" = full ] && limit=540
-      timeout $limit $PY bench/cuda.py $flag ${BENCH_SKIP:+--skip $BENCH_SKIP} --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
+      timeout $limit $PY bench/cuda.py $flag ${BENCH_SKIP:+--skip $BENCH_SKIP} ${BENCH_VARIANTS:+--variants $BENCH_VARIANTS} --models ${MODELS[@]+"${MODELS[@]}"} --out "$OUT/bench_$s.json" \
         >"$OUT/bench_$s.log" 2>&1
       echo "bench exit $?"
       grep -E "FAILED|Error" "$OUT/bench_$s.log" | head -10

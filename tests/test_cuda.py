@@ -126,6 +126,36 @@ def test_matmul(cuda, matrices, qtype, n):
     assert err < limit, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
+    """mv_n1_occ (mv_n1 held to 80 registers, taken by products of many blocks) computes what
+    mv_n1 does: plain, and with a norm prologue."""
+    from ember.backends.cuda._ops import Matmul, xq_bytes
+
+    w = cuda.weight(matrices.tensors[qtype.name])
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 1, (1, COLS)).astype(np.float32)
+    norm = cuda.weight(matrices.tensors["norm"])
+    outs = {}
+    for occ in ("0", "1"):
+        y, h = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, COLS))
+        op = Matmul([w], h, [y], xq=cuda.cp.empty(xq_bytes(1, COLS), np.uint8), src=cuda.from_numpy(x),
+                    norm_w=norm.data, eps=1e-5, mv_occ=occ)
+        (*_, launch) = op.launches(cuda.kernels)
+        assert cuda.kernels.name_of(launch.fn) == f"{matmul_module_of(qtype)}.{'mv_n1_occ' if occ == '1' else 'mv_n1'}"
+        cuda._run(op)
+        outs[occ] = (cuda.to_numpy(y), cuda.to_numpy(h))
+    assert rel_err(outs["1"][0], outs["0"][0]) < 1e-6 and rel_err(outs["1"][1], outs["0"][1]) < 1e-6
+    want = rms(x.astype(np.float64), dense(matrices, "norm"), 1e-5) @ dense(matrices, qtype.name).T
+    assert rel_err(outs["1"][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
+def matmul_module_of(qtype) -> str:
+    from ember.backends.cuda._kernels import matmul_module
+
+    return matmul_module(qtype)
+
+
 @pytest.mark.parametrize("tile_rows", ["64", "auto"])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.F16], ids=lambda t: t.name)
 def test_matmul_of_smaller_tiles(cuda, matrices, qtype, tile_rows, monkeypatch):
@@ -159,6 +189,47 @@ def test_matmul_of_long_rows(cuda, qtype, n):
     cuda.matmul(w, cuda.from_numpy(x), out)
     want = x.astype(np.float64) @ dequantize(raw, qtype).reshape(rows, cols).astype(np.float64).T
     assert rel_err(cuda.to_numpy(out), want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
+@pytest.mark.parametrize("residual,n", [(False, 1), (False, 3), (True, 1)])  # residual: 12 k bytes a row
+@pytest.mark.parametrize("cols", [1056, 1536, 2048])
+def test_prologue_of_long_rows(cuda, cols, residual, n):
+    """Rows longer than 1024 normalised by the product's own blocks (EMBER_CUDA_PROLOGUE_K up to
+    2048): blocks of 256 threads keep the row in registers. The plain norm prologue, and the
+    residual one (r += post-normed y, whose last block writes r back)."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda._ops import Matmul, xq_bytes
+
+    rng = np.random.default_rng(17)
+    rows = 96
+    raw = weight(rng, GGMLType.Q8_0, rows, cols, 0.05)
+    w = cuda.weight(SimpleNamespace(name="wide_k", type=GGMLType.Q8_0, shape=(rows, cols), data=raw.reshape(-1)))
+    W = dequantize(raw, GGMLType.Q8_0).reshape(rows, cols).astype(np.float64)
+    nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    x = rng.normal(0, 1, (n, cols)).astype(np.float32)
+    h, y, src = poisoned(cuda, (n, cols)), poisoned(cuda, (n, rows)), cuda.from_numpy(x)
+    kw = dict(xq=cuda.cp.empty(xq_bytes(n, cols), np.uint8), src=src, norm_w=cuda.from_numpy(nw), eps=1e-5,
+              prologue_k=2048)
+    r = x.astype(np.float64)
+    if residual:
+        y0, pw = rng.normal(0, 2, (n, cols)).astype(np.float32), rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        kw.update(pro_y=cuda.from_numpy(y0), pro_post_w=cuda.from_numpy(pw), pro_post_eps=1e-6,
+                  pro_counter=cuda._new_counter())
+        r = r + rms(y0.astype(np.float64), pw.astype(np.float64), 1e-6)
+    op = Matmul([w], h, [y], **kw)
+    assert op.in_prologue() and not Matmul([w], h, [y], **dict(kw, prologue_k=1024)).in_prologue()
+    (launch,) = op.launches(cuda.kernels)
+    assert launch.block == (256, 1, 1)
+    xn = rms(r, nw.astype(np.float64), 1e-5)
+    for _ in range(2):
+        cuda._run(op)
+        assert rel_err(cuda.to_numpy(y), xn @ W.T) < 2e-2
+        assert rel_err(cuda.to_numpy(h), xn) < 1e-5
+        if residual:
+            assert rel_err(cuda.to_numpy(src), r) < 1e-5
+            assert int(cuda.to_numpy(kw["pro_counter"])[0]) == 0
+            src[...] = cuda.from_numpy(x)
 
 
 QUANT_TYPES = [t for t in ALL_TYPES if t not in FLOAT_TYPES]
@@ -399,8 +470,9 @@ def check_tail(cuda, w, W: np.ndarray, post: bool, tol: float, n: int = 2) -> No
         assert int(cuda.to_numpy(counter)[0]) == 0
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("case", ["decode_one", "decode_long_split"])
-def test_attention_quantizes_its_output(cuda, case):
+def test_attention_quantizes_its_output(cuda, case, merge):
     from ember.backends.cuda import check_attention
     from ember.backends.cuda._ops import Attention, split_count, xq_bytes
 
@@ -419,7 +491,8 @@ def test_attention_quantizes_its_output(cuda, case):
     out, xq = poisoned(cuda, (n, n_head * hd)), cuda.cp.zeros(xq_bytes(n, n_head * hd), np.uint8)
     cuda._run(Attention(q, k_cache, v_cache, out, part, cuda._input(batch.positions, np.int32),
                         cuda._input(batch.seq_rows, np.int32), cuda._input(batch.block_tables, np.int32), page,
-                        n_head, n_kv, window, 1 / math.sqrt(hd), softcap, n_split, xq=xq))
+                        n_head, n_kv, window, 1 / math.sqrt(hd), softcap, n_split, xq=xq,
+                        counters=cuda._zeroed_u32("attn_counters", n * n_head) if merge else None))
     got = cuda.to_numpy(out)
     step = np.abs(got.reshape(n, -1, 32)).max(-1, keepdims=True) / 127
     err = np.abs(xq_values(cuda, xq, n, n_head * hd) - got).reshape(n, -1, 32)
@@ -529,13 +602,16 @@ ATTN_CASES = {
 }
 
 
-@pytest.mark.parametrize("head_blocks", [True, False])
+@pytest.mark.parametrize("head_blocks,merge", [(True, True), (False, True), (True, False), (False, False)])
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
-def test_kv_store_and_attention(cuda, ref, case, head_blocks, monkeypatch):
+def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, monkeypatch):
     """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below.
-    Decode steps with a block per query head, or per chunk of a kv head's query heads."""
+    Decode steps with a block per query head, or per chunk of a kv head's query heads; key splits
+    merged by attn's last split block, or by attn_combine. Twice: the merge counters are zero
+    again after a launch."""
     monkeypatch.setattr(cuda, "att_tiles", False)
     monkeypatch.setattr(cuda, "att_head_blocks", head_blocks)
+    monkeypatch.setattr(cuda, "att_merge", merge)
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
     page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
@@ -551,10 +627,14 @@ def test_kv_store_and_attention(cuda, ref, case, head_blocks, monkeypatch):
     q = rng.normal(0, 1, (n, n_head * hd)).astype(np.float32)
     out = poisoned(cuda, (n, n_head * hd))
     scale = 1 / math.sqrt(hd)
-    cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
     want = np.empty((n, n_head * hd))
     ref.attention(q.astype(np.float64), (k64, v64), want, batch, n_head, n_kv, window, scale, softcap)
-    assert rel_err(cuda.to_numpy(out), want) < 1e-5
+    for _ in range(2):
+        cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
+        assert rel_err(cuda.to_numpy(out), want) < 1e-5
+        if "attn_counters" in cuda._scratch:
+            assert not cuda.to_numpy(cuda._scratch["attn_counters"]).any()
+        out[...] = cuda.cp.nan
 
 
 TILE_CASES = {

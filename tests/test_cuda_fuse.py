@@ -470,7 +470,9 @@ def test_launch_arguments_match_the_kernels():
                       Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=Addr(xq_bytes(1, 256), dtype=np.uint8))
     post = folded[1].post
     many = replace(split, part=Addr(1, 4, 20, 66), n_split=20)  # merged by attn_combine32
-    for op in (split, many, replace(split, post=replace(post, q=split.q, k_cache=split.k_cache, v_cache=split.v_cache))):
+    merged = replace(split, counters=Addr(8, dtype=np.uint32))  # merged by attn's last split block
+    for op in (split, many, merged,
+               replace(split, post=replace(post, q=split.q, k_cache=split.k_cache, v_cache=split.v_cache))):
         for launch in op.launches(FakeKernels()):
             seen.add(launch.fn[1])
             assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
@@ -500,6 +502,45 @@ def test_folded_attention_passes_its_inputs_by_name():
     (launch,) = replace(attn, post=None).launches(FakeKernels())
     args = dict(zip(names, launch.args))
     assert all(int(args[k]) == 0 for k in ("k_new", "v_new", "q_norm", "k_norm", "slots", "freq_factors"))
+
+
+def test_attention_with_counters_merges_its_own_splits():
+    """Split decode attention given counters is one attn launch that writes (and quantizes) the
+    output itself; without counters, or with one split, attn_combine and the plain form."""
+    names = [param_name(q) for q in kernel_params("attn")]
+    xq, counters = Addr(xq_bytes(1, 256), dtype=np.uint8), Addr(8, dtype=np.uint32)
+    split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 4, 66), Addr(1), Addr(1),
+                      Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 4, xq=xq, heads_per_block=1)
+    (launch,) = replace(split, counters=counters).launches(FakeKernels())
+    args = dict(zip(names, launch.args))
+    assert launch.fn == ("attention", "attn") and launch.grid == (4, 4, 1)
+    assert int(args["counters"]) == counters.data.ptr and int(args["xq"]) == xq.data.ptr
+    assert int(args["part"]) == split.part.data.ptr and args["n_split"] == 4
+    attn, combine = split.launches(FakeKernels())
+    assert combine.fn == ("attention", "attn_combine") and int(dict(zip(names, attn.args))["counters"]) == 0
+    assert int(dict(zip(names, attn.args))["xq"]) == 0  # the combine quantizes
+    (single,) = replace(split, n_split=1, part=None, counters=counters).launches(FakeKernels())
+    assert int(dict(zip(names, single.args))["counters"]) == 0
+    with pytest.raises(AssertionError, match="counter per"):
+        replace(split, counters=Addr(3, dtype=np.uint32)).launches(FakeKernels())
+
+
+def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
+    """mv_n1_occ where mv_n1's blocks would not all be resident at once (two of 256 threads or
+    four of 128 a multiprocessor), mv_n1 otherwise; the switch forces either."""
+    x = Addr(1, 1536)
+    for rows, want in ((2048, "mv_n1"), (8960, "mv_n1_occ"), (151936, "mv_n1_occ")):
+        op = Matmul([mat(rows, 1536, GGMLType.Q8_0)], x, [Addr(1, rows)], xq=Addr(xq_bytes(1, 1536), dtype=np.uint8),
+                    quant_in=False, n_sm=132)
+        (launch,) = op.launches(FakeKernels())
+        slots = 132 * (2 if launch.block[0] == 256 else 4)
+        assert launch.fn[1] == want and (launch.grid[0] > slots) == (want == "mv_n1_occ"), (rows, launch.grid)
+        for occ, name in (("0", "mv_n1"), ("1", "mv_n1_occ")):
+            (launch,) = replace(op, mv_occ=occ).launches(FakeKernels())
+            assert launch.fn[1] == name
+    (launch,) = Matmul([mat(8960, 1536, GGMLType.Q8_0)], Addr(2, 1536), [Addr(2, 8960)],
+                       xq=Addr(xq_bytes(2, 1536), dtype=np.uint8), quant_in=False).launches(FakeKernels())
+    assert launch.fn[1] == "mv_n2"  # more rows: the batch kernels, unchanged
 
 
 def test_gated_product_quantizing_its_output_runs_32_rows_per_block():

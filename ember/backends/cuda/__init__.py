@@ -28,6 +28,7 @@ from ._ops import (
     ATT_TILE_DIMS,
     MATRIX_TYPES,
     MV_MAX_ROWS,
+    PROLOGUE_K,
     TOPK_MAX,
     TOPS_MAX,
     Add,
@@ -119,6 +120,8 @@ class Backend:
         self.tails = mode
         # a decode product's blocks normalise and quantize x themselves; "0": a quant_x launch first
         self.prologue = os.environ.get("EMBER_CUDA_PROLOGUE", "1") != "0"
+        self.prologue_k = int(os.environ.get("EMBER_CUDA_PROLOGUE_K", PROLOGUE_K))
+        self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
         # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
         # not give two blocks per multiprocessor; H200, pp512: SmolLM2 64.8k -> 68.7k tokens/s,
         # Gemma 3 270M 56.6k -> 59.7-62.7k)
@@ -157,6 +160,8 @@ class Backend:
         # (and split), each with a share of the work a block of the kv head's whole group did;
         # "0": a block per kv head and group of up to 8 query heads
         self.att_head_blocks = os.environ.get("EMBER_CUDA_ATT_HEAD_BLOCKS", "1") != "0"
+        # decode attention's last split block merges the splits (else an attn_combine launch)
+        self.att_merge = os.environ.get("EMBER_CUDA_ATT_MERGE", "1") != "0"
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -405,7 +410,7 @@ class Backend:
                          counters=self._zeroed_u32("mm_split_counters", MS_COUNTERS))
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
-                         prologue=self.prologue, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
+                         prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
@@ -472,10 +477,13 @@ class Backend:
         if not tiles:
             n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves, hpb)
         part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
+        merge = not tiles and n_split > 1 and self.att_merge
+        counters = self._zeroed_u32("attn_counters", n * n_kv_head * -(-group // hpb)) if merge else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
-                            one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb))
+                            one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb,
+                            counters=counters))
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

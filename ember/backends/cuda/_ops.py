@@ -120,7 +120,8 @@ def xq_bytes(n: int, k: int) -> int:
 
 QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
 PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
-PROLOGUE_K = 1024  # longest rows a product's blocks normalise themselves (see Matmul.in_prologue)
+PROLOGUE_K = 2048  # longest rows a product's blocks normalise themselves by default (see Matmul.in_prologue)
+PROLOGUE_MAX_K = 2048  # and at most: 8 values a lane in registers (matmul.cu PRO_REG) at 256 threads a block
 
 TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
 
@@ -200,6 +201,8 @@ class Matmul:
     pro_yout: Any = None  # where the post-normed y goes, or None (nothing reads it)
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
+    prologue_k: int = PROLOGUE_K  # the longest rows they normalise (past 1024: blocks of 256 threads)
+    mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
     # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
@@ -278,13 +281,17 @@ class Matmul:
     def in_prologue(self) -> bool:
         """Whether the product's blocks normalise and quantize x themselves (into shared memory),
         instead of a quant_x launch before: one launch of quantized types, and h (written by the
-        first blocks) is not read by others. Every block repeats the work, so only for short rows
-        and one group of rows: on an H200, a decode step of SmolLM2 (k 576) 1.23 -> 1.09 ms, Gemma 3
-        (k 640) 1.45 -> 1.38 ms, but a 1.5 B model (k 1536) 1.92 -> 2.01 ms, and 64-row steps
-        (eight groups) slower by half."""
+        first blocks) is not read by others. Every block repeats the work, so only for rows of up
+        to prologue_k values and one group of rows: on an H200, a decode step of SmolLM2 (k 576)
+        1.23 -> 1.09 ms, Gemma 3 (k 640) 1.45 -> 1.38 ms; 64-row steps (eight groups) were slower by
+        half. Rows past 1024 take blocks of 256 threads (the row in registers): a 1.5 B model (k
+        1536) 1.537 -> 1.473 ms a step in Q4_K, 1.835 -> 1.820 ms in Q8_0 (it was slower, 1.92 ->
+        2.01 ms, when the prologue read its row in strided loops)."""
         if not (self.prologue and self.norm_w is not None and self.matvec() and len(self.groups()) == 1):
             return False
-        if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > PROLOGUE_K or self.n > 8:
+        if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > min(self.prologue_k, PROLOGUE_MAX_K):
+            return False
+        if self.n > 8:
             return False
         if self.pro_y is not None and self.idx is not None:
             return False
@@ -318,14 +325,27 @@ class Matmul:
         else:
             teams = ws[0].shape[0] if gated else -(-sum(w.shape[0] for w in ws) // 2)
             spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
-            tl, threads = team_log2(k // spl, teams * n_groups), MV_THREADS
+            tl = team_log2(k // spl, teams * n_groups)
+            # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
+            threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
                 i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
-        fn = kernels.fn(matmul_module(qtype, f"mv_n{nmax}"), f"mv_n{nmax}")
+        name = "mv_n1_occ" if nmax == 1 and self._occ(grid, threads) else f"mv_n{nmax}"
+        fn = kernels.fn(matmul_module(qtype, name), name)
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
+
+    def _occ(self, grid: int, threads: int) -> bool:
+        """Whether mv_n1_occ (80 registers) takes a one-row product: where mv_n1's blocks (118
+        registers: two of 256 threads or four of 128 a multiprocessor) would not all fit at once.
+        H200, 1.5 B model in Q8_0 (gate+up 280 blocks of 256, down 768 of 128): a decode step
+        1.901 -> 1.726 ms; small products stay on mv_n1, whose few blocks all fit (Gemma 3 with
+        every product on mv_n1_occ: 1.089 -> 1.215 ms, its spills cost more than it gains)."""
+        if self.mv_occ in ("0", "1"):
+            return self.mv_occ == "1"
+        return grid > self.n_sm * (2 if threads > MV_THREADS else 4)
 
     def _prologue_args(self) -> tuple:
         if not self.in_prologue():
@@ -611,6 +631,8 @@ class Attention:
     post: QkvPost | None = None
     tiles: bool = False  # tensor-core tiles (attn_tile<hd>): hd_k == hd_v in ATT_TILE_DIMS, no xq or post
     heads_per_block: int = ATT_HEADS  # attn: query heads of one kv head a block takes (1..8; grid y = kv x chunks)
+    counters: Any = None  # attn with n_split > 1: device uint32 (n * grid y,), zero between launches; the
+    # last split block of each (token, head chunk) merges the splits (no attn_combine launch)
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -622,7 +644,7 @@ class Attention:
             if not 1 <= self.heads_per_block <= ATT_HEADS:
                 raise AssertionError("attn takes 1 to 8 query heads per block")
             out = [self._launch(kernels, n, hd_k, hd_v, -(-group // self.heads_per_block))]
-        if self.n_split > 1:
+        if self.n_split > 1 and (self.tiles or self.counters is None):
             name = "attn_combine32" if self.n_split > 8 else "attn_combine"  # splits loaded at once
             out.append(Launch(kernels.fn("attention", name), (self.n_head, n, 1), (128, 1, 1),
                               (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
@@ -630,11 +652,14 @@ class Attention:
         return out
 
     def _launch(self, kernels, n: int, hd_k: int, hd_v: int, n_hc: int) -> Launch:
+        merge = self.n_split > 1 and self.counters is not None
+        if merge and self.counters.size < n * self.n_kv * n_hc:
+            raise AssertionError("attn's merge needs a counter per (token, kv head, head chunk)")
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.part), ptr(self.pos),
                 ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
-                f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 else None),
-                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args())
+                f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 or merge else None),
+                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args(), ptr(self.counters if merge else None))
         return Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)
 
     def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:

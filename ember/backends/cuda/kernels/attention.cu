@@ -58,6 +58,63 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
         for (int i = tid; i < hd; i += ATT_THREADS) k_row[i] = f2h(ks[i]);
 }
 
+// The last block of a (token, head chunk) to finish its split merges the chunk's splits itself
+// (counters: one per (token, grid y), zero between launches), instead of an attn_combine launch.
+// Each block's partial form is in part before it counts in (its fence orders the writes first);
+// the last one reads the others' from L2: a thread's values of every split (PRE >= n_split) are
+// loaded with the splits' (max, sum), one round trip for both. wgt: shared, ATT_HEADS * 32 floats.
+template <int PRE>
+__device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h0, int gh, int n_head, int hd_v,
+                             int n_split, float *wgt) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, stride = hd_v + 2;
+    const float *chunk = part + ((size_t)t * n_head + h0) * n_split * stride;  // head h: + h * n_split * stride
+    float v[PRE];
+    const int n_i = gh * hd_v;
+    auto load = [&](int i) {
+        const float *base = chunk + (size_t)(i / hd_v) * n_split * stride + 2 + i % hd_v;
+#pragma unroll
+        for (int s = 0; s < PRE; s++) v[s] = s < n_split && i < n_i ? ld_l2(base + (size_t)s * stride) : 0.f;
+    };
+    load(tid);
+    for (int h = warp; h < gh; h += ATT_THREADS / 32) {  // each head's split weights, one warp per head
+        const float *base = chunk + (size_t)h * n_split * stride;
+        const float ms = lane < n_split ? ld_l2(base + (size_t)lane * stride) : NEG_INF;
+        const float ls = lane < n_split ? ld_l2(base + (size_t)lane * stride + 1) : 0.f;
+        const float m = warp_max(ms);  // finite: the first split is never empty
+        const float e = lane < n_split ? expf(ms - m) : 0.f;
+        wgt[h * 32 + lane] = e / warp_sum(e * ls);  // 0 past n_split
+    }
+    __syncthreads();
+    for (int i = tid; i < n_i; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
+        if (i != tid) load(i);
+        const int h = i / hd_v;
+        float num = 0.f;
+#pragma unroll
+        for (int s = 0; s < PRE; s++) num += wgt[h * 32 + s] * v[s];
+        const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + i % hd_v;
+        out[at] = num;
+        if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
+    }
+}
+
+// Counts the block in; true for the last of the n_split blocks of its (token, grid y), which then
+// resets the counter for the next launch (no other block of that launch touches it again).
+__device__ __forceinline__ bool last_split(unsigned *counters, int t, int n_split, int *last_s) {
+    const size_t c = (size_t)t * gridDim.y + blockIdx.y;
+    __syncthreads();  // the block's partial writes are issued
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const bool last = atomicAdd(counters + c, 1u) == (unsigned)n_split - 1;
+        if (last) {
+            counters[c] = 0u;
+            __threadfence();  // what every block published is visible from here on
+        }
+        *last_s = last;
+    }
+    __syncthreads();
+    return *last_s;
+}
+
 // Modules: "attention" (ATT_TILE_HD 0: attn and attn_combine*) and "attention_tile<HD>" (one
 // attn_tile instance alone): a model's first token compiles only the tile size it uses, beside the rest.
 #if ATT_TILE_HD == 0
@@ -69,11 +126,13 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
          const int *__restrict__ tables, int max_pages, int page_size, int n_head, int n_kv, int hd_k, int hd_v,
          int window, float scale, float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2,
          const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,
-         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots) {
+         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,
+         unsigned *__restrict__ counters) {
     __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
     __shared__ float sc[ATT_HEADS][ATT_CHUNK];                 // scores, then probabilities
     __shared__ int slot_s[ATT_CHUNK];
     __shared__ float m_s[ATT_HEADS], l_s[ATT_HEADS], alpha_s[ATT_HEADS];
+    __shared__ int last_s;
     // The folded form's rope table and new key live in sc until the first scores are written.
     float *const cs = &sc[0][0], *const sn = cs + 256, *const ks = cs + 512;
 
@@ -246,6 +305,12 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             base[2 + d] = s;
             if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
         }
+    }
+    if (n_split > 1 && counters && last_split(counters, t, n_split, &last_s)) {
+        if (n_split <= 8)
+            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
+        else
+            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
     }
 }
 

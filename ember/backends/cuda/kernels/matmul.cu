@@ -423,7 +423,7 @@ __device__ void mv_body(const MvArgs &a) {
     __shared__ float red[32];
     __shared__ float act_s[8][32];
     __shared__ int last_s, last_pro_s;
-    __shared__ float part_s[4][2][8];  // teams wider than a warp: per-warp partial sums
+    __shared__ float part_s[8][2][8];  // teams wider than a warp: per-warp partial sums (256 threads)
     // More than NMAX activation rows (batched decode): groups of NMAX rows, the groups of one
     // block of teams on neighbouring blocks, so that they read the same weights at about the same
     // time (from L2 but for the first).
@@ -561,6 +561,9 @@ __device__ void mv_body(const MvArgs &a) {
 // compile time, and a first token needs only mv_n1: the batch module compiles later.
 #ifndef MV_BATCH
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+// mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
+// (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
