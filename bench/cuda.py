@@ -319,6 +319,7 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 # single-stream decode with one switch changed: (label, environment variable or "tails", value)
 DECODE_VARIANTS = [
     ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
+    ("decode_mv_wide_1", "EMBER_CUDA_MV_WIDE", "1"),
     ("decode_att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
     ("decode_fold_qkv_0", "EMBER_CUDA_FOLD_QKV", "0"),
     ("decode_att_head_blocks_0", "EMBER_CUDA_ATT_HEAD_BLOCKS", "0"),
@@ -600,7 +601,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="sections to skip: kernels single variants tiles att many shared roofline cold")
+                    help="sections to skip: kernels single variants tiles att many shared stream_variants "
+                    "(the 64-stream runs' threads and switch variants) roofline cold")
     ap.add_argument("--variants", default="", help="comma-separated decode variants to run (default: all): "
                     + ", ".join(v[0] for v in DECODE_VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
@@ -635,9 +637,11 @@ def main() -> None:
                     reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
-            section(r, "many_threads", many_streams, path, 64, 512, 32 if args.quick else 128, False, "threads")
+            if "stream_variants" not in args.skip:
+                section(r, "many_threads", many_streams, path, 64, 512, 32 if args.quick else 128, False, "threads")
         if "shared" not in args.skip:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
+        if "shared" not in args.skip and "stream_variants" not in args.skip:
             section(r, "shared_threads", many_streams, path, 64, 512, 32 if args.quick else 128, True, "threads")
             section(r, "shared_mm_split_0", with_env, "EMBER_CUDA_MM_SPLIT", "0", many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
@@ -662,6 +666,10 @@ def main() -> None:
                 section(results, f"roofline_{qtype}_att_merge_0", with_env, "EMBER_CUDA_ATT_MERGE", "0",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 section(results, f"roofline_{qtype}_mv_occ_0", with_env, "EMBER_CUDA_MV_OCC", "0",
+                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_mv_wide_1", with_env, "EMBER_CUDA_MV_WIDE", "1",
+                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
+                section(results, f"roofline_{qtype}_att_waves_1", with_env, "EMBER_CUDA_ATT_WAVES", "1",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)

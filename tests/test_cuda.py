@@ -129,7 +129,7 @@ def test_matmul(cuda, matrices, qtype, n):
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
     """mv_n1_occ (mv_n1 held to 80 registers, taken by products of many blocks) computes what
-    mv_n1 does: plain, and with a norm prologue."""
+    mv_n1 does, with a norm prologue; so do wider teams (EMBER_CUDA_MV_WIDE)."""
     from ember.backends.cuda._ops import Matmul, xq_bytes
 
     w = cuda.weight(matrices.tensors[qtype.name])
@@ -137,17 +137,18 @@ def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
     x = rng.normal(0, 1, (1, COLS)).astype(np.float32)
     norm = cuda.weight(matrices.tensors["norm"])
     outs = {}
-    for occ in ("0", "1"):
+    for occ, wide in (("0", False), ("1", False), ("0", True)):
         y, h = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, COLS))
         op = Matmul([w], h, [y], xq=cuda.cp.empty(xq_bytes(1, COLS), np.uint8), src=cuda.from_numpy(x),
-                    norm_w=norm.data, eps=1e-5, mv_occ=occ)
+                    norm_w=norm.data, eps=1e-5, mv_occ=occ, mv_wide=wide)
         (*_, launch) = op.launches(cuda.kernels)
         assert cuda.kernels.name_of(launch.fn) == f"{matmul_module_of(qtype)}.{'mv_n1_occ' if occ == '1' else 'mv_n1'}"
         cuda._run(op)
-        outs[occ] = (cuda.to_numpy(y), cuda.to_numpy(h))
-    assert rel_err(outs["1"][0], outs["0"][0]) < 1e-6 and rel_err(outs["1"][1], outs["0"][1]) < 1e-6
+        outs[occ, wide] = (cuda.to_numpy(y), cuda.to_numpy(h))
+    for key in (("1", False), ("0", True)):  # sums in another order: float rounding only
+        assert rel_err(outs[key][0], outs["0", False][0]) < 1e-5 and rel_err(outs[key][1], outs["0", False][1]) < 1e-6
     want = rms(x.astype(np.float64), dense(matrices, "norm"), 1e-5) @ dense(matrices, qtype.name).T
-    assert rel_err(outs["1"][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+    assert rel_err(outs["0", True][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
 
 
 def matmul_module_of(qtype) -> str:

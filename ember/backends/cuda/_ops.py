@@ -126,12 +126,15 @@ PROLOGUE_MAX_K = 2048  # and at most: 8 values a lane in registers (matmul.cu PR
 TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
 
 
-def team_log2(k: int, teams: int = 1 << 30) -> int:
+def team_log2(k: int, teams: int = 1 << 30, wide: bool = False) -> int:
     """Lanes per pair of output rows: about four 32-value slices per lane, 4 to 32 lanes; for long
     rows of few teams, up to a block of 128 lanes while that keeps two slices per lane, so that
-    enough warps stream the matrix."""
+    enough warps stream the matrix. wide: products of fewer warps than that also widen teams of
+    under a warp while every lane keeps a slice (shorter chains, more blocks)."""
     slices = k // 32
     tl = min(5, max(2, (max(1, math.ceil(slices / 4)) - 1).bit_length()))
+    while wide and tl < 5 and teams * (1 << tl) // 32 < TARGET_WARPS and slices >= 2 << tl:
+        tl += 1
     while tl == 5 or 5 < tl < 7:
         if teams * (1 << tl) // 32 >= TARGET_WARPS or slices < 2 * (2 << tl):
             break
@@ -202,6 +205,7 @@ class Matmul:
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
     prologue_k: int = PROLOGUE_K  # the longest rows they normalise (past 1024: blocks of 256 threads)
+    mv_wide: bool = False  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
@@ -325,7 +329,7 @@ class Matmul:
         else:
             teams = ws[0].shape[0] if gated else -(-sum(w.shape[0] for w in ws) // 2)
             spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
-            tl = team_log2(k // spl, teams * n_groups)
+            tl = team_log2(k // spl, teams * n_groups, self.mv_wide)
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
