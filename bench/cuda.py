@@ -319,7 +319,7 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 # single-stream decode with one switch changed: (label, environment variable or "tails", value)
 DECODE_VARIANTS = [
     ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
-    ("decode_mv_wide_1", "EMBER_CUDA_MV_WIDE", "1"),
+    ("decode_mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
     ("decode_att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
     ("decode_fold_qkv_0", "EMBER_CUDA_FOLD_QKV", "0"),
     ("decode_att_head_blocks_0", "EMBER_CUDA_ATT_HEAD_BLOCKS", "0"),
@@ -602,7 +602,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
                     help="sections to skip: kernels single variants tiles att many shared stream_variants "
-                    "(the 64-stream runs' threads and switch variants) roofline cold")
+                    "(the 64-stream runs' threads and switch variants) roofline roofline_variants cold")
     ap.add_argument("--variants", default="", help="comma-separated decode variants to run (default: all): "
                     + ", ".join(v[0] for v in DECODE_VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
@@ -661,13 +661,16 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
+                if "roofline_variants" in args.skip:
+                    path.unlink()
+                    continue
                 section(results, f"roofline_{qtype}_prologue_k_1024", with_env, "EMBER_CUDA_PROLOGUE_K", "1024",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 section(results, f"roofline_{qtype}_att_merge_0", with_env, "EMBER_CUDA_ATT_MERGE", "0",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 section(results, f"roofline_{qtype}_mv_occ_0", with_env, "EMBER_CUDA_MV_OCC", "0",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_mv_wide_1", with_env, "EMBER_CUDA_MV_WIDE", "1",
+                section(results, f"roofline_{qtype}_mv_wide_0", with_env, "EMBER_CUDA_MV_WIDE", "0",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
                 section(results, f"roofline_{qtype}_att_waves_1", with_env, "EMBER_CUDA_ATT_WAVES", "1",
                         decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)

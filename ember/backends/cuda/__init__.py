@@ -122,7 +122,7 @@ class Backend:
         self.prologue = os.environ.get("EMBER_CUDA_PROLOGUE", "1") != "0"
         self.prologue_k = int(os.environ.get("EMBER_CUDA_PROLOGUE_K", PROLOGUE_K))
         self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
-        self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "0") == "1"
+        self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
         # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
         # not give two blocks per multiprocessor; H200, pp512: SmolLM2 64.8k -> 68.7k tokens/s,
         # Gemma 3 270M 56.6k -> 59.7-62.7k)
@@ -213,6 +213,8 @@ class Backend:
             raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
                                "multiple of 32")
         self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
+        if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
         self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile

@@ -205,7 +205,7 @@ class Matmul:
     mv_rows: int = MV_MAX_ROWS  # the backend's limit for the matrix-vector path
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
     prologue_k: int = PROLOGUE_K  # the longest rows they normalise (past 1024: blocks of 256 threads)
-    mv_wide: bool = False  # team_log2's wide rule (see there)
+    mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132

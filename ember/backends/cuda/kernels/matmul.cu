@@ -557,19 +557,21 @@ __device__ void mv_body(const MvArgs &a) {
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
-// defined) holds mv_n2, mv_n4 and mv_n8 alone. Each mv_body instance is most of a module's
-// compile time, and a first token needs only mv_n1: the batch module compiles later.
-#ifndef MV_BATCH
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+// defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone. Each
+// mv_body instance is most of a module's compile time: a first token waits for the modules it
+// needs, which compile side by side, and the batch module compiles later.
+#if defined(MV_OCC)
 // mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
 // (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+#elif !defined(MV_BATCH)
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 #endif
-#ifndef MV_BATCH
+#if !defined(MV_BATCH) && !defined(MV_OCC)
 
 // ---- prefill: tensor-core tiles ----
 
@@ -966,4 +968,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-#endif  // MV_BATCH
+#endif  // !MV_BATCH && !MV_OCC
