@@ -331,6 +331,15 @@ DECODE_VARIANTS = [
     ("decode_tails_all", "tails", "all"),
 ]
 
+# the 1.5 B decode step with one switch changed: (label, environment variable, value)
+ROOFLINE_VARIANTS = [
+    ("prologue_k_1024", "EMBER_CUDA_PROLOGUE_K", "1024"),
+    ("att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
+    ("mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
+    ("mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
+    ("att_waves_1", "EMBER_CUDA_ATT_WAVES", "1"),
+]
+
 LLAMA_1_5B = {"n_layer": 28, "d_model": 1536, "d_ff": 8960, "n_head": 12, "n_kv_head": 2, "head_dim": 128, "n_vocab": 151936}
 
 
@@ -661,19 +670,9 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
-                if "roofline_variants" in args.skip:
-                    path.unlink()
-                    continue
-                section(results, f"roofline_{qtype}_prologue_k_1024", with_env, "EMBER_CUDA_PROLOGUE_K", "1024",
-                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_att_merge_0", with_env, "EMBER_CUDA_ATT_MERGE", "0",
-                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_mv_occ_0", with_env, "EMBER_CUDA_MV_OCC", "0",
-                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_mv_wide_0", with_env, "EMBER_CUDA_MV_WIDE", "0",
-                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
-                section(results, f"roofline_{qtype}_att_waves_1", with_env, "EMBER_CUDA_ATT_WAVES", "1",
-                        decode_bandwidth, path, step_bytes, copy_gbs, 100 if args.quick else 300)
+                for label, env, value in ROOFLINE_VARIANTS if "roofline_variants" not in args.skip else []:
+                    section(results, f"roofline_{qtype}_{label}", with_env, env, value, decode_bandwidth, path,
+                            step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))
