@@ -58,14 +58,14 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
         for (int i = tid; i < hd; i += ATT_THREADS) k_row[i] = f2h(ks[i]);
 }
 
-// Merge the key splits of heads h0 .. h0 + gh - 1 of token t (of n_tok) from part into out (and
-// xq): run by attn_combine as a kernel of its own, or by the last block of a (token, head chunk)
-// to finish its split (last_split) instead of that launch. Partials are read from L2 (the other
-// blocks published theirs before counting in): a thread's values of every split (PRE >= n_split)
-// are loaded with the splits' (max, sum), one round trip for both. wgt: shared, gh * 32 floats.
+// The last block of a (token, head chunk) to finish its split merges the chunk's splits itself
+// (counters: one per (token, grid y), zero between launches), instead of an attn_combine launch.
+// Each block's partial form is in part before it counts in (its fence orders the writes first);
+// the last one reads the others' from L2: a thread's values of every split (PRE >= n_split) are
+// loaded with the splits' (max, sum), one round trip for both. wgt: shared, ATT_HEADS * 32 floats.
 template <int PRE>
-__device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int n_tok, int h0, int gh, int n_head,
-                             int hd_v, int n_split, float *wgt) {
+__device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h0, int gh, int n_head, int hd_v,
+                             int n_split, float *wgt) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, stride = hd_v + 2;
     const float *chunk = part + ((size_t)t * n_head + h0) * n_split * stride;  // head h: + h * n_split * stride
     float v[PRE];
@@ -93,7 +93,7 @@ __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int n
         for (int s = 0; s < PRE; s++) num += wgt[h * 32 + s] * v[s];
         const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + i % hd_v;
         out[at] = num;
-        if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)n_tok * n_head * hd_v));
+        if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
     }
 }
 
@@ -308,30 +308,70 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     }
     if (n_split > 1 && counters && last_split(counters, t, n_split, &last_s)) {
         if (n_split <= 8)
-            merge_splits<8>(part, out, xq, t, gridDim.z, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
+            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
         else
-            merge_splits<32>(part, out, xq, t, gridDim.z, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
+            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
     }
 }
 
-// Merge the splits of attn or attn_tile: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok,
-// n_head, hd_v), and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows
-// of n_head * hd_v). grid (n_head, n_tok), ATT_THREADS threads, n_split <= 32; empty splits carry
-// max -inf and sum 0. merge_splits with one head: attn_combine loads 8 splits' values at once
-// (batched decode steps, whose tile splits are at most 8: the block per (head, token) is short
-// work, and more predicated loads cost more than they hide), attn_combine32 32.
-extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                        int hd_v, int n_split, u8 *__restrict__ xq) {
+// A thread's values of the first PRE splits, loaded at once (past n_split or hd_v: 0).
+template <int PRE>
+__device__ __forceinline__ void combine_load(float (&v)[PRE], const float *base, int stride, int n_split, int d,
+                                             int hd_v) {
+#pragma unroll
+    for (int s = 0; s < PRE; s++) v[s] = s < n_split && d < hd_v ? base[(size_t)s * stride + 2 + d] : 0.f;
+}
+
+// Merge the splits of attn: part (n_tok, n_head, n_split, 2 + hd_v) -> out (n_tok, n_head, hd_v),
+// and quantized into xq when set (hd_v % 32 == 0; q8_store_warp's format over rows of n_head * hd_v).
+// grid (n_head, n_tok), n_split <= 32. Empty splits carry max -inf and sum 0. The first warp turns
+// the splits' (max, sum) into weights; then every output value is one pass over the splits.
+// attn_combine: PRE = 8 (batched decode steps, whose tile splits are at most 8: the block per
+// (head, token) is short work, and more predicated loads cost more than they hide);
+// attn_combine32: PRE = 32 (one sequence's many splits of a long key range).
+template <int PRE>
+__device__ __forceinline__ void combine_body(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                             int hd_v, int n_split, u8 *__restrict__ xq) {
     PDL_ENTER();
     __shared__ float wgt[32];
-    merge_splits<8>(part, out, xq, blockIdx.y, gridDim.y, blockIdx.x, 1, n_head, hd_v, n_split, wgt);
+    const int h = blockIdx.x, t = blockIdx.y, stride = hd_v + 2;
+    const float *base = part + ((size_t)t * n_head + h) * n_split * stride;
+    // the thread's first value of the first PRE splits, loaded before the weights are known (one
+    // round trip for both)
+    float v[PRE];
+    combine_load<PRE>(v, base, stride, n_split, threadIdx.x, hd_v);
+    if (threadIdx.x < 32) {
+        const int s = threadIdx.x;
+        const float ms = s < n_split ? base[(size_t)s * stride] : NEG_INF;
+        const float ls = s < n_split ? base[(size_t)s * stride + 1] : 0.f;
+        const float m = warp_max(ms);  // finite: the first split is never empty
+        const float e = s < n_split ? expf(ms - m) : 0.f;
+        const float den = warp_sum(e * ls);
+        wgt[s] = e / den;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        if (d != threadIdx.x) combine_load<PRE>(v, base, stride, n_split, d, hd_v);
+        float num = 0.f;
+#pragma unroll
+        for (int s = 0; s < PRE; s++)
+            if (s < n_split) num += wgt[s] * v[s];
+#pragma unroll 8
+        for (int s = PRE; s < n_split; s++) num += wgt[s] * base[(size_t)s * stride + 2 + d];
+        const size_t at = ((size_t)t * n_head + h) * hd_v + d;
+        out[at] = num;
+        if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.y * n_head * hd_v));
+    }
+}
+
+extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
+                                        int hd_v, int n_split, u8 *__restrict__ xq) {
+    combine_body<8>(part, out, n_head, hd_v, n_split, xq);
 }
 
 extern "C" __global__ void attn_combine32(const float *__restrict__ part, float *__restrict__ out, int n_head,
                                           int hd_v, int n_split, u8 *__restrict__ xq) {
-    PDL_ENTER();
-    __shared__ float wgt[32];
-    merge_splits<32>(part, out, xq, blockIdx.y, gridDim.y, blockIdx.x, 1, n_head, hd_v, n_split, wgt);
+    combine_body<32>(part, out, n_head, hd_v, n_split, xq);
 }
 
 #endif  // ATT_TILE_HD == 0
