@@ -367,7 +367,7 @@ def check_copy_pages(backend):
 
 
 @pytest.mark.parametrize("device", ["cpu", "reference"])
-def test_copy_pages_is_copy_page_for_each_pair(device):
+def test_copy_pages_matches_copying_page_by_page(device):
     from ember.backends import get_backend
 
     check_copy_pages(get_backend(device))

@@ -117,14 +117,10 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
-    def copy_page(self, src: int, dst: int) -> None:
-        """Every layer's keys and values of page src into page dst (copy on write)."""
-        self.copy_pages([(src, dst)])
-
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
-        """copy_page for each (src, dst) pair: 64 sequences taking their own copy of a shared
-        prompt's last page are one copy per layer, not 64. Pairs whose destination is another
-        pair's source are copied in order. A backend with its own copy_pages does the copying
+        """Every layer's keys and values of page src into page dst, for each (src, dst) pair (copy
+        on write): 64 sequences taking their own copy of a shared prompt's last page are one copy
+        per layer, not 64. Pairs whose destination is another pair's source are copied in order. A backend with its own copy_pages does the copying
         (CUDA: a kernel of its own, no per-process compile of a gather)."""
         if not pairs:
             return

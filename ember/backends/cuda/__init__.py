@@ -413,7 +413,8 @@ class Backend:
                          counters=self._zeroed_u32("mm_split_counters", MS_COUNTERS))
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
-                         prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ, mv_wide=self.mv_wide, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
+                         prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
+                         mv_wide=self.mv_wide, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
