@@ -318,6 +318,7 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 # single-stream decode with one switch changed: (label, environment variable or "tails", value)
 DECODE_VARIANTS = [
+    ("decode_mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
     ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
     ("decode_mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
     ("decode_att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
@@ -333,6 +334,7 @@ DECODE_VARIANTS = [
 
 # the 1.5 B decode step with one switch changed: (label, environment variable, value)
 ROOFLINE_VARIANTS = [
+    ("mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
     ("prologue_k_1024", "EMBER_CUDA_PROLOGUE_K", "1024"),
     ("att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
     ("mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),

@@ -152,6 +152,52 @@ def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
     assert rel_err(outs["0", True][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
 
 
+@pytest.mark.parametrize("occ", ["0", "1"])
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_grid_walking_its_blocks(cuda, matrices, qtype, occ):
+    """A one-row product of more blocks of teams than fit on the GPU at once takes a grid that fits
+    and walks the rest (EMBER_CUDA_MV_PERSIST): the same values as one block per block of teams,
+    with a norm prologue (done once per block), a residual add, and gate and up quantizing their
+    activations. n_sm=1 here makes a few blocks do the walking."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda._ops import MODE_RESIDUAL, MODE_SILU, Matmul, xq_bytes
+
+    rng = np.random.default_rng(29)
+    w = cuda.weight(matrices.tensors[qtype.name])
+    norm = cuda.weight(matrices.tensors["norm"])
+    x = rng.normal(0, 1, (1, COLS)).astype(np.float32)
+    res0 = rng.normal(0, 1, (1, ROWS)).astype(np.float32)
+    gate, up = (cuda.weight(SimpleNamespace(name=nm, type=qtype, shape=(256, COLS),
+                                            data=weight(rng, qtype, 256, COLS, 0.05).reshape(-1))) for nm in "gu")
+
+    def run(persist: bool):
+        y, h, res = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, COLS)), cuda.from_numpy(res0)
+        g, u, act = (poisoned(cuda, (1, 256)) for _ in range(3))
+        kw = dict(mv_occ=occ, mv_persist=persist, n_sm=1)
+        ops = [Matmul([w], h, [y], xq=cuda.cp.empty(xq_bytes(1, COLS), np.uint8), src=cuda.from_numpy(x),
+                      norm_w=norm.data, eps=1e-5, mode=MODE_RESIDUAL, aux=res, **kw)]
+        outs = [y, h, res]
+        if qtype not in FLOAT_TYPES:
+            aq = cuda.cp.zeros(xq_bytes(1, 256), np.uint8)
+            ops.append(Matmul([gate, up], h, [g, u], xq=cuda.cp.empty(xq_bytes(1, COLS), np.uint8),
+                              src=cuda.from_numpy(x), norm_w=norm.data, eps=1e-5, mode=MODE_SILU, aux=act,
+                              act_q=aq, **kw))
+            outs += [g, u, act, aq]
+        grids = []
+        for op in ops:
+            (*_, launch) = op.launches(cuda.kernels)
+            grids.append(launch.grid[0])
+            cuda._run(op)
+        return [cuda.to_numpy(o) for o in outs], grids
+
+    got, grids = run(True)
+    want, full = run(False)
+    assert all(a < b for a, b in zip(grids, full)), (grids, full)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)  # each row summed by one team the same way
+
+
 def matmul_module_of(qtype) -> str:
     from ember.backends.cuda._kernels import matmul_module
 

@@ -123,6 +123,7 @@ class Backend:
         self.prologue_k = int(os.environ.get("EMBER_CUDA_PROLOGUE_K", PROLOGUE_K))
         self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
         self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
+        self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
         # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
         # not give two blocks per multiprocessor; H200, pp512: SmolLM2 64.8k -> 68.7k tokens/s,
         # Gemma 3 270M 56.6k -> 59.7-62.7k)
@@ -414,7 +415,7 @@ class Backend:
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
+                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))

@@ -207,6 +207,7 @@ class Matmul:
     prologue_k: int = PROLOGUE_K  # the longest rows they normalise (past 1024: blocks of 256 threads)
     mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
+    mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
     # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
@@ -333,16 +334,24 @@ class Matmul:
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
+        occ = nmax == 1 and self._occ(grid, threads)
+        name = "mv_n1_occ" if occ else f"mv_n{nmax}"
+        tblocks = grid // n_groups
+        # One row, more blocks than fit at once: a grid that fits walks them (each block's prologue
+        # done once, its next rows prefetched while it works on the current ones) instead of waves
+        # of blocks that each normalise x again.
+        per_sm = (3 if occ else 2) if threads > MV_THREADS else (6 if occ else 4)  # registers: 80 / 128
+        if nmax == 1 and self.mv_persist and tblocks > per_sm * self.n_sm:
+            grid = per_sm * self.n_sm
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
-                i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), ptr(self.act_q),
+                i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), i32(tblocks), ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
-        name = "mv_n1_occ" if nmax == 1 and self._occ(grid, threads) else f"mv_n{nmax}"
         fn = kernels.fn(matmul_module(qtype, name), name)
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
 
     def _occ(self, grid: int, threads: int) -> bool:
-        """Whether mv_n1_occ (80 registers) takes a one-row product: where mv_n1's blocks (118
+        """Whether mv_n1_occ (80 registers) takes a one-row product: where mv_n1's blocks (128
         registers: two of 256 threads or four of 128 a multiprocessor) would not all fit at once.
         H200, 1.5 B model in Q8_0 (gate+up 280 blocks of 256, down 768 of 128): a decode step
         1.901 -> 1.726 ms; small products stay on mv_n1, whose few blocks all fit (Gemma 3 with

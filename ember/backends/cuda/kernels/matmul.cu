@@ -46,6 +46,7 @@ struct MvArgs {
     int mode;
     float *aux;      // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
     int team_log2;
+    int n_tblocks;   // blocks of teams: gridDim.x / groups of them, or more (the grid walks them)
     u8 *act_q;       // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
     // prologue, when pro_w is set (quantized types): each block computes its rows of x itself,
     // x = RMS norm of pro_src rows (rows pro_idx[j] when set) by pro_w, quantized into dynamic
@@ -427,43 +428,40 @@ __device__ void mv_body(const MvArgs &a) {
     // More than NMAX activation rows (batched decode): groups of NMAX rows, the groups of one
     // block of teams on neighbouring blocks, so that they read the same weights at about the same
     // time (from L2 but for the first).
-    const int n_groups = (a.n + NMAX - 1) / NMAX, group = blockIdx.x % n_groups, tblock = blockIdx.x / n_groups;
+    const int n_groups = (a.n + NMAX - 1) / NMAX, group = blockIdx.x % n_groups;
     const int j0 = group * NMAX, nl = min(NMAX, a.n - j0);
     const int tl = a.team_log2, T = 1 << tl, lane = threadIdx.x & (T - 1), tb = threadIdx.x >> tl;
-    const int team = tblock * (blockDim.x >> tl) + tb;
     const bool gated = a.mode == MODE_SILU || a.mode == MODE_GELU;
+    // Blocks of teams tblock = blockIdx.x / n_groups, + stride, ... < a.n_tblocks: a grid of fewer
+    // blocks than blocks of teams (one that fits on the GPU at once) walks the rest, its prologue
+    // done once and the next rows prefetched while it works on these.
+    const int stride = gridDim.x / n_groups;
+    int tblock = blockIdx.x / n_groups;
     int m[2], r[2];
     bool ok[2];
-    if (gated) {  // a team computes gate row `team` and up row `team`
-        m[0] = 0, m[1] = 1, r[0] = r[1] = team;
-        ok[0] = ok[1] = team < a.rows[0];
-    } else {
-        ok[0] = mv_job(a, 2 * team, m[0], r[0]);
-        ok[1] = mv_job(a, 2 * team + 1, m[1], r[1]);
-    }
-    const u8 *w0 = pick4(a.w, m[0]) + (size_t)r[0] * a.row_bytes;
-    const u8 *w1 = pick4(a.w, m[1]) + (size_t)r[1] * a.row_bytes;
+    const u8 *w0, *w1;
+    auto rows_of = [&](int tbk) {
+        const int team = tbk * (blockDim.x >> tl) + tb;
+        if (gated) {  // a team computes gate row `team` and up row `team`
+            m[0] = 0, m[1] = 1, r[0] = r[1] = team;
+            ok[0] = ok[1] = team < a.rows[0];
+        } else {
+            ok[0] = mv_job(a, 2 * team, m[0], r[0]);
+            ok[1] = mv_job(a, 2 * team + 1, m[1], r[1]);
+        }
+        w0 = pick4(a.w, m[0]) + (size_t)r[0] * a.row_bytes;
+        w1 = pick4(a.w, m[1]) + (size_t)r[1] * a.row_bytes;
+    };
+    auto prefetch_rows = [&]() {
+        if (ok[0]) prefetch_range_l2(w0, a.row_bytes, lane, T);
+        if (ok[1]) prefetch_range_l2(w1, a.row_bytes, lane, T);
+    };
+    rows_of(tblock);
     // The weights depend on no earlier kernel: the team's two rows go into L2 while the kernel
     // before this one still runs (launched early inside a captured step), then wait for x.
     pdl_launch_next();
-    if (ok[0]) prefetch_range_l2(w0, a.row_bytes, lane, T);
-    if (ok[1]) prefetch_range_l2(w1, a.row_bytes, lane, T);
+    prefetch_rows();
     pdl_wait();
-    // One activation row adding into the residual: each row's old value is read now, its load in
-    // flight beside the product's, not after it (one round trip less). One matrix in this mode.
-    float res_old[2] = {0.f, 0.f};
-    if constexpr (NMAX == 1) {
-        if (a.mode == MODE_RESIDUAL && lane == 0) {
-            if (ok[0]) res_old[0] = a.aux[(size_t)j0 * a.rows[0] + r[0]];
-            if (ok[1]) res_old[1] = a.aux[(size_t)j0 * a.rows[0] + r[1]];
-        }
-    }
-
-    float acc[2][NMAX];
-#pragma unroll
-    for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-        for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
     // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
     const u8 *xq = a.xq;
     int jx = j0, nx = a.n;
@@ -474,70 +472,96 @@ __device__ void mv_body(const MvArgs &a) {
         mv_prologue(a, j0, nl, tblock == 0, xq_s, red);
         xq = xq_s, jx = 0, nx = nl;
     }
-    mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc);
-#pragma unroll
-    for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-        for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T < 32 ? T : 32);
-    if (T > 32) {  // a team of several warps (tall k): sum the warps' partials through shared memory
-        const int warp = threadIdx.x >> 5;
-        if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-            for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-                for (int j = 0; j < NMAX; j++) part_s[warp][jb][j] = acc[jb][j];
-        }
-        __syncthreads();
-        if (lane == 0) {
-#pragma unroll
-            for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-                for (int j = 0; j < NMAX; j++) {
-                    float sum = 0.f;
-                    for (int w = 0; w < T / 32; w++) sum += part_s[warp + w][jb][j];
-                    acc[jb][j] = sum;
-                }
-        }
-    }
-
-    if (lane == 0) {
-        if (gated) {
-            const int rows = a.rows[0];
-#pragma unroll
-            for (int j = 0; j < NMAX; j++) {
-                if (j >= nl) break;
-                const float g = acc[0][j], up = acc[1][j];
-                const float act = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
-                if (ok[0]) {
-                    const size_t at = (size_t)(j0 + j) * rows + r[0];
-                    a.y[0][at] = g;
-                    a.y[1][at] = up;
-                    a.aux[at] = act;
-                }
-                if (a.act_q) act_s[j][tb] = ok[0] ? act : 0.f;
+    for (;;) {
+        // One activation row adding into the residual: each row's old value is read now, its load in
+        // flight beside the product's, not after it (one round trip less). One matrix in this mode.
+        float res_old[2] = {0.f, 0.f};
+        if constexpr (NMAX == 1) {
+            if (a.mode == MODE_RESIDUAL && lane == 0) {
+                if (ok[0]) res_old[0] = a.aux[(size_t)j0 * a.rows[0] + r[0]];
+                if (ok[1]) res_old[1] = a.aux[(size_t)j0 * a.rows[0] + r[1]];
             }
-        } else {
+        }
+        const int next = tblock + stride;
+        float acc[2][NMAX];
 #pragma unroll
-            for (int jb = 0; jb < 2; jb++) {
-                if (!ok[jb]) continue;
-                const int rows = pick4(a.rows, m[jb]);
-                float *y = pick4(a.y, m[jb]);
+        for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+            for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
+        if (next < a.n_tblocks) {  // this block's next rows go into L2 while it works on these
+            rows_of(next);
+            prefetch_rows();
+            rows_of(tblock);
+        }
+        mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc);
+#pragma unroll
+        for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+            for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T < 32 ? T : 32);
+        if (T > 32) {  // a team of several warps (tall k): sum the warps' partials through shared memory
+            const int warp = threadIdx.x >> 5;
+            if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+                for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+                    for (int j = 0; j < NMAX; j++) part_s[warp][jb][j] = acc[jb][j];
+            }
+            __syncthreads();
+            if (lane == 0) {
+#pragma unroll
+                for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+                    for (int j = 0; j < NMAX; j++) {
+                        float sum = 0.f;
+                        for (int w = 0; w < T / 32; w++) sum += part_s[warp + w][jb][j];
+                        acc[jb][j] = sum;
+                    }
+            }
+        }
+
+        if (lane == 0) {
+            if (gated) {
+                const int rows = a.rows[0];
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
                     if (j >= nl) break;
-                    const size_t at = (size_t)(j0 + j) * rows + r[jb];
-                    y[at] = acc[jb][j];
-                    if (a.mode == MODE_RESIDUAL) a.aux[at] = (NMAX == 1 ? res_old[jb] : a.aux[at]) + acc[jb][j];
+                    const float g = acc[0][j], up = acc[1][j];
+                    const float act = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
+                    if (ok[0]) {
+                        const size_t at = (size_t)(j0 + j) * rows + r[0];
+                        a.y[0][at] = g;
+                        a.y[1][at] = up;
+                        a.aux[at] = act;
+                    }
+                    if (a.act_q) act_s[j][tb] = ok[0] ? act : 0.f;
+                }
+            } else {
+#pragma unroll
+                for (int jb = 0; jb < 2; jb++) {
+                    if (!ok[jb]) continue;
+                    const int rows = pick4(a.rows, m[jb]);
+                    float *y = pick4(a.y, m[jb]);
+#pragma unroll
+                    for (int j = 0; j < NMAX; j++) {
+                        if (j >= nl) break;
+                        const size_t at = (size_t)(j0 + j) * rows + r[jb];
+                        y[at] = acc[jb][j];
+                        if (a.mode == MODE_RESIDUAL) a.aux[at] = (NMAX == 1 ? res_old[jb] : a.aux[at]) + acc[jb][j];
+                    }
                 }
             }
         }
-    }
-    if (a.act_q) {  // 256 threads, teams of 8: this block's 32 rows, one warp per activation row
-        __syncthreads();
-        const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31, rows = a.rows[0];
-        float4 *meta = (float4 *)(a.act_q + (size_t)a.n * rows);
-        for (int j = warp; j < nl; j += blockDim.x >> 5)
-            q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, a.act_q, meta);
+        if (a.act_q) {  // 256 threads, teams of 8: this block's 32 rows, one warp per activation row
+            __syncthreads();
+            const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31, rows = a.rows[0];
+            float4 *meta = (float4 *)(a.act_q + (size_t)a.n * rows);
+            for (int j = warp; j < nl; j += blockDim.x >> 5)
+                q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, a.act_q, meta);
+        }
+        if (next >= a.n_tblocks) break;
+        __syncthreads();  // part_s and act_s are written again
+        tblock = next;
+        rows_of(tblock);
     }
     if (a.counter) mv_tail(a, red, &last_s);
 }
@@ -545,14 +569,14 @@ __device__ void mv_body(const MvArgs &a) {
 #define MV_PARAMS                                                                                            \
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
-        const u8 *xq, int mode, float *aux, int team_log2, u8 *act_q, const float *pro_src, const int *pro_idx, \
+        const u8 *xq, int mode, float *aux, int team_log2, int n_tblocks, u8 *act_q, const float *pro_src, const int *pro_idx, \
         const float *pro_w, float pro_eps, float *pro_h, const float *pro_y, float *pro_yout,                \
         const float *pro_post_w, float pro_post_eps, unsigned *pro_counter, unsigned *counter, float *res,   \
         int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
         u8 *pre_q
 #define MV_ARGS                                                                                            \
     MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
-                x, xq, mode, aux, team_log2, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
+                x, xq, mode, aux, team_log2, n_tblocks, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
                 pro_post_w, pro_post_eps, pro_counter, counter, res,                                                 \
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
