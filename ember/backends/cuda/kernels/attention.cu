@@ -26,6 +26,7 @@
 #define ATT_CHUNK 128
 #define ATT_HEADS 8
 #define ATT_MAX_D 256
+#define ATT_VPRE 8  // values a thread loads with the first chunk's keys
 
 // The folded qkv_post of one block: qs (gh, hd) = rotated, normalised q rows qt (gh, hd) * scale;
 // with kt set (the block that writes token t's cache row), kv head g's key kt (hd,) normalised and
@@ -160,6 +161,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const int kpt = 1 << kpt_log2, chunk = ATT_CHUNK >> kpt_log2;
     const int key = tid >> kpt_log2, kpart = tid & (kpt - 1);
     const int slot_first = s0 + key < s1 ? table[(s0 + key) / page_size] * page_size + (s0 + key) % page_size : 0;
+    if (kpart == 0) slot_s[key] = slot_first;  // read by the value loads of the first chunk
     pdl_wait();
 
     if (k_new) {
@@ -189,13 +191,24 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     // scores: kpt threads per key (2^kpt_log2), each over a share of the key's dimensions
     for (int c0 = s0; c0 < s1; c0 += chunk) {
         const int n_c = min(chunk, s1 - c0);
+        // The first chunk's values (its slots known since before the wait) are loaded with its keys,
+        // not after the scores: one round trip to memory less (decode splits are one chunk).
+        const bool first_chunk = c0 == s0;
+        u32 vpre[ATT_VPRE];
+        if (first_chunk && pv_active) {
+#pragma unroll
+            for (int i = 0; i < ATT_VPRE; i++) {
+                const int j = kg + i * n_kg;
+                vpre[i] = j < n_c ? *(const u32 *)(v_cache + (size_t)slot_s[j] * kv_v + (size_t)g * hd_v + 2 * dp) : 0u;
+            }
+        }
         float s[ATT_HEADS];
 #pragma unroll
         for (int h = 0; h < ATT_HEADS; h++) s[h] = 0.f;
         if (key < n_c) {  // scores of key c0 + key for each head
             const int p = c0 + key;
-            const int slot = c0 == s0 ? slot_first : table[p / page_size] * page_size + p % page_size;
-            if (kpart == 0) slot_s[key] = slot;
+            const int slot = first_chunk ? slot_first : table[p / page_size] * page_size + p % page_size;
+            if (kpart == 0 && !first_chunk) slot_s[key] = slot;
             const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
             for (int d0 = kpart; d0 < hd_k / 8; d0 += 8 * kpt) {  // up to 8 loads in flight, then their use
                 uint4 raw[8];
@@ -265,9 +278,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                 acc[h][0] *= alpha_s[h];
                 acc[h][1] *= alpha_s[h];
             }
-#pragma unroll 8
-            for (int j = kg; j < n_c; j += n_kg) {
-                const u32 vv = *(const u32 *)(v_cache + (size_t)slot_s[j] * kv_v + (size_t)g * hd_v + 2 * dp);
+            auto add_value = [&](int j, u32 vv) {
                 const float v0 = h2f((u16)(vv & 0xFFFFu)), v1 = h2f((u16)(vv >> 16));
 #pragma unroll
                 for (int h = 0; h < ATT_HEADS; h++) {
@@ -276,7 +287,18 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                     acc[h][0] += pr * v0;
                     acc[h][1] += pr * v1;
                 }
+            };
+            int j = kg;
+            if (first_chunk) {
+#pragma unroll
+                for (int i = 0; i < ATT_VPRE; i++, j += n_kg) {
+                    if (j >= n_c) break;
+                    add_value(j, vpre[i]);
+                }
             }
+#pragma unroll 8
+            for (; j < n_c; j += n_kg)
+                add_value(j, *(const u32 *)(v_cache + (size_t)slot_s[j] * kv_v + (size_t)g * hd_v + 2 * dp));
         }
         __syncthreads();
     }
