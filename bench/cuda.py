@@ -687,12 +687,12 @@ def print_table(results: dict) -> None:
     print(f"{'model':12} {'test':14} {'ember':>10} {'llama.cpp':>10} {'ratio':>6} {'goal':>5}")
     for name, r in results["models"].items():
         peer = PEERS.get(name, {})
-        rows = [("pp512", r.get("single", {}).get("pp512")), ("tg128", r.get("single", {}).get("tg128")),
-                ("batched_total", r.get("many", {}).get("total_tps")),
-                ("shared_gen", r.get("shared", {}).get("gen_tps"))]
-        for test, value in rows:
-            if value is None:
-                print(f"{name:12} {test:14} {'failed':>10}")
+        rows = [("pp512", "single", "pp512"), ("tg128", "single", "tg128"), ("batched_total", "many", "total_tps"),
+                ("shared_gen", "shared", "gen_tps")]
+        for test, sec, key in rows:
+            value = r.get(sec, {}).get(key)
+            if value is None:  # a section that raised, or one left out (--skip)
+                print(f"{name:12} {test:14} {'failed' if sec in r else 'skipped':>10}")
                 continue
             p = peer.get(test)
             ratio = f"{value / p:6.2f}" if p else "     -"
