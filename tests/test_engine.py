@@ -300,6 +300,64 @@ def test_tokens_reach_the_caller_before_the_next_step_computes(tiny, monkeypatch
         llm.close()
 
 
+def test_texts_and_events_made_while_the_next_step_runs(tiny, monkeypatch):
+    """On a device that runs a step while the host goes on, the texts and events of greedy tokens
+    (no stop strings, no log-probabilities) are made after the next step is launched; what callers
+    get is the same as when each step's events are made at its end: tokens, texts, finish reasons,
+    in order, with stop strings, parallel samples, lengths and a cancellation among them."""
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(5)]
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+
+    def run(overlap: bool):
+        llm = LLM(tiny, device="reference", ctx=128, slots=8)
+        eng = llm.engine
+        later_sizes = []
+        if overlap:
+            monkeypatch.setattr(eng.runner, "overlaps", True)
+            monkeypatch.setattr(eng.runner.model.backend, "synchronize", lambda: None, raising=False)
+            pending = eng._emit_pending
+
+            def counting():
+                later_sizes.append(len(eng._later))
+                pending()
+
+            monkeypatch.setattr(eng, "_emit_pending", counting)
+        try:
+            reqs = [Request(prompts[0], 14, no_eos), Request(prompts[1], 9, GREEDY),
+                    Request(prompts[2], 12, no_eos, n=2), Request(prompts[3], 16, no_eos, stop=("e", "a")),
+                    Request(prompts[4], 40, no_eos)]
+            handles = [eng.submit(r) for r in reqs]
+            out = []
+            for i, h in enumerate(handles):
+                events = []
+                for ev in h:
+                    if isinstance(ev, TokenEvent):
+                        events.append((ev.index, ev.token, ev.text))
+                    elif isinstance(ev, FinishEvent):
+                        events.append((ev.index, ev.reason, ev.text, ev.generated_tokens))
+                    if i == 0 and len(events) == 5:
+                        h.cancel()
+                out.append(events)
+            return out, later_sizes
+        finally:
+            llm.close()
+
+    plain, _ = run(False)
+    overlapped, sizes = run(True)
+    assert max(sizes) >= 3  # several streams' events were made after the next launch
+    for events in plain + overlapped:  # every token appended reached its caller, before the end
+        for index in {e[0] for e in events}:
+            mine = [e for e in events if e[0] == index]
+            assert isinstance(mine[-1][1], str) and mine[-1][3] == len(mine) - 1, mine
+    assert [e for e in overlapped[1:]] == plain[1:]
+    # the cancelled stream: the same events up to where the cancel landed, then its end
+    first_o, first_p = overlapped[0], plain[0]
+    assert first_o[-1][1] == first_p[-1][1] == "cancelled"
+    n = min(len(first_o), len(first_p)) - 1
+    assert first_o[:n] == first_p[:n] and len(first_o) >= 6
+
+
 def test_padded_decode_steps_give_the_same_tokens(tiny, monkeypatch):
     """On a backend that pads decode steps (a GPU), 12 decoding sequences run as a step of 16:
     the 4 extra ones write only the page past the pool's and their logits are dropped. Checked on

@@ -214,6 +214,9 @@ class Engine:
         self._adds_in_inbox = 0  # requests in the inbox (their sequences are not yet in scheduler.waiting)
         self._wake = threading.Event()
         self._outbox: list = []  # (handle, event) not yet handed to callers, in order (see _deliver)
+        # tokens chosen and appended whose text and event are still to make (_emit_later): made
+        # while the next step runs on a device that overlaps, one per sequence at most
+        self._later: dict = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
@@ -295,6 +298,7 @@ class Engine:
     def _loop(self) -> None:
         while not self._closed:
             if not self.scheduler.has_work:
+                self._emit_pending()
                 self._deliver()  # nothing to overlap with: before waiting for work
             self._drain_inbox(block=not self.scheduler.has_work)
             if self._closed:
@@ -350,17 +354,20 @@ class Engine:
         self._finish_cancelled()
         plan = self.scheduler.schedule()
         if not plan.chunks:
+            self._emit_pending()
             self._deliver()
             self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
             return
         self._count_admissions(plan)
         top_k = self._best_needed(plan)
         out = self.runner.run(plan, top_k, wait=False)
-        self._deliver()  # the last step's events, while this one runs on the device
+        self._emit_pending()  # the last step's texts and events, while this one runs on the device
+        self._deliver()
         self.runner.wait()
         self.scheduler.complete(plan)
         self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
         if not self.runner.overlaps:  # the next step would compute before launching: no later
+            self._emit_pending()
             self._deliver()
         self.metrics.steps += 1
         self.metrics.argmax_steps += bool(top_k)
@@ -417,7 +424,7 @@ class Engine:
                 elif not n_rows:
                     raise AssertionError("a sequence to sample from has no row of logits in its step")
                 elif best_only:
-                    self._emit(seq, seq.owner.sampler.choose_from_best(best[row - 1]), None)
+                    self._emit(seq, seq.owner.sampler.choose_from_best(best[row - 1]), None, later=True)
                 else:
                     self._sample(seq, logits[row - 1])
 
@@ -446,8 +453,10 @@ class Engine:
                 return
             self.metrics.forced_tokens += 1
 
-    def _emit(self, seq: Sequence, token: int, lp) -> bool:
-        """Append a chosen token and send it; False when the sequence finished with it."""
+    def _emit(self, seq: Sequence, token: int, lp, later: bool = False) -> bool:
+        """Append a chosen token and send it; False when the sequence finished with it. later: the
+        token's text and event may be made after the next step is launched (_emit_pending), where
+        nothing about them can end the sequence (no stop strings, no log-probabilities)."""
         st, req = seq.owner, seq.owner.request
         st.sampler.accept(token)
         self._time_token(seq, time.perf_counter())
@@ -456,17 +465,32 @@ class Engine:
             return False
         seq.tokens.append(token)
         self.metrics.generated_tokens += 1
+        if later and not req.stop and lp is None and seq.wants_sample and len(seq.tokens) < self.config.n_ctx:
+            self._later[seq] = token
+            return True
+        self._event(seq, token, lp)
+        if seq.status is Status.FINISHED:
+            return False
+        if not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
+            self._finish(seq, "length")
+            return False
+        return True
+
+    def _emit_pending(self) -> None:
+        """The texts and events of tokens _emit left for later, in the order they were chosen."""
+        later, self._later = self._later, {}
+        for seq, token in later.items():
+            self._event(seq, token, None)
+
+    def _event(self, seq: Sequence, token: int, lp) -> None:
+        """A chosen token's text and event; a stop string in the text ends the sequence."""
+        st, req = seq.owner, seq.owner.request
         text, stopped = self._text(st, st.decoder.feed(token))
         self._outbox.append((st.handle, TokenEvent(st.index, token, text, lp.logprob if lp else None,
                                                          list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs
                                                          else None)))
         if stopped:
             self._finish(seq, "stop", flush=False)  # whatever follows the stop string is dropped
-        elif not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
-            self._finish(seq, "length")
-        else:
-            return True
-        return False
 
     def _allowed(self, st: _SeqState) -> np.ndarray | None:
         """The grammar's mask of allowed tokens (packed bits), or None without a grammar."""
@@ -506,6 +530,11 @@ class Engine:
         """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
         if seq.status is Status.FINISHED:
             return
+        token = self._later.pop(seq, None)
+        if token is not None:  # its last token's text and event come first
+            self._event(seq, token, None)
+            if seq.status is Status.FINISHED:
+                return
         self.metrics.requests_finished += 1  # counted before anyone can see the sequence gone
         self.scheduler.finish(seq, reason)
         st = seq.owner
