@@ -214,7 +214,7 @@ class Engine:
         self._adds_in_inbox = 0  # requests in the inbox (their sequences are not yet in scheduler.waiting)
         self._wake = threading.Event()
         self._outbox: list = []  # (handle, event) not yet handed to callers, in order (see _deliver)
-        # tokens chosen and appended whose text and event are still to make (_emit_later): made
+        # tokens chosen and appended whose text and event are still to make (_emit_pending): made
         # while the next step runs on a device that overlaps, one per sequence at most
         self._later: dict = {}
         self._closed = False
