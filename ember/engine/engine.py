@@ -465,13 +465,14 @@ class Engine:
             return False
         seq.tokens.append(token)
         self.metrics.generated_tokens += 1
-        if later and not req.stop and lp is None and seq.wants_sample and len(seq.tokens) < self.config.n_ctx:
+        at_length = not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx
+        if later and not req.stop and lp is None and not at_length:
             self._later[seq] = token
             return True
         self._event(seq, token, lp)
         if seq.status is Status.FINISHED:
             return False
-        if not seq.wants_sample or len(seq.tokens) >= self.config.n_ctx:
+        if at_length:
             self._finish(seq, "length")
             return False
         return True
