@@ -130,18 +130,21 @@ def launch_profile(backend, rec) -> dict:
 
 
 def with_env(name: str, value: str, fn, *args):
-    """fn(*args) with one of the backend's switches set, for A/B variants: EMBER_CUDA_TAILS ("post",
+    """fn(*args) with some of the backend's switches set, for A/B variants: EMBER_CUDA_TAILS ("post",
     the default; "all"; "0": the ways of doing a layer's RMS norms) or EMBER_CUDA_PDL ("1", the
-    default; "0": captured steps launched the ordinary way)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
+    default; "0": captured steps launched the ordinary way). Several switches: names and values
+    separated by commas."""
+    names, values = name.split(","), value.split(",")
+    old = {n: os.environ.get(n) for n in names}
+    os.environ.update(zip(names, values))
     try:
         return fn(*args)
     finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
+        for n, v in old.items():
+            if v is None:
+                del os.environ[n]
+            else:
+                os.environ[n] = v
 
 
 def with_tails(mode: str, fn, *args):
@@ -318,6 +321,9 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 # single-stream decode with one switch changed: (label, environment variable or "tails", value)
 DECODE_VARIANTS = [
+    ("decode_mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
+    ("decode_mv_pre_steps_1", "EMBER_CUDA_MV_PRE_STEPS", "1"),
+    ("decode_att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
     ("decode_mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
     ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
     ("decode_mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
@@ -334,6 +340,8 @@ DECODE_VARIANTS = [
 
 # the 1.5 B decode step with one switch changed: (label, environment variable, value)
 ROOFLINE_VARIANTS = [
+    ("mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
+    ("att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
     ("mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
     ("prologue_k_1024", "EMBER_CUDA_PROLOGUE_K", "1024"),
     ("att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
@@ -614,8 +622,9 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[],
                     help="sections to skip: kernels single variants tiles att many shared stream_variants "
                     "(the 64-stream runs' threads and switch variants) roofline roofline_variants cold")
-    ap.add_argument("--variants", default="", help="comma-separated decode variants to run (default: all): "
-                    + ", ".join(v[0] for v in DECODE_VARIANTS))
+    ap.add_argument("--variants", default="", help="comma-separated variants to run (default: all): decode "
+                    + ", ".join(v[0] for v in DECODE_VARIANTS) + "; 1.5 B roofline "
+                    + ", ".join(v[0] for v in ROOFLINE_VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
     import cupy as cp
@@ -673,6 +682,8 @@ def main() -> None:
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
                 for label, env, value in ROOFLINE_VARIANTS if "roofline_variants" not in args.skip else []:
+                    if args.variants and label not in args.variants.split(","):
+                        continue
                     section(results, f"roofline_{qtype}_{label}", with_env, env, value, decode_bandwidth, path,
                             step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()

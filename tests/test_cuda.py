@@ -137,19 +137,23 @@ def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
     x = rng.normal(0, 1, (1, COLS)).astype(np.float32)
     norm = cuda.weight(matrices.tensors["norm"])
     outs = {}
-    for occ, wide in (("0", False), ("1", False), ("0", True)):
+    for occ, wide, pre in (("0", False, False), ("1", False, False), ("0", True, False), ("0", False, True),
+                           ("1", False, True)):
         y, h = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, COLS))
         op = Matmul([w], h, [y], xq=cuda.cp.empty(xq_bytes(1, COLS), np.uint8), src=cuda.from_numpy(x),
-                    norm_w=norm.data, eps=1e-5, mv_occ=occ, mv_wide=wide)
+                    norm_w=norm.data, eps=1e-5, mv_occ=occ, mv_wide=wide, mv_pre="1" if pre else "0")
         (*_, launch) = op.launches(cuda.kernels)
         want_fn = f"{matmul_module_of(qtype)}_occ.mv_n1_occ" if occ == "1" else f"{matmul_module_of(qtype)}.mv_n1"
         assert cuda.kernels.name_of(launch.fn) == want_fn
         cuda._run(op)
-        outs[occ, wide] = (cuda.to_numpy(y), cuda.to_numpy(h))
-    for key in (("1", False), ("0", True)):  # sums in another order: float rounding only
-        assert rel_err(outs[key][0], outs["0", False][0]) < 1e-5 and rel_err(outs[key][1], outs["0", False][1]) < 1e-6
+        outs[occ, wide, pre] = (cuda.to_numpy(y), cuda.to_numpy(h))
+    base = outs["0", False, False]
+    for key in (("1", False, False), ("0", True, False)):  # sums in another order: float rounding only
+        assert rel_err(outs[key][0], base[0]) < 1e-5 and rel_err(outs[key][1], base[1]) < 1e-6
+    for key in (("0", False, True), ("1", False, True)):  # first slices decoded before the wait: the same sums
+        np.testing.assert_array_equal(outs[key][0], outs[key[0], False, False][0])
     want = rms(x.astype(np.float64), dense(matrices, "norm"), 1e-5) @ dense(matrices, qtype.name).T
-    assert rel_err(outs["0", True][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+    assert rel_err(outs["0", True, False][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
 
 
 @pytest.mark.parametrize("occ", ["0", "1"])
@@ -647,19 +651,23 @@ ATTN_CASES = {
     "mixed_window": ([50, 0, 400], [1, 30, 3], 4, 4, 64, 16, 0.0),
     "softcap_gqa8": ([20, 300], [5, 1], 16, 2, 64, 0, 30.0),
     "many_heads_per_kv": ([130], [3], 20, 2, 32, 0, 0.0),
+    # 6 splits: with splits of at least 32 positions, 6 keys alone in one, 71 in three, 32 in one
+    "decode_short_splits": ([5, 70, 31], [1, 1, 1], 9, 3, 64, 0, 0.0),
 }
 
 
-@pytest.mark.parametrize("head_blocks,merge", [(True, True), (False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("head_blocks,merge,min_keys", [(True, True, None), (False, True, None), (True, True, 0),
+                                                        (True, True, 32), (True, False, None), (False, False, None)])
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
-def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, monkeypatch):
+def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, monkeypatch):
     """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below.
     Decode steps with a block per query head, or per chunk of a kv head's query heads; key splits
-    merged by attn's last split block, or by attn_combine. Twice: the merge counters are zero
-    again after a launch."""
+    merged by attn's last split block (splits of at least min_keys positions: None, the backend's
+    choice by head size; 0, the host's even shares), or by attn_combine. Twice: the merge counters are zero again after a launch."""
     monkeypatch.setattr(cuda, "att_tiles", False)
     monkeypatch.setattr(cuda, "att_head_blocks", head_blocks)
     monkeypatch.setattr(cuda, "att_merge", merge)
+    monkeypatch.setattr(cuda, "att_min_keys", min_keys)
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
     page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
@@ -746,10 +754,13 @@ FOLD_CASES = {
 }
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("case", sorted(FOLD_CASES))
-def test_attention_folds_qkv_post(cuda, case):
+def test_attention_folds_qkv_post(cuda, case, merge):
     """One token per sequence: the attention launch doing qkv_post's work (norms, rope, the cache
-    row) gives the outputs and cache of a qkv_post launch followed by the attention."""
+    row) gives the outputs and cache of a qkv_post launch followed by the attention. Splits
+    written for attn_combine, or merged by the last split block with splits of at least 32
+    positions (the token's own position then in an earlier split, or alone in one)."""
     from ember.backends.cuda import rope_args
     from ember.backends.cuda._ops import Attention, QkvPost
 
@@ -773,8 +784,10 @@ def test_attention_folds_qkv_post(cuda, case):
         q, k, v = cuda.from_numpy(q0), cuda.from_numpy(k0), cuda.from_numpy(v0)
         post = QkvPost(q, k, v, q_norm, k_norm, 1e-6, pos, rp, n_head, n_kv, k_cache, v_cache, slots)
         out = poisoned(cuda, (n, n_head * hd))
+        counters = cuda._zeroed_u32("attn_counters", n * n_head) if merge and n_split > 1 else None
         att = Attention(q, k_cache, v_cache, out, part, pos, rows, tables, page, n_head, n_kv, window,
-                        1 / math.sqrt(hd), softcap, n_split, one_token_per_seq=True, post=post if folded else None)
+                        1 / math.sqrt(hd), softcap, n_split, one_token_per_seq=True, post=post if folded else None,
+                        counters=counters, min_keys=32)
         if not folded:
             cuda._run(post)
         cuda._run(att)

@@ -51,6 +51,7 @@ from ._ops import (
     MS_COUNTERS,
     MS_PART_FLOATS,
     MS_TOK,
+    att_min_keys,
     matvec_rows,
     quantized,
     runs_contiguous,
@@ -124,6 +125,16 @@ class Backend:
         self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
         self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
         self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
+        # one-row products: a lane's first weight slices decoded before the kernel waits for x;
+        # "auto": types of 32-value blocks on mv_n1 (see Matmul._pre)
+        self.mv_pre = os.environ.get("EMBER_CUDA_MV_PRE", "auto")
+        if self.mv_pre not in ("0", "1", "auto"):
+            raise BackendError(f"EMBER_CUDA_MV_PRE must be 0, 1 or auto, not '{self.mv_pre}'")
+        # products normalising x themselves: up to this many lane steps so (1 or 2)
+        steps = os.environ.get("EMBER_CUDA_MV_PRE_STEPS", "2")
+        if steps not in ("1", "2"):
+            raise BackendError(f"EMBER_CUDA_MV_PRE_STEPS must be 1 or 2, not '{steps}'")
+        self.mv_pre_steps = int(steps)
         # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
         # not give two blocks per multiprocessor; H200, pp512: SmolLM2 64.8k -> 68.7k tokens/s,
         # Gemma 3 270M 56.6k -> 59.7-62.7k)
@@ -164,6 +175,12 @@ class Backend:
         self.att_head_blocks = os.environ.get("EMBER_CUDA_ATT_HEAD_BLOCKS", "1") != "0"
         # decode attention's last split block merges the splits (else an attn_combine launch)
         self.att_merge = os.environ.get("EMBER_CUDA_ATT_MERGE", "1") != "0"
+        # merged splits hold at least this many positions: a short key range takes fewer blocks,
+        # and a split alone needs no merge; "auto": what one pass of a block takes (att_min_keys)
+        min_keys = os.environ.get("EMBER_CUDA_ATT_MIN_KEYS", "auto")
+        if not (min_keys.isdigit() or min_keys == "auto"):
+            raise BackendError(f"EMBER_CUDA_ATT_MIN_KEYS must be a number of positions or auto, not '{min_keys}'")
+        self.att_min_keys = None if min_keys == "auto" else int(min_keys)
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -415,7 +432,8 @@ class Backend:
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
+                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
@@ -488,7 +506,8 @@ class Backend:
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
                             one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb,
-                            counters=counters))
+                            counters=counters,
+                            min_keys=att_min_keys(hd_v) if self.att_min_keys is None else self.att_min_keys))
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

@@ -21,12 +21,24 @@ QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLT
                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
 PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
+PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)  # see Matmul._pre
 
 MV_MAX_ROWS = 64  # activation rows up to which products take the matrix-vector kernels (in groups of 8)
 DECODE_TOKENS = 8  # attention of steps up to this many tokens: four threads per key (few keys per split)
 MV_THREADS, MVQ_THREADS = 128, 256
 MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
 ATT_HEADS, ATT_MAX_D = 8, 256
+ATT_VPRE = 8  # attn: values a thread loads with the first chunk's keys
+
+
+def att_min_keys(hd_v: int) -> int:
+    """Positions a merged split of a decode step holds at least: as many as one pass takes at
+    once, keys (32 at four threads a key) and values (ATT_VPRE per group of threads over the
+    value pairs). H200, a decode step at a context of ~130: SmolLM2 (head 64: 32) 0.855 ->
+    0.818 ms; Gemma 3 (head 256) with 32 went 1.013 -> 1.116 ms (its single group of threads
+    then loads a split's values in four rounds), hence 8 there."""
+    groups = max(1, 128 // max(1, hd_v // 2))
+    return min(32, groups * ATT_VPRE)
 
 u64, i32, i64, f32 = np.uint64, np.int32, np.int64, np.float32
 
@@ -208,6 +220,9 @@ class Matmul:
     mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
+    mv_pre: str = "auto"  # one activation row: a lane's first slices decoded before the kernel waits for x
+    mv_pre_steps: int = 2  # with a prologue: up to this many lane steps so (1 or 2, see _pre_steps)
+    # ("1", "0", or "auto": see _pre)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
     # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
@@ -324,12 +339,12 @@ class Matmul:
         nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
         n_groups = -(-n // 8)  # more than 8 rows: groups of 8, each block of teams once per group
         gated = self.mode in (MODE_SILU, MODE_GELU)
+        spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
         if gated and self.act_q is not None:  # blocks of 32 output rows, teams of 8 lanes
             tl, threads = 3, MVQ_THREADS
             grid = ws[0].shape[0] // 32 * n_groups
         else:
             teams = ws[0].shape[0] if gated else -(-sum(w.shape[0] for w in ws) // 2)
-            spl = 2 if qtype in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
             tl = team_log2(k // spl, teams * n_groups, self.mv_wide)
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
@@ -345,10 +360,31 @@ class Matmul:
             grid = per_sm * self.n_sm
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
-                i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), i32(tblocks), ptr(self.act_q),
+                i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), i32(tblocks),
+                i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and self._pre(qtype, occ) else 0),
+                ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(qtype, name), name)
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
+
+    def _pre(self, qtype, occ: bool) -> bool:
+        """Whether a one-row product decodes a lane's first slices before it waits for x. H200,
+        SmolLM2-shaped Q4_1 products in chains: qkv with its norm prologue 4.85 -> 4.44 us, gate+up
+        5.45 -> 4.68, down 2.66 -> 2.25 (Q5_0 alike); its step 0.902 -> 0.862 ms. The K-quants'
+        two slices a step and mv_n1_occ's 80 registers spill: the 1.5 B model's Q4_K step 1.437 ->
+        1.536 ms, its Q8_0 mv_n1_occ products 813 -> 860 us a step. So mv_n1 holds it for the types
+        of 32-value blocks only (PRE_TYPES; the others ignore pre_dec), and "auto" takes it there."""
+        if self.mv_pre in ("0", "1"):
+            return self.mv_pre == "1"
+        return not occ and qtype in PRE_TYPES
+
+    def _pre_steps(self, steps: int, lanes: int) -> int:
+        """Lane steps decoded before the wait: a product whose prologue normalises x after it would
+        otherwise fetch its later steps' weights after that (a second trip to L2); the others fetch
+        them with x's quantized values, so one step is enough there."""
+        if self.in_prologue():
+            return max(1, min(self.mv_pre_steps, -(-steps // lanes)))
+        return 1
 
     def _occ(self, grid: int, threads: int) -> bool:
         """Whether mv_n1_occ (80 registers) takes a one-row product: where mv_n1's blocks (128
@@ -646,6 +682,7 @@ class Attention:
     heads_per_block: int = ATT_HEADS  # attn: query heads of one kv head a block takes (1..8; grid y = kv x chunks)
     counters: Any = None  # attn with n_split > 1: device uint32 (n * grid y,), zero between launches; the
     # last split block of each (token, head chunk) merges the splits (no attn_combine launch)
+    min_keys: int = 0  # with counters: positions a split holds at least (fewer splits, see attn)
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -672,7 +709,8 @@ class Attention:
                 ptr(self.seq_rows), ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size),
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
                 f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 or merge else None),
-                i32(2 if n <= DECODE_TOKENS else 0), *self._fold_args(), ptr(self.counters if merge else None))
+                i32(2 if n <= DECODE_TOKENS else 0), i32(self.min_keys if merge else 0), *self._fold_args(),
+                ptr(self.counters if merge else None))
         return Launch(kernels.fn("attention", "attn"), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)
 
     def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:

@@ -62,11 +62,11 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
 // The last block of a (token, head chunk) to finish its split merges the chunk's splits itself
 // (counters: one per (token, grid y), zero between launches), instead of an attn_combine launch.
 // Each block's partial form is in part before it counts in (its fence orders the writes first);
-// the last one reads the others' from L2: a thread's values of every split (PRE >= n_split) are
+// the last one reads the others' from L2: a thread's values of every split (PRE >= n_used) are
 // loaded with the splits' (max, sum), one round trip for both. wgt: shared, ATT_HEADS * 32 floats.
 template <int PRE>
 __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h0, int gh, int n_head, int hd_v,
-                             int n_split, float *wgt) {
+                             int n_split, int n_used, float *wgt) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, stride = hd_v + 2;
     const float *chunk = part + ((size_t)t * n_head + h0) * n_split * stride;  // head h: + h * n_split * stride
     float v[PRE];
@@ -74,16 +74,16 @@ __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h
     auto load = [&](int i) {
         const float *base = chunk + (size_t)(i / hd_v) * n_split * stride + 2 + i % hd_v;
 #pragma unroll
-        for (int s = 0; s < PRE; s++) v[s] = s < n_split && i < n_i ? ld_l2(base + (size_t)s * stride) : 0.f;
+        for (int s = 0; s < PRE; s++) v[s] = s < n_used && i < n_i ? ld_l2(base + (size_t)s * stride) : 0.f;
     };
     load(tid);
     for (int h = warp; h < gh; h += ATT_THREADS / 32) {  // each head's split weights, one warp per head
         const float *base = chunk + (size_t)h * n_split * stride;
-        const float ms = lane < n_split ? ld_l2(base + (size_t)lane * stride) : NEG_INF;
-        const float ls = lane < n_split ? ld_l2(base + (size_t)lane * stride + 1) : 0.f;
+        const float ms = lane < n_used ? ld_l2(base + (size_t)lane * stride) : NEG_INF;
+        const float ls = lane < n_used ? ld_l2(base + (size_t)lane * stride + 1) : 0.f;
         const float m = warp_max(ms);  // finite: the first split is never empty
-        const float e = lane < n_split ? expf(ms - m) : 0.f;
-        wgt[h * 32 + lane] = e / warp_sum(e * ls);  // 0 past n_split
+        const float e = lane < n_used ? expf(ms - m) : 0.f;
+        wgt[h * 32 + lane] = e / warp_sum(e * ls);  // 0 past n_used
     }
     __syncthreads();
     for (int i = tid; i < n_i; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attn(const float *__restrict__ q, u16 *k_cache, u16 *v_cache, float *__restrict__ out,
          float *__restrict__ part, const int *__restrict__ pos, const int *__restrict__ seq_rows,
          const int *__restrict__ tables, int max_pages, int page_size, int n_head, int n_kv, int hd_k, int hd_v,
-         int window, float scale, float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2,
+         int window, float scale, float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2, int min_keys,
          const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,
          const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,
          unsigned *__restrict__ counters) {
@@ -154,7 +154,16 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         for (int i = tid; i < n_rot / 2; i += ATT_THREADS) rope_cos_sin(rp, p_t, i, cs[i], sn[i]);
     // so are the key range and the page tables: the first chunk's cache slots are looked up now
     const int first = window > 0 ? max(0, p_t - window + 1) : 0;
-    const int per = (p_t + 1 - first + n_split - 1) / n_split;
+    // Splits merged by their last block (counters set) hold at least min_keys positions: a short
+    // key range takes fewer blocks, the others leave at once, and a split alone writes the output
+    // itself (no merge). attn_combine reads every split's partial form: all n_split write one.
+    const int len = p_t + 1 - first;
+    int per = (len + n_split - 1) / n_split, n_used = n_split;
+    if (counters) {
+        per = max(per, min_keys);
+        n_used = (len + per - 1) / per;
+        if (split >= n_used) return;
+    }
     const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
     const int *table = tables + (size_t)seq_rows[t] * max_pages;
     const int kv_k = n_kv * hd_k, kv_v = n_kv * hd_v;
@@ -318,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         const int h = i / hd_v, d = i % hd_v;
         float s = 0.f;
         for (int j = 0; j < n_kg; j++) s += red[(j * gh + h) * hd_v + d];
-        if (n_split == 1) {
+        if (n_used == 1) {
             const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + d;
             out[at] = s / l_s[h];
             if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
@@ -328,11 +337,11 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
         }
     }
-    if (n_split > 1 && counters && last_split(counters, t, n_split, &last_s)) {
-        if (n_split <= 8)
-            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
+    if (n_used > 1 && counters && last_split(counters, t, n_used, &last_s)) {
+        if (n_used <= 8)
+            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, n_used, &sc[0][0]);
         else
-            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, &sc[0][0]);
+            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, n_used, &sc[0][0]);
     }
 }
 

@@ -47,6 +47,7 @@ struct MvArgs {
     float *aux;      // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
     int team_log2;
     int n_tblocks;   // blocks of teams: gridDim.x / groups of them, or more (the grid walks them)
+    int pre_dec;     // one activation row: a lane's first pre_dec steps of slices decoded before the wait
     u8 *act_q;       // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
     // prologue, when pro_w is set (quantized types): each block computes its rows of x itself,
     // x = RMS norm of pro_src rows (rows pro_idx[j] when set) by pro_w, quantized into dynamic
@@ -99,12 +100,42 @@ __device__ __forceinline__ bool mv_job(const MvArgs &a, int v, int &m, int &r) {
     return false;
 }
 
+// Lane step p's slices of both rows (SPL slices each).
+template <int TT>
+__device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const u8 *__restrict__ w1, bool ok0,
+                                               bool ok1, int p, QSlice (&q0)[SPL], QSlice (&q1)[SPL]) {
+    if constexpr (SPL == 2) {
+        if (ok0) slice2_q<TT>(w0, p, q0[0], q0[1]);
+        if (ok1) slice2_q<TT>(w1, p, q1[0], q1[1]);
+    } else {
+        if (ok0) slice_q<TT>(w0, p, q0[0]);
+        if (ok1) slice_q<TT>(w1, p, q1[0]);
+    }
+}
+
+// A lane's first steps of slices (lane steps p = lane, lane + T), decoded before the kernel waits
+// for x: weights are constants, so their round trip overlaps the kernel before (see mv_body).
+// Compiled into mv_n1 for the types of 32-value blocks only (Matmul._pre, PRE_TYPES): in the
+// others, and in mv_n1_occ's 80 registers, the registers it holds make the kernel spill.
+#define MV_PRE_STEPS 2
+#ifdef MV_OCC
+constexpr bool MV_PRE_OK = false;
+#else
+constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0;
+#endif
+struct MvPre {
+    QSlice q0[MV_PRE_STEPS][SPL], q1[MV_PRE_STEPS][SPL];
+    bool have[MV_PRE_STEPS];
+};
+
 // acc[jb][j] += (lane's share of) row jb . x row j, for this lane's slices s = lane, lane + T, ...
 // Quantized types read rows jx .. jx + nl - 1 of xq, a buffer of nx rows; float types rows j0.. of x.
+// use_pre: the lane's first use_pre steps are in pre.
 template <int NMAX>
 __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
                                             bool ok0, bool ok1, int lane, int T, int j0, int nl,
-                                            const u8 *__restrict__ xq, int jx, int nx, float (&acc)[2][NMAX]) {
+                                            const u8 *__restrict__ xq, int jx, int nx, float (&acc)[2][NMAX],
+                                            const MvPre &pre, int use_pre) {
     const int k = a.k, S = k / 32;
     if constexpr (QFLOAT) {
 #pragma unroll 2
@@ -130,16 +161,8 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
         }
     } else {
         const float4 *__restrict__ meta = (const float4 *)(xq + (size_t)nx * k);
-#pragma unroll 2
-        for (int p = lane; p < S / SPL; p += T) {  // lane step p: slices SPL*p .. SPL*p + SPL-1
-            QSlice q0[SPL], q1[SPL];
-            if constexpr (SPL == 2) {
-                if (ok0) slice2_q<QT>(w0, p, q0[0], q0[1]);
-                if (ok1) slice2_q<QT>(w1, p, q1[0], q1[1]);
-            } else {
-                if (ok0) slice_q<QT>(w0, p, q0[0]);
-                if (ok1) slice_q<QT>(w1, p, q1[0]);
-            }
+        // lane step p: slices SPL*p .. SPL*p + SPL-1 of both rows, dotted with the activation rows
+        auto step = [&](int p, const QSlice (&q0)[SPL], const QSlice (&q1)[SPL]) {
 #pragma unroll
             for (int e = 0; e < SPL; e++) {
                 int xo[2];
@@ -170,6 +193,21 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
                     }
                 }
             }
+        };
+        int p0 = lane;
+        if constexpr (MV_PRE_OK) {
+#pragma unroll
+            for (int i = 0; i < MV_PRE_STEPS; i++) {  // the first steps' slices were decoded before the wait
+                if (i >= use_pre) break;
+                if (pre.have[i]) step(lane + i * T, pre.q0[i], pre.q1[i]);
+                p0 += T;
+            }
+        }
+#pragma unroll 2
+        for (int p = p0; p < S / SPL; p += T) {
+            QSlice q0[SPL], q1[SPL];
+            mv_decode_step<QT>(w0, w1, ok0, ok1, p, q0, q1);
+            step(p, q0, q1);
         }
     }
 }
@@ -458,9 +496,20 @@ __device__ void mv_body(const MvArgs &a) {
     };
     rows_of(tblock);
     // The weights depend on no earlier kernel: the team's two rows go into L2 while the kernel
-    // before this one still runs (launched early inside a captured step), then wait for x.
+    // before this one still runs (launched early inside a captured step), then wait for x. With
+    // pre_dec, a lane's first slices are decoded into registers too (one round trip less after it).
     pdl_launch_next();
     prefetch_rows();
+    MvPre pre;
+    int use_pre = 0;
+    if constexpr (NMAX == 1 && MV_PRE_OK) {
+        use_pre = min(a.pre_dec, MV_PRE_STEPS);
+#pragma unroll
+        for (int i = 0; i < MV_PRE_STEPS; i++) {
+            pre.have[i] = i < use_pre && lane + i * T < a.k / 32 / SPL;
+            if (pre.have[i]) mv_decode_step<QT>(w0, w1, ok[0], ok[1], lane + i * T, pre.q0[i], pre.q1[i]);
+        }
+    }
     pdl_wait();
     // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
     const u8 *xq = a.xq;
@@ -493,7 +542,8 @@ __device__ void mv_body(const MvArgs &a) {
             prefetch_rows();
             rows_of(tblock);
         }
-        mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc);
+        mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
+        use_pre = 0;  // a walking grid's later rows are decoded in the loop
 #pragma unroll
         for (int jb = 0; jb < 2; jb++)
 #pragma unroll
@@ -569,14 +619,14 @@ __device__ void mv_body(const MvArgs &a) {
 #define MV_PARAMS                                                                                            \
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
-        const u8 *xq, int mode, float *aux, int team_log2, int n_tblocks, u8 *act_q, const float *pro_src, const int *pro_idx, \
+        const u8 *xq, int mode, float *aux, int team_log2, int n_tblocks, int pre_dec, u8 *act_q, const float *pro_src, const int *pro_idx, \
         const float *pro_w, float pro_eps, float *pro_h, const float *pro_y, float *pro_yout,                \
         const float *pro_post_w, float pro_post_eps, unsigned *pro_counter, unsigned *counter, float *res,   \
         int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
         u8 *pre_q
 #define MV_ARGS                                                                                            \
     MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
-                x, xq, mode, aux, team_log2, n_tblocks, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
+                x, xq, mode, aux, team_log2, n_tblocks, pre_dec, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
                 pro_post_w, pro_post_eps, pro_counter, counter, res,                                                 \
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
