@@ -220,9 +220,10 @@ class Matmul:
     mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
-    mv_pre: str = "auto"  # one activation row: a lane's first slices decoded before the kernel waits for x
-    mv_pre_steps: int = 2  # with a prologue: up to this many lane steps so (1 or 2, see _pre_steps)
-    # ("1", "0", or "auto": see _pre)
+    # one activation row: a lane's first slices decoded before the kernel waits for x ("1", "0",
+    # or "auto": see _pre); with a norm prologue, up to mv_pre_steps lane steps so (see _pre_steps)
+    mv_pre: str = "auto"
+    mv_pre_steps: int = 2
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
     # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
@@ -369,11 +370,12 @@ class Matmul:
 
     def _pre(self, qtype, occ: bool) -> bool:
         """Whether a one-row product decodes a lane's first slices before it waits for x. H200,
-        SmolLM2-shaped Q4_1 products in chains: qkv with its norm prologue 4.85 -> 4.44 us, gate+up
-        5.45 -> 4.68, down 2.66 -> 2.25 (Q5_0 alike); its step 0.902 -> 0.862 ms. The K-quants'
-        two slices a step and mv_n1_occ's 80 registers spill: the 1.5 B model's Q4_K step 1.437 ->
-        1.536 ms, its Q8_0 mv_n1_occ products 813 -> 860 us a step. So mv_n1 holds it for the types
-        of 32-value blocks only (PRE_TYPES; the others ignore pre_dec), and "auto" takes it there."""
+        SmolLM2-shaped Q4_1 products in chains: qkv with its norm prologue 4.86 -> 4.40 us, gate+up
+        5.27 -> 4.48, down 2.68 -> 2.32 (Q5_0 alike); SmolLM2's step 0.874 -> 0.815 ms, Gemma 3's
+        1.033 -> 0.968. The K-quants' two slices a step and mv_n1_occ's 80 registers spill: the
+        1.5 B model's Q4_K step 1.437 -> 1.536 ms, its Q8_0 mv_n1_occ products 813 -> 860 us a step.
+        So mv_n1 holds it for the types of 32-value blocks only (PRE_TYPES; the others ignore
+        pre_dec), and "auto" takes it there."""
         if self.mv_pre in ("0", "1"):
             return self.mv_pre == "1"
         return not occ and qtype in PRE_TYPES
