@@ -17,33 +17,24 @@ from ember.quant import layout
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("nvcc")), reason="needs g++ or nvcc")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "cuda_decode_check.py"
+_spec = importlib.util.spec_from_file_location("cuda_decode_check", SCRIPT)
+decode_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(decode_check)
 
 
 @pytest.fixture(scope="module")
-def check(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("cuda_decode_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def exe(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("decoders")
-    exe = mod.build(workdir)
-    return mod, exe, workdir
+    return decode_check.build(workdir), workdir
 
 
-def type_names():
-    spec = importlib.util.spec_from_file_location("cuda_decode_check_types", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return [t.name for t in mod.TYPES]
-
-
-@pytest.mark.parametrize("name", type_names())
-def test_block_decoders_match_numpy(check, name):
-    mod, exe, workdir = check
-    qtype = next(t for t in mod.TYPES if t.name == name)
+@pytest.mark.parametrize("qtype", decode_check.TYPES, ids=lambda t: t.name)
+def test_block_decoders_match_numpy(exe, qtype):
+    program, workdir = exe
     # 7 rows of 512 values, then 5 rows of an odd number of blocks: rows start at every alignment
     # the block sizes allow (Q8_0's 34 bytes: 2-byte offsets into the 16-byte loads)
     odd = 17 * max(32, layout(qtype).block_size)
     for rows, cols, seed in ((7, 512, 0), (5, odd, 1)):
-        value_err, dot_err = mod.check(exe, workdir, qtype, rows, cols, np.random.default_rng(seed))
-        assert value_err < 1e-6, f"{name}: decoded values off by {value_err:.2e}"
-        assert dot_err < (1e-5 if qtype in mod.TYPES[:3] else 2e-2), f"{name}: int8 dot off by {dot_err:.2e}"
+        value_err, dot_err = decode_check.check(program, workdir, qtype, rows, cols, np.random.default_rng(seed))
+        assert value_err < 1e-6, f"decoded values off by {value_err:.2e}"
+        assert dot_err < (1e-5 if qtype in decode_check.TYPES[:3] else 2e-2), f"int8 dot off by {dot_err:.2e}"
