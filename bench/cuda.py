@@ -627,6 +627,7 @@ def main() -> None:
                     + ", ".join(v[0] for v in ROOFLINE_VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda.json")
     args = ap.parse_args()
+    chosen = set(args.variants.split(",")) if args.variants else None  # None: every variant
     import cupy as cp
 
     reps = 2 if args.quick else 5
@@ -641,7 +642,7 @@ def main() -> None:
             section(r, "single", single_stream, path, reps)
         if "variants" not in args.skip:
             for label, env, value in DECODE_VARIANTS:
-                if args.variants and label not in args.variants.split(","):
+                if chosen is not None and label not in chosen:
                     continue
                 if env == "tails":
                     section(r, label, with_tails, value, decode_only, path, reps)
@@ -682,7 +683,7 @@ def main() -> None:
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
                 for label, env, value in ROOFLINE_VARIANTS if "roofline_variants" not in args.skip else []:
-                    if args.variants and label not in args.variants.split(","):
+                    if chosen is not None and label not in chosen:
                         continue
                     section(results, f"roofline_{qtype}_{label}", with_env, env, value, decode_bandwidth, path,
                             step_bytes, copy_gbs, 100 if args.quick else 300)
