@@ -122,6 +122,23 @@ __device__ __forceinline__ void q8_store_warp(float v, size_t idx, u8 *__restric
     if ((threadIdx.x & 31) == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
 }
 
+// q8_store_warp's format for a 32-value block held by 16 lanes, two values each (the block of
+// the group of 16 aligned lanes; idx = the lane's first value, even): the same values, scales and
+// sums. Every lane of the warp takes part; a group of 16 with store false writes nothing.
+__device__ __forceinline__ void q8_store_pair(float2 v, size_t idx, u8 *__restrict__ xq, float4 *__restrict__ meta,
+                                              bool store) {
+    float amax = fmaxf(fabsf(v.x), fabsf(v.y));
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id);
+    int s = q0 + q1;
+    for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);  // each half of 16 values: eight lanes
+    const int s_hi = __shfl_xor_sync(FULL_MASK, s, 8);
+    if (!store) return;
+    *(u16 *)(xq + idx) = (u16)((q0 & 0xFF) | (q1 & 0xFF) << 8);
+    if ((threadIdx.x & 15) == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
+}
+
 // ---- programmatic dependent launch (Hopper and later; see _launch.py) ----
 // Inside a captured step every kernel may be launched while the one before it still runs. It
 // first lets its own successor launch (pdl_launch_next), may then read constant data (weights,
@@ -156,9 +173,14 @@ __device__ __forceinline__ void prefetch_range_l2(const void *p, long long n, in
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
 __device__ __forceinline__ float ld_l2(const float *p) { return *(const volatile float *)p; }
 __device__ __forceinline__ int ld_l2(const int *p) { return *(const volatile int *)p; }
+__device__ __forceinline__ float2 ld_l2(const float2 *p) {
+    const volatile float *q = (const volatile float *)p;
+    return make_float2(q[0], q[1]);
+}
 #else
 __device__ __forceinline__ float ld_l2(const float *p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_l2(const int *p) { return __ldcg(p); }
+__device__ __forceinline__ float2 ld_l2(const float2 *p) { return __ldcg(p); }
 #endif
 
 // First statement of a kernel that reads or writes activations from its first instruction on.
