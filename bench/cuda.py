@@ -321,6 +321,7 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 # single-stream decode with one switch changed: (label, environment variable or "tails", value)
 DECODE_VARIANTS = [
+    ("decode_mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
     ("decode_mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
     ("decode_mv_pre_steps_1", "EMBER_CUDA_MV_PRE_STEPS", "1"),
     ("decode_att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
@@ -340,6 +341,7 @@ DECODE_VARIANTS = [
 
 # the 1.5 B decode step with one switch changed: (label, environment variable, value)
 ROOFLINE_VARIANTS = [
+    ("mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
     ("mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
     ("att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
     ("mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),

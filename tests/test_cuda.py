@@ -156,6 +156,35 @@ def test_matmul_of_the_lean_kernel(cuda, matrices, qtype, monkeypatch):
     assert rel_err(outs["0", True, False][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_storing_alone_takes_its_own_kernel(cuda, matrices, qtype):
+    """A one-row product that only stores y (x already quantized, no epilogue) runs mv_n1_store,
+    mv_n1 compiled without the other paths: the same values to the bit as mv_n1 (EMBER_CUDA_MV_STORE
+    off), two matrices at once, with and without the first slices decoded before the wait."""
+    from ember.backends.cuda._ops import Matmul, xq_bytes
+
+    w = cuda.weight(matrices.tensors[qtype.name])
+    rng = np.random.default_rng(6)
+    x = cuda.from_numpy(rng.normal(0, 1, (1, COLS)).astype(np.float32))
+    xq = cuda.cp.empty(xq_bytes(1, COLS), np.uint8)
+    cuda._run(Matmul([], x, [], xq=xq))  # x quantized for the products that read it so
+    outs = {}
+    for store in (True, False):
+        for pre in ("0", "1"):
+            y0, y1 = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, ROWS))
+            op = Matmul([w, w], x, [y0, y1], xq=xq, quant_in=False, mv_store=store, mv_pre=pre)
+            (launch,) = op.launches(cuda.kernels)
+            name = f"{matmul_module_of(qtype)}_store.mv_n1_store" if store else f"{matmul_module_of(qtype)}.mv_n1"
+            assert cuda.kernels.name_of(launch.fn) == name
+            cuda._run(op)
+            outs[store, pre] = cuda.to_numpy(y0), cuda.to_numpy(y1)
+    for key, (y0, y1) in outs.items():
+        np.testing.assert_array_equal(y0, outs[False, key[1]][0])
+        np.testing.assert_array_equal(y1, y0)
+    want = cuda.to_numpy(x).astype(np.float64) @ dense(matrices, qtype.name).T
+    assert rel_err(outs[True, "0"][0], want) < (1e-5 if qtype in FLOAT_TYPES else 2e-2)
+
+
 @pytest.mark.parametrize("occ", ["0", "1"])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_grid_walking_its_blocks(cuda, matrices, qtype, occ):

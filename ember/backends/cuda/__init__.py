@@ -125,6 +125,8 @@ class Backend:
         self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
         self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
         self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
+        # one-row products that only store y: a kernel of their own, the generic one's other paths left out
+        self.mv_store = os.environ.get("EMBER_CUDA_MV_STORE", "1") != "0"
         # one-row products: a lane's first weight slices decoded before the kernel waits for x;
         # "auto": types of 32-value blocks on mv_n1 (see Matmul._pre)
         self.mv_pre = os.environ.get("EMBER_CUDA_MV_PRE", "auto")
@@ -233,6 +235,8 @@ class Backend:
         self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
         if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
             self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
+        if self.mv_store:  # products storing y alone (Matmul._store): decode steps' second kernel of the type
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_store"))
         self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
@@ -432,7 +436,7 @@ class Backend:
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_store=self.mv_store, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:

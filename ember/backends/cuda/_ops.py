@@ -220,6 +220,7 @@ class Matmul:
     mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
+    mv_store: bool = True  # one activation row that only stores y: mv_n1_store (see _store)
     # one activation row: a lane's first slices decoded before the kernel waits for x ("1", "0",
     # or "auto": see _pre); with a norm prologue, up to mv_pre_steps lane steps so (see _pre_steps)
     mv_pre: str = "auto"
@@ -351,7 +352,7 @@ class Matmul:
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
         occ = nmax == 1 and self._occ(grid, threads)
-        name = "mv_n1_occ" if occ else f"mv_n{nmax}"
+        name = "mv_n1_occ" if occ else "mv_n1_store" if nmax == 1 and self._store() else f"mv_n{nmax}"
         tblocks = grid // n_groups
         # One row, more blocks than fit at once: a grid that fits walks them (each block's prologue
         # done once, its next rows prefetched while it works on the current ones) instead of waves
@@ -367,6 +368,12 @@ class Matmul:
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(qtype, name), name)
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
+
+    def _store(self) -> bool:
+        """Whether a one-row product on mv_n1 takes mv_n1_store, mv_n1 without its prologues, its
+        activation and residual epilogues and its tail: a product that only stores y."""
+        return (self.mv_store and self.mode == MODE_STORE and not self.in_prologue() and self.act_q is None
+                and self.tail is None)
 
     def _pre(self, qtype, occ: bool) -> bool:
         """Whether a one-row product decodes a lane's first slices before it waits for x. H200,

@@ -497,7 +497,7 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
 __device__ __forceinline__ size_t k_xq_bytes(int k) { return (size_t)k + (size_t)(k / 32) * 16; }
 
 template <int NMAX>
-__device__ void mv_body(const MvArgs &a) {
+__device__ __forceinline__ void mv_body(const MvArgs &a) {
     extern __shared__ __align__(16) u8 xq_s[];  // prologue: nl rows of x quantized (nl * k * 1.5 bytes)
     __shared__ float red[32];
     __shared__ float act_s[8][32];
@@ -671,13 +671,25 @@ __device__ void mv_body(const MvArgs &a) {
                 tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
-// defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone. Each
+// defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
+// matmul_<type>_store (MV_STORE) mv_n1_store alone. Each
 // mv_body instance is most of a module's compile time: a first token waits for the modules it
 // needs, which compile side by side, and the batch module compiles later.
 #if defined(MV_OCC)
 // mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
 // (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+#elif defined(MV_STORE)
+// mv_n1 for products that only store y (no prologue, no activation or residual epilogue, no tail):
+// the other paths compiled out, a fifth of mv_n1's code. Where a step's products are of several
+// types, each with its own mv_n1, the generic kernels' code competes for the instruction caches:
+// H200, a Gemma 3 decode step whose 45 such products (o, v and down) took it, 838 -> 806 us.
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_store(MV_PARAMS) {
+    MV_ARGS;
+    a.pro_w = nullptr, a.pro_y = nullptr, a.pro_idx = nullptr, a.act_q = nullptr, a.counter = nullptr;
+    a.mode = MODE_STORE;
+    mv_body<1>(a);
+}
 #elif !defined(MV_BATCH)
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
@@ -685,7 +697,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE)
 
 // ---- prefill: tensor-core tiles ----
 
@@ -1082,4 +1094,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-#endif  // !MV_BATCH && !MV_OCC
+#endif  // !MV_BATCH && !MV_OCC && !MV_STORE
