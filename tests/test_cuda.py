@@ -105,6 +105,24 @@ def test_get_rows(cuda, matrices, qtype):
     np.testing.assert_allclose(cuda.to_numpy(out), dense(matrices, qtype.name)[ids], rtol=1e-6, atol=1e-7)
 
 
+def test_get_rows_after_a_step_of_best_ids(cuda, matrices):
+    """An ahead step's embedding: ids -r - 1 take the first of row r's best ids (of the step before,
+    on the device) that the token's row of bans lacks; other ids are read as they are."""
+    from ember.backends import BackendError
+
+    w = cuda.weight(matrices.tensors["Q8_0"])
+    best = np.array([[7, 3, 9], [2, 11, 4], [5, 6, 8], [1, 0, 12]], np.int32)
+    prev = cuda.from_numpy(best)
+    ids = np.array([-1, -2, 17, -4, -3], np.int32)
+    bans = np.array([[-1, -1, -1], [2, 11, -1], [-1, -1, -1], [1, -1, 0], [5, -1, -1]], np.int32)
+    out = poisoned(cuda, (len(ids), COLS))
+    cuda.get_rows(w, ids, out, prev=prev, bans=bans)
+    want = [7, 4, 17, 12, 6]
+    np.testing.assert_allclose(cuda.to_numpy(out), dense(matrices, "Q8_0")[want], rtol=1e-6, atol=1e-7)
+    with pytest.raises(BackendError, match="out of range"):
+        cuda.get_rows(w, np.array([-5], np.int32), out[:1], prev=prev, bans=bans[:1])
+
+
 @pytest.mark.parametrize("n", [1, 3, 20, 64, 200])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul(cuda, matrices, qtype, n):
@@ -1074,6 +1092,30 @@ def test_engine_greedy_matches_cpu(tmp_path, n_prompts):
         logits = last_logits(path, prompts[i] + want[i][:j])
         gap = (logits.max() - logits[got[i][j]]) / np.abs(logits).max()
         assert gap < 1e-3, f"run {i} took token {got[i][j]} at {j}, {gap:.1e} below the best"
+
+
+def test_engine_ahead_steps(tmp_path):
+    """Decode steps launched before the host read the step before them, their tokens taken from
+    its best ids on the GPU (the default there), give the tokens of steps run one at a time (the
+    same kernels): streams of several lengths, with and without a ban (ignore_eos), one alone."""
+    from ember.engine import LLM, Request, TokenEvent
+    from ember.sampler import SamplingParams
+
+    path = write_model(tmp_path / "a.gguf", "llama", GGMLType.Q8_0, Shape(n_layer=2), vocab=True, tied=False)
+    rng = np.random.default_rng(9)
+    prompts = [[1] + rng.integers(3, 300, 3 + i % 7).tolist() for i in range(8)]
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    runs = {}
+    for ahead in (False, None):
+        with LLM(str(path), device="cuda", slots=8, ctx=128, decode_ahead=ahead) as llm:
+            eng = llm.engine
+            handles = [eng.submit(Request(p, 6 + 3 * i, no_eos if i % 2 else SamplingParams.greedy_params()))
+                       for i, p in enumerate(prompts)]
+            got = [[ev.token for ev in h if isinstance(ev, TokenEvent)] for h in handles]
+            alone = llm.generate(prompts[3], 20, no_eos).token_ids
+            runs[ahead] = got, alone, eng.metrics.ahead_steps
+    assert runs[False][2] == 0 and runs[None][2] >= 20
+    assert runs[None][:2] == runs[False][:2]
 
 
 def test_copy_pages(cuda):

@@ -454,7 +454,10 @@ def test_launch_arguments_match_the_kernels():
     ops1, _ = llama_layer(2, x, h)
     ops2, _ = llama_layer(2, x, h)
     gem, _ = gemma_layer(2, Addr(2, 256))
-    head = [GatherRows(x, Addr(1, dtype=np.int32), Addr(1, 256).rows(1)), ]
+    head = [GatherRows(x, Addr(1, dtype=np.int32), Addr(1, 256).rows(1)),
+            GetRows(mat(512, 256), Addr(2, dtype=np.int32), Addr(2, 256)),
+            GetRows(mat(512, 256), Addr(2, dtype=np.int32), Addr(2, 256), Addr(4, 3, dtype=np.int32), 3,
+                    Addr(2, 3, dtype=np.int32))]
     folded = fuse(llama_layer(2, x, h, single=True)[0] + gemma_layer(2, Addr(2, 256), single=True)[0], counter,
                   fold_qkv=True)
     assert sum(isinstance(op, Attention) and op.post is not None for op in folded) == 2
@@ -477,7 +480,7 @@ def test_launch_arguments_match_the_kernels():
             seen.add(launch.fn[1])
             assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
     assert {"mv_n2", "quant_x", "attn", "attn_combine", "attn_combine32", "qkv_post", "gather_rows", "rms_norm",
-            "rope"} <= seen
+            "rope", "get_rows"} <= seen
 
 
 def param_name(param: str) -> str:

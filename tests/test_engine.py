@@ -465,3 +465,51 @@ def test_requests_still_in_the_inbox_at_close_end_cancelled(tiny):
     reader.join(10)  # a finish event that never comes fails here, not by hanging
     assert reasons == {"pending": ["cancelled"], "running": ["cancelled"]}
     llm.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+def test_ahead_steps_give_the_same_tokens(tiny, device):
+    """Greedy decode steps launched before the host has read the step before them (decode_ahead;
+    here the host chooses their tokens once that step has run, as a GPU does on the device):
+    the same tokens, texts and finish reasons as steps run one after the other, with lengths that
+    end streams mid-batch, a ban (ignore_eos: the choice among the best two), a stop string that
+    ends a stream after its next step was launched, parallel samples and a cancellation; every
+    page comes back."""
+    rng = random.Random(12)
+    prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(6)]
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    reqs = [Request(prompts[0], 30, no_eos), Request(prompts[1], 9, GREEDY), Request(prompts[2], 12, no_eos, n=2),
+            Request(prompts[3], 16, no_eos, stop=("e", "a")), Request(prompts[4], 25, no_eos),
+            Request(prompts[5], 2, no_eos)]
+
+    def run(ahead: bool):
+        llm = LLM(tiny, device=device, threads=2, ctx=128, slots=8, decode_ahead=ahead)
+        try:
+            eng = llm.engine
+            handles = [eng.submit(r) for r in reqs]
+            out = []
+            for i, h in enumerate(handles):
+                events = []
+                for ev in h:
+                    if isinstance(ev, TokenEvent):
+                        events.append((ev.index, ev.token, ev.text))
+                    elif isinstance(ev, FinishEvent):
+                        events.append((ev.index, ev.reason, ev.text, ev.generated_tokens))
+                out.append(events)
+            cancelled = eng.submit(Request(prompts[0], 60, no_eos))
+            n = 0
+            for ev in cancelled:
+                n += isinstance(ev, TokenEvent)
+                if n == 5:
+                    cancelled.cancel()
+            alone = llm.generate(prompts[4], 20, no_eos).token_ids
+            clean_pool(llm)
+            return out, alone, eng.metrics.ahead_steps
+        finally:
+            llm.close()
+
+    plain, plain_alone, none = run(False)
+    ahead, ahead_alone, n_ahead = run(True)
+    assert none == 0 and n_ahead >= 20
+    assert ahead == plain and ahead_alone == plain_alone
+    assert any(e[1] == "stop" for e in plain[3])  # the stop string ended that stream early

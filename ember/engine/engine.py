@@ -11,6 +11,7 @@ device's work instead of delaying the next launch. Elsewhere they go out at the 
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from ..sampler import Sampler, SamplerVocab, SamplingParams
 from .metrics import EngineMetrics, KVUsage
 from .pages import PagePool
 from .radix import RadixCache
-from .runner import ModelRunner
+from .runner import Ahead, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
 
@@ -50,6 +51,11 @@ class EngineConfig:
     max_batch_tokens: int = 512
     max_waiting: int = 1024  # queued sequences beyond which submit raises QueueFull
     prefix_cache: bool = True
+    # greedy decode steps launched before the host has read the step before them (see
+    # Engine._launch_ahead): None, where the device takes their tokens from that step's best ids
+    # itself (CUDA; EMBER_DECODE_AHEAD=0 turns it off); True, also elsewhere, the host choosing
+    # them once the step before has run (the same bookkeeping, for tests); False, never
+    decode_ahead: bool | None = None
 
     def __post_init__(self):
         for name in ("n_ctx", "max_seqs", "page_size", "max_batch_tokens", "max_waiting"):
@@ -217,6 +223,12 @@ class Engine:
         # tokens chosen and appended whose text and event are still to make (_emit_pending): made
         # while the next step runs on a device that overlaps, one per sequence at most
         self._later: dict = {}
+        ahead = config.decode_ahead
+        if ahead is None:
+            ahead = self.runner.chains and os.environ.get("EMBER_DECODE_AHEAD", "1") != "0"
+        self._ahead_ok = bool(ahead) and self._device_top_k
+        # (plan, top_k, results, mark): a step launched before the last one's results were read
+        self._ahead: tuple | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
@@ -297,10 +309,11 @@ class Engine:
     # ---- the loop ----
     def _loop(self) -> None:
         while not self._closed:
-            if not self.scheduler.has_work:
+            busy = self.scheduler.has_work or self._ahead is not None
+            if not busy:
                 self._emit_pending()
                 self._deliver()  # nothing to overlap with: before waiting for work
-            self._drain_inbox(block=not self.scheduler.has_work)
+            self._drain_inbox(block=not busy)
             if self._closed:
                 break
             try:
@@ -352,18 +365,24 @@ class Engine:
     def step(self) -> None:
         """Schedule, run, postprocess: one batched forward pass."""
         self._finish_cancelled()
-        plan = self.scheduler.schedule()
-        if not plan.chunks:
-            self._emit_pending()
-            self._deliver()
-            self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
-            return
-        self._count_admissions(plan)
-        top_k = self._best_needed(plan)
-        out = self.runner.run(plan, top_k, wait=False)
+        if self._ahead is not None:  # launched by the last call, before it read its own step
+            (plan, top_k, out, mark), self._ahead = self._ahead, None
+        else:
+            plan = self.scheduler.schedule()
+            if not plan.chunks:
+                self._emit_pending()
+                self._deliver()
+                self._wake.wait(0.005)  # nothing can run now (waiting on pages): do not spin
+                return
+            self._count_admissions(plan)
+            top_k = self._best_needed(plan)
+            out = self.runner.run(plan, top_k, wait=False)
+            mark = self.runner.mark()
+        if self._ahead_ok and top_k:
+            self._ahead, out = self._launch_ahead(plan, top_k, out)
         self._emit_pending()  # the last step's texts and events, while this one runs on the device
         self._deliver()
-        self.runner.wait()
+        self.runner.wait(mark)
         self.scheduler.complete(plan)
         self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
         if not self.runner.overlaps:  # the next step would compute before launching: no later
@@ -371,6 +390,44 @@ class Engine:
             self._deliver()
         self.metrics.steps += 1
         self.metrics.argmax_steps += bool(top_k)
+
+    def _launch_ahead(self, plan: Plan, top_k: int, out) -> tuple:
+        """The next step launched now, before this one's results are read: where every running
+        sequence decodes in this step and keeps decoding after it whatever token it gets, nothing
+        waits for admission and no request or cancellation is in the inbox, the next step is each
+        sequence one position on, its token the greedy choice from its best ids of this step (on the
+        device where it chains them). The host's work on this step's results (choosing, appending,
+        texts, events, the next schedule) then overlaps the device's on the next. A sequence this
+        step ends after all (an end-of-generation token, a stop string, a cancellation) has its
+        row of the next step dropped; its cache slot there lies past what it computed. Returns
+        ((plan, top_k, results, mark) or None, this step's results: copied first where the
+        next step's run would overwrite them)."""
+        if self.scheduler.waiting or not self._inbox.empty() or plan.copies:
+            return None, out
+        chunks, rows, bans, ending = [], [], [], 0
+        for i, c in enumerate(plan.chunks):
+            seq = c.seq
+            if seq.status is not Status.RUNNING:
+                continue  # ended by the step before this one (itself ahead)
+            if c.n != 1 or c.logit_rows != [c.start] or len(seq.tokens) != c.start + 1 or seq.prompt_logits:
+                return None, out
+            if seq.max_new_tokens <= c.start + 2 - seq.n_prompt or c.start + 2 >= self.config.n_ctx:
+                ending += 1  # this step's token is its last (length): nothing to compute after it
+                continue
+            chunks.append(c)
+            rows.append(i)
+            bans.append(sorted(seq.owner.sampler.banned))
+        if not chunks or len(chunks) + ending != len(self.scheduler.running):
+            return None, out
+        nxt = self.scheduler.plan_ahead(chunks)
+        if nxt is None:
+            return None, out
+        if not self.runner.overlaps:  # this step has run; the next one's run reuses its buffers
+            out = type(out)(out.ids.copy(), out.values.copy())
+        ahead = Ahead(top_k, rows, bans, None if self.runner.chains else out)
+        res = self.runner.run(nxt, top_k, wait=False, ahead=ahead)
+        self.metrics.ahead_steps += 1
+        return (nxt, top_k, res, self.runner.mark()), out
 
     def _best_needed(self, plan: Plan) -> int:
         """k > 0 when every sequence of the step needs only its rows' k best tokens (greedy, no
@@ -416,6 +473,8 @@ class Engine:
             seq = chunk.seq
             n_rows = len(chunk.logit_rows)
             row += n_rows
+            if seq.status is Status.FINISHED:  # ended after this step (ahead) was launched: its row is dropped
+                continue
             if seq.prompt_logits and chunk.start < seq.n_prompt:
                 self._deliver_prompt(seq, chunk, logits[row - n_rows:row])
             if seq.n_computed == len(seq.tokens):  # the last token was computed: its logits are in row - 1
@@ -544,6 +603,7 @@ class Engine:
                                                           seq.n_generated, error)))
 
     def _fail_running(self, message: str, trace: str) -> None:
+        self._ahead = None
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             try:
                 self._finish(seq, "error", error=message)

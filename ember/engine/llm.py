@@ -84,7 +84,7 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
-                 kv_tokens: int | None = None, prefix_cache: bool = True):
+                 kv_tokens: int | None = None, prefix_cache: bool = True, decode_ahead: bool | None = None):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -94,7 +94,7 @@ class LLM:
         self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
         self.engine = Engine(self.model, self.tokenizer, EngineConfig(
             n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens, max_batch_tokens=batch,
-            prefix_cache=prefix_cache))
+            prefix_cache=prefix_cache, decode_ahead=decode_ahead))
         self.load_s = time.perf_counter() - t0
 
     @cached_property

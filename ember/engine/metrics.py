@@ -47,6 +47,7 @@ class EngineMetrics:
     preemptions: int = 0
     steps: int = 0
     argmax_steps: int = 0  # of which only token ids came back (greedy rows reduced on the device)
+    ahead_steps: int = 0  # of which launched before the host had read the step before (decode_ahead)
     ttft_hit: Histogram = field(default_factory=Histogram)  # half or more of the prompt was cached
     ttft_miss: Histogram = field(default_factory=Histogram)
     inter_token: Histogram = field(default_factory=Histogram)

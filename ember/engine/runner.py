@@ -9,6 +9,7 @@ per op.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +22,18 @@ MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound on a CPU: Python's sh
 MAX_RECORDINGS = 64
 MAX_SEEN = 4096  # step shapes remembered as run once
 MAX_LARGE_RECORDINGS = 8  # larger steps, where a backend records them too (kept apart: decode shapes stay)
+MAX_AHEAD_K = 64  # best ids a row an ahead step may choose from (the engine's MAX_DEVICE_BEST)
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """What an ahead step (a decode step run before the host has read the step before it) needs:
+    each chunk's token is the greedy choice from its sequence's row of that step's best ids."""
+
+    k: int  # best ids a row of the step before, best first
+    rows: list[int]  # each chunk's row in the step before
+    bans: list  # each chunk's banned ids (the choice is the first best id not among them)
+    prev: object = None  # the step before's results (TopLogits), where the host makes the choice
 
 
 class StepInputs:
@@ -33,6 +46,7 @@ class StepInputs:
         self.slots = np.zeros(max_tokens, np.int64)
         self.rows = np.zeros(max_tokens, np.int32)
         self.tables = np.zeros((max_seqs + pad_seqs, pages_per_seq), np.int32)
+        self.bans = np.full(max_tokens * MAX_AHEAD_K, -1, np.int32)  # ahead steps: (n, k) views of it
 
 
 def decode_bucket(n: int) -> int:
@@ -65,6 +79,9 @@ class ModelRunner:
         self.max_out = int(getattr(model, "max_output_rows", max_tokens))
         # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
         self.overlaps = bool(getattr(model.backend, "async_replay", False))
+        # ...and takes an ahead step's tokens from the step before's best ids on the device
+        self.chains = self.overlaps and bool(getattr(model.backend, "chains_tokens", False))
+        self._parity = 0  # ahead steps alternate between two recordings of their shape (see run)
 
     def _seen_before(self, key) -> bool:
         """Whether a step of this shape ran before. A shape is recorded the second time it comes:
@@ -78,21 +95,38 @@ class ModelRunner:
             self._seen.popitem(last=False)
         return False
 
-    def wait(self) -> None:
-        """Until the last step run with wait=False has finished on the device."""
-        if self.overlaps:
-            self.model.backend.synchronize()
+    def mark(self):
+        """A mark of the steps run so far, for wait (None where steps run as they are called)."""
+        mark = getattr(self.model.backend, "mark", None)
+        return mark() if self.overlaps and mark is not None else None
 
-    def run(self, plan: Plan, top_k: int = 0, wait: bool = True):
+    def wait(self, mark=None) -> None:
+        """Until the steps run with wait=False before `mark` (every one, without) have finished."""
+        if not self.overlaps:
+            return
+        if mark is None:
+            self.model.backend.synchronize()
+        else:
+            self.model.backend.wait_mark(mark)
+
+    def run(self, plan: Plan, top_k: int = 0, wait: bool = True, ahead: Ahead | None = None):
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
         in plan order (valid until the next run), or with top_k > 0 only each row's k best
         (TopLogits: ids and values, reduced on the device). wait=False: a replayed step may
-        still be running on the device when this returns; its results hold after wait()."""
+        still be running on the device when this returns; its results hold after wait().
+        ahead: a step of decode chunks whose tokens the step before is still choosing (see Ahead):
+        on a device that chains tokens they are read there; elsewhere (the step before has run)
+        the host chooses them from ahead.prev. An ahead step's results stay valid through the next
+        step's run (ahead steps alternate between two recordings of a shape), so that the engine
+        may launch the step after one before reading it."""
         if plan.copies:
             self.cache.copy_pages(plan.copies)
-        step = self.step(plan)
+        step = self.step(plan, ahead)
         step.top_k = top_k
         key = (step.n, len(step.attn.block_tables), len(step.output_rows), top_k)
+        if ahead is not None:
+            self._parity ^= 1
+            key += (step.prev_k, self._parity)
         decode = all(c.n == 1 for c in plan.chunks)
         logits = self._run(step, key, wait, first_sight=decode)
         rows = sum(len(c.logit_rows) for c in plan.chunks)
@@ -122,9 +156,13 @@ class ModelRunner:
             store.popitem(last=False)
         return logits
 
-    def step(self, plan: Plan) -> Step:
+    def step(self, plan: Plan, ahead: Ahead | None = None) -> Step:
         """Write the plan's inputs into the fixed arrays; returns views of them."""
         inp, chunks = self.inputs, plan.chunks
+        if ahead is not None:
+            if not all(c.n == 1 for c in chunks) or len(ahead.rows) != len(chunks):
+                raise ValueError("an ahead step is one decode token for each of its rows of the step before")
+            return self._ahead_step(chunks, ahead)
         if all(c.n == 1 for c in chunks):
             return self._decode_step(chunks)
         n = sum(c.n for c in chunks)
@@ -156,12 +194,35 @@ class ModelRunner:
         self.inputs.rows[n_rows:rows] = self.inputs.rows[n_rows - 1] if n_rows else 0
         return max(seqs, n_seqs), max(rows, n_rows)
 
-    def _decode_step(self, chunks) -> Step:
+    def _ahead_step(self, chunks, ahead: Ahead) -> Step:
+        """_decode_step for an ahead step: its tokens named by their rows of the step before
+        (chains) or chosen here from that step's results."""
+        n, k = len(chunks), ahead.k
+        if not 0 < k <= MAX_AHEAD_K:
+            raise ValueError(f"an ahead step chooses from 1 to {MAX_AHEAD_K} best ids a row, not {k}")
+        if self.chains:
+            tokens = [-r - 1 for r in ahead.rows]
+        else:
+            best = ahead.prev.ids
+            tokens = [next(int(t) for t in best[r] if int(t) not in bans) for r, bans in zip(ahead.rows, ahead.bans)]
+        step = self._decode_step(chunks, tokens)
+        if self.chains:
+            m = step.n  # padded rows (token 0, no bans) included
+            bans = self.inputs.bans[:m * k].reshape(m, k)
+            bans.fill(-1)
+            for i, b in enumerate(ahead.bans):
+                if len(b) > k:
+                    raise ValueError(f"{len(b)} banned ids leave no choice among {k}")
+                bans[i, :len(b)] = list(b)
+            step.prev_k, step.bans = k, bans
+        return step
+
+    def _decode_step(self, chunks, tokens: list[int] | None = None) -> Step:
         """step() for chunks of one token each (decode): whole-array writes from Python lists, and
         a page-table row rewritten only when its pages changed (entries past a sequence's pages
         are never read: attention reads the pages of the positions it attends)."""
         inp, n = self.inputs, len(chunks)
-        inp.tokens[:n] = [c.seq.tokens[c.start] for c in chunks]
+        inp.tokens[:n] = [c.seq.tokens[c.start] for c in chunks] if tokens is None else tokens
         inp.positions[:n] = [c.start for c in chunks]
         inp.seq_rows[:n] = self._arange[:n]
         n_rows = 0

@@ -107,6 +107,21 @@ class Scheduler:
             seq.waited_steps += 1
         return plan
 
+    def plan_ahead(self, chunks: list[Chunk]) -> Plan | None:
+        """The step after the one of `chunks` (decode tokens, not yet complete), for an engine that
+        launches it before that one's results are read: each sequence one position on, a page
+        reserved for it where needed (nobody preempted). None when a page cannot be had."""
+        plan = Plan()
+        for c in chunks:
+            start = c.start + 1
+            if not self._reserve(c.seq, start, 1, plan, None):
+                return None
+            plan.chunks.append(Chunk(c.seq, start, 1, [start]))
+        self.step_no += 1
+        for seq in self.waiting:
+            seq.waited_steps += 1
+        return plan
+
     def _plan(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int], may_preempt: bool = True) -> bool:
         start = seq.n_computed
         if len(seq.tokens) - start == 1 and len(seq.tokens) > seq.n_prompt and budget.rows > 0 \
@@ -230,9 +245,12 @@ class Scheduler:
 
     # ---- after the step ----
     def complete(self, plan: Plan) -> None:
-        """The step ran: advance each sequence and cache the prompt chunks just computed."""
+        """The step ran: advance each sequence and cache the prompt chunks just computed (a
+        sequence that finished meanwhile, after an ahead step was launched, is left as it is)."""
         for chunk in plan.chunks:
             seq = chunk.seq
+            if seq.status is not Status.RUNNING:
+                continue
             seq.n_computed += chunk.n
             if chunk.start < seq.n_prompt and self.config.prefix_cache:
                 self._cache(seq)

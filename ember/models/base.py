@@ -150,6 +150,10 @@ class Step:
     attn: AttentionBatch
     output_rows: np.ndarray  # (n_out,) int32 indices into tokens
     top_k: int = 0  # > 0: each output row reduced on the device to its k best (a backend with top_k)
+    # > 0 (a backend that chains_tokens): token ids -r - 1 stand for the first of row r's best ids
+    # of the step before (prev_k of them a row) that the token's row of bans (n, prev_k) lacks
+    prev_k: int = 0
+    bans: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -192,6 +196,19 @@ class Model:
         """Most rows of logits one step may ask for (bounds the logits buffer)."""
         return max(1, LOGIT_BUFFER_FLOATS // max(self.n_vocab, 1))
 
+    def embed(self, w: Weight, step: Step, out) -> None:
+        """out = the step's token embeddings (rows of w); in a step after one whose best ids have
+        not reached the host (prev_k), tokens taken from those on the device."""
+        if step.prev_k:
+            self.backend.get_rows(w, step.tokens, out, prev=self._top_ids(step.prev_k), bans=step.bans)
+        else:
+            self.backend.get_rows(w, step.tokens, out)
+
+    def _top_ids(self, k: int):
+        """The best ids' buffer of k a row, at one address for every step (a step may read the
+        ids the step before it wrote there)."""
+        return self.buffers.get(f"top_ids{k}", self.max_output_rows, k, np.int32)
+
     def logits(self, x, step: Step, norm: Weight, eps: float, head: Weight) -> np.ndarray:
         """Final norm and output projection of the rows that need logits: (n_out, n_vocab) on the
         host, valid until the next step."""
@@ -204,7 +221,7 @@ class Model:
         out = self.buffers.get("logits", len(rows), self.n_vocab)
         self.backend.matmul(head, h, out)
         if step.top_k:  # only the best ids and their logits cross to the host
-            ids = self.buffers.get(f"top_ids{step.top_k}", len(rows), step.top_k, np.int32)
+            ids = self._top_ids(step.top_k)[:len(rows)]
             vals = self.buffers.get(f"top_vals{step.top_k}", len(rows), step.top_k)
             self.backend.top_k(out, step.top_k, ids, vals)
             return TopLogits(self.backend.to_numpy(ids), self.backend.to_numpy(vals))

@@ -97,7 +97,7 @@ class Gemma3Model(Model):
     def forward(self, step: Step, cache: KVCache):
         a, B, n = self.args, self.backend, step.n
         x = self.buffers.get("x", n, a.d_model)
-        B.get_rows(self.tok_embd, step.tokens, x)
+        self.embed(self.tok_embd, step, x)
         B.scale(x, math.sqrt(a.d_model))
         for layer, kv in zip(self.layers, cache.layers):
             self.attention(layer, kv, x, step)

@@ -77,7 +77,7 @@ class LlamaModel(Model):
     def forward(self, step: Step, cache: KVCache):
         a, B, buf, n = self.args, self.backend, self.buffers, step.n
         x = buf.get("x", n, a.d_model)
-        B.get_rows(self.tok_embd, step.tokens, x)
+        self.embed(self.tok_embd, step, x)
         for layer, kv in zip(self.layers, cache.layers):
             self.attention(layer, kv, x, step)
             self.feed_forward(layer, x, n)

@@ -76,6 +76,11 @@ class Sampler:
             return 0
         return 1 + int(self._bias_tokens.size)
 
+    @property
+    def banned(self) -> frozenset:
+        """The ids choose_from_best passes over."""
+        return self._banned
+
     def choose_from_best(self, ids) -> int:
         """The greedy choice from a row's best ids (best first, at least best_needed of them):
         the first that is not banned. Accept it as usual."""

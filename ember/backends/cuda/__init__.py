@@ -335,6 +335,20 @@ class Backend:
         return graph
 
     async_replay = True  # replay(wait=False) returns once the step is queued on the device
+    # get_rows takes ids from the best ids of the step before, on the device: a decode step may be
+    # launched before the host has read the one before it (the engine's ahead steps)
+    chains_tokens = True
+
+    def mark(self):
+        """A point in the device's queue (everything queued so far), for wait_mark."""
+        self._use_device()
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(self.cp.cuda.Stream.null)
+        return ev
+
+    def wait_mark(self, ev) -> None:
+        """Until the work queued before mark() returned `ev` has finished."""
+        ev.synchronize()
 
     def replay(self, rec, wait: bool = True) -> None:
         """Run a recorded step; wait=False returns once it is queued: its outputs hold, and its
@@ -412,12 +426,22 @@ class Backend:
         return buf[:size]
 
     # ---- ops ----
-    def get_rows(self, w: Weight, ids, out) -> None:
+    def get_rows(self, w: Weight, ids, out, prev=None, bans=None) -> None:
+        """prev: (rows, k) int32 on the device, the best ids of the step before (chains_tokens):
+        an id -r - 1 takes the first of row r's not in its row of bans (n, k), as the engine's
+        greedy choice would."""
         rows = w.shape[0]
         ids_h = np.asarray(ids)
-        if ids_h.size and (int(ids_h.min()) < 0 or int(ids_h.max()) >= rows):
+        low = -len(prev) if prev is not None else 0
+        if ids_h.size and (int(ids_h.min()) < low or int(ids_h.max()) >= rows):
             raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
-        self._run(GetRows(w, self._input(ids, np.int32), out))
+        if prev is None:
+            self._run(GetRows(w, self._input(ids, np.int32), out))
+            return
+        k = prev.shape[1]
+        if tuple(np.shape(bans)) != (len(ids_h), k):
+            raise BackendError(f"get_rows of {len(ids_h)} ids after best ids of {k} a row needs ({len(ids_h)}, {k}) bans")
+        self._run(GetRows(w, self._input(ids, np.int32), out, prev, k, self._input(bans, np.int32)))
 
     def matmul(self, w: Weight, x, out) -> None:
         self.matmuls([w], x, [out])

@@ -445,17 +445,23 @@ class Matmul:
 
 @dataclass(eq=False)
 class GetRows:
-    """out (n, cols) = rows ids (n,) of w."""
+    """out (n, cols) = rows ids (n,) of w. With prev: ids -r - 1 name the first id of row r of prev
+    (device int32 (rows, prev_k), best first) that row t of bans (device int32 (n, prev_k), -1
+    padded) does not hold (see get_rows)."""
 
     w: Any
     ids: Any  # device int32 (n,)
     out: Any
+    prev: Any = None
+    prev_k: int = 0
+    bans: Any = None
 
     def launches(self, kernels) -> list[Launch]:
         rows, cols = self.w.shape
         n = self.out.shape[0]
         grid = (-(-(cols // 32) // 128), n, 1)
-        args = (ptr(self.w.data.buf), i64(self.w.data.row_bytes), i32(rows), i32(cols), ptr(self.ids), ptr(self.out))
+        args = (ptr(self.w.data.buf), i64(self.w.data.row_bytes), i32(rows), i32(cols), ptr(self.ids), ptr(self.out),
+                ptr(self.prev), i32(self.prev_k), ptr(self.bans))
         return [Launch(kernels.fn(matmul_module(self.w.type), "get_rows"), grid, (128, 1, 1), args)]
 
 

@@ -1076,13 +1076,25 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)
 #endif
 
 // out (n, cols) = rows ids (n,) of W (rows, cols) as f32; ids outside [0, rows) give zeros.
+// With prev set (a decode step launched before the host read the one before it): an id -r - 1
+// stands for row r of prev (that step's best ids, prev_k a row, best first), the first of them
+// that row t of bans (prev_k ids, -1 for none) does not hold.
 extern "C" __global__ void __launch_bounds__(128)
     get_rows(const u8 *__restrict__ w, i64 row_bytes, int rows, int cols, const int *__restrict__ ids,
-             float *__restrict__ out) {
+             float *__restrict__ out, const int *__restrict__ prev, int prev_k, const int *__restrict__ bans) {
     PDL_ENTER();
     const int u = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (u >= cols / 32) return;
-    const int id = ids[t];
+    int id = ids[t];
+    if (id < 0 && prev) {
+        const int *best = prev + (size_t)(-id - 1) * prev_k, *ban = bans + (size_t)t * prev_k;
+        id = -1;
+        for (int j = 0; j < prev_k && id < 0; j++) {
+            bool banned = false;
+            for (int b = 0; b < prev_k; b++) banned |= ban[b] == best[j];
+            if (!banned) id = best[j];
+        }
+    }
     float v[32];
     if (id >= 0 && id < rows) {
         unit_f<QT>(w + (size_t)id * row_bytes, u, v);
