@@ -264,9 +264,9 @@ class StepTimer:
             finally:
                 self._last = [sum(c.n for c in plan.chunks), time.perf_counter() - t]
 
-        def wait():
+        def wait(mark=None):
             t = time.perf_counter()
-            self._wait()
+            self._wait(mark)
             if self._last is not None:
                 self._last[1] += time.perf_counter() - t
 
