@@ -513,3 +513,26 @@ def test_ahead_steps_give_the_same_tokens(tiny, device):
     assert none == 0 and n_ahead >= 20
     assert ahead == plain and ahead_alone == plain_alone
     assert any(e[1] == "stop" for e in plain[3])  # the stop string ended that stream early
+
+
+def test_ahead_steps_in_padded_decode_steps(tiny, monkeypatch):
+    """Ahead steps of 12 decoding sequences run as steps of 16 (a GPU's padding, on the CPU
+    backend made to pad): the tokens of the same requests without ahead steps or padding."""
+    from ember.backends import get_backend
+
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(12)]
+    results = {}
+    for pad, ahead in ((False, False), (True, True)):
+        monkeypatch.setattr(type(get_backend("cpu")), "pads_decode_steps", pad, raising=False)
+        llm = LLM(tiny, device="cpu", ctx=64, slots=16, prefix_cache=False, decode_ahead=ahead)
+        try:
+            handles = [llm.engine.submit(Request(p, 10, GREEDY)) for p in prompts]
+            results[pad] = [collect(h) for h in handles]
+            assert (llm.engine.metrics.ahead_steps >= 6) == ahead
+            if pad:
+                assert any(key[0] == 16 and len(key) == 6 for key in llm.engine.runner._recordings)
+            clean_pool(llm)
+        finally:
+            llm.close()
+    assert results[True] == results[False]

@@ -422,7 +422,7 @@ class Engine:
         nxt = self.scheduler.plan_ahead(chunks)
         if nxt is None:
             return None, out
-        if not self.runner.overlaps:  # this step has run; the next one's run reuses its buffers
+        if not self.runner.chains:  # this step has run (the host chooses from it): its buffers may be reused
             out = type(out)(out.ids.copy(), out.values.copy())
         ahead = Ahead(top_k, rows, bans, None if self.runner.chains else out)
         res = self.runner.run(nxt, top_k, wait=False, ahead=ahead)

@@ -440,7 +440,8 @@ class Backend:
             return
         k = prev.shape[1]
         if tuple(np.shape(bans)) != (len(ids_h), k):
-            raise BackendError(f"get_rows of {len(ids_h)} ids after best ids of {k} a row needs ({len(ids_h)}, {k}) bans")
+            raise BackendError(f"get_rows of {len(ids_h)} ids after best ids of {k} a row needs "
+                               f"({len(ids_h)}, {k}) bans")
         self._run(GetRows(w, self._input(ids, np.int32), out, prev, k, self._input(bans, np.int32)))
 
     def matmul(self, w: Weight, x, out) -> None:
@@ -460,7 +461,8 @@ class Backend:
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_store=self.mv_store, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_store=self.mv_store,
+                         mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:

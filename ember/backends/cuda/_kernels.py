@@ -44,7 +44,8 @@ def module_source(module: str) -> str:
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
-    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"], ["occ"], ["store"]):
+    if (parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit()
+            and parts[2:] in ([], ["batch"], ["occ"], ["store"])):
         defines = f"#define QT {int(parts[1])}\n" + {"batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
                                                       "store": "#define MV_STORE 1\n"}.get(
             parts[2] if len(parts) == 3 else "", "")
