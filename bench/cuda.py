@@ -623,7 +623,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="sections to skip: kernels single variants tiles att many shared stream_variants "
+                    help="sections to skip: kernels single variants tiles att many shared stream_variants stream_ahead "
                     "(the 64-stream runs' threads and switch variants) roofline roofline_variants cold")
     ap.add_argument("--variants", default="", help="comma-separated variants to run (default: all): decode "
                     + ", ".join(v[0] for v in DECODE_VARIANTS) + "; 1.5 B roofline "
@@ -673,6 +673,11 @@ def main() -> None:
                     32 if args.quick else 128, True)
             section(r, "shared_att_tiles_decode_0", with_env, "EMBER_CUDA_ATT_TILES_DECODE", "0", many_streams, path,
                     64, 512, 32 if args.quick else 128, True)
+        if "stream_ahead" not in args.skip:  # the 64-stream runs with decode steps one after the other
+            for kind, shared in (("many", False), ("shared", True)):
+                if kind not in args.skip:
+                    section(r, f"{kind}_ahead_0", with_env, "EMBER_DECODE_AHEAD", "0", many_streams, path, 64, 512,
+                            32 if args.quick else 128, shared)
         if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
             section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)
     if "roofline" not in args.skip:
@@ -729,7 +734,7 @@ def print_table(results: dict) -> None:
                 print(f"{name:12} {label[8:]:17} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
         for label in ("many", "shared", "many_threads", "shared_threads", "shared_mm_split_0", "shared_att_waves_8",
-                      "shared_att_tiles_decode_0"):
+                      "shared_att_tiles_decode_0", "many_ahead_0", "shared_ahead_0"):
             v = r.get(label) or {}
             if "total_tps" in v and label not in ("many", "shared"):
                 print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")
