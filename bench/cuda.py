@@ -323,6 +323,7 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 DECODE_VARIANTS = [
     ("decode_ahead_0", "EMBER_DECODE_AHEAD", "0"),
     ("decode_mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
+    ("decode_mv_spec_1", "EMBER_CUDA_MV_SPEC", "1"),
     ("decode_mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
     ("decode_mv_pre_steps_1", "EMBER_CUDA_MV_PRE_STEPS", "1"),
     ("decode_att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),

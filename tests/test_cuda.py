@@ -1120,6 +1120,28 @@ def test_engine_ahead_steps(tmp_path):
     assert runs[None][:2] == runs[False][:2]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_products_on_kernels_of_their_own_paths(tmp_path, arch, monkeypatch):
+    """EMBER_CUDA_MV_SPEC=1: the one-row products otherwise on mv_n1 (norm and residual prologues,
+    gated with the activation quantized, residual adds, tails) run mv_n1_spec compiled for their
+    own paths, and a model decodes the same tokens as on mv_n1 (the same arithmetic)."""
+    from ember.engine import LLM
+    from ember.sampler import SamplingParams
+
+    path = write_model(tmp_path / "m.gguf", arch, GGMLType.Q5_0, Shape(n_layer=2), vocab=True, tied=False)
+    rng = np.random.default_rng(4)
+    prompts = [[1] + rng.integers(3, 300, 5 + i).tolist() for i in range(3)]
+    runs = {}
+    for spec in ("0", "1"):
+        monkeypatch.setenv("EMBER_CUDA_MV_SPEC", spec)
+        with LLM(str(path), device="cuda", slots=1, ctx=64) as llm:
+            runs[spec] = [llm.generate(p, 10, SamplingParams(temperature=0.0, ignore_eos=True)).token_ids
+                          for p in prompts]
+            names = set(llm.model.backend.kernels._names.values())
+        assert any(n.endswith(".mv_n1_spec") for n in names) == (spec == "1"), names
+    assert runs["1"] == runs["0"]
+
+
 def test_copy_pages(cuda):
     """The copy-on-write kernel: several pages at once, chained pairs in order, odd widths."""
     from test_engine import check_copy_pages

@@ -549,6 +549,43 @@ def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
     assert launch.fn[1] == "mv_n2"  # more rows: the batch kernels, unchanged
 
 
+def test_products_on_kernels_of_their_own_paths():
+    """With mv_spec, a one-row product otherwise on mv_n1 takes mv_n1_spec from the module of
+    its paths' mask (prologue, gated, quantized activation, residual, tail); one that only stores
+    y keeps mv_n1_store; batched products keep their kernels."""
+    from ember.backends.cuda._kernels import matmul_module
+    from ember.backends.cuda._ops import SPEC_ACT_Q, SPEC_GATED, SPEC_PRO, SPEC_RES
+
+    x, h = Addr(1, 256), Addr(1, 256)
+    xq = Addr(xq_bytes(1, 256), dtype=np.uint8)
+    norm = Addr(256)
+    cases = [
+        (Matmul([mat(512, 256)], h, [Addr(1, 512)], xq=xq, src=x, norm_w=norm, eps=1e-5), SPEC_PRO),
+        (Matmul([mat(512, 256)], x, [Addr(1, 512)], xq=xq, quant_in=False, mode=MODE_RESIDUAL, aux=Addr(1, 512)),
+         SPEC_RES),
+        (Matmul([mat(512, 256), mat(512, 256)], h, [Addr(1, 512), Addr(1, 512)], xq=xq, src=x, norm_w=norm, eps=1e-5,
+                mode=MODE_SILU, aux=Addr(1, 512), act_q=Addr(xq_bytes(1, 512), dtype=np.uint8)),
+         SPEC_PRO | SPEC_GATED | SPEC_ACT_Q),
+    ]
+    for op, mask in cases:
+        (*_, generic) = op.launches(FakeKernels())
+        (*_, spec) = replace(op, mv_spec=True).launches(FakeKernels())
+        assert generic.fn == ("matmul_12", "mv_n1") and op._spec() == mask
+        assert spec.fn == (matmul_module(GGMLType.Q4_K, "mv_n1_spec", mask), "mv_n1_spec") == (f"matmul_12_s{mask}",
+                                                                                                 "mv_n1_spec")
+        assert spec.grid == generic.grid and spec.block == generic.block and spec.args == generic.args
+    store = Matmul([mat(512, 256)], x, [Addr(1, 512)], xq=xq, quant_in=False, mv_spec=True)
+    assert store.launches(FakeKernels())[0].fn == ("matmul_12_store", "mv_n1_store")
+    batch = replace(store, x=Addr(2, 256), outs=[Addr(2, 512)], xq=Addr(xq_bytes(2, 256), dtype=np.uint8))
+    assert batch.launches(FakeKernels())[-1].fn == ("matmul_12_batch", "mv_n2")
+
+
+def test_spec_module_holds_its_kernel():
+    """matmul_<type>_s<mask> compiles mv_n1_spec alone (checked on its PTX, NVRTC, no GPU)."""
+    nvrtc_or_skip()
+    assert ptx_entries("matmul_12_s13") == {"mv_n1_spec"}
+
+
 def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
     x, g, u, h = Addr(1, 256), Addr(1, 512), Addr(1, 512), Addr(1, 256)
     ops = [matmul([mat(512, 256), mat(512, 256)], x, [g, u]), GatedAct("silu", g, u, g), matmul([mat(256, 512)], g, [h])]

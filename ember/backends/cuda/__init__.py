@@ -127,6 +127,8 @@ class Backend:
         self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
         # one-row products that only store y: a kernel of their own, the generic one's other paths left out
         self.mv_store = os.environ.get("EMBER_CUDA_MV_STORE", "1") != "0"
+        # the other one-row products on kernels compiled for their own paths (an experiment; off)
+        self.mv_spec = os.environ.get("EMBER_CUDA_MV_SPEC", "0") == "1"
         # one-row products: a lane's first weight slices decoded before the kernel waits for x;
         # "auto": types of 32-value blocks on mv_n1 (see Matmul._pre)
         self.mv_pre = os.environ.get("EMBER_CUDA_MV_PRE", "auto")
@@ -462,7 +464,7 @@ class Backend:
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
                          mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_store=self.mv_store,
-                         mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def gather_rows(self, x, rows, out) -> None:

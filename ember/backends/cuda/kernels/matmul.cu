@@ -690,6 +690,26 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_store(MV_PARAMS)
     a.mode = MODE_STORE;
     mv_body<1>(a);
 }
+#elif defined(MV_SPEC)
+// mv_n1 compiled for one combination of paths (MV_SPEC, a mask of the SPEC_* bits; the module
+// matmul_<type>_s<mask>): the others left out, as mv_n1_store leaves out all of them.
+#define SPEC_PRO 1      // a norm prologue (pro_w)
+#define SPEC_PRO_RES 2  // a residual prologue (pro_y and pro_w)
+#define SPEC_GATED 4    // gate and up (MODE_SILU or MODE_GELU)
+#define SPEC_ACT_Q 8    // the gated activation quantized (act_q)
+#define SPEC_RES 16     // MODE_RESIDUAL
+#define SPEC_TAIL 32    // a tail (counter)
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_spec(MV_PARAMS) {
+    MV_ARGS;
+    if (!(MV_SPEC & (SPEC_PRO | SPEC_PRO_RES))) a.pro_w = nullptr;
+    if (!(MV_SPEC & SPEC_PRO_RES)) a.pro_y = nullptr;
+    if (!(MV_SPEC & SPEC_PRO)) a.pro_idx = nullptr;
+    if (!(MV_SPEC & SPEC_ACT_Q)) a.act_q = nullptr;
+    if (!(MV_SPEC & SPEC_TAIL)) a.counter = nullptr;
+    a.mode = (MV_SPEC & SPEC_GATED) ? (a.mode == MODE_GELU ? MODE_GELU : MODE_SILU)
+             : (MV_SPEC & SPEC_RES) ? MODE_RESIDUAL : MODE_STORE;
+    mv_body<1>(a);
+}
 #elif !defined(MV_BATCH)
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
@@ -697,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE) && !defined(MV_SPEC)
 
 // ---- prefill: tensor-core tiles ----
 
@@ -1106,4 +1126,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-#endif  // !MV_BATCH && !MV_OCC && !MV_STORE
+#endif  // !MV_BATCH && !MV_OCC && !MV_STORE && !MV_SPEC
