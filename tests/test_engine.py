@@ -40,6 +40,20 @@ def collect(handle) -> dict[int, tuple[list[int], str]]:
     return {i: (out.get(i, []), reasons[i]) for i in reasons}
 
 
+def event_log(handle, cancel_at: int | None = None) -> list[tuple]:
+    """A request's events as tuples, in order: (index, token, text) and (index, reason, text,
+    generated tokens); with cancel_at, cancelled once that many have come."""
+    events = []
+    for ev in handle:
+        if isinstance(ev, TokenEvent):
+            events.append((ev.index, ev.token, ev.text))
+        elif isinstance(ev, FinishEvent):
+            events.append((ev.index, ev.reason, ev.text, ev.generated_tokens))
+        if len(events) == cancel_at:
+            handle.cancel()
+    return events
+
+
 def clean_pool(llm: LLM) -> None:
     """After everything finished and the cache is cleared, every page is free again."""
     eng = llm.engine
@@ -328,17 +342,7 @@ def test_texts_and_events_made_while_the_next_step_runs(tiny, monkeypatch):
                     Request(prompts[2], 12, no_eos, n=2), Request(prompts[3], 16, no_eos, stop=("e", "a")),
                     Request(prompts[4], 40, no_eos)]
             handles = [eng.submit(r) for r in reqs]
-            out = []
-            for i, h in enumerate(handles):
-                events = []
-                for ev in h:
-                    if isinstance(ev, TokenEvent):
-                        events.append((ev.index, ev.token, ev.text))
-                    elif isinstance(ev, FinishEvent):
-                        events.append((ev.index, ev.reason, ev.text, ev.generated_tokens))
-                    if i == 0 and len(events) == 5:
-                        h.cancel()
-                out.append(events)
+            out = [event_log(h, 5 if i == 0 else None) for i, h in enumerate(handles)]
             return out, later_sizes
         finally:
             llm.close()
@@ -486,22 +490,9 @@ def test_ahead_steps_give_the_same_tokens(tiny, device):
         llm = LLM(tiny, device=device, threads=2, ctx=128, slots=8, decode_ahead=ahead)
         try:
             eng = llm.engine
-            handles = [eng.submit(r) for r in reqs]
-            out = []
-            for i, h in enumerate(handles):
-                events = []
-                for ev in h:
-                    if isinstance(ev, TokenEvent):
-                        events.append((ev.index, ev.token, ev.text))
-                    elif isinstance(ev, FinishEvent):
-                        events.append((ev.index, ev.reason, ev.text, ev.generated_tokens))
-                out.append(events)
-            cancelled = eng.submit(Request(prompts[0], 60, no_eos))
-            n = 0
-            for ev in cancelled:
-                n += isinstance(ev, TokenEvent)
-                if n == 5:
-                    cancelled.cancel()
+            handles = [eng.submit(r) for r in reqs]  # all at once: streams end mid-batch
+            out = [event_log(h) for h in handles]
+            assert event_log(eng.submit(Request(prompts[0], 60, no_eos)), cancel_at=5)[-1][1] == "cancelled"
             alone = llm.generate(prompts[4], 20, no_eos).token_ids
             clean_pool(llm)
             return out, alone, eng.metrics.ahead_steps
