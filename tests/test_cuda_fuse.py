@@ -530,16 +530,17 @@ def test_attention_with_counters_merges_its_own_splits():
 
 def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
     """mv_n1_occ where mv_n1's blocks would not all be resident at once (two of 256 threads or
-    four of 128 a multiprocessor), mv_n1 otherwise (mv_n1_store for a product that only stores y);
+    four of 128 a multiprocessor), mv_n1 otherwise (mv_n1_spec of no paths for a product that only
+    stores y);
     the switches force either."""
     x = Addr(1, 1536)
-    for rows, want in ((2048, "mv_n1_store"), (8960, "mv_n1_occ"), (151936, "mv_n1_occ")):
+    for rows, want in ((2048, "mv_n1_spec"), (8960, "mv_n1_occ"), (151936, "mv_n1_occ")):
         op = Matmul([mat(rows, 1536, GGMLType.Q8_0)], x, [Addr(1, rows)], xq=Addr(xq_bytes(1, 1536), dtype=np.uint8),
                     quant_in=False, n_sm=132)
         (launch,) = op.launches(FakeKernels())
         slots = 132 * (2 if launch.block[0] == 256 else 4)
         assert launch.fn[1] == want and (launch.grid[0] > slots) == (want == "mv_n1_occ"), (rows, launch.grid)
-        for occ, store, name in (("0", True, "mv_n1_store"), ("0", False, "mv_n1"), ("1", True, "mv_n1_occ")):
+        for occ, store, name in (("0", True, "mv_n1_spec"), ("0", False, "mv_n1"), ("1", True, "mv_n1_occ")):
             (launch,) = replace(op, mv_occ=occ, mv_store=store).launches(FakeKernels())
             assert launch.fn[1] == name
     res = replace(op, mode=MODE_RESIDUAL, aux=Addr(1, 151936), mv_occ="0")  # an epilogue: the generic kernel
@@ -552,7 +553,7 @@ def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
 def test_products_on_kernels_of_their_own_paths():
     """With mv_spec, a one-row product otherwise on mv_n1 takes mv_n1_spec from the module of
     its paths' mask (prologue, gated, quantized activation, residual, tail); one that only stores
-    y keeps mv_n1_store; batched products keep their kernels."""
+    y takes that of mask 0 with or without it; batched products keep their kernels."""
     from ember.backends.cuda._kernels import matmul_module
     from ember.backends.cuda._ops import SPEC_ACT_Q, SPEC_GATED, SPEC_PRO, SPEC_RES
 
@@ -575,7 +576,8 @@ def test_products_on_kernels_of_their_own_paths():
                                                                                                  "mv_n1_spec")
         assert spec.grid == generic.grid and spec.block == generic.block and spec.args == generic.args
     store = Matmul([mat(512, 256)], x, [Addr(1, 512)], xq=xq, quant_in=False, mv_spec=True)
-    assert store.launches(FakeKernels())[0].fn == ("matmul_12_store", "mv_n1_store")
+    assert store.launches(FakeKernels())[0].fn == ("matmul_12_s0", "mv_n1_spec")
+    assert replace(store, mv_spec=False).launches(FakeKernels())[0].fn == ("matmul_12_s0", "mv_n1_spec")
     batch = replace(store, x=Addr(2, 256), outs=[Addr(2, 512)], xq=Addr(xq_bytes(2, 256), dtype=np.uint8))
     assert batch.launches(FakeKernels())[-1].fn == ("matmul_12_batch", "mv_n2")
 
@@ -594,7 +596,7 @@ def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
     assert quant.fn == ("ops", "quant_x") and quant.grid == (1, 1, 1)
     assert launch.block == (256, 1, 1) and launch.grid == (512 // 32, 1, 1)
     (launch,) = down.launches(FakeKernels())  # its input was quantized by the gated product
-    assert launch.fn == ("matmul_12_store", "mv_n1_store")  # storing h alone
+    assert launch.fn == ("matmul_12_s0", "mv_n1_spec")  # storing h alone
 
 
 def nvrtc_or_skip():
@@ -684,13 +686,13 @@ def test_attention_launches_name_the_modules_holding_their_kernels():
 def test_products_name_the_modules_holding_their_kernels():
     """Each matmul.cu kernel a launch asks for is an entry of the module it names: matmul_<type>
     (mv_n1, the tiles, mm_split, get_rows), matmul_<type>_batch (mv_n2, mv_n4, mv_n8),
-    matmul_<type>_occ (mv_n1_occ) or matmul_<type>_store (mv_n1_store), checked on the modules' PTX
+    matmul_<type>_occ (mv_n1_occ) or matmul_<type>_s0 (mv_n1_spec of no paths), checked on the modules' PTX
     (NVRTC, no GPU)."""
     nvrtc_or_skip()
     from ember.backends.cuda._kernels import matmul_module
 
     entries = {module: ptx_entries(module) for module in ("matmul_12", "matmul_12_batch", "matmul_12_occ",
-                                                          "matmul_12_store")}
+                                                          "matmul_12_s0")}
     asked = set()
     for n in (1, 2, 3, 5, 8, 20, 64, 65, 200):
         x, y = Addr(n, 256), Addr(n, 512)
@@ -709,7 +711,7 @@ def test_products_name_the_modules_holding_their_kernels():
     assert {name for module, name in asked if module == "matmul_12_batch"} == {"mv_n2", "mv_n4", "mv_n8"}
     assert entries["matmul_12_batch"] == {"mv_n2", "mv_n4", "mv_n8"}
     assert ("matmul_12_occ", "mv_n1_occ") in asked and entries["matmul_12_occ"] == {"mv_n1_occ"}
-    assert ("matmul_12_store", "mv_n1_store") in asked and entries["matmul_12_store"] == {"mv_n1_store"}
+    assert ("matmul_12_s0", "mv_n1_spec") in asked and entries["matmul_12_s0"] == {"mv_n1_spec"}
     assert {"mv_n1", "mm_tile", "mm_tile64", "mm_split", "get_rows"} <= entries["matmul_12"]
 
 

@@ -237,8 +237,8 @@ class Backend:
         self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
         if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
             self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
-        if self.mv_store:  # products storing y alone (Matmul._store): decode steps' second kernel of the type
-            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_store"))
+        if self.mv_store:  # products storing y alone (Matmul._spec): decode steps' second kernel of the type
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_spec", 0))
         self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile

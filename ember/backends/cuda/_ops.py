@@ -222,7 +222,7 @@ class Matmul:
     mv_wide: bool = True  # team_log2's wide rule (see there)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
-    mv_store: bool = True  # one activation row that only stores y: mv_n1_store (see _store)
+    mv_store: bool = True  # one activation row that only stores y: mv_n1_spec of no paths (see _spec)
     mv_spec: bool = False  # one activation row otherwise on mv_n1: mv_n1_spec for its paths (see _spec)
     # one activation row: a lane's first slices decoded before the kernel waits for x ("1", "0",
     # or "auto": see _pre); with a norm prologue, up to mv_pre_steps lane steps so (see _pre_steps)
@@ -355,8 +355,9 @@ class Matmul:
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
         occ = nmax == 1 and self._occ(grid, threads)
-        name = ("mv_n1_occ" if occ else "mv_n1_store" if nmax == 1 and self._store()
-                else "mv_n1_spec" if nmax == 1 and self.mv_spec else f"mv_n{nmax}")
+        spec = self._spec()
+        name = ("mv_n1_occ" if occ else "mv_n1_spec" if nmax == 1 and (self.mv_spec or self.mv_store and spec == 0)
+                else f"mv_n{nmax}")
         tblocks = grid // n_groups
         # One row, more blocks than fit at once: a grid that fits walks them (each block's prologue
         # done once, its next rows prefetched while it works on the current ones) instead of waves
@@ -370,28 +371,24 @@ class Matmul:
                 i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and self._pre(qtype, occ) else 0),
                 ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
-        fn = kernels.fn(matmul_module(qtype, name, self._spec() if name == "mv_n1_spec" else 0), name)
+        fn = kernels.fn(matmul_module(qtype, name, spec), name)
         return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
-
-    def _store(self) -> bool:
-        """Whether a one-row product on mv_n1 takes mv_n1_store, mv_n1 without its prologues, its
-        activation and residual epilogues and its tail: a product that only stores y."""
-        return (self.mv_store and self.mode == MODE_STORE and not self.in_prologue() and self.act_q is None
-                and self.tail is None)
 
     def _spec(self) -> int:
         """The mask of paths mv_n1_spec is compiled with for this product: its prologue, its
-        epilogue (gated, with the activation quantized or not, or residual) and its tail. An
-        experiment (EMBER_CUDA_MV_SPEC=1, off by default): where mv_n1_store's leaner code paid
-        (a step of several weight types), whether the other products' own kernels do too."""
+        epilogue (gated, with the activation quantized or not, or residual) and its tail. A
+        one-row product of none (it only stores y) takes that kernel by default (mv_store); the
+        others only with mv_spec (EMBER_CUDA_MV_SPEC=1, an experiment, off by default): where the
+        store-only kernel's leaner code paid (a step of several weight types), whether the other
+        products' own kernels do too."""
         m = 0
         if self.in_prologue():
             m |= SPEC_PRO_RES if self.pro_y is not None else SPEC_PRO
         if self.mode in (MODE_SILU, MODE_GELU):
-            m |= SPEC_GATED | (SPEC_ACT_Q if self.act_q is not None else 0)
+            m |= SPEC_GATED
         elif self.mode == MODE_RESIDUAL:
             m |= SPEC_RES
-        return m | (SPEC_TAIL if self.tail is not None else 0)
+        return m | (SPEC_ACT_Q if self.act_q is not None else 0) | (SPEC_TAIL if self.tail is not None else 0)
 
     def _pre(self, qtype, occ: bool) -> bool:
         """Whether a one-row product decodes a lane's first slices before it waits for x. H200,

@@ -672,27 +672,20 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
 // defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
-// matmul_<type>_store (MV_STORE) mv_n1_store alone. Each
+// matmul_<type>_s<mask> (MV_SPEC) mv_n1_spec alone. Each
 // mv_body instance is most of a module's compile time: a first token waits for the modules it
 // needs, which compile side by side, and the batch module compiles later.
 #if defined(MV_OCC)
 // mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
 // (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
-#elif defined(MV_STORE)
-// mv_n1 for products that only store y (no prologue, no activation or residual epilogue, no tail):
-// the other paths compiled out, a fifth of mv_n1's code. Where a step's products are of several
-// types, each with its own mv_n1, the generic kernels' code competes for the instruction caches:
-// H200, a Gemma 3 decode step whose 45 such products (o, v and down) took it, 838 -> 806 us.
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_store(MV_PARAMS) {
-    MV_ARGS;
-    a.pro_w = nullptr, a.pro_y = nullptr, a.pro_idx = nullptr, a.act_q = nullptr, a.counter = nullptr;
-    a.mode = MODE_STORE;
-    mv_body<1>(a);
-}
 #elif defined(MV_SPEC)
 // mv_n1 compiled for one combination of paths (MV_SPEC, a mask of the SPEC_* bits; the module
-// matmul_<type>_s<mask>): the others left out, as mv_n1_store leaves out all of them.
+// matmul_<type>_s<mask>): the others left out. Mask 0, products that only store y (no prologue,
+// no activation or residual epilogue, no tail), is a fifth of mv_n1's code. Where a step's
+// products are of several types, each with its own mv_n1, the generic kernels' code competes for
+// the instruction caches: H200, a Gemma 3 decode step whose 45 such products (o, v and down) took
+// it, 838 -> 806 us.
 #define SPEC_PRO 1      // a norm prologue (pro_w)
 #define SPEC_PRO_RES 2  // a residual prologue (pro_y and pro_w)
 #define SPEC_GATED 4    // gate and up (MODE_SILU or MODE_GELU)
@@ -717,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE) && !defined(MV_SPEC)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_SPEC)
 
 // ---- prefill: tensor-core tiles ----
 
@@ -1126,4 +1119,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-#endif  // !MV_BATCH && !MV_OCC && !MV_STORE && !MV_SPEC
+#endif  // !MV_BATCH && !MV_OCC && !MV_SPEC
