@@ -16,6 +16,7 @@ import numpy as np
 from ..backends import AttentionBatch
 from ..models import KVCache, Model, Step
 from ..models.base import TopLogits
+from ..sampler.sampler import first_not_banned
 from .scheduler import Plan
 
 MAX_RECORDED_TOKENS = 64  # larger steps are compute-bound on a CPU: Python's share is negligible there
@@ -203,8 +204,7 @@ class ModelRunner:
         if self.chains:
             tokens = [-r - 1 for r in ahead.rows]
         else:
-            best = ahead.prev.ids
-            tokens = [next(int(t) for t in best[r] if int(t) not in bans) for r, bans in zip(ahead.rows, ahead.bans)]
+            tokens = [first_not_banned(ahead.prev.ids[r], bans) for r, bans in zip(ahead.rows, ahead.bans)]
         step = self._decode_step(chunks, tokens)
         if self.chains:
             m = step.n  # padded rows (token 0, no bans) included

@@ -120,8 +120,9 @@ class KVCache:
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Every layer's keys and values of page src into page dst, for each (src, dst) pair (copy
         on write): 64 sequences taking their own copy of a shared prompt's last page are one copy
-        per layer, not 64. Pairs whose destination is another pair's source are copied in order. A backend with its own copy_pages does the copying
-        (CUDA: a kernel of its own, no per-process compile of a gather)."""
+        per layer, not 64. Pairs whose destination is another pair's source are copied in order. A
+        backend with its own copy_pages does the copying (CUDA: a kernel of its own, no per-process
+        compile of a gather)."""
         if not pairs:
             return
         srcs = {s for s, _ in pairs}

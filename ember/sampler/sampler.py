@@ -84,10 +84,7 @@ class Sampler:
     def choose_from_best(self, ids) -> int:
         """The greedy choice from a row's best ids (best first, at least best_needed of them):
         the first that is not banned. Accept it as usual."""
-        for token in ids.tolist() if hasattr(ids, "tolist") else ids:
-            if token not in self._banned:
-                return int(token)
-        raise ValueError("every candidate token is banned")
+        return first_not_banned(ids, self._banned)
 
     # ---- per-step API ----
     def sample(self, logits: np.ndarray, allowed_mask: np.ndarray | None = None) -> int:
@@ -291,6 +288,14 @@ STEPS: dict[str, Callable[[Sampler, Candidates], Candidates]] = {
     "temperature": lambda s, c: filters.dynamic_temperature(c, s.params.temperature, s.params.dynatemp_range,
                                                             s.params.dynatemp_exponent),
 }
+
+
+def first_not_banned(ids, banned) -> int:
+    """The first of ids (best first) not in banned: a greedy choice from a row's best ids."""
+    for token in ids.tolist() if hasattr(ids, "tolist") else ids:
+        if token not in banned:
+            return int(token)
+    raise ValueError("every candidate token is banned")
 
 
 def _penalty_window(p: SamplingParams, n_ctx: int | None) -> TokenWindow | None:
