@@ -705,21 +705,28 @@ ATTN_CASES = {
     "many_heads_per_kv": ([130], [3], 20, 2, 32, 0, 0.0),
     # 6 splits: with splits of at least 32 positions, 6 keys alone in one, 71 in three, 32 in one
     "decode_short_splits": ([5, 70, 31], [1, 1, 1], 9, 3, 64, 0, 0.0),
+    # head 256 (splits of at least 8): 131 and 401 keys re-split to fill one cluster of 16 (one
+    # pass of scores a split), 601 keys too many for it (the global merge)
+    "decode_clusters_256": ([130, 400, 600], [1, 1, 1], 4, 1, 256, 0, 0.0),
 }
 
 
-@pytest.mark.parametrize("head_blocks,merge,min_keys", [(True, True, None), (False, True, None), (True, True, 0),
-                                                        (True, True, 32), (True, False, None), (False, False, None)])
+@pytest.mark.parametrize("head_blocks,merge,min_keys,cluster", [
+    (True, True, None, 16), (False, True, None, 16), (True, True, 0, 16), (True, True, 32, 16), (True, True, None, 8),
+    (True, True, None, 0), (False, True, None, 0), (True, True, 0, 0), (True, False, None, 0), (False, False, None, 0)])
 @pytest.mark.parametrize("case", sorted(ATTN_CASES))
-def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, monkeypatch):
+def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, cluster, monkeypatch):
     """The scalar kernel (f32 arithmetic) for every step; attn_tile has its own test below.
     Decode steps with a block per query head, or per chunk of a kv head's query heads; key splits
     merged by attn's last split block (splits of at least min_keys positions: None, the backend's
-    choice by head size; 0, the host's even shares), or by attn_combine. Twice: the merge counters are zero again after a launch."""
+    choice by head size; 0, the host's even shares) or, where a cluster of 8 or 16 blocks covers
+    the range, through the cluster's shared memory, or by attn_combine. Twice: the merge counters
+    are zero again after a launch."""
     monkeypatch.setattr(cuda, "att_tiles", False)
     monkeypatch.setattr(cuda, "att_head_blocks", head_blocks)
     monkeypatch.setattr(cuda, "att_merge", merge)
     monkeypatch.setattr(cuda, "att_min_keys", min_keys)
+    monkeypatch.setattr(cuda, "att_cluster", cluster)
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
     page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
@@ -806,17 +813,21 @@ FOLD_CASES = {
 }
 
 
-@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("merge", [0, 1, 8, 16])
 @pytest.mark.parametrize("case", sorted(FOLD_CASES))
 def test_attention_folds_qkv_post(cuda, case, merge):
     """One token per sequence: the attention launch doing qkv_post's work (norms, rope, the cache
     row) gives the outputs and cache of a qkv_post launch followed by the attention. Splits
-    written for attn_combine, or merged by the last split block with splits of at least 32
-    positions (the token's own position then in an earlier split, or alone in one)."""
+    written for attn_combine (merge 0), or merged by the last split block (1) or in clusters of 8
+    or 16 blocks where one covers the range (whole clusters of splits), with splits of at least
+    32 positions (the token's own position then in an earlier split, or alone in one)."""
     from ember.backends.cuda import rope_args
     from ember.backends.cuda._ops import Attention, QkvPost
 
     lengths, n_head, n_kv, hd, window, softcap, n_split, rope, norms = FOLD_CASES[case]
+    cluster = merge if merge > 1 and n_split > 1 else 0
+    if cluster:
+        n_split = -(-n_split // cluster) * cluster
     rng = np.random.default_rng(14)
     n, page = len(lengths), 16
     max_pages = max(lengths) // page + 2
@@ -839,7 +850,7 @@ def test_attention_folds_qkv_post(cuda, case, merge):
         counters = cuda._zeroed_u32("attn_counters", n * n_head) if merge and n_split > 1 else None
         att = Attention(q, k_cache, v_cache, out, part, pos, rows, tables, page, n_head, n_kv, window,
                         1 / math.sqrt(hd), softcap, n_split, one_token_per_seq=True, post=post if folded else None,
-                        counters=counters, min_keys=32)
+                        counters=counters, min_keys=32, cluster=cluster)
         if not folded:
             cuda._run(post)
         cuda._run(att)
@@ -1039,7 +1050,8 @@ def test_decode_attention_folding_computes_the_same(tmp_path_factory, monkeypatc
             decode = n == n_seq
             assert all(a.one_token_per_seq == decode for a in attns), n
             assert all(a.tiles == (not decode) for a in attns), n  # prompt steps: tensor-core tiles
-            assert sum(x == "attention.attn" or x.startswith("attention_tile") for x in names) == len(attns)
+            kinds = ("attention.attn", "attention.attn_cluster", "attention_tile")
+            assert sum(x == kinds[0] or x.startswith(kinds[1:]) for x in names) == len(attns)
             assert names.count("ops.qkv_post") == (0 if decode and fold == "1" else len(attns)), n
     for i, (a, b) in enumerate(zip(results["1"], results["0"])):
         err = np.abs(a - b).max() / np.abs(b).max()

@@ -423,7 +423,7 @@ def kernel_params(name: str) -> list[str]:
     src = strip_comments("".join(p.read_text() for p in sorted(KERNELS.glob("*.c*"))))
     macros = {m.group(1): m.group(2).replace("\\\n", " ")
               for m in re.finditer(r"#define (\w+_PARAMS)((?:[^\n]*\\\n)*[^\n]*)", src)}
-    m = re.search(r"extern \"C\" __global__ void(?: __launch_bounds__\([\w, ]+\))?\s+" + name + r"\(([^)]*)\)", src)
+    m = re.search(r"extern \"C\" __global__ void(?: __cluster_dims__\([\w, ]+\))?(?: __launch_bounds__\([\w, ]+\))?\s+" + name + r"\(([^)]*)\)", src)
     assert m, f"kernel {name} not found"
     params = m.group(1)
     for macro, text in macros.items():
@@ -526,6 +526,32 @@ def test_attention_with_counters_merges_its_own_splits():
     assert int(dict(zip(names, single.args))["counters"]) == 0
     with pytest.raises(AssertionError, match="counter per"):
         replace(split, counters=Addr(3, dtype=np.uint32)).launches(FakeKernels())
+
+
+def test_attention_cluster_size_follows_the_setting_and_split_size():
+    """auto: 8 blocks where they cover 256 positions in splits of the minimum size (heads of 64
+    values: 32 keys a split), else 16 (heads of 256: 8 keys); a number is taken as it is."""
+    from ember.backends.cuda._ops import att_cluster_size, att_min_keys
+
+    assert att_cluster_size("auto", att_min_keys(64)) == 8
+    assert att_cluster_size("auto", att_min_keys(128)) == att_cluster_size("auto", att_min_keys(256)) == 16
+    assert [att_cluster_size(s, 32) for s in ("0", "8", "16", 16)] == [0, 8, 16, 16]
+
+
+@pytest.mark.parametrize("cluster", [8, 16])
+def test_attention_in_clusters_takes_whole_clusters_of_splits(cluster):
+    """Merged splits with a cluster size launch attn_cluster<size> (same arguments as attn) over
+    whole clusters of splits; without counters the cluster size is unused."""
+    assert kernel_params(f"attn_cluster{cluster}") == kernel_params("attn")
+    counters = Addr(8, dtype=np.uint32)
+    split = Attention(Addr(1, 256), Addr(64, 128), Addr(64, 128), Addr(1, 256), Addr(1, 4, 32, 66), Addr(1), Addr(1),
+                      Addr(1, 4), 16, 4, 2, 0, 0.125, 0.0, 32, heads_per_block=1, counters=counters, cluster=cluster)
+    (launch,) = split.launches(FakeKernels())
+    assert launch.fn == ("attention", f"attn_cluster{cluster}") and launch.grid == (32, 4, 1)
+    assert [launch.fn for launch in replace(split, counters=None).launches(FakeKernels())] == [
+        ("attention", "attn"), ("attention", "attn_combine32")]
+    with pytest.raises(AssertionError, match="whole clusters"):
+        replace(split, n_split=12, part=Addr(1, 4, 12, 66)).launches(FakeKernels())
 
 
 def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
@@ -679,7 +705,7 @@ def test_attention_launches_name_the_modules_holding_their_kernels():
     entries = {module: ptx_entries(module) for module in modules}
     for module, name in asked:
         assert name in entries[module], (module, name)
-    assert entries["attention"] == {"attn", "attn_combine", "attn_combine32"}
+    assert entries["attention"] == {"attn", "attn_cluster8", "attn_cluster16", "attn_combine", "attn_combine32"}
     assert all(entries[f"attention_tile{hd}"] == {f"attn_tile{hd}"} for hd in (64, 128, 256))
 
 

@@ -51,6 +51,7 @@ from ._ops import (
     MS_COUNTERS,
     MS_PART_FLOATS,
     MS_TOK,
+    att_cluster_size,
     att_min_keys,
     matvec_rows,
     quantized,
@@ -185,6 +186,15 @@ class Backend:
         if not (min_keys.isdigit() or min_keys == "auto"):
             raise BackendError(f"EMBER_CUDA_ATT_MIN_KEYS must be a number of positions or auto, not '{min_keys}'")
         self.att_min_keys = None if min_keys == "auto" else int(min_keys)
+        # merged decode splits of a short key range form a thread-block cluster of this many blocks
+        # and merge through distributed shared memory (compute capability 9.0+, CUDA); "auto": 8
+        # where that covers 256 positions in splits of the minimum size, else 16 (heads of 128 and
+        # 256 values); "0": the last split block merges through global memory for every range
+        cluster = os.environ.get("EMBER_CUDA_ATT_CLUSTER", "auto")
+        if cluster not in ("0", "8", "16", "auto"):
+            raise BackendError(f"EMBER_CUDA_ATT_CLUSTER must be 0, 8, 16 (blocks) or auto, not '{cluster}'")
+        self.att_cluster = (cluster if not self.kernels.hip and int(self.device.compute_capability) >= 90
+                            else "0")
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -531,15 +541,18 @@ class Backend:
         hpb = 1 if self.att_head_blocks and not tiles and n <= DECODE_TOKENS else ATT_HEADS
         if not tiles:
             n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves, hpb)
-        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         merge = not tiles and n_split > 1 and self.att_merge
+        min_keys = att_min_keys(hd_v) if self.att_min_keys is None else self.att_min_keys
+        cluster = att_cluster_size(self.att_cluster, min_keys) if merge and hd_v % 32 == 0 else 0
+        if cluster:  # whole clusters of splits
+            n_split = -(-n_split // cluster) * cluster
+        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
         counters = self._zeroed_u32("attn_counters", n * n_kv_head * -(-group // hpb)) if merge else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
                             one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb,
-                            counters=counters,
-                            min_keys=att_min_keys(hd_v) if self.att_min_keys is None else self.att_min_keys))
+                            counters=counters, cluster=cluster, min_keys=min_keys))
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

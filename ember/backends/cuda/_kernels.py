@@ -21,6 +21,8 @@ from ..base import BackendError
 
 CACHE_VERSION = "2"  # bump when the way sources are assembled changes
 ATT_TILE_DIMS = (64, 128, 256)  # head sizes of attn_tile (attention.cu), a module each
+WIDE_CLUSTERS = {"attn_cluster16"}  # kernels of clusters wider than 8 blocks (Hopper allows 16)
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 
 
 def cache_dir() -> Path:
@@ -136,6 +138,9 @@ class Kernels:
         f = self._functions.get(key)
         if f is None:
             f = self.module(module).get_function(name)
+            if name in WIDE_CLUSTERS:  # past the portable 8 blocks a cluster: allowed per function
+                from cupy.cuda import driver
+                driver.funcSetAttribute(f.kernel.ptr, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
             self._functions[key] = f
             self._names[id(f)] = f"{module}.{name}"
         return f

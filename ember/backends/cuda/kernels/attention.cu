@@ -124,19 +124,61 @@ __device__ __forceinline__ bool last_split(unsigned *counters, int t, int n_spli
     return *last_s;
 }
 
+// Splits of a short key range in one thread-block cluster (attn_cluster<CL>, CL > 0; Hopper): each
+// block keeps its partial form in its own shared memory (red: gh rows of hd_v sums, m_s, l_s),
+// and after a cluster barrier the warps of its n_used blocks merge it from there, a 32-value
+// slice of the output a warp in turn (lane q fetches split q's max and sum): no global partials, counter or
+// second round trip to L2. The second barrier keeps every block's shared memory until the reads
+// are done. Blocks past n_used (red null) only take part in the barriers. hd_v % 32 == 0.
+template <int CL>
+__device__ void cluster_merge(const float *red, const float *m_s, const float *l_s, float *out, u8 *xq, int t, int h0,
+                              int gh, int n_head, int hd_v, int n_used, int rank) {
+    cluster_sync();
+    if constexpr (CL > 0) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = ATT_THREADS / 32;
+        for (int sl = rank * n_warps + warp; red && sl < gh * hd_v / 32; sl += n_used * n_warps) {
+            const int h = sl * 32 / hd_v, d = sl * 32 % hd_v + lane;
+            float v[CL];
+#pragma unroll
+            for (int s = 0; s < CL; s++) v[s] = s < n_used ? ld_cluster(red + h * hd_v + d, s) : 0.f;
+            const float ms = lane < n_used ? ld_cluster(m_s + h, lane) : NEG_INF;
+            const float ls = lane < n_used ? ld_cluster(l_s + h, lane) : 0.f;
+            const float m = warp_max(ms);  // finite: the first split is never empty
+            const float e = lane < n_used ? expf(ms - m) : 0.f;
+            const float w = e / warp_sum(e * ls);
+            float num = 0.f;
+#pragma unroll
+            for (int s = 0; s < CL; s++) num += __shfl_sync(FULL_MASK, w, s) * v[s];
+            const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + d;
+            out[at] = num;
+            if (xq) q8_store_warp(num, at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
+        }
+    }
+    cluster_sync();
+}
+
 // Modules: "attention" (ATT_TILE_HD 0: attn and attn_combine*) and "attention_tile<HD>" (one
 // attn_tile instance alone): a model's first token compiles only the tile size it uses, beside the rest.
 #if ATT_TILE_HD == 0
 // k_cache and v_cache are written by the folded form and read back in the same launch: neither
 // const nor __restrict__ (a read-only-cache load would not see the writes).
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attn(const float *__restrict__ q, u16 *k_cache, u16 *v_cache, float *__restrict__ out,
-         float *__restrict__ part, const int *__restrict__ pos, const int *__restrict__ seq_rows,
-         const int *__restrict__ tables, int max_pages, int page_size, int n_head, int n_kv, int hd_k, int hd_v,
-         int window, float scale, float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2, int min_keys,
-         const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,
-         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,
-         unsigned *__restrict__ counters) {
+#define ATTN_PARAMS                                                                                            \
+    const float *__restrict__ q, u16 *k_cache, u16 *v_cache, float *__restrict__ out, float *__restrict__ part, \
+        const int *__restrict__ pos, const int *__restrict__ seq_rows, const int *__restrict__ tables,           \
+        int max_pages, int page_size, int n_head, int n_kv, int hd_k, int hd_v, int window, float scale,        \
+        float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2, int min_keys,                             \
+        const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,       \
+        const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,                 \
+        unsigned *__restrict__ counters
+#define ATTN_ARGS                                                                                               \
+    q, k_cache, v_cache, out, part, pos, seq_rows, tables, max_pages, page_size, n_head, n_kv, hd_k, hd_v, window, \
+        scale, softcap, n_split, xq, kpt_log2, min_keys, k_new, v_new, q_norm, k_norm, eps, n_rot, neox, base,    \
+        freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters
+
+// CL > 0 (attn_cluster): the blocks of CL consecutive splits form a thread-block cluster (see
+// cluster_merge).
+template <int CL>
+__device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
     __shared__ float sc[ATT_HEADS][ATT_CHUNK];                 // scores, then probabilities
     __shared__ int slot_s[ATT_CHUNK];
@@ -167,10 +209,22 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     // itself (no merge). attn_combine reads every split's partial form: all n_split write one.
     const int len = p_t + 1 - first;
     int per = (len + n_split - 1) / n_split, n_used = n_split;
+    bool in_cluster = false;
     if (counters) {
         per = max(per, min_keys);
         n_used = (len + per - 1) / per;
-        if (split >= n_used) return;
+        if (CL > 0 && (hd_v & 31) == 0) {
+            // a range that one cluster covers with one pass of scores a split: no global merge
+            if (n_used > CL && (len + CL - 1) / CL <= (ATT_CHUNK >> kpt_log2)) {
+                per = (len + CL - 1) / CL;
+                n_used = (len + per - 1) / per;
+            }
+            in_cluster = n_used > 1 && n_used <= CL;
+        }
+        if (split >= n_used) {
+            if (in_cluster && split < CL) cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
+            return;
+        }
     }
     const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
     const int *table = tables + (size_t)seq_rows[t] * max_pages;
@@ -339,11 +393,17 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + d;
             out[at] = s / l_s[h];
             if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
+        } else if (in_cluster) {
+            red[i] = s;  // in place: thread i alone reads red[i] (key group 0's value)
         } else {
             float *base = part + (((size_t)t * n_head + h0 + h) * n_split + split) * (hd_v + 2);
             base[2 + d] = s;
             if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
         }
+    }
+    if (in_cluster) {
+        cluster_merge<CL>(red, m_s, l_s, out, xq, t, h0, gh, n_head, hd_v, n_used, split);
+        return;
     }
     if (n_used > 1 && counters && last_split(counters, t, n_used, &last_s)) {
         if (n_used <= 8)
@@ -352,6 +412,18 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, n_used, &sc[0][0]);
     }
 }
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn(ATTN_PARAMS) { attn_body<0>(ATTN_ARGS); }
+
+#if CLUSTERS_OK
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(ATT_THREADS) attn_cluster8(ATTN_PARAMS) {
+    attn_body<8>(ATTN_ARGS);
+}
+// 16 blocks a cluster is past the portable size: the host allows it on the function first
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(ATT_THREADS) attn_cluster16(ATTN_PARAMS) {
+    attn_body<16>(ATTN_ARGS);
+}
+#endif
 
 // A thread's values of the first PRE splits, loaded at once (past n_split or hd_v: 0).
 template <int PRE>

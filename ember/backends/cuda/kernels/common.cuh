@@ -156,6 +156,31 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// ---- thread-block clusters (Hopper and later, CUDA only; see attention.cu's cluster_merge) ----
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CLUSTERS_OK 1
+#else
+#define CLUSTERS_OK 0
+#endif
+// Every thread of every block of the cluster arrives: shared-memory writes before it are seen by
+// the cluster's reads after it. Without clusters: nothing (no kernel of that build uses one).
+__device__ __forceinline__ void cluster_sync() {
+#if CLUSTERS_OK
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The float at p in the shared memory of the cluster's block `rank` (p: this block's address of it).
+__device__ __forceinline__ float ld_cluster(const float *p, int rank) {
+#if CLUSTERS_OK
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return v;
+#else
+    return *p;
+#endif
+}
 __device__ __forceinline__ void prefetch_l2(const void *p) {
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH__)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
