@@ -325,6 +325,7 @@ DECODE_VARIANTS = [
     ("decode_att_cluster_0", "EMBER_CUDA_ATT_CLUSTER", "0"),
     ("decode_att_cluster_8", "EMBER_CUDA_ATT_CLUSTER", "8"),
     ("decode_att_cluster_16", "EMBER_CUDA_ATT_CLUSTER", "16"),
+    ("decode_widen_0", "EMBER_CUDA_WIDEN", "0"),
     ("decode_mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
     ("decode_mv_spec_1", "EMBER_CUDA_MV_SPEC", "1"),
     ("decode_mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),

@@ -407,6 +407,33 @@ def test_matmuls_of_mixed_types(cuda, matrices, n):
         assert rel_err(cuda.to_numpy(out), x.astype(np.float64) @ dense(matrices, name).T) < 2e-2, name
 
 
+@pytest.mark.parametrize("widen", [True, False])
+@pytest.mark.parametrize("n", [1, 3, 100])
+def test_matmuls_widened_to_one_type(cuda, matrices, n, widen, monkeypatch):
+    """Q5_0 and Q4_0 matrices beside a Q8_0 one (Gemma 3's queries, keys and values): one launch
+    of the Q8_0 kernel over exact Q8_0 copies, the products as the CPU computes them; without
+    widening, a launch per type."""
+    from ember.backends.cuda import _ops
+
+    monkeypatch.setattr(cuda, "widen", widen)
+    names = ["Q5_0", "Q4_0", "Q8_0"]
+    ws = [cuda.weight(matrices.tensors[name]) for name in names]
+    x = np.random.default_rng(2).normal(0, 1, (n, COLS)).astype(np.float32)
+    outs = [poisoned(cuda, (n, ROWS)) for _ in names]
+    launched = []
+    real = _ops.Matmul.launches
+    monkeypatch.setattr(_ops.Matmul, "launches", lambda op, k: launched.append([w.type for w in op.ws]) or real(op, k))
+    cuda.matmuls(ws, cuda.from_numpy(x), outs)
+    assert launched == [[GGMLType.Q8_0] * 3 if widen else [GGMLType.Q5_0, GGMLType.Q4_0, GGMLType.Q8_0]]
+    for name, out in zip(names, outs):
+        assert rel_err(cuda.to_numpy(out), x.astype(np.float64) @ dense(matrices, name).T) < 2e-2, name
+    if widen:  # the copies hold the same values
+        for w in ws[:2]:
+            rows = poisoned(cuda, (ROWS, COLS))
+            cuda.get_rows(cuda._wide_copy(w), np.arange(ROWS, dtype=np.int32), rows)
+            np.testing.assert_array_equal(cuda.to_numpy(rows), dense(matrices, w.name).astype(np.float32))
+
+
 def test_bad_shapes_are_clear_errors(cuda, matrices):
     from ember.backends import BackendError
 

@@ -295,3 +295,27 @@ def test_wrong_byte_counts_say_expected_and_got():
         quantize(np.zeros((2, 40), np.float32), GGMLType.Q8_0)
     with pytest.raises(TypeError, match="uint8"):
         dequantize(np.zeros(8, np.float32), GGMLType.Q8_0)
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0])
+def test_widening_to_q8_0_keeps_every_value(qtype):
+    """Blocks of random bytes (every level, both ends included) with finite scales: the Q8_0
+    bytes dequantize to the very same values, rows keep their shape."""
+    from ember.quant import layout, widen_to_q8_0
+
+    rng = np.random.default_rng(9)
+    size = layout(qtype).type_size
+    raw = rng.integers(0, 256, (5, 20 * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    blocks[:, :2] = np.frombuffer(rng.uniform(-2, 2, len(blocks)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+    wide = widen_to_q8_0(raw, qtype)
+    assert wide.shape == (5, 20 * 34) and wide.dtype == np.uint8
+    np.testing.assert_array_equal(dequantize(wide, GGMLType.Q8_0), dequantize(raw, qtype))
+
+
+def test_widening_refuses_types_q8_0_cannot_hold():
+    from ember.quant import widen_to_q8_0
+
+    for qtype in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.F16):
+        with pytest.raises(ValueError, match=f"{qtype.name} blocks do not widen"):
+            widen_to_q8_0(np.zeros(256, np.uint8), qtype)

@@ -46,6 +46,22 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
     return blocks.view(np.uint8).reshape(*x.shape[:-1], lay.row_bytes(x.shape[-1]))
 
 
+def widen_to_q8_0(data: np.ndarray, qtype: int) -> np.ndarray:
+    """Raw Q4_0 / Q5_0 / Q8_0 bytes (..., row_bytes) -> the same values as raw Q8_0 bytes
+    (..., row_bytes of Q8_0): exact (see legacy.widen_to_q8_0), so a product of mixed types
+    can take one kernel of one type. ValueError for other types."""
+    fmt = format_for(qtype)
+    if fmt.qtype not in legacy.WIDEN_TO_Q8_0:
+        raise ValueError(f"{fmt.qtype.name} blocks do not widen to Q8_0 exactly")
+    raw = _as_bytes(data, fmt)
+    if raw.shape[-1] % fmt.layout.type_size:
+        raise ValueError(f"{fmt.qtype.name} rows: expected a multiple of {fmt.layout.type_size} bytes")
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(fmt.block)
+    wide = legacy.widen_to_q8_0(blocks, fmt.qtype).view(np.uint8)
+    per_row = raw.shape[-1] // fmt.layout.type_size * format_for(GGMLType.Q8_0).layout.type_size
+    return wide.reshape(*raw.shape[:-1], per_row)
+
+
 def _as_bytes(data: np.ndarray, fmt: QuantFormat) -> np.ndarray:
     """data as uint8 with blocks along the last axis. Arrays of the format's own
     block dtype are accepted too: the loader hands out F32/F16/BF16 tensors typed."""

@@ -196,3 +196,23 @@ class Q8_1(QuantFormat):
         out["d"], out["qs"] = d, q
         out["s"] = q.sum(axis=-1, dtype=np.int32).astype(np.float32) * d
         return out
+
+
+# Types whose blocks Q8_0 holds exactly: one f16 scale and integer levels within int8.
+WIDEN_TO_Q8_0 = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0)
+
+
+def widen_to_q8_0(blocks: np.ndarray, qtype: int) -> np.ndarray:
+    """Q4_0, Q5_0 (or Q8_0) blocks, structured (n,), as Q8_0 blocks of the same values: the
+    scale's f16 bits kept, the levels (q - 8, q - 16) stored as int8. Nothing is rounded."""
+    out = np.zeros(len(blocks), Q8_0.block)
+    out["d"] = blocks["d"]
+    if qtype == GGMLType.Q8_0:
+        out["qs"] = blocks["qs"]
+    elif qtype == GGMLType.Q4_0:
+        out["qs"] = _nibbles(blocks["qs"]).view(np.int8) - np.int8(8)
+    elif qtype == GGMLType.Q5_0:
+        out["qs"] = (_nibbles(blocks["qs"]) | _high_bits(blocks["qh"])).view(np.int8) - np.int8(16)
+    else:
+        raise ValueError(f"{GGMLType(qtype).name} blocks do not widen to Q8_0 exactly")
+    return out

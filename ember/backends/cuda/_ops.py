@@ -64,6 +64,7 @@ class DeviceMatrix:
 
     buf: Any  # CuPy uint8 (rows * row_bytes + padding,)
     row_bytes: int
+    copies: dict = field(default_factory=dict, compare=False, repr=False)  # derived forms (Backend._widened)
 
 
 def ptr(a) -> np.uint64:
