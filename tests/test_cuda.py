@@ -1138,7 +1138,11 @@ def test_engine_greedy_matches_cpu(tmp_path, n_prompts):
 def test_engine_ahead_steps(tmp_path):
     """Decode steps launched before the host read the step before them, their tokens taken from
     its best ids on the GPU (the default there), give the tokens of steps run one at a time (the
-    same kernels): streams of several lengths, with and without a ban (ignore_eos), one alone."""
+    same kernels): streams of several lengths, with and without a ban (ignore_eos), one alone.
+    Which streams share a step depends on when the engine sees each request, and a product of a
+    different number of rows may round differently: one stream may part from the other run's at
+    a near-tie of the random model (seen once in several runs), where both tokens must be within
+    rounding of the best (the float64 reference's logits), as in test_engine_greedy_matches_cpu."""
     from ember.engine import LLM, Request, TokenEvent
     from ember.sampler import SamplingParams
 
@@ -1156,7 +1160,15 @@ def test_engine_ahead_steps(tmp_path):
             alone = llm.generate(prompts[3], 20, no_eos).token_ids
             runs[ahead] = got, alone, eng.metrics.ahead_steps
     assert runs[False][2] == 0 and runs[None][2] >= 20
-    assert runs[None][:2] == runs[False][:2]
+    streams = list(zip(prompts + [prompts[3]], runs[None][0] + [runs[None][1]], runs[False][0] + [runs[False][1]]))
+    parted = [(p, a, b) for p, a, b in streams if a != b]
+    assert len(parted) <= 1, f"{len(parted)} streams differ"
+    for prompt, a, b in parted:
+        j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        eos = 2  # synth's vocabulary: a stream that ended there took it (the events leave it out)
+        logits = last_logits(path, prompt + a[:j])
+        for tok in ((a + [eos])[j], (b + [eos])[j]):
+            assert (logits.max() - logits[tok]) / np.abs(logits).max() < 1e-3, f"token {tok} at {j} is not a tie"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -528,6 +528,24 @@ def test_attention_with_counters_merges_its_own_splits():
         replace(split, counters=Addr(3, dtype=np.uint32)).launches(FakeKernels())
 
 
+def test_products_widen_mixed_types_q8_0_holds():
+    """Q5_0 / Q4_0 beside Q8_0 (Gemma 3 270M's queries, keys and values) take Q8_0 copies while
+    those add at most 1 MiB to read; one type, types Q8_0 cannot hold exactly (Q4_1, K-quants),
+    or larger matrices keep a launch per type."""
+    from ember.backends.cuda import widens
+
+    def w(qtype, rows, cols=640):
+        return Weight("w", qtype, (rows, cols), None)
+
+    gemma = [w(GGMLType.Q5_0, 1024), w(GGMLType.Q5_0, 256), w(GGMLType.Q8_0, 256)]
+    assert widens(gemma)  # 1280 rows x 240 more bytes
+    assert widens([w(GGMLType.Q4_0, 512), w(GGMLType.Q8_0, 512)])
+    assert not widens([w(GGMLType.Q5_0, 1024), w(GGMLType.Q5_0, 256)])  # one type already
+    assert not widens([w(GGMLType.Q4_1, 1024), w(GGMLType.Q8_0, 256)])
+    assert not widens([w(GGMLType.Q4_K, 1024, 2048), w(GGMLType.Q8_0, 256, 2048)])
+    assert not widens([w(GGMLType.Q4_0, 4096, 4096), w(GGMLType.Q8_0, 1024, 4096)])  # 8.4 MB more
+
+
 def test_attention_cluster_size_follows_the_setting_and_split_size():
     """auto: 8 blocks where they cover 256 positions in splits of the minimum size (heads of 64
     values: 32 keys a split), else 16 (heads of 256: 8 keys); a number is taken as it is."""

@@ -69,6 +69,17 @@ WEIGHT_PADDING = 64  # bytes past a matrix's end: the block decoders may read on
 WIDEN_MAX_BYTES = 1 << 20  # more bytes a product may read for taking one launch (~0.25 us of HBM)
 
 
+def widens(ws: list[Weight]) -> bool:
+    """Whether a product over ws takes Q8_0 copies (Backend._widened): several types, each one
+    that Q8_0 holds exactly, and at most WIDEN_MAX_BYTES more to read."""
+    types = {w.type for w in ws}
+    if len(types) < 2 or not types <= set(WIDEN_TO_Q8_0):
+        return False
+    q8 = layout(GGMLType.Q8_0)
+    return sum(w.shape[0] * (q8.row_bytes(w.shape[1]) - layout(w.type).row_bytes(w.shape[1])) for w in ws) \
+        <= WIDEN_MAX_BYTES
+
+
 def import_cupy():
     """CuPy, or a BackendError saying how to get it."""
     os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "ember", "kernels", "cupy"))
@@ -490,12 +501,7 @@ class Backend:
         the product reads: one launch instead of one per type. Gemma 3 270M's layers with Q8_0
         values beside Q5_0 queries and keys: on an H200 its decode step 0.795 -> 0.670 ms (112
         -> 102 launches), tg128 1310 -> 1533 tok/s."""
-        types = {w.type for w in ws}
-        if not self.widen or len(types) < 2 or not types <= set(WIDEN_TO_Q8_0):
-            return ws
-        q8 = layout(GGMLType.Q8_0)
-        extra = sum(w.shape[0] * (q8.row_bytes(w.shape[1]) - w.data.row_bytes) for w in ws)
-        if extra > WIDEN_MAX_BYTES:
+        if not self.widen or not widens(ws):
             return ws
         return [self._wide_copy(w) if w.type != GGMLType.Q8_0 else w for w in ws]
 
