@@ -43,7 +43,6 @@ def att_min_keys(hd_v: int) -> int:
     return min(32, groups * ATT_VPRE)
 
 
-
 def att_cluster_size(setting, min_keys: int) -> int:
     """Blocks of a decode attention cluster (attn_cluster<8|16>; 0: none) for EMBER_CUDA_ATT_CLUSTER's
     setting ("0", "8", "16", "auto"; an int is taken as it is). auto: 8 where they cover 256

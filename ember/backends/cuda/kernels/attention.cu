@@ -126,10 +126,10 @@ __device__ __forceinline__ bool last_split(unsigned *counters, int t, int n_spli
 
 // Splits of a short key range in one thread-block cluster (attn_cluster<CL>, CL > 0; Hopper): each
 // block keeps its partial form in its own shared memory (red: gh rows of hd_v sums, m_s, l_s),
-// and after a cluster barrier the warps of its n_used blocks merge it from there, a 32-value
-// slice of the output a warp in turn (lane q fetches split q's max and sum): no global partials, counter or
-// second round trip to L2. The second barrier keeps every block's shared memory until the reads
-// are done. Blocks past n_used (red null) only take part in the barriers. hd_v % 32 == 0.
+// and after a cluster barrier the warps of its n_used blocks merge them from there, a 32-value
+// slice of the output a warp in turn (lane q fetches split q's max and sum): no global partials,
+// counter or second round trip to L2. The second barrier keeps every block's shared memory until
+// the reads are done. Blocks past n_used (red null) only take part in the barriers. hd_v % 32 == 0.
 template <int CL>
 __device__ void cluster_merge(const float *red, const float *m_s, const float *l_s, float *out, u8 *xq, int t, int h0,
                               int gh, int n_head, int hd_v, int n_used, int rank) {
@@ -222,7 +222,8 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
             in_cluster = n_used > 1 && n_used <= CL;
         }
         if (split >= n_used) {
-            if (in_cluster && split < CL) cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
+            if (in_cluster && split < CL)  // the cluster's barriers only
+                cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
             return;
         }
     }
