@@ -251,6 +251,77 @@ def test_matmul_grid_walking_its_blocks(cuda, matrices, qtype, occ):
         np.testing.assert_array_equal(a, b)  # each row summed by one team the same way
 
 
+@pytest.mark.parametrize("cols", [COLS, 608])
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_staged_by_bulk_copies(cuda, matrices, qtype, cols):
+    """mv_n1_tma (compute capability 9.0+, CUDA): each block's weight rows copied into shared memory
+    by the copy engine, the first stages before the kernel waits for x, computes what the kernels
+    loading them into registers do: three matrices of one launch (a run of rows of each in a
+    stage), a norm prologue with a residual add, gate and up quantizing their activations; on the
+    GPU's own grid and on a grid of a few blocks walking many blocks of teams through stages used
+    again and again (n_sm=1). Rows of 608 values: for most block types their bytes are no multiple
+    of 16, so the rows lie in a stage at the offsets they have in global memory."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda._ops import MODE_RESIDUAL, MODE_SILU, Matmul, xq_bytes
+
+    if cuda.mv_tma == "0":
+        pytest.skip("bulk copies need compute capability 9.0 (CUDA)")
+    if cols % layout_block(qtype):
+        pytest.skip(f"{qtype.name} rows are whole super-blocks of 256 values")
+    rng = np.random.default_rng(31)
+
+    def mat(name, rows):
+        data = weight(rng, qtype, rows, cols, 0.05)
+        return cuda.weight(SimpleNamespace(name=name, type=qtype, shape=(rows, cols), data=data.reshape(-1))), data
+
+    (w, raw), (w2, _), (gate, _), (up, _) = mat("w", ROWS), mat("w2", 64), mat("gate", 256), mat("up", 256)
+    nw = cuda.from_numpy(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+    x = rng.normal(0, 1, (1, cols)).astype(np.float32)
+    res0 = rng.normal(0, 1, (1, ROWS)).astype(np.float32)
+    quant = qtype not in FLOAT_TYPES
+
+    def run(**kw):
+        y, h, res = poisoned(cuda, (1, ROWS)), poisoned(cuda, (1, cols)), cuda.from_numpy(res0)
+        ys = [poisoned(cuda, (1, r)) for r in (ROWS, 64, ROWS)]
+        g, u, act = (poisoned(cuda, (1, 256)) for _ in range(3))
+        xd = cuda.from_numpy(x)
+        ops = [Matmul([w], h, [y], xq=cuda.cp.empty(xq_bytes(1, cols), np.uint8), src=xd, norm_w=nw, eps=1e-5,
+                      mode=MODE_RESIDUAL, aux=res, **kw),
+               Matmul([w, w2, w], xd, ys, xq=cuda.cp.empty(xq_bytes(1, cols), np.uint8), **kw)]
+        outs = [y, h, res, *ys]
+        if quant:
+            aq = cuda.cp.zeros(xq_bytes(1, 256), np.uint8)
+            ops.append(Matmul([gate, up], h, [g, u], xq=cuda.cp.empty(xq_bytes(1, cols), np.uint8), src=xd,
+                              norm_w=nw, eps=1e-5, mode=MODE_SILU, aux=act, act_q=aq, **kw))
+            outs += [g, u, act]
+        names = []
+        for op in ops:
+            (*_, launch) = op.launches(cuda.kernels)
+            names.append((cuda.kernels.name_of(launch.fn), launch.grid[0]))
+            cuda._run(op)
+        return [cuda.to_numpy(o) for o in outs], names
+
+    want, _ = run()
+    tma = dict(mv_tma="1", tma_smem=cuda.tma_smem, max_smem=cuda.kernels.max_smem)
+    for n_sm in (cuda.n_sm, 1):
+        got, names = run(n_sm=n_sm, **tma)
+        assert all(name.endswith(".mv_n1_tma") for name, _ in names), names
+        if n_sm == 1:
+            assert all(grid <= 4 for _, grid in names), names
+        for a, b in zip(got, want):
+            assert rel_err(a, b) < 1e-5
+    ref = rms(x.astype(np.float64), cuda.to_numpy(nw).astype(np.float64), 1e-5) @ (
+        dequantize(raw, qtype).reshape(ROWS, cols).astype(np.float64).T)
+    assert rel_err(got[0], ref) < (1e-5 if not quant else 2e-2)
+
+
+def layout_block(qtype) -> int:
+    from ember.quant import layout
+
+    return layout(qtype).block_size
+
+
 def matmul_module_of(qtype) -> str:
     from ember.backends.cuda._kernels import matmul_module
 
