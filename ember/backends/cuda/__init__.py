@@ -147,16 +147,14 @@ class Backend:
         # products over matrices of several types that Q8_0 holds exactly (Q4_0, Q5_0, Q8_0) take
         # Q8_0 copies of them, one launch instead of one per type (see _widened); "0": never
         self.widen = os.environ.get("EMBER_CUDA_WIDEN", "1") != "0"
-        # "1": one-row products take their weights into shared memory through the copy engine (bulk
-        # copies, compute capability 9.0+, CUDA), the first before they wait for x (mv_n1_tma; an
-        # experiment, see Matmul._tma_plan); "0" (default): the kernels that load them into
-        # registers. EMBER_CUDA_MV_TMA_SMEM: kilobytes of shared memory a multiprocessor gives a
-        # product's stages (default: all of it)
-        tma = os.environ.get("EMBER_CUDA_MV_TMA", "0")
-        if tma not in ("0", "1"):
-            raise BackendError(f"EMBER_CUDA_MV_TMA must be 0 or 1, not '{tma}'")
-        self.tma_ok = not self.kernels.hip and int(self.device.compute_capability) >= 90
-        self.mv_tma = tma if self.tma_ok else "0"
+        # one-row products take their weights into shared memory through the copy engine (bulk
+        # copies, compute capability 9.0+, CUDA), the first before they wait for x (mv_n1_tma);
+        # "0": the kernels that load them into registers. EMBER_CUDA_MV_TMA_SMEM: kilobytes of
+        # shared memory a multiprocessor gives a product's stages (default: all of it)
+        tma = os.environ.get("EMBER_CUDA_MV_TMA", "auto")
+        if tma not in ("0", "1", "auto"):
+            raise BackendError(f"EMBER_CUDA_MV_TMA must be 0, 1 or auto, not '{tma}'")
+        self.mv_tma = tma if not self.kernels.hip and int(self.device.compute_capability) >= 90 else "0"
         sm_smem = int(self.device.attributes.get("MaxSharedMemoryPerMultiprocessor", 0))
         kb = os.environ.get("EMBER_CUDA_MV_TMA_SMEM", "")
         if kb and not (kb.isdigit() and 16 <= int(kb) <= 1024):

@@ -175,8 +175,8 @@ SMEM_BLOCK_RESERVE = 1024  # shared memory the GPU keeps per resident block (sm_
 
 
 def tma_stage_bytes(rows: int, row_bytes: int, windows: int) -> int:
-    """Bytes of one unit of a stage of mv_n1_tma (a warp's teams, or a block's): its rows of
-    row_bytes, in up to `windows` 16-byte aligned runs each up to 30 bytes longer, 128-byte aligned."""
+    """Bytes of one stage of mv_n1_tma: a block of teams' rows (rows of row_bytes, in up to `windows`
+    16-byte aligned runs, each up to 30 bytes longer than its rows), 128-byte aligned."""
     return -(-(rows * row_bytes + 32 * windows) // 128) * 128
 
 
@@ -184,9 +184,8 @@ def tma_plan(tblocks: int, stage: int, offset: int, n_sm: int, per_sm: int, smem
              max_block: int) -> tuple[int, int] | None:
     """(grid, stages) of mv_n1_tma for tblocks blocks of teams of `stage` bytes each, stages after
     `offset` bytes of a block's dynamic shared memory: of at most per_sm blocks and smem_sm bytes a
-    multiprocessor, the one of the most blocks (as many warps as the kernels loading weights into
-    registers run), then the most blocks of teams in flight when the kernel starts; None when no
-    stage fits."""
+    multiprocessor, the one that has the most blocks of teams in flight when the kernel starts
+    (then the most blocks); None when no stage fits."""
     best = None
     for bps in range(1, per_sm + 1):
         room = min(smem_sm // bps - SMEM_BLOCK_RESERVE - TMA_STATIC_SMEM, max_block) - offset - 64
@@ -195,7 +194,7 @@ def tma_plan(tblocks: int, stage: int, offset: int, n_sm: int, per_sm: int, smem
             break
         grid = min(tblocks, bps * n_sm)
         stages = min(stages, -(-tblocks // grid))
-        key = (grid, min(tblocks, grid * stages))
+        key = (min(tblocks, grid * stages), grid)
         if best is None or key > best[0]:
             best = key, (grid, stages)
     return best[1] if best else None
@@ -274,7 +273,7 @@ class Matmul:
     mv_pre: str = "auto"
     mv_pre_steps: int = 2
     # one activation row: weights staged in shared memory by bulk copies (mv_n1_tma, compute
-    # capability 9.0+), up to tma_smem bytes a multiprocessor: "1" where a stage fits, "0" never
+    # capability 9.0+), up to tma_smem bytes a multiprocessor: "1"/"auto" where a stage fits, "0" never
     mv_tma: str = "0"
     tma_smem: int = 0
     max_smem: int = 48 * 1024  # dynamic shared memory a block may take (Kernels.max_smem)
@@ -440,8 +439,7 @@ class Matmul:
         loads in flight that registers hold."""
         if self.mv_tma == "0":
             return None
-        units = threads // 32 if nt >= threads // 32 else 1  # a unit per warp for teams of up to 32 lanes
-        stage = units * tma_stage_bytes(2 * nt // units, ws[0].data.row_bytes, 2 if gated else len(ws))
+        stage = tma_stage_bytes(2 * nt, ws[0].data.row_bytes, 2 if gated else len(ws))
         offset = -(-(self._prologue_smem() if self.in_prologue() else 0) // 128) * 128
         plan = tma_plan(tblocks, stage, offset, self.n_sm, 2 if threads > MV_THREADS else 4, self.tma_smem,
                         self.max_smem)

@@ -510,14 +510,14 @@ constexpr bool MV_TMA_OK = false;
 #endif
 #define TMA_MAX_STAGES 8
 
-// Where teams t0 .. t1 - 1's rows of each matrix slot i lie: the 16-byte aligned run of global
-// memory src[i] .. src[i] + len[i] holding them (len 0: none), copied to offset off[i] of their
-// place in a stage. The rows keep their address modulo 16, so the slice decoders read them in
-// shared memory as they would in global memory. Gated: slot 0 the gate rows, slot 1 the up rows
-// of those teams; else their jobs 2 t0 .. 2 t1 - 1 of the concatenated matrices (see mv_job).
-__device__ __forceinline__ void tma_windows(const MvArgs &a, int t0, int t1, bool gated, size_t (&src)[4],
+// Where block of teams tbk's rows of each matrix slot i lie: the 16-byte aligned run of global
+// memory src[i] .. src[i] + len[i] holding them (len 0: none), copied to offset off[i] of a stage.
+// The rows of matrix m in the run keep their address modulo 16, so the slice decoders read them
+// in shared memory as they would in global memory. Gated: slot 0 the gate rows, slot 1 the up rows
+// of teams tbk * nt ..; else the jobs 2 tbk nt .. of the concatenated matrices (see mv_job).
+__device__ __forceinline__ void tma_windows(const MvArgs &a, int tbk, int nt, bool gated, size_t (&src)[4],
                                             unsigned (&off)[4], unsigned (&len)[4]) {
-    const int v0 = gated ? t0 : 2 * t0, v1 = gated ? min(t1, a.rows[0]) : 2 * t1;
+    const int v0 = gated ? tbk * nt : 2 * tbk * nt, v1 = gated ? min(v0 + nt, a.rows[0]) : v0 + 2 * nt;
     unsigned at = 0;
     int start = 0;
 #pragma unroll
@@ -556,32 +556,22 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     int m[2], r[2];
     bool ok[2];
     const u8 *w0, *w1;
-    // bulk-copied weights (one activation row, so one group). A block's it-th block of teams lies in
-    // stage it % tma_stages, as one unit per warp (teams of up to 32 lanes: a warp reads only its own
-    // teams' rows, so it waits for those alone and asks for its next ones itself) or one unit for
-    // the block (wider teams); unit u's barrier tma_bar[stage][u] is in phase it / tma_stages.
+    // bulk-copied weights (one activation row, so one group): block tblock's it-th block of teams
+    // lies in stage it % tma_stages, the stage's barrier in phase it / tma_stages
     constexpr bool TMA = MV_TMA_OK && NMAX == 1;
-    __shared__ __align__(8) unsigned long long tma_bar[TMA ? TMA_MAX_STAGES : 1][TMA ? 8 : 1];
+    __shared__ __align__(8) unsigned long long tma_bar[TMA ? TMA_MAX_STAGES : 1];
     const int n_st = TMA ? a.tma_stages : 0, nt = blockDim.x >> tl;
-    const bool per_warp = tl <= 5;
-    const int n_units = per_warp ? blockDim.x >> 5 : 1, unit = per_warp ? threadIdx.x >> 5 : 0;
-    const int unit_teams = nt / n_units, unit_bytes = TMA ? a.tma_stage_bytes / n_units : 0;
-    const bool issuer = per_warp ? (threadIdx.x & 31) == 0 : threadIdx.x == 0;
     u8 *const stages = xq_s + (TMA ? a.tma_off : 0);
     int it = 0;
-    auto unit_windows = [&](int tbk, size_t (&src)[4], unsigned (&off)[4], unsigned (&len)[4]) {
-        const int t0 = tbk * nt + unit * unit_teams;
-        tma_windows(a, t0, t0 + unit_teams, gated, src, off, len);
-    };
-    auto tma_issue = [&](int i) {  // the issuer of each unit: its copies of the block's i-th block of teams
+    auto tma_issue = [&](int i) {  // thread 0: the copies of this block's i-th block of teams
         if constexpr (TMA) {
             const int tbk = blockIdx.x + i * stride;
             if (tbk >= a.n_tblocks) return;
             size_t src[4];
             unsigned off[4], len[4];
-            unit_windows(tbk, src, off, len);
-            u8 *dst = stages + (size_t)(i % n_st) * a.tma_stage_bytes + (size_t)unit * unit_bytes;
-            unsigned long long *bar = &tma_bar[i % n_st][unit];
+            tma_windows(a, tbk, nt, gated, src, off, len);
+            u8 *dst = stages + (size_t)(i % n_st) * a.tma_stage_bytes;
+            unsigned long long *bar = &tma_bar[i % n_st];
             mbar_expect(bar, off[3] + len[3]);
 #pragma unroll
             for (int j = 0; j < 4; j++)
@@ -592,11 +582,11 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
         if constexpr (TMA) {
             size_t src[4];
             unsigned off[4], len[4];
-            unit_windows(tblock, src, off, len);
-            const u8 *st = stages + (size_t)(it % n_st) * a.tma_stage_bytes + (size_t)unit * unit_bytes;
+            tma_windows(a, tblock, nt, gated, src, off, len);
+            const u8 *st = stages + (size_t)(it % n_st) * a.tma_stage_bytes;
             if (ok[0]) w0 = st + pick4(off, m[0]) + ((size_t)w0 - pick4(src, m[0]));
             if (ok[1]) w1 = st + pick4(off, m[1]) + ((size_t)w1 - pick4(src, m[1]));
-            mbar_wait(&tma_bar[it % n_st][unit], (unsigned)(it / n_st) & 1u);
+            mbar_wait(&tma_bar[it % n_st], (unsigned)(it / n_st) & 1u);
         }
     };
     auto rows_of = [&](int tbk) {
@@ -621,8 +611,8 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     // pre_dec, a lane's first slices are decoded into registers too (one round trip less after it).
     pdl_launch_next();
     if constexpr (TMA) {
-        if (issuer && n_st) {
-            for (int i = 0; i < n_st; i++) mbar_init(&tma_bar[i][unit], 1);
+        if (threadIdx.x == 0 && n_st) {
+            for (int i = 0; i < n_st; i++) mbar_init(&tma_bar[i], 1);
             mbar_init_done();
             for (int i = 0; i < n_st; i++) tma_issue(i);
         }
@@ -749,7 +739,7 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
         }
         if (next >= a.n_tblocks) break;
         __syncthreads();  // part_s and act_s are written again (and the stage read)
-        if (TMA && n_st && issuer) tma_issue(it + n_st);  // into the stage just read
+        if (TMA && n_st && threadIdx.x == 0) tma_issue(it + n_st);  // into the stage just read
         it++;
         tblock = next;
         rows_of(tblock);
