@@ -147,19 +147,6 @@ class Backend:
         # products over matrices of several types that Q8_0 holds exactly (Q4_0, Q5_0, Q8_0) take
         # Q8_0 copies of them, one launch instead of one per type (see _widened); "0": never
         self.widen = os.environ.get("EMBER_CUDA_WIDEN", "1") != "0"
-        # one-row products take their weights into shared memory through the copy engine (bulk
-        # copies, compute capability 9.0+, CUDA), the first before they wait for x (mv_n1_tma);
-        # "0": the kernels that load them into registers. EMBER_CUDA_MV_TMA_SMEM: kilobytes of
-        # shared memory a multiprocessor gives a product's stages (default: all of it)
-        tma = os.environ.get("EMBER_CUDA_MV_TMA", "auto")
-        if tma not in ("0", "1", "auto"):
-            raise BackendError(f"EMBER_CUDA_MV_TMA must be 0, 1 or auto, not '{tma}'")
-        self.mv_tma = tma if not self.kernels.hip and int(self.device.compute_capability) >= 90 else "0"
-        sm_smem = int(self.device.attributes.get("MaxSharedMemoryPerMultiprocessor", 0))
-        kb = os.environ.get("EMBER_CUDA_MV_TMA_SMEM", "")
-        if kb and not (kb.isdigit() and 16 <= int(kb) <= 1024):
-            raise BackendError(f"EMBER_CUDA_MV_TMA_SMEM must be a number of kilobytes (16 to 1024), not '{kb}'")
-        self.tma_smem = min(sm_smem, int(kb) * 1024) if kb else sm_smem
         # one-row products: a lane's first weight slices decoded before the kernel waits for x;
         # "auto": types of 32-value blocks on mv_n1 (see Matmul._pre)
         self.mv_pre = os.environ.get("EMBER_CUDA_MV_PRE", "auto")
@@ -275,14 +262,10 @@ class Backend:
             raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
                                "multiple of 32")
         self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
-        # the one-row products' kernel: mv_n1_tma (Matmul._tma_plan), else by their paths and size
-        one_row = [matmul_module(tensor.type, "mv_n1_occ")] if shape[0] > 4096 else []  # Matmul._occ
+        if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
         if self.mv_store:  # products storing y alone (Matmul._spec): decode steps' second kernel of the type
-            one_row.append(matmul_module(tensor.type, "mv_n1_spec", 0))
-        if self.mv_tma != "0":
-            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_tma"))
-        for module in one_row:  # with mv_n1_tma only where no stage fits
-            (self.kernels.prefetch_later if self.mv_tma != "0" else self.kernels.prefetch)(module)
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_spec", 0))
         self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
@@ -510,7 +493,6 @@ class Backend:
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
                          mv_wide=self.mv_wide, mv_persist=self.mv_persist, mv_store=self.mv_store,
                          mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
-                         mv_tma=self.mv_tma, tma_smem=self.tma_smem, max_smem=self.kernels.max_smem,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:

@@ -37,7 +37,7 @@ def module_source(module: str) -> str:
     """The full source of one compiled module: "ops", "attention" (decode attention and the split
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
-    rows), "matmul_<ggml type id>_occ" (mv_n1_occ), "matmul_<ggml type id>_tma" (mv_n1_tma) or "matmul_<ggml type id>_s<mask>" (mv_n1_spec
+    rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_s<mask>" (mv_n1_spec
     for one combination of paths; mask 0: products that only store y), see matmul.cu."""
     common = kernel_source("common.cuh")
     if module in ("ops", "sample"):
@@ -50,9 +50,8 @@ def module_source(module: str) -> str:
             and parts[2][1:].isdigit() and 0 <= int(parts[2][1:]) < 64):
         return (f"#define QT {int(parts[1])}\n#define MV_SPEC {int(parts[2][1:])}\n" + common
                 + kernel_source("quant.cuh") + kernel_source("matmul.cu"))
-    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"], ["occ"], ["tma"]):
-        defines = f"#define QT {int(parts[1])}\n" + {"batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
-                                                   "tma": "#define MV_TMA 1\n"}.get(
+    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"], ["occ"]):
+        defines = f"#define QT {int(parts[1])}\n" + {"batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n"}.get(
             parts[2] if len(parts) == 3 else "", "")
         return defines + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
     raise BackendError(f"no kernel module named '{module}'")
@@ -64,9 +63,7 @@ def matmul_module(qtype: int, kernel: str = "", spec: int = 0) -> str:
         return f"matmul_{int(qtype)}_s{int(spec)}"
     if kernel in ("mv_n2", "mv_n4", "mv_n8"):
         return f"matmul_{int(qtype)}_batch"
-    if kernel in ("mv_n1_occ", "mv_n1_tma"):
-        return f"matmul_{int(qtype)}_{kernel[6:]}"
-    return f"matmul_{int(qtype)}"
+    return f"matmul_{int(qtype)}_occ" if kernel == "mv_n1_occ" else f"matmul_{int(qtype)}"
 
 
 @dataclass

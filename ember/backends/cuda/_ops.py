@@ -169,37 +169,6 @@ def team_log2(k: int, teams: int = 1 << 30, wide: bool = False) -> int:
     return tl
 
 
-TMA_MAX_STAGES = 8  # matmul.cu
-TMA_STATIC_SMEM = 2048  # mv_n1_tma's static shared arrays, rounded up
-SMEM_BLOCK_RESERVE = 1024  # shared memory the GPU keeps per resident block (sm_80 and later)
-
-
-def tma_stage_bytes(rows: int, row_bytes: int, windows: int) -> int:
-    """Bytes of one stage of mv_n1_tma: a block of teams' rows (rows of row_bytes, in up to `windows`
-    16-byte aligned runs, each up to 30 bytes longer than its rows), 128-byte aligned."""
-    return -(-(rows * row_bytes + 32 * windows) // 128) * 128
-
-
-def tma_plan(tblocks: int, stage: int, offset: int, n_sm: int, per_sm: int, smem_sm: int,
-             max_block: int) -> tuple[int, int] | None:
-    """(grid, stages) of mv_n1_tma for tblocks blocks of teams of `stage` bytes each, stages after
-    `offset` bytes of a block's dynamic shared memory: of at most per_sm blocks and smem_sm bytes a
-    multiprocessor, the one that has the most blocks of teams in flight when the kernel starts
-    (then the most blocks); None when no stage fits."""
-    best = None
-    for bps in range(1, per_sm + 1):
-        room = min(smem_sm // bps - SMEM_BLOCK_RESERVE - TMA_STATIC_SMEM, max_block) - offset - 64
-        stages = min(TMA_MAX_STAGES, room // stage) if room > 0 else 0
-        if stages < 1:
-            break
-        grid = min(tblocks, bps * n_sm)
-        stages = min(stages, -(-tblocks // grid))
-        key = (min(tblocks, grid * stages), grid)
-        if best is None or key > best[0]:
-            best = key, (grid, stages)
-    return best[1] if best else None
-
-
 def _pad4(xs: list, fill) -> list:
     return list(xs) + [fill] * (4 - len(xs))
 
@@ -272,11 +241,6 @@ class Matmul:
     # or "auto": see _pre); with a norm prologue, up to mv_pre_steps lane steps so (see _pre_steps)
     mv_pre: str = "auto"
     mv_pre_steps: int = 2
-    # one activation row: weights staged in shared memory by bulk copies (mv_n1_tma, compute
-    # capability 9.0+), up to tma_smem bytes a multiprocessor: "1"/"auto" where a stage fits, "0" never
-    mv_tma: str = "0"
-    tma_smem: int = 0
-    max_smem: int = 48 * 1024  # dynamic shared memory a block may take (Kernels.max_smem)
     tile_rows: str = "auto"  # weight rows per tile block: "128", "64", or "auto" (see _tile)
     n_sm: int = 132
     # mm_split for mv_rows < n <= split_rows (0: never); its partial sums and tile counters
@@ -403,47 +367,25 @@ class Matmul:
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             grid = -(-teams // (threads >> tl)) * n_groups
-        tblocks = grid // n_groups
-        tma = self._tma_plan(ws, tblocks, threads >> tl, gated, threads) if nmax == 1 else None
-        occ = nmax == 1 and tma is None and self._occ(grid, threads)
+        occ = nmax == 1 and self._occ(grid, threads)
         spec = self._spec()
-        name = ("mv_n1_tma" if tma else "mv_n1_occ" if occ
-                else "mv_n1_spec" if nmax == 1 and (self.mv_spec or self.mv_store and spec == 0) else f"mv_n{nmax}")
+        name = ("mv_n1_occ" if occ else "mv_n1_spec" if nmax == 1 and (self.mv_spec or self.mv_store and spec == 0)
+                else f"mv_n{nmax}")
+        tblocks = grid // n_groups
         # One row, more blocks than fit at once: a grid that fits walks them (each block's prologue
         # done once, its next rows prefetched while it works on the current ones) instead of waves
         # of blocks that each normalise x again.
         per_sm = (3 if occ else 2) if threads > MV_THREADS else (6 if occ else 4)  # registers: 80 / 128
         if nmax == 1 and self.mv_persist and tblocks > per_sm * self.n_sm:
             grid = per_sm * self.n_sm
-        pro_smem = self._prologue_smem() if self.in_prologue() else 0
-        extra, smem = (), pro_smem
-        if tma:
-            grid, stages, stage, offset = tma
-            extra, smem = (i32(stages), i32(offset), i32(stage)), offset + stages * stage + 64
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
                 i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), i32(tblocks),
-                i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and not tma and self._pre(qtype, occ)
-                    else 0),
+                i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and self._pre(qtype, occ) else 0),
                 ptr(self.act_q),
-                *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS), *extra)
+                *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(qtype, name, spec), name)
-        allow_smem(fn, smem)
-        return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=smem)
-
-    def _tma_plan(self, ws: list, tblocks: int, nt: int, gated: bool, threads: int) -> tuple | None:
-        """(grid, stages, stage bytes, stage offset) of mv_n1_tma for this one-row product, or None
-        (mv_tma "0", or no stage fits). A block's rows of a block of teams are copied into shared
-        memory by the copy engine, the first stages before the kernel waits for x: the weights
-        stream in while the kernels before this one run, bounded by shared memory instead of by the
-        loads in flight that registers hold."""
-        if self.mv_tma == "0":
-            return None
-        stage = tma_stage_bytes(2 * nt, ws[0].data.row_bytes, 2 if gated else len(ws))
-        offset = -(-(self._prologue_smem() if self.in_prologue() else 0) // 128) * 128
-        plan = tma_plan(tblocks, stage, offset, self.n_sm, 2 if threads > MV_THREADS else 4, self.tma_smem,
-                        self.max_smem)
-        return (*plan, stage, offset) if plan else None
+        return Launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem=self._prologue_smem() if self.in_prologue() else 0)
 
     def _spec(self) -> int:
         """The mask of paths mv_n1_spec is compiled with for this product: its prologue, its

@@ -327,46 +327,6 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 #endif
 
-// ---- bulk copies global -> shared through the copy engine (Hopper and later, CUDA only) ----
-// One thread asks for a whole run of bytes (16-byte aligned at both ends, a multiple of 16 long);
-// it lands in shared memory while the threads do other work, and an mbarrier in shared memory
-// counts the bytes in: waiting on the barrier's phase is waiting for every copy of that phase.
-// Many kilobytes in flight per block for one instruction, no registers held.
-#if CLUSTERS_OK
-#define BULK_OK 1
-__device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// Barriers just made are seen by the copy engine (and, after a __syncthreads, by the block).
-__device__ __forceinline__ void mbar_init_done() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// The one arrival of this phase, expecting `bytes` of copies before the phase completes.
-__device__ __forceinline__ void mbar_expect(unsigned long long *bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, unsigned long long *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
-// Until the barrier's phase of this parity (0 for its first use, then 1, 0, ...) has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
-    u32 done = 0;
-    while (!done)
-        asm volatile(
-            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-}
-#else
-#define BULK_OK 0
-#endif
-
 #define ROPE_PARAMS                                                                                       \
     int n_rot, int neox, float base, float freq_scale, float ext_factor, float mscale, float corr_low, \
         float corr_high, const float *freq_factors

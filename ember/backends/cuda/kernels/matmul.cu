@@ -77,12 +77,6 @@ struct MvArgs {
     float pre_eps;
     float *pre_h;
     u8 *pre_q;       // or null (a float-typed next product reads pre_h)
-    // mv_n1_tma: each block of teams' weight rows are copied into shared memory by the copy engine
-    // (see tma_windows), tma_stages of them in flight, the first ones before the kernel waits for x;
-    // a stage is tma_stage_bytes at offset tma_off of the dynamic shared memory. Else 0.
-    int tma_stages;
-    int tma_off;
-    int tma_stage_bytes;
 };
 
 // Element i (0..3) of a 4-array with a run-time index, without sending the array to local memory.
@@ -124,7 +118,7 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
 // Compiled into mv_n1 for the types of 32-value blocks only (Matmul._pre, PRE_TYPES): in the
 // others, and in mv_n1_occ's 80 registers, the registers it holds make the kernel spill.
 #define MV_PRE_STEPS 2
-#if defined(MV_OCC) || defined(MV_TMA)
+#ifdef MV_OCC
 constexpr bool MV_PRE_OK = false;
 #else
 constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0;
@@ -502,38 +496,6 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
 // Bytes of one row of x quantized (q8_store_warp's format: values, then a float4 per 32).
 __device__ __forceinline__ size_t k_xq_bytes(int k) { return (size_t)k + (size_t)(k / 32) * 16; }
 
-// ---- weights staged by bulk copies (mv_n1_tma) ----
-#if defined(MV_TMA) && BULK_OK
-constexpr bool MV_TMA_OK = true;
-#else
-constexpr bool MV_TMA_OK = false;
-#endif
-#define TMA_MAX_STAGES 8
-
-// Where block of teams tbk's rows of each matrix slot i lie: the 16-byte aligned run of global
-// memory src[i] .. src[i] + len[i] holding them (len 0: none), copied to offset off[i] of a stage.
-// The rows of matrix m in the run keep their address modulo 16, so the slice decoders read them
-// in shared memory as they would in global memory. Gated: slot 0 the gate rows, slot 1 the up rows
-// of teams tbk * nt ..; else the jobs 2 tbk nt .. of the concatenated matrices (see mv_job).
-__device__ __forceinline__ void tma_windows(const MvArgs &a, int tbk, int nt, bool gated, size_t (&src)[4],
-                                            unsigned (&off)[4], unsigned (&len)[4]) {
-    const int v0 = gated ? tbk * nt : 2 * tbk * nt, v1 = gated ? min(v0 + nt, a.rows[0]) : v0 + 2 * nt;
-    unsigned at = 0;
-    int start = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        off[i] = at, len[i] = 0u, src[i] = 0;
-        if (i >= (gated ? 2 : a.n_mat)) continue;
-        const int lo = gated ? v0 : max(v0, start) - start, hi = gated ? v1 : min(v1, start + a.rows[i]) - start;
-        start += a.rows[i];
-        if (lo >= hi) continue;
-        const size_t b0 = (size_t)a.w[i] + (size_t)lo * a.row_bytes, b1 = (size_t)a.w[i] + (size_t)hi * a.row_bytes;
-        src[i] = b0 & ~(size_t)15;
-        len[i] = (unsigned)(((b1 + 15) & ~(size_t)15) - src[i]);
-        at += len[i];
-    }
-}
-
 template <int NMAX>
 __device__ __forceinline__ void mv_body(const MvArgs &a) {
     extern __shared__ __align__(16) u8 xq_s[];  // prologue: nl rows of x quantized (nl * k * 1.5 bytes)
@@ -556,39 +518,6 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     int m[2], r[2];
     bool ok[2];
     const u8 *w0, *w1;
-    // bulk-copied weights (one activation row, so one group): block tblock's it-th block of teams
-    // lies in stage it % tma_stages, the stage's barrier in phase it / tma_stages
-    constexpr bool TMA = MV_TMA_OK && NMAX == 1;
-    __shared__ __align__(8) unsigned long long tma_bar[TMA ? TMA_MAX_STAGES : 1];
-    const int n_st = TMA ? a.tma_stages : 0, nt = blockDim.x >> tl;
-    u8 *const stages = xq_s + (TMA ? a.tma_off : 0);
-    int it = 0;
-    auto tma_issue = [&](int i) {  // thread 0: the copies of this block's i-th block of teams
-        if constexpr (TMA) {
-            const int tbk = blockIdx.x + i * stride;
-            if (tbk >= a.n_tblocks) return;
-            size_t src[4];
-            unsigned off[4], len[4];
-            tma_windows(a, tbk, nt, gated, src, off, len);
-            u8 *dst = stages + (size_t)(i % n_st) * a.tma_stage_bytes;
-            unsigned long long *bar = &tma_bar[i % n_st];
-            mbar_expect(bar, off[3] + len[3]);
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (len[j]) bulk_load(dst + off[j], (const void *)src[j], len[j], bar);
-        }
-    };
-    auto tma_rows = [&]() {  // every thread: w0 and w1 in the stage of block of teams `tblock` (rows_of's)
-        if constexpr (TMA) {
-            size_t src[4];
-            unsigned off[4], len[4];
-            tma_windows(a, tblock, nt, gated, src, off, len);
-            const u8 *st = stages + (size_t)(it % n_st) * a.tma_stage_bytes;
-            if (ok[0]) w0 = st + pick4(off, m[0]) + ((size_t)w0 - pick4(src, m[0]));
-            if (ok[1]) w1 = st + pick4(off, m[1]) + ((size_t)w1 - pick4(src, m[1]));
-            mbar_wait(&tma_bar[it % n_st], (unsigned)(it / n_st) & 1u);
-        }
-    };
     auto rows_of = [&](int tbk) {
         const int team = tbk * (blockDim.x >> tl) + tb;
         if (gated) {  // a team computes gate row `team` and up row `team`
@@ -610,17 +539,7 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     // before this one still runs (launched early inside a captured step), then wait for x. With
     // pre_dec, a lane's first slices are decoded into registers too (one round trip less after it).
     pdl_launch_next();
-    if constexpr (TMA) {
-        if (threadIdx.x == 0 && n_st) {
-            for (int i = 0; i < n_st; i++) mbar_init(&tma_bar[i], 1);
-            mbar_init_done();
-            for (int i = 0; i < n_st; i++) tma_issue(i);
-        }
-        __syncthreads();  // the barriers are made before anyone waits on them
-        if (!n_st) prefetch_rows();
-    } else {
-        prefetch_rows();
-    }
+    prefetch_rows();
     MvPre pre;
     int use_pre = 0;
     if constexpr (NMAX == 1 && MV_PRE_OK) {
@@ -658,15 +577,7 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
         for (int jb = 0; jb < 2; jb++)
 #pragma unroll
             for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
-        if (TMA && n_st) {  // the rows of the block of teams after those in flight go into L2
-            const int ahead = tblock + n_st * stride;
-            if (ahead < a.n_tblocks) {
-                rows_of(ahead);
-                prefetch_rows();
-                rows_of(tblock);
-            }
-            tma_rows();
-        } else if (next < a.n_tblocks) {  // this block's next rows go into L2 while it works on these
+        if (next < a.n_tblocks) {  // this block's next rows go into L2 while it works on these
             rows_of(next);
             prefetch_rows();
             rows_of(tblock);
@@ -738,9 +649,7 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
                 q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, a.act_q, meta);
         }
         if (next >= a.n_tblocks) break;
-        __syncthreads();  // part_s and act_s are written again (and the stage read)
-        if (TMA && n_st && threadIdx.x == 0) tma_issue(it + n_st);  // into the stage just read
-        it++;
+        __syncthreads();  // part_s and act_s are written again
         tblock = next;
         rows_of(tblock);
     }
@@ -794,16 +703,6 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_spec(MV_PARAMS) 
              : (MV_SPEC & SPEC_RES) ? MODE_RESIDUAL : MODE_STORE;
     mv_body<1>(a);
 }
-#elif defined(MV_TMA)
-// mv_n1 with its weights staged in shared memory by bulk copies (tma_windows), sm_90 and later
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_tma(MV_PARAMS, int tma_stages, int tma_off,
-                                                                     int tma_stage_bytes) {
-    MV_ARGS;
-    a.tma_stages = MV_TMA_OK ? tma_stages : 0;
-    a.tma_off = tma_off;
-    a.tma_stage_bytes = tma_stage_bytes;
-    mv_body<1>(a);
-}
 #elif !defined(MV_BATCH)
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
@@ -811,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_SPEC) && !defined(MV_TMA)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_SPEC)
 
 // ---- prefill: tensor-core tiles ----
 
