@@ -594,6 +594,29 @@ def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
     assert launch.fn[1] == "mv_n2"  # more rows: the batch kernels, unchanged
 
 
+def test_one_row_products_of_few_blocks_widen_their_teams():
+    """A one-row product whose blocks would be fewer than the multiprocessors takes teams twice as
+    wide (up to a warp) while half a team's lanes keep a lane step: a 1.5 B model's q, k and v
+    (2048 rows of 1536 Q4_K values, 256 threads a block for the norm prologue) on 128 blocks instead
+    of 64; products of enough blocks, or of
+    rows too short to share, keep theirs; EMBER_CUDA_MV_FILL=0 (mv_fill) keeps them all."""
+    from ember.backends.cuda._ops import fill_team_log2
+
+    def geometry(rows, k, qtype, fill=True, n=1):
+        op = Matmul([mat(rows, k, qtype)], Addr(n, k), [Addr(n, rows)], xq=Addr(xq_bytes(n, k), dtype=np.uint8),
+                    src=Addr(n, k), norm_w=Addr(k), eps=1e-5, n_sm=132, mv_fill=fill)  # a norm prologue
+        (*_, launch) = op.launches(FakeKernels())
+        return launch.grid[0], launch.args[20]  # blocks, team_log2
+
+    assert geometry(2048, 1536, GGMLType.Q4_K) == (128, 5)
+    assert geometry(2048, 1536, GGMLType.Q4_K, fill=False) == (64, 4)
+    assert geometry(2048, 1536, GGMLType.Q4_K, n=2) == geometry(2048, 1536, GGMLType.Q4_K, fill=False, n=2)
+    assert geometry(1536, 8960, GGMLType.Q4_K) == geometry(1536, 8960, GGMLType.Q4_K, fill=False)  # 384 blocks
+    assert geometry(8960, 1536, GGMLType.Q8_0) == geometry(8960, 1536, GGMLType.Q8_0, fill=False)
+    assert fill_team_log2(3, 4, 100, 128, 132) == 3  # four lane steps a row: teams of 8 at most
+    assert fill_team_log2(2, 16, 100, 128, 132) == 5
+
+
 def test_products_on_kernels_of_their_own_paths():
     """With mv_spec, a one-row product otherwise on mv_n1 takes mv_n1_spec from the module of
     its paths' mask (prologue, gated, quantized activation, residual, tail); one that only stores

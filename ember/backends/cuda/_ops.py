@@ -169,6 +169,16 @@ def team_log2(k: int, teams: int = 1 << 30, wide: bool = False) -> int:
     return tl
 
 
+def fill_team_log2(tl: int, steps: int, teams: int, threads: int, n_sm: int) -> int:
+    """tl, widened up to a warp a team while the product's blocks (threads / 2^tl teams each) are
+    fewer than the multiprocessors and half a team's lanes still get a lane step of the `steps` a
+    row has: a one-row product of few rows then spreads over the whole GPU, every multiprocessor
+    reading its share of the weights, instead of some reading twice as much and others idle."""
+    while tl < 5 and -(-teams // (threads >> tl)) < n_sm and 2 * steps >= 2 << tl:
+        tl += 1
+    return tl
+
+
 def _pad4(xs: list, fill) -> list:
     return list(xs) + [fill] * (4 - len(xs))
 
@@ -233,6 +243,7 @@ class Matmul:
     prologue: bool = True  # a norm may be done by the product's own blocks (see in_prologue)
     prologue_k: int = PROLOGUE_K  # the longest rows they normalise (past 1024: blocks of 256 threads)
     mv_wide: bool = True  # team_log2's wide rule (see there)
+    mv_fill: bool = True  # one activation row: teams widened until the blocks cover the GPU (fill_team_log2)
     mv_occ: str = "auto"  # one activation row: mv_n1_occ "1" always, "0" never, "auto" (see _occ)
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
     mv_store: bool = True  # one activation row that only stores y: mv_n1_spec of no paths (see _spec)
@@ -366,6 +377,8 @@ class Matmul:
             tl = team_log2(k // spl, teams * n_groups, self.mv_wide)
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
+            if n == 1 and self.mv_fill:
+                tl = fill_team_log2(tl, k // 32 // spl, teams, threads, self.n_sm)
             grid = -(-teams // (threads >> tl)) * n_groups
         occ = nmax == 1 and self._occ(grid, threads)
         spec = self._spec()
