@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     modules = (["ops", "attention", "sample"] + [f"attention_tile{hd}" for hd in ATT_TILE_DIMS]
-               + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_s0", "_os0")])
+               + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_s0")])
     t0 = time.perf_counter()
     build = lambda m: build_cubin(m, args.arch, args.out)  # noqa: E731
     # the first alone: NVRTC loads its builtins library on first use, which failed here when two

@@ -753,20 +753,19 @@ def test_attention_launches_name_the_modules_holding_their_kernels():
 def test_products_name_the_modules_holding_their_kernels():
     """Each matmul.cu kernel a launch asks for is an entry of the module it names: matmul_<type>
     (mv_n1, the tiles, mm_split, get_rows), matmul_<type>_batch (mv_n2, mv_n4, mv_n8),
-    matmul_<type>_occ (mv_n1_occ), matmul_<type>_s0 (mv_n1_spec of no paths) or matmul_<type>_os0
-    (mv_n1_occ_spec of no paths), checked on the modules' PTX
+    matmul_<type>_occ (mv_n1_occ) or matmul_<type>_s0 (mv_n1_spec of no paths), checked on the modules' PTX
     (NVRTC, no GPU)."""
     nvrtc_or_skip()
     from ember.backends.cuda._kernels import matmul_module
 
     entries = {module: ptx_entries(module) for module in ("matmul_12", "matmul_12_batch", "matmul_12_occ",
-                                                          "matmul_12_s0", "matmul_12_os0")}
+                                                          "matmul_12_s0")}
     asked = set()
     for n in (1, 2, 3, 5, 8, 20, 64, 65, 200):
         x, y = Addr(n, 256), Addr(n, 512)
         op = Matmul([mat(512, 256)], x, [y], xq=Addr(xq_bytes(n, 256), dtype=np.uint8) if n <= 64 else None)
         ops = [op, GetRows(mat(512, 256), Addr(n, dtype=np.int32), Addr(n, 256)), replace(op, mv_occ="1"),
-               replace(op, mv_store=False), replace(op, mv_occ="1", mv_occ_spec=True)]
+               replace(op, mv_store=False)]
         if n > 8:
             ops.append(replace(op, mv_rows=8, split_rows=64, part=Addr(1 << 20), counters=Addr(64, dtype=np.uint32)))
         for o in ops:
@@ -780,7 +779,6 @@ def test_products_name_the_modules_holding_their_kernels():
     assert entries["matmul_12_batch"] == {"mv_n2", "mv_n4", "mv_n8"}
     assert ("matmul_12_occ", "mv_n1_occ") in asked and entries["matmul_12_occ"] == {"mv_n1_occ"}
     assert ("matmul_12_s0", "mv_n1_spec") in asked and entries["matmul_12_s0"] == {"mv_n1_spec"}
-    assert ("matmul_12_os0", "mv_n1_occ_spec") in asked and entries["matmul_12_os0"] == {"mv_n1_occ_spec"}
     assert {"mv_n1", "mm_tile", "mm_tile64", "mm_split", "get_rows"} <= entries["matmul_12"]
 
 

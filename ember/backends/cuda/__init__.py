@@ -146,9 +146,6 @@ class Backend:
         # the other one-row products on kernels compiled for their own paths (an experiment; off:
         # H200 decode steps SmolLM2 0.754 -> 0.832 ms, Gemma 3 0.828 -> 0.850 with it)
         self.mv_spec = os.environ.get("EMBER_CUDA_MV_SPEC", "0") == "1"
-        # products of more blocks than fit at once (mv_n1_occ) on its copy compiled for their own
-        # paths (mv_n1_occ_spec); "0": the generic one
-        self.mv_occ_spec = os.environ.get("EMBER_CUDA_MV_OCC_SPEC", "1") != "0"
         # products over matrices of several types that Q8_0 holds exactly (Q4_0, Q5_0, Q8_0) take
         # Q8_0 copies of them, one launch instead of one per type (see _widened); "0": never
         self.widen = os.environ.get("EMBER_CUDA_WIDEN", "1") != "0"
@@ -268,10 +265,7 @@ class Backend:
                                "multiple of 32")
         self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
         if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
-            if self.mv_occ_spec:  # an output head, or gate and up (their paths are known at record time)
-                self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ_spec", 0))
-            else:
-                self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
+            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
         if self.mv_store:  # products storing y alone (Matmul._spec): decode steps' second kernel of the type
             self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_spec", 0))
         self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
@@ -500,8 +494,7 @@ class Backend:
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
                          mv_wide=self.mv_wide, mv_fill=self.mv_fill, mv_persist=self.mv_persist, mv_store=self.mv_store,
-                         mv_spec=self.mv_spec, mv_occ_spec=self.mv_occ_spec, mv_pre=self.mv_pre,
-                         mv_pre_steps=self.mv_pre_steps,
+                         mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:

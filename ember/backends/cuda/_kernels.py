@@ -38,8 +38,7 @@ def module_source(module: str) -> str:
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
     rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_s<mask>" (mv_n1_spec
-    for one combination of paths; mask 0: products that only store y) or "matmul_<ggml type
-    id>_os<mask>" (mv_n1_occ_spec, mv_n1_occ so), see matmul.cu."""
+    for one combination of paths; mask 0: products that only store y), see matmul.cu."""
     common = kernel_source("common.cuh")
     if module in ("ops", "sample"):
         return common + kernel_source(f"{module}.cu")
@@ -47,12 +46,10 @@ def module_source(module: str) -> str:
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
-    if parts[0] == "matmul" and len(parts) == 3 and parts[1].isdigit() and parts[2][:1] in ("s", "o"):
-        occ = parts[2].startswith("os")
-        mask = parts[2][2:] if occ else parts[2][1:]
-        if mask.isdigit() and 0 <= int(mask) < 64:
-            return (f"#define QT {int(parts[1])}\n#define MV_SPEC {int(mask)}\n" + ("#define MV_OCC 1\n" if occ else "")
-                    + common + kernel_source("quant.cuh") + kernel_source("matmul.cu"))
+    if (parts[0] == "matmul" and len(parts) == 3 and parts[1].isdigit() and parts[2][:1] == "s"
+            and parts[2][1:].isdigit() and 0 <= int(parts[2][1:]) < 64):
+        return (f"#define QT {int(parts[1])}\n#define MV_SPEC {int(parts[2][1:])}\n" + common
+                + kernel_source("quant.cuh") + kernel_source("matmul.cu"))
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"], ["occ"]):
         defines = f"#define QT {int(parts[1])}\n" + {"batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n"}.get(
             parts[2] if len(parts) == 3 else "", "")
@@ -64,8 +61,6 @@ def matmul_module(qtype: int, kernel: str = "", spec: int = 0) -> str:
     """The module holding one of matmul.cu's kernels for a weight type (mv_n1_spec: that of mask spec)."""
     if kernel == "mv_n1_spec":
         return f"matmul_{int(qtype)}_s{int(spec)}"
-    if kernel == "mv_n1_occ_spec":
-        return f"matmul_{int(qtype)}_os{int(spec)}"
     if kernel in ("mv_n2", "mv_n4", "mv_n8"):
         return f"matmul_{int(qtype)}_batch"
     return f"matmul_{int(qtype)}_occ" if kernel == "mv_n1_occ" else f"matmul_{int(qtype)}"

@@ -169,18 +169,11 @@ def team_log2(k: int, teams: int = 1 << 30, wide: bool = False) -> int:
     return tl
 
 
-MV_FILL_MIN_BYTES = 1 << 20  # one-row products of at least these weight bytes widen their teams to fill the GPU
-
-
 def fill_team_log2(tl: int, steps: int, teams: int, threads: int, n_sm: int) -> int:
     """tl, widened up to a warp a team while the product's blocks (threads / 2^tl teams each) are
     fewer than the multiprocessors and half a team's lanes still get a lane step of the `steps` a
     row has: a one-row product of few rows then spreads over the whole GPU, every multiprocessor
-    reading its share of the weights, instead of some reading twice as much and others idle.
-    Taken by products of at least MV_FILL_MIN_BYTES: H200, the 1.5 B model's q/k/v and o products
-    (1.8 and 1.3 MB in Q4_K) 473 -> 432 us a step, its step 1.185 -> 1.155 ms; SmolLM2's and
-    Gemma 3's (under 0.5 MB, where the more blocks' own prologues and the wider sums cost more
-    than the spread saves) made their steps slower, 0.679 -> 0.699 and 0.675 -> 0.697 ms."""
+    reading its share of the weights, instead of some reading twice as much and others idle."""
     while tl < 5 and -(-teams // (threads >> tl)) < n_sm and 2 * steps >= 2 << tl:
         tl += 1
     return tl
@@ -255,8 +248,6 @@ class Matmul:
     mv_persist: bool = True  # one activation row: a grid that fits the GPU walks more blocks of teams (_matvec)
     mv_store: bool = True  # one activation row that only stores y: mv_n1_spec of no paths (see _spec)
     mv_spec: bool = False  # one activation row otherwise on mv_n1: mv_n1_spec for its paths (see _spec)
-    # products on mv_n1_occ: mv_n1_occ_spec, compiled for their own paths (see _spec) instead
-    mv_occ_spec: bool = False
     # one activation row: a lane's first slices decoded before the kernel waits for x ("1", "0",
     # or "auto": see _pre); with a norm prologue, up to mv_pre_steps lane steps so (see _pre_steps)
     mv_pre: str = "auto"
@@ -386,13 +377,13 @@ class Matmul:
             tl = team_log2(k // spl, teams * n_groups, self.mv_wide)
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
-            if n == 1 and self.mv_fill and sum(w.shape[0] * w.data.row_bytes for w in ws) >= MV_FILL_MIN_BYTES:
+            if n == 1 and self.mv_fill:
                 tl = fill_team_log2(tl, k // 32 // spl, teams, threads, self.n_sm)
             grid = -(-teams // (threads >> tl)) * n_groups
         occ = nmax == 1 and self._occ(grid, threads)
         spec = self._spec()
-        name = ("mv_n1_occ_spec" if occ and self.mv_occ_spec else "mv_n1_occ" if occ
-                else "mv_n1_spec" if nmax == 1 and (self.mv_spec or self.mv_store and spec == 0) else f"mv_n{nmax}")
+        name = ("mv_n1_occ" if occ else "mv_n1_spec" if nmax == 1 and (self.mv_spec or self.mv_store and spec == 0)
+                else f"mv_n{nmax}")
         tblocks = grid // n_groups
         # One row, more blocks than fit at once: a grid that fits walks them (each block's prologue
         # done once, its next rows prefetched while it works on the current ones) instead of waves

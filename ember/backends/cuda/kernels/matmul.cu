@@ -672,24 +672,28 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
 // defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
-// matmul_<type>_s<mask> (MV_SPEC) mv_n1_spec alone, matmul_<type>_os<mask> (both) mv_n1_occ_spec. Each
+// matmul_<type>_s<mask> (MV_SPEC) mv_n1_spec alone. Each
 // mv_body instance is most of a module's compile time: a first token waits for the modules it
 // needs, which compile side by side, and the batch module compiles later.
-#if defined(MV_SPEC)
+#if defined(MV_OCC)
+// mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
+// (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+#elif defined(MV_SPEC)
 // mv_n1 compiled for one combination of paths (MV_SPEC, a mask of the SPEC_* bits; the module
 // matmul_<type>_s<mask>): the others left out. Mask 0, products that only store y (no prologue,
 // no activation or residual epilogue, no tail), is a fifth of mv_n1's code. Where a step's
 // products are of several types, each with its own mv_n1, the generic kernels' code competes for
 // the instruction caches: H200, a Gemma 3 decode step whose 45 such products (o, v and down) took
-// it, 838 -> 806 us. With MV_OCC too (the module matmul_<type>_os<mask>): mv_n1_occ so, the
-// products of many blocks (see Matmul._occ_spec).
+// it, 838 -> 806 us.
 #define SPEC_PRO 1      // a norm prologue (pro_w)
 #define SPEC_PRO_RES 2  // a residual prologue (pro_y and pro_w)
 #define SPEC_GATED 4    // gate and up (MODE_SILU or MODE_GELU)
 #define SPEC_ACT_Q 8    // the gated activation quantized (act_q)
 #define SPEC_RES 16     // MODE_RESIDUAL
 #define SPEC_TAIL 32    // a tail (counter)
-__device__ __forceinline__ void mv_spec_body(MvArgs &a) {
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_spec(MV_PARAMS) {
+    MV_ARGS;
     if (!(MV_SPEC & (SPEC_PRO | SPEC_PRO_RES))) a.pro_w = nullptr;
     if (!(MV_SPEC & SPEC_PRO_RES)) a.pro_y = nullptr;
     if (!(MV_SPEC & SPEC_PRO)) a.pro_idx = nullptr;
@@ -699,15 +703,6 @@ __device__ __forceinline__ void mv_spec_body(MvArgs &a) {
              : (MV_SPEC & SPEC_RES) ? MODE_RESIDUAL : MODE_STORE;
     mv_body<1>(a);
 }
-#if defined(MV_OCC)
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ_spec(MV_PARAMS) { MV_ARGS; mv_spec_body(a); }
-#else
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_spec(MV_PARAMS) { MV_ARGS; mv_spec_body(a); }
-#endif
-#elif defined(MV_OCC)
-// mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
-// (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #elif !defined(MV_BATCH)
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
 #else
