@@ -139,7 +139,8 @@ class Backend:
         self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
         self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
         self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
-        # one-row products of fewer blocks than multiprocessors widen their teams (fill_team_log2); "0": not
+        # one-row products of 1 MiB or more but fewer blocks than multiprocessors widen their teams
+        # (fill_team_log2); "0": they keep them
         self.mv_fill = os.environ.get("EMBER_CUDA_MV_FILL", "1") != "0"
         # one-row products that only store y: a kernel of their own, the generic one's other paths left out
         self.mv_store = os.environ.get("EMBER_CUDA_MV_STORE", "1") != "0"
@@ -493,8 +494,8 @@ class Backend:
         decode = 0 < n <= rows
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, mv_fill=self.mv_fill, mv_persist=self.mv_persist, mv_store=self.mv_store,
-                         mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         mv_wide=self.mv_wide, mv_fill=self.mv_fill, mv_persist=self.mv_persist,
+                         mv_store=self.mv_store, mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:

@@ -181,7 +181,7 @@ def fill_team_log2(tl: int, steps: int, teams: int, threads: int, n_sm: int) -> 
     (1.8 and 1.3 MB in Q4_K) 472 -> 429 us a step, its step 1.176 -> 1.134 ms; SmolLM2's and
     Gemma 3's (under 0.5 MB, where the more blocks' own prologues and the wider sums cost more
     than the spread saves) made their steps slower, 0.679 -> 0.699 and 0.675 -> 0.697 ms."""
-    while tl < 5 and -(-teams // (threads >> tl)) < n_sm and 2 * steps >= 2 << tl:
+    while tl < 5 and -(-teams // (threads >> tl)) < n_sm and steps >= 1 << tl:  # half of 2^(tl+1) lanes
         tl += 1
     return tl
 
