@@ -323,7 +323,6 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
 DECODE_VARIANTS = [
     ("decode_ahead_0", "EMBER_DECODE_AHEAD", "0"),
     ("decode_mv_fill_0", "EMBER_CUDA_MV_FILL", "0"),
-    ("decode_l2_prefetch_0", "EMBER_CUDA_L2_PREFETCH", "0"),
     ("decode_att_cluster_0", "EMBER_CUDA_ATT_CLUSTER", "0"),
     ("decode_att_cluster_8", "EMBER_CUDA_ATT_CLUSTER", "8"),
     ("decode_att_cluster_16", "EMBER_CUDA_ATT_CLUSTER", "16"),
@@ -350,7 +349,6 @@ DECODE_VARIANTS = [
 # the 1.5 B decode step with one switch changed: (label, environment variable, value)
 ROOFLINE_VARIANTS = [
     ("mv_fill_0", "EMBER_CUDA_MV_FILL", "0"),
-    ("l2_prefetch_0", "EMBER_CUDA_L2_PREFETCH", "0"),
     ("mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
     ("mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
     ("att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),

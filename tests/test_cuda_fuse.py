@@ -115,36 +115,6 @@ def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd
                  "slots": slots, "pos": pos, "att": att}
 
 
-def test_decode_attention_prefetches_the_next_weights():
-    """l2_prefetch: each decode attention starts into L2 the weights of the products after the one
-    right behind it, up to the next attention (gate, up, down, then the next layer's q), four
-    matrices and the budget at most, a last one in part; with a budget of 0 nothing changes. The
-    attn launch passes them as its last arguments."""
-    from ember.backends.cuda._fuse import address, l2_prefetch
-
-    n, d = 1, 256
-    x, h = Addr(n, d), Addr(n, d)
-    ops1, _ = llama_layer(n, x, h, single=True)
-    ops2, _ = llama_layer(n, x, h, single=True)
-    fused = fuse(ops1 + ops2, counter)
-    assert l2_prefetch(fused, 0) == fused
-    atts = [i for i, op in enumerate(fused) if isinstance(op, Attention)]
-    got = l2_prefetch(fused, 1 << 30)
-    first = [op for op in fused[atts[0] + 1:atts[1]] if isinstance(op, Matmul)]
-    gate, up = first[1].ws
-    down, q_next = first[2].ws[0], first[3].ws[0]
-    nbytes = lambda w: w.shape[0] * w.data.row_bytes  # noqa: E731
-    assert got[atts[0]].prefetch == tuple((address(w.data.buf), nbytes(w)) for w in (gate, up, down, q_next))
-    last = [op for op in fused[atts[1] + 1:] if isinstance(op, Matmul)]
-    assert got[atts[1]].prefetch == tuple((address(w.data.buf), nbytes(w)) for w in (*last[1].ws, last[2].ws[0]))
-    part = l2_prefetch(fused, nbytes(gate) + 100)[atts[0]].prefetch
-    assert part == ((address(gate.data.buf), nbytes(gate)), (address(up.data.buf), 100))
-    launch = got[atts[0]].launches(FakeKernels())[-1]
-    assert launch.fn[1].startswith("attn") and tuple(int(a) for a in launch.args[-8:]) == (
-        *(address(w.data.buf) for w in (gate, up, down, q_next)), *(nbytes(w) for w in (gate, up, down, q_next)))
-    assert all(int(a) == 0 for a in fused[atts[0]].launches(FakeKernels())[-1].args[-8:])
-
-
 def test_llama_decode_layers_fuse_to_six_kernels_each():
     n, d = 1, 256
     x, h = Addr(n, d), Addr(n, d)

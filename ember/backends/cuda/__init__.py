@@ -215,11 +215,6 @@ class Backend:
             raise BackendError(f"EMBER_CUDA_ATT_CLUSTER must be 0, 8, 16 (blocks) or auto, not '{cluster}'")
         self.att_cluster = (cluster if not self.kernels.hip and int(self.device.compute_capability) >= 90
                             else "0")
-        # recorded decode steps' attention starts the weights of the products after it into L2, up
-        # to half the L2 (bulk prefetch: compute capability 9.0+, CUDA; see _fuse.l2_prefetch); "0": not
-        self.l2_prefetch = (int(self.device.attributes.get("L2CacheSize", 0)) // 2
-                            if os.environ.get("EMBER_CUDA_L2_PREFETCH", "1") != "0" and not self.kernels.hip
-                            and int(self.device.compute_capability) >= 90 else 0)
         # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
         self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
         self.graph_error: str | None = None
@@ -317,14 +312,13 @@ class Backend:
         self.replay(rec)
 
     def _finish(self, rec) -> None:
-        from ._fuse import fuse, l2_prefetch
+        from ._fuse import fuse
 
         if self.fuse:
             counter = self._new_counter if self.tails != "0" else None
             ops = fuse(rec.ops, counter, residual_tails=self.tails == "all")
         else:
             ops = rec.ops
-        ops = l2_prefetch(ops, self.l2_prefetch)
         rec.n_ops_fused = len(ops)
         rec.launches = [launch for op in (*rec.uploads, *ops, *rec.downloads) for launch in op.launches(self.kernels)]
         # Early launches only for decode-sized steps: in a prompt-sized step the tile products run

@@ -81,33 +81,6 @@ def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = 
     return hand_over_activations(merged, new_counter, residual_tails, post_prologue)
 
 
-def l2_prefetch(ops: list, budget: int) -> list:
-    """Decode attention launches (not the tiles) start weights of the products after them into L2
-    before they wait (attn's pf* runs: the copy engine's bulk prefetch): those of the products
-    after the one right behind the attention (which fetches its own rows as it starts), up to the
-    next attention, at most four matrices and `budget` bytes (a last matrix in part). The bytes
-    then stream from memory while the attention and the product after it, both bound by latency,
-    run. Prefetches are hints: nothing reads differently."""
-    if budget <= 0:
-        return ops
-    out = list(ops)
-    at = [i for i, op in enumerate(out) if isinstance(op, Attention) and not op.tiles]
-    for j, i in enumerate(at):
-        later = [op for op in out[i + 1:at[j + 1] if j + 1 < len(at) else len(out)] if isinstance(op, Matmul)]
-        runs, left, seen = [], budget, set()
-        for w in (w for mm in later[1:] for w in mm.ws):
-            start = address(w.data.buf)
-            if start in seen or len(runs) == 4 or left <= 0:
-                continue
-            seen.add(start)
-            n = min(w.shape[0] * w.data.row_bytes, left)
-            runs.append((start, n))
-            left -= n
-        if runs:
-            out[i] = replace(out[i], prefetch=tuple(runs))
-    return out
-
-
 def merge_pair(a, b, new_counter):
     """One op doing a then b, or None."""
     if isinstance(a, RmsNorm) and isinstance(b, Matmul):

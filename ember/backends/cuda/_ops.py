@@ -747,9 +747,6 @@ class Attention:
     # last split block of each (token, head chunk) merges the splits (no attn_combine launch)
     min_keys: int = 0  # with counters: positions a split holds at least (fewer splits, see attn)
     cluster: int = 0  # with counters: attn_cluster<8|16>, clusters of that many splits (n_split a multiple)
-    # up to four (device address, bytes) runs the attn launch starts into L2 before it waits: weights
-    # of the products after it (recorded steps; see _fuse.l2_prefetch)
-    prefetch: tuple = ()
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -777,19 +774,13 @@ class Attention:
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
                 f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 or merge else None),
                 i32(2 if n <= DECODE_TOKENS else 0), i32(self.min_keys if merge else 0), *self._fold_args(),
-                ptr(self.counters if merge else None), *self._prefetch_args())
+                ptr(self.counters if merge else None))
         name = "attn"
         if merge and self.cluster:
             if self.cluster not in (8, 16) or self.n_split % self.cluster or hd_v % 32:
                 raise AssertionError("attn_cluster takes whole clusters of 8 or 16 splits and hd_v % 32 == 0")
             name = f"attn_cluster{self.cluster}"
         return Launch(kernels.fn("attention", name), (self.n_split, self.n_kv * n_hc, n), (128, 1, 1), args)
-
-    def _prefetch_args(self) -> tuple:
-        if len(self.prefetch) > 4:
-            raise AssertionError("attn prefetches at most four runs of weights")
-        runs = list(self.prefetch) + [(0, 0)] * (4 - len(self.prefetch))
-        return (*(u64(at) for at, _ in runs), *(i64(n) for _, n in runs))
 
     def _tile_launch(self, kernels, n: int, hd: int, n_hc: int) -> Launch:
         """attn_tile: one block per (piece of the step, kv head and head chunk, split of the keys)."""

@@ -169,13 +169,11 @@ __device__ void cluster_merge(const float *red, const float *m_s, const float *l
         float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2, int min_keys,                             \
         const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,       \
         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,                 \
-        unsigned *__restrict__ counters, const u8 *pf0, const u8 *pf1, const u8 *pf2, const u8 *pf3,           \
-        long long pf_n0, long long pf_n1, long long pf_n2, long long pf_n3
+        unsigned *__restrict__ counters
 #define ATTN_ARGS                                                                                               \
     q, k_cache, v_cache, out, part, pos, seq_rows, tables, max_pages, page_size, n_head, n_kv, hd_k, hd_v, window, \
         scale, softcap, n_split, xq, kpt_log2, min_keys, k_new, v_new, q_norm, k_norm, eps, n_rot, neox, base,    \
-        freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters, pf0, pf1, pf2, pf3,   \
-        pf_n0, pf_n1, pf_n2, pf_n3
+        freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters
 
 // CL > 0 (attn_cluster): the blocks of CL consecutive splits form a thread-block cluster (see
 // cluster_merge).
@@ -200,12 +198,6 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     // Positions are step inputs, written by no kernel (see pdl_launch_next): the folded form's
     // rope table is made while the kernel before this one still runs.
     pdl_launch_next();
-    // Weights of the products after this one (pf*: see _fuse.l2_prefetch) start into L2 now: the
-    // copy engine streams them while this kernel and the next are bound by latency.
-    prefetch_bulk_l2(pf0, pf_n0);
-    prefetch_bulk_l2(pf1, pf_n1);
-    prefetch_bulk_l2(pf2, pf_n2);
-    prefetch_bulk_l2(pf3, pf_n3);
     const int p_t = pos[t];
     const RopeP rp = ROPE_ARGS;
     if (k_new)

@@ -193,24 +193,6 @@ __device__ __forceinline__ void prefetch_range_l2(const void *p, long long n, in
          l += 128ull * (unsigned long long)lanes)
         prefetch_l2((const void *)l);
 }
-// Bytes [p, p + n) into L2 through the copy engine (cp.async.bulk.prefetch, Hopper and later, CUDA;
-// elsewhere nothing): chunks of 32 KB spread over the launch's blocks, one instruction a chunk by a
-// lane of each block's first warp. p 16-byte aligned; a tail of under 16 bytes is left out.
-#define L2_PF_CHUNK (32 * 1024)
-__device__ __forceinline__ void prefetch_bulk_l2(const void *p, long long n) {
-#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p == nullptr || threadIdx.x >= 32) return;
-    const long long nb = (long long)gridDim.x * gridDim.y * gridDim.z;
-    const long long b = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
-    for (long long c = b + nb * threadIdx.x; c * L2_PF_CHUNK < n; c += nb * 32) {
-        const unsigned bytes = (unsigned)min((long long)L2_PF_CHUNK, n - c * L2_PF_CHUNK) & ~15u;
-        if (bytes)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + c * L2_PF_CHUNK),
-                         "r"(bytes)
-                         : "memory");
-    }
-#endif
-}
 // Loads of what other blocks of the same launch wrote (after a counter says they did): from L2,
 // never from this multiprocessor's L1.
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
