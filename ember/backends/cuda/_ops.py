@@ -21,7 +21,8 @@ QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLT
                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
 PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
-PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)  # see Matmul._pre
+PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,  # see Matmul._pre
+             GGMLType.Q4_K, GGMLType.Q5_K)
 
 MV_MAX_ROWS = 64  # activation rows up to which products take the matrix-vector kernels (in groups of 8)
 DECODE_TOKENS = 8  # attention of steps up to this many tokens: four threads per key (few keys per split)

@@ -113,18 +113,25 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
     }
 }
 
-// A lane's first steps of slices (lane steps p = lane, lane + T), decoded before the kernel waits
+// A lane's first steps of slices (lane steps p = lane, lane + T), loaded before the kernel waits
 // for x: weights are constants, so their round trip overlaps the kernel before (see mv_body).
-// Compiled into mv_n1 for the types of 32-value blocks only (Matmul._pre, PRE_TYPES): in the
-// others, and in mv_n1_occ's 80 registers, the registers it holds make the kernel spill.
+// Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and for Q4_K and Q5_K,
+// whose steps (two slices, a scale decode) are held as their raw bytes (RawK) and decoded after
+// the wait (Matmul._pre, PRE_TYPES); in the other types, and in mv_n1_occ's 80 registers, the
+// registers they hold make the kernel spill.
 #define MV_PRE_STEPS 2
+constexpr bool MV_PRE_RAW = SPL == 2;
+#define MV_PRE_RAW_STEPS 1
+constexpr int MV_PRE_HELD = MV_PRE_RAW ? MV_PRE_RAW_STEPS : MV_PRE_STEPS;  // lane steps held
 #ifdef MV_OCC
 constexpr bool MV_PRE_OK = false;
 #else
-constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0;
+constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
+                           QT == T_Q4_K || QT == T_Q5_K;
 #endif
 struct MvPre {
-    QSlice q0[MV_PRE_STEPS][SPL], q1[MV_PRE_STEPS][SPL];
+    QSlice q0[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL], q1[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL];
+    RawK r0[MV_PRE_RAW ? MV_PRE_HELD : 1], r1[MV_PRE_RAW ? MV_PRE_HELD : 1];
     bool have[MV_PRE_STEPS];
 };
 
@@ -197,9 +204,18 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
         int p0 = lane;
         if constexpr (MV_PRE_OK) {
 #pragma unroll
-            for (int i = 0; i < MV_PRE_STEPS; i++) {  // the first steps' slices were decoded before the wait
+            for (int i = 0; i < MV_PRE_HELD; i++) {  // the first steps' slices were loaded before the wait
                 if (i >= use_pre) break;
-                if (pre.have[i]) step(lane + i * T, pre.q0[i], pre.q1[i]);
+                if (pre.have[i]) {
+                    if constexpr (MV_PRE_RAW) {
+                        QSlice q0[SPL], q1[SPL];
+                        if (ok0) slice2_decode<QT>(pre.r0[i], lane + i * T, q0[0], q0[1]);
+                        if (ok1) slice2_decode<QT>(pre.r1[i], lane + i * T, q1[0], q1[1]);
+                        step(lane + i * T, q0, q1);
+                    } else {
+                        step(lane + i * T, pre.q0[i], pre.q1[i]);
+                    }
+                }
                 p0 += T;
             }
         }
@@ -543,11 +559,17 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     MvPre pre;
     int use_pre = 0;
     if constexpr (NMAX == 1 && MV_PRE_OK) {
-        use_pre = min(a.pre_dec, MV_PRE_STEPS);
+        use_pre = min(a.pre_dec, MV_PRE_HELD);
 #pragma unroll
-        for (int i = 0; i < MV_PRE_STEPS; i++) {
+        for (int i = 0; i < MV_PRE_HELD; i++) {
             pre.have[i] = i < use_pre && lane + i * T < a.k / 32 / SPL;
-            if (pre.have[i]) mv_decode_step<QT>(w0, w1, ok[0], ok[1], lane + i * T, pre.q0[i], pre.q1[i]);
+            if (!pre.have[i]) continue;
+            if constexpr (MV_PRE_RAW) {
+                if (ok[0]) slice2_raw<QT>(w0, lane + i * T, pre.r0[i]);
+                if (ok[1]) slice2_raw<QT>(w1, lane + i * T, pre.r1[i]);
+            } else {
+                mv_decode_step<QT>(w0, w1, ok[0], ok[1], lane + i * T, pre.q0[i], pre.q1[i]);
+            }
         }
     }
     pdl_wait();

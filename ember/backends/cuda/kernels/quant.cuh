@@ -331,17 +331,28 @@ DEVI void k4_scales_pair(u32 w0, u32 w1, u32 w2, int c, int *sc, int *m) {
     m[0] = (int)((mw >> sh) & 0xFFu), m[1] = (int)((mw >> (sh + 8)) & 0xFFu);
 }
 
-// Slices 2p and 2p+1 of a Q4_K/Q5_K row at once: chunk c = p % 4 of super-block p / 4, its 32
-// quant bytes in two 16-byte loads and one scale decode for both (decode products take K-quant
-// rows two slices per lane step).
+// The bytes slice2_q decodes: the super-block's header (f16 d, f16 dmin, 12 scale bytes), the
+// chunk's 32 quant bytes and, for Q5_K, the 32 bytes of fifth bits. Loaded apart from the decode
+// so that a lane can hold them across a wait (mv_body's pre-loaded steps) in 12 (20) registers.
+struct RawK {
+    uint4 hd, qa, qb, ha, hb;
+};
 template <int TT>
-DEVI void slice2_q(const u8 *__restrict__ row, int p, QSlice &o0, QSlice &o1) {
+DEVI void slice2_raw(const u8 *__restrict__ row, int p, RawK &r) {
     constexpr int size = TT == T_Q4_K ? 144 : 176, qs_at = TT == T_Q4_K ? 16 : 48;
     const u8 *sb = row + (size_t)(p >> 2) * size;
     const int c = p & 3;
-    const uint4 hd = *(const uint4 *)sb;
-    const uint4 qa = *(const uint4 *)(sb + qs_at + 32 * c), qb = *(const uint4 *)(sb + qs_at + 32 * c + 16);
-    const u32 wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+    r.hd = *(const uint4 *)sb;
+    r.qa = *(const uint4 *)(sb + qs_at + 32 * c), r.qb = *(const uint4 *)(sb + qs_at + 32 * c + 16);
+    if constexpr (TT == T_Q5_K) r.ha = *(const uint4 *)(sb + 16), r.hb = *(const uint4 *)(sb + 32);
+}
+
+// Slices 2p and 2p+1 of a Q4_K/Q5_K row from their bytes (slice2_raw): chunk c = p % 4 of
+// super-block p / 4, one scale decode for both.
+template <int TT>
+DEVI void slice2_decode(const RawK &r, int p, QSlice &o0, QSlice &o1) {
+    const int c = p & 3;
+    const u32 wa[4] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w}, wb[4] = {r.qb.x, r.qb.y, r.qb.z, r.qb.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         o0.q[j] = (int)(wa[j] & 0x0F0F0F0Fu);
@@ -350,8 +361,7 @@ DEVI void slice2_q(const u8 *__restrict__ row, int p, QSlice &o0, QSlice &o1) {
         o1.q[4 + j] = (int)((wb[j] >> 4) & 0x0F0F0F0Fu);
     }
     if constexpr (TT == T_Q5_K) {
-        const uint4 ha = *(const uint4 *)(sb + 16), hb = *(const uint4 *)(sb + 32);
-        const u32 xa[4] = {ha.x, ha.y, ha.z, ha.w}, xb[4] = {hb.x, hb.y, hb.z, hb.w};
+        const u32 xa[4] = {r.ha.x, r.ha.y, r.ha.z, r.ha.w}, xb[4] = {r.hb.x, r.hb.y, r.hb.z, r.hb.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             o0.q[j] |= (int)(((xa[j] >> (2 * c)) & 0x01010101u) << 4);
@@ -360,14 +370,23 @@ DEVI void slice2_q(const u8 *__restrict__ row, int p, QSlice &o0, QSlice &o1) {
             o1.q[4 + j] |= (int)(((xb[j] >> (2 * c + 1)) & 0x01010101u) << 4);
         }
     }
-    const float d = h2f((u16)(hd.x & 0xFFFFu)), dmin = h2f((u16)(hd.x >> 16));
+    const float d = h2f((u16)(r.hd.x & 0xFFFFu)), dmin = h2f((u16)(r.hd.x >> 16));
     int sc[2], m[2];
-    k4_scales_pair(hd.y, hd.z, hd.w, c, sc, m);
+    k4_scales_pair(r.hd.y, r.hd.z, r.hd.w, c, sc, m);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         o0.a[h] = o1.a[h] = d * (float)sc[h];
         o0.b[h] = o1.b[h] = -dmin * (float)m[h];
     }
+}
+
+// Slices 2p and 2p+1 of a Q4_K/Q5_K row at once: their 32 quant bytes in two 16-byte loads and
+// one scale decode for both (decode products take K-quant rows two slices per lane step).
+template <int TT>
+DEVI void slice2_q(const u8 *__restrict__ row, int p, QSlice &o0, QSlice &o1) {
+    RawK r;
+    slice2_raw<TT>(row, p, r);
+    slice2_decode<TT>(r, p, o0, o1);
 }
 
 template <int TT>
