@@ -21,8 +21,8 @@ QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLT
                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 MATRIX_TYPES = frozenset(FLOAT_TYPES + QUANT_TYPES)
 PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
-PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,  # see Matmul._pre
-             GGMLType.Q4_K, GGMLType.Q5_K)
+PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)  # see Matmul._pre
+PRE_SPEC_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K)  # on mv_n1_spec only (raw bytes held: see Matmul._pre)
 
 MV_MAX_ROWS = 64  # activation rows up to which products take the matrix-vector kernels (in groups of 8)
 DECODE_TOKENS = 8  # attention of steps up to this many tokens: four threads per key (few keys per split)
@@ -402,7 +402,7 @@ class Matmul:
         args = (*_pad4([ptr(w.data.buf) for w in ws], u64(0)), *_pad4([ptr(o) for o in outs], u64(0)),
                 *_pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes),
                 i32(k), i32(n), ptr(self.x), ptr(self.xq), i32(self.mode), ptr(self.aux), i32(tl), i32(tblocks),
-                i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and self._pre(qtype, occ) else 0),
+                i32(self._pre_steps(k // 32 // spl, 1 << tl) if nmax == 1 and self._pre(qtype, occ, name) else 0),
                 ptr(self.act_q),
                 *self._prologue_args(), *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(qtype, name, spec), name)
@@ -424,17 +424,20 @@ class Matmul:
             m |= SPEC_RES
         return m | (SPEC_ACT_Q if self.act_q is not None else 0) | (SPEC_TAIL if self.tail is not None else 0)
 
-    def _pre(self, qtype, occ: bool) -> bool:
+    def _pre(self, qtype, occ: bool, name: str = "mv_n1") -> bool:
         """Whether a one-row product decodes a lane's first slices before it waits for x. H200,
         SmolLM2-shaped Q4_1 products in chains: qkv with its norm prologue 4.86 -> 4.40 us, gate+up
         5.27 -> 4.48, down 2.68 -> 2.32 (Q5_0 alike); SmolLM2's step 0.874 -> 0.815 ms, Gemma 3's
         1.033 -> 0.968. The K-quants' two slices a step and mv_n1_occ's 80 registers spill: the
         1.5 B model's Q4_K step 1.437 -> 1.536 ms, its Q8_0 mv_n1_occ products 813 -> 860 us a step.
         So mv_n1 holds it for the types of 32-value blocks only (PRE_TYPES; the others ignore
-        pre_dec), and "auto" takes it there."""
+        pre_dec), and "auto" takes it there. Q4_K and Q5_K hold one step as its raw bytes (12 or
+        20 registers, decoded after the wait) in mv_n1_spec only (PRE_SPEC_TYPES; in mv_n1 it
+        spilled): Gemma 3's store-only Q4_K products 84 -> 78 us a step, its step about 0.670 ->
+        0.655 ms (tg128 1530 -> 1553)."""
         if self.mv_pre in ("0", "1"):
             return self.mv_pre == "1"
-        return not occ and qtype in PRE_TYPES
+        return not occ and (qtype in PRE_TYPES or qtype in PRE_SPEC_TYPES and name == "mv_n1_spec")
 
     def _pre_steps(self, steps: int, lanes: int) -> int:
         """Lane steps decoded before the wait: a product whose prologue normalises x after it would

@@ -115,10 +115,10 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
 
 // A lane's first steps of slices (lane steps p = lane, lane + T), loaded before the kernel waits
 // for x: weights are constants, so their round trip overlaps the kernel before (see mv_body).
-// Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and for Q4_K and Q5_K,
-// whose steps (two slices, a scale decode) are held as their raw bytes (RawK) and decoded after
-// the wait (Matmul._pre, PRE_TYPES); in the other types, and in mv_n1_occ's 80 registers, the
-// registers they hold make the kernel spill.
+// Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and into mv_n1_spec for
+// Q4_K and Q5_K too, whose step (two slices, a scale decode) is held as its raw bytes (RawK) and
+// decoded after the wait (Matmul._pre); in mv_n1 for those, in the other types, and in
+// mv_n1_occ's 80 registers, the registers they hold make the kernel spill.
 #define MV_PRE_STEPS 2
 constexpr bool MV_PRE_RAW = SPL == 2;
 #define MV_PRE_RAW_STEPS 1
@@ -126,8 +126,13 @@ constexpr int MV_PRE_HELD = MV_PRE_RAW ? MV_PRE_RAW_STEPS : MV_PRE_STEPS;  // la
 #ifdef MV_OCC
 constexpr bool MV_PRE_OK = false;
 #else
+#ifdef MV_SPEC
+constexpr bool MV_PRE_SPEC = true;
+#else
+constexpr bool MV_PRE_SPEC = false;
+#endif
 constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
-                           QT == T_Q4_K || QT == T_Q5_K;
+                           (MV_PRE_SPEC && (QT == T_Q4_K || QT == T_Q5_K));
 #endif
 struct MvPre {
     QSlice q0[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL], q1[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL];
