@@ -433,8 +433,8 @@ class Matmul:
         So mv_n1 holds it for the types of 32-value blocks only (PRE_TYPES; the others ignore
         pre_dec), and "auto" takes it there. Q4_K and Q5_K hold one step as its raw bytes (12 or
         20 registers, decoded after the wait) in mv_n1_spec only (PRE_SPEC_TYPES; in mv_n1 it
-        spilled): Gemma 3's store-only Q4_K products 84 -> 78 us a step, its step about 0.670 ->
-        0.655 ms (tg128 1530 -> 1553)."""
+        spilled): Gemma 3's store-only Q4_K products 84 -> 78 us a step, its step 0.670 -> 0.655
+        ms across runs (tg128 1530 -> 1553-1560)."""
         if self.mv_pre in ("0", "1"):
             return self.mv_pre == "1"
         return not occ and (qtype in PRE_TYPES or qtype in PRE_SPEC_TYPES and name == "mv_n1_spec")
