@@ -595,11 +595,12 @@ def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
 
 
 def test_one_row_products_of_few_blocks_widen_their_teams():
-    """A one-row product whose blocks would be fewer than the multiprocessors takes teams twice as
-    wide (up to a warp) while half a team's lanes keep a lane step: a 1.5 B model's q, k and v
-    (2048 rows of 1536 Q4_K values, 256 threads a block for the norm prologue) on 128 blocks instead
-    of 64; products of enough blocks, or of
-    rows too short to share, keep theirs; EMBER_CUDA_MV_FILL=0 (mv_fill) keeps them all."""
+    """A one-row product of at least 1 MiB of weights whose blocks would be fewer than the
+    multiprocessors takes teams twice as wide (up to a warp) while half a team's lanes keep a lane
+    step: a 1.5 B model's q, k and v (2048 rows of 1536 Q4_K values, 256 threads a block for the
+    norm prologue) on 128 blocks instead of 64. Products of enough blocks, of rows too short to
+    share, or of fewer bytes (SmolLM2's q, k and v) keep theirs; EMBER_CUDA_MV_FILL=0 (mv_fill)
+    keeps them all."""
     from ember.backends.cuda._ops import fill_team_log2
 
     def geometry(rows, k, qtype, fill=True, n=1):
@@ -613,6 +614,7 @@ def test_one_row_products_of_few_blocks_widen_their_teams():
     assert geometry(2048, 1536, GGMLType.Q4_K, n=2) == geometry(2048, 1536, GGMLType.Q4_K, fill=False, n=2)
     assert geometry(1536, 8960, GGMLType.Q4_K) == geometry(1536, 8960, GGMLType.Q4_K, fill=False)  # 384 blocks
     assert geometry(8960, 1536, GGMLType.Q8_0) == geometry(8960, 1536, GGMLType.Q8_0, fill=False)
+    assert geometry(960, 576, GGMLType.Q4_1) == geometry(960, 576, GGMLType.Q4_1, fill=False)  # 0.55 MB
     assert fill_team_log2(3, 4, 100, 128, 132) == 3  # four lane steps a row: teams of 8 at most
     assert fill_team_log2(2, 16, 100, 128, 132) == 5
 

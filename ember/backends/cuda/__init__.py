@@ -495,7 +495,8 @@ class Backend:
         self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
                          prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
                          mv_wide=self.mv_wide, mv_fill=self.mv_fill, mv_persist=self.mv_persist,
-                         mv_store=self.mv_store, mv_spec=self.mv_spec, mv_pre=self.mv_pre, mv_pre_steps=self.mv_pre_steps,
+                         mv_store=self.mv_store, mv_spec=self.mv_spec, mv_pre=self.mv_pre,
+                         mv_pre_steps=self.mv_pre_steps,
                          tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:

@@ -424,8 +424,9 @@ class Matmul:
             m |= SPEC_RES
         return m | (SPEC_ACT_Q if self.act_q is not None else 0) | (SPEC_TAIL if self.tail is not None else 0)
 
-    def _pre(self, qtype, occ: bool, name: str = "mv_n1") -> bool:
-        """Whether a one-row product decodes a lane's first slices before it waits for x. H200,
+    def _pre(self, qtype, occ: bool, name: str) -> bool:
+        """Whether a one-row product on kernel `name` loads a lane's first slices before it waits
+        for x. H200,
         SmolLM2-shaped Q4_1 products in chains: qkv with its norm prologue 4.86 -> 4.40 us, gate+up
         5.27 -> 4.48, down 2.68 -> 2.32 (Q5_0 alike); SmolLM2's step 0.874 -> 0.815 ms, Gemma 3's
         1.033 -> 0.968. The K-quants' two slices a step and mv_n1_occ's 80 registers spill: the
