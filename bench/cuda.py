@@ -498,16 +498,8 @@ def kernel_times(reps: int = 40) -> dict:
     launch (the in-graph launch gap included) and weight GB/s; plus the smallest kernel's time."""
     from ember.backends import get_backend
     from ember.backends.base import Weight
-    from ember.backends.cuda._ops import (
-        MODE_RESIDUAL,
-        MODE_SILU,
-        MS_COUNTERS,
-        MS_PART_FLOATS,
-        DeviceMatrix,
-        Matmul,
-        Tail,
-        xq_bytes,
-    )
+    from ember.backends.cuda.ops import MODE_RESIDUAL, MODE_SILU, DeviceMatrix, Matmul, SplitScratch, Tail, xq_bytes
+    from ember.backends.cuda.ops.matmul import MS_COUNTERS, MS_PART_FLOATS
     from ember.quant import GGMLType, layout
 
     b = get_backend("cuda")
@@ -554,15 +546,15 @@ def kernel_times(reps: int = 40) -> dict:
             xq = cp.empty(xq_bytes(n, k), cp.uint8)
             ys = [cp.empty((n, r), cp.float32) for r in rows]
             kw = {"mode": MODE_SILU, "aux": cp.empty((n, rows[0]), cp.float32)} if gated else {}
-            split = dict(split_rows=64, part=b._scratch_f32("mm_split_part", MS_PART_FLOATS),
-                         counters=b._zeroed_u32("mm_split_counters", MS_COUNTERS))
+            split = dict(split_buf=SplitScratch(b._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                                                b._zeroed_u32("mm_split_counters", MS_COUNTERS)))
             ops = {"mv_n8": Matmul(ws, x, ys, xq=xq, quant_in=False, mv_rows=64, **kw),  # groups of 8 rows
                    "mm_tile": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm),  # no fused epilogue
                    "mm_split": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm, **split, **kw)}
             assert ops["mm_split"].split()
             for name, op in ops.items():
                 out[f"{label} n={n} {name}"] = {"us": round(graph_us(cp, op.launches(b.kernels), reps), 2)}
-    from ember.backends.cuda._ops import TopK
+    from ember.backends.cuda.ops import TopK
 
     for rows, vocab in ((1, 262144), (64, 262144), (64, 49152)):
         logits = cp.random.standard_normal((rows, vocab), dtype=cp.float32)
