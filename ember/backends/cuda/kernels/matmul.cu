@@ -350,10 +350,10 @@ __device__ void mv_tail(const MvTail &tail, float *y0, int d, int n, float *red,
 // of a row are loaded at once into registers with their norm weights, then summed, scaled and
 // quantized from there: one round trip to memory per row. Layout: pass i of warp w holds the
 // 32-value blocks b = 4 (w + nw i) + lane / 8, eight lanes a block and four values a lane (one
-// float4), so that a warp quantizes four blocks at once with shuffles among eight lanes; one
-// block per warp in turn (ten dependent shuffles each) cost a SmolLM2-shaped qkv prologue 1.5 us
-// of its 2.7 (H200, timed inside the kernel). Rows of more than 4 PRO_PASS blocks per warp
-// (longer than the host lets a prologue take) take the strided loops.
+// float4), so that a warp quantizes four blocks at once with shuffles among eight lanes instead
+// of one block per warp in turn (ten dependent shuffles each, half the prologue's time). Rows of
+// more than 4 PRO_PASS blocks per warp (longer than the host lets a prologue take) take the
+// strided loops.
 #define PRO_PASS 2
 #define PRO_REG (4 * PRO_PASS)  // values a lane holds
 
