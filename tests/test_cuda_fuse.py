@@ -768,3 +768,40 @@ def test_batch_modules_compile_after_the_first_token_needs():
     kernels.prefetch_later("matmul_6_batch")
     assert kernels.fn("matmul_6_batch", "mv_n2") == "mv_n2"  # needed now: built, not left waiting
     assert "matmul_6_batch" in order and not kernels._later
+
+
+def test_config_checks_its_fields():
+    from ember.backends.cuda import CudaConfig
+
+    assert CudaConfig() == CudaConfig(graphs=True, fuse=True, pdl=True, mv_rows=64, prologue_k=2048, tile_rows=0,
+                                      att_waves=2)
+    for bad in (dict(mv_rows=0), dict(mv_rows=65), dict(prologue_k=4096), dict(tile_rows=32), dict(att_waves=0)):
+        with pytest.raises(ValueError):
+            CudaConfig(**bad)
+    with pytest.raises(AttributeError):
+        CudaConfig().graphs = False  # frozen: read once
+
+
+def test_attention_plans_follow_the_step():
+    """Decode steps of up to 8 tokens: the scalar kernel, a block per query head, splits merged
+    by the last split block, in clusters where the device has them (8 blocks at head size 64, 16
+    at 256); batched decode and prompt steps: tensor-core tiles, merged by attn_combine."""
+    from ember.backends.cuda.ops.attention import AttentionStep, AttentionTarget, plan_attention
+
+    h200 = AttentionTarget(132, tiles=True, clusters=True)
+    decode = AttentionStep(1, 1, 4096, 9, 3, 64, 64, single=True, contiguous=True)
+    plan = plan_attention(h200, decode)
+    assert not plan.tiles and plan.heads_per_block == 1 and plan.merge and plan.cluster == 8
+    assert plan.n_split % 8 == 0 and plan.min_keys == 32 and plan.counters(decode) == 9
+    wide = plan_attention(h200, AttentionStep(1, 1, 4096, 4, 1, 256, 256, single=True, contiguous=True))
+    assert wide.cluster == 16 and wide.min_keys == 8
+    older = plan_attention(AttentionTarget(108, tiles=True, clusters=False), decode)
+    assert older.merge and older.cluster == 0
+    assert plan_attention(h200, AttentionStep(1, 1, 16, 9, 3, 64, 64, single=True, contiguous=True)).n_split == 1
+    batched = plan_attention(h200, AttentionStep(64, 64, 4096, 9, 3, 64, 64, single=True, contiguous=True))
+    assert batched.tiles and not batched.merge and batched.n_split > 1
+    prompt = AttentionStep(512, 1, 1024, 4, 1, 256, 256, single=False, contiguous=True)
+    assert plan_attention(h200, prompt).tiles
+    assert not plan_attention(AttentionTarget(132, tiles=False, clusters=False), prompt).tiles
+    odd = plan_attention(h200, AttentionStep(512, 1, 1024, 4, 1, 96, 96, single=False, contiguous=True))
+    assert not odd.tiles and odd.heads_per_block == 8  # no tile module for heads of 96
