@@ -110,7 +110,7 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
     def stop():
         server.should_exit = True
 
-    app = create_app(config, lambda: load_model(model_cfg, config.aliases), on_load_failure=stop)
+    app = create_app(config, lambda: load_model(model_cfg), on_load_failure=stop)
     server = GracefulServer(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
                                            access_log=access_log), app.state.ember)
     server.run()

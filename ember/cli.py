@@ -168,24 +168,30 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def cmd_serve(args) -> int:
-    from .app import ModelConfig, ServerConfig, serve
-    from .server.origins import is_loopback_bind
+    from .app import ModelConfig, serve
 
-    keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
     model_cfg = ModelConfig(args.model, device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file)
+    return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
+                 access_log=args.access_log)
+
+
+def server_config(args):
+    """The ServerConfig of `ember serve`'s arguments."""
+    from .app import ServerConfig
+    from .server.origins import is_loopback_bind
+
+    keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
     hosts = _listed(args.allowed_hosts) or (("localhost",) if is_loopback_bind(args.host) else ("*",))
     sampling = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
                 "seed": args.seed}
-    config = ServerConfig(
+    return ServerConfig(
         aliases=args.alias, tags=args.tags, api_keys=keys, cors_origins=_listed(args.cors_origin) or ("localhost",),
         allowed_hosts=hosts, max_body_bytes=args.max_body, max_sequences=args.max_sequences,
         shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
-    return serve(model_cfg, config, host=args.host, port=args.port, log_level=args.log_level,
-                 access_log=args.access_log)
 
 
 def _listed(values: list[str]) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,7 +142,8 @@ class ServerModel:
 
 
 def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
-    """Open the GGUF file, build the model, tokenizer, chat template and engine."""
+    """Open the GGUF file, build the model, tokenizer, chat template and engine. (The names
+    the model goes by are the server's: ServerConfig.aliases replaces `aliases`.)"""
     from ..backends import get_backend
     from ..gguf_loader import GGUFFile
     from ..models import load_model as build_model
@@ -264,6 +265,8 @@ class ServerState:
             self.loaded.set()
 
     def _loaded(self, model: ServerModel) -> None:
+        if self.config.aliases and model.aliases != self.config.aliases:  # a view with the names clients see
+            model = replace(model, aliases=self.config.aliases)
         if self._engine_metrics is not None:
             model.engine.metrics = self._engine_metrics
         self.info, self.model = model.describe(), model
