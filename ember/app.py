@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Callable
 
 import uvicorn
@@ -30,6 +31,7 @@ from .server.connection import TimedProtocol
 from .server.errors import APIError, server_error
 from .server.guard import Guard
 from .server.metrics import make_registry, metrics
+from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
 __all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "uvicorn_config"]
@@ -69,7 +71,7 @@ def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_mo
         await run_in_threadpool(state.close)
 
     middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
-                             allowed_hosts=config.allowed_hosts, cors_origins=config.cors_origins)]
+                             allowed_hosts=config.allowed_hosts or (LOOPBACK,), cors_origins=config.cors_origins)]
     app = Starlette(routes=routes(), middleware=middleware, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_gone,
         Exception: _internal_error})
@@ -110,6 +112,7 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
     def stop():
         server.should_exit = True
 
+    config = for_address(config, host)
     app = create_app(config, lambda: load_model(model_cfg), on_load_failure=stop)
     server = GracefulServer(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
                                            access_log=access_log), app.state.ember)
@@ -117,10 +120,18 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
     return 1 if app.state.ember.load_error else 0
 
 
+def for_address(config: ServerConfig, host: str) -> ServerConfig:
+    """The Host values served, where not given: loopback names on a loopback address (a guard
+    against DNS rebinding), any elsewhere (the server is meant to be reached by other names)."""
+    if config.allowed_hosts is not None:
+        return config
+    return replace(config, allowed_hosts=(LOOPBACK,) if is_loopback_bind(host) else (ANY,))
+
+
 def uvicorn_config(app, config: ServerConfig, **options) -> uvicorn.Config:
     """uvicorn's settings for ember: HTTP/1.1 with header and body deadlines (connection.py)."""
     return uvicorn.Config(app, http=TimedProtocol.with_timeouts(config.header_timeout_s, config.body_timeout_s),
-                          lifespan="on", timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5, **options)
+                          lifespan="on", timeout_graceful_shutdown=5, **options)
 
 
 class GracefulServer(uvicorn.Server):

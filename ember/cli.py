@@ -142,7 +142,8 @@ def _add_serve(sub, model_help: str) -> None:
     g.add_argument("--top-p", type=float, default=None, help="default 0.95")
     g.add_argument("--min-p", type=float, default=None, help="default 0.05")
     g.add_argument("--seed", type=int, default=None, help="default: random")
-    g.add_argument("-n", "--n-predict", type=int, default=-1, help="token limit (default -1: until the context is full)")
+    g.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="token limit (default -1: until the context is full)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
@@ -180,17 +181,15 @@ def cmd_serve(args) -> int:
 def server_config(args):
     """The ServerConfig of `ember serve`'s arguments."""
     from .app import ServerConfig
-    from .server.origins import is_loopback_bind
 
     keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
-    hosts = _listed(args.allowed_hosts) or (("localhost",) if is_loopback_bind(args.host) else ("*",))
     sampling = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
                 "seed": args.seed}
     return ServerConfig(
         aliases=args.alias, tags=args.tags, api_keys=keys, cors_origins=_listed(args.cors_origin) or ("localhost",),
-        allowed_hosts=hosts, max_body_bytes=args.max_body, max_sequences=args.max_sequences,
-        shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-        sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
+        allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
+        max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
 
 

@@ -27,8 +27,8 @@ def generate(llm, schemas: list[dict], seeds: list[int], max_tokens: int) -> lis
         grammar = GrammarSpec(schema_to_gbnf(schema))
         prompt = llm.chat_ids([{"role": "user", "content": "Reply with a JSON value for this schema: "
                                 + json.dumps(schema)[:400]}])
-        jobs += [(schema, grammar, llm.engine.submit(Request(prompt, max_tokens, SamplingParams(temperature=1.0, seed=s),
-                                                             grammar=grammar))) for s in seeds]
+        jobs += [(schema, grammar, llm.engine.submit(Request(
+            prompt, max_tokens, SamplingParams(temperature=1.0, seed=s), grammar=grammar))) for s in seeds]
     out = []
     for schema, grammar, h in jobs:
         text, reason = "", None

@@ -19,7 +19,13 @@ import pytest
 
 from test_server_harness import (LiveServer, assert_error, free_port, serve_model, server, smollm,  # noqa: F401
                                  wait_for, wait_idle)
-from ember.app import ServerConfig, create_app
+from conftest import golden
+from ember.app import ServerConfig, create_app, for_address
+from ember.gguf_loader import GGUFFile
+from ember.server.tokenfloor import TokenFloor
+from ember.tokenizer import Tokenizer
+from ember.cli import build_parser, server_config
+from ember.server.origins import is_loopback
 
 ASK = [{"role": "user", "content": "Say hi."}]
 BIG = 10_000_000  # characters: a 10 MB body
@@ -107,6 +113,25 @@ def test_10mb_completion_prompt_is_refused_without_tokenizing(probed):
     r = httpx.post(live.url + "/completion", json={"prompt": "y" * BIG, "n_predict": 1}, timeout=300)
     err = assert_error(r, 400, "prompt", "context_length_exceeded", extra={"n_prompt_tokens", "n_ctx"})
     assert "at least" in err["message"]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
+def test_token_floor_is_a_lower_bound(model_path, name):
+    """The bound that refuses prompts untokenized never exceeds the true count: llama.cpp's test
+    strings, special-token text, runs, bytes the vocabulary lacks, random text."""
+    with GGUFFile(model_path(name)) as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    floor = TokenFloor.of(tok)
+    assert floor is not None and floor.longest >= 16
+    rng = random.Random(5)
+    alphabet = "ab \n\t\x04\x06\x13é中😀<|im_start|><start_of_turn>#-" + "".join(map(chr, range(32)))
+    texts = [c["text"] for c in golden(name, "tokenize")["cases"]]
+    texts += ["\x04" * 500, "#" * 5000, "\n" * 999, " " * 777, "<|im_start|>" * 50, "<start_of_turn>" * 50,
+              tok.token_bytes[max(range(tok.n_vocab), key=lambda t: len(tok.token_bytes[t]))].decode("utf-8", "replace")]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 400))) for _ in range(300)]
+    for text in texts:
+        for parse_special in (False, True):
+            assert floor.tokens(text) <= len(tok.encode(text, add_special=False, parse_special=parse_special)), text
 
 
 def test_health_answers_while_a_10mb_detokenize_runs(probed, smollm):
@@ -285,6 +310,22 @@ def test_allowed_hosts_are_configurable(smollm):
     with serve_model(smollm, allowed_hosts=("*",)) as live:
         live.wait_ready()
         assert httpx.get(live.url + "/health", headers={"Host": "evil.example"}).status_code == 200
+
+
+def test_hosts_follow_the_listening_address():
+    args = build_parser().parse_args(["serve"])
+    assert for_address(server_config(args), "127.0.0.1").allowed_hosts == ("localhost",)
+    assert for_address(server_config(args), "0.0.0.0").allowed_hosts == ("*",)
+    given = build_parser().parse_args(["serve", "--allowed-hosts", "a.lan,b.lan", "--host", "0.0.0.0"])
+    assert for_address(server_config(given), "0.0.0.0").allowed_hosts == ("a.lan", "b.lan")
+
+
+@pytest.mark.parametrize("name,loopback", [
+    ("localhost", True), ("LOCALHOST.", True), ("api.localhost", True), ("127.0.0.1", True), ("127.9.8.7", True),
+    ("::1", True), ("::ffff:127.0.0.1", True), ("0.0.0.0", False), ("10.0.0.1", False),
+    ("localhost.evil.example", False), ("evil.example", False), ("", False)])
+def test_loopback_names(name, loopback):
+    assert is_loopback(name) is loopback
 
 
 def test_cross_site_requests_are_refused(server):

@@ -18,7 +18,7 @@ from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandl
 from ..engine.engine import GrammarSpec
 from ..gbnf import GrammarError
 from ..sampler import SamplingParams
-from .errors import APIError, context_exceeded, invalid, not_ready, queue_full, server_error
+from .errors import context_exceeded, invalid, not_ready, queue_full, server_error
 from .fields import Fields
 from .state import ServerConfig, ServerModel, ServerState
 

@@ -219,7 +219,8 @@ async def _chat_stream(flight: Flight, outputs: list[Output], prefill: list[list
             yield chunk(index, {}, _finish_reason(sample, bool(reply.tool_calls)), **extra)
         if gen.include_usage:
             yield event({**meta, "object": "chat.completion.chunk", "choices": [],
-                         "usage": usage(flight.samples, gen.n), "timings": timings(flight.samples[0], flight.submitted)})
+                         "usage": usage(flight.samples, gen.n),
+                         "timings": timings(flight.samples[0], flight.submitted)})
         yield DONE
     finally:
         flight.close()

@@ -57,7 +57,9 @@ class ServerConfig:
     tags: tuple[str, ...] = ()  # informational, listed by /v1/models
     api_keys: tuple[str, ...] = ()  # empty: no authentication
     cors_origins: tuple[str, ...] = ("localhost",)  # browser origins served (see origins.py); "*": any
-    allowed_hosts: tuple[str, ...] = ("localhost",)  # Host header values served (see origins.py); "*": any
+    # Host header values served (see origins.py); "*": any. None: loopback names when listening on a
+    # loopback address, any otherwise (serve() decides; an app without a listener takes loopback names)
+    allowed_hosts: tuple[str, ...] | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_sequences: int = 16  # prompts x n one request may ask for
     max_stop: int = 16  # the most stop strings
@@ -308,11 +310,12 @@ class ServerState:
         log.info("waking up: loading the model again")
         try:
             self._loaded(await asyncio.to_thread(self.loader))
-        except Exception as e:
+            self.sleeping = False
+        except Exception as e:  # still asleep: the next request tries again
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("loading the model failed: %s", self.load_error)
         finally:
-            self.sleeping, self._waking = False, None
+            self._waking = None
 
     # ---- sleeping ----
 
