@@ -4,6 +4,7 @@ Unicode is a 400 everywhere, random bodies never give a 500, web pages cannot dr
 server (Host and Origin checks), and connections that stall or vanish are cut off quietly."""
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -58,12 +60,44 @@ class Probe:
         await self.app(scope, probed_receive, probed_send)
 
 
+class Spy:
+    """Wraps a real object and records when it starts and ends work on a long input."""
+
+    LONG = 100_000
+
+    def __init__(self, real, events: list, methods: tuple[str, ...]):
+        self.real, self.events, self.methods = real, events, methods
+
+    def __getattr__(self, name):
+        method = getattr(self.real, name)
+        if name not in self.methods:
+            return method
+
+        def recorded(data, *args, **kwargs):
+            size = len(data) if isinstance(data, str) else sum(len(p) if isinstance(p, str) else 1 for p in data)
+            if size < self.LONG:
+                return method(data, *args, **kwargs)
+            self.events.append(name)
+            try:
+                return method(data, *args, **kwargs)
+            finally:
+                self.events.append(name + " done")
+
+        return recorded
+
+
 @pytest.fixture(scope="module")
 def probed(smollm):
-    probe = Probe(create_app(ServerConfig(max_body_bytes=32 << 20), lambda: smollm, close_model=False))
+    """A server whose tokenizer records when its text-to-ids engine (where the work is) and its
+    decoder start and end on long inputs."""
+    events: list = []
+    tokenizer = copy.copy(smollm.tokenizer)
+    tokenizer._engine = Spy(smollm.tokenizer._engine, events, ("encode_parts",))
+    model = replace(smollm, tokenizer=Spy(tokenizer, events, ("decode",)))
+    probe = Probe(create_app(ServerConfig(max_body_bytes=32 << 20), lambda: model, close_model=False))
     with LiveServer(probe) as live:
         live.wait_ready()
-        yield live, probe
+        yield live, probe, events
 
 
 def _in_thread(fn):
@@ -83,13 +117,14 @@ def _in_thread(fn):
 # ---- big bodies do not block the event loop ----
 
 def test_health_answers_while_a_10mb_tokenize_runs(probed, smollm):
-    live, probe = probed
+    live, probe, events = probed
+    events.clear()
     text = "hello world " * (BIG // 12)
     thread, out = _in_thread(lambda: httpx.post(live.url + "/tokenize", json={"content": text}, timeout=300))
-    wait_for(lambda: "body" in probe.events.get("/tokenize", ()), timeout=120)
+    wait_for(lambda: "encode_parts" in events, timeout=120)
     r = httpx.get(live.url + "/health", timeout=300)
-    # /health answered while the tokenizer was still at work: its reply had not started
-    assert r.status_code == 200 and probe.events["/tokenize"] == ["body"]
+    # /health answered while the tokenizer was still at work on the 10 MB
+    assert r.status_code == 200 and events == ["encode_parts"] and probe.events["/tokenize"] == ["body"]
     thread.join(300)
     big = out["value"]
     assert big.status_code == 200
@@ -99,20 +134,22 @@ def test_health_answers_while_a_10mb_tokenize_runs(probed, smollm):
 
 
 def test_10mb_chat_message_is_refused_without_tokenizing(probed):
-    live, _ = probed
+    live, _, events = probed
+    events.clear()
     body = {"messages": [{"role": "user", "content": "x" * BIG}], "max_tokens": 1}
     r = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=300)
     err = assert_error(r, 400, "messages", "context_length_exceeded", extra={"n_prompt_tokens", "n_ctx"})
-    # the count is a lower bound from the text's length: the text was never tokenized
     assert err["type"] == "exceed_context_size_error" and "at least" in err["message"]
     assert err["n_ctx"] == 1024 and 1024 < err["n_prompt_tokens"] <= BIG
+    assert events == []  # refused by the text's length: never tokenized
 
 
 def test_10mb_completion_prompt_is_refused_without_tokenizing(probed):
-    live, _ = probed
+    live, _, events = probed
+    events.clear()
     r = httpx.post(live.url + "/completion", json={"prompt": "y" * BIG, "n_predict": 1}, timeout=300)
     err = assert_error(r, 400, "prompt", "context_length_exceeded", extra={"n_prompt_tokens", "n_ctx"})
-    assert "at least" in err["message"]
+    assert "at least" in err["message"] and events == []
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
@@ -135,12 +172,13 @@ def test_token_floor_is_a_lower_bound(model_path, name):
 
 
 def test_health_answers_while_a_10mb_detokenize_runs(probed, smollm):
-    live, probe = probed
+    live, _, events = probed
+    events.clear()
     ids = smollm.tokenizer.encode(" hello", add_special=False) * 1_500_000
     thread, out = _in_thread(lambda: httpx.post(live.url + "/detokenize", json={"tokens": ids}, timeout=300))
-    wait_for(lambda: "body" in probe.events.get("/detokenize", ()), timeout=120)
+    wait_for(lambda: "decode" in events, timeout=120)
     assert httpx.get(live.url + "/health", timeout=300).status_code == 200
-    assert probe.events["/detokenize"] == ["body"]
+    assert events == ["decode"]
     thread.join(300)
     assert out["value"].json()["content"] == " hello" * 1_500_000
 
@@ -285,6 +323,17 @@ def test_random_bodies_never_give_a_500(server, smollm):
             assert_error(r, r.status_code)
     assert 200 in seen and 400 in seen
     wait_idle(smollm.engine)
+
+
+def test_random_requests_to_the_other_routes_never_give_a_500(server):
+    rng = random.Random(99)
+    paths = ["/health", "/v1/health", "/props", "/slots", "/metrics", "/v1/models", "/models", "/nowhere"]
+    for _ in range(60):
+        method = rng.choice(["GET", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"])
+        path = rng.choice(paths + [f"/slots/{rng.choice([0, 3, 9, -1, 'x'])}?action="
+                                   f"{rng.choice(['erase', 'save', 'restore', '', '%ff'])}"])
+        r = httpx.request(method, server.url + path, content=mutated(rng, {"x": 1}))
+        assert r.status_code < 500, (method, path, r.text[:300])
 
 
 # ---- web pages cannot drive a local server ----
