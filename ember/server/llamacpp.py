@@ -284,13 +284,14 @@ async def slots(request: Request) -> Response:
 
 
 def _slot(i: int, seq, n_ctx: int) -> dict:
+    decoded = seq.n_generated if seq else 0  # read once: the engine thread goes on appending
     return {"id": i, "n_ctx": n_ctx, "speculative": False, "is_processing": seq is not None,
             "id_task": seq.id if seq else -1, "n_prompt_tokens": seq.n_prompt if seq else 0,
             "n_prompt_tokens_cache": seq.n_cache_hit if seq else 0,
             "n_prompt_tokens_processed": seq.n_prompt - seq.n_cache_hit if seq else 0,
             "n_cached_tokens": seq.n_cache_hit if seq else 0,
-            "next_token": [{"has_next_token": seq is not None, "n_decoded": seq.n_generated if seq else 0,
-                            "n_remain": seq.max_new_tokens - seq.n_generated if seq else -1}]}
+            "next_token": [{"has_next_token": seq is not None, "n_decoded": decoded,
+                            "n_remain": seq.max_new_tokens - decoded if seq else -1}]}
 
 
 async def slot_action(request: Request) -> Response:
