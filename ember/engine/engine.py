@@ -238,11 +238,12 @@ class Engine:
         """Queue a request (thread-safe); iterate the handle for its events."""
         return self._submit(request, None)
 
-    def submit_async(self, request: Request) -> RequestHandle:
-        """Like submit, from a running asyncio loop: `async for ev in engine.submit_async(req)`."""
+    def submit_async(self, request: Request, loop: "asyncio.AbstractEventLoop | None" = None) -> RequestHandle:
+        """Like submit, for asyncio: `async for ev in engine.submit_async(req)` in the running loop,
+        or from a worker thread with the loop whose tasks will read the events."""
         import asyncio
 
-        return self._submit(request, asyncio.get_running_loop())
+        return self._submit(request, loop or asyncio.get_running_loop())
 
     def _submit(self, request: Request, loop) -> RequestHandle:
         if self._closed:
@@ -389,6 +390,7 @@ class Engine:
             self._emit_pending()
             self._deliver()
         self.metrics.steps += 1
+        self.metrics.sequence_steps += len(plan.chunks)
         self.metrics.argmax_steps += bool(top_k)
 
     def _launch_ahead(self, plan: Plan, top_k: int, out) -> tuple:

@@ -2,7 +2,9 @@
 requests (engine errors -> HTTP errors), and following them while they run.
 
 A route parses its body into `GenParams` (plus its prompt), calls `start`, then either
-collects the `Sample`s or streams the events of the returned `Flight`.
+collects the `Sample`s or streams the events of the returned `Flight`. Parsing, prompt building
+and submitting run off the event loop (`off_loop`): rendering, tokenizing and compiling a
+grammar of a big request take long enough to stall every other client.
 """
 from __future__ import annotations
 
@@ -10,16 +12,19 @@ import asyncio
 import time
 from dataclasses import dataclass, field, fields as dataclass_fields
 
+from starlette.concurrency import run_in_threadpool as off_loop
+
 from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
 from ..engine.engine import GrammarSpec
 from ..gbnf import GrammarError
 from ..sampler import SamplingParams
-from .errors import APIError, invalid, not_ready, queue_full, server_error
+from .errors import context_exceeded, invalid, not_ready, queue_full, server_error
 from .fields import Fields
-from .state import ServerModel, ServerState
+from .state import ServerConfig, ServerModel, ServerState
 
 # request keys that are sampling parameters (llama-server's names; OpenAI's are a subset)
 SAMPLING_KEYS = frozenset(f.name for f in dataclass_fields(SamplingParams)) | {"temp", "typ_p"}
+SPELLINGS = {"temperature": {"temperature", "temp"}, "typical_p": {"typical_p", "typ_p"}}
 
 
 @dataclass(slots=True)
@@ -35,10 +40,13 @@ class GenParams:
     include_usage: bool = False
 
 
-def parse_sampling(body: Fields, model: ServerModel, overrides: dict | None = None) -> SamplingParams:
-    """SamplingParams from the body's sampling fields; 400 naming the field that is wrong."""
+def parse_sampling(body: Fields, model: ServerModel, config: ServerConfig) -> SamplingParams:
+    """SamplingParams from the body's sampling fields over the server's defaults; 400 naming
+    the field that is wrong."""
     given = {k: v for k, v in body.data.items() if k in SAMPLING_KEYS and v is not None}
-    given.update(overrides or {})
+    for key, value in config.sampling:
+        if not given.keys() & SPELLINGS.get(key, {key}):
+            given[key] = value
     try:
         params = SamplingParams.from_dict(given)
     except (ValueError, TypeError) as e:
@@ -77,27 +85,52 @@ def parse_stop(body: Fields, max_items: int) -> tuple[str, ...]:
     return tuple(s for s in body.strings("stop", max_items) if s)
 
 
+def max_tokens(given: int | None, config: ServerConfig, model: ServerModel) -> int:
+    """A request's token limit: its own, else the server's default (-1: until the context is full)."""
+    limit = config.n_predict if given is None or given == -1 else given
+    return model.n_ctx if limit == -1 else limit
+
+
+def check_sequences(n_prompts: int, n: int, config: ServerConfig, param: str = "prompt") -> None:
+    """One request may not fill the queue: prompts x n is capped."""
+    if n_prompts * n > config.max_sequences:
+        raise invalid(param, f"{n_prompts} prompt(s) with n={n} ask for {n_prompts * n} sequences; a request may ask "
+                             f"for at most {config.max_sequences} (prompts x n)", "too_many_sequences")
+
+
 def check_prompt_fits(ids: list[int], model: ServerModel, param: str) -> None:
     if not ids:
         raise invalid(param, "the prompt is empty", "empty_prompt")
     if len(ids) > model.n_ctx:
-        raise APIError(400, f"the prompt has {len(ids)} tokens; the context holds {model.n_ctx}",
-                       param=param, code="context_length_exceeded")
+        raise context_exceeded(param, len(ids), model.n_ctx)
 
 
-def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams) -> "Flight":
-    """Submit one engine request per prompt; engine refusals become HTTP errors."""
+async def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams) -> "Flight":
+    """Submit one engine request per prompt (off the loop: a new grammar compiles then); engine
+    refusals become HTTP errors."""
+    try:
+        handles = await off_loop(_submit, model, prompts, gen, asyncio.get_running_loop())
+    except Exception as e:
+        raise _submit_error(state, e, gen) from None
+    if state.draining:  # began while the requests were prepared
+        for h in handles:
+            h.cancel()
+        raise not_ready("the server is shutting down")
+    state.stats.requests += 1
+    return Flight(state, handles, gen.n, prompts)
+
+
+def _submit(model: ServerModel, prompts: list[list[int]], gen: GenParams, loop) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
         for ids in prompts:
             handles.append(model.engine.submit_async(Request(
-                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar)))
-    except BaseException as e:
+                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar), loop))
+    except BaseException:
         for h in handles:
             h.cancel()
-        raise _submit_error(state, e, gen) from None
-    state.stats.requests += 1
-    return Flight(state, handles, gen.n)
+        raise
+    return handles
 
 
 def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseException:
@@ -147,8 +180,9 @@ class Flight:
     """The engine requests of one HTTP request while they run. Iterate for (choice index,
     event); leaving early (an exception, a disconnect, a closed stream) cancels them."""
 
-    def __init__(self, state: ServerState, handles: list[RequestHandle], n: int):
+    def __init__(self, state: ServerState, handles: list[RequestHandle], n: int, prompts: list[list[int]]):
         self.state, self.handles, self.n = state, handles, n
+        self.prompts = [p for p in prompts for _ in range(n)]  # per choice index
         self.submitted = time.perf_counter()
         self.samples = [Sample(i) for i in range(len(handles) * n)]
         self._iters = [h.__aiter__() for h in handles]
@@ -159,6 +193,10 @@ class Flight:
     @property
     def finished(self) -> bool:
         return not self._open
+
+    def cached_tokens(self, index: int) -> int:
+        """Prompt tokens of choice `index` found in the prefix cache (known once it is admitted)."""
+        return self.handles[index // self.n].seqs[index % self.n].n_cache_hit
 
     def __aiter__(self):
         return self
@@ -195,9 +233,13 @@ class Flight:
     def _record(self, index: int, ev) -> None:
         sample, now = self.samples[index], time.perf_counter()
         if isinstance(ev, TokenEvent):
+            if not sample.tokens:  # admitted: the prompt's figures, for timings while it streams
+                sample.prompt_tokens, sample.cached_tokens = len(self.prompts[index]), self.cached_tokens(index)
             sample.add(ev, now, ev.logprob is not None)
             return
         sample.finish(ev)
+        stats = self.state.stats
+        stats.n_tokens_max = max(stats.n_tokens_max, sample.prompt_tokens + len(sample.tokens))
         if sample.first_at:
             self.state.stats.prompt_seconds += sample.first_at - self.submitted
             self.state.stats.predicted_seconds += sample.last_at - sample.first_at
@@ -212,6 +254,7 @@ class Flight:
                 h.cancel()
             self.state.active.discard(h)
         self._open.clear()
+        self.state.last_used = time.monotonic()
 
     async def collect(self) -> list[Sample]:
         """Run to the end; the samples in choice order. Engine failures become 500s."""

@@ -58,6 +58,9 @@ def plain_pairs(merges: list[str]) -> list[tuple[str, str]] | None:
     return pairs
 
 
+LONG_TEXT = 1 << 14  # characters; tokenizing longer text lets other threads (a server's event loop) run
+
+
 class BpeEngine:
     """Raw text -> token ids, for byte-level BPE vocabularies."""
 
@@ -91,5 +94,8 @@ class BpeEngine:
         return ids
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if len(text) > LONG_TEXT:  # encode_batch lets go of the interpreter lock while it works, encode does not
+            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
         return [i for i in ids if i != self._missing] if self._missing in ids else ids
