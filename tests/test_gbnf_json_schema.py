@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ember.gbnf.json_schema import (
+from ember.gbnf.schema import (
     SchemaError,
     json_object_gbnf,
     json_value_gbnf,
@@ -869,7 +869,7 @@ CAPPED_PATTERNS = ["^(ab|c)*d(e|fg)*$", "a(bc)*", "^([a-c]+-)*[a-c]+$", "^\\d+(\
        texts=st.lists(st.text("abcdefg-.12xy", max_size=10), min_size=1, max_size=8))
 def test_property_pattern_strings_capped(pattern, hi, texts):
     """With the exact automaton route disabled, capped repetitions stay sound."""
-    from ember.gbnf import json_schema as module
+    from ember.gbnf.schema import patterns as module
     schema = {"type": "string", "pattern": pattern, "maxLength": hi}
     with mock.patch.object(module, "SMALL_PRODUCT_STATES", 0):
         try:
