@@ -42,8 +42,11 @@ NUMERIC_FORMATS = {"int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 63, 2 ** 63
 def schema_formats(schema: dict, path: tuple) -> list[str]:
     """The formats a schema asks for (its own and those merged from allOf); SchemaError
     on one not known here."""
-    formats = ([schema["format"]] if "format" in schema else []) + list(schema.get(FORMATS, []))
+    merged = schema.get(FORMATS, [])
+    if not isinstance(merged, list):
+        raise SchemaError(f"'{FORMATS}' must be a list", pointer(path + (FORMATS,)))
+    formats = ([schema["format"]] if "format" in schema else []) + merged
     for f in formats:
-        if f not in STRING_FORMATS and f not in NUMERIC_FORMATS:
+        if not isinstance(f, str) or (f not in STRING_FORMATS and f not in NUMERIC_FORMATS):
             raise SchemaError(f"unsupported format {f!r}", pointer(path + ("format",)))
     return formats

@@ -16,6 +16,27 @@ _SHAPES = (OBJECT_KEYWORDS - {"minProperties", "maxProperties", "required"}) \
     | {"items", "prefixItems", "additionalItems"}           # merged by _merge_objects/_arrays
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_list_of_str(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# What a keyword met in two branches must hold for merging to read it, and the error if not.
+_MERGEABLE = {
+    **{k: (_is_number, "must be a number") for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")},
+    **{k: (_is_number, "must be a non-negative integer")
+       for k in ("minLength", "minItems", "minProperties", "maxLength", "maxItems", "maxProperties")},
+    "type": (lambda v: isinstance(v, str) or _is_list_of_str(v), "must be a type name or a non-empty list of them"),
+    "required": (_is_list_of_str, "must be a list of strings"),
+    "enum": (lambda v: isinstance(v, list), "must be a list"),
+    PATTERNS: (lambda v: isinstance(v, list), "must be a list"),
+    FORMATS: (lambda v: isinstance(v, list), "must be a list"),
+}
+
+
 def all_of(*schemas):
     """The conjunction of schemas, `true` left out."""
     schemas = [s for s in schemas if s is not True]
@@ -62,7 +83,10 @@ class Merger:
         rest = constraints(checked(schema, self.path))
         if "$ref" in rest and self._flatten_ref(rest.pop("$ref"), parts, choices, refs) is False:
             return False
-        for sub in rest.pop("allOf", []):
+        subs = rest.pop("allOf", [])
+        if not isinstance(subs, list):
+            raise SchemaError("'allOf' must be a list", pointer(self.path))
+        for sub in subs:
             if self._flatten(sub, parts, choices, refs) is False:
                 return False
         for key in ("anyOf", "oneOf"):
@@ -93,11 +117,23 @@ class Merger:
                     return False
         self._merge_objects(parts, out)
         self._merge_arrays(parts, out)
+        for key in ("enum", PATTERNS, FORMATS):
+            if key in out:
+                self._check(key, out[key])
         return _fold_lists(out)
+
+    def _check(self, key: str, value):
+        """SchemaError (where the merged schema's own check would point) for a value that
+        merging cannot read."""
+        test, what = _MERGEABLE.get(key, (None, ""))
+        if test is not None and not test(value):
+            raise SchemaError(f"'{key}' {what}", pointer(self.path + ("allOf", key)))
 
     def _merge_value(self, out: dict, key: str, value):
         """Merges a keyword met twice into out[key]; False when the two cannot both hold."""
         old = out[key]
+        self._check(key, old)
+        self._check(key, value)
         if key in _LOWER_BOUNDS:
             out[key] = max(old, value)
         elif key in _UPPER_BOUNDS:
@@ -125,6 +161,10 @@ class Merger:
         shaped = [p for p in parts if {"properties", "patternProperties", "additionalProperties"} & set(p)]
         if not shaped:
             return
+        for p in shaped:
+            for key in ("properties", "patternProperties"):
+                if not isinstance(p.get(key, {}), dict):
+                    raise SchemaError(f"'{key}' must be an object", pointer(self.path + ("allOf", key)))
         with_patterns = [p for p in shaped if p.get("patternProperties")]
         if len({canonical(p["patternProperties"]) for p in with_patterns}) > 1:
             raise SchemaError("allOf with different patternProperties in more than one branch",
@@ -149,6 +189,8 @@ class Merger:
             if isinstance(items, list):
                 shaped.append((items, p.get("additionalItems", ABSENT)))
             elif "prefixItems" in p or "items" in p:
+                if not isinstance(p.get("prefixItems", []), list):
+                    raise SchemaError("'prefixItems' must be a list", pointer(self.path + ("allOf",)))
                 shaped.append((p.get("prefixItems", []), items))
         if not shaped:
             return

@@ -20,7 +20,10 @@ def string_rule(conv, schema: dict, path: tuple) -> str | None:
     hi = count(schema, "maxLength", path, None)
     if hi is not None and hi < lo:
         return None
-    patterns = ([schema["pattern"]] if "pattern" in schema else []) + list(schema.get(PATTERNS, []))
+    merged = schema.get(PATTERNS, [])
+    if not isinstance(merged, list):
+        raise SchemaError(f"'{PATTERNS}' must be a list", pointer(path + (PATTERNS,)))
+    patterns = ([schema["pattern"]] if "pattern" in schema else []) + merged
     for p in patterns:
         check_pattern(p, path + ("pattern",))
     patterns += [STRING_FORMATS[f] for f in schema_formats(schema, path) if f in STRING_FORMATS]
