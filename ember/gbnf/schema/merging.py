@@ -24,11 +24,11 @@ def _is_list_of_str(v) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-# What a keyword met in two branches must hold for merging to read it, and the error if not.
+_COUNTS = frozenset({"minLength", "minItems", "minProperties", "maxLength", "maxItems", "maxProperties"})
+# What a value must be for merging to read it, and the error if it is not.
 _MERGEABLE = {
-    **{k: (_is_number, "must be a number") for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")},
-    **{k: (_is_number, "must be a non-negative integer")
-       for k in ("minLength", "minItems", "minProperties", "maxLength", "maxItems", "maxProperties")},
+    **{k: (_is_number, "must be a non-negative integer" if k in _COUNTS else "must be a number")
+       for k in _LOWER_BOUNDS | _UPPER_BOUNDS},
     "type": (lambda v: isinstance(v, str) or _is_list_of_str(v), "must be a type name or a non-empty list of them"),
     "required": (_is_list_of_str, "must be a list of strings"),
     "enum": (lambda v: isinstance(v, list), "must be a list"),
