@@ -1,9 +1,8 @@
 """Code point automata for string languages: Thompson NFAs of patterns, their product (with
 excluded languages), length counters, Hopcroft minimization, and the length range.
 
-Not the grammar engine's automaton (nfa.py, csrc/): that one runs over UTF-8 bytes with rule
-calls and is built lazily for matching; here automata are intersected, complemented,
-minimized and measured, then written back out as code point classes, one rule per state."""
+Not the grammar engine's automaton (nfa.py, csrc/): that one is over UTF-8 bytes, with calls,
+built lazily to match; these are intersected, complemented, minimized and written out as GBNF."""
 from __future__ import annotations
 
 import bisect
