@@ -8,8 +8,9 @@ For each PATH (default: ember/) it prints
   - C/C++/CUDA functions longer than each limit, found by layout: a signature starting at
     column 0 whose body closes with a `}` at column 0 (how every kernel file here is written),
   - modules over --module-lines lines, and the largest modules,
-  - every distinct EMBER_* name in the sources (names ending in `_` are prefixes that code
-    completes at run time),
+  - the EMBER_* environment variables the code reads (a literal name given to os.environ
+    or getenv), how many other EMBER_* identifiers there are (C macros, header guards), and
+    EMBER_* names only mentioned in Python text (docs, messages) that nothing reads,
   - and the line count of the project's README.md.
 Not a speed benchmark: there is no peer to compare with, so nothing is run beside it.
 """
@@ -27,6 +28,8 @@ PY_SUFFIXES = (".py",)
 C_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".cpp", ".hpp")
 README = Path(__file__).resolve().parent.parent / "README.md"
 ENV_NAME = re.compile(r"\bEMBER_[A-Z0-9_]+")
+LIB_NAME = re.compile(r"\blib\.(EMBER_[A-Z0-9_]+)")
+C_GETENV = re.compile(r"getenv\(\s*\"(EMBER_[A-Z0-9_]+)\"")
 
 
 @dataclass(slots=True)
@@ -87,11 +90,43 @@ def _closing_brace(lines: list[str], i: int) -> int:
     return min(i, len(lines) - 1)
 
 
-def env_names(files: list[Path]) -> list[str]:
+def env_names(py: list[Path], c: list[Path]) -> dict[str, list[str]]:
+    """EMBER_* names: read from the environment; C identifiers (macros, header guards, and
+    the constants Python reads from the extension as lib.EMBER_*); only mentioned in Python
+    text (docs, messages) without being read anywhere."""
+    read, in_c, seen = set(), set(), set()
+    for p in py + c:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        seen.update(ENV_NAME.findall(text))
+        if p.suffix in C_SUFFIXES:
+            read.update(C_GETENV.findall(text))
+            in_c.update(ENV_NAME.findall(text))
+        else:
+            read.update(_python_env_reads(text))
+            in_c.update(LIB_NAME.findall(text))
+    in_c -= read
+    return {"read": sorted(read), "c_identifiers": sorted(in_c), "mentioned_only": sorted(seen - read - in_c)}
+
+
+def _python_env_reads(text: str) -> set[str]:
+    """Literal names in os.environ.get/[...]/setdefault/pop and os.getenv calls."""
     names = set()
-    for p in files:
-        names.update(ENV_NAME.findall(p.read_text(encoding="utf-8", errors="replace")))
-    return sorted(names)
+    for node in ast.walk(ast.parse(text)):
+        target = None
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            if isinstance(f, ast.Attribute) and (f.attr == "getenv" or _is_environ(f.value)):
+                target = node.args[0]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            target = node.slice
+        if isinstance(target, ast.Constant) and isinstance(target.value, str) and ENV_NAME.fullmatch(target.value):
+            names.add(target.value)
+    return names
+
+
+def _is_environ(node) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or \
+        (isinstance(node, ast.Name) and node.id == "environ")
 
 
 def measure(root: Path, limits: list[int], module_lines: int) -> dict:
@@ -107,7 +142,7 @@ def measure(root: Path, limits: list[int], module_lines: int) -> dict:
                     f"over_{module_lines}": {p: n for p, n in sorted(sizes.items(), key=lambda kv: -kv[1])
                                              if n > module_lines},
                     "largest": dict(sorted(sizes.items(), key=lambda kv: -kv[1])[:10])},
-        "env_names": env_names(py + c),
+        "env_names": env_names(py, c),
     }
 
 
@@ -126,7 +161,7 @@ def report(m: dict, limits: list[int], module_lines: int) -> None:
     for kind, label in (("python", "Python"), ("c", "C/CUDA")):
         s = m[kind]
         over = ", ".join(f"{len(s['over'][str(k)])} over {k}" for k in limits)
-        print(f"{label}: {s['files']} files, {s['functions']} functions, median {s['median_lines']} lines; {over}")
+        print(f"{label}: {s['files']} files, {s['functions']} functions, median {s['median_lines']:g} lines; {over}")
         for f in s["over"][str(limits[0])]:
             print(f"   {f['lines']:4d}  {f['path']}:{f['line']} {f['name']}")
     mods = m["modules"]
@@ -134,11 +169,14 @@ def report(m: dict, limits: list[int], module_lines: int) -> None:
     print(f"modules: {mods['count']} files, {mods['lines']} lines; {len(big)} over {module_lines} lines")
     for p, n in mods["largest"].items():
         print(f"   {n:5d}  {p}{'  (over)' if p in big else ''}")
-    names = m["env_names"]
-    prefixes = [n for n in names if n.endswith("_")]
-    print(f"EMBER_* names: {len(names) - len(prefixes)} (+{len(prefixes)} prefixes)")
-    if names:
-        print("   " + " ".join(names))
+    env = m["env_names"]
+    print(f"EMBER_* environment variables read: {len(env['read'])}")
+    if env["read"]:
+        print("   " + " ".join(env["read"]))
+    print(f"EMBER_* C identifiers (macros, header guards): {len(env['c_identifiers'])}")
+    if env["mentioned_only"]:
+        print(f"EMBER_* names only mentioned in Python text, never read: {len(env['mentioned_only'])}")
+        print("   " + " ".join(env["mentioned_only"]))
 
 
 def main() -> None:
