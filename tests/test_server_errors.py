@@ -52,6 +52,8 @@ CHAT_MISTAKES = [
         "name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}}},
      "response_format.json_schema.schema", "invalid_json_schema"),
     ({"messages": ASK, "json_schema": {"type": "string", "pattern": "(?=a)b"}}, "json_schema", "invalid_json_schema"),
+    ({"messages": ASK, "json_schema": {"allOf": [{"required": 5}, {"required": ["a"]}]}}, "json_schema",
+     "invalid_json_schema"),
     ({"messages": ASK, "grammar": "root ::= ( \"a\""}, "grammar", "invalid_grammar"),
     ({"messages": ASK, "grammar": "root ::= undefined-rule"}, "grammar", "invalid_grammar"),
     ({"messages": ASK, "grammar": 'root ::= "a"', "json_schema": {}}, "grammar", "conflicting_fields"),
@@ -59,6 +61,9 @@ CHAT_MISTAKES = [
      "tools[0].function.name", "invalid_value"),
     ({"messages": ASK, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "color"}}}}}]},
+     "tools[0].function.parameters", "invalid_json_schema"),
+    ({"messages": ASK, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": ["date"]}}}}}]},
      "tools[0].function.parameters", "invalid_json_schema"),
     ({"messages": ASK, "tools": [TOOL, TOOL]}, "tools", "invalid_value"),
     ({"messages": ASK, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..engine.engine import GrammarSpec
-from ..gbnf.json_schema import SchemaError, schema_to_gbnf
+from ..gbnf.schema import SchemaError, schema_to_gbnf
 from .errors import invalid
 from .fields import Fields
 from .replies import CLOSE_TAG, OPEN_TAG, EnvelopeOutput, Output, PlainOutput, TaggedOutput
