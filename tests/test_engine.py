@@ -204,6 +204,41 @@ def test_stress_random_lengths_cancellations_eviction_preemption(tiny):
     llm.close()
 
 
+def finish_within(handle, timeout: float = 120) -> dict[int, tuple[list[int], str]]:
+    """collect(handle), failing instead of hanging when the request does not end within timeout."""
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(collect(handle)), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"the request did not end within {timeout} s"
+    return result
+
+
+def test_a_request_filling_the_kv_pool_finishes_and_the_queue_moves(llm):
+    """One slot, a 64-token context (4 pages): a prompt plus 50 generated tokens needs every page,
+    including the one the prefix cache held for the prompt. The request ends with "length" and
+    all its tokens (they equal the same request's tokens in a roomy engine), and the requests
+    queued behind it run in turn."""
+    from ember.engine import Engine, EngineConfig
+
+    m = llm("smollm2")
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    prompts = [m.tokenizer.encode(t) for t in ("Write a very long book.", "Write a very long poem.", "Count to fifty:")]
+    eng = Engine(m.model, m.tokenizer, EngineConfig(n_ctx=64, max_seqs=1))  # the same model: one engine at a time
+    try:
+        assert eng.pool.n_pages * eng.pool.page_size == 64
+        handles = [eng.submit(Request(p, 64 - len(p), no_eos)) for p in prompts]
+        results = [finish_within(h)[0] for h in handles]
+        assert eng.metrics.requests_finished == 3
+    finally:
+        eng.close()
+    for p, (ids, reason) in zip(prompts, results):
+        assert reason == "length" and len(ids) == 64 - len(p)
+        alone = m.generate(p, len(ids), no_eos).token_ids
+        upto = clear_prefix(m, p, alone)
+        assert ids[:upto] == alone[:upto] and upto >= 20
+
+
 def test_queue_full_and_bad_requests(tiny):
     llm = LLM(str(tiny), threads=1, ctx=64)
     with pytest.raises(ValueError, match="context holds 64"):

@@ -1,0 +1,38 @@
+"""ember serve where the engine meets the request: a full KV pool, stop strings, fairness between
+clients, requests the sampler or the model cannot serve -- over real HTTP (httpx)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from test_server_harness import MODEL_CFG, LiveServer, pages_leaked, serve_model, server, smollm  # noqa: F401
+from ember.app import ServerConfig, create_app, load_model
+
+
+@pytest.fixture(scope="module")
+def one_small_slot():
+    """`ember serve smollm2 --slots 1 --ctx 64`: 4 KV pages of 16 tokens."""
+    model = load_model(MODEL_CFG.__class__(MODEL_CFG.model, device="cpu", threads=2, ctx=64, slots=1))
+    with LiveServer(create_app(ServerConfig(), lambda: model)) as live:
+        live.wait_ready()
+        yield live
+
+
+def test_a_generation_that_fills_the_kv_pool_answers(one_small_slot):
+    """The prompt and its 50 tokens need all 4 pages, the one the cached prompt held included: the
+    request answers (stop_type "limit", every token), and so do the requests queued behind it."""
+    url = one_small_slot.url + "/completion"
+    body = {"prompt": "Write a very long book.", "ignore_eos": True, "n_predict": 50}
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(lambda b: httpx.post(url, json=b, timeout=120),
+                                [body, {**body, "prompt": "Write a very long poem."}, {**body, "n_predict": -1}]))
+    for r in replies:
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["stop_type"] == "limit"
+    assert [r.json()["tokens_predicted"] for r in replies[:2]] == [50, 50]
+    n_prompt = replies[2].json()["tokens_evaluated"]
+    assert replies[2].json()["tokens_predicted"] == 64 - n_prompt  # -1: until the context is full
+    assert pages_leaked(one_small_slot.state.model.engine) == 0
