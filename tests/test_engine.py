@@ -239,6 +239,29 @@ def test_a_request_filling_the_kv_pool_finishes_and_the_queue_moves(llm):
         assert ids[:upto] == alone[:upto] and upto >= 20
 
 
+def test_huge_stop_strings_cost_little_work_and_hold_back_nobody(tiny):
+    """A request with 16 stop strings of 300,000 characters, each starting with a longer part of the
+    text it generates (so it holds its text back to the end), runs beside a 2-token request: the
+    small one gets its tokens as alone, the big one its whole text at the end, and the stop-string
+    search examined a few characters per character generated and stop string -- not the stop
+    strings' length per token, which once froze the engine for everyone."""
+    llm = LLM(str(tiny), threads=2, ctx=256, slots=4)
+    eng = llm.engine
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    big, small = [1, 5, 6, 7], [1, 9, 10, 11]
+    text = "".join(e[2] for e in event_log(eng.submit(Request(big, 150, no_eos))))
+    small_alone = collect(eng.submit(Request(small, 2, no_eos)))
+    stops = tuple(text[:len(text) * (i + 1) // 16] + "\U0010ffff" * 300_000 for i in range(16))
+    h_big = eng.submit(Request(big, 150, no_eos, stop=stops))
+    h_small = eng.submit(Request(small, 2, no_eos))
+    assert collect(h_small) == small_alone
+    events = event_log(h_big)
+    assert [e[2] for e in events[:-1]] == [""] * 150 and events[-1][1:] == ("length", text, 150)
+    matcher = h_big.seqs[0].owner.stops
+    assert 0 < matcher.work <= 4 * len(text) * len(stops)
+    llm.close()
+
+
 def test_queue_full_and_bad_requests(tiny):
     llm = LLM(str(tiny), threads=1, ctx=64)
     with pytest.raises(ValueError, match="context holds 64"):

@@ -36,3 +36,22 @@ def test_a_generation_that_fills_the_kv_pool_answers(one_small_slot):
     n_prompt = replies[2].json()["tokens_evaluated"]
     assert replies[2].json()["tokens_predicted"] == 64 - n_prompt  # -1: until the context is full
     assert pages_leaked(one_small_slot.state.model.engine) == 0
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("/completion", {"prompt": "Hi", "n_predict": 2}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+])
+def test_stop_strings_over_the_length_limit_are_refused(server, route, body):
+    """A stop string of 1,000 characters is accepted; one longer is a 400 naming the entry and the limit,
+    whether stop is an array or a single string."""
+    ok = httpx.post(server.url + route, json={**body, "stop": ["\n", "x" * 1000]}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    for stop, param in ((["\n", "x" * 1001], "stop[1]"), ("y" * 300_000, "stop")):
+        r = httpx.post(server.url + route, json={**body, "stop": stop}, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["code"] == "invalid_value"
+        assert f"{len(stop) if isinstance(stop, str) else 1001} characters" in err["message"]
+        assert "at most 1000" in err["message"]

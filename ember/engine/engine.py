@@ -29,6 +29,7 @@ from .radix import RadixCache
 from .runner import Ahead, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
+from .stops import StopMatcher
 
 if TYPE_CHECKING:
     import asyncio
@@ -85,7 +86,7 @@ class Request:
     prompt: list[int]
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()  # stop strings (not included in the output)
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output; empty ones are ignored)
     n: int = 1  # parallel samples sharing the prompt
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's plus top k
     prompt_reduce: Callable[[np.ndarray, np.ndarray], Any] | None = None  # scoring: called on prompt logits
@@ -185,13 +186,14 @@ MAX_DEVICE_BEST = 64  # most best-token candidates per row brought back instead 
 class _SeqState:
     """What the engine keeps per sequence besides scheduling: sampling and text."""
 
-    __slots__ = ("handle", "index", "request", "sampler", "decoder", "held", "last_token_at", "first_token_at",
+    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "last_token_at", "first_token_at",
                  "counted", "matcher")
 
     def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher):
         self.handle, self.index, self.request = handle, index, request
         self.sampler, self.decoder, self.matcher = sampler, decoder, matcher
-        self.held = ""  # text not yet sent: it may be the start of a stop string
+        # the stop strings' search; it holds back text that may be the start of one
+        self.stops = StopMatcher(request.stop) if request.stop else None
         self.last_token_at = 0.0
         self.first_token_at = 0.0
         self.counted = False  # prompt statistics recorded
@@ -545,7 +547,8 @@ class Engine:
     def _event(self, seq: Sequence, token: int, lp) -> None:
         """A chosen token's text and event; a stop string in the text ends the sequence."""
         st, req = seq.owner, seq.owner.request
-        text, stopped = self._text(st, st.decoder.feed(token))
+        piece = st.decoder.feed(token)
+        text, stopped = st.stops.feed(piece) if st.stops is not None else (piece, False)
         self._outbox.append((st.handle, TokenEvent(st.index, token, text, lp.logprob if lp else None,
                                                          list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs
                                                          else None)))
@@ -571,21 +574,6 @@ class Engine:
             m.inter_token.observe(now - st.last_token_at)
         st.last_token_at = now
 
-    def _text(self, st: _SeqState, piece: str) -> tuple[str, bool]:
-        """Text safe to send now, and whether a stop string was reached (text cut before it)."""
-        stops = st.request.stop
-        buf = st.held + piece
-        if not stops:
-            st.held = ""
-            return buf, False
-        cut = min((i for i in (buf.find(s) for s in stops) if i >= 0), default=-1)
-        if cut >= 0:
-            st.held = ""
-            return buf[:cut], True
-        keep = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
-        st.held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], False
-
     def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True) -> None:
         """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
         if seq.status is Status.FINISHED:
@@ -598,7 +586,7 @@ class Engine:
         self.metrics.requests_finished += 1  # counted before anyone can see the sequence gone
         self.scheduler.finish(seq, reason)
         st = seq.owner
-        tail = st.held + st.decoder.flush() if flush else ""
+        tail = ((st.stops.flush() if st.stops is not None else "") + st.decoder.flush()) if flush else ""
         self._outbox.append((st.handle, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
                                                           seq.n_generated, error)))
 

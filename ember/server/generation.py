@@ -73,8 +73,16 @@ def parse_stream(body: Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
+MAX_STOP_CHARS = 1000  # the longest stop string (the count is ServerConfig.max_stop)
+
+
 def parse_stop(body: Fields, max_items: int) -> tuple[str, ...]:
-    return tuple(s for s in body.strings("stop", max_items) if s)
+    stops = body.strings("stop", max_items)
+    for i, s in enumerate(stops):
+        if len(s) > MAX_STOP_CHARS:
+            name = "stop" if isinstance(body.data.get("stop"), str) else f"stop[{i}]"
+            raise invalid(name, f"{name} has {len(s)} characters; a stop string may have at most {MAX_STOP_CHARS}")
+    return tuple(s for s in stops if s)
 
 
 def check_prompt_fits(ids: list[int], model: ServerModel, param: str) -> None:
