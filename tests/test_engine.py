@@ -262,6 +262,40 @@ def test_huge_stop_strings_cost_little_work_and_hold_back_nobody(tiny):
     llm.close()
 
 
+def test_clients_take_turns_in_the_queue(tiny):
+    """One slot, held by a long request until client "a" has queued 40 requests and client "b" one
+    after them: b's request runs as soon as the slot is free (second), not after a's 40; every
+    request gets its tokens."""
+    from ember.engine import Engine, EngineConfig
+
+    llm = LLM(str(tiny), threads=2, ctx=256)
+    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=256, max_seqs=1))
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+
+    async def main():
+        finished = []
+
+        async def follow(name, handle):
+            async for ev in handle:
+                if isinstance(ev, FinishEvent):
+                    assert name == "x" or (ev.reason == "length" and ev.generated_tokens == 6)
+                    finished.append(name)
+
+        holder = eng.submit_async(Request([1, 9, 9], 250, no_eos, client="x"))
+        tasks = [asyncio.create_task(follow("x", holder))]
+        tasks += [asyncio.create_task(follow(f"a{i}", eng.submit_async(Request([1, 5, i + 6], 6, no_eos, client="a"))))
+                  for i in range(40)]
+        tasks.append(asyncio.create_task(follow("b", eng.submit_async(Request([1, 7, 8], 6, no_eos, client="b")))))
+        holder.cancel()
+        await asyncio.gather(*tasks)
+        return finished
+
+    finished = asyncio.run(main())
+    assert finished[0] == "x" and len(finished) == 42 and finished.index("b") <= 2
+    eng.close()
+    llm.close()
+
+
 def test_queue_full_and_bad_requests(tiny):
     llm = LLM(str(tiny), threads=1, ctx=64)
     with pytest.raises(ValueError, match="context holds 64"):

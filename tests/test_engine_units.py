@@ -462,3 +462,64 @@ def test_random_tight_pool_always_progresses():
         assert all(s.n_generated == s.max_new_tokens for s in live if s.finish_reason == "length")
         tree.clear()
         assert pool.n_free == pool.n_pages
+
+
+# ---- fairness between clients ----
+
+def admissions(sched: Scheduler, steps: int) -> list[Sequence]:
+    """The sequences in the order they are admitted (first chunk at their cached length)."""
+    order = []
+    for _ in range(steps):
+        plan = sched.schedule()
+        order += [c.seq for c in plan.chunks if c.start == c.seq.n_cache_hit and c.seq not in order]
+        run_step(sched, plan)
+    return order
+
+
+def test_one_clients_queue_does_not_starve_another():
+    """Client a queues 200 requests; client b's one request, queued after them, is admitted as soon
+    as a slot frees, not after a's 200."""
+    pool, tree, sched = make(n_pages=64, max_seqs=1)
+    flood = [Sequence([1, 2, i], max_new_tokens=2, client="a") for i in range(200)]
+    for s in flood:
+        sched.add(s)
+    first = admissions(sched, 1)
+    single = Sequence([3, 4, 5], max_new_tokens=2, client="b")
+    sched.add(single)
+    order = first + admissions(sched, 12)
+    assert order[:3] == [flood[0], single, flood[1]]
+
+
+def test_clients_take_turns_and_each_keeps_its_own_order():
+    """Three clients with 6, 3 and 1 queued requests and two slots: admissions go round the clients
+    (a, b, c, a, b, a, b, a, ...); a client's own requests keep their order of preference (cached prefix
+    first); a client that comes back after its queue emptied goes before those served since."""
+    pool, tree, sched = make(n_pages=128, max_seqs=2)
+    warm = Sequence(list(range(40, 60)) + [0], max_new_tokens=1, client="w")
+    sched.add(warm)
+    admissions(sched, 4)
+    a = [Sequence([10, i, i], max_new_tokens=3, client="a") for i in range(5)]
+    a.append(Sequence(list(range(40, 60)) + [9], max_new_tokens=3, client="a"))  # 20 cached tokens
+    b = [Sequence([20, i, i], max_new_tokens=3, client="b") for i in range(3)]
+    c = [Sequence([30, 1, 1], max_new_tokens=3, client="c")]
+    for s in a + b + c:
+        sched.add(s)
+    order = admissions(sched, 60)
+    assert [s.client for s in order] == list("abcababaaa")
+    assert order[0] is a[5]  # a's request with a cached prefix goes first among a's
+    assert [s for s in order if s.client == "b"] == b
+    late = Sequence([40, 1, 1], max_new_tokens=3, client="c")
+    for i in range(4):
+        sched.add(Sequence([10, 50 + i, 1], max_new_tokens=3, client="a"))
+    sched.add(late)
+    assert admissions(sched, 3)[0] is late
+
+
+def test_the_table_of_turns_stays_small():
+    """Clients that have nothing queued or running are forgotten (a server meets many)."""
+    pool, tree, sched = make(n_pages=64, max_seqs=2)
+    for i in range(500):
+        sched.add(Sequence([1, 2, 3], max_new_tokens=1, client=f"client-{i}"))
+        admissions(sched, 2)
+        assert len(sched._turns) <= 2 * (len(sched.waiting) + len(sched.running)) + 17
+    assert not sched.has_work

@@ -2,6 +2,7 @@
 clients, requests the sampler or the model cannot serve -- over real HTTP (httpx)."""
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -55,3 +56,41 @@ def test_stop_strings_over_the_length_limit_are_refused(server, route, body):
         assert err["param"] == param and err["code"] == "invalid_value"
         assert f"{len(stop) if isinstance(stop, str) else 1001} characters" in err["message"]
         assert "at most 1000" in err["message"]
+
+
+def wait_until(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_clients_take_turns_by_api_key(one_small_slot):
+    """One slot, two API keys: while alice's long request holds the slot, alice queues 10 more and
+    bob one after them; bob's runs next, not after alice's 10. The engine tells clients apart by a
+    digest of their key (the key itself stays out of it)."""
+    model = one_small_slot.state.model
+    eng = model.engine
+    with serve_model(model, api_keys=("alice-key", "bob-key")) as live:
+        live.wait_ready()
+        url = live.url + "/completion"
+
+        def ask(key: str, n: int, done: list, name: str):
+            r = httpx.post(url, json={"prompt": "Once upon a time", "n_predict": n, "ignore_eos": True},
+                           headers={"Authorization": f"Bearer {key}"}, timeout=120)
+            assert r.status_code == 200, r.text
+            done.append(name)
+
+        done: list[str] = []
+        with ThreadPoolExecutor(12) as pool:
+            holder = pool.submit(ask, "alice-key", 40, done, "holder")
+            wait_until(lambda: eng.scheduler.running)
+            futures = [pool.submit(ask, "alice-key", 6, done, f"alice{i}") for i in range(10)]
+            wait_until(lambda: len(eng.scheduler.waiting) == 10)
+            futures.append(pool.submit(ask, "bob-key", 6, done, "bob"))
+            wait_until(lambda: len(eng.scheduler.waiting) == 11)
+            clients = {s.client for s in eng.scheduler.waiting + eng.scheduler.running}
+            assert len(clients) == 2 and all(c.startswith("key:") and "alice" not in c for c in clients)
+            for f in [holder] + futures:
+                f.result()
+    assert done[0] == "holder" and done.index("bob") <= 2, done

@@ -92,6 +92,7 @@ class Request:
     prompt_reduce: Callable[[np.ndarray, np.ndarray], Any] | None = None  # scoring: called on prompt logits
     prompt_logits_from: int = 0  # first prompt position whose logits prompt_reduce sees
     grammar: GrammarSpec | None = None
+    client: str = ""  # who sends it: the engine admits waiting requests taking turns between clients
 
     def __post_init__(self):
         if not self.prompt:
@@ -271,7 +272,7 @@ class Engine:
         for i in range(request.n):
             seq = Sequence(list(request.prompt), min(request.max_tokens, room),
                            prompt_logits=request.prompt_reduce is not None,
-                           prompt_logits_from=request.prompt_logits_from)
+                           prompt_logits_from=request.prompt_logits_from, client=request.client)
             matcher = compiled.matcher(request.grammar.lazy_triggers or None) if compiled else None
             seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder(),
                                   matcher)

@@ -1,9 +1,11 @@
 """Continuous batching: each step mixes one decode token of every running sequence with
 chunks of prefill for new ones, under a token budget.
 
-Admission prefers the waiting sequence with the longest cached prefix, with aging so
-that nothing starves; a sequence whose prompt shares more with a prefill in flight than
-the cache holds yet waits for that prefill to be cached instead of computing it twice.
+Admission takes turns between clients (the one admitted least recently goes first, so one
+client's hundred queued requests cannot starve another's one); among a client's requests it
+prefers the longest cached prefix, with aging so that nothing starves. A sequence whose prompt
+shares more with a prefill in flight than the cache holds yet waits for that prefill to be
+cached instead of computing it twice.
 When pages run out: evict cached prefixes, then preempt the youngest running sequence
 (its computed tokens go to the prefix cache, so it resumes cheaply).
 
@@ -76,6 +78,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.step_no = 0
         self.n_preemptions = 0
+        self.n_admissions = 0
+        self._turns: dict[str, int] = {}  # client -> n_admissions at its latest admission
         # lookups repeated while one schedule() admits many requests (each pick scans every waiting
         # request against the cache and every running prefill): cached lengths by sequence id,
         # valid while the tree's version holds; common prefixes by pair of sequence ids
@@ -111,6 +115,7 @@ class Scheduler:
                 break
         for seq in self.waiting:
             seq.waited_steps += 1
+        self._forget_idle_clients()
         return plan
 
     def plan_ahead(self, chunks: list[Chunk]) -> Plan | None:
@@ -220,15 +225,24 @@ class Scheduler:
 
     # ---- admission ----
     def _pick_waiting(self) -> Sequence | None:
-        best, best_score = None, -1.0
+        """The next to admit: of the client admitted least recently (never: first), the request
+        with the longest cached prefix plus aging."""
+        best, best_key = None, None
         for seq in self.waiting:
             cached = self._cached_length(seq) if self._reuses(seq) else 0
             if self._inflight_would_help(seq, cached):
                 continue
-            score = cached + self.config.aging_tokens * seq.waited_steps
-            if score > best_score:
-                best, best_score = seq, score
+            key = (self._turns.get(seq.client, -1), -(cached + self.config.aging_tokens * seq.waited_steps))
+            if best_key is None or key < best_key:
+                best, best_key = seq, key
         return best
+
+    def _forget_idle_clients(self) -> None:
+        """Drop the turns of clients with nothing waiting or running (now and then: the table is
+        small next to the queue)."""
+        if len(self._turns) > 2 * (len(self.waiting) + len(self.running)) + 16:
+            active = {s.client for s in self.waiting} | {s.client for s in self.running}
+            self._turns = {c: n for c, n in self._turns.items() if c in active}
 
     def _reuses(self, seq: Sequence) -> bool:
         """Whether seq may start from a cached prefix (scoring needs logits at every position)."""
@@ -273,6 +287,8 @@ class Scheduler:
         seq.status, seq.admitted_at = Status.RUNNING, self.step_no
         n_copies = len(plan.copies)
         if self._plan(seq, plan, budget, planned, may_preempt=False):  # admitting never preempts
+            self.n_admissions += 1
+            self._turns[seq.client] = self.n_admissions
             return True
         # no room after all: undo (seq computed nothing; its pages, copies included, go back)
         del plan.copies[n_copies:]

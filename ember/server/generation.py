@@ -7,8 +7,11 @@ collects the `Sample`s or streams the events of the returned `Flight`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field, fields as dataclass_fields
+
+from starlette.requests import Request as HTTPRequest
 
 from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
 from ..engine.engine import GrammarSpec
@@ -93,19 +96,32 @@ def check_prompt_fits(ids: list[int], model: ServerModel, param: str) -> None:
                        param=param, code="context_length_exceeded")
 
 
-def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams) -> "Flight":
-    """Submit one engine request per prompt; engine refusals become HTTP errors."""
+def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams,
+          http: HTTPRequest | None = None) -> "Flight":
+    """Submit one engine request per prompt (from the client `http` names); engine refusals become
+    HTTP errors."""
     handles: list[RequestHandle] = []
+    client = client_key(state, http) if http is not None else ""
     try:
         for ids in prompts:
             handles.append(model.engine.submit_async(Request(
-                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar)))
+                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar, client=client)))
     except BaseException as e:
         for h in handles:
             h.cancel()
         raise _submit_error(state, e, gen) from None
     state.stats.requests += 1
     return Flight(state, handles, gen.n)
+
+
+def client_key(state: ServerState, http: HTTPRequest) -> str:
+    """Whom the engine's queue takes turns between: the API key where the server requires one (a
+    digest: keys stay out of the engine), else the remote address (a key the server does not ask
+    for would let a client pose as many)."""
+    if state.config.api_keys:
+        given = http.headers.get("x-api-key") or http.headers.get("authorization", "").partition(" ")[2].strip()
+        return "key:" + hashlib.sha256(given.encode()).hexdigest()[:16]
+    return "addr:" + (http.client.host if http.client else "")
 
 
 def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseException:

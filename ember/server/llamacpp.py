@@ -64,7 +64,7 @@ async def completion(request: Request) -> Response:
     prompts = completion_prompts(body, model)
     if gen.stream and len(prompts) > 1:
         raise invalid("prompt", "streaming takes one prompt per request", "unsupported")
-    flight = start(state, model, prompts, gen)
+    flight = start(state, model, prompts, gen, request)
     if gen.stream:
         return EventStream(_completion_stream(flight, gen, model, return_tokens))
     try:

@@ -119,7 +119,7 @@ async def chat_completions(request: Request) -> Response:
     gen = gen_params(body, model, state, chat=True)
     gen.grammar, gen.grammar_param = _chat_grammar(body, model, setup)
     prompt = chat_prompt(model, messages, setup, template_kwargs(body))
-    flight = start(state, model, [prompt], gen)
+    flight = start(state, model, [prompt], gen, request)
     protocol = protocol_for(model.native_tools)
     outputs = [protocol.output(setup) for _ in flight.samples]
     meta = {"id": _new_id("chatcmpl"), "created": int(time.time()), "model": model.id,
@@ -220,7 +220,7 @@ async def completions(request: Request) -> Response:
     gen = gen_params(body, model, state, chat=False)
     gen.grammar, gen.grammar_param = requested_grammar(body)
     prompts = completion_prompts(body, model)
-    flight = start(state, model, prompts, gen)
+    flight = start(state, model, prompts, gen, request)
     meta = {"id": _new_id("cmpl"), "created": int(time.time()), "model": model.id,
             "system_fingerprint": FINGERPRINT}
     if gen.stream:
