@@ -296,6 +296,50 @@ def test_clients_take_turns_in_the_queue(tiny):
     llm.close()
 
 
+def test_non_finite_logits_fail_only_their_request(llm, tmp_path):
+    """SmolLM2 rewritten with its own output matrix (a copy of the embeddings) and the embedding row
+    of " dragon" set to NaN: a prompt with that token gets NaN logits from it on, others are
+    untouched. Beside each other, greedy (best ids from the backend) and sampled: the dragon
+    requests end with non_finite_logits, the others give the original model's tokens, also after
+    the failures (nothing stale in pages or cache), and the engine as a whole never fails."""
+    from gguf_edit import rewrite
+
+    from ember.gguf_loader import GGUFFile
+
+    good = llm("smollm2")
+    dragon = good.tokenizer.encode(" dragon")[0]
+    path = tmp_path / "untied.gguf"
+    with GGUFFile(good.path) as f:
+        embd = f.tensors["token_embd.weight"]
+        rewrite(good.path, path, tensors={"output.weight": np.array(embd.array())}, raw_types={"output.weight": int(embd.type)})
+    with GGUFFile(path) as f:
+        embd = f.tensors["token_embd.weight"]
+        row_at, row_bytes = embd.offset, embd.nbytes // embd.shape[0]
+    with open(path, "r+b") as fh:  # the row's first block scale (Q8_0: f16 then 32 int8)
+        fh.seek(row_at + dragon * row_bytes)
+        fh.write(np.array([np.nan], np.float16).tobytes())
+    bad = LLM(str(path), device="cpu", threads=2, ctx=256, slots=4)
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, seed=11, ignore_eos=True)
+    fine, broken = good.tokenizer.encode("Tell me about the cat"), good.tokenizer.encode("Tell me about the dragon")
+    want = good.generate(fine, 8, no_eos).token_ids
+    for _ in range(2):
+        handles = [bad.engine.submit(Request(p, 8, sp)) for p in (broken, fine) for sp in (no_eos, sampled)]
+        outcomes = []
+        for h in handles:
+            (finish,) = [ev for ev in h if isinstance(ev, FinishEvent)]
+            outcomes.append((finish.reason, finish.code))
+            if finish.code:
+                assert finish.error.startswith("the model produced non-finite logits (NaN")
+        assert outcomes == [("error", "non_finite_logits")] * 2 + [("length", None)] * 2
+        got = bad.generate(fine, 8, no_eos).token_ids
+        upto = clear_prefix(good, fine, want)
+        assert got[:upto] == want[:upto] and upto >= 4
+    assert bad.engine.last_error is None
+    clean_pool(bad)
+    bad.close()
+
+
 def test_queue_full_and_bad_requests(tiny):
     llm = LLM(str(tiny), threads=1, ctx=64)
     with pytest.raises(ValueError, match="context holds 64"):

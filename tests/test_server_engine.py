@@ -2,10 +2,12 @@
 clients, requests the sampler or the model cannot serve -- over real HTTP (httpx)."""
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import pytest
 
 from test_server_harness import MODEL_CFG, LiveServer, pages_leaked, serve_model, server, smollm  # noqa: F401
@@ -94,3 +96,92 @@ def test_clients_take_turns_by_api_key(one_small_slot):
             for f in [holder] + futures:
                 f.result()
     assert done[0] == "holder" and done.index("bob") <= 2, done
+
+
+# ---- requests that leave no token, and a model that produces NaN ----
+
+ASK = [{"role": "user", "content": "Tell me about dragons."}]
+BAN_ALL = {str(i): False for i in range(49152)}  # SmolLM2's whole vocabulary
+
+
+def no_token_error(r: httpx.Response, param) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "no_token_allowed" and err["param"] == param
+    assert err["message"].startswith("no token is allowed")
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 3, "logit_bias": BAN_ALL}),
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 3, "logit_bias": BAN_ALL, "stream": True}),
+    ("/completion", {"prompt": "Hi", "n_predict": 3, "logit_bias": [[i, False] for i in range(49152)],
+                     "presence_penalty": 1.5, "repeat_penalty": 1.3, "temperature": 0.8}),
+    ("/completion", {"prompt": "Hi", "n_predict": 3, "ignore_eos": True,
+                     "logit_bias": [[i, False] for i in range(49152) if i not in (0, 2)]}),  # 0, 2: end tokens
+])
+def test_a_logit_bias_that_bans_every_token_is_a_400(server, route, body):
+    """Before any work, streaming or not, with penalties, or with ignore_eos banning the rest."""
+    no_token_error(httpx.post(server.url + route, json=body, timeout=60), "logit_bias")
+
+
+def test_a_logit_bias_that_leaves_one_token_gives_that_token(server):
+    body = {"prompt": "Hi", "n_predict": 3, "logit_bias": {**BAN_ALL, "7": -5}, "return_tokens": True}
+    r = httpx.post(server.url + "/completion", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens"] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("body", [
+    {"grammar": 'root ::= "a"', "logit_bias": [["a", False]]},  # the grammar allows only what the bias bans
+    {"grammar": 'root ::= "a"', "ignore_eos": True},  # after "a" the grammar allows only the end, which is banned
+    {"grammar": 'root ::= "a" | "b"', "logit_bias": [["a", False], ["b", False]], "presence_penalty": 1.0,
+     "temperature": 0.7},
+])
+def test_a_grammar_left_without_tokens_is_a_400(server, body):
+    """Found while generating: a 400 (an error event once a stream has begun), and the server goes on."""
+    url = server.url + "/completion"
+    no_token_error(httpx.post(url, json={"prompt": "Say a", "n_predict": 4, **body}, timeout=60), None)
+    events = httpx.post(url, json={"prompt": "Say a", "n_predict": 4, "stream": True, **body}, timeout=60)
+    assert events.status_code == 200
+    last = json.loads(events.text.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "no_token_allowed"
+    ok = httpx.post(url, json={"prompt": "Say a", "n_predict": 2, "grammar": 'root ::= "a"'}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["content"] == "a"
+    assert pages_leaked(server.state.model.engine) == 0
+
+
+@pytest.fixture(scope="module")
+def nan_server(tmp_path_factory):
+    """SmolLM2 with a NaN final norm: every logit of every request is NaN."""
+    from gguf_edit import EditableCopy
+
+    from ember import hub
+
+    copy = EditableCopy(hub.resolve("smollm2"), tmp_path_factory.mktemp("nan") / "smollm2-nan.gguf")
+    with copy.edit() as e:  # the file is mapped, not read: the edit lasts as long as the server
+        e.set_bytes("output_norm.weight", 0, np.full(576, np.nan, np.float32).tobytes())
+        model = load_model(MODEL_CFG.__class__(str(copy.path), device="cpu", threads=2, ctx=256, slots=2))
+        with LiveServer(create_app(ServerConfig(), lambda: model)) as live:
+            live.wait_ready()
+            yield live
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 3}, {"mirostat": 2}])
+def test_nan_weights_give_a_clear_500_per_request(nan_server, sampling):
+    """Each request fails alone with a 500 that says the model produced non-finite logits (the model,
+    not the request, is at fault), greedy (best ids found by the backend) or sampled; streams end
+    with the same error; the server stays up and keeps no pages."""
+    url = nan_server.url + "/v1/chat/completions"
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(lambda _: httpx.post(url, json={"messages": ASK, "max_tokens": 4, **sampling},
+                                                     timeout=60), range(3)))
+    for r in replies:
+        assert r.status_code == 500, r.text
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and err["code"] == "non_finite_logits"
+        assert "the model produced non-finite logits (NaN" in err["message"] and "token -1" not in err["message"]
+    events = httpx.post(url, json={"messages": ASK, "max_tokens": 4, "stream": True, **sampling}, timeout=60)
+    last = json.loads(events.text.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "non_finite_logits"
+    assert httpx.get(nan_server.url + "/health").status_code == 200
+    assert nan_server.state.model.engine.last_error is None  # no engine-wide failure
+    assert pages_leaked(nan_server.state.model.engine) == 0

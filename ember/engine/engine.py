@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..models import Model
-from ..sampler import Sampler, SamplerVocab, SamplingParams
+from ..sampler import NoTokenAllowed, NonFiniteLogits, Sampler, SamplerVocab, SamplingError, SamplingParams
 from .metrics import EngineMetrics, KVUsage
 from .pages import PagePool
 from .radix import RadixCache
@@ -129,6 +129,9 @@ class FinishEvent:
     cached_tokens: int
     generated_tokens: int
     error: str | None = None
+    # with reason "error": "no_token_allowed" (the request's grammar, logit_bias and ignore_eos left no
+    # token), "non_finite_logits" (the model produced NaN/inf), None (anything else)
+    code: str | None = None
 
 
 class RequestHandle:
@@ -274,8 +277,11 @@ class Engine:
                            prompt_logits=request.prompt_reduce is not None,
                            prompt_logits_from=request.prompt_logits_from, client=request.client)
             matcher = compiled.matcher(request.grammar.lazy_triggers or None) if compiled else None
-            seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder(),
-                                  matcher)
+            sampler = self._sampler(request, i)
+            if sampler.n_banned >= self.model.n_vocab:
+                raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
+                                     f"tokens of the vocabulary")
+            seq.owner = _SeqState(handle, i, request, sampler, self.tokenizer.stream_decoder(), matcher)
             handle.seqs.append(seq)
         return handle
 
@@ -387,7 +393,7 @@ class Engine:
         self._deliver()
         self.runner.wait(mark)
         self.scheduler.complete(plan)
-        self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
+        self._postprocess(plan, out, best_only=bool(top_k))
         if not self.runner.overlaps:  # the next step would compute before launching: no later
             self._emit_pending()
             self._deliver()
@@ -467,11 +473,12 @@ class Engine:
                 m.prompt_tokens_cached += seq.n_cache_hit
         m.preemptions = self.scheduler.n_preemptions
 
-    def _postprocess(self, plan: Plan, logits: np.ndarray, best_only: bool = False) -> None:
-        """best_only: `logits` holds each row's best token ids (n_rows, k), best first, instead of
-        its logits."""
+    def _postprocess(self, plan: Plan, logits, best_only: bool = False) -> None:
+        """best_only: `logits` holds each row's best token ids and their logits (TopLogits, (n_rows,
+        k) each, best first) instead of its logits."""
         row = 0
-        best = logits.tolist() if best_only else None  # ids as Python ints, in one call
+        if best_only:  # ids as Python ints, in one call; whether each row's best logit is finite
+            best, usable = logits.ids.tolist(), np.isfinite(logits.values[:, 0]).tolist()
         for chunk in plan.chunks:
             seq = chunk.seq
             n_rows = len(chunk.logit_rows)
@@ -486,7 +493,7 @@ class Engine:
                 elif not n_rows:
                     raise AssertionError("a sequence to sample from has no row of logits in its step")
                 elif best_only:
-                    self._emit(seq, seq.owner.sampler.choose_from_best(best[row - 1]), None, later=True)
+                    self._choose_best(seq, best[row - 1], usable[row - 1])
                 else:
                     self._sample(seq, logits[row - 1])
 
@@ -499,9 +506,30 @@ class Engine:
         event = PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep]))
         self._outbox.append((st.handle, event))
 
+    def _choose_best(self, seq: Sequence, ids: list[int], usable: bool) -> None:
+        """The greedy choice from a row's best ids: none where the row had no finite best logit (a
+        row of NaN comes back as id -1)."""
+        if not usable or ids[0] < 0:
+            self._fail_sampling(seq, NonFiniteLogits("the model produced non-finite logits (NaN/inf)"))
+            return
+        try:
+            token = seq.owner.sampler.choose_from_best(ids)
+        except SamplingError as e:
+            self._fail_sampling(seq, e)
+            return
+        self._emit(seq, token, None, later=True)
+
+    def _fail_sampling(self, seq: Sequence, e: SamplingError) -> None:
+        """This sequence ends with the error; the others go on."""
+        self._finish(seq, "error", error=str(e), code=e.code)
+
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
-        token = st.sampler.sample(row, self._allowed(st))
+        try:
+            token = st.sampler.sample(row, self._allowed(st))
+        except SamplingError as e:
+            self._fail_sampling(seq, e)
+            return
         if st.matcher is not None and not st.matcher.accept_token(token):
             self._finish(seq, "error", error=f"the grammar rejected token {token} it had allowed")
             return
@@ -575,7 +603,8 @@ class Engine:
             m.inter_token.observe(now - st.last_token_at)
         st.last_token_at = now
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True,
+                code: str | None = None) -> None:
         """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
         if seq.status is Status.FINISHED:
             return
@@ -589,7 +618,7 @@ class Engine:
         st = seq.owner
         tail = ((st.stops.flush() if st.stops is not None else "") + st.decoder.flush()) if flush else ""
         self._outbox.append((st.handle, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
-                                                          seq.n_generated, error)))
+                                                          seq.n_generated, error, code)))
 
     def _fail_running(self, message: str, trace: str) -> None:
         self._ahead = None

@@ -16,7 +16,7 @@ from starlette.requests import Request as HTTPRequest
 from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
 from ..engine.engine import GrammarSpec
 from ..gbnf import GrammarError
-from ..sampler import SamplingParams
+from ..sampler import NoTokenAllowed, SamplingParams
 from .errors import APIError, invalid, not_ready, queue_full, server_error
 from .fields import Fields
 from .state import ServerModel, ServerState
@@ -132,6 +132,8 @@ def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseE
         return not_ready("the server is shutting down")
     if isinstance(e, GrammarError):
         return invalid(gen.grammar_param or "grammar", f"invalid grammar: {e}", "invalid_grammar")
+    if isinstance(e, NoTokenAllowed):
+        return invalid("logit_bias", str(e), e.code)
     if isinstance(e, ValueError):
         code = "context_length_exceeded" if "context holds" in str(e) else "invalid_value"
         return invalid(None, str(e), code)
@@ -150,6 +152,7 @@ class Sample:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None
     first_at: float = 0.0
     last_at: float = 0.0
 
@@ -163,7 +166,7 @@ class Sample:
 
     def finish(self, ev: FinishEvent) -> None:
         self.text += ev.text
-        self.finish_reason, self.error = ev.reason, ev.error
+        self.finish_reason, self.error, self.error_code = ev.reason, ev.error, ev.code
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
 
 
@@ -246,10 +249,22 @@ class Flight:
             self.close()
         for s in self.samples:
             if s.finish_reason == "error":
-                raise server_error(f"generation failed: {s.error}")
+                raise generation_error(s.error, s.error_code)
             if s.finish_reason == "cancelled":
                 raise not_ready("the request was cancelled: the server is shutting down")
         return self.samples
+
+
+def generation_error(message: str | None, code: str | None) -> APIError:
+    """What a sequence that ended in error tells its client: 400 where the request left no token to
+    choose; 500 where the model produced non-finite logits (a fault of the served model, not of the
+    request: no retry or change of request helps) or anything else went wrong."""
+    if code == "no_token_allowed":  # the grammar, logit_bias and ignore_eos together: no one field to name
+        return invalid(None, message or "no token is allowed", code)
+    if code == "non_finite_logits":
+        return APIError(500, f"{message}: the model file's weights or the computation are broken",
+                        type="server_error", code=code)
+    return server_error(f"generation failed: {message}")
 
 
 def usage(samples: list[Sample], n: int) -> dict:

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from ..engine import FinishEvent, TokenEvent
 from .errors import APIError, invalid
 from .fields import Fields, parse_json_object
-from .generation import (Flight, GenParams, Sample, parse_sampling, parse_stop, parse_stream, start, timings,
-                         token_piece, usage)
+from .generation import (Flight, GenParams, Sample, generation_error, parse_sampling, parse_stop, parse_stream,
+                         start, timings, token_piece, usage)
 from .grammars import requested_grammar
 from .prompts import chat_prompt, completion_prompts, parse_messages, template_kwargs
 from .sse import DONE, ClientGone, EventStream, event, until_disconnect
@@ -204,7 +204,7 @@ def stream_failure(ev: FinishEvent) -> bytes:
         err = APIError(503, "the request was cancelled: the server is shutting down", type="unavailable_error",
                        code="cancelled")
     else:
-        err = APIError(500, f"generation failed: {ev.error}", type="server_error", code="internal_error")
+        err = generation_error(ev.error, ev.code)
     return err.sse()
 
 
