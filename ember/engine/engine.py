@@ -507,15 +507,15 @@ class Engine:
         self._outbox.append((st.handle, event))
 
     def _choose_best(self, seq: Sequence, ids: list[int], usable: bool) -> None:
-        """The greedy choice from a row's best ids: none where the row had no finite best logit (a
-        row of NaN comes back as id -1)."""
-        if not usable or ids[0] < 0:
-            self._fail_sampling(seq, NonFiniteLogits("the model produced non-finite logits (NaN/inf)"))
-            return
+        """The greedy choice from a row's best ids: none where the row had no finite best logit, or
+        fewer comparable logits than banned ids before them (NaN logits come back as id -1)."""
         try:
-            token = seq.owner.sampler.choose_from_best(ids)
+            token = seq.owner.sampler.choose_from_best(ids) if usable else -1
         except SamplingError as e:
             self._fail_sampling(seq, e)
+            return
+        if token < 0:
+            self._fail_sampling(seq, NonFiniteLogits("the model produced non-finite logits (NaN/inf)"))
             return
         self._emit(seq, token, None, later=True)
 
