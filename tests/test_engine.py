@@ -338,6 +338,7 @@ def test_non_finite_logits_fail_only_their_request(llm, tmp_path):
     assert bad.engine.last_error is None
     clean_pool(bad)
     bad.close()
+    path.unlink()  # 100 MB: not for pytest's kept temp dirs
 
 
 def test_queue_full_and_bad_requests(tiny):

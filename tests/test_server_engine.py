@@ -163,6 +163,7 @@ def nan_server(tmp_path_factory):
         with LiveServer(create_app(ServerConfig(), lambda: model)) as live:
             live.wait_ready()
             yield live
+    copy.path.unlink()  # 100 MB: not for pytest's kept temp dirs
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 3}, {"mirostat": 2}])

@@ -43,8 +43,9 @@ class Metadata:
     def int(self, key: str, default: int | None = None, lo: int = 0, hi: int = MAX_SIZE) -> int:
         """An integer in lo..hi (a per-layer array must hold one value)."""
         value = self._scalar(key, default)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-                or not value == value or int(value) != value or not lo <= value <= hi:
+        ok = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)) \
+            and math.isfinite(value) and int(value) == value and lo <= value <= hi
+        if not ok:
             raise self.error(key, value, f"an integer from {lo} to {hi}")
         return int(value)
 
@@ -110,11 +111,12 @@ def rope_scaling(hp: Metadata, n_rot: int, neox: bool, freq_base: float, freq_fa
     kind = hp.get("rope.scaling.type", "none") or "none"
     if kind not in ("none", "linear", "yarn"):
         raise hp.error("rope.scaling.type", kind, "none, linear or yarn")
-    key = "rope.scaling.factor" if hp.get("rope.scaling.factor") else "rope.scale_linear"
+    key = "rope.scaling.factor" if hp.get("rope.scaling.factor") is not None else "rope.scale_linear"
     factor = hp.float(key, 0.0, at_most=1e6)  # 0: none
     hp.check(key, factor == 0 or factor >= 1e-6, factor, "0 (none) or a factor from 1e-06 to 1e+06")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
-    key = "rope.scaling.original_context_length" if hp.get("rope.scaling.original_context_length") else "context_length"
+    key = "rope.scaling.original_context_length" if hp.get("rope.scaling.original_context_length") is not None \
+        else "context_length"
     n_ctx_orig = hp.int(key, 0)
     params = RopeParams(n_rot, neox, freq_base, freq_scale, n_ctx_orig=n_ctx_orig, freq_factors=freq_factors)
     if kind != "yarn":
@@ -255,7 +257,8 @@ class Model:
         n_tokens = len(tokens) if isinstance(tokens, list) else None
         if hp.get("vocab_size") is not None:
             n = hp.int("vocab_size", lo=1)
-            hp.check("vocab_size", n_tokens in (None, n), n, f"the number of tokens of tokenizer.ggml.tokens ({n_tokens})")
+            hp.check("vocab_size", n_tokens in (None, n), n,
+                     f"the number of tokens of tokenizer.ggml.tokens ({n_tokens})")
             n_tokens = n
         embd = gguf.tensors.get("token_embd.weight")
         n_vocab = n_tokens or (embd.shape[0] if embd is not None and len(embd.shape) == 2 else 0)

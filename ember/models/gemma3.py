@@ -41,7 +41,8 @@ class ModelArgs:
         head_dim = hp.int("attention.key_length", d_model // n_head, lo=2)
         hp.check("attention.key_length", head_dim % 2 == 0, head_dim, "an even head size (all of it is rotated)")
         hp.check("attention.value_length", hp.get("attention.value_length", head_dim) == head_dim,
-                 hp.get("attention.value_length"), f"attention.key_length ({head_dim}): other value sizes are not supported")
+                 hp.get("attention.value_length"),
+                 f"attention.key_length ({head_dim}): other value sizes are not supported")
         n_layer, n_ctx_train = hp.int("block_count", lo=1), hp.int("context_length", 32768, lo=1)
         freq_base = hp.float("rope.freq_base", 1e6, above=0.0, at_most=MAX_ROPE_BASE)
         rope_global = rope_scaling(hp, head_dim, neox=True, freq_base=freq_base)

@@ -32,7 +32,8 @@ class ModelArgs:
                      f"a divisor of embedding_length ({d_model}) where attention.key_length is not given")
         head_dim = hp.int("attention.key_length", d_model // n_head, lo=1)
         hp.check("attention.value_length", hp.get("attention.value_length", head_dim) == head_dim,
-                 hp.get("attention.value_length"), f"attention.key_length ({head_dim}): other value sizes are not supported")
+                 hp.get("attention.value_length"),
+                 f"attention.key_length ({head_dim}): other value sizes are not supported")
         freq_base = hp.float("rope.freq_base", 10000.0, above=0.0, at_most=MAX_ROPE_BASE)
         return cls(
             n_layer=hp.int("block_count", lo=1), d_model=d_model, d_ff=hp.int("feed_forward_length", lo=1),
