@@ -9,16 +9,18 @@ grammar of a big request take long enough to stall every other client.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field, fields as dataclass_fields
 
 from starlette.concurrency import run_in_threadpool as off_loop
+from starlette.requests import Request as HTTPRequest
 
 from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
 from ..engine.engine import GrammarSpec
 from ..gbnf import GrammarError
-from ..sampler import SamplingParams
-from .errors import context_exceeded, invalid, not_ready, queue_full, server_error
+from ..sampler import NoTokenAllowed, SamplingParams
+from .errors import APIError, context_exceeded, invalid, not_ready, queue_full, server_error
 from .fields import Fields
 from .state import ServerConfig, ServerModel, ServerState
 
@@ -81,8 +83,16 @@ def parse_stream(body: Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
+MAX_STOP_CHARS = 1000  # the longest stop string (the count is ServerConfig.max_stop)
+
+
 def parse_stop(body: Fields, max_items: int) -> tuple[str, ...]:
-    return tuple(s for s in body.strings("stop", max_items) if s)
+    stops = body.strings("stop", max_items)
+    for i, s in enumerate(stops):
+        if len(s) > MAX_STOP_CHARS:
+            name = "stop" if isinstance(body.data.get("stop"), str) else f"stop[{i}]"
+            raise invalid(name, f"{name} has {len(s)} characters; a stop string may have at most {MAX_STOP_CHARS}")
+    return tuple(s for s in stops if s)
 
 
 def max_tokens(given: int | None, config: ServerConfig, model: ServerModel) -> int:
@@ -105,11 +115,13 @@ def check_prompt_fits(ids: list[int], model: ServerModel, param: str) -> None:
         raise context_exceeded(param, len(ids), model.n_ctx)
 
 
-async def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams) -> "Flight":
-    """Submit one engine request per prompt (off the loop: a new grammar compiles then); engine
-    refusals become HTTP errors."""
+async def start(state: ServerState, model: ServerModel, prompts: list[list[int]], gen: GenParams,
+                http: HTTPRequest | None = None) -> "Flight":
+    """Submit one engine request per prompt from the client `http` names (off the loop: a new
+    grammar compiles then); engine refusals become HTTP errors."""
+    client = client_key(state, http) if http is not None else ""
     try:
-        handles = await off_loop(_submit, model, prompts, gen, asyncio.get_running_loop())
+        handles = await off_loop(_submit, model, prompts, gen, client, asyncio.get_running_loop())
     except Exception as e:
         raise _submit_error(state, e, gen) from None
     if state.draining:  # began while the requests were prepared
@@ -120,17 +132,28 @@ async def start(state: ServerState, model: ServerModel, prompts: list[list[int]]
     return Flight(state, handles, gen.n, prompts)
 
 
-def _submit(model: ServerModel, prompts: list[list[int]], gen: GenParams, loop) -> list[RequestHandle]:
+def _submit(model: ServerModel, prompts: list[list[int]], gen: GenParams, client: str, loop) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
         for ids in prompts:
             handles.append(model.engine.submit_async(Request(
-                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar), loop))
+                ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar,
+                client=client), loop))
     except BaseException:
         for h in handles:
             h.cancel()
         raise
     return handles
+
+
+def client_key(state: ServerState, http: HTTPRequest) -> str:
+    """Whom the engine's queue takes turns between: the API key where the server requires one (a
+    digest: keys stay out of the engine), else the remote address (a key the server does not ask
+    for would let a client pose as many)."""
+    if state.config.api_keys:
+        given = http.headers.get("x-api-key") or http.headers.get("authorization", "").partition(" ")[2].strip()
+        return "key:" + hashlib.sha256(given.encode()).hexdigest()[:16]
+    return "addr:" + (http.client.host if http.client else "")
 
 
 def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseException:
@@ -141,6 +164,8 @@ def _submit_error(state: ServerState, e: BaseException, gen: GenParams) -> BaseE
         return not_ready("the server is shutting down")
     if isinstance(e, GrammarError):
         return invalid(gen.grammar_param or "grammar", f"invalid grammar: {e}", "invalid_grammar")
+    if isinstance(e, NoTokenAllowed):
+        return invalid("logit_bias", str(e), e.code)
     if isinstance(e, ValueError):
         code = "context_length_exceeded" if "context holds" in str(e) else "invalid_value"
         return invalid(None, str(e), code)
@@ -159,6 +184,7 @@ class Sample:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None
     first_at: float = 0.0
     last_at: float = 0.0
 
@@ -172,7 +198,7 @@ class Sample:
 
     def finish(self, ev: FinishEvent) -> None:
         self.text += ev.text
-        self.finish_reason, self.error = ev.reason, ev.error
+        self.finish_reason, self.error, self.error_code = ev.reason, ev.error, ev.code
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
 
 
@@ -265,10 +291,22 @@ class Flight:
             self.close()
         for s in self.samples:
             if s.finish_reason == "error":
-                raise server_error(f"generation failed: {s.error}")
+                raise generation_error(s.error, s.error_code)
             if s.finish_reason == "cancelled":
                 raise not_ready("the request was cancelled: the server is shutting down")
         return self.samples
+
+
+def generation_error(message: str | None, code: str | None) -> APIError:
+    """What a sequence that ended in error tells its client: 400 where the request left no token to
+    choose; 500 where the model produced non-finite logits (a fault of the served model, not of the
+    request: no retry or change of request helps) or anything else went wrong."""
+    if code == "no_token_allowed":  # the grammar, logit_bias and ignore_eos together: no one field to name
+        return invalid(None, message or "no token is allowed", code)
+    if code == "non_finite_logits":
+        return APIError(500, f"{message}: the model file's weights or the computation are broken",
+                        type="server_error", code=code)
+    return server_error(f"generation failed: {message}")
 
 
 def usage(samples: list[Sample], n: int) -> dict:

@@ -81,7 +81,7 @@ async def completion(request: Request) -> Response:
     async with state.using_model() as model:
         body = await read_body(request)
         job = await off_loop(prepare_completion, body, model, state)
-        flight = await start(state, model, job.prompts, job.gen)
+        flight = await start(state, model, job.prompts, job.gen, request)
     if job.gen.stream:
         return EventStream(_completion_stream(flight, job, model))
     try:

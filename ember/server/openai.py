@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 from ..engine import FinishEvent, TokenEvent
 from .errors import APIError, invalid
 from .fields import Fields, parse_json_object
-from .generation import (Flight, GenParams, Sample, check_sequences, max_tokens, off_loop, parse_sampling,
-                         parse_stop, parse_stream, start, timings, token_piece, usage)
+from .generation import (Flight, GenParams, Sample, check_sequences, generation_error, max_tokens, off_loop,
+                         parse_sampling, parse_stop, parse_stream, start, timings, token_piece, usage)
 from .grammars import requested_grammar
 from .prompts import ChatPrompt, chat_prompt, completion_prompts, parse_messages, prompt_items, template_options
 from .sse import DONE, ClientGone, EventStream, event, until_disconnect
@@ -149,7 +149,7 @@ async def chat_completions(request: Request) -> Response:
     async with state.using_model() as model:
         body = await read_body(request)
         job = await off_loop(prepare_chat, body, model, state)
-        flight = await start(state, model, [job.prompt.ids], job.gen)
+        flight = await start(state, model, [job.prompt.ids], job.gen, request)
     outputs = [protocol_for(model.native_tools).output(job.setup) for _ in flight.samples]
     meta = {"id": _new_id("chatcmpl"), "created": int(time.time()), "model": model.id,
             "system_fingerprint": FINGERPRINT}
@@ -242,7 +242,7 @@ def stream_failure(ev: FinishEvent) -> bytes:
         err = APIError(503, "the request was cancelled: the server is shutting down", type="unavailable_error",
                        code="cancelled")
     else:
-        err = APIError(500, f"generation failed: {ev.error}", type="server_error", code="internal_error")
+        err = generation_error(ev.error, ev.code)
     return err.sse()
 
 
@@ -263,7 +263,7 @@ async def completions(request: Request) -> Response:
     async with state.using_model() as model:
         body = await read_body(request)
         gen, prompts = await off_loop(prepare_completions, body, model, state)
-        flight = await start(state, model, prompts, gen)
+        flight = await start(state, model, prompts, gen, request)
     meta = {"id": _new_id("cmpl"), "created": int(time.time()), "model": model.id,
             "system_fingerprint": FINGERPRINT}
     if gen.stream:
