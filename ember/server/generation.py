@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields as dataclass_fields
 from starlette.concurrency import run_in_threadpool as off_loop
 from starlette.requests import Request as HTTPRequest
 
-from ..engine import EngineClosed, FinishEvent, QueueFull, Request, RequestHandle, TokenEvent
+from ..engine import EngineClosed, FinishEvent, ProgressEvent, QueueFull, Request, RequestHandle, TokenEvent
 from ..engine.engine import GrammarSpec
 from ..gbnf import GrammarError
 from ..sampler import NoTokenAllowed, SamplingParams
@@ -40,6 +40,7 @@ class GenParams:
     grammar_param: str | None = None  # the field the grammar came from (for errors)
     stream: bool = False
     include_usage: bool = False
+    progress: bool = False  # ProgressEvents while the prompt is computed
 
 
 def parse_sampling(body: Fields, model: ServerModel, config: ServerConfig) -> SamplingParams:
@@ -138,7 +139,7 @@ def _submit(model: ServerModel, prompts: list[list[int]], gen: GenParams, client
         for ids in prompts:
             handles.append(model.engine.submit_async(Request(
                 ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=gen.grammar,
-                client=client), loop))
+                client=client, progress=gen.progress), loop))
     except BaseException:
         for h in handles:
             h.cancel()
@@ -227,7 +228,7 @@ class Flight:
     def __aiter__(self):
         return self
 
-    async def __anext__(self) -> tuple[int, TokenEvent | FinishEvent]:
+    async def __anext__(self) -> tuple[int, TokenEvent | ProgressEvent | FinishEvent]:
         while self._open:
             k, ev = await self._next_event()
             if ev is None:
@@ -237,6 +238,8 @@ class Flight:
                 index = k * self.n + ev.index
                 self._record(index, ev)
                 return index, ev
+            if isinstance(ev, ProgressEvent):
+                return k * self.n + ev.index, ev
         self.close()
         raise StopAsyncIteration
 

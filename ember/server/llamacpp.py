@@ -7,13 +7,14 @@ by every request, so there is no per-slot cache to pick or to skip.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import __version__
-from ..engine import TokenEvent
+from ..engine import ProgressEvent, TokenEvent
 from ..sampler import SamplingParams
 from ..sampler.params import RANDOM_SEED
 from .errors import invalid
@@ -50,7 +51,6 @@ class CompletionJob:
     prompts: list[list[int]]
     return_tokens: bool = False
     fields: tuple[str, ...] = ()  # response_fields: "a/b" paths; empty: every field
-    progress: bool = False  # return_progress
     per_token_timings: bool = False  # timings_per_token
 
 
@@ -63,11 +63,12 @@ def prepare_completion(body: Fields, model: ServerModel, state: ServerState) -> 
     gen = GenParams(max_tokens=max_tokens(n_predict, state.config, model), stop=parse_stop(body, state.config.max_stop),
                     sampling=parse_sampling(body, model, state.config), logprobs=n_probs or None,
                     stream=body.bool("stream", False))
+    gen.progress = gen.stream and body.bool("return_progress", False)  # progress events stream only
     gen.grammar, gen.grammar_param = requested_grammar(body)
     body.bool("cache_prompt", True)  # type-checked, no effect (see module doc)
     body.int("id_slot", -1, lo=-1)
     job = CompletionJob(gen, [], body.bool("return_tokens", False), body.strings("response_fields"),
-                        body.bool("return_progress", False), body.bool("timings_per_token", False))
+                        body.bool("timings_per_token", False))
     items = prompt_items(body)
     if gen.stream and len(items) > 1:
         raise invalid("prompt", "streaming takes one prompt per request", "unsupported")
@@ -162,15 +163,16 @@ def _probs(model: ServerModel, ev: TokenEvent, gen: GenParams) -> dict:
 
 
 async def _completion_stream(flight: Flight, job: CompletionJob, model: ServerModel):
-    """One event per token (with its id, as llama-server streams them), a prompt-progress
-    event before the first with return_progress, and the whole result last (stop: true)."""
+    """One event per token (with its id, as llama-server streams them), with return_progress a
+    prompt-progress event when the prompt starts and after each step computing part of it, and
+    the whole result last (stop: true)."""
     gen = job.gen
     try:
         async for index, ev in flight:
             sample = flight.samples[index]
-            if isinstance(ev, TokenEvent):
-                if job.progress and len(sample.tokens) == 1:
-                    yield event(_progress(flight, index, job))
+            if isinstance(ev, ProgressEvent):
+                yield event(_progress(ev, index, job, flight))
+            elif isinstance(ev, TokenEvent):
                 chunk = {"index": index, "content": ev.text, "tokens": [ev.token], "stop": False, "id_slot": -1,
                          "tokens_predicted": len(sample.tokens), "tokens_evaluated": len(flight.prompts[index])}
                 if gen.logprobs is not None:
@@ -188,16 +190,16 @@ async def _completion_stream(flight: Flight, job: CompletionJob, model: ServerMo
         flight.close()
 
 
-def _progress(flight: Flight, index: int, job: CompletionJob) -> dict:
-    """The prompt is processed: llama-server's prompt_progress (total, cache, processed, time_ms)."""
-    sample, n = flight.samples[index], len(flight.prompts[index])
-    cached = flight.cached_tokens(index)
-    elapsed = int((sample.first_at - flight.submitted) * 1000)
+def _progress(ev: ProgressEvent, index: int, job: CompletionJob, flight: Flight) -> dict:
+    """llama-server's prompt_progress: prompt tokens in all, served by the cache, in the cache now
+    (the cached ones included), and milliseconds since the prompt's processing began."""
+    progress = {"total": ev.total, "cache": ev.cached, "processed": ev.processed, "time_ms": int(ev.seconds * 1000)}
     out = {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": 0,
-           "tokens_evaluated": n, "prompt_progress": {"total": n, "cache": cached, "processed": n, "time_ms": elapsed}}
-    if job.per_token_timings:
-        before = Sample(index, prompt_tokens=n, cached_tokens=cached, first_at=sample.first_at, last_at=sample.first_at)
-        out["timings"] = timings(before, flight.submitted)
+           "tokens_evaluated": ev.total, "prompt_progress": progress}
+    if job.per_token_timings:  # the prompt so far
+        now = time.perf_counter()
+        so_far = Sample(index, prompt_tokens=ev.processed, cached_tokens=ev.cached, first_at=now, last_at=now)
+        out["timings"] = timings(so_far, flight.submitted)
     return out
 
 
