@@ -77,7 +77,7 @@ class Capabilities:
     # record() -> context manager yielding a recording, replay(recording): a step's ops recorded
     # once and replayed in one call
     record: bool = False
-    max_recorded_tokens: int = 0  # steps up to this many tokens are worth recording (0: decode-sized only)
+    max_recorded_tokens: int = 0  # steps up to this many tokens are worth recording (at least the runner's 64)
     # replay(recording, wait=False) returns once the step is queued; mark() -> a point in the
     # device's queue, wait_mark(mark) until the work before it is done (the host overlaps the device)
     overlap: bool = False
