@@ -91,6 +91,11 @@ ERRORS = {  # name: (path, body): each error body whole
     "chat two mistakes: fields before the prompt": (CHAT, {"messages": [{"role": "user", "content": LONG}],
                                                           "grammar": 'root ::= "a"', "json_schema": {}}),
     "chat tools and grammar": (CHAT, {"messages": ASK, "tools": [TOOL], "grammar": 'root ::= "a"'}),
+    "chat tools and a response_format schema": (CHAT, {"messages": ASK, "tools": [TOOL], "response_format": {
+        "type": "json_object", "schema": {"type": "object"}}}),
+    "chat response_format and grammar": (CHAT, {"messages": ASK, "grammar": 'root ::= "a"', "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "string"}}}}),
+    "chat response_format schema": (CHAT, {"messages": ASK, "response_format": {"type": "json_object", "schema": 5}}),
     "chat context": (CHAT, {"messages": [{"role": "user", "content": LONG}]}),
     "chat template kwargs": (CHAT, {"messages": ASK, "chat_template_kwargs": {"tools": 1}}),
     "chat continue with tools": (CHAT, {"messages": [*ASK, {"role": "assistant", "content": "x"}], "tools": [TOOL]}),
