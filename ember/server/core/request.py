@@ -232,6 +232,11 @@ class Constraint:
     def json_object(cls, param: str) -> Constraint:
         return cls(GrammarSpec(_json_object()), param)
 
+    @classmethod
+    def gbnf(cls, text: str, param: str) -> Constraint:
+        """A grammar as GBNF text (checked when the engine compiles it)."""
+        return cls(GrammarSpec(text), param)
+
 
 @lru_cache(maxsize=128)
 def _schema_gbnf(schema_json: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import fields as dataclass_fields
 
-from ...engine.engine import GrammarSpec
 from ...sampler import SamplingParams
 from ..core.request import Constraint, Limits, Prompts, is_id
 from ..errors import invalid
@@ -56,7 +55,7 @@ def constraint(body: Fields) -> Constraint | None:
     if body.has("json_schema"):
         found.append(Constraint.from_schema(body.raw("json_schema"), "json_schema"))
     if body.has("grammar"):
-        found.append(Constraint(GrammarSpec(body.str("grammar")), "grammar"))
+        found.append(Constraint.gbnf(body.str("grammar"), "grammar"))
     if len(found) > 1:
         raise invalid(found[1].param, f"give only one of {', '.join(c.param for c in found)}", "conflicting_fields")
     return found[0] if found else None
