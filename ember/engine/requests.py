@@ -40,6 +40,7 @@ class Request:
     grammar: GrammarSpec | None = None
     client: str = ""  # who sends it: the engine admits waiting requests taking turns between clients
     progress: bool = False  # a ProgressEvent when the prompt starts and after each step that computes part of it
+    shown_tokens: frozenset[int] = frozenset()  # control tokens the output writes as text (a chat format's markers)
 
     def __post_init__(self):
         if not self.prompt:
