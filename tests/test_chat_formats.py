@@ -34,6 +34,8 @@ DETECTED = {
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral-reasoning",
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek-r1",
     "deepseek-ai-DeepSeek-V3.1": "deepseek-v3.1", "openai-gpt-oss-120b": "gpt-oss",
+    "GLM-4.6": "glm-4.5", "moonshotai-Kimi-K2": "kimi-k2", "meetkai-functionary-medium-v3.2": "functionary-v3.2",
+    "ibm-granite-granite-3.3-2B-Instruct": "granite",
     "google-gemma-2-2b-it": "generic", "microsoft-Phi-3.5-mini-instruct": "generic",
     "HuggingFaceTB-SmolLM3-3B": "generic",
 }
@@ -123,6 +125,19 @@ CASES = [  # format, reply, reading, (content, reasoning, calls)
     ("deepseek-r1", "<think>x</think>Sunny.", Reading(), ("Sunny.", "x", [])),
     ("deepseek-v3.1", "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" + W +
                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", TOOLS_ON, ("Sure.", None, [("get_weather", W)])),
+    ("glm-4.5", "<think>Look up.</think>\nChecking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>", TOOLS_ON,
+     ("Checking.", "Look up.", [("get_weather", '{"city": "Paris", "days": 3}')])),
+    ("kimi-k2", "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                + W + "<|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>" + S +
+                "<|tool_call_end|><|tool_calls_section_end|>", TOOLS_ON,
+     ("Sure.", None, [("get_weather", W), ("search", S)])),
+    ("functionary-v3.2", "all\nLet me check.>>>get_weather\n" + W + ">>>search\n" + S, TOOLS_ON,
+     ("Let me check.", None, [("get_weather", W), ("search", S)])),
+    ("functionary-v3.2", "python\nprint(1 > 0)", TOOLS_ON, (None, None, [("python", '{"code": "print(1 > 0)"}')])),
+    ("functionary-v3.2", "all\nJust > text.", Reading(), ("Just > text.", None, [])),
+    ("granite", "<think>Plan.</think><response>Calling.</response><|tool_call|>[" + '{"name": "get_weather", '
+                '"arguments": ' + W + "}]", TOOLS_ON, ("Calling.", "Plan.", [("get_weather", W)])),
     ("gpt-oss", "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
                 "to=functions.get_weather <|constrain|>json<|message|>" + W + "<|call|>", TOOLS_ON,
      (None, "Need the weather.", [("get_weather", W)])),
@@ -290,12 +305,18 @@ GOOD = {  # format: (a call of get_weather, a call of search) as the grammar wri
                 '<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary '
                 'to=functions.search <|constrain|>json<|message|>{"q": "x"}<|call|>'),
 }
+GOOD["glm-4.5"] = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                   "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+                   "<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>x</arg_value>\n</tool_call>")
+GOOD["kimi-k2"] = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                   '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+                   "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>"
+                   '{"q": "x"}<|tool_call_end|><|tool_calls_section_end|>')
+GOOD["functionary-v3.2"] = ('get_weather\n{"city": "Paris"}', 'search\n{"q": "x"}')
+GOOD["granite"] = ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+                   '<|tool_call|>[{"name": "search", "arguments": {"q": "x"}}]')
 GOOD["mistral-nemo"] = ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]',
                         '[TOOL_CALLS][{"name": "search", "arguments": {"q": "x"}, "id": "Zz9Zz9Zz9"}]')
-BAD_ARGS = {"hermes": '{"town"', "qwen3-coder": "<parameter=town>", "llama3": '{"town"', "mistral": '{"town"',
-            "mistral-nemo": '{"town"', "deepseek-r1": '{"town"', "deepseek-v3.1": '{"town"', "gpt-oss": '{"town"'}
-
-
 @pytest.mark.parametrize("name", sorted(GOOD))
 def test_family_grammar_required_named_and_auto(name, vocab):
     fmt = FORMATS[name]
@@ -305,17 +326,30 @@ def test_family_grammar_required_named_and_auto(name, vocab):
     assert not accepts(required, vocab, "Just text.") and not accepts(required, vocab, "x" + weather)
     assert accepts(named, vocab, weather.replace("Paris", "Rome"))
     assert not accepts(named, vocab, search)
-    bad = weather.replace('{"city"', BAD_ARGS[name]) if name != "qwen3-coder" else \
-        weather.replace("<parameter=city>", "<parameter=town>")
+    bad = weather.replace("<parameter=city>", "<parameter=town>").replace("<arg_key>city", "<arg_key>town") \
+        .replace('{"city"', '{"town"')
     assert not accepts(required, vocab, bad)
     auto = fmt.grammar(setup("auto"))
-    assert auto.lazy_triggers and accepts(auto, vocab, "No call at all.")
-    assert accepts(auto, vocab, "Let me see. " + weather)
-    assert not accepts(auto, vocab, "Let me see. " + bad)
+    if name == "functionary-v3.2":  # the first line chooses: no lazy start
+        assert accepts(auto, vocab, "all\nNo call at all.") and accepts(auto, vocab, "all\nLet me see.>>>" + weather)
+        assert accepts(auto, vocab, weather) and not accepts(auto, vocab, bad) and not auto.lazy_triggers
+    else:
+        assert auto.lazy_triggers and accepts(auto, vocab, "No call at all.")
+        assert accepts(auto, vocab, "Let me see. " + weather)
+        assert not accepts(auto, vocab, "Let me see. " + bad)
     assert fmt.grammar(setup("none")) is None
 
 
-@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "mistral", "mistral-nemo", "deepseek-r1", "deepseek-v3.1"])
+def test_harmony_recipient_before_the_channel(vocab):
+    auto = FORMATS["gpt-oss"].grammar(setup("auto"))
+    text = '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.search<|channel|>commentary ' \
+           '<|constrain|> json<|message|>{"q": "x"}<|call|>'
+    assert accepts(auto, vocab, text)
+    assert [c.name for c in stream(FORMATS["gpt-oss"], text, TOOLS_ON)[1].tool_calls] == ["search"]
+
+
+@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "mistral", "mistral-nemo", "deepseek-r1", "deepseek-v3.1",
+                                  "glm-4.5", "kimi-k2", "functionary-v3.2", "granite"])
 def test_family_grammar_parallel_calls(name, vocab):
     fmt = FORMATS[name]
     weather, search = GOOD[name]
@@ -324,8 +358,14 @@ def test_family_grammar_parallel_calls(name, vocab):
         both = weather[:-1] + ", " + search[len("[TOOL_CALLS]["):]
     elif name.startswith("deepseek"):
         both = weather.removesuffix("<｜tool▁calls▁end｜>") + search.removeprefix("<｜tool▁calls▁begin｜>")
+    elif name == "kimi-k2":
+        both = weather.removesuffix("<|tool_calls_section_end|>") + search.removeprefix("<|tool_calls_section_begin|>")
     elif name == "mistral":
         both = weather + search
+    elif name == "functionary-v3.2":
+        both = weather + ">>>" + search
+    elif name == "granite":
+        both = weather[:-1] + ", " + search[len("<|tool_call|>["):]
     else:
         both = weather + "\n" + search
     assert accepts(many, vocab, both) and not accepts(one, vocab, both)

@@ -35,7 +35,8 @@ FAMILIES = {  # template: the format /props names
     "Qwen-Qwen3-0.6B": "hermes", "Qwen3-Coder": "qwen3-coder", "meta-llama-Llama-3.1-8B-Instruct": "llama3",
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral", "mistralai-Mistral-Nemo-Instruct-2407": "mistral-nemo",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek-r1", "deepseek-ai-DeepSeek-V3.1": "deepseek-v3.1",
-    "openai-gpt-oss-120b": "gpt-oss",
+    "openai-gpt-oss-120b": "gpt-oss", "GLM-4.6": "glm-4.5", "moonshotai-Kimi-K2": "kimi-k2",
+    "meetkai-functionary-medium-v3.2": "functionary-v3.2", "ibm-granite-granite-3.3-2B-Instruct": "granite",
 }
 
 

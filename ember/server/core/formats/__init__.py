@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from .base import ChatFormat, FormatOutput, Reading, thinking_opened
 from .deepseek import DeepSeekR1, DeepSeekV31
+from .functionary import Functionary
+from .glm import GLM
+from .granite import Granite
 from .harmony import Harmony
 from .hermes import Hermes, Tagged
+from .kimi import Kimi
 from .llama3 import Llama3
 from .mistral import Mistral, MistralNemo, MistralReasoning
 from .qwen_xml import QwenXML
 
 # most specific first: Qwen3-Coder's template also holds <tool_call>, R1's and V3.1's share markers
-FAMILIES: tuple[ChatFormat, ...] = (Harmony(), QwenXML(), Hermes(), MistralReasoning(), Mistral(), MistralNemo(),
-                                    DeepSeekR1(), DeepSeekV31(), Llama3())
+FAMILIES: tuple[ChatFormat, ...] = (Harmony(), QwenXML(), GLM(), Hermes(), MistralReasoning(), Mistral(),
+                                    MistralNemo(), DeepSeekR1(), DeepSeekV31(), Kimi(), Functionary(), Granite(), Llama3())
 THINK = ("<think>", "</think>")
 
 

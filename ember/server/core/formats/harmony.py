@@ -114,11 +114,13 @@ def _may_be_header(tail: str) -> bool:
 
 @lru_cache(maxsize=64)
 def _gbnf(key: str) -> str:
+    """A call (after an optional analysis message); the lazy rule starts at the recipient, which
+    the model may write in the channel's header or before it."""
     tools, _ = key_tools(key)
     rules, args = args_rules(tools)
-    calls = [f"{lit('to=functions.' + n)} {lit(' ' + CONSTRAIN + 'json' + MESSAGE)} {a} {lit('<|call|>')}"
-             for (n, _), a in zip(tools, args)]
+    calls = [f"{lit('to=functions.' + n)} hhead {lit(MESSAGE)} {a} {lit('<|call|>')}" for (n, _), a in zip(tools, args)]
     return (rules + f"{CALLS_RULE} ::= ( {lit(CHANNEL + 'analysis' + MESSAGE)} htext {lit('<|end|>' + START + 'assistant')} )? "
             f"{lit(CHANNEL + 'commentary ')} {LAZY_RULE}\n"
             f"{LAZY_RULE} ::= {' | '.join(calls)}\n"
+            f'hhead ::= {lit(" " + CONSTRAIN + "json")} | {lit(CHANNEL + "commentary")} ( {lit(" " + CONSTRAIN)}? " json" )?\n'
             f'htext ::= ( [^<] | "<" [^|] | "<|" [^e] )*\n')

@@ -21,7 +21,7 @@ class Hermes(ChatFormat):
     openers = (OPEN,)
 
     def matches(self, template: str) -> bool:
-        return OPEN in template and "<function=" not in template
+        return OPEN in template and "<function=" not in template and "<arg_key>" not in template
 
     def calls_gbnf(self, key: str) -> str:
         return _gbnf(key)

@@ -48,7 +48,7 @@ class Mistral(ChatFormat):
         if i == len(text):
             raise Incomplete
         if text[i] == "[":
-            return _read_array(text, i, draft)
+            return read_call_array(text, i, draft)
         name, i = _name(text, i)
         call = DraftCall(name)
         draft.calls.append(call)
@@ -99,7 +99,7 @@ def _name(s: str, i: int) -> tuple[str, int]:
     return name, k + len(ARGS)
 
 
-def _read_array(s: str, i: int, draft: Draft) -> int:
+def read_call_array(s: str, i: int, draft: Draft) -> int:
     i = expect(s, i, "[")
     while True:
         i = skip_ws(s, read_json_call(s, i, draft))

@@ -50,7 +50,7 @@ class QwenXML(ChatFormat):
             end = text.find(PARAM_END, i)
             if end < 0:
                 raise Incomplete
-            values.append(json.dumps(key) + ": " + _json_value(_strip_nl(text[i:end])))
+            values.append(json.dumps(key) + ": " + json_value(_strip_nl(text[i:end])))
             call.arguments = "{" + ", ".join(values)
             i = end + len(PARAM_END)
         call.arguments = "{" + ", ".join(values) + "}"
@@ -70,7 +70,7 @@ def _strip_nl(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def _json_value(raw: str) -> str:
+def json_value(raw: str) -> str:
     """A parameter's value as JSON text: JSON where it is JSON (numbers, objects, true, ...), else a string."""
     try:
         value = json.loads(raw)
@@ -100,7 +100,7 @@ def _params(i: int, params: dict) -> tuple[str, str]:
     required = set(params.get("required") or ())
     parts, rules = [], ""
     for j, (pname, schema) in enumerate(props.items()):
-        if _is_string(schema):
+        if is_plain_string(schema):
             value = "xtext"
         else:
             rules += value_gbnf(json.dumps(schema), f"p{i}-{j}")
@@ -110,6 +110,6 @@ def _params(i: int, params: dict) -> tuple[str, str]:
     return (" ".join(parts) if parts else '""'), rules
 
 
-def _is_string(schema) -> bool:
+def is_plain_string(schema) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "string" and not (schema.keys() - {
         "type", "description", "title"})
