@@ -156,9 +156,33 @@ def test_thinking_off_leaves_the_content(thinker):
     assert message["content"] and "reasoning_content" not in message
 
 
-def test_bad_reasoning_format_is_a_400(thinker):
-    r = httpx.post(thinker.url + "/v1/chat/completions", json={**THINK, "reasoning_format": "loud"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format"
+def test_reasoning_budget_forces_the_end_of_thinking(thinker, smollm):
+    """Unbounded, SmolLM2 thinks through all 12 tokens; with a budget of 3 the marker is forced after
+    3 tokens of reasoning and the rest is the answer."""
+    body = {**THINK, "max_tokens": 16, "ignore_eos": True}
+    free = httpx.post(thinker.url + "/v1/chat/completions", json=body).json()
+    assert not free["choices"][0]["message"]["content"]
+    capped = httpx.post(thinker.url + "/v1/chat/completions", json={**body, "reasoning_budget": 3}).json()
+    message = capped["choices"][0]["message"]
+    assert message["content"] and message["reasoning_content"]
+    n_close = len(smollm.tokenizer.encode("</think>", add_special=False))
+    assert capped["usage"]["completion_tokens"] == 16
+    reasoning_ids = smollm.tokenizer.encode(message["reasoning_content"], add_special=False)
+    assert len(reasoning_ids) <= 3 + 1 and n_close > 0  # 3 tokens (re-tokenized text may merge or split one)
+    assert free["choices"][0]["message"]["reasoning_content"].startswith(message["reasoning_content"])
+
+
+def test_reasoning_budget_zero_turns_thinking_off(thinker):
+    message = httpx.post(thinker.url + "/v1/chat/completions", json={
+        "messages": ASK, "max_tokens": 12, "temperature": 0, "reasoning_budget": 0}).json()["choices"][0]["message"]
+    assert message["content"] and "reasoning_content" not in message
+
+
+@pytest.mark.parametrize("field,value", [("reasoning_format", "loud"), ("reasoning_budget", -2),
+                                         ("reasoning_budget", "many")])
+def test_bad_reasoning_fields_are_400s(thinker, field, value):
+    r = httpx.post(thinker.url + "/v1/chat/completions", json={**THINK, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
 
 
 # ---- a GGUF file carrying a family's template ----

@@ -175,12 +175,13 @@ class Chat:
     template_kwargs: dict = field(default_factory=dict)  # extra template variables
     param: str = "messages"  # the field errors about the conversation name
     reasoning_format: str = "auto"  # "none": reasoning stays in the content; else it goes to reasoning_content
+    reasoning_budget: int = -1  # reasoning tokens before the end-of-thinking marker is forced; -1: no limit
 
     def __post_init__(self):
         if not self.messages:
             raise ValueError("a chat needs a message")
-        if self.reasoning_format not in REASONING_FORMATS:
-            raise ValueError(f"reasoning_format {self.reasoning_format!r}")
+        if self.reasoning_format not in REASONING_FORMATS or self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_format {self.reasoning_format!r}, reasoning_budget {self.reasoning_budget}")
         final = self.messages[-1]
         if self.continue_final and (self.add_generation_prompt or final.role != "assistant" or final.tool_calls
                                     or self.tools.active):

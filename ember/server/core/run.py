@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool as off_loop
 from starlette.requests import Request as HTTPRequest
 
 from ...engine import EngineClosed, FinishEvent, ProgressEvent, QueueFull, Request, RequestHandle, TokenEvent
+from ...engine.budget import ThinkingBudget
 from ...engine.engine import GrammarSpec
 from ...gbnf import GrammarError
 from ...sampler import NoTokenAllowed
@@ -40,6 +41,7 @@ class Prepared:
     prefill: str = ""  # the final assistant message the reply continues
     reading: Reading | None = None  # how a chat's replies are read (None: completions, plain text)
     shown_tokens: frozenset[int] = frozenset()  # the chat format's marker tokens, written as text
+    budget: ThinkingBudget | None = None  # the reasoning's cap (reasoning_budget)
 
 
 def prepare(model: ServerModel, gen: Generation) -> Prepared:
@@ -54,7 +56,19 @@ def prepare(model: ServerModel, gen: Generation) -> Prepared:
         (gen.constraint.grammar, gen.constraint.param) if gen.constraint else (None, None)
     prompt = chat_prompt(model, gen.prompt)
     reading = Reading(gen.prompt.tools.active, prompt.thinking, gen.prompt.reasoning_format != "none")
-    return Prepared([prompt.ids], grammar, param, prompt.prefill, reading, shown_tokens(model, fmt))
+    return Prepared([prompt.ids], grammar, param, prompt.prefill, reading, shown_tokens(model, fmt),
+                    thinking_budget(model, fmt, gen.prompt, prompt.thinking))
+
+
+def thinking_budget(model: ServerModel, fmt, chat: Chat, opened: bool) -> ThinkingBudget | None:
+    """The cap reasoning_budget puts on the reasoning, in the format's markers (None: no cap, or
+    a format without reasoning)."""
+    markers = fmt.thinking_markers()
+    if chat.reasoning_budget < 0 or markers is None:
+        return None
+    start, end, close = markers
+    ids = model.tokenizer.encode(close, add_special=False, parse_special=True)
+    return ThinkingBudget(chat.reasoning_budget, tuple(ids), "" if opened else start, end)
 
 
 async def start(state: ServerState, model: ServerModel, gen: Generation, http: HTTPRequest | None = None) -> Run:
@@ -96,7 +110,8 @@ def _submit(model: ServerModel, prepared: Prepared, gen: Generation, client: str
         for ids in prepared.prompts:
             handles.append(model.engine.submit_async(Request(
                 ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=prepared.grammar,
-                client=client, progress=gen.progress, shown_tokens=prepared.shown_tokens), loop))
+                client=client, progress=gen.progress, shown_tokens=prepared.shown_tokens,
+                thinking_budget=prepared.budget), loop))
     except BaseException:
         for h in handles:
             h.cancel()

@@ -21,7 +21,12 @@ def chat(body: Fields) -> Chat:
     tools = parse_tools(body)
     add_prompt, continue_final = template_options(body, messages, tools)
     reasoning = body.choice("reasoning_format", REASONING_FORMATS, "auto")
-    return Chat(messages, tools, add_prompt, continue_final, template_kwargs(body), reasoning_format=reasoning)
+    budget = body.int("reasoning_budget", -1, lo=-1)
+    kwargs = template_kwargs(body)
+    if budget == 0:  # no thinking: templates that have the switch are asked not to open it
+        kwargs.setdefault("enable_thinking", False)
+    return Chat(messages, tools, add_prompt, continue_final, kwargs, reasoning_format=reasoning,
+                reasoning_budget=budget)
 
 
 # ---- messages ----

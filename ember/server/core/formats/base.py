@@ -46,6 +46,10 @@ class ChatFormat:
     def matches(self, template: str) -> bool:
         raise NotImplementedError
 
+    def thinking_markers(self) -> tuple[str, str, str] | None:
+        """(what opens the reasoning, what closes it, what to write to close it early), or None."""
+        return (self.think[0], self.think[1], self.think[1]) if self.think else None
+
     def configured(self, template: str) -> ChatFormat:
         """The format set up for this template's particulars (most have none)."""
         return self

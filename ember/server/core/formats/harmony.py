@@ -41,6 +41,9 @@ class Harmony(ChatFormat):
     def matches(self, template: str) -> bool:
         return CHANNEL in template and "<|start|>assistant" in template
 
+    def thinking_markers(self) -> tuple[str, str, str]:
+        return (CHANNEL + "analysis" + MESSAGE, ENDS[0], ENDS[0] + START + "assistant" + CHANNEL + "final" + MESSAGE)
+
     def calls_gbnf(self, key: str) -> str:
         return _gbnf(key)
 
