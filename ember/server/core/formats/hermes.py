@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from ..jsonscan import Incomplete, skip_ws
 from ..replies import Draft, read_json_call
-from .base import CALLS_RULE, ChatFormat, args_rules, key_tools, lit, repeated, until
+from .base import CALLS_RULE, ChatFormat, args_rules, key_tools, lit, repeated
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

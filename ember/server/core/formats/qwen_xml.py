@@ -6,8 +6,9 @@
     </parameter>
     </function>
     </tool_call>
-A value is written as is when it is a string, as JSON otherwise; reading it back, a value
-that parses as JSON is taken as that JSON unless the tool's schema says it is a string (the
+A value is written as is when it is a string, as JSON otherwise; reading it back, a value that
+parses as a JSON number, object, array, boolean or null is taken as that, anything else as the
+string written (so a string argument that reads as a number comes back as the number; the
 arguments stream one whole parameter at a time). Reasoning (Qwen3.5) is <think>...</think>."""
 from __future__ import annotations
 
