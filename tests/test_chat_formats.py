@@ -340,6 +340,18 @@ def test_family_grammar_required_named_and_auto(name, vocab):
     assert fmt.grammar(setup("none")) is None
 
 
+@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "deepseek-r1", "glm-4.5"])
+def test_forced_call_after_reasoning_the_prompt_opened(name, vocab):
+    """A prompt that opens the reasoning (Qwen3.5, R1) lets the model finish it before the forced call."""
+    fmt = FORMATS[name]
+    weather = GOOD[name][0]
+    spec = fmt.grammar(setup("required"), thinking=True)
+    text = "Rain or sun? </no> <th\nthink" + fmt.think[1] + "\n\n" + weather
+    assert accepts(spec, vocab, text) and not accepts(spec, vocab, "x" + fmt.think[1] + "\nplain text")
+    _, reply = stream(fmt, text, Reading(tools=True, thinking=True))
+    assert reply.reasoning == "Rain or sun? </no> <th\nthink" and [c.name for c in reply.tool_calls] == ["get_weather"]
+
+
 def test_harmony_recipient_before_the_channel(vocab):
     auto = FORMATS["gpt-oss"].grammar(setup("auto"))
     text = '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.search<|channel|>commentary ' \

@@ -40,6 +40,10 @@ FAMILIES = {  # template: the format /props names
 }
 
 
+def post(url: str, **kwargs) -> httpx.Response:
+    return httpx.post(url, timeout=120, **kwargs)
+
+
 def with_template(model, name: str):
     """The loaded SmolLM2 with a family's template instead of its own (engine shared)."""
     text = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
@@ -107,7 +111,7 @@ def test_history_round_trip_renders(family):
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temp": 21}'}]
-    r = httpx.post(live.url + "/apply-template", json={"messages": history, "tools": TOOLS})
+    r = post(live.url + "/apply-template", json={"messages": history, "tools": TOOLS})
     assert r.status_code == 200, r.text
     prompt = r.json()["prompt"]
     assert "get_weather" in prompt and "Paris" in prompt and '"temp": 21' in prompt.replace('\\"', '"')
@@ -129,17 +133,17 @@ THINK = {"messages": ASK, "max_tokens": 12, "temperature": 0, "chat_template_kwa
 
 
 def test_reasoning_goes_to_reasoning_content(thinker):
-    r = httpx.post(thinker.url + "/v1/chat/completions", json=THINK).json()
+    r = post(thinker.url + "/v1/chat/completions", json=THINK).json()
     message = r["choices"][0]["message"]
     assert message["reasoning_content"] and not message["content"]
-    inline = httpx.post(thinker.url + "/v1/chat/completions", json={**THINK, "reasoning_format": "none"}).json()
+    inline = post(thinker.url + "/v1/chat/completions", json={**THINK, "reasoning_format": "none"}).json()
     assert inline["choices"][0]["message"]["content"] == message["reasoning_content"].strip() or \
         inline["choices"][0]["message"]["content"].strip() == message["reasoning_content"]
     assert "reasoning_content" not in inline["choices"][0]["message"]
 
 
 def test_reasoning_streams_as_reasoning_deltas(thinker):
-    whole = httpx.post(thinker.url + "/v1/chat/completions", json=THINK).json()["choices"][0]["message"]
+    whole = post(thinker.url + "/v1/chat/completions", json=THINK).json()["choices"][0]["message"]
     stream = client(thinker).chat.completions.create(model="m", stream=True, extra_body={
         "chat_template_kwargs": {"enable_thinking": True}}, messages=ASK, max_tokens=12, temperature=0)
     reasoning = ""
@@ -152,7 +156,7 @@ def test_reasoning_streams_as_reasoning_deltas(thinker):
 
 def test_thinking_off_leaves_the_content(thinker):
     body = {**THINK, "chat_template_kwargs": {"enable_thinking": False}}
-    message = httpx.post(thinker.url + "/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    message = post(thinker.url + "/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert message["content"] and "reasoning_content" not in message
 
 
@@ -160,9 +164,9 @@ def test_reasoning_budget_forces_the_end_of_thinking(thinker, smollm):
     """Unbounded, SmolLM2 thinks through all 12 tokens; with a budget of 3 the marker is forced after
     3 tokens of reasoning and the rest is the answer."""
     body = {**THINK, "max_tokens": 16, "ignore_eos": True}
-    free = httpx.post(thinker.url + "/v1/chat/completions", json=body).json()
+    free = post(thinker.url + "/v1/chat/completions", json=body).json()
     assert not free["choices"][0]["message"]["content"]
-    capped = httpx.post(thinker.url + "/v1/chat/completions", json={**body, "reasoning_budget": 3}).json()
+    capped = post(thinker.url + "/v1/chat/completions", json={**body, "reasoning_budget": 3}).json()
     message = capped["choices"][0]["message"]
     assert message["content"] and message["reasoning_content"]
     n_close = len(smollm.tokenizer.encode("</think>", add_special=False))
@@ -172,8 +176,21 @@ def test_reasoning_budget_forces_the_end_of_thinking(thinker, smollm):
     assert free["choices"][0]["message"]["reasoning_content"].startswith(message["reasoning_content"])
 
 
+def test_forced_call_after_opened_reasoning(smollm):
+    """Qwen3.5's prompt opens the reasoning: a required call comes after it (here cut short by reasoning_budget)."""
+    with serve_model(with_template(smollm, "Qwen3.5-4B")) as live:
+        live.wait_ready()
+        r = post(live.url + "/v1/chat/completions", json={
+            "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
+            "reasoning_budget": 4}).json()
+    message = r["choices"][0]["message"]
+    assert message["reasoning_content"] and message["tool_calls"], message
+    for call in message["tool_calls"]:
+        check_call(call["function"]["name"], call["function"]["arguments"])
+
+
 def test_reasoning_budget_zero_turns_thinking_off(thinker):
-    message = httpx.post(thinker.url + "/v1/chat/completions", json={
+    message = post(thinker.url + "/v1/chat/completions", json={
         "messages": ASK, "max_tokens": 12, "temperature": 0, "reasoning_budget": 0}).json()["choices"][0]["message"]
     assert message["content"] and "reasoning_content" not in message
 
@@ -181,7 +198,7 @@ def test_reasoning_budget_zero_turns_thinking_off(thinker):
 @pytest.mark.parametrize("field,value", [("reasoning_format", "loud"), ("reasoning_budget", -2),
                                          ("reasoning_budget", "many")])
 def test_bad_reasoning_fields_are_400s(thinker, field, value):
-    r = httpx.post(thinker.url + "/v1/chat/completions", json={**THINK, field: value})
+    r = post(thinker.url + "/v1/chat/completions", json={**THINK, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
 
 
@@ -200,7 +217,7 @@ def test_a_gguf_with_a_family_template(smollm, tmp_path):
             assert httpx.get(live.url + "/props").json()["chat_format"] == "qwen3-coder"
             history = ASK + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
                               "function": {"name": "search", "arguments": '{"q": "rain"}'}}]}]
-            prompt = httpx.post(live.url + "/apply-template", json={"messages": history, "tools": TOOLS}).json()["prompt"]
+            prompt = post(live.url + "/apply-template", json={"messages": history, "tools": TOOLS}).json()["prompt"]
             tools = [{"type": "function", "function": {"name": t["function"]["name"], "description":
                       t["function"]["description"], "parameters": t["function"]["parameters"]}} for t in TOOLS]
             expected = ChatTemplate.from_string(text).render(

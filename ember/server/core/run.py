@@ -51,10 +51,10 @@ def prepare(model: ServerModel, gen: Generation) -> Prepared:
         constraint = gen.constraint
         return Prepared(prompt_ids(model, gen.prompt), constraint and constraint.grammar, constraint and constraint.param)
     fmt = chat_format(model)
-    tools = protocol_for(fmt).grammar(gen.prompt.tools)
+    prompt = chat_prompt(model, gen.prompt)
+    tools = protocol_for(fmt).grammar(gen.prompt.tools, prompt.thinking)
     grammar, param = (tools, "tools") if tools is not None else \
         (gen.constraint.grammar, gen.constraint.param) if gen.constraint else (None, None)
-    prompt = chat_prompt(model, gen.prompt)
     reading = Reading(gen.prompt.tools.active, prompt.thinking, gen.prompt.reasoning_format != "none")
     return Prepared([prompt.ids], grammar, param, prompt.prefill, reading, shown_tokens(model, fmt),
                     thinking_budget(model, fmt, gen.prompt, prompt.thinking))

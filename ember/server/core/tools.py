@@ -109,7 +109,7 @@ class GenericProtocol:
             out = _with_system_text(out, generic_instructions(setup))
         return out, {}
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
         if not setup.active:
             return None
         return GrammarSpec(_generic_gbnf(_setup_key(setup)))
@@ -131,8 +131,8 @@ class FamilyProtocol:
     def messages(self, messages: tuple[Message, ...], setup: ToolSetup) -> tuple[list[dict], dict]:
         return self.fmt.messages(messages, setup)
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
-        return self.fmt.grammar(setup)
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
+        return self.fmt.grammar(setup, thinking)
 
     def output(self, setup: ToolSetup, reading: Reading) -> Output:
         if not reading.tools and self.fmt.plain_text and not (self.fmt.think and reading.split_reasoning):

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from ....engine.engine import GrammarSpec
 from ....gbnf.schema import schema_to_gbnf
-from ....gbnf.schema.text import gbnf_literal
+from ....gbnf.schema.text import cp_escape, gbnf_literal
 from ..jsonscan import Incomplete
 from ..replies import Draft, Output, new_call_id
 from ..request import Message, ToolSetup
@@ -92,13 +92,16 @@ class ChatFormat:
 
     # ---- grammar ----
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
         """The grammar of the calls `setup` allows, in the family's syntax; lazy (from the first
-        opener on) for tool_choice `auto`."""
+        opener on) for tool_choice `auto`. thinking: the prompt opened the reasoning, which a
+        forced call lets the model finish first."""
         if not setup.active:
             return None
         gbnf = self.calls_gbnf(setup_key(setup))
         if setup.choice.mode != "auto":
+            if thinking and self.think:
+                return GrammarSpec(gbnf + after_thinking(self.think[1]), root=THEN_CALLS_RULE)
             return GrammarSpec(gbnf, root=CALLS_RULE)
         return GrammarSpec(gbnf, root=self.lazy_root, lazy_triggers=self.triggers or self.openers)
 
@@ -298,6 +301,21 @@ def args_rules(tools: list[tuple[str, dict]]) -> tuple[str, list[str]]:
         text += value_gbnf(json.dumps(params), f"a{i}")
         names.append(f"a{i}-v")
     return text, names
+
+
+THEN_CALLS_RULE = "ThinkThenCalls"
+
+
+def after_thinking(end: str) -> str:
+    """Rules for: the rest of an open reasoning block, its end marker, then the calls."""
+    return (f"{THEN_CALLS_RULE} ::= thinktext {lit(end)} [ \\n]* {CALLS_RULE}\n"
+            f"thinktext ::= {until_gbnf(end)}\n")
+
+
+def until_gbnf(end: str) -> str:
+    """GBNF for any text without `end` in it (for markers whose first character does not recur)."""
+    options = [f"{lit(end[:k]) + ' ' if k else ''}[^{cp_escape(ord(end[k]))}]" for k in range(len(end))]
+    return "( " + " | ".join(options) + " )*"
 
 
 def lit(text: str) -> str:

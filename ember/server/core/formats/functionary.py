@@ -30,7 +30,7 @@ class Functionary(ChatFormat):
     def arguments(self, text: str):
         return text  # the template writes them as given
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
         """No lazy start: the reply's first line chooses, so `auto` allows "all" or a call there."""
         if not setup.active:
             return None
