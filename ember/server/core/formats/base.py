@@ -2,7 +2,7 @@
 the pieces they build from (reading a reply whose markers may still be half-written, tools'
 argument grammars under their own rule names, history messages in the template's shape).
 
-A format reads a reply whole with `read(text, final)`; streaming re-reads the growing text, so
+A format reads a reply with `draft(text, final, reading)`; streaming re-reads the growing text, so
 a format must never take back what it has said: content is held back while it may turn out
 to be the start of a marker, and a call's arguments only ever grow.
 """
@@ -39,6 +39,7 @@ class ChatFormat:
     think: tuple[str, str] | None = None
     openers: tuple[str, ...] = ()
     triggers: tuple[str, ...] | None = None  # what starts the lazy grammar, where not the openers
+    lazy_root = CALLS_RULE  # the rule a lazy grammar starts in (fed from its trigger on)
     markers: tuple[str, ...] = ()
     reasoning_key = "reasoning_content"  # the message field a template reads earlier reasoning from
     plain_text = True  # without tools or reasoning to take out, the reply is its content as written
@@ -104,8 +105,6 @@ class ChatFormat:
                 return GrammarSpec(gbnf + after_thinking(self.think[1]), root=THEN_CALLS_RULE)
             return GrammarSpec(gbnf, root=CALLS_RULE)
         return GrammarSpec(gbnf, root=self.lazy_root, lazy_triggers=self.triggers or self.openers)
-
-    lazy_root = CALLS_RULE  # the rule a lazy grammar starts in (fed from its trigger on)
 
     def calls_gbnf(self, key: str) -> str:
         raise NotImplementedError
