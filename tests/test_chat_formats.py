@@ -5,6 +5,7 @@ read back: parse(render(calls)) == calls), and the grammars in each family's syn
 against the real SmolLM2 vocabulary)."""
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -253,6 +254,41 @@ def test_golden_prompts():
     llama = render("meta-llama-Llama-3.1-8B-Instruct", conversation(1), False)
     assert '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": ' \
            '{"city": "Paris", "days": 2}}<|eot_id|>' in llama
+
+
+LLAMA_SERVER = json.loads((Path(__file__).parent / "data" / "llama_server_prompts.json").read_text(encoding="utf-8"))
+DELIBERATE = {  # where ember renders a conversation differently from llama-server, and why
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "llama-server passes a null content as \"\", so this template "
+                                                "drops the call; ember passes null and the call is written",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "llama-server's \"\" content adds an empty assistant turn after the call",
+    "ibm-granite-granite-3.3-2B-Instruct": "the template writes no tool_calls; ember puts them in the content as "
+                                           "<|tool_call|>[...], the syntax the model answers in",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_SERVER["prompts"]))
+def test_history_renders_as_llama_server_renders_it(name, smollm):
+    """A call, its result and the generation prompt, through each template: the prompt llama-server
+    wrote for the same request (tests/data/llama_server_prompts.json), dates aside."""
+    body, fmt = LLAMA_SERVER["body"], format_of(name)
+    tool = body["tools"][0]["function"]
+    setup = ToolSetup((Tool(tool["name"], tool["description"], tool["parameters"]),), ToolChoice("auto"))
+    call = body["messages"][1]["tool_calls"][0]
+    msgs = (Message("user", body["messages"][0]["content"]),
+            Message("assistant", "", (ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"]),)),
+            Message("tool", body["messages"][2]["content"], tool_call_id=call["id"], name="get_weather"))
+    messages, extra = fmt.messages(msgs, setup)
+    base = smollm.chat_template
+    template = ChatTemplate.from_string(template_text(name), name, base.bos_token, base.eos_token)
+    ours = template.render(messages, True, **{**template_globals(), **extra})
+    recorded = datetime.date.fromisoformat(LLAMA_SERVER["recorded"])
+    for day in (datetime.date.today(), datetime.datetime.now(datetime.timezone.utc).date()):
+        for form in ("%Y-%m-%d", "%d %b %Y"):
+            ours = ours.replace(day.strftime(form), recorded.strftime(form))
+    if name in DELIBERATE:
+        assert ours != LLAMA_SERVER["prompts"][name] and "get_weather" in ours, DELIBERATE[name]
+    else:
+        assert ours == LLAMA_SERVER["prompts"][name]
 
 
 def test_earlier_reasoning_is_dropped_or_kept_as_the_template_says():

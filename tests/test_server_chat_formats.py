@@ -74,10 +74,13 @@ def test_props_name_the_format(family):
     assert httpx.get(live.url + "/props").json()["chat_format"] == FAMILIES[name]
 
 
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}  # R1, V3.1 would open the reasoning first
+
+
 def test_required_call_parsed(family):
     _, live = family
     r = client(live).chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
-                                             max_tokens=200, temperature=0)
+                                             max_tokens=200, temperature=0, extra_body=NO_THINKING)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
     for call in choice.message.tool_calls:
@@ -87,7 +90,7 @@ def test_required_call_parsed(family):
 def test_named_call_streamed(family):
     _, live = family
     stream = client(live).chat.completions.create(
-        model="m", messages=ASK, tools=TOOLS, max_tokens=200, temperature=0, stream=True,
+        model="m", messages=ASK, tools=TOOLS, max_tokens=200, temperature=0, stream=True, extra_body=NO_THINKING,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     names, ids, args, content, finish = [], [], "", "", None
     for chunk in stream:
@@ -129,7 +132,7 @@ def thinker(smollm):
         yield live
 
 
-THINK = {"messages": ASK, "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"enable_thinking": True}}
+THINK = {"messages": ASK, "max_tokens": 12, "temperature": 0}  # thinking is on unless turned off
 
 
 def test_reasoning_goes_to_reasoning_content(thinker):
@@ -144,8 +147,8 @@ def test_reasoning_goes_to_reasoning_content(thinker):
 
 def test_reasoning_streams_as_reasoning_deltas(thinker):
     whole = post(thinker.url + "/v1/chat/completions", json=THINK).json()["choices"][0]["message"]
-    stream = client(thinker).chat.completions.create(model="m", stream=True, extra_body={
-        "chat_template_kwargs": {"enable_thinking": True}}, messages=ASK, max_tokens=12, temperature=0)
+    stream = client(thinker).chat.completions.create(model="m", stream=True, messages=ASK, max_tokens=12,
+                                                     temperature=0)
     reasoning = ""
     for chunk in stream:
         delta = chunk.choices[0].delta

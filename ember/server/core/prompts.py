@@ -29,10 +29,12 @@ class ChatPrompt:
 
 def template_globals() -> dict:
     """Variables templates read besides the messages (llama.cpp sets these): today's date, the
-    time in UTC, and `functions` (the tools as JSON text; empty unless the template formats tools)."""
+    time in UTC, `functions` (the tools as JSON text; empty unless the template formats tools) and
+    `enable_thinking` (on unless the request turns it off, as llama-server has it)."""
     now = datetime.now()
     return {"date_string": now.strftime("%d %b %Y"),
-            "datetime": datetime.now(timezone.utc).strftime("%b %d %Y %H:%M:%S GMT"), "functions": ""}
+            "datetime": datetime.now(timezone.utc).strftime("%b %d %Y %H:%M:%S GMT"), "functions": "",
+            "enable_thinking": True}
 
 
 def render_chat(model: ServerModel, chat: Chat) -> ChatPrompt:
