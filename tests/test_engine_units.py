@@ -523,3 +523,24 @@ def test_the_table_of_turns_stays_small():
         admissions(sched, 2)
         assert len(sched._turns) <= 2 * (len(sched.waiting) + len(sched.running)) + 17
     assert not sched.has_work
+
+
+def test_budget_watch_counts_reasoning_tokens_only():
+    from ember.engine.budget import BudgetWatch, ThinkingBudget
+
+    watch = BudgetWatch(ThinkingBudget(2, (7, 8), start="<think>", end="</think>"))
+    for piece in ("Hi ", "<th", "ink>"):  # before the block opens nothing counts
+        watch.see(piece)
+        assert watch.due() == ()
+    watch.see("a")
+    assert watch.due() == ()
+    watch.see("b")
+    assert watch.due() == (7, 8) and watch.due() == ()  # forced once
+    closed = BudgetWatch(ThinkingBudget(2, (7,), end="</think>"))  # opened by the prompt
+    for piece in ("x", "</th"):
+        closed.see(piece)
+    assert closed.due() == ()  # spent, but the model is writing the closing marker itself
+    closed.see("ink>")
+    assert closed.due() == ()
+    with pytest.raises(ValueError):
+        ThinkingBudget(-1, (1,), end="x")

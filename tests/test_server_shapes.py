@@ -17,7 +17,7 @@ from test_server_harness import server, smollm  # noqa: F401 (fixtures)
 
 RECORD = Path(__file__).parent / "data" / "server_shapes.json"
 KEEP = {"object", "finish_reason", "role", "stop_type", "type", "code", "param", "stopping_word", "status",
-        "chat_template_tools", "owned_by"}  # string values that name a kind of thing
+        "chat_template_tools", "chat_format", "owned_by"}  # string values that name a kind of thing
 ASK = [{"role": "user", "content": "Say hi."}]
 GREEDY = {"temperature": 0, "ignore_eos": True}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

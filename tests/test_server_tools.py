@@ -11,9 +11,11 @@ from ember.gbnf import Grammar, TokenVocab
 from ember.server.errors import APIError
 from ember.server.fields import Fields
 from ember.server.core.jsonscan import Incomplete, string_prefix, value_end
-from ember.server.core.replies import CallArguments, CallStart, EnvelopeOutput, TaggedOutput, Text
+from ember.server.core.formats import FormatOutput, Reading
+from ember.server.core.formats.hermes import Hermes
+from ember.server.core.replies import CallArguments, CallStart, EnvelopeOutput, Text
 from ember.server.core.request import Tool, ToolChoice, ToolSetup
-from ember.server.core.tools import GenericProtocol, TaggedProtocol
+from ember.server.core.tools import FamilyProtocol, GenericProtocol
 from ember.server.openai.messages import parse_tools
 
 from test_server_harness import smollm  # noqa: F401 (fixture)
@@ -42,6 +44,10 @@ def joined(deltas, index: int) -> tuple[str | None, str]:
         if isinstance(d, CallArguments) and d.index == index:
             args += d.text
     return name, args
+
+
+def tagged_output():
+    return FormatOutput(Hermes(), Reading(tools=True))
 
 
 def content(deltas) -> str:
@@ -112,7 +118,7 @@ def test_envelope_cut_short():
 def test_tagged_output_content_and_calls():
     text = 'Let me check <tool_ Paris.\n<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>\n' \
            '<tool_call>{"name": "get_weather", "arguments": {"city": "y"}}</tool_call>'
-    deltas, reply = stream(TaggedOutput(), text)
+    deltas, reply = stream(tagged_output(), text)
     assert reply.content == "Let me check <tool_ Paris."
     assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("search", {"q": "x"}),
                                                                              ("get_weather", {"city": "y"})]
@@ -121,7 +127,7 @@ def test_tagged_output_content_and_calls():
 
 
 def test_tagged_output_holds_back_a_partial_tag():
-    out = TaggedOutput()
+    out = tagged_output()
     assert out.feed("Hello <tool") == [Text("Hello ")]
     assert out.feed("box>") == [Text("<toolbox>")]
 
@@ -160,12 +166,12 @@ def test_generic_grammar_enforces_the_call_shape(vocab):
 
 def test_tagged_grammar_is_lazy_for_auto(vocab):
     block = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
-    auto = TaggedProtocol().grammar(setup("auto"))
+    auto = FamilyProtocol(Hermes()).grammar(setup("auto"))
     assert auto.lazy_triggers == ("<tool_call>",)
     assert accepts(auto, vocab, "Some text first. " + block)
     assert accepts(auto, vocab, "No call at all.")
     assert not accepts(auto, vocab, 'Text <tool_call>{"name": "nope", "arguments": {}}</tool_call>')
-    required = TaggedProtocol().grammar(setup("required"))
+    required = FamilyProtocol(Hermes()).grammar(setup("required"))
     assert accepts(required, vocab, block) and not accepts(required, vocab, "text " + block)
 
 

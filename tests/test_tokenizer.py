@@ -129,6 +129,16 @@ def test_stream_decoder_holds_incomplete_utf8(tok):
     assert "".join(outs) + dec.flush() == "𝕳 é"
 
 
+def test_stream_decoder_shows_the_special_tokens_it_is_given(tok):
+    """A chat format's markers that are control tokens come out as text; other control tokens stay hidden."""
+    s = tok("smollm2")
+    start, end = (s.encode(t, add_special=False, parse_special=True)[0] for t in ("<|im_start|>", "<|im_end|>"))
+    ids = [start, *s.encode("hi", add_special=False), end]
+    assert "".join(s.stream_decoder().feed(i) for i in ids) == "hi"
+    shown = s.stream_decoder(shown=frozenset({start}))
+    assert "".join(shown.feed(i) for i in ids) == "<|im_start|>hi"
+
+
 def test_stream_decoder_invalid_bytes_are_not_held(tok):
     g = tok("gemma3-270m")
     ff, e4, a = (g.vocab.token_to_id[f"<0x{b:02X}>"] for b in (0xFF, 0xE4, 0x41))

@@ -150,7 +150,7 @@ class Engine:
             if sampler.n_banned >= self.model.n_vocab:
                 raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
                                      f"tokens of the vocabulary")
-            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(), matcher)
+            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(shown=request.shown_tokens), matcher)
             handle.seqs.append(seq)
         return handle
 

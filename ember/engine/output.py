@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from ..sampler import NonFiniteLogits, Sampler, SamplingError
+from .budget import BudgetWatch
 from .metrics import EngineMetrics
 from .requests import FinishEvent, Outbox, ProgressEvent, PromptEvent, Request, RequestHandle, TokenEvent
 from .scheduler import Chunk, Plan, Scheduler
@@ -29,7 +30,7 @@ class SeqOutput:
     """What a sequence needs besides scheduling: its request, sampler, text decoder, stop strings
     and grammar, and its timings."""
 
-    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "matcher", "started_at",
+    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "matcher", "budget", "started_at",
                  "first_token_at", "last_token_at", "progress_sent")
 
     def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher):
@@ -37,6 +38,7 @@ class SeqOutput:
         self.sampler, self.decoder, self.matcher = sampler, decoder, matcher
         # the stop strings' search; it holds back text that may be the start of one
         self.stops = StopMatcher(request.stop) if request.stop else None
+        self.budget = BudgetWatch(request.thinking_budget) if request.thinking_budget else None
         self.started_at = 0.0  # first admission (0: not yet admitted)
         self.first_token_at = 0.0
         self.last_token_at = 0.0
@@ -44,7 +46,7 @@ class SeqOutput:
 
     def best_needed(self) -> int:
         """How many of a row's best ids suffice to choose the token (0: the whole row)."""
-        if self.matcher is not None or self.request.logprobs is not None:
+        if self.matcher is not None or self.request.logprobs is not None or self.budget is not None:
             return 0
         return self.sampler.best_needed
 
@@ -152,6 +154,8 @@ class Output:
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
+        if st.budget is not None and self._close_thinking(seq):
+            return
         try:
             token = st.sampler.sample(row, self._allowed(st))
         except SamplingError as e:
@@ -169,6 +173,22 @@ class Output:
             if not st.matcher.accept_token(forced) or not self._append(seq, forced, None):
                 return
             self.metrics.forced_tokens += 1
+
+    def _close_thinking(self, seq: Sequence) -> bool:
+        """Where the reasoning budget is spent, its closing marker is appended instead of a sampled
+        token (the row goes unused); True if it was. A grammar that has begun and refuses the
+        marker keeps the choice (the row is sampled)."""
+        st = seq.owner
+        close = st.budget.due()
+        if not close or (st.matcher is not None and not st.matcher.accept_token(close[0])):
+            return False
+        for i, token in enumerate(close):
+            if i and st.matcher is not None and not st.matcher.accept_token(token):
+                return True
+            if not self._append(seq, token, None):
+                return True
+            self.metrics.forced_tokens += 1
+        return True
 
     def _fail_sampling(self, seq: Sequence, e: SamplingError) -> None:
         """This sequence ends with the error; the others go on."""
@@ -218,6 +238,8 @@ class Output:
         """A chosen token's text and event; a stop string in the text ends the sequence."""
         st = seq.owner
         piece = st.decoder.feed(token)
+        if st.budget is not None:
+            st.budget.see(piece)
         text, stopped = st.stops.feed(piece) if st.stops is not None else (piece, False)
         top = list(zip(lp.top_ids, lp.top_logprobs)) if lp and st.request.logprobs else None
         self.outbox.put(st.handle, TokenEvent(st.index, token, text, lp.logprob if lp else None, top))

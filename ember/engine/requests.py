@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..sampler import SamplingParams
+from .budget import ThinkingBudget
 
 if TYPE_CHECKING:
     import asyncio
@@ -40,6 +41,8 @@ class Request:
     grammar: GrammarSpec | None = None
     client: str = ""  # who sends it: the engine admits waiting requests taking turns between clients
     progress: bool = False  # a ProgressEvent when the prompt starts and after each step that computes part of it
+    shown_tokens: frozenset[int] = frozenset()  # control tokens the output writes as text (a chat format's markers)
+    thinking_budget: ThinkingBudget | None = None  # a cap on the reasoning's tokens
 
     def __post_init__(self):
         if not self.prompt:

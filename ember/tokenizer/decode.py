@@ -63,13 +63,14 @@ class IncrementalDecoder:
     flush() ends the stream (a held-back incomplete tail becomes U+FFFD).
     """
 
-    def __init__(self, tokenizer, special: bool = False):
+    def __init__(self, tokenizer, special: bool = False, shown: frozenset[int] = frozenset()):
         self._piece = tokenizer.token_to_piece  # (token, special) -> bytes
         self._special = special
+        self._shown = shown  # special tokens written as text even without `special`
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, token: int) -> str:
-        return self._utf8.decode(self._piece(token, self._special))
+        return self._utf8.decode(self._piece(token, self._special or token in self._shown))
 
     def flush(self) -> str:
         text = self._utf8.decode(b"", final=True)

@@ -122,8 +122,8 @@ class Tokenizer:
         """Whole-sequence decode; invalid UTF-8 becomes U+FFFD."""
         return b"".join(self.token_to_piece(i, special) for i in ids).decode("utf-8", "replace")
 
-    def stream_decoder(self, special: bool = False) -> IncrementalDecoder:
-        return IncrementalDecoder(self, special)
+    def stream_decoder(self, special: bool = False, shown: frozenset[int] = frozenset()) -> IncrementalDecoder:
+        return IncrementalDecoder(self, special, shown)
 
     @cached_property
     def token_bytes(self) -> list[bytes]:

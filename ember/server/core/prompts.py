@@ -13,7 +13,8 @@ from ...tokenizer.chat import ChatTemplateError
 from ..errors import context_exceeded, invalid
 from ..state import ServerModel
 from .request import Chat, Prompts
-from .tools import protocol_for
+from .formats import ChatFormat, thinking_opened
+from .tools import format_of, protocol_for
 
 MARK = "\u2063ember:continue\u2063"  # ends the final message while rendering; the prompt is cut there
 
@@ -23,19 +24,23 @@ class ChatPrompt:
     text: str  # as rendered
     prefill: str = ""  # the final assistant message the reply continues
     ids: list[int] = field(default_factory=list)
+    thinking: bool = False  # the prompt leaves the model inside its reasoning
 
 
 def template_globals() -> dict:
     """Variables templates read besides the messages (llama.cpp sets these): today's date, the
-    time in UTC, and `functions` (the tools as JSON text; empty unless the template formats tools)."""
+    time in UTC, `functions` (the tools as JSON text; empty unless the template formats tools) and
+    `enable_thinking` (on unless the request turns it off, as llama-server has it)."""
     now = datetime.now()
     return {"date_string": now.strftime("%d %b %Y"),
-            "datetime": datetime.now(timezone.utc).strftime("%b %d %Y %H:%M:%S GMT"), "functions": ""}
+            "datetime": datetime.now(timezone.utc).strftime("%b %d %Y %H:%M:%S GMT"), "functions": "",
+            "enable_thinking": True}
 
 
 def render_chat(model: ServerModel, chat: Chat) -> ChatPrompt:
     """The prompt text: messages (and tools) through the protocol and the chat template."""
-    msgs, extra = protocol_for(model.native_tools).messages(chat.messages, chat.tools)
+    fmt = chat_format(model)
+    msgs, extra = protocol_for(fmt).messages(chat.messages, chat.tools)
     prefill = msgs[-1]["content"] if chat.continue_final else ""
     if chat.continue_final:
         msgs = [*msgs[:-1], {**msgs[-1], "content": prefill + MARK}]
@@ -45,12 +50,22 @@ def render_chat(model: ServerModel, chat: Chat) -> ChatPrompt:
     except ChatTemplateError as e:
         raise invalid(chat.param, str(e), "template_error") from None
     if not chat.continue_final:
-        return ChatPrompt(text)
+        return ChatPrompt(text, thinking=thinking_opened(text, fmt.think))
     end = text.rfind(MARK)
     if end < 0:
         raise invalid(chat.param, "the chat template does not write the final assistant message as given, so it "
                                   "cannot be continued", "template_error")
-    return ChatPrompt(text[:end], prefill)
+    return ChatPrompt(text[:end], prefill, thinking=thinking_opened(text[:end], fmt.think))
+
+
+def chat_format(model: ServerModel) -> ChatFormat:
+    return format_of(model.template_text, model.native_tools)
+
+
+def shown_tokens(model: ServerModel, fmt: ChatFormat) -> frozenset[int]:
+    """The ids of the format's marker tokens (those the vocabulary has as one special token)."""
+    ids = (model.tokenizer.encode(m, add_special=False, parse_special=True) for m in fmt.markers)
+    return frozenset(i[0] for i in ids if len(i) == 1)
 
 
 def chat_prompt(model: ServerModel, chat: Chat) -> ChatPrompt:

@@ -1,7 +1,7 @@
 """Reading a reply while it is generated: text -> deltas as it streams (content, and each tool
 call's start and argument text), and the whole message (content and tool calls) at the end. The
 deltas name no API: each API's formatter writes them in its own shape. The tool-call shapes are
-described in tools.py; what a reply means is decided by its Output class."""
+described in tools.py and formats/; what a reply means is decided by its Output class."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,6 @@ import secrets
 from dataclasses import dataclass, field
 
 from .jsonscan import Incomplete, expect, key_at, skip_ws, string_prefix, value_end
-
-OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
-
 
 @dataclass(slots=True)
 class ToolCall:
@@ -27,6 +24,13 @@ def new_call_id() -> str:
 @dataclass(frozen=True, slots=True)
 class Text:
     """More content."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """More reasoning (the text between the family's thinking markers)."""
 
     text: str
 
@@ -48,7 +52,7 @@ class CallArguments:
     text: str
 
 
-Delta = Text | CallStart | CallArguments
+Delta = Text | Reasoning | CallStart | CallArguments
 
 
 @dataclass(slots=True)
@@ -64,21 +68,25 @@ class Draft:
 
     content: str = ""
     calls: list[DraftCall] = field(default_factory=list)
+    reasoning: str = ""
 
 
 @dataclass(slots=True)
 class Reply:
     content: str | None
     tool_calls: list[ToolCall]
+    reasoning: str | None = None
 
 
 class Output:
     """Turns generated text into deltas while it streams, and into the final message at the
     end. Subclasses say what the text means (`draft`)."""
 
-    def __init__(self):
+    def __init__(self, new_id=new_call_id):
         self.text = ""
+        self.new_id = new_id  # the family's call ids
         self._content_sent = 0
+        self._reasoning_sent = 0
         self._calls: list[ToolCall] = []  # calls whose header went out
         self._args_sent: list[int] = []
 
@@ -92,13 +100,16 @@ class Output:
         draft = self.draft(self.text, final=True)
         deltas = self._deltas(draft)
         calls = [ToolCall(c.id, c.name, d.arguments) for c, d in zip(self._calls, draft.calls) if d.done]
-        return deltas, Reply(draft.content if draft.content or not calls else None, calls)
+        return deltas, Reply(draft.content if draft.content or not calls else None, calls, draft.reasoning or None)
 
     def draft(self, text: str, final: bool) -> Draft:
         raise NotImplementedError
 
     def _deltas(self, draft: Draft) -> list[Delta]:
         out: list[Delta] = []
+        if len(draft.reasoning) > self._reasoning_sent:
+            out.append(Reasoning(draft.reasoning[self._reasoning_sent:]))
+            self._reasoning_sent = len(draft.reasoning)
         if len(draft.content) > self._content_sent:
             out.append(Text(draft.content[self._content_sent:]))
             self._content_sent = len(draft.content)
@@ -106,7 +117,7 @@ class Output:
             if i == len(self._calls):
                 if call.name is None:
                     break
-                self._calls.append(ToolCall(new_call_id(), call.name, ""))
+                self._calls.append(ToolCall(self.new_id(), call.name, ""))
                 self._args_sent.append(0)
                 out.append(CallStart(i, self._calls[i].id, call.name))
             if len(call.arguments) > self._args_sent[i]:
@@ -159,11 +170,11 @@ def _read_envelope(s: str, draft: Draft) -> None:
         if end is None:
             raise Incomplete
     elif key == "tool_call":
-        _read_call(s, i, draft)
+        read_json_call(s, i, draft)
     elif key == "tool_calls":
         i = expect(s, i, "[")
         while True:
-            i = skip_ws(s, _read_call(s, i, draft))
+            i = skip_ws(s, read_json_call(s, i, draft))
             if i == len(s):
                 raise Incomplete
             if s[i] == "]":
@@ -173,8 +184,8 @@ def _read_envelope(s: str, draft: Draft) -> None:
         raise ValueError(f"unexpected key {key!r}")
 
 
-def _read_call(s: str, i: int, draft: Draft) -> int:
-    """Read {"name": ..., "arguments": ...} at s[i]; returns the index after it."""
+def read_json_call(s: str, i: int, draft: Draft) -> int:
+    """Read {"name": ..., "arguments": ...} (or "parameters") at s[i]; returns the index after it."""
     i = expect(s, i, "{")
     call = DraftCall()
     draft.calls.append(call)
@@ -202,34 +213,3 @@ def _read_call(s: str, i: int, draft: Draft) -> int:
             call.done = call.name is not None
             return i + 1
         i = expect(s, i, ",")
-
-
-class TaggedOutput(Output):
-    """Content with <tool_call>{...}</tool_call> blocks."""
-
-    def draft(self, text: str, final: bool) -> Draft:
-        draft, pos = Draft(), 0
-        while True:
-            start = text.find(OPEN_TAG, pos)
-            if start < 0:
-                tail = text[pos:]
-                draft.content += tail if final else tail[:len(tail) - _partial_tag(tail)]
-                break
-            draft.content += text[pos:start]
-            end = text.find(CLOSE_TAG, start)
-            block = text[start + len(OPEN_TAG):end if end >= 0 else len(text)]
-            try:
-                _read_call(block, 0, draft)
-            except (Incomplete, ValueError):
-                pass
-            if end < 0:
-                break
-            pos = end + len(CLOSE_TAG)
-        if final and draft.calls:
-            draft.content = draft.content.strip()
-        return draft
-
-
-def _partial_tag(text: str) -> int:
-    """Length of the longest end of `text` that could be the start of OPEN_TAG."""
-    return max((k for k in range(1, len(OPEN_TAG)) if text.endswith(OPEN_TAG[:k])), default=0)

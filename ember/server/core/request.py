@@ -24,6 +24,7 @@ from .replies import ToolCall
 ROLES = ("system", "user", "assistant", "tool")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 TOOL_CHOICES = ("auto", "none", "required", "function")
+REASONING_FORMATS = ("none", "auto", "deepseek")  # llama-server's (auto: as deepseek)
 SPELLINGS = {"temperature": {"temperature", "temp"}, "typical_p": {"typical_p", "typ_p"}}  # llama-server's aliases
 
 
@@ -154,6 +155,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's
     tool_call_id: str | None = None  # a tool result's
     name: str | None = None
+    reasoning: str = ""  # an assistant's earlier reasoning (reasoning_content)
 
     def __post_init__(self):
         if self.role not in ROLES or (self.tool_calls and self.role != "assistant"):
@@ -172,10 +174,14 @@ class Chat:
     continue_final: bool = False
     template_kwargs: dict = field(default_factory=dict)  # extra template variables
     param: str = "messages"  # the field errors about the conversation name
+    reasoning_format: str = "auto"  # "none": reasoning stays in the content; else it goes to reasoning_content
+    reasoning_budget: int = -1  # reasoning tokens before the end-of-thinking marker is forced; -1: no limit
 
     def __post_init__(self):
         if not self.messages:
             raise ValueError("a chat needs a message")
+        if self.reasoning_format not in REASONING_FORMATS or self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_format {self.reasoning_format!r}, reasoning_budget {self.reasoning_budget}")
         final = self.messages[-1]
         if self.continue_final and (self.add_generation_prompt or final.role != "assistant" or final.tool_calls
                                     or self.tools.active):

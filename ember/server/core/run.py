@@ -18,13 +18,15 @@ from starlette.concurrency import run_in_threadpool as off_loop
 from starlette.requests import Request as HTTPRequest
 
 from ...engine import EngineClosed, FinishEvent, ProgressEvent, QueueFull, Request, RequestHandle, TokenEvent
+from ...engine.budget import ThinkingBudget
 from ...engine.engine import GrammarSpec
 from ...gbnf import GrammarError
 from ...sampler import NoTokenAllowed
 from ..errors import APIError, invalid, not_ready, queue_full, server_error
 from ..state import ServerModel, ServerState
-from .prompts import chat_prompt, prompt_ids
-from .replies import Delta, Output, Reply
+from .formats import Reading
+from .prompts import chat_format, chat_prompt, prompt_ids, shown_tokens
+from .replies import Delta, Output, PlainOutput, Reply
 from .request import Chat, Generation
 from .tools import protocol_for
 
@@ -37,18 +39,36 @@ class Prepared:
     grammar: GrammarSpec | None
     grammar_param: str | None  # the field the grammar came from (for errors)
     prefill: str = ""  # the final assistant message the reply continues
+    reading: Reading | None = None  # how a chat's replies are read (None: completions, plain text)
+    shown_tokens: frozenset[int] = frozenset()  # the chat format's marker tokens, written as text
+    budget: ThinkingBudget | None = None  # the reasoning's cap (reasoning_budget)
 
 
 def prepare(model: ServerModel, gen: Generation) -> Prepared:
     """The prompts' ids and the grammar: the tools' own where tools are active (the protocol
     is the model's), else the request's; 400 for a prompt that cannot run."""
-    tools = protocol_for(model.native_tools).grammar(gen.prompt.tools)
+    if not isinstance(gen.prompt, Chat):
+        constraint = gen.constraint
+        return Prepared(prompt_ids(model, gen.prompt), constraint and constraint.grammar, constraint and constraint.param)
+    fmt = chat_format(model)
+    prompt = chat_prompt(model, gen.prompt)
+    tools = protocol_for(fmt).grammar(gen.prompt.tools, prompt.thinking)
     grammar, param = (tools, "tools") if tools is not None else \
         (gen.constraint.grammar, gen.constraint.param) if gen.constraint else (None, None)
-    if isinstance(gen.prompt, Chat):
-        prompt = chat_prompt(model, gen.prompt)
-        return Prepared([prompt.ids], grammar, param, prompt.prefill)
-    return Prepared(prompt_ids(model, gen.prompt), grammar, param)
+    reading = Reading(gen.prompt.tools.active, prompt.thinking, gen.prompt.reasoning_format != "none")
+    return Prepared([prompt.ids], grammar, param, prompt.prefill, reading, shown_tokens(model, fmt),
+                    thinking_budget(model, fmt, gen.prompt, prompt.thinking))
+
+
+def thinking_budget(model: ServerModel, fmt, chat: Chat, opened: bool) -> ThinkingBudget | None:
+    """The cap reasoning_budget puts on the reasoning, in the format's markers (None: no cap, or
+    a format without reasoning)."""
+    markers = fmt.thinking_markers()
+    if chat.reasoning_budget < 0 or markers is None:
+        return None
+    start, end, close = markers
+    ids = model.tokenizer.encode(close, add_special=False, parse_special=True)
+    return ThinkingBudget(chat.reasoning_budget, tuple(ids), "" if opened else start, end)
 
 
 async def start(state: ServerState, model: ServerModel, gen: Generation, http: HTTPRequest | None = None) -> Run:
@@ -63,8 +83,15 @@ async def start(state: ServerState, model: ServerModel, gen: Generation, http: H
             h.cancel()
         raise not_ready("the server is shutting down")
     state.stats.requests += 1
-    readers = [protocol_for(model.native_tools).output(gen.prompt.tools) for _ in range(len(handles) * gen.n)]
+    readers = [reader(model, gen, prepared) for _ in range(len(handles) * gen.n)]
     return Run(state, handles, gen.n, prepared, readers)
+
+
+def reader(model: ServerModel, gen: Generation, prepared: Prepared) -> Output:
+    """What reads one sample's text: the chat format's reader, or plain text for completions."""
+    if prepared.reading is None:
+        return PlainOutput()
+    return protocol_for(chat_format(model)).output(gen.prompt.tools, prepared.reading)
 
 
 def _launch(model: ServerModel, gen: Generation, client: str, loop):
@@ -83,7 +110,8 @@ def _submit(model: ServerModel, prepared: Prepared, gen: Generation, client: str
         for ids in prepared.prompts:
             handles.append(model.engine.submit_async(Request(
                 ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=prepared.grammar,
-                client=client, progress=gen.progress), loop))
+                client=client, progress=gen.progress, shown_tokens=prepared.shown_tokens,
+                thinking_budget=prepared.budget), loop))
     except BaseException:
         for h in handles:
             h.cancel()

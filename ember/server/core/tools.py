@@ -15,11 +15,12 @@ generic (templates that do not render `tools`: SmolLM2, Gemma 3, most small mode
   Earlier calls and results in the conversation are written in the same JSON shapes
   (a tool result is a user message {"tool_result": {"name", "content"}}).
 
-tagged (templates that render `tools` themselves, e.g. Hermes/Qwen style)
-  The template formats the tools and the conversation; a call is
-      <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>
-  anywhere in the reply. `required`/named: the grammar makes the reply exactly such
-  block(s); `auto`: the grammar switches on at the first "<tool_call>" (a lazy grammar).
+family (templates that render `tools` themselves)
+  The template formats the tools and the conversation; calls are written in the family's
+  own syntax (formats/: Hermes/Qwen <tool_call> tags, Qwen3-Coder XML, Llama 3 JSON,
+  Mistral [TOOL_CALLS], DeepSeek, gpt-oss harmony; a template of no known family gets the
+  Hermes tags). `required`/named: the grammar makes the reply exactly such call(s);
+  `auto`: the grammar switches on at the family's call opener (a lazy grammar).
 
 tool_choice "none" describes no tools and applies no grammar.
 """
@@ -30,7 +31,8 @@ from functools import lru_cache
 
 from ...engine.engine import GrammarSpec
 from ...gbnf.schema import schema_to_gbnf
-from .replies import CLOSE_TAG, OPEN_TAG, EnvelopeOutput, Output, PlainOutput, TaggedOutput
+from .formats import ChatFormat, FormatOutput, Plain, Reading, detect
+from .replies import EnvelopeOutput, Output, PlainOutput
 from .request import Message, Tool, ToolChoice, ToolSetup
 
 
@@ -89,25 +91,15 @@ def _generic_gbnf(key: str) -> str:
     return schema_to_gbnf(_envelope_schema(_from_key(key)))
 
 
-BLOCK_RULE = "ToolCallBlock"  # upper case: the converter's rule names are lower case
-
-
-@lru_cache(maxsize=64)
-def _tagged_gbnf(key: str) -> str:
-    setup = _from_key(key)
-    defs, call = _calls_schema(setup)
-    inner = schema_to_gbnf({"$defs": defs, **call}, root="call")
-    repeat = ' ( "\\n" ToolCallOne )*' if setup.parallel else ""
-    return (inner + f'{BLOCK_RULE} ::= ToolCallOne{repeat}\n'
-            f'ToolCallOne ::= "{OPEN_TAG}" "\\n"? call "\\n"? "{CLOSE_TAG}"\n')
-
-
 # ---- protocols ----
 
 class GenericProtocol:
     """Tools described in the system message, replies as one JSON object (see module doc)."""
 
     name = "generic"
+
+    def __init__(self, fmt: ChatFormat | None = None):
+        self.fmt = fmt or Plain()
 
     def messages(self, messages: tuple[Message, ...], setup: ToolSetup) -> tuple[list[dict], dict]:
         """Template-ready messages (plain role/content strings) and extra template arguments."""
@@ -117,41 +109,45 @@ class GenericProtocol:
             out = _with_system_text(out, generic_instructions(setup))
         return out, {}
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
         if not setup.active:
             return None
         return GrammarSpec(_generic_gbnf(_setup_key(setup)))
 
-    def output(self, setup: ToolSetup) -> Output:
-        return EnvelopeOutput() if setup.active else PlainOutput()
+    def output(self, setup: ToolSetup, reading: Reading) -> Output:
+        if setup.active:
+            return EnvelopeOutput()
+        return FormatOutput(self.fmt, reading) if self.fmt.think and reading.split_reasoning else PlainOutput()
 
 
-class TaggedProtocol:
-    """The template renders the tools; calls are <tool_call>{...}</tool_call> blocks."""
+class FamilyProtocol:
+    """The template renders the tools; calls and reasoning are written in the family's own
+    syntax (formats/)."""
 
-    name = "tagged"
+    def __init__(self, fmt: ChatFormat):
+        self.fmt = fmt
+        self.name = fmt.name
 
     def messages(self, messages: tuple[Message, ...], setup: ToolSetup) -> tuple[list[dict], dict]:
-        out = [_tagged_message(m) for m in messages]
-        tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                   "parameters": t.parameters}} for t in setup.tools]
-        if not setup.active:
-            return out, {"tools": None}
-        # `functions`: the same list as JSON text, for templates written for llama.cpp's older tool formats
-        return out, {"tools": tools, "functions": json.dumps(tools, indent=2, ensure_ascii=False)}
+        return self.fmt.messages(messages, setup)
 
-    def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
-        if not setup.active:
-            return None
-        triggers = (OPEN_TAG,) if setup.choice.mode == "auto" else ()
-        return GrammarSpec(_tagged_gbnf(_setup_key(setup)), root=BLOCK_RULE, lazy_triggers=triggers)
+    def grammar(self, setup: ToolSetup, thinking: bool = False) -> GrammarSpec | None:
+        return self.fmt.grammar(setup, thinking)
 
-    def output(self, setup: ToolSetup) -> Output:
-        return TaggedOutput() if setup.active else PlainOutput()
+    def output(self, setup: ToolSetup, reading: Reading) -> Output:
+        if not reading.tools and self.fmt.plain_text and not (self.fmt.think and reading.split_reasoning):
+            return PlainOutput()
+        return FormatOutput(self.fmt, reading)
 
 
-def protocol_for(native: bool) -> GenericProtocol | TaggedProtocol:
-    return TaggedProtocol() if native else GenericProtocol()
+def protocol_for(fmt: ChatFormat) -> GenericProtocol | FamilyProtocol:
+    return GenericProtocol(fmt) if isinstance(fmt, Plain) else FamilyProtocol(fmt)
+
+
+@lru_cache(maxsize=16)
+def format_of(template_text: str, renders_tools: bool) -> ChatFormat:
+    """The chat format of a model's template (detected once per template)."""
+    return detect(template_text, renders_tools)
 
 
 def generic_instructions(setup: ToolSetup) -> str:
@@ -190,19 +186,6 @@ def _generic_message(m: Message, names: dict[str, str], active: bool) -> dict:
         result = {"name": m.name or names.get(m.tool_call_id or ""), "content": content}
         return {"role": "user", "content": json.dumps({"tool_result": result}, ensure_ascii=False)}
     return {"role": role, "content": content}
-
-
-def _tagged_message(m: Message) -> dict:
-    out = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": _loads_or_text(c.arguments)}}
-                             for c in m.tool_calls]
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name:
-        out["name"] = m.name
-    return out
 
 
 def _with_system_text(messages: list[dict], text: str) -> list[dict]:

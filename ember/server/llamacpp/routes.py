@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from ... import __version__
 from ..core.request import Limits
 from ..core.run import start
+from ..core.tools import format_of
 from ..errors import invalid
 from ..exchange import json_reply, read, respond
 from ..openai.messages import chat
@@ -72,6 +73,7 @@ async def props(request: Request) -> Response:
         "total_slots": info.slots, "model_path": str(info.path), "model_alias": info.id,
         "chat_template": info.template_text, "chat_template_source": info.template_source,
         "chat_template_tools": "tagged" if info.native_tools else "generic",
+        "chat_format": format_of(info.template_text, info.native_tools).name,
         "bos_token": info.bos_token, "eos_token": info.eos_token,
         "modalities": {"vision": False, "audio": False}, "build_info": f"ember {__version__}",
         "is_sleeping": state.sleeping, "kv_cache": {"pages": info.kv_pages, "page_size": info.page_size}})

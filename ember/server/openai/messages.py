@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..core.replies import ToolCall, new_call_id
-from ..core.request import TOOL_NAME, Chat, Message, Tool, ToolChoice, ToolSetup, check_tool_parameters
+from ..core.request import REASONING_FORMATS, TOOL_NAME, Chat, Message, Tool, ToolChoice, ToolSetup, check_tool_parameters
 from ..errors import invalid
 from ..fields import Fields
 
@@ -20,7 +20,13 @@ def chat(body: Fields) -> Chat:
     messages = parse_messages(body)
     tools = parse_tools(body)
     add_prompt, continue_final = template_options(body, messages, tools)
-    return Chat(messages, tools, add_prompt, continue_final, template_kwargs(body))
+    reasoning = body.choice("reasoning_format", REASONING_FORMATS, "auto")
+    budget = body.int("reasoning_budget", -1, lo=-1)
+    kwargs = template_kwargs(body)
+    if budget == 0:  # no thinking: templates that have the switch are asked not to open it
+        kwargs.setdefault("enable_thinking", False)
+    return Chat(messages, tools, add_prompt, continue_final, kwargs, reasoning_format=reasoning,
+                reasoning_budget=budget)
 
 
 # ---- messages ----
@@ -37,8 +43,9 @@ def _message(m: Fields) -> Message:
     if role is None:
         raise invalid(m.name("role"), f"{m.name('role')} is required", "missing_field")
     calls = _tool_calls(m) if role == "assistant" else ()
+    reasoning = m.str("reasoning_content", "") if role == "assistant" else ""
     return Message("system" if role == "developer" else role, _content(m), calls, m.str("tool_call_id"),
-                   m.str("name"))
+                   m.str("name"), reasoning or "")
 
 
 def _content(m: Fields) -> str:

@@ -9,7 +9,7 @@ import time
 
 from ...engine import TokenEvent
 from ..core.prompts import token_piece
-from ..core.replies import CallStart, Delta, Text, ToolCall
+from ..core.replies import CallStart, Delta, Reasoning, Text, ToolCall
 from ..core.run import Run, Sample, Step
 from ..exchange import Format
 from ..llamacpp.reply import timings
@@ -50,6 +50,8 @@ def call_json(call: ToolCall) -> dict:
 def delta_json(d: Delta) -> dict:
     if isinstance(d, Text):
         return {"content": d.text}
+    if isinstance(d, Reasoning):
+        return {"reasoning_content": d.text}
     if isinstance(d, CallStart):
         return {"tool_calls": [{"index": d.index, **call_json(ToolCall(d.id, d.name, ""))}]}
     return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
@@ -59,8 +61,9 @@ def merged(deltas: list[Delta]) -> dict:
     """Several deltas of one token as one (for chunks that carry that token's logprobs)."""
     out: dict = {}
     for d in map(delta_json, deltas):
-        if "content" in d:
-            out["content"] = out.get("content", "") + d["content"]
+        for key in ("content", "reasoning_content"):
+            if key in d:
+                out[key] = out.get(key, "") + d[key]
         if "tool_calls" in d:
             out.setdefault("tool_calls", []).extend(d["tool_calls"])
     return out
@@ -92,6 +95,8 @@ class ChatReply(Format):
 
     def _choice(self, s: Sample) -> dict:
         message = {"role": "assistant", "content": s.reply.content}
+        if s.reply.reasoning:
+            message["reasoning_content"] = s.reply.reasoning
         if s.reply.tool_calls:
             message["tool_calls"] = [call_json(c) for c in s.reply.tool_calls]
         logprobs = {"content": [chat_logprobs(self.model, ev) for ev in s.logprobs]} \
