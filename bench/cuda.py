@@ -130,25 +130,41 @@ def launch_profile(backend, rec) -> dict:
 
 
 def with_env(name: str, value: str, fn, *args):
-    """fn(*args) with some of the backend's switches set, for A/B variants: EMBER_CUDA_TAILS ("post",
-    the default; "all"; "0": the ways of doing a layer's RMS norms) or EMBER_CUDA_PDL ("1", the
-    default; "0": captured steps launched the ordinary way). Several switches: names and values
-    separated by commas."""
-    names, values = name.split(","), value.split(",")
-    old = {n: os.environ.get(n) for n in names}
-    os.environ.update(zip(names, values))
+    """fn(*args) with an environment variable set (the engine's EMBER_DECODE_AHEAD)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         return fn(*args)
     finally:
-        for n, v in old.items():
-            if v is None:
-                del os.environ[n]
-            else:
-                os.environ[n] = v
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
-def with_tails(mode: str, fn, *args):
-    return with_env("EMBER_CUDA_TAILS", mode, fn, *args)
+def with_config(changes: dict, fn, *args):
+    """fn(*args) with every CUDA backend it makes (through LLM or get_backend) on a CudaConfig
+    of these changes: the backend's variants, which the benchmark compares with the default."""
+    import functools
+
+    import ember.backends as backends
+    import ember.engine.llm as llm_module
+    from ember.backends.cuda import CudaConfig
+
+    real = backends.get_backend
+    patched = functools.partial(real, config=CudaConfig(**changes))
+    backends.get_backend = llm_module.get_backend = patched
+    try:
+        return fn(*args)
+    finally:
+        backends.get_backend = llm_module.get_backend = real
+
+
+def variant(spec, fn, *args):
+    """A variant: (environment variable, value), or a dict of CudaConfig changes."""
+    if isinstance(spec, dict):
+        return with_config(spec, fn, *args)
+    return with_env(*spec, fn, *args)
 
 
 def decode_only(path: str, reps: int, n_gen: int = 128) -> dict:
@@ -319,45 +335,19 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * a.nbytes / statistics.median(times) / 1e9
 
 
-# single-stream decode with one switch changed: (label, environment variable or "tails", value)
+# single-stream decode with one setting changed: (label, CudaConfig changes or (environment variable, value))
 DECODE_VARIANTS = [
-    ("decode_ahead_0", "EMBER_DECODE_AHEAD", "0"),
-    ("decode_mv_fill_0", "EMBER_CUDA_MV_FILL", "0"),
-    ("decode_att_cluster_0", "EMBER_CUDA_ATT_CLUSTER", "0"),
-    ("decode_att_cluster_8", "EMBER_CUDA_ATT_CLUSTER", "8"),
-    ("decode_att_cluster_16", "EMBER_CUDA_ATT_CLUSTER", "16"),
-    ("decode_widen_0", "EMBER_CUDA_WIDEN", "0"),
-    ("decode_mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
-    ("decode_mv_spec_1", "EMBER_CUDA_MV_SPEC", "1"),
-    ("decode_mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
-    ("decode_mv_pre_steps_1", "EMBER_CUDA_MV_PRE_STEPS", "1"),
-    ("decode_att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
-    ("decode_mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
-    ("decode_mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
-    ("decode_mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
-    ("decode_att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
-    ("decode_fold_qkv_0", "EMBER_CUDA_FOLD_QKV", "0"),
-    ("decode_att_head_blocks_0", "EMBER_CUDA_ATT_HEAD_BLOCKS", "0"),
-    ("decode_post_prologue_0", "EMBER_CUDA_POST_PROLOGUE", "0"),
-    ("decode_att_waves_8", "EMBER_CUDA_ATT_WAVES", "8"),
-    ("decode_pdl_0", "EMBER_CUDA_PDL", "0"),
-    ("decode_prologue_0", "EMBER_CUDA_PROLOGUE", "0"),
-    ("decode_tails_0", "tails", "0"),
-    ("decode_tails_all", "tails", "all"),
+    ("decode_ahead_0", ("EMBER_DECODE_AHEAD", "0")),
+    ("decode_pdl_0", {"pdl": False}),
+    ("decode_fuse_0", {"fuse": False}),
+    ("decode_prologue_k_0", {"prologue_k": 0}),  # every norm a quant_x launch of its own
+    ("decode_att_waves_8", {"att_waves": 8}),
 ]
 
-# the 1.5 B decode step with one switch changed: (label, environment variable, value)
+# the 1.5 B decode step with one setting changed
 ROOFLINE_VARIANTS = [
-    ("mv_fill_0", "EMBER_CUDA_MV_FILL", "0"),
-    ("mv_store_0", "EMBER_CUDA_MV_STORE", "0"),
-    ("mv_pre_0", "EMBER_CUDA_MV_PRE", "0"),
-    ("att_min_keys_0", "EMBER_CUDA_ATT_MIN_KEYS", "0"),
-    ("mv_persist_0", "EMBER_CUDA_MV_PERSIST", "0"),
-    ("prologue_k_1024", "EMBER_CUDA_PROLOGUE_K", "1024"),
-    ("att_merge_0", "EMBER_CUDA_ATT_MERGE", "0"),
-    ("mv_occ_0", "EMBER_CUDA_MV_OCC", "0"),
-    ("mv_wide_0", "EMBER_CUDA_MV_WIDE", "0"),
-    ("att_waves_1", "EMBER_CUDA_ATT_WAVES", "1"),
+    ("prologue_k_1024", {"prologue_k": 1024}),
+    ("att_waves_1", {"att_waves": 1}),
 ]
 
 LLAMA_1_5B = {"n_layer": 28, "d_model": 1536, "d_ff": 8960, "n_head": 12, "n_kv_head": 2, "head_dim": 128, "n_vocab": 151936}
@@ -419,11 +409,12 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
 def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int) -> dict:
     """Batch-1 decode steps of the model alone (recorded once, replayed as a graph), as the engine's
     runner runs them, at a context of about 100 tokens."""
-    from ember.backends import AttentionBatch, get_backend
+    import ember.backends as backends
+    from ember.backends import AttentionBatch
     from ember.gguf_loader import GGUFFile
     from ember.models import Step, load_model
 
-    backend = get_backend("cuda")
+    backend = backends.get_backend("cuda")
     with GGUFFile(path) as f:
         model = load_model(f, backend)
         page = 16
@@ -498,16 +489,8 @@ def kernel_times(reps: int = 40) -> dict:
     launch (the in-graph launch gap included) and weight GB/s; plus the smallest kernel's time."""
     from ember.backends import get_backend
     from ember.backends.base import Weight
-    from ember.backends.cuda._ops import (
-        MODE_RESIDUAL,
-        MODE_SILU,
-        MS_COUNTERS,
-        MS_PART_FLOATS,
-        DeviceMatrix,
-        Matmul,
-        Tail,
-        xq_bytes,
-    )
+    from ember.backends.cuda.ops import MODE_RESIDUAL, MODE_SILU, DeviceMatrix, Matmul, SplitScratch, Tail, xq_bytes
+    from ember.backends.cuda.ops.matmul import MS_COUNTERS, MS_PART_FLOATS
     from ember.quant import GGMLType, layout
 
     b = get_backend("cuda")
@@ -554,15 +537,15 @@ def kernel_times(reps: int = 40) -> dict:
             xq = cp.empty(xq_bytes(n, k), cp.uint8)
             ys = [cp.empty((n, r), cp.float32) for r in rows]
             kw = {"mode": MODE_SILU, "aux": cp.empty((n, rows[0]), cp.float32)} if gated else {}
-            split = dict(split_rows=64, part=b._scratch_f32("mm_split_part", MS_PART_FLOATS),
-                         counters=b._zeroed_u32("mm_split_counters", MS_COUNTERS))
+            split = dict(split_buf=SplitScratch(b._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                                                b._zeroed_u32("mm_split_counters", MS_COUNTERS)))
             ops = {"mv_n8": Matmul(ws, x, ys, xq=xq, quant_in=False, mv_rows=64, **kw),  # groups of 8 rows
                    "mm_tile": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm),  # no fused epilogue
                    "mm_split": Matmul(ws, x, ys, mv_rows=8, n_sm=b.n_sm, **split, **kw)}
             assert ops["mm_split"].split()
             for name, op in ops.items():
                 out[f"{label} n={n} {name}"] = {"us": round(graph_us(cp, op.launches(b.kernels), reps), 2)}
-    from ember.backends.cuda._ops import TopK
+    from ember.backends.cuda.ops import TopK
 
     for rows, vocab in ((1, 262144), (64, 262144), (64, 49152)):
         logits = cp.random.standard_normal((rows, vocab), dtype=cp.float32)
@@ -630,7 +613,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=[], help="NAME=PATH of GGUF files (skeletons unpacked)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, one 1.5 B type, shorter runs")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="sections to skip: kernels single variants tiles att many shared stream_variants stream_ahead "
+                    help="sections to skip: kernels single variants tiles many shared stream_variants stream_ahead "
                     "(the 64-stream runs' threads and switch variants) roofline roofline_variants cold")
     ap.add_argument("--variants", default="", help="comma-separated variants to run (default: all): decode "
                     + ", ".join(v[0] for v in DECODE_VARIANTS) + "; 1.5 B roofline "
@@ -651,21 +634,13 @@ def main() -> None:
         if "single" not in args.skip:
             section(r, "single", single_stream, path, reps)
         if "variants" not in args.skip:
-            for label, env, value in DECODE_VARIANTS:
-                if chosen is not None and label not in chosen:
-                    continue
-                if env == "tails":
-                    section(r, label, with_tails, value, decode_only, path, reps)
-                else:
-                    section(r, label, with_env, env, value, decode_only, path, reps)
+            for label, spec in DECODE_VARIANTS:
+                if chosen is None or label in chosen:
+                    section(r, label, variant, spec, decode_only, path, reps)
         if "tiles" not in args.skip:
-            for mode in ("128", "64", "auto"):
-                section(r, f"prefill_tiles_{mode}", with_env, "EMBER_CUDA_TILE_ROWS", mode, prefill_only, path, reps)
-        if "att" not in args.skip:  # prompt steps' attention: tensor-core tiles (default) or the scalar kernel
-            for mode in ("1", "0"):
-                section(r, f"prefill_att_tiles_{mode}", with_env, "EMBER_CUDA_ATT_TILES", mode, prefill_only, path, reps)
-            section(r, "prefill_att_tile_splits_0", with_env, "EMBER_CUDA_ATT_TILE_SPLITS", "0", prefill_only, path,
-                    reps)
+            for rows in (128, 64, 0):
+                section(r, f"prefill_tiles_{rows or 'auto'}", with_config, {"tile_rows": rows}, prefill_only, path,
+                        reps)
         if "many" not in args.skip:
             section(r, "many", many_streams, path, 64, 512, 32 if args.quick else 128, False)
             if "stream_variants" not in args.skip:
@@ -674,12 +649,8 @@ def main() -> None:
             section(r, "shared", many_streams, path, 64, 512, 32 if args.quick else 128, True)
         if "shared" not in args.skip and "stream_variants" not in args.skip:
             section(r, "shared_threads", many_streams, path, 64, 512, 32 if args.quick else 128, True, "threads")
-            section(r, "shared_mm_split_0", with_env, "EMBER_CUDA_MM_SPLIT", "0", many_streams, path, 64, 512,
+            section(r, "shared_att_waves_8", with_config, {"att_waves": 8}, many_streams, path, 64, 512,
                     32 if args.quick else 128, True)
-            section(r, "shared_att_waves_8", with_env, "EMBER_CUDA_ATT_WAVES", "8", many_streams, path, 64, 512,
-                    32 if args.quick else 128, True)
-            section(r, "shared_att_tiles_decode_0", with_env, "EMBER_CUDA_ATT_TILES_DECODE", "0", many_streams, path,
-                    64, 512, 32 if args.quick else 128, True)
         if "stream_ahead" not in args.skip:  # the 64-stream runs with decode steps one after the other
             for kind, shared in (("many", False), ("shared", True)):
                 if kind not in args.skip:
@@ -697,11 +668,10 @@ def main() -> None:
                 print(f"wrote {path.name} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
                 section(results, f"roofline_{qtype}", decode_bandwidth, path, step_bytes, copy_gbs,
                         100 if args.quick else 300)
-                for label, env, value in ROOFLINE_VARIANTS if "roofline_variants" not in args.skip else []:
-                    if chosen is not None and label not in chosen:
-                        continue
-                    section(results, f"roofline_{qtype}_{label}", with_env, env, value, decode_bandwidth, path,
-                            step_bytes, copy_gbs, 100 if args.quick else 300)
+                for label, spec in ROOFLINE_VARIANTS if "roofline_variants" not in args.skip else []:
+                    if chosen is None or label in chosen:
+                        section(results, f"roofline_{qtype}_{label}", variant, spec, decode_bandwidth, path,
+                                step_bytes, copy_gbs, 100 if args.quick else 300)
                 path.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str))
@@ -727,21 +697,20 @@ def print_table(results: dict) -> None:
         single = r.get("single", {})
         if "graph_step_ms" in single:
             print(f"{name:12} graph step {single['graph_step_ms']} ms, launches {single.get('launches_per_replay')}")
-        for label, _, _ in DECODE_VARIANTS:
+        for label, _ in DECODE_VARIANTS:
             v = r.get(label) or {}
             if "tg128" in v:
                 print(f"{name:12} {label:16} tg {v['tg128']:.0f}, step {v['graph_step_ms']:.3f} ms, "
                       f"launches {v['launches_per_replay']}")
-        for label in ("prefill_tiles_128", "prefill_tiles_64", "prefill_tiles_auto", "prefill_att_tiles_1",
-                      "prefill_att_tiles_0", "prefill_att_tile_splits_0"):
+        for label in ("prefill_tiles_128", "prefill_tiles_64", "prefill_tiles_auto"):
             v = r.get(label) or {}
             if "pp512" in v:
                 prof = v.get("profile") or {}
                 top = ", ".join(f"{k} {c[0]}x {c[1]:.0f}us" for k, c in list(prof.get("kernels", {}).items())[:6])
                 print(f"{name:12} {label[8:]:17} pp512 {v['pp512']:.0f}; prompt step kernels alone sum "
                       f"{prof.get('sum_us')} us: {top}")
-        for label in ("many", "shared", "many_threads", "shared_threads", "shared_mm_split_0", "shared_att_waves_8",
-                      "shared_att_tiles_decode_0", "many_ahead_0", "shared_ahead_0"):
+        for label in ("many", "shared", "many_threads", "shared_threads", "shared_att_waves_8", "many_ahead_0",
+                      "shared_ahead_0"):
             v = r.get(label) or {}
             if "total_tps" in v and label not in ("many", "shared"):
                 print(f"{name:12} {label}: total {v['total_tps']:.0f}, generation {v['gen_tps']:.0f} tok/s")

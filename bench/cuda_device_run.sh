@@ -10,8 +10,12 @@
 #   TESTS_K="expr" narrows both test stages to pytest -k expr; BENCH_SKIP="sections" is passed to
 #   bench/cuda.py --skip (see its --help); BENCH_VARIANTS="a,b" to --variants.
 #
-# Carry .devcarry (skeletons of the real models, gguf/cffi wheels, the skeleton tool, and
-# optionally kernels/ compiled ahead with bench/cuda_kernel_cache.py). The
+# Carry .devcarry: smollm2.skel and gemma3.skel (skeletons of the real models, made here with
+# `python bench/gguf_skeleton.py pack MODEL.gguf .devcarry/NAME.skel`: the call carries 64 MiB at
+# most), wheels/ (gguf, cffi, pycparser, pyyaml, tqdm for the machine's Python: `pip download
+# --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d
+# .devcarry/wheels gguf cffi pycparser pyyaml tqdm`), and optionally kernels/ compiled ahead with
+# bench/cuda_kernel_cache.py. The
 # machine's python3 has CuPy, numpy, tokenizers and jinja2; ember runs from this checkout
 # (PYTHONPATH), its CPU extension built in place when cffi and gcc allow (the CUDA backend needs
 # none of it; without it the engine test compares with the reference backend).
@@ -55,7 +59,7 @@ fi
 mkdir -p /tmp/ember_models
 MODELS=()
 for m in smollm2 gemma3; do
-  if [ -f ".devcarry/$m.skel" ] && $PY .devcarry/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
+  if [ -f ".devcarry/$m.skel" ] && $PY bench/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
     name=$m; [ "$m" = gemma3 ] && name=gemma3-270m
     MODELS+=("$name=/tmp/ember_models/$m.gguf")
   else

@@ -3,7 +3,7 @@ llama.cpp's GBNF (llama-server) as the peer in the same run. Writes bench/result
 
     python bench/grammar.py [--models smollm2 gemma3-270m] [--peer-tokens 48] [--no-peer]
 
-Grammars: the JSON-schema corpus (bench/schemas, converted by ember.gbnf.json_schema), generic
+Grammars: the JSON-schema corpus (bench/schemas, converted by ember.gbnf.schema), generic
 JSON, arithmetic and a C-like language. Token sequences are real tokenizations of text each
 grammar accepts: the corpus' examples (compact and indented), generated expressions, C
 snippets, and the peer's own constrained outputs. Every step times fill_mask through the
@@ -158,7 +158,7 @@ def arithmetic(rng: random.Random, depth: int = 0) -> str:
 
 def grammar_set() -> list[dict]:
     """[{name, kind, gbnf, texts, schema}]: the corpus' schemas, then the generic grammars."""
-    from ember.gbnf.json_schema import schema_to_gbnf
+    from ember.gbnf.schema import schema_to_gbnf
     out, all_examples = [], []
     for path in sorted(SCHEMAS.glob("*.json")):
         if path.name.count(".") != 1:

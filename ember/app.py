@@ -4,15 +4,17 @@
     serve(ModelConfig("smollm2"), ServerConfig(), host="127.0.0.1", port=8080)
 
 Routes live in ember/server (openai.py, llamacpp.py, metrics.py); this module wires them
-with the middleware (CORS, API keys, body limit), the error handlers, the model loading
-lifespan and uvicorn's graceful shutdown.
+with the middleware (Host and Origin checks, CORS, API keys, body limit), the error handlers,
+the lifespan (loading the model, putting it to sleep when idle) and uvicorn's configuration:
+connection deadlines and the graceful shutdown.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
+import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Callable
 
 import uvicorn
@@ -20,18 +22,19 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .server import llamacpp, openai
+from .server.connection import TimedProtocol
 from .server.errors import APIError, server_error
 from .server.guard import Guard
 from .server.metrics import make_registry, metrics
+from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
-__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve"]
+__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "uvicorn_config"]
 
 
 def routes() -> list[Route]:
@@ -39,8 +42,8 @@ def routes() -> list[Route]:
     table = [
         ("/v1/models", openai.list_models, get), ("/models", openai.list_models, get),
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
-        ("/v1/completions", openai.completions, post), ("/completions", openai.completions, post),
-        ("/completion", llamacpp.completion, post),
+        ("/v1/completions", openai.completions, post),
+        ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
         ("/tokenize", llamacpp.tokenize, post), ("/detokenize", llamacpp.detokenize, post),
         ("/apply-template", llamacpp.apply_template, post),
         ("/health", llamacpp.health, get), ("/v1/health", llamacpp.health, get),
@@ -61,16 +64,17 @@ def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_mo
     async def lifespan(app):
         state.loop = asyncio.get_running_loop()
         state.start_loading()
+        watch = asyncio.ensure_future(state.watch_idle()) if config.sleep_idle_s else None
         yield
+        if watch is not None:
+            watch.cancel()
         await run_in_threadpool(state.close)
 
-    middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes)]
-    if config.cors_origins:
-        middleware.insert(0, Middleware(
-            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600))
+    middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
+                             allowed_hosts=config.allowed_hosts or (LOOPBACK,), cors_origins=config.cors_origins)]
     app = Starlette(routes=routes(), middleware=middleware, lifespan=lifespan, exception_handlers={
-        APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+        APIError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_gone,
+        Exception: _internal_error})
     app.state.ember = state
     app.state.registry = make_registry(state)
     return app
@@ -88,6 +92,11 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """The client left before its body arrived (or its body was late): nothing to log, no one to answer."""
+    return Response(status_code=499)
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     """A bug: the client gets a plain 500 body; uvicorn logs the traceback (Starlette re-raises)."""
     err = server_error(f"internal error ({type(exc).__name__}); the server log has the details")
@@ -103,28 +112,51 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
     def stop():
         server.should_exit = True
 
-    app = create_app(config, lambda: load_model(model_cfg, config.alias), on_load_failure=stop)
-    server = GracefulServer(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
-        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5), app.state.ember)
+    config = for_address(config, host)
+    app = create_app(config, lambda: load_model(model_cfg), on_load_failure=stop)
+    server = GracefulServer(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
+                                           access_log=access_log), app.state.ember)
     server.run()
     return 1 if app.state.ember.load_error else 0
 
 
+def for_address(config: ServerConfig, host: str) -> ServerConfig:
+    """The Host values served, where not given: loopback names on a loopback address (a guard
+    against DNS rebinding), any elsewhere (the server is meant to be reached by other names)."""
+    if config.allowed_hosts is not None:
+        return config
+    return replace(config, allowed_hosts=(LOOPBACK,) if is_loopback_bind(host) else (ANY,))
+
+
+def uvicorn_config(app, config: ServerConfig, **options) -> uvicorn.Config:
+    """uvicorn's settings for ember: HTTP/1.1 with header and body deadlines (connection.py)."""
+    return uvicorn.Config(app, http=TimedProtocol.with_timeouts(config.header_timeout_s, config.body_timeout_s),
+                          lifespan="on", timeout_graceful_shutdown=5, **options)
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server with ember's shutdown: the first SIGTERM/SIGINT stops admitting
-    requests (503), lets running streams finish for shutdown_grace_s, then cancels them;
-    uvicorn then closes the connections and the lifespan closes the engine. A second SIGINT
-    forces the exit. The signal is not re-raised afterwards, so the exit status is 0."""
+    requests, which get 503 while the server keeps listening; running streams may finish for
+    shutdown_grace_s, then are cancelled. Once none is left (or shortly after the grace period
+    in any case) uvicorn closes the listening socket and the connections, and the lifespan
+    closes the engine. A second signal forces the exit. The signal is not re-raised afterwards,
+    so the exit status is 0."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState):
         super().__init__(config)
         self.state = state
+        self.drain_deadline: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-            return
-        self.should_exit = True
-        if self.state.loop is not None:
+        if self.drain_deadline is not None:  # the second signal
+            self.should_exit = self.force_exit = True
+        elif self.state.loop is None:  # not serving yet
+            self.should_exit = True
+        else:
+            self.drain_deadline = time.monotonic() + self.state.config.shutdown_grace_s + 2
             self.state.loop.call_soon_threadsafe(self.state.begin_drain)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and (self.state.drained or time.monotonic() > self.drain_deadline):
+            self.should_exit = True
+        return await super().on_tick(counter)

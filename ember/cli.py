@@ -115,13 +115,35 @@ def _add_serve(sub, model_help: str) -> None:
                    help="require one of these keys (Authorization: Bearer KEY or X-Api-Key); "
                         "also read from EMBER_API_KEY")
     s.add_argument("--cors-origin", nargs="+", action="extend", default=[], metavar="ORIGIN",
-                   help="allow browser requests from these origins ('*' for any); default: no CORS")
-    s.add_argument("--alias", default=None, help="model id reported to clients (default: the file name)")
+                   help="web origins allowed to use the server, e.g. https://app.example ('localhost': any loopback "
+                        "origin on any port, the default; '*': any)")
+    s.add_argument("--allowed-hosts", nargs="+", action="extend", default=[], metavar="HOST",
+                   help="Host header names served ('localhost': loopback names and addresses; '*': any); default: "
+                        "localhost when listening on a loopback address, else any")
+    s.add_argument("--alias", type=_names, default=(), metavar="NAME[,NAME...]",
+                   help="model names reported to clients; the first is the id (default: the file name)")
+    s.add_argument("--tags", type=_names, default=(), metavar="TAG[,TAG...]", help="tags listed by /v1/models")
     s.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the file's")
     s.add_argument("--max-body", type=_byte_size, default=16 << 20, metavar="BYTES",
                    help="largest request body (default 16M)")
+    s.add_argument("--max-sequences", type=int, default=16, metavar="N",
+                   help="most sequences one request may ask for, prompts x n (default 16)")
+    s.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a request's headers must arrive within this (default 10)")
+    s.add_argument("--body-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request's body must arrive within this after its headers (default 60)")
     s.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
+    s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
+                   help="unload the model after this long without requests; the next request loads it again")
+    g = s.add_argument_group("sampling defaults", "used where a request does not set the field")
+    g.add_argument("--temp", type=float, default=None, help="temperature (default 0.8)")
+    g.add_argument("--top-k", type=int, default=None, help="default 40")
+    g.add_argument("--top-p", type=float, default=None, help="default 0.95")
+    g.add_argument("--min-p", type=float, default=None, help="default 0.05")
+    g.add_argument("--seed", type=int, default=None, help="default: random")
+    g.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="token limit (default -1: until the context is full)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
@@ -141,17 +163,39 @@ def _byte_size(text: str) -> int:
     return int(value)
 
 
-def cmd_serve(args) -> int:
-    from .app import ModelConfig, ServerConfig, serve
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list, as llama-server takes --alias and --tags."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
 
-    keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
+
+def cmd_serve(args) -> int:
+    from .app import ModelConfig, serve
+
     model_cfg = ModelConfig(args.model, device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file)
-    config = ServerConfig(alias=args.alias, api_keys=keys, cors_origins=tuple(args.cors_origin),
-                          max_body_bytes=args.max_body, shutdown_grace_s=args.shutdown_grace)
-    return serve(model_cfg, config, host=args.host, port=args.port, log_level=args.log_level,
+    return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
+
+
+def server_config(args):
+    """The ServerConfig of `ember serve`'s arguments."""
+    from .app import ServerConfig
+
+    keys = tuple(args.api_key) + ((os.environ["EMBER_API_KEY"],) if os.environ.get("EMBER_API_KEY") else ())
+    sampling = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+                "seed": args.seed}
+    return ServerConfig(
+        aliases=args.alias, tags=args.tags, api_keys=keys, cors_origins=_listed(args.cors_origin) or ("localhost",),
+        allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
+        max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
+        sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
+
+
+def _listed(values: list[str]) -> tuple[str, ...]:
+    """Values given as several arguments, commas, or both."""
+    return tuple(n for v in values for n in _names(v))
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from ember.backends.base import Weight
 from ember.backends.cuda._fuse import fuse
-from ember.backends.cuda._ops import (
+from ember.backends.cuda.ops import (
     MODE_GELU,
     MODE_RESIDUAL,
     MODE_SILU,
@@ -30,6 +30,7 @@ from ember.backends.cuda._ops import (
     RmsNorm,
     Rope,
     RopeArgs,
+    SplitScratch,
     xq_bytes,
 )
 from ember.quant import GGMLType
@@ -77,10 +78,10 @@ def matmul(ws: list, x: Addr, outs: list) -> Matmul:
 
 @pytest.fixture
 def split_path(monkeypatch):
-    from ember.backends.cuda._ops import MS_COUNTERS, MS_PART_FLOATS, MS_TOK
+    from ember.backends.cuda.ops.matmul import MS_COUNTERS, MS_PART_FLOATS
 
     monkeypatch.setattr(sys.modules[__name__], "SPLIT", dict(
-        split_rows=MS_TOK, part=Addr(MS_PART_FLOATS), counters=Addr(MS_COUNTERS, dtype=np.uint32)))
+        split_buf=SplitScratch(Addr(MS_PART_FLOATS), Addr(MS_COUNTERS, dtype=np.uint32))))
 
 
 ROPE = RopeArgs(64, False, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, None)
@@ -115,31 +116,9 @@ def llama_layer(n: int, x: Addr, h: Addr, d=256, ff=512, heads=4, kv_heads=2, hd
                  "slots": slots, "pos": pos, "att": att}
 
 
-def test_llama_decode_layers_fuse_to_six_kernels_each():
-    n, d = 1, 256
-    x, h = Addr(n, d), Addr(n, d)
-    ops1, a1 = llama_layer(n, x, h)
-    ops2, a2 = llama_layer(n, x, h)
-    fused = fuse(ops1 + ops2, counter, residual_tails=True)
-    assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul] * 2
-    qkv, _, attn, wo, ffn, down = fused[:6]
-    qkv2, down2 = fused[6], fused[11]
-    # the first layer normalises x itself (quant_x launch); later norms are tails of the last product
-    assert qkv.norm_w is a1["attn_norm"] and qkv.src is x and qkv.x is h and qkv.quant_in
-    assert attn.xq is wo.xq and not wo.quant_in
-    assert wo.mode == MODE_RESIDUAL and wo.aux is x and wo.tail is not None and not wo.tail.add
-    assert wo.tail.pre_w is a1["ffn_norm"] and wo.tail.pre_h is h and wo.tail.pre_q is ffn.xq and wo.tail.res is x
-    assert ffn.norm_w is None and not ffn.quant_in and ffn.mode == MODE_SILU and ffn.aux is a1["g"]
-    assert ffn.act_q is down.xq and not down.quant_in
-    assert down.mode == MODE_RESIDUAL and down.tail.pre_w is a2["attn_norm"] and down.tail.pre_q is qkv2.xq
-    assert qkv2.norm_w is None and not qkv2.quant_in
-    assert down2.mode == MODE_RESIDUAL and down2.tail is None  # nothing after it to normalise for
-    assert wo.tail.counter is not down.tail.counter
-
-
 def test_llama_layers_by_default_normalise_in_quant_x_launches():
-    """Without residual tails (the default), a llama layer's norms are quant_x launches of the
-    products reading them; the other hand-overs (attention, gated product) stay."""
+    """A llama layer's norms are quant_x launches of the products reading them (a tail doing
+    them measured slower); the other hand-overs (attention, gated product) stay."""
     x, h = Addr(1, 256), Addr(1, 256)
     ops1, a1 = llama_layer(1, x, h)
     ops2, a2 = llama_layer(1, x, h)
@@ -199,7 +178,7 @@ def test_batched_gate_needs_room_for_partial_sums(split_path):
     need = replace(ops[0], mode=MODE_SILU)._split_geometry([0, 1])[3]
     assert need == 2 * n * 63 * 64  # gate and up sums of 63 row tiles, one split
     part = Addr(need - 1)  # one float short
-    ops[0] = replace(ops[0], part=part)
+    ops[0] = replace(ops[0], split_buf=replace(ops[0].split_buf, part=part))
     assert ops[0].split()
     assert [type(op) for op in fuse(ops, counter)] == [Matmul, GatedAct]
     assert not replace(ops[0], ws=[mat(33 * 64 * 4, 256)] * 2).split()  # 264 row tiles: mm_tile
@@ -245,8 +224,9 @@ def test_gemma_layer():
     # o: only stored; the feed-forward product's blocks normalise it, add it into x and normalise x
     # (a residual prologue: its last block through the prologue writes x and h back)
     assert wo.mode == 0 and wo.tail is None
-    assert ffn.pro_y is a["h"] and ffn.pro_post_w is a["post_attn"] and ffn.src is x and ffn.x is a["h"]
-    assert ffn.norm_w is a["ffn_norm"] and ffn.pro_yout is None and ffn.pro_counter is not None and ffn.in_prologue()
+    pro = ffn.pro_res
+    assert pro.y is a["h"] and pro.post_w is a["post_attn"] and ffn.src is x and ffn.x is a["h"]
+    assert ffn.norm_w is a["ffn_norm"] and pro.yout is None and pro.counter is not None and ffn.in_prologue()
     assert ffn.mode == MODE_GELU and ffn.act_q is down.xq
     # down: its tail does the post-norm and the residual add (no product follows it here)
     assert down.tail.add and down.tail.post_w is a["post_ffn"] and down.tail.pre_w is None
@@ -261,14 +241,11 @@ def test_post_norm_stays_a_tail_where_the_next_product_cannot_take_it():
     layer2, a2 = gemma_layer(1, x)
     fused = fuse(layer1 + layer2, counter)
     down1, qkv2 = fused[5], fused[6]
-    assert down1.tail.add and down1.tail.pre_w is not None and down1.tail.pre_q is qkv2.xq and qkv2.pro_y is None
+    assert down1.tail.add and down1.tail.pre_w is not None and down1.tail.pre_q is qkv2.xq and qkv2.pro_res is None
     wide = Addr(8, 1024)
     ops, a = gemma_layer(8, wide, d=1024)
     wo, ffn = fuse(ops, counter)[3:5]
-    assert wo.tail is not None and wo.tail.pre_w is a["ffn_norm"] and ffn.pro_y is None
-    ops, a = gemma_layer(1, Addr(1, 256))  # switched off
-    wo, ffn = fuse(ops, counter, post_prologue=False)[3:5]
-    assert wo.tail is not None and wo.tail.pre_w is a["ffn_norm"] and ffn.pro_y is None
+    assert wo.tail is not None and wo.tail.pre_w is a["ffn_norm"] and ffn.pro_res is None
 
 
 def test_gemma_without_counters_keeps_norm_add():
@@ -322,12 +299,15 @@ def test_activation_quantizing_needs_whole_blocks_of_rows():
 
 
 def test_float_product_reads_the_tail_output_unquantized():
-    x, h, y = Addr(1, 256), Addr(1, 256), Addr(1, 64)
-    ops = [matmul([mat(256, 256)], Addr(1, 256), [h]), Add(x, h, x), RmsNorm(x, Addr(256), 1e-5, h, 256),
-           matmul([mat(64, 256, GGMLType.F16)], h, [y])]
-    fused = fuse(ops, counter, residual_tails=True)
+    """A post-norm tail before a float product (no residual prologue: it normalises nothing
+    itself) also does that product's norm, into h alone."""
+    x, h, h2, y = Addr(1, 256), Addr(1, 256), Addr(1, 256), Addr(1, 64)
+    ops = [matmul([mat(256, 256)], Addr(1, 256), [h]), RmsNorm(h, Addr(256), 1e-6, h, 256), Add(x, h, x),
+           RmsNorm(x, Addr(256), 1e-5, h2, 256), matmul([mat(64, 256, GGMLType.F16)], h2, [y])]
+    fused = fuse(ops, counter)
     assert [type(op) for op in fused] == [Matmul, Matmul]
-    assert fused[0].tail.pre_h is h and fused[0].tail.pre_q is None and not fused[1].quant_in
+    assert fused[0].tail.add and fused[0].tail.pre_h is h2 and fused[0].tail.pre_q is None
+    assert not fused[1].quant_in and fused[1].norm_w is None
 
 
 def test_rope_with_different_positions_is_not_fused():
@@ -346,7 +326,7 @@ def test_decode_attention_does_the_qkv_post_work():
     qkv = (Addr(1, 256), Addr(1, 128), Addr(1, 128))
     ops1, a1 = llama_layer(1, x, h, single=True, qkv=qkv)
     ops2, _ = llama_layer(1, x, h, single=True, qkv=qkv)
-    fused = fuse(ops1 + ops2, counter, fold_qkv=True)
+    fused = fuse(ops1 + ops2, counter)
     assert [type(op) for op in fused] == [Matmul, Attention, Matmul, Matmul, Matmul] * 2
     _, attn, wo, _, _ = fused[:5]
     post = attn.post
@@ -358,22 +338,17 @@ def test_decode_attention_does_the_qkv_post_work():
 
 def test_gemma_decode_attention_does_the_head_norms():
     ops, a = gemma_layer(3, Addr(3, 256), single=True)
-    fused = fuse(ops, counter, fold_qkv=True)
+    fused = fuse(ops, counter)
     assert [type(op) for op in fused] == [Matmul, Attention, Matmul, Matmul, Matmul]
     post = fused[1].post
     assert post.q_norm is a["q_norm"] and post.k_norm is a["k_norm"] and post.eps == 1e-6 and post.n_kv == 1
     assert fused[1].window == 512 and fused[1].xq is fused[2].xq
 
 
-@pytest.mark.parametrize("case", ["several_tokens_per_seq", "switched_off", "switched_off_by_env"])
-def test_qkv_post_stays_apart(case, monkeypatch):
+def test_qkv_post_stays_apart_for_several_tokens_per_sequence():
     x, h = Addr(3, 256), Addr(3, 256)
-    ops, _ = llama_layer(3, x, h, single=case != "several_tokens_per_seq")
-    if case == "switched_off_by_env":
-        monkeypatch.setenv("EMBER_CUDA_FOLD_QKV", "0")
-        fused = fuse(ops, counter)
-    else:
-        fused = fuse(ops, counter, fold_qkv=case == "several_tokens_per_seq")
+    ops, _ = llama_layer(3, x, h, single=False)
+    fused = fuse(ops, counter)
     assert [type(op) for op in fused] == [Matmul, QkvPost, Attention, Matmul, Matmul, Matmul]
     assert fused[2].post is None
 
@@ -387,10 +362,10 @@ def test_qkv_post_stays_apart_for_other_value_head_sizes():
     ops = [Rope(q, 4, pos, ROPE), Rope(k, 2, pos, ROPE), KvStore(k, v, kc, vc, slots),
            Attention(q, kc, vc, att, None, pos, Addr(n, dtype=np.int32), Addr(1, 16), 16, 4, 2, 0, 0.125, 0.0, 1,
                      one_token_per_seq=True)]
-    assert [type(op) for op in fuse(ops, counter, fold_qkv=True)] == [QkvPost, Attention]
+    assert [type(op) for op in fuse(ops, counter)] == [QkvPost, Attention]
     vc_same = Addr(64, 128, dtype=np.float16)  # the same step with values of 64: folded
     ops[2:] = [KvStore(k, Addr(n, 128), kc, vc_same, slots), replace(ops[3], v_cache=vc_same)]
-    assert [type(op) for op in fuse(ops, counter, fold_qkv=True)] == [Attention]
+    assert [type(op) for op in fuse(ops, counter)] == [Attention]
 
 
 def test_qkv_post_stays_apart_when_q_or_k_is_read_later():
@@ -399,7 +374,7 @@ def test_qkv_post_stays_apart_when_q_or_k_is_read_later():
         x, h = Addr(1, 256), Addr(1, 256)
         ops, a = llama_layer(1, x, h, single=True)
         other = Addr(*a[reader].shape)
-        fused = fuse(ops + [Add(a[reader], other, other)], counter, fold_qkv=True)
+        fused = fuse(ops + [Add(a[reader], other, other)], counter)
         assert QkvPost in [type(op) for op in fused], reader
 
 
@@ -458,11 +433,10 @@ def test_launch_arguments_match_the_kernels():
             GetRows(mat(512, 256), Addr(2, dtype=np.int32), Addr(2, 256)),
             GetRows(mat(512, 256), Addr(2, dtype=np.int32), Addr(2, 256), Addr(4, 3, dtype=np.int32), 3,
                     Addr(2, 3, dtype=np.int32))]
-    folded = fuse(llama_layer(2, x, h, single=True)[0] + gemma_layer(2, Addr(2, 256), single=True)[0], counter,
-                  fold_qkv=True)
+    folded = fuse(llama_layer(2, x, h, single=True)[0] + gemma_layer(2, Addr(2, 256), single=True)[0], counter)
     assert sum(isinstance(op, Attention) and op.post is not None for op in folded) == 2
     seen = set()
-    for op in fuse(ops1 + ops2, counter, residual_tails=True) + fuse(gem, counter) + ops1 + head + folded:
+    for op in fuse(ops1 + ops2, counter) + fuse(gem, counter) + ops1 + head + folded:
         for launch in op.launches(FakeKernels()):
             _, name = launch.fn
             seen.add(name)
@@ -491,7 +465,7 @@ def test_folded_attention_passes_its_inputs_by_name():
     """The attn launch's arguments, named by the kernel's parameters: the QkvPost's inputs in the
     folded form, null pointers (the unfolded kernel) otherwise."""
     ops, a = gemma_layer(1, Addr(1, 256), single=True)
-    attn = fuse(ops, counter, fold_qkv=True)[1]
+    attn = fuse(ops, counter)[1]
     p = attn.post
     names = [param_name(q) for q in kernel_params("attn")]
     (launch,) = attn.launches(FakeKernels())
@@ -546,14 +520,13 @@ def test_products_widen_mixed_types_q8_0_holds():
     assert not widens([w(GGMLType.Q4_0, 4096, 4096), w(GGMLType.Q8_0, 1024, 4096)])  # 8.4 MB more
 
 
-def test_attention_cluster_size_follows_the_setting_and_split_size():
-    """auto: 8 blocks where they cover 256 positions in splits of the minimum size (heads of 64
-    values: 32 keys a split), else 16 (heads of 256: 8 keys); a number is taken as it is."""
-    from ember.backends.cuda._ops import att_cluster_size, att_min_keys
+def test_attention_cluster_size_follows_the_split_size():
+    """8 blocks where they cover 256 positions in splits of the minimum size (heads of 64 values:
+    32 keys a split), else 16 (heads of 256: 8 keys)."""
+    from ember.backends.cuda.ops.attention import att_cluster_size, att_min_keys
 
-    assert att_cluster_size("auto", att_min_keys(64)) == 8
-    assert att_cluster_size("auto", att_min_keys(128)) == att_cluster_size("auto", att_min_keys(256)) == 16
-    assert [att_cluster_size(s, 32) for s in ("0", "8", "16", 16)] == [0, 8, 16, 16]
+    assert att_cluster_size(att_min_keys(64)) == 8
+    assert att_cluster_size(att_min_keys(128)) == att_cluster_size(att_min_keys(256)) == 16
 
 
 @pytest.mark.parametrize("cluster", [8, 16])
@@ -574,21 +547,17 @@ def test_attention_in_clusters_takes_whole_clusters_of_splits(cluster):
 
 def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
     """mv_n1_occ where mv_n1's blocks would not all be resident at once (two of 256 threads or
-    four of 128 a multiprocessor), mv_n1 otherwise (mv_n1_spec of no paths for a product that only
-    stores y);
-    the switches force either."""
+    four of 128 a multiprocessor), mv_n1_store otherwise for a product that only stores y, and
+    mv_n1 for one with an epilogue."""
     x = Addr(1, 1536)
-    for rows, want in ((2048, "mv_n1_spec"), (8960, "mv_n1_occ"), (151936, "mv_n1_occ")):
+    for rows, want in ((2048, "mv_n1_store"), (8960, "mv_n1_occ"), (151936, "mv_n1_occ")):
         op = Matmul([mat(rows, 1536, GGMLType.Q8_0)], x, [Addr(1, rows)], xq=Addr(xq_bytes(1, 1536), dtype=np.uint8),
                     quant_in=False, n_sm=132)
         (launch,) = op.launches(FakeKernels())
         slots = 132 * (2 if launch.block[0] == 256 else 4)
         assert launch.fn[1] == want and (launch.grid[0] > slots) == (want == "mv_n1_occ"), (rows, launch.grid)
-        for occ, store, name in (("0", True, "mv_n1_spec"), ("0", False, "mv_n1"), ("1", True, "mv_n1_occ")):
-            (launch,) = replace(op, mv_occ=occ, mv_store=store).launches(FakeKernels())
-            assert launch.fn[1] == name
-    res = replace(op, mode=MODE_RESIDUAL, aux=Addr(1, 151936), mv_occ="0")  # an epilogue: the generic kernel
-    assert res.launches(FakeKernels())[0].fn[1] == "mv_n1"
+        res = replace(op, mode=MODE_RESIDUAL, aux=Addr(1, rows))  # an epilogue: the generic kernel where it fits
+        assert res.launches(FakeKernels())[0].fn[1] == ("mv_n1_occ" if want == "mv_n1_occ" else "mv_n1")
     (launch,) = Matmul([mat(8960, 1536, GGMLType.Q8_0)], Addr(2, 1536), [Addr(2, 8960)],
                        xq=Addr(xq_bytes(2, 1536), dtype=np.uint8), quant_in=False).launches(FakeKernels())
     assert launch.fn[1] == "mv_n2"  # more rows: the batch kernels, unchanged
@@ -599,65 +568,49 @@ def test_one_row_products_of_few_blocks_widen_their_teams():
     multiprocessors takes teams twice as wide (up to a warp) while half a team's lanes keep a lane
     step: a 1.5 B model's q, k and v (2048 rows of 1536 Q4_K values, 256 threads a block for the
     norm prologue) on 128 blocks instead of 64. Products of enough blocks, of rows too short to
-    share, or of fewer bytes (SmolLM2's q, k and v) keep theirs; EMBER_CUDA_MV_FILL=0 (mv_fill)
-    keeps them all."""
-    from ember.backends.cuda._ops import fill_team_log2
+    share, of more activation rows, or of fewer bytes (SmolLM2's q, k and v) keep theirs."""
+    from ember.backends.cuda.ops.matmul import fill_team_log2, team_log2
 
-    def geometry(rows, k, qtype, fill=True, n=1):
+    def geometry(rows, k, qtype, n=1):
         op = Matmul([mat(rows, k, qtype)], Addr(n, k), [Addr(n, rows)], xq=Addr(xq_bytes(n, k), dtype=np.uint8),
-                    src=Addr(n, k), norm_w=Addr(k), eps=1e-5, n_sm=132, mv_fill=fill)  # a norm prologue
+                    src=Addr(n, k), norm_w=Addr(k), eps=1e-5, n_sm=132)  # a norm prologue
         (*_, launch) = op.launches(FakeKernels())
-        return launch.grid[0], launch.args[20]  # blocks, team_log2
+        return launch.grid[0], int(launch.args[18])  # blocks, team_log2
 
-    assert geometry(2048, 1536, GGMLType.Q4_K) == (128, 5)
-    assert geometry(2048, 1536, GGMLType.Q4_K, fill=False) == (64, 4)
-    assert geometry(2048, 1536, GGMLType.Q4_K, n=2) == geometry(2048, 1536, GGMLType.Q4_K, fill=False, n=2)
-    assert geometry(1536, 8960, GGMLType.Q4_K) == geometry(1536, 8960, GGMLType.Q4_K, fill=False)  # 384 blocks
-    assert geometry(8960, 1536, GGMLType.Q8_0) == geometry(8960, 1536, GGMLType.Q8_0, fill=False)
-    assert geometry(960, 576, GGMLType.Q4_1) == geometry(960, 576, GGMLType.Q4_1, fill=False)  # 0.55 MB
+    def unfilled(rows, k, qtype, n=1):  # teams as team_log2 picks them, blocks of 256 threads past k 1024
+        spl = 2 if qtype in (GGMLType.Q4_K, GGMLType.Q5_K) else 1
+        tl = team_log2(k // spl, -(-rows // 2) * -(-n // 8))
+        return -(-(-(-rows // 2)) // ((256 if k > 1024 else 128) >> tl)) * -(-n // 8), tl
+
+    assert geometry(2048, 1536, GGMLType.Q4_K) == (128, 5) and unfilled(2048, 1536, GGMLType.Q4_K) == (64, 4)
+    assert geometry(2048, 1536, GGMLType.Q4_K, n=2) == unfilled(2048, 1536, GGMLType.Q4_K, n=2)
+    assert geometry(1536, 8960, GGMLType.Q8_0)[1] == unfilled(1536, 8960, GGMLType.Q8_0)[1]
+    assert geometry(8960, 1536, GGMLType.Q8_0) == unfilled(8960, 1536, GGMLType.Q8_0)  # 384 blocks
+    assert geometry(960, 576, GGMLType.Q4_1) == unfilled(960, 576, GGMLType.Q4_1)  # 0.55 MB
     assert fill_team_log2(3, 4, 100, 128, 132) == 3  # four lane steps a row: teams of 8 at most
     assert fill_team_log2(2, 16, 100, 128, 132) == 5
 
 
-def test_products_on_kernels_of_their_own_paths():
-    """With mv_spec, a one-row product otherwise on mv_n1 takes mv_n1_spec from the module of
-    its paths' mask (prologue, gated, quantized activation, residual, tail); one that only stores
-    y takes that of mask 0 with or without it; batched products keep their kernels."""
-    from ember.backends.cuda._kernels import matmul_module
-    from ember.backends.cuda._ops import SPEC_ACT_Q, SPEC_GATED, SPEC_PRO, SPEC_RES
+def test_one_row_products_load_their_first_weights_before_the_wait():
+    """pre_dec: the 32-value block types hold a lane's first steps on mv_n1 and mv_n1_store (two
+    with a norm prologue, whose own work follows the wait), Q4_K and Q5_K one step (as raw bytes)
+    on mv_n1_store only; mv_n1_occ and the batch kernels none."""
+    def pre_dec(qtype, rows=512, k=256, **kw):
+        op = Matmul([mat(rows, k, qtype)], Addr(1, k), [Addr(1, rows)], xq=Addr(xq_bytes(1, k), dtype=np.uint8), **kw)
+        (*_, launch) = op.launches(FakeKernels())
+        return launch.fn[1], int(launch.args[20])
 
-    x, h = Addr(1, 256), Addr(1, 256)
-    xq = Addr(xq_bytes(1, 256), dtype=np.uint8)
-    norm = Addr(256)
-    cases = [
-        (Matmul([mat(512, 256)], h, [Addr(1, 512)], xq=xq, src=x, norm_w=norm, eps=1e-5), SPEC_PRO),
-        (Matmul([mat(512, 256)], x, [Addr(1, 512)], xq=xq, quant_in=False, mode=MODE_RESIDUAL, aux=Addr(1, 512)),
-         SPEC_RES),
-        (Matmul([mat(512, 256), mat(512, 256)], h, [Addr(1, 512), Addr(1, 512)], xq=xq, src=x, norm_w=norm, eps=1e-5,
-                mode=MODE_SILU, aux=Addr(1, 512), act_q=Addr(xq_bytes(1, 512), dtype=np.uint8)),
-         SPEC_PRO | SPEC_GATED | SPEC_ACT_Q),
-    ]
-    for op, mask in cases:
-        (*_, generic) = op.launches(FakeKernels())
-        (*_, spec) = replace(op, mv_spec=True).launches(FakeKernels())
-        assert generic.fn == ("matmul_12", "mv_n1") and op._spec() == mask
-        assert spec.fn == (matmul_module(GGMLType.Q4_K, "mv_n1_spec", mask), "mv_n1_spec") == (f"matmul_12_s{mask}",
-                                                                                                 "mv_n1_spec")
-        assert spec.grid == generic.grid and spec.block == generic.block
-        # the same arguments, but Q4_K's first lane step loaded before the wait (pre_dec) on mv_n1_spec only
-        assert spec.args[:22] + spec.args[23:] == generic.args[:22] + generic.args[23:]
-        assert (int(generic.args[22]), int(spec.args[22])) == (0, 1)
-    store = Matmul([mat(512, 256)], x, [Addr(1, 512)], xq=xq, quant_in=False, mv_spec=True)
-    assert store.launches(FakeKernels())[0].fn == ("matmul_12_s0", "mv_n1_spec")
-    assert replace(store, mv_spec=False).launches(FakeKernels())[0].fn == ("matmul_12_s0", "mv_n1_spec")
-    batch = replace(store, x=Addr(2, 256), outs=[Addr(2, 512)], xq=Addr(xq_bytes(2, 256), dtype=np.uint8))
-    assert batch.launches(FakeKernels())[-1].fn == ("matmul_12_batch", "mv_n2")
-
-
-def test_spec_module_holds_its_kernel():
-    """matmul_<type>_s<mask> compiles mv_n1_spec alone (checked on its PTX, NVRTC, no GPU)."""
-    nvrtc_or_skip()
-    assert ptx_entries("matmul_12_s13") == {"mv_n1_spec"}
+    prologue = dict(src=Addr(1, 256), norm_w=Addr(256), eps=1e-5)
+    assert pre_dec(GGMLType.Q8_0, **prologue) == ("mv_n1", 1)  # a lane's steps: one
+    assert pre_dec(GGMLType.Q8_0, k=2048, src=Addr(1, 2048), norm_w=Addr(2048), eps=1e-5) == ("mv_n1", 2)
+    assert pre_dec(GGMLType.Q8_0, quant_in=False) == ("mv_n1_store", 1)
+    assert pre_dec(GGMLType.Q4_K, **prologue) == ("mv_n1", 0)
+    assert pre_dec(GGMLType.Q4_K, quant_in=False) == ("mv_n1_store", 1)
+    assert pre_dec(GGMLType.Q6_K, quant_in=False) == ("mv_n1_store", 0)
+    assert pre_dec(GGMLType.Q8_0, rows=151936, quant_in=False) == ("mv_n1_occ", 0)
+    two = Matmul([mat(512, 256, GGMLType.Q8_0)], Addr(2, 256), [Addr(2, 512)],
+                 xq=Addr(xq_bytes(2, 256), dtype=np.uint8), quant_in=False)
+    assert int(two.launches(FakeKernels())[0].args[20]) == 0
 
 
 def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
@@ -668,7 +621,7 @@ def test_gated_product_quantizing_its_output_runs_32_rows_per_block():
     assert quant.fn == ("ops", "quant_x") and quant.grid == (1, 1, 1)
     assert launch.block == (256, 1, 1) and launch.grid == (512 // 32, 1, 1)
     (launch,) = down.launches(FakeKernels())  # its input was quantized by the gated product
-    assert launch.fn == ("matmul_12_s0", "mv_n1_spec")  # storing h alone
+    assert launch.fn == ("matmul_12_store", "mv_n1_store")  # storing h alone
 
 
 def nvrtc_or_skip():
@@ -758,21 +711,22 @@ def test_attention_launches_name_the_modules_holding_their_kernels():
 def test_products_name_the_modules_holding_their_kernels():
     """Each matmul.cu kernel a launch asks for is an entry of the module it names: matmul_<type>
     (mv_n1, the tiles, mm_split, get_rows), matmul_<type>_batch (mv_n2, mv_n4, mv_n8),
-    matmul_<type>_occ (mv_n1_occ) or matmul_<type>_s0 (mv_n1_spec of no paths), checked on the modules' PTX
-    (NVRTC, no GPU)."""
+    matmul_<type>_occ (mv_n1_occ) or matmul_<type>_store (mv_n1_store), checked on the modules'
+    PTX (NVRTC, no GPU)."""
     nvrtc_or_skip()
     from ember.backends.cuda._kernels import matmul_module
 
     entries = {module: ptx_entries(module) for module in ("matmul_12", "matmul_12_batch", "matmul_12_occ",
-                                                          "matmul_12_s0")}
+                                                          "matmul_12_store")}
     asked = set()
     for n in (1, 2, 3, 5, 8, 20, 64, 65, 200):
         x, y = Addr(n, 256), Addr(n, 512)
         op = Matmul([mat(512, 256)], x, [y], xq=Addr(xq_bytes(n, 256), dtype=np.uint8) if n <= 64 else None)
-        ops = [op, GetRows(mat(512, 256), Addr(n, dtype=np.int32), Addr(n, 256)), replace(op, mv_occ="1"),
-               replace(op, mv_store=False)]
+        ops = [op, GetRows(mat(512, 256), Addr(n, dtype=np.int32), Addr(n, 256)), replace(op, n_sm=1)]
+        if n <= 8:  # an epilogue: the generic one-row kernel
+            ops.append(replace(op, mode=MODE_RESIDUAL, aux=Addr(n, 512)))
         if n > 8:
-            ops.append(replace(op, mv_rows=8, split_rows=64, part=Addr(1 << 20), counters=Addr(64, dtype=np.uint32)))
+            ops.append(replace(op, mv_rows=8, split_buf=SplitScratch(Addr(1 << 20), Addr(64, dtype=np.uint32))))
         for o in ops:
             for launch in o.launches(FakeKernels()):
                 asked.add(launch.fn)
@@ -783,7 +737,7 @@ def test_products_name_the_modules_holding_their_kernels():
     assert {name for module, name in asked if module == "matmul_12_batch"} == {"mv_n2", "mv_n4", "mv_n8"}
     assert entries["matmul_12_batch"] == {"mv_n2", "mv_n4", "mv_n8"}
     assert ("matmul_12_occ", "mv_n1_occ") in asked and entries["matmul_12_occ"] == {"mv_n1_occ"}
-    assert ("matmul_12_s0", "mv_n1_spec") in asked and entries["matmul_12_s0"] == {"mv_n1_spec"}
+    assert ("matmul_12_store", "mv_n1_store") in asked and entries["matmul_12_store"] == {"mv_n1_store"}
     assert {"mv_n1", "mm_tile", "mm_tile64", "mm_split", "get_rows"} <= entries["matmul_12"]
 
 
@@ -814,3 +768,40 @@ def test_batch_modules_compile_after_the_first_token_needs():
     kernels.prefetch_later("matmul_6_batch")
     assert kernels.fn("matmul_6_batch", "mv_n2") == "mv_n2"  # needed now: built, not left waiting
     assert "matmul_6_batch" in order and not kernels._later
+
+
+def test_config_checks_its_fields():
+    from ember.backends.cuda import CudaConfig
+
+    assert CudaConfig() == CudaConfig(graphs=True, fuse=True, pdl=True, mv_rows=64, prologue_k=2048, tile_rows=0,
+                                      att_waves=2)
+    for bad in (dict(mv_rows=0), dict(mv_rows=65), dict(prologue_k=4096), dict(tile_rows=32), dict(att_waves=0)):
+        with pytest.raises(ValueError):
+            CudaConfig(**bad)
+    with pytest.raises(AttributeError):
+        CudaConfig().graphs = False  # frozen: read once
+
+
+def test_attention_plans_follow_the_step():
+    """Decode steps of up to 8 tokens: the scalar kernel, a block per query head, splits merged
+    by the last split block, in clusters where the device has them (8 blocks at head size 64, 16
+    at 256); batched decode and prompt steps: tensor-core tiles, merged by attn_combine."""
+    from ember.backends.cuda.ops.attention import AttentionStep, AttentionTarget, plan_attention
+
+    h200 = AttentionTarget(132, tiles=True, clusters=True)
+    decode = AttentionStep(1, 1, 4096, 9, 3, 64, 64, single=True, contiguous=True)
+    plan = plan_attention(h200, decode)
+    assert not plan.tiles and plan.heads_per_block == 1 and plan.merge and plan.cluster == 8
+    assert plan.n_split % 8 == 0 and plan.min_keys == 32 and plan.counters(decode) == 9
+    wide = plan_attention(h200, AttentionStep(1, 1, 4096, 4, 1, 256, 256, single=True, contiguous=True))
+    assert wide.cluster == 16 and wide.min_keys == 8
+    older = plan_attention(AttentionTarget(108, tiles=True, clusters=False), decode)
+    assert older.merge and older.cluster == 0
+    assert plan_attention(h200, AttentionStep(1, 1, 16, 9, 3, 64, 64, single=True, contiguous=True)).n_split == 1
+    batched = plan_attention(h200, AttentionStep(64, 64, 4096, 9, 3, 64, 64, single=True, contiguous=True))
+    assert batched.tiles and not batched.merge and batched.n_split > 1
+    prompt = AttentionStep(512, 1, 1024, 4, 1, 256, 256, single=False, contiguous=True)
+    assert plan_attention(h200, prompt).tiles
+    assert not plan_attention(AttentionTarget(132, tiles=False, clusters=False), prompt).tiles
+    odd = plan_attention(h200, AttentionStep(512, 1, 1024, 4, 1, 96, 96, single=False, contiguous=True))
+    assert not odd.tiles and odd.heads_per_block == 8  # no tile module for heads of 96

@@ -204,6 +204,143 @@ def test_stress_random_lengths_cancellations_eviction_preemption(tiny):
     llm.close()
 
 
+def finish_within(handle, timeout: float = 120) -> dict[int, tuple[list[int], str]]:
+    """collect(handle), failing instead of hanging when the request does not end within timeout."""
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(collect(handle)), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"the request did not end within {timeout} s"
+    return result
+
+
+def test_a_request_filling_the_kv_pool_finishes_and_the_queue_moves(llm):
+    """One slot, a 64-token context (4 pages): a prompt plus 50 generated tokens needs every page,
+    including the one the prefix cache held for the prompt. The request ends with "length" and
+    all its tokens (they equal the same request's tokens in a roomy engine), and the requests
+    queued behind it run in turn."""
+    from ember.engine import Engine, EngineConfig
+
+    m = llm("smollm2")
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    prompts = [m.tokenizer.encode(t) for t in ("Write a very long book.", "Write a very long poem.", "Count to fifty:")]
+    eng = Engine(m.model, m.tokenizer, EngineConfig(n_ctx=64, max_seqs=1))  # the same model: one engine at a time
+    try:
+        assert eng.pool.n_pages * eng.pool.page_size == 64
+        handles = [eng.submit(Request(p, 64 - len(p), no_eos)) for p in prompts]
+        results = [finish_within(h)[0] for h in handles]
+        assert eng.metrics.requests_finished == 3
+    finally:
+        eng.close()
+    for p, (ids, reason) in zip(prompts, results):
+        assert reason == "length" and len(ids) == 64 - len(p)
+        alone = m.generate(p, len(ids), no_eos).token_ids
+        upto = clear_prefix(m, p, alone)
+        assert ids[:upto] == alone[:upto] and upto >= 20
+
+
+def test_huge_stop_strings_cost_little_work_and_hold_back_nobody(tiny):
+    """A request with 16 stop strings of 300,000 characters, each starting with a longer part of the
+    text it generates (so it holds its text back to the end), runs beside a 2-token request: the
+    small one gets its tokens as alone, the big one its whole text at the end, and the stop-string
+    search examined a few characters per character generated and stop string -- not the stop
+    strings' length per token, which once froze the engine for everyone."""
+    llm = LLM(str(tiny), threads=2, ctx=256, slots=4)
+    eng = llm.engine
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    big, small = [1, 5, 6, 7], [1, 9, 10, 11]
+    text = "".join(e[2] for e in event_log(eng.submit(Request(big, 150, no_eos))))
+    small_alone = collect(eng.submit(Request(small, 2, no_eos)))
+    stops = tuple(text[:len(text) * (i + 1) // 16] + "\U0010ffff" * 300_000 for i in range(16))
+    h_big = eng.submit(Request(big, 150, no_eos, stop=stops))
+    h_small = eng.submit(Request(small, 2, no_eos))
+    assert collect(h_small) == small_alone
+    events = event_log(h_big)
+    assert [e[2] for e in events[:-1]] == [""] * 150 and events[-1][1:] == ("length", text, 150)
+    matcher = h_big.seqs[0].owner.stops
+    assert 0 < matcher.work <= 4 * len(text) * len(stops)
+    llm.close()
+
+
+def test_clients_take_turns_in_the_queue(tiny):
+    """One slot, held by a long request until client "a" has queued 40 requests and client "b" one
+    after them: b's request runs as soon as the slot is free (second), not after a's 40; every
+    request gets its tokens."""
+    from ember.engine import Engine, EngineConfig
+
+    llm = LLM(str(tiny), threads=2, ctx=256)
+    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=256, max_seqs=1))
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+
+    async def main():
+        finished = []
+
+        async def follow(name, handle):
+            async for ev in handle:
+                if isinstance(ev, FinishEvent):
+                    assert name == "x" or (ev.reason == "length" and ev.generated_tokens == 6)
+                    finished.append(name)
+
+        holder = eng.submit_async(Request([1, 9, 9], 250, no_eos, client="x"))
+        tasks = [asyncio.create_task(follow("x", holder))]
+        tasks += [asyncio.create_task(follow(f"a{i}", eng.submit_async(Request([1, 5, i + 6], 6, no_eos, client="a"))))
+                  for i in range(40)]
+        tasks.append(asyncio.create_task(follow("b", eng.submit_async(Request([1, 7, 8], 6, no_eos, client="b")))))
+        holder.cancel()
+        await asyncio.gather(*tasks)
+        return finished
+
+    finished = asyncio.run(main())
+    assert finished[0] == "x" and len(finished) == 42 and finished.index("b") <= 2
+    eng.close()
+    llm.close()
+
+
+def test_non_finite_logits_fail_only_their_request(llm, tmp_path):
+    """SmolLM2 rewritten with its own output matrix (a copy of the embeddings) and the embedding row
+    of " dragon" set to NaN: a prompt with that token gets NaN logits from it on, others are
+    untouched. Beside each other, greedy (best ids from the backend) and sampled: the dragon
+    requests end with non_finite_logits, the others give the original model's tokens, also after
+    the failures (nothing stale in pages or cache), and the engine as a whole never fails."""
+    from gguf_edit import rewrite
+
+    from ember.gguf_loader import GGUFFile
+
+    good = llm("smollm2")
+    dragon = good.tokenizer.encode(" dragon")[0]
+    path = tmp_path / "untied.gguf"
+    with GGUFFile(good.path) as f:
+        embd = f.tensors["token_embd.weight"]
+        rewrite(good.path, path, tensors={"output.weight": np.array(embd.array())}, raw_types={"output.weight": int(embd.type)})
+    with GGUFFile(path) as f:
+        embd = f.tensors["token_embd.weight"]
+        row_at, row_bytes = embd.offset, embd.nbytes // embd.shape[0]
+    with open(path, "r+b") as fh:  # the row's first block scale (Q8_0: f16 then 32 int8)
+        fh.seek(row_at + dragon * row_bytes)
+        fh.write(np.array([np.nan], np.float16).tobytes())
+    bad = LLM(str(path), device="cpu", threads=2, ctx=256, slots=4)
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, seed=11, ignore_eos=True)
+    fine, broken = good.tokenizer.encode("Tell me about the cat"), good.tokenizer.encode("Tell me about the dragon")
+    want = good.generate(fine, 8, no_eos).token_ids
+    for _ in range(2):
+        handles = [bad.engine.submit(Request(p, 8, sp)) for p in (broken, fine) for sp in (no_eos, sampled)]
+        outcomes = []
+        for h in handles:
+            (finish,) = [ev for ev in h if isinstance(ev, FinishEvent)]
+            outcomes.append((finish.reason, finish.code))
+            if finish.code:
+                assert finish.error.startswith("the model produced non-finite logits (NaN")
+        assert outcomes == [("error", "non_finite_logits")] * 2 + [("length", None)] * 2
+        got = bad.generate(fine, 8, no_eos).token_ids
+        upto = clear_prefix(good, fine, want)
+        assert got[:upto] == want[:upto] and upto >= 4
+    assert bad.engine.last_error is None
+    clean_pool(bad)
+    bad.close()
+    path.unlink()  # 100 MB: not for pytest's kept temp dirs
+
+
 def test_queue_full_and_bad_requests(tiny):
     llm = LLM(str(tiny), threads=1, ctx=64)
     with pytest.raises(ValueError, match="context holds 64"):

@@ -341,3 +341,185 @@ def test_decode_fast_path_plans_what_the_general_rule_plans():
             decodes += want == (1, [seq.n_computed]) and seq.n_generated > 0 and not seq.prompt_logits
         pool.release(seq.pages)
     assert decodes > 300
+
+
+# ---- running out of pages: every sequence that fits the pool finishes ----
+
+def check_pins(sched: Scheduler) -> None:
+    """A running sequence pins only cached pages it uses itself (at the same places), so whatever no
+    running sequence uses is evictable."""
+    P = sched.pool.page_size
+    for s in sched.running:
+        for n in sched.tree.path(s.node) if s.node is not None else []:
+            first = n.start // P
+            assert s.pages[first:first + len(n.pages)] == n.pages
+
+
+def drain(sched: Scheduler, max_steps: int, sample=lambda seq: 7) -> int:
+    """Steps until nothing is left; every step with work computes something (a step that plans nothing
+    while sequences wait for pages only the cache or they themselves hold would repeat forever)."""
+    steps = 0
+    while sched.has_work:
+        plan = sched.schedule()
+        assert plan.chunks, f"step {steps}: nothing planned; running {[(s.n_computed, len(s.tokens), s.pages) for s in sched.running]}"
+        run_step(sched, plan, sample)
+        check_pins(sched)
+        check_refs(sched.pool, sched.tree, sched.running)
+        steps += 1
+        assert steps <= max_steps
+    return steps
+
+
+@pytest.mark.parametrize("page", [4, 16])
+@pytest.mark.parametrize("batch", [5, 512])
+def test_a_sequence_as_long_as_the_pool_finishes(page, batch):
+    """One sequence whose prompt and generation fill the whole pool (the prompt's cached boundary page
+    is the one the sequence's last page needs): it finishes with every token, for every prompt length,
+    for chunked prefills whose chunks end mid-page, and after a request that left a prefix in the cache."""
+    pool_tokens = 64
+    for n_prompt in range(1, pool_tokens):
+        for warm in (False, True):
+            pool, tree, sched = make(n_pages=pool_tokens // page, page=page, max_batch_tokens=batch, max_seqs=1)
+            prompt = [(i * 7) % 50 for i in range(n_prompt)]
+            if warm:  # an earlier request leaves part of this prompt (ending mid-page) in the cache
+                sched.add(Sequence(prompt[:max(1, n_prompt // 2 + 1)] + [98], max_new_tokens=3))
+                drain(sched, 200, sample=lambda s: 99)
+            seq = Sequence(list(prompt), max_new_tokens=pool_tokens - n_prompt)
+            sched.add(seq)
+            drain(sched, 200)
+            assert seq.finish_reason == "length" and seq.n_generated == pool_tokens - n_prompt
+            tree.clear()
+            assert pool.n_free == pool.n_pages
+
+
+def test_pages_a_sequence_copied_away_from_are_evictable_while_it_runs():
+    """A sequence that starts from a cached prefix ending mid-page copies that page before writing to
+    it; the cache's original is no longer pinned by it, so eviction can take it at once."""
+    pool, tree, sched = make(n_pages=8, page=4)
+    first = Sequence([1, 2, 3, 4, 5, 6], max_new_tokens=1)
+    sched.add(first)
+    drain(sched, 20)
+    seq = Sequence([1, 2, 3, 4, 5, 6, 7, 8], max_new_tokens=4)  # 6 tokens cached: page 1 is half full
+    sched.add(seq)
+    run_step(sched, sched.schedule())
+    assert seq.n_cache_hit == 6 and seq.status is Status.RUNNING
+    cached = set(tree.page_table(tree.match([1, 2, 3, 4, 5, 6]).node))
+    copied_from = cached - set(seq.pages)
+    assert len(copied_from) == 1
+    check_pins(sched)
+    free_before = pool.n_free
+    assert tree.evict(pool.n_pages) >= 1 and pool.n_free > free_before
+    assert copied_from <= set(pool._free)
+    check_refs(pool, tree, sched.running)
+    drain(sched, 20)
+    assert seq.n_generated == 4
+
+
+def test_running_sequences_that_each_need_a_page_all_finish():
+    """Several sequences decode at once, each as long as half the pool or more: whenever one needs a
+    page, the cache is evicted and younger ones are preempted; each finishes with all its tokens and
+    the waiting ones are admitted in turn."""
+    pool, tree, sched = make(n_pages=8, page=4, max_batch_tokens=16, max_seqs=4)
+    seqs = [Sequence([i, i + 1, i + 2], max_new_tokens=14 + 5 * (i % 3)) for i in range(7)]
+    for s in seqs:
+        sched.add(s)
+    drain(sched, 2000)
+    assert all(s.finish_reason == "length" and s.n_generated == s.max_new_tokens for s in seqs)
+    assert sched.n_preemptions > 0
+    tree.clear()
+    assert pool.n_free == pool.n_pages
+
+
+def test_random_tight_pool_always_progresses():
+    """Random requests sharing prefixes (mid-page boundaries, copies, splits), some as long as the whole
+    pool, cancellations, a small pool and odd chunk sizes: every step computes something, pins cover
+    only used pages, reference counts stay exact, and everything finishes."""
+    for seed in range(6):
+        rng = random.Random(100 + seed)
+        page = rng.choice([2, 3, 4, 8])
+        n_pages = rng.randrange(3, 12)
+        pool, tree, sched = make(n_pages=n_pages, page=page, max_batch_tokens=rng.choice([1, 3, 7, 64]),
+                                 max_seqs=rng.randrange(1, 5), max_logit_rows=rng.choice([1, 2, 64]))
+        cap = n_pages * page
+        prefixes = [[rng.randrange(20) for _ in range(rng.randrange(1, cap - 1))] for _ in range(3)]
+        live = []
+        for step in range(300):
+            if rng.random() < 0.3 and len(sched.waiting) < 10:
+                base = rng.choice(prefixes)[:rng.randrange(1, cap)]
+                prompt = base + [rng.randrange(20) for _ in range(rng.randrange(0, 3))]
+                prompt = prompt[:cap - 1]
+                s = Sequence(prompt, max_new_tokens=rng.randrange(1, cap - len(prompt) + 1))
+                sched.add(s)
+                live.append(s)
+            cancel_one_maybe(sched, rng, live)
+            plan = sched.schedule()
+            assert plan.chunks or not sched.has_work
+            run_step(sched, plan, sample=lambda s: rng.randrange(20))
+            check_pins(sched)
+            check_refs(pool, tree, sched.running)
+        drain(sched, 5000, sample=lambda s: rng.randrange(20))
+        assert all(s.status is Status.FINISHED for s in live)
+        assert all(s.n_generated == s.max_new_tokens for s in live if s.finish_reason == "length")
+        tree.clear()
+        assert pool.n_free == pool.n_pages
+
+
+# ---- fairness between clients ----
+
+def admissions(sched: Scheduler, steps: int) -> list[Sequence]:
+    """The sequences in the order they are admitted (first chunk at their cached length)."""
+    order = []
+    for _ in range(steps):
+        plan = sched.schedule()
+        order += [c.seq for c in plan.chunks if c.start == c.seq.n_cache_hit and c.seq not in order]
+        run_step(sched, plan)
+    return order
+
+
+def test_one_clients_queue_does_not_starve_another():
+    """Client a queues 200 requests; client b's one request, queued after them, is admitted as soon
+    as a slot frees, not after a's 200."""
+    pool, tree, sched = make(n_pages=64, max_seqs=1)
+    flood = [Sequence([1, 2, i], max_new_tokens=2, client="a") for i in range(200)]
+    for s in flood:
+        sched.add(s)
+    first = admissions(sched, 1)
+    single = Sequence([3, 4, 5], max_new_tokens=2, client="b")
+    sched.add(single)
+    order = first + admissions(sched, 12)
+    assert order[:3] == [flood[0], single, flood[1]]
+
+
+def test_clients_take_turns_and_each_keeps_its_own_order():
+    """Three clients with 6, 3 and 1 queued requests and two slots: admissions go round the clients
+    (a, b, c, a, b, a, b, a, ...); a client's own requests keep their order of preference (cached prefix
+    first); a client that comes back after its queue emptied goes before those served since."""
+    pool, tree, sched = make(n_pages=128, max_seqs=2)
+    warm = Sequence(list(range(40, 60)) + [0], max_new_tokens=1, client="w")
+    sched.add(warm)
+    admissions(sched, 4)
+    a = [Sequence([10, i, i], max_new_tokens=3, client="a") for i in range(5)]
+    a.append(Sequence(list(range(40, 60)) + [9], max_new_tokens=3, client="a"))  # 20 cached tokens
+    b = [Sequence([20, i, i], max_new_tokens=3, client="b") for i in range(3)]
+    c = [Sequence([30, 1, 1], max_new_tokens=3, client="c")]
+    for s in a + b + c:
+        sched.add(s)
+    order = admissions(sched, 60)
+    assert [s.client for s in order] == list("abcababaaa")
+    assert order[0] is a[5]  # a's request with a cached prefix goes first among a's
+    assert [s for s in order if s.client == "b"] == b
+    late = Sequence([40, 1, 1], max_new_tokens=3, client="c")
+    for i in range(4):
+        sched.add(Sequence([10, 50 + i, 1], max_new_tokens=3, client="a"))
+    sched.add(late)
+    assert admissions(sched, 3)[0] is late
+
+
+def test_the_table_of_turns_stays_small():
+    """Clients that have nothing queued or running are forgotten (a server meets many)."""
+    pool, tree, sched = make(n_pages=64, max_seqs=2)
+    for i in range(500):
+        sched.add(Sequence([1, 2, 3], max_new_tokens=1, client=f"client-{i}"))
+        admissions(sched, 2)
+        assert len(sched._turns) <= 2 * (len(sched.waiting) + len(sched.running)) + 17
+    assert not sched.has_work

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ember.gbnf.json_schema import (
+from ember.gbnf.schema import (
     SchemaError,
     json_object_gbnf,
     json_value_gbnf,
@@ -753,6 +753,31 @@ def test_bad_values_give_clear_errors():
         schema_to_gbnf({}, root="my root")
 
 
+@pytest.mark.parametrize("schema, where, word", [
+    ({"type": "string", "format": ["date"]}, "#/format", "unsupported format"),
+    ({"anyOf": [{"format": {}}]}, "#/anyOf/0/format", "unsupported format"),
+    ({"allOf": 5}, "#", "'allOf' must be a list"),
+    ({"allOf": {}}, "#", "'allOf' must be a list"),
+    ({"allOf": [{"minLength": "a"}, {"minLength": 2}]}, "#/allOf/minLength", "non-negative integer"),
+    ({"allOf": [{"minimum": 1}, {"minimum": [0]}]}, "#/allOf/minimum", "must be a number"),
+    ({"allOf": [{"required": 5}, {"required": ["a"]}]}, "#/allOf/required", "list of strings"),
+    ({"allOf": [{"enum": 5}, {"enum": [1]}]}, "#/allOf/enum", "must be a list"),
+    ({"allOf": [{"const": 1, "enum": 5}]}, "#/allOf/enum", "must be a list"),
+    ({"allOf": [{"type": 5}, {"type": "string"}]}, "#/allOf/type", "type name"),
+    ({"allOf": [{"type": [[1]]}, {"type": "string"}]}, "#/allOf/type", "type name"),
+    ({"allOf": [{"properties": ["a"]}, {"properties": {"a": {}}}]}, "#/allOf/properties", "must be an object"),
+    ({"properties": {"a": {}}, "allOf": [{"patternProperties": 3}]}, "#/allOf/patternProperties", "object"),
+    ({"allOf": [{"prefixItems": 3}, {"items": {}}]}, "#/allOf", "'prefixItems' must be a list"),
+    ({"type": "string", "ember:patterns": 5}, "#/ember:patterns", "must be a list"),
+    ({"allOf": [{"pattern": "a", "ember:patterns": "b"}]}, "#/allOf/ember:patterns", "must be a list"),
+])
+def test_malformed_values_inside_allof_and_formats_are_schema_errors(schema, where, word):
+    """Values that merging or format lookup cannot read are named, never a TypeError."""
+    with pytest.raises(SchemaError, match=re.escape(word)) as e:
+        schema_to_gbnf(schema)
+    assert e.value.path == where
+
+
 def test_root_name_and_rule_names_are_gbnf_words():
     gbnf = schema_to_gbnf({"type": "object", "properties": {"we ird/ name": {"type": "string"}}}, root="top")
     assert gbnf.startswith("top ::= ")
@@ -869,7 +894,7 @@ CAPPED_PATTERNS = ["^(ab|c)*d(e|fg)*$", "a(bc)*", "^([a-c]+-)*[a-c]+$", "^\\d+(\
        texts=st.lists(st.text("abcdefg-.12xy", max_size=10), min_size=1, max_size=8))
 def test_property_pattern_strings_capped(pattern, hi, texts):
     """With the exact automaton route disabled, capped repetitions stay sound."""
-    from ember.gbnf import json_schema as module
+    from ember.gbnf.schema import patterns as module
     schema = {"type": "string", "pattern": pattern, "maxLength": hi}
     with mock.patch.object(module, "SMALL_PRODUCT_STATES", 0):
         try:

@@ -1,7 +1,7 @@
 """The grammar engine on the real vocabularies (SmolLM2 49,152 tokens, Gemma 3 262,144 tokens).
 
 Random walks under a JSON grammar end in text json.loads reads; walks under JSON schemas (via
-ember.gbnf.json_schema) validate against the schema; the schema corpus' examples are accepted
+ember.gbnf.schema) validate against the schema; the schema corpus' examples are accepted
 token by token and its invalid instances are refused; masks agree with accept_token; special
 tokens never come through text rules.
 """
@@ -120,8 +120,8 @@ def test_masks_agree_with_accept_on_real_tokens(tv):
 
 
 def schema_grammar(name: str) -> str:
-    json_schema = pytest.importorskip("ember.gbnf.json_schema")
-    return json_schema.schema_to_gbnf(json.loads((SCHEMAS / f"{name}.json").read_text()))
+    converter = pytest.importorskip("ember.gbnf.schema")
+    return converter.schema_to_gbnf(json.loads((SCHEMAS / f"{name}.json").read_text()))
 
 
 def schema_names() -> list[str]:

@@ -10,7 +10,6 @@ import random
 import shutil
 import struct
 import tempfile
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from work import count_calls
 from ember.gguf_loader import GGUFError, GGUFFile, TensorInfo
 from ember.quant.types import GGMLType, layout
 
@@ -574,19 +574,19 @@ def model_copies(tmp_path_factory):
         path.unlink()  # 350 MB: do not leave it in pytest's kept temp dirs
 
 
-def open_or_error(path: Path) -> str:
-    """Open a possibly broken file: 'ok' or 'error'; anything but GGUFError fails the test."""
-    start = time.perf_counter()
-    try:
+def open_or_error(path: Path, clean_calls: int) -> str:
+    """Open a possibly broken file: 'ok' or 'error'; anything but GGUFError fails the test, and so
+    does a blow-up (a corrupted count looping over the file): at most a few times the calls of
+    opening the intact file."""
+    def attempt():
         with GGUFFile(path) as f:
             assert all(t.offset + t.nbytes <= f.size for t in f.tensors.values())
-        outcome = "ok"
-    except GGUFError:
-        outcome = "error"
-    # a guard against blow-ups (a corrupted count looping for minutes), not a speed check: a loaded
-    # CI machine took 5.5 s to open the 262,144-token Gemma file once
-    assert time.perf_counter() - start < 30, f"open of {path} took too long"
-    return outcome
+
+    result, calls = count_calls(attempt)
+    if result is not None and not isinstance(result, GGUFError):
+        raise result
+    assert calls <= 3 * clean_calls + 10_000, f"open of {path}: {calls} calls (intact: {clean_calls})"
+    return "ok" if result is None else "error"
 
 
 @contextlib.contextmanager
@@ -625,6 +625,7 @@ def test_corrupted_real_model(model_copies, name):
         data_offset, n_tensors = f.data_offset, len(f.tensors)
     with open(path, "rb") as fh:
         header = fh.read(data_offset)
+    _, clean_calls = count_calls(lambda: GGUFFile(path).close())
     fields = sampled_fields(header, n_tensors, samples["late_fields"], rng)
     outcomes = {"ok": 0, "error": 0}
     fd = os.open(path, os.O_RDWR)
@@ -642,7 +643,7 @@ def test_corrupted_real_model(model_copies, name):
             at = rng.choice(fields)[0] + rng.randrange(8) if near_field \
                 else rng.randrange(data_offset)
             with patched(fd, at, rng.randbytes(rng.randint(1, 4))):
-                outcomes[open_or_error(path)] += 1
+                outcomes[open_or_error(path, clean_calls)] += 1
     finally:
         os.close(fd)
     assert outcomes["error"] > 0, outcomes
@@ -661,6 +662,7 @@ def test_cut_real_model(tmp_path, name):
         assert max(t.offset + t.nbytes for t in f.tensors.values()) == size
     with open(src, "rb") as fh:
         header = fh.read(data_offset)
+    _, clean_calls = count_calls(lambda: GGUFFile(src).close())
     fields = [at for at, _ in header_fields(header, {0, 1})]
     cuts = {*range(48), *(at + 3 for at in rng.sample(fields, n_cuts)),
             *(rng.randrange(48, data_offset) for _ in range(n_cuts)),
@@ -671,7 +673,7 @@ def test_cut_real_model(tmp_path, name):
         out.write(header)
     for cut in sorted(cuts, reverse=True):
         os.truncate(path, cut)
-        assert open_or_error(path) == "error", cut
+        assert open_or_error(path, clean_calls) == "error", cut
 
 
 # ---------------------------------------------------------------------------------------

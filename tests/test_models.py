@@ -91,6 +91,7 @@ def test_missing_tensor_is_a_clear_error(tmp_path, backends):
     w.add_feed_forward_length(64)
     w.add_head_count(2)
     w.add_tensor("token_embd.weight", np.zeros((10, 32), np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((32, 32), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -552,19 +554,29 @@ def test_allowed_mask_over_most_of_the_vocabulary():
 
 
 def test_bad_masks_and_logits_are_clear_errors():
+    from ember.sampler import NoTokenAllowed, NonFiniteLogits
+
     s = Sampler(SamplingParams(seed=1))
-    with pytest.raises(ValueError, match="allows no token"):
+    with pytest.raises(NoTokenAllowed, match="no token is allowed: the grammar allows none"):
         s.sample(np.zeros(10), np.zeros(10, bool))
     with pytest.raises(ValueError, match="allowed_mask must be bool"):
         s.sample(np.zeros(10), np.ones(9, bool))
-    with pytest.raises(ValueError, match="NaN"):
-        Sampler().sample(np.array([0.0, np.nan]))
+    for row, what in (([0.0, np.nan], "NaN"), ([0.0, np.inf], "inf"), ([-np.inf, -np.inf], "all -inf")):
+        for params in (SamplingParams(seed=1), SamplingParams.greedy_params(), SamplingParams(mirostat=2)):
+            with pytest.raises(NonFiniteLogits, match=rf"the model produced non-finite logits \({what}\)"):
+                Sampler(params).sample(np.array(row))
     with pytest.raises(ValueError, match="1-D"):
         Sampler().sample(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="vocabulary has 10"):
         s.sample(np.zeros(12))
-    with pytest.raises(ValueError, match="every token is banned"):
-        Sampler(SamplingParams(logit_bias={0: False, 1: False}))(np.zeros(2))
+    for params in (SamplingParams(seed=1), SamplingParams.greedy_params(), SamplingParams(presence_penalty=1.0)):
+        banned = Sampler(replace(params, logit_bias=((0, -np.inf), (1, -np.inf))))
+        assert banned.n_banned == 2
+        with pytest.raises(NoTokenAllowed, match="ban every token"):
+            banned(np.zeros(2))
+    only_one = Sampler(replace(SamplingParams.greedy_params(), logit_bias=((0, -np.inf),)))
+    with pytest.raises(NoTokenAllowed, match="ban every token"):  # the grammar allows 0, the bias bans it
+        only_one.sample(np.zeros(3), np.array([True, False, False]))
 
 
 # ---- the selection helper under everything ----

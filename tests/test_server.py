@@ -1,5 +1,7 @@
 """ember serve over real HTTP on SmolLM2: the official openai client for the OpenAI routes
-(chat, completions, streaming, tools, json_schema, logprobs) and httpx for llama-server's."""
+(chat, completions, streaming, tools, json_schema, logprobs) and httpx for llama-server's.
+Greedy replies, log-probabilities and tokenizations are compared with llama.cpp's (the golden
+data in tests/data, with the bounds test_golden.py uses)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,8 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
+from conftest import golden
+from test_golden import CLEAR_MARGIN, MAX_STEP_ERR, case_prompt, margin
 from test_server_harness import pages_leaked, serve_model, server, smollm, wait_idle  # noqa: F401 (fixtures)
 
 WEATHER = {"type": "function", "function": {
@@ -34,6 +38,18 @@ def schema_of(name: str) -> dict:
     return next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
 
 
+def case(name: str) -> dict:
+    """A golden case of llama.cpp's on SmolLM2, with `clear`: its steps before the first near-tie
+    (where greedy generation must agree)."""
+    c = next(c for c in golden("smollm2", "greedy")["cases"] if c["name"] == name)
+    clear = next((i for i, s in enumerate(c["steps"]) if margin(s) < CLEAR_MARGIN), len(c["completion_ids"]))
+    return {**c, "clear": clear}
+
+
+def golden_text(smollm, ids: list[int]) -> str:
+    return smollm.tokenizer.decode(ids)
+
+
 def check_call(call, names=("get_weather", "search")) -> dict:
     """A tool call is a known function with arguments valid against its schema."""
     assert call.type == "function" and call.id.startswith("call_")
@@ -51,53 +67,61 @@ def test_models_lists_the_loaded_model(client, smollm):
 
 
 def test_chat_completion(client, smollm):
-    r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8, temperature=0)
+    ref = case("chat_json")  # 21 clear greedy steps
+    messages = [{"role": "user", "content": case_prompt("chat_json")}]
+    r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=ref["clear"], temperature=0)
     choice = r.choices[0]
     assert r.object == "chat.completion" and r.model == smollm.id
-    assert choice.message.role == "assistant" and choice.message.content
-    assert choice.finish_reason in ("stop", "length")
-    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 10
+    assert choice.message.role == "assistant"
+    assert choice.message.content == golden_text(smollm, ref["completion_ids"][:ref["clear"]])
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == ref["clear"]
+    assert r.usage.prompt_tokens == len(ref["prompt_ids"])
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     # the same conversation again: its prompt comes from the prefix cache
-    again = client.chat.completions.create(model=smollm.id, messages=ASK, max_tokens=2)
+    again = client.chat.completions.create(model=smollm.id, messages=messages, max_tokens=2)
     assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
 
 
-def test_chat_stream_with_usage(client):
-    stream = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=6, stream=True,
-                                            stream_options={"include_usage": True})
+def test_chat_stream_with_usage(client, smollm):
+    ref = case("chat_json")
+    stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": case_prompt(
+        "chat_json")}], max_tokens=6, stream=True, temperature=0, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finals in (["length"], ["stop"]) and text
+    assert finals == ["length"] and text == golden_text(smollm, ref["completion_ids"][:6])
     usage = chunks[-1].usage
-    assert chunks[-1].choices == [] and 1 <= usage.completion_tokens <= 6 and usage.prompt_tokens > 10
+    assert chunks[-1].choices == [] and usage.completion_tokens == 6 and usage.prompt_tokens == len(ref["prompt_ids"])
     assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_chat_n_samples_and_stop(client):
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Count: 1, 2, 3"}],
-                                       n=3, max_tokens=10, temperature=1.0, seed=7, stop=["\n"])
+                                       n=3, max_tokens=10, temperature=1.0, seed=7, stop=["\n"], logprobs=True)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    counts = []
     for c in r.choices:
+        counts.append(len(c.logprobs.content))
         assert "\n" not in c.message.content
-    assert 3 <= r.usage.completion_tokens <= 30  # counted over all three samples
+        assert counts[-1] == 10 if c.finish_reason == "length" else c.finish_reason == "stop" and counts[-1] <= 10
+    assert r.usage.completion_tokens == sum(counts)  # counted over all three samples
+    assert len({c.message.content for c in r.choices}) > 1  # distinct seeds per sample
 
 
-def test_chat_logprobs(client):
-    r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=4, logprobs=True,
-                                       top_logprobs=3, temperature=0)
+def test_chat_logprobs_match_llama_cpp(client, smollm):
+    ref = case("chat_json")
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": case_prompt(
+        "chat_json")}], max_tokens=ref["clear"], logprobs=True, top_logprobs=3, temperature=0)
     entries = r.choices[0].logprobs.content
-    assert len(entries) == r.usage.completion_tokens
-    text = "".join(e.token for e in entries)
-    assert text == r.choices[0].message.content
-    for e in entries:
-        assert e.logprob <= 0 and len(e.top_logprobs) == 3
-        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
-        # greedy: the chosen token is the most likely one
-        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob)
-        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+    assert len(entries) == r.usage.completion_tokens == ref["clear"]
+    assert "".join(e.token for e in entries) == r.choices[0].message.content
+    for e, step in zip(entries, ref["steps"]):
+        assert bytes(e.bytes) == smollm.tokenizer.token_to_piece(step["id"], special=True)  # llama.cpp's token
+        assert abs(e.logprob - step["logprob"]) <= MAX_STEP_ERR, (e.token, e.logprob, step["logprob"])
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+        theirs = {smollm.tokenizer.token_to_piece(t, special=True) for t, _ in step["top"]}
+        assert {bytes(alt.bytes) for alt in e.top_logprobs} <= theirs  # among llama.cpp's 10 most likely
 
 
 def test_logit_bias_forces_a_token(client, smollm):
@@ -107,23 +131,29 @@ def test_logit_bias_forces_a_token(client, smollm):
 
 
 def test_completions_text_ids_and_several_prompts(client, smollm):
-    ids = smollm.tokenizer.encode("The capital of France is", add_special=True)
-    r = client.completions.create(model="smollm2", prompt=["1, 2, 3, 4,", ids], n=2, max_tokens=12,
-                                  temperature=0, stop=[" 7"], logprobs=2)
+    count, capital = case("count"), case("capital")
+    r = client.completions.create(model="smollm2", prompt=[case_prompt("count"), capital["prompt_ids"]], n=2,
+                                  max_tokens=capital["clear"], temperature=0, stop=[" 7"], logprobs=2)
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
-    assert r.choices[0].text.startswith(" 5, 6,") and r.choices[0].finish_reason == "stop"
-    assert " 7" not in r.choices[0].text
+    for c in r.choices[:2]:  # " 6, 7" as llama.cpp goes on, cut at the stop string
+        assert c.text == " 6," and c.finish_reason == "stop"
+    for c in r.choices[2:]:
+        assert c.text == golden_text(smollm, capital["completion_ids"][:capital["clear"]])
+        assert c.finish_reason == "length"
     lp = r.choices[2].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == capital["clear"]
     assert "".join(lp.tokens) == r.choices[2].text and all(len(t) == 2 for t in lp.top_logprobs)
-    assert r.usage.prompt_tokens == len(smollm.tokenizer.encode("1, 2, 3, 4,")) + len(ids)
+    for ours, step in zip(lp.token_logprobs, capital["steps"]):
+        assert abs(ours - step["logprob"]) <= MAX_STEP_ERR
+    assert r.usage.prompt_tokens == len(count["prompt_ids"]) + len(capital["prompt_ids"])
 
 
-def test_completions_stream(client):
-    chunks = list(client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=5, stream=True,
-                                            temperature=0))
+def test_completions_stream(client, smollm):
+    ref = case("capital")
+    chunks = list(client.completions.create(model="smollm2", prompt=case_prompt("capital"), max_tokens=ref["clear"],
+                                            stream=True, temperature=0))
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert "".join(c.choices[0].text for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == golden_text(smollm, ref["completion_ids"][:ref["clear"]])
 
 
 def test_json_schema_response(client):
@@ -224,17 +254,28 @@ def test_tool_results_in_the_conversation(client, server):
 # ---- llama-server routes ----
 
 def test_completion_native_fields(server, smollm):
-    hello = smollm.tokenizer.encode("Hello", add_special=False)
+    ref = case("count")  # 32 clear steps
     r = httpx.post(server.url + "/completion", json={
-        "prompt": [smollm.tokenizer.bos_id or 1, "The sky is", *hello], "n_predict": 4, "return_tokens": True,
-        "n_probs": 2, "temperature": 0, "cache_prompt": True, "id_slot": -1, "samplers": ["top_k", "temperature"]})
+        "prompt": ref["prompt_ids"], "n_predict": 8, "return_tokens": True, "n_probs": 2, "temperature": 0,
+        "cache_prompt": True, "id_slot": -1, "samplers": ["top_k", "temperature"]})
     body = r.json()
     assert r.status_code == 200 and body["stop"] is True and body["stop_type"] == "limit"
-    assert len(body["tokens"]) == body["tokens_predicted"] == 4
+    assert body["tokens"] == ref["completion_ids"][:8] and body["tokens_predicted"] == 8
     assert smollm.tokenizer.decode(body["tokens"]) == body["content"]
     probs = body["completion_probabilities"]
     assert [p["id"] for p in probs] == body["tokens"] and all(len(p["top_logprobs"]) == 2 for p in probs)
-    assert body["timings"]["predicted_n"] == 4
+    for p, step in zip(probs, ref["steps"]):
+        assert abs(p["logprob"] - step["logprob"]) <= MAX_STEP_ERR
+        assert [t["id"] for t in p["top_logprobs"]][:1] == [step["top"][0][0]]
+    assert body["timings"]["predicted_n"] == 8
+
+
+def test_completion_mixed_prompt(server, smollm):
+    hello = smollm.tokenizer.encode("Hello", add_special=False)
+    r = httpx.post(server.url + "/completion", json={
+        "prompt": [smollm.tokenizer.bos_id or 1, "The sky is", *hello], "n_predict": 2, "return_tokens": True})
+    assert r.status_code == 200 and r.json()["tokens_evaluated"] == 1 + len(smollm.tokenizer.encode(
+        "The sky is", add_special=False)) + len(hello)
 
 
 def test_completion_grammar_and_json_schema(server):
@@ -258,14 +299,26 @@ def test_completion_stop_word_and_stream(server):
     assert events[-1]["tokens_predicted"] == 3
 
 
-def test_tokenize_detokenize(server, smollm):
+def test_tokenize_matches_llama_cpp(server):
+    """/tokenize against llama-server's own /tokenize output, in its three modes."""
+    modes = {"ids": (False, False), "ids_add_special": (True, False), "ids_parse_special": (False, True)}
+    for ref in golden("smollm2", "tokenize")["cases"]:
+        for key, (add_special, parse_special) in modes.items():
+            r = httpx.post(server.url + "/tokenize", json={"content": ref["text"], "add_special": add_special,
+                                                           "parse_special": parse_special})
+            assert r.json()["tokens"] == ref[key], (ref["text"], key)
+
+
+def test_tokenize_pieces_and_detokenize(server, smollm):
     text = "Hello world, ümlaut"
     r = httpx.post(server.url + "/tokenize", json={"content": text}).json()
-    assert r["tokens"] == smollm.tokenizer.encode(text, add_special=False)
     pieces = httpx.post(server.url + "/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
-    assert [p["id"] for p in pieces] == r["tokens"] and pieces[0]["piece"] == "Hello"
+    assert [p["id"] for p in pieces] == r["tokens"]
+    # a piece that is not UTF-8 on its own ("ü" split in two tokens) comes as its bytes
+    joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+    assert joined.decode() == text and any(isinstance(p["piece"], list) for p in pieces)
     special = httpx.post(server.url + "/tokenize", json={"content": "<|im_start|>hi", "add_special": True}).json()
-    assert special["tokens"][0] == smollm.tokenizer.encode("<|im_start|>", False, True)[0]
+    assert special["tokens"][0] == 1  # <|im_start|>, as llama.cpp parses it
     back = httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json()
     assert back["content"] == text
 

@@ -1,7 +1,8 @@
 """Running ember's HTTP server in-process for the server tests (no tests here).
 
-The server runs under uvicorn in a thread on a free port and is reached over real HTTP;
-the model (SmolLM2) is loaded once per session and shared by the apps the tests build.
+The server runs under uvicorn, configured as `ember serve` configures it, in a thread on a free
+port and is reached over real HTTP; the model (SmolLM2) is loaded once per session and shared
+by the apps the tests build.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import httpx
 import pytest
 import uvicorn
 
-from ember.app import ModelConfig, ServerConfig, create_app, load_model
+from ember.app import ModelConfig, ServerConfig, create_app, load_model, uvicorn_config
 
 MODEL_CFG = ModelConfig("smollm2", device="cpu", threads=2, ctx=1024, slots=4)
 
 
 class LiveServer:
-    """uvicorn serving `app` in a thread on a free port."""
+    """uvicorn serving `app` (an ember app, or a wrapper of one with its `state`) in a thread
+    on a free port."""
 
     def __init__(self, app):
         self.app = app
@@ -27,7 +29,7 @@ class LiveServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, app.state.ember.config, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -48,11 +50,36 @@ class LiveServer:
         self.thread.join(timeout=30)
 
     def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while httpx.get(self.url + "/health").status_code != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the model did not load")
-            time.sleep(0.02)
+        if not self.state.loaded.wait(timeout) or self.state.model is None:
+            raise RuntimeError("the model did not load")
+
+
+def assert_error(r: httpx.Response, status: int, param=..., code=..., extra: set[str] = frozenset()) -> dict:
+    """`r` is an OpenAI-style error with this status (and param and code, where given); `extra`:
+    the fields besides message, type, param and code it carries."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} | set(extra) and err["message"], err
+    assert "Traceback" not in r.text
+    if param is not ...:
+        assert err["param"] == param, err
+    if code is not ...:
+        assert err["code"] == code, err
+    return err
+
+
+def wait_for(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def serve_model(model, **config) -> LiveServer:

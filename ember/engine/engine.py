@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..models import Model
-from ..sampler import Sampler, SamplerVocab, SamplingParams
+from ..sampler import NoTokenAllowed, NonFiniteLogits, Sampler, SamplerVocab, SamplingError, SamplingParams
 from .metrics import EngineMetrics, KVUsage
 from .pages import PagePool
 from .radix import RadixCache
 from .runner import Ahead, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
+from .stops import StopMatcher
 
 if TYPE_CHECKING:
     import asyncio
@@ -85,12 +86,13 @@ class Request:
     prompt: list[int]
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()  # stop strings (not included in the output)
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output; empty ones are ignored)
     n: int = 1  # parallel samples sharing the prompt
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's plus top k
     prompt_reduce: Callable[[np.ndarray, np.ndarray], Any] | None = None  # scoring: called on prompt logits
     prompt_logits_from: int = 0  # first prompt position whose logits prompt_reduce sees
     grammar: GrammarSpec | None = None
+    client: str = ""  # who sends it: the engine admits waiting requests taking turns between clients
 
     def __post_init__(self):
         if not self.prompt:
@@ -127,6 +129,9 @@ class FinishEvent:
     cached_tokens: int
     generated_tokens: int
     error: str | None = None
+    # with reason "error": "no_token_allowed" (the request's grammar, logit_bias and ignore_eos left no
+    # token), "non_finite_logits" (the model produced NaN/inf), None (anything else)
+    code: str | None = None
 
 
 class RequestHandle:
@@ -185,13 +190,14 @@ MAX_DEVICE_BEST = 64  # most best-token candidates per row brought back instead 
 class _SeqState:
     """What the engine keeps per sequence besides scheduling: sampling and text."""
 
-    __slots__ = ("handle", "index", "request", "sampler", "decoder", "held", "last_token_at", "first_token_at",
+    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "last_token_at", "first_token_at",
                  "counted", "matcher")
 
     def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher):
         self.handle, self.index, self.request = handle, index, request
         self.sampler, self.decoder, self.matcher = sampler, decoder, matcher
-        self.held = ""  # text not yet sent: it may be the start of a stop string
+        # the stop strings' search; it holds back text that may be the start of one
+        self.stops = StopMatcher(request.stop) if request.stop else None
         self.last_token_at = 0.0
         self.first_token_at = 0.0
         self.counted = False  # prompt statistics recorded
@@ -238,11 +244,12 @@ class Engine:
         """Queue a request (thread-safe); iterate the handle for its events."""
         return self._submit(request, None)
 
-    def submit_async(self, request: Request) -> RequestHandle:
-        """Like submit, from a running asyncio loop: `async for ev in engine.submit_async(req)`."""
+    def submit_async(self, request: Request, loop: "asyncio.AbstractEventLoop | None" = None) -> RequestHandle:
+        """Like submit, for asyncio: `async for ev in engine.submit_async(req)` in the running loop,
+        or from a worker thread with the loop whose tasks will read the events."""
         import asyncio
 
-        return self._submit(request, asyncio.get_running_loop())
+        return self._submit(request, loop or asyncio.get_running_loop())
 
     def _submit(self, request: Request, loop) -> RequestHandle:
         if self._closed:
@@ -269,10 +276,13 @@ class Engine:
         for i in range(request.n):
             seq = Sequence(list(request.prompt), min(request.max_tokens, room),
                            prompt_logits=request.prompt_reduce is not None,
-                           prompt_logits_from=request.prompt_logits_from)
+                           prompt_logits_from=request.prompt_logits_from, client=request.client)
             matcher = compiled.matcher(request.grammar.lazy_triggers or None) if compiled else None
-            seq.owner = _SeqState(handle, i, request, self._sampler(request, i), self.tokenizer.stream_decoder(),
-                                  matcher)
+            sampler = self._sampler(request, i)
+            if sampler.n_banned >= self.model.n_vocab:
+                raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
+                                     f"tokens of the vocabulary")
+            seq.owner = _SeqState(handle, i, request, sampler, self.tokenizer.stream_decoder(), matcher)
             handle.seqs.append(seq)
         return handle
 
@@ -384,11 +394,12 @@ class Engine:
         self._deliver()
         self.runner.wait(mark)
         self.scheduler.complete(plan)
-        self._postprocess(plan, out.ids if top_k else out, best_only=bool(top_k))
+        self._postprocess(plan, out, best_only=bool(top_k))
         if not self.runner.overlaps:  # the next step would compute before launching: no later
             self._emit_pending()
             self._deliver()
         self.metrics.steps += 1
+        self.metrics.sequence_steps += len(plan.chunks)
         self.metrics.argmax_steps += bool(top_k)
 
     def _launch_ahead(self, plan: Plan, top_k: int, out) -> tuple:
@@ -464,11 +475,12 @@ class Engine:
                 m.prompt_tokens_cached += seq.n_cache_hit
         m.preemptions = self.scheduler.n_preemptions
 
-    def _postprocess(self, plan: Plan, logits: np.ndarray, best_only: bool = False) -> None:
-        """best_only: `logits` holds each row's best token ids (n_rows, k), best first, instead of
-        its logits."""
+    def _postprocess(self, plan: Plan, logits, best_only: bool = False) -> None:
+        """best_only: `logits` holds each row's best token ids and their logits (TopLogits, (n_rows,
+        k) each, best first) instead of its logits."""
         row = 0
-        best = logits.tolist() if best_only else None  # ids as Python ints, in one call
+        if best_only:  # ids as Python ints, in one call; whether each row's best logit is finite
+            best, usable = logits.ids.tolist(), np.isfinite(logits.values[:, 0]).tolist()
         for chunk in plan.chunks:
             seq = chunk.seq
             n_rows = len(chunk.logit_rows)
@@ -483,7 +495,7 @@ class Engine:
                 elif not n_rows:
                     raise AssertionError("a sequence to sample from has no row of logits in its step")
                 elif best_only:
-                    self._emit(seq, seq.owner.sampler.choose_from_best(best[row - 1]), None, later=True)
+                    self._choose_best(seq, best[row - 1], usable[row - 1])
                 else:
                     self._sample(seq, logits[row - 1])
 
@@ -496,9 +508,30 @@ class Engine:
         event = PromptEvent(st.index, st.request.prompt_reduce(rows[keep], positions[keep]))
         self._outbox.append((st.handle, event))
 
+    def _choose_best(self, seq: Sequence, ids: list[int], usable: bool) -> None:
+        """The greedy choice from a row's best ids: none where the row had no finite best logit, or
+        fewer comparable logits than banned ids before them (NaN logits come back as id -1)."""
+        try:
+            token = seq.owner.sampler.choose_from_best(ids) if usable else -1
+        except SamplingError as e:
+            self._fail_sampling(seq, e)
+            return
+        if token < 0:
+            self._fail_sampling(seq, NonFiniteLogits("the model produced non-finite logits (NaN/inf)"))
+            return
+        self._emit(seq, token, None, later=True)
+
+    def _fail_sampling(self, seq: Sequence, e: SamplingError) -> None:
+        """This sequence ends with the error; the others go on."""
+        self._finish(seq, "error", error=str(e), code=e.code)
+
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
-        token = st.sampler.sample(row, self._allowed(st))
+        try:
+            token = st.sampler.sample(row, self._allowed(st))
+        except SamplingError as e:
+            self._fail_sampling(seq, e)
+            return
         if st.matcher is not None and not st.matcher.accept_token(token):
             self._finish(seq, "error", error=f"the grammar rejected token {token} it had allowed")
             return
@@ -545,7 +578,8 @@ class Engine:
     def _event(self, seq: Sequence, token: int, lp) -> None:
         """A chosen token's text and event; a stop string in the text ends the sequence."""
         st, req = seq.owner, seq.owner.request
-        text, stopped = self._text(st, st.decoder.feed(token))
+        piece = st.decoder.feed(token)
+        text, stopped = st.stops.feed(piece) if st.stops is not None else (piece, False)
         self._outbox.append((st.handle, TokenEvent(st.index, token, text, lp.logprob if lp else None,
                                                          list(zip(lp.top_ids, lp.top_logprobs)) if lp and req.logprobs
                                                          else None)))
@@ -571,22 +605,8 @@ class Engine:
             m.inter_token.observe(now - st.last_token_at)
         st.last_token_at = now
 
-    def _text(self, st: _SeqState, piece: str) -> tuple[str, bool]:
-        """Text safe to send now, and whether a stop string was reached (text cut before it)."""
-        stops = st.request.stop
-        buf = st.held + piece
-        if not stops:
-            st.held = ""
-            return buf, False
-        cut = min((i for i in (buf.find(s) for s in stops) if i >= 0), default=-1)
-        if cut >= 0:
-            st.held = ""
-            return buf[:cut], True
-        keep = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
-        st.held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], False
-
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, flush: bool = True,
+                code: str | None = None) -> None:
         """End a sequence; `flush` sends the text still held back (incomplete UTF-8, stop-string candidates)."""
         if seq.status is Status.FINISHED:
             return
@@ -598,9 +618,9 @@ class Engine:
         self.metrics.requests_finished += 1  # counted before anyone can see the sequence gone
         self.scheduler.finish(seq, reason)
         st = seq.owner
-        tail = st.held + st.decoder.flush() if flush else ""
+        tail = ((st.stops.flush() if st.stops is not None else "") + st.decoder.flush()) if flush else ""
         self._outbox.append((st.handle, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
-                                                          seq.n_generated, error)))
+                                                          seq.n_generated, error, code)))
 
     def _fail_running(self, message: str, trace: str) -> None:
         self._ahead = None

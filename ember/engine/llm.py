@@ -88,13 +88,17 @@ class LLM:
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
-        self.backend = get_backend(device, threads=threads)
-        self.model = load_model(self.gguf, self.backend)
-        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
-        self.engine = Engine(self.model, self.tokenizer, EngineConfig(
-            n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens, max_batch_tokens=batch,
-            prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+        try:
+            self.backend = get_backend(device, threads=threads)
+            self.model = load_model(self.gguf, self.backend)
+            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+            self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
+            self.engine = Engine(self.model, self.tokenizer, EngineConfig(
+                n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens, max_batch_tokens=batch,
+                prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+        except BaseException:
+            self.gguf.close()
+            raise
         self.load_s = time.perf_counter() - t0
 
     @cached_property

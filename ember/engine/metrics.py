@@ -46,6 +46,7 @@ class EngineMetrics:
     requests_cancelled: int = 0
     preemptions: int = 0
     steps: int = 0
+    sequence_steps: int = 0  # sequences computed, summed over the steps
     argmax_steps: int = 0  # of which only token ids came back (greedy rows reduced on the device)
     ahead_steps: int = 0  # of which launched before the host had read the step before (decode_ahead)
     ttft_hit: Histogram = field(default_factory=Histogram)  # half or more of the prompt was cached

@@ -78,14 +78,19 @@ class RadixCache:
             node, pos = child, pos + k
         return Match(node, pos, self.page_table(node))
 
-    def page_table(self, node: Node) -> list[int]:
-        """Pages of the path root..node: a later node's boundary page replaces its parent's."""
+    def path(self, node: Node) -> list[Node]:
+        """The nodes from the root's child down to `node` (empty for the root)."""
         path = []
         while node is not self.root:
             path.append(node)
             node = node.parent
+        path.reverse()
+        return path
+
+    def page_table(self, node: Node) -> list[int]:
+        """Pages of the path root..node: a later node's boundary page replaces its parent's."""
         table: list[int] = []
-        for n in reversed(path):
+        for n in self.path(node):
             first = n.start // self.page_size
             del table[first:]
             table.extend(n.pages)

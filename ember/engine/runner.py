@@ -204,7 +204,9 @@ class ModelRunner:
         if self.chains:
             tokens = [-r - 1 for r in ahead.rows]
         else:
-            tokens = [first_not_banned(ahead.prev.ids[r], bans) for r, bans in zip(ahead.rows, ahead.bans)]
+            # a row without a usable logit (-1) gets token 0 here: the host fails its sequence when it
+            # reads that row, and drops its row of this step (as the device does, see get_rows)
+            tokens = [max(first_not_banned(ahead.prev.ids[r], bans), 0) for r, bans in zip(ahead.rows, ahead.bans)]
         step = self._decode_step(chunks, tokens)
         if self.chains:
             m = step.n  # padded rows (token 0, no bans) included

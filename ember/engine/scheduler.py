@@ -1,11 +1,19 @@
 """Continuous batching: each step mixes one decode token of every running sequence with
 chunks of prefill for new ones, under a token budget.
 
-Admission prefers the waiting sequence with the longest cached prefix, with aging so
-that nothing starves; a sequence whose prompt shares more with a prefill in flight than
-the cache holds yet waits for that prefill to be cached instead of computing it twice.
+Admission takes turns between clients (the one admitted least recently goes first, so one
+client's hundred queued requests cannot starve another's one); among a client's requests it
+prefers the longest cached prefix, with aging so that nothing starves. A sequence whose prompt
+shares more with a prefill in flight than the cache holds yet waits for that prefill to be
+cached instead of computing it twice.
 When pages run out: evict cached prefixes, then preempt the youngest running sequence
 (its computed tokens go to the prefix cache, so it resumes cheaply).
+
+A running sequence pins only the cached pages it uses itself: a page it copied away from
+(copy on write) or that another sequence computed alike stays evictable. So once the unpinned
+cache is evicted, every page in use is some running sequence's own, and the first sequence of
+a step, which may preempt all the others, always gets its page: a sequence that fits the pool
+always finishes.
 """
 from __future__ import annotations
 
@@ -70,6 +78,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.step_no = 0
         self.n_preemptions = 0
+        self.n_admissions = 0
+        self._turns: dict[str, int] = {}  # client -> n_admissions at its latest admission
         # lookups repeated while one schedule() admits many requests (each pick scans every waiting
         # request against the cache and every running prefill): cached lengths by sequence id,
         # valid while the tree's version holds; common prefixes by pair of sequence ids
@@ -105,6 +115,7 @@ class Scheduler:
                 break
         for seq in self.waiting:
             seq.waited_steps += 1
+        self._forget_idle_clients()
         return plan
 
     def plan_ahead(self, chunks: list[Chunk]) -> Plan | None:
@@ -157,29 +168,56 @@ class Scheduler:
         """Pages for positions start..start+n-1 of seq: new pages, or private copies of shared ones.
         `planned`: sequences already in this step (never preempted); None: preempt nobody."""
         P = self.pool.page_size
-        for idx in range(start // P, (start + n - 1) // P + 1):
-            if idx < len(seq.pages) and not self.pool.shared(seq.pages[idx]):
-                continue
-            page = self._allocate(seq, planned)
-            if page is None:
+        return all(self._own_page(seq, idx, plan, planned) for idx in range(start // P, (start + n - 1) // P + 1))
+
+    def _own_page(self, seq: Sequence, idx: int, plan: Plan, planned: set[int] | None) -> bool:
+        """Page idx of seq's table held by seq alone: as it is where nobody else holds it (also once
+        eviction has dropped the others' references), else a new page, a copy where seq had one."""
+        if idx < len(seq.pages) and self.pool.shared(seq.pages[idx]) and seq.node is not None:
+            self._pin_used(seq, seq.node, idx)  # about to copy: the cache's page is not seq's to keep
+        while True:
+            old = seq.pages[idx] if idx < len(seq.pages) else None
+            if old is not None and not self.pool.shared(old):
+                return True
+            if self.pool.n_free:
+                break
+            if not self._make_room(seq, planned):
                 return False
-            if idx < len(seq.pages):  # copy on write: the page is also the cache's or another sequence's
-                plan.copies.append((seq.pages[idx], page))
-                self.pool.release([seq.pages[idx]])
-                seq.pages[idx] = page
-            else:
-                seq.pages.append(page)
+        page = self.pool.allocate()
+        if old is None:
+            seq.pages.append(page)
+        else:  # copy on write: the page is also the cache's or another sequence's
+            plan.copies.append((old, page))
+            self.pool.release([old])
+            seq.pages[idx] = page
         return True
 
-    def _allocate(self, requester: Sequence, planned: set[int] | None) -> int | None:
-        while self.pool.n_free == 0:
-            if self.tree.evict(1):
-                continue
-            victim = None if planned is None else self._youngest_unplanned(requester, planned)
-            if victim is None:
-                return None
-            self.preempt(victim)
-        return self.pool.allocate()
+    def _make_room(self, requester: Sequence, planned: set[int] | None) -> bool:
+        """Evict cached prefixes, else preempt the youngest running sequence not yet in this step
+        (none where `planned` is None). False when neither is possible."""
+        version = self.tree.version
+        if self.tree.evict(1) or self.tree.version != version:
+            return True  # a page came free, or references to seq's shared page may have gone
+        victim = None if planned is None else self._youngest_unplanned(requester, planned)
+        if victim is None:
+            return False
+        self.preempt(victim)
+        return True
+
+    def _pin_used(self, seq: Sequence, node, n_pages: int) -> None:
+        """Pin (instead of seq's pinned node) the longest part of node's path whose pages are among
+        seq's first n_pages, at the same places: seq keeps in the cache only what it uses."""
+        P, keep = self.pool.page_size, None
+        for n in self.tree.path(node):
+            first = n.start // P
+            if first + len(n.pages) > n_pages or seq.pages[first:first + len(n.pages)] != n.pages:
+                break
+            keep = n
+        if keep is not None:
+            self.tree.pin(keep)
+        if seq.node is not None:
+            self.tree.unpin(seq.node)
+        seq.node = keep
 
     def _youngest_unplanned(self, requester: Sequence, planned: set[int]) -> Sequence | None:
         candidates = [s for s in self.running if s is not requester and s.id not in planned]
@@ -187,15 +225,24 @@ class Scheduler:
 
     # ---- admission ----
     def _pick_waiting(self) -> Sequence | None:
-        best, best_score = None, -1.0
+        """The next to admit: of the client admitted least recently (never: first), the request
+        with the longest cached prefix plus aging."""
+        best, best_key = None, None
         for seq in self.waiting:
             cached = self._cached_length(seq) if self._reuses(seq) else 0
             if self._inflight_would_help(seq, cached):
                 continue
-            score = cached + self.config.aging_tokens * seq.waited_steps
-            if score > best_score:
-                best, best_score = seq, score
+            key = (self._turns.get(seq.client, -1), -(cached + self.config.aging_tokens * seq.waited_steps))
+            if best_key is None or key < best_key:
+                best, best_key = seq, key
         return best
+
+    def _forget_idle_clients(self) -> None:
+        """Drop the turns of clients with nothing waiting or running (now and then: the table is
+        small next to the queue)."""
+        if len(self._turns) > 2 * (len(self.waiting) + len(self.running)) + 16:
+            active = {s.client for s in self.waiting} | {s.client for s in self.running}
+            self._turns = {c: n for c, n in self._turns.items() if c in active}
 
     def _reuses(self, seq: Sequence) -> bool:
         """Whether seq may start from a cached prefix (scoring needs logits at every position)."""
@@ -230,17 +277,23 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, plan: Plan, budget: _Budget, planned: set[int]) -> bool:
         match = self.tree.match(seq.tokens[:-1] if self._reuses(seq) else [])
-        self.tree.pin(match.node)
         self.pool.retain(match.pages)
-        seq.node, seq.pages, seq.n_computed = match.node, list(match.pages), match.length
+        seq.pages, seq.n_computed = list(match.pages), match.length
+        self._pin_used(seq, match.node, len(match.pages))
         if seq.preemptions == 0:
             seq.n_cache_hit = match.length
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status, seq.admitted_at = Status.RUNNING, self.step_no
+        n_copies = len(plan.copies)
         if self._plan(seq, plan, budget, planned, may_preempt=False):  # admitting never preempts
+            self.n_admissions += 1
+            self._turns[seq.client] = self.n_admissions
             return True
-        self._to_waiting(seq, front=True)  # no room after all: undo
+        # no room after all: undo (seq computed nothing; its pages, copies included, go back)
+        del plan.copies[n_copies:]
+        seq.n_computed = 0
+        self._to_waiting(seq, front=True)
         return False
 
     # ---- after the step ----
@@ -257,10 +310,7 @@ class Scheduler:
 
     def _cache(self, seq: Sequence) -> None:
         node = self.tree.insert(seq.tokens[:seq.n_computed], seq.pages)
-        self.tree.pin(node)
-        if seq.node is not None:
-            self.tree.unpin(seq.node)
-        seq.node = node
+        self._pin_used(seq, node, len(seq.pages))
 
     # ---- leaving ----
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -24,6 +24,7 @@ class Sequence:
     prompt_logits: bool = False  # prompt positions need logits (scoring)...
     prompt_logits_from: int = 0  # ...from this one on
     owner: Any = None  # what the engine attaches (sampler, output channel...)
+    client: str = ""  # who asked (admission takes turns between clients)
     id: int = field(default_factory=lambda: next(_ids))
     n_prompt: int = 0
     status: Status = Status.WAITING

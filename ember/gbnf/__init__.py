@@ -11,7 +11,7 @@
 from .errors import GrammarError, GrammarLimits
 from .grammar import Grammar
 from .matcher import CompiledGrammar, Matcher
-from .json_schema import SchemaError, json_object_gbnf, json_value_gbnf, schema_to_gbnf
+from .schema import SchemaError, json_object_gbnf, json_value_gbnf, schema_to_gbnf
 from .vocab import TokenVocab
 
 __all__ = ["Grammar", "GrammarError", "GrammarLimits", "TokenVocab", "CompiledGrammar", "Matcher", "SchemaError",

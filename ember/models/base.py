@@ -1,16 +1,30 @@
-"""Pieces shared by the architecture files: metadata access, weights, buffers, KV cache."""
+"""Pieces shared by the architecture files: metadata access, weights, buffers, KV cache.
+
+An architecture declares what it relies on as it reads it: every hyper-parameter with the range
+its code can compute with (`Metadata.int`, `Metadata.float`), every tensor with its shape
+(`Weights.get`, `Weights.vector` for the float vectors kernels read directly), the layer count and
+the vocabulary against the tensors (`check_layers`, `Model.embeddings`). Anything else is refused
+at load with one ModelError line naming the key or tensor, what was expected and what was found.
+"""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Any
 
 import numpy as np
 
 from ..backends import AttentionBatch, Backend, RopeParams, Weight
+from ..quant import GGMLType
 
 
 # Largest logits buffer kept between steps (floats): 64 rows of a 262k vocabulary.
 LOGIT_BUFFER_FLOATS = 1 << 24
+# Largest count or length a hyper-parameter may have: sizes and positions stay far inside the
+# kernels' 32-bit integers (a 10M-token context fits).
+MAX_SIZE = 1 << 27
+MAX_ROPE_BASE = 1e12  # rotary bases in use are 1e4 .. 1e8
 
 
 class ModelError(ValueError):
@@ -18,7 +32,7 @@ class ModelError(ValueError):
 
 
 class Metadata:
-    """Typed access to `<arch>.<key>` hyper-parameters with clear errors."""
+    """Typed access to `<arch>.<key>` hyper-parameters, each read with the range its use allows."""
 
     def __init__(self, metadata: dict[str, Any], arch: str):
         self.md, self.arch = metadata, arch
@@ -26,7 +40,36 @@ class Metadata:
     def get(self, key: str, default: Any = None) -> Any:
         return self.md.get(f"{self.arch}.{key}", default)
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def int(self, key: str, default: int | None = None, lo: int = 0, hi: int = MAX_SIZE) -> int:
+        """An integer in lo..hi (a per-layer array must hold one value)."""
+        value = self._scalar(key, default)
+        ok = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)) \
+            and math.isfinite(value) and int(value) == value and lo <= value <= hi
+        if not ok:
+            raise self.error(key, value, f"an integer from {lo} to {hi}")
+        return int(value)
+
+    def float(self, key: str, default: float | None = None, above: float | None = None,
+              at_most: float | None = None) -> float:
+        """A finite number, greater than `above` and at most `at_most` where given."""
+        value = self._scalar(key, default)
+        ok = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)) \
+            and math.isfinite(value) and (above is None or value > above) and (at_most is None or value <= at_most)
+        if not ok:
+            bounds = [f"above {above:g}"] * (above is not None) + [f"at most {at_most:g}"] * (at_most is not None)
+            raise self.error(key, value, " ".join(["a finite number", " and ".join(bounds)]).strip())
+        return float(value)
+
+    def check(self, key: str, ok: bool, value: Any, expected: str) -> None:
+        """A condition between hyper-parameters, reported against `key`."""
+        if not ok:
+            raise self.error(key, value, expected)
+
+    def error(self, key: str, value: Any, expected: str) -> ModelError:
+        value = value.item() if isinstance(value, np.generic) else value
+        return ModelError(f"metadata '{self.arch}.{key}' is {value!r}; expected {expected}")
+
+    def _scalar(self, key: str, default: Any) -> Any:
         value = self.get(key, default)
         if value is None:
             raise ModelError(f"metadata '{self.arch}.{key}' is missing")
@@ -35,15 +78,29 @@ class Metadata:
             if len(values) != 1:
                 raise ModelError(f"metadata '{self.arch}.{key}' varies per layer ({sorted(values)}), not supported")
             value = values.pop()
-        if int(value) != value or value < 0:
-            raise ModelError(f"metadata '{self.arch}.{key}' = {value!r} is not a non-negative integer")
-        return int(value)
+        return value
 
-    def float(self, key: str, default: float | None = None) -> float:
-        value = self.get(key, default)
-        if value is None:
-            raise ModelError(f"metadata '{self.arch}.{key}' is missing")
-        return float(value)
+
+def check_layers(gguf, hp: Metadata, n_layer: int) -> None:
+    """block_count must match the layers whose tensors the file holds (blk.0 .. blk.N-1)."""
+    found = sorted({int(m.group(1)) for name in gguf.tensors if (m := re.match(r"blk\.(\d+)\.", name))})
+    if found != list(range(n_layer)):
+        raise hp.error("block_count", n_layer, f"the number of layers the file has tensors for ({_layers(found)})")
+
+
+def _layers(found: list[int]) -> str:
+    if not found:
+        return "none"
+    if found == list(range(found[0], found[-1] + 1)):
+        return f"{len(found)}: blk.{found[0]} .. blk.{found[-1]}"
+    return f"{len(found)}: " + ", ".join(f"blk.{i}" for i in found[:6]) + (" ..." if len(found) > 6 else "")
+
+
+def rope_dims(hp: Metadata, head_dim: int) -> int:
+    """rope.dimension_count: an even count of leading dimensions of each head that are rotated."""
+    n_rot = hp.int("rope.dimension_count", head_dim, lo=2, hi=head_dim)
+    hp.check("rope.dimension_count", n_rot % 2 == 0, n_rot, f"an even number from 2 to the head size {head_dim}")
+    return n_rot
 
 
 def rope_scaling(hp: Metadata, n_rot: int, neox: bool, freq_base: float, freq_factors=None) -> RopeParams:
@@ -52,18 +109,23 @@ def rope_scaling(hp: Metadata, n_rot: int, neox: bool, freq_base: float, freq_fa
     As in llama.cpp, a scaling factor applies whatever the type; yarn adds the ramp blend.
     """
     kind = hp.get("rope.scaling.type", "none") or "none"
-    factor = float(hp.get("rope.scaling.factor", 0.0) or hp.get("rope.scale_linear", 0.0) or 0.0)
+    if kind not in ("none", "linear", "yarn"):
+        raise hp.error("rope.scaling.type", kind, "none, linear or yarn")
+    key = "rope.scaling.factor" if hp.get("rope.scaling.factor") is not None else "rope.scale_linear"
+    factor = hp.float(key, 0.0, at_most=1e6)  # 0: none
+    hp.check(key, factor == 0 or factor >= 1e-6, factor, "0 (none) or a factor from 1e-06 to 1e+06")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
-    n_ctx_orig = int(hp.get("rope.scaling.original_context_length", 0) or hp.get("context_length", 0) or 0)
+    key = "rope.scaling.original_context_length" if hp.get("rope.scaling.original_context_length") is not None \
+        else "context_length"
+    n_ctx_orig = hp.int(key, 0)
     params = RopeParams(n_rot, neox, freq_base, freq_scale, n_ctx_orig=n_ctx_orig, freq_factors=freq_factors)
-    if kind in ("none", "linear"):
+    if kind != "yarn":
         return params
-    if kind == "yarn":
-        return replace(params, ext_factor=1.0,
-                       attn_factor=float(hp.get("rope.scaling.attn_factor", 1.0)),
-                       beta_fast=float(hp.get("rope.scaling.yarn_beta_fast", 32.0)),
-                       beta_slow=float(hp.get("rope.scaling.yarn_beta_slow", 1.0)))
-    raise ModelError(f"rope scaling type '{kind}' is not supported")
+    hp.check(key, n_ctx_orig > 0, n_ctx_orig, "a context length from 1 (yarn scaling needs it)")
+    return replace(params, ext_factor=1.0,
+                   attn_factor=hp.float("rope.scaling.attn_factor", 1.0, above=0.0, at_most=1e3),
+                   beta_fast=hp.float("rope.scaling.yarn_beta_fast", 32.0, above=0.0, at_most=1e6),
+                   beta_slow=hp.float("rope.scaling.yarn_beta_slow", 1.0, above=0.0, at_most=1e6))
 
 
 class Weights:
@@ -81,6 +143,14 @@ class Weights:
         if shape is not None and tuple(tensor.shape) != shape:
             raise ModelError(f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}")
         return self.backend.weight(tensor)
+
+    def vector(self, name: str, n: int, optional: bool = False) -> Weight | None:
+        """A float32 vector of n values (norm weights, biases, rope factors: kernels read them as
+        plain floats)."""
+        tensor = self.gguf.tensors.get(name)
+        if tensor is not None and tensor.type != GGMLType.F32:
+            raise ModelError(f"tensor '{name}' has type {tensor.type.name}, expected F32")
+        return self.get(name, (n,), optional)
 
 
 class Buffers:
@@ -179,6 +249,22 @@ class Model:
         self.buffers = Buffers(backend)
         self.n_vocab = 0
         self.n_ctx_train = 0
+
+    def embeddings(self, gguf, hp: Metadata, d_model: int) -> None:
+        """token_embd.weight, and output.weight (tied to it where absent): a row for each token of
+        the vocabulary (tokenizer.ggml.tokens, which `<arch>.vocab_size` must agree with)."""
+        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+        n_tokens = len(tokens) if isinstance(tokens, list) else None
+        if hp.get("vocab_size") is not None:
+            n = hp.int("vocab_size", lo=1)
+            hp.check("vocab_size", n_tokens in (None, n), n,
+                     f"the number of tokens of tokenizer.ggml.tokens ({n_tokens})")
+            n_tokens = n
+        embd = gguf.tensors.get("token_embd.weight")
+        n_vocab = n_tokens or (embd.shape[0] if embd is not None and len(embd.shape) == 2 else 0)
+        self.tok_embd = self.weights.get("token_embd.weight", (n_vocab, d_model))
+        self.head = self.weights.get("output.weight", (n_vocab, d_model), optional=True) or self.tok_embd
+        self.n_vocab = n_vocab
 
     def kv_dims(self) -> list[tuple[int, int]]:
         """(k_dim, v_dim) of every layer's cache rows (same-shaped layers: from `args`)."""

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..backends import RopeParams
-from .base import KVCache, Metadata, Model, ModelError, Step, rope_scaling
+from .base import MAX_ROPE_BASE, KVCache, Metadata, Model, Step, check_layers, rope_scaling
 
 # Every sixth layer attends globally; the others see a sliding window.
 GLOBAL_EVERY = 6
@@ -31,23 +31,29 @@ class ModelArgs:
 
     @classmethod
     def from_metadata(cls, hp: Metadata) -> "ModelArgs":
-        d_model, n_head = hp.int("embedding_length"), hp.int("attention.head_count")
-        n_kv_head = hp.int("attention.head_count_kv", n_head)
-        if n_head == 0 or n_kv_head == 0 or n_head % n_kv_head:
-            raise ModelError(f"{n_head} attention heads do not group into {n_kv_head} kv heads")
-        head_dim = hp.int("attention.key_length", d_model // n_head)
-        if hp.int("attention.value_length", head_dim) != head_dim:
-            raise ModelError("gemma3 with different key and value head sizes is not supported")
-        n_layer = hp.int("block_count")
-        rope_global = rope_scaling(hp, head_dim, neox=True, freq_base=hp.float("rope.freq_base", 1e6))
+        d_model, n_head = hp.int("embedding_length", lo=1), hp.int("attention.head_count", lo=1)
+        n_kv_head = hp.int("attention.head_count_kv", n_head, lo=1, hi=n_head)
+        hp.check("attention.head_count_kv", n_head % n_kv_head == 0, n_kv_head,
+                 f"a divisor of attention.head_count ({n_head})")
+        if hp.get("attention.key_length") is None:
+            hp.check("attention.head_count", d_model % n_head == 0, n_head,
+                     f"a divisor of embedding_length ({d_model}) where attention.key_length is not given")
+        head_dim = hp.int("attention.key_length", d_model // n_head, lo=2)
+        hp.check("attention.key_length", head_dim % 2 == 0, head_dim, "an even head size (all of it is rotated)")
+        hp.check("attention.value_length", hp.get("attention.value_length", head_dim) == head_dim,
+                 hp.get("attention.value_length"),
+                 f"attention.key_length ({head_dim}): other value sizes are not supported")
+        n_layer, n_ctx_train = hp.int("block_count", lo=1), hp.int("context_length", 32768, lo=1)
+        freq_base = hp.float("rope.freq_base", 1e6, above=0.0, at_most=MAX_ROPE_BASE)
+        rope_global = rope_scaling(hp, head_dim, neox=True, freq_base=freq_base)
         # The 27B model scales queries by 1/sqrt(d_model / n_head) instead of 1/sqrt(head_dim).
         scale_dim = d_model // n_head if n_layer == 62 else head_dim
         return cls(
-            n_layer=n_layer, d_model=d_model, d_ff=hp.int("feed_forward_length"),
+            n_layer=n_layer, d_model=d_model, d_ff=hp.int("feed_forward_length", lo=1),
             n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-            eps=hp.float("attention.layer_norm_rms_epsilon", 1e-6),
-            n_ctx_train=hp.int("context_length", 32768),
-            window=hp.int("attention.sliding_window", 512),
+            eps=hp.float("attention.layer_norm_rms_epsilon", 1e-6, above=0.0, at_most=1.0),
+            n_ctx_train=n_ctx_train,
+            window=hp.int("attention.sliding_window", 512, lo=1),
             attn_scale=1.0 / math.sqrt(scale_dim),
             rope_global=rope_global,
             rope_local=replace(rope_global, freq_base=LOCAL_ROPE_BASE, freq_scale=1.0, ext_factor=0.0,
@@ -63,19 +69,19 @@ class Layer:
         p = f"blk.{i}."
         d, q_dim, kv_dim = a.d_model, a.n_head * a.head_dim, a.n_kv_head * a.head_dim
         self.local = a.is_local(i)
-        self.attn_norm = w.get(p + "attn_norm.weight", (d,))
+        self.attn_norm = w.vector(p + "attn_norm.weight", d)
         self.wq = w.get(p + "attn_q.weight", (q_dim, d))
         self.wk = w.get(p + "attn_k.weight", (kv_dim, d))
         self.wv = w.get(p + "attn_v.weight", (kv_dim, d))
-        self.q_norm = w.get(p + "attn_q_norm.weight", (a.head_dim,))
-        self.k_norm = w.get(p + "attn_k_norm.weight", (a.head_dim,))
+        self.q_norm = w.vector(p + "attn_q_norm.weight", a.head_dim)
+        self.k_norm = w.vector(p + "attn_k_norm.weight", a.head_dim)
         self.wo = w.get(p + "attn_output.weight", (d, q_dim))
-        self.post_attn_norm = w.get(p + "post_attention_norm.weight", (d,))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (d,))
+        self.post_attn_norm = w.vector(p + "post_attention_norm.weight", d)
+        self.ffn_norm = w.vector(p + "ffn_norm.weight", d)
         self.w_gate = w.get(p + "ffn_gate.weight", (a.d_ff, d))
         self.w_up = w.get(p + "ffn_up.weight", (a.d_ff, d))
         self.w_down = w.get(p + "ffn_down.weight", (d, a.d_ff))
-        self.post_ffn_norm = w.get(p + "post_ffw_norm.weight", (d,))
+        self.post_ffn_norm = w.vector(p + "post_ffw_norm.weight", d)
 
 
 class Gemma3Model(Model):
@@ -83,15 +89,13 @@ class Gemma3Model(Model):
 
     def __init__(self, gguf, backend):
         super().__init__(gguf, backend)
-        self.args = a = ModelArgs.from_metadata(Metadata(gguf.metadata, "gemma3"))
+        hp = Metadata(gguf.metadata, "gemma3")
+        self.args = a = ModelArgs.from_metadata(hp)
         w = self.weights
-        self.tok_embd = w.get("token_embd.weight")
-        self.n_vocab = self.tok_embd.shape[0]
-        if self.tok_embd.shape[1] != a.d_model:
-            raise ModelError(f"token_embd.weight width {self.tok_embd.shape[1]} != embedding_length {a.d_model}")
+        check_layers(gguf, hp, a.n_layer)
+        self.embeddings(gguf, hp, a.d_model)
         self.layers = [Layer(w, i, a) for i in range(a.n_layer)]
-        self.out_norm = w.get("output_norm.weight", (a.d_model,))
-        self.head = w.get("output.weight", optional=True) or self.tok_embd
+        self.out_norm = w.vector("output_norm.weight", a.d_model)
         self.n_ctx_train = a.n_ctx_train
 
     def forward(self, step: Step, cache: KVCache):

@@ -3,9 +3,9 @@ grouped-query heads, SwiGLU feed-forward. Optional q/k/v/o biases (Qwen2-style f
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .base import KVCache, Metadata, Model, ModelError, Step, rope_scaling
+from .base import MAX_ROPE_BASE, KVCache, Metadata, Model, Step, check_layers, rope_dims, rope_scaling
 from ..backends import RopeParams
 
 
@@ -22,20 +22,25 @@ class ModelArgs:
     rope: RopeParams
 
     @classmethod
-    def from_metadata(cls, hp: Metadata, freq_factors=None) -> "ModelArgs":
-        d_model, n_head = hp.int("embedding_length"), hp.int("attention.head_count")
-        n_kv_head = hp.int("attention.head_count_kv", n_head)
-        if n_head == 0 or d_model % n_head or n_kv_head == 0 or n_head % n_kv_head:
-            raise ModelError(f"{n_head} attention heads and {n_kv_head} kv heads do not fit width {d_model}")
-        head_dim = hp.int("attention.key_length", d_model // n_head)
-        n_rot = hp.int("rope.dimension_count", head_dim)
+    def from_metadata(cls, hp: Metadata) -> "ModelArgs":
+        d_model, n_head = hp.int("embedding_length", lo=1), hp.int("attention.head_count", lo=1)
+        n_kv_head = hp.int("attention.head_count_kv", n_head, lo=1, hi=n_head)
+        hp.check("attention.head_count_kv", n_head % n_kv_head == 0, n_kv_head,
+                 f"a divisor of attention.head_count ({n_head})")
+        if hp.get("attention.key_length") is None:
+            hp.check("attention.head_count", d_model % n_head == 0, n_head,
+                     f"a divisor of embedding_length ({d_model}) where attention.key_length is not given")
+        head_dim = hp.int("attention.key_length", d_model // n_head, lo=1)
+        hp.check("attention.value_length", hp.get("attention.value_length", head_dim) == head_dim,
+                 hp.get("attention.value_length"),
+                 f"attention.key_length ({head_dim}): other value sizes are not supported")
+        freq_base = hp.float("rope.freq_base", 10000.0, above=0.0, at_most=MAX_ROPE_BASE)
         return cls(
-            n_layer=hp.int("block_count"), d_model=d_model, d_ff=hp.int("feed_forward_length"),
+            n_layer=hp.int("block_count", lo=1), d_model=d_model, d_ff=hp.int("feed_forward_length", lo=1),
             n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-            eps=hp.float("attention.layer_norm_rms_epsilon", 1e-5),
-            n_ctx_train=hp.int("context_length", 4096),
-            rope=rope_scaling(hp, n_rot, neox=False, freq_base=hp.float("rope.freq_base", 10000.0),
-                              freq_factors=freq_factors),
+            eps=hp.float("attention.layer_norm_rms_epsilon", 1e-5, above=0.0, at_most=1.0),
+            n_ctx_train=hp.int("context_length", 4096, lo=1),
+            rope=rope_scaling(hp, rope_dims(hp, head_dim), neox=False, freq_base=freq_base),
         )
 
 
@@ -43,14 +48,15 @@ class Layer:
     def __init__(self, w, i: int, a: ModelArgs):
         p = f"blk.{i}."
         d, q_dim, kv_dim = a.d_model, a.n_head * a.head_dim, a.n_kv_head * a.head_dim
-        self.attn_norm = w.get(p + "attn_norm.weight", (d,))
+        self.attn_norm = w.vector(p + "attn_norm.weight", d)
         self.wq = w.get(p + "attn_q.weight", (q_dim, d))
         self.wk = w.get(p + "attn_k.weight", (kv_dim, d))
         self.wv = w.get(p + "attn_v.weight", (kv_dim, d))
         self.wo = w.get(p + "attn_output.weight", (d, q_dim))
         self.bq, self.bk, self.bv, self.bo = (
-            w.get(p + f"attn_{n}.bias", optional=True) for n in ("q", "k", "v", "output"))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (d,))
+            w.vector(p + f"attn_{n}.bias", size, optional=True)
+            for n, size in (("q", q_dim), ("k", kv_dim), ("v", kv_dim), ("output", d)))
+        self.ffn_norm = w.vector(p + "ffn_norm.weight", d)
         self.w_gate = w.get(p + "ffn_gate.weight", (a.d_ff, d))
         self.w_up = w.get(p + "ffn_up.weight", (a.d_ff, d))
         self.w_down = w.get(p + "ffn_down.weight", (d, a.d_ff))
@@ -62,16 +68,14 @@ class LlamaModel(Model):
     def __init__(self, gguf, backend, arch: str = "llama"):
         super().__init__(gguf, backend)
         hp = Metadata(gguf.metadata, arch)
-        freq_factors = self.weights.get("rope_freqs.weight", optional=True)
-        self.args = a = ModelArgs.from_metadata(hp, freq_factors.data if freq_factors is not None else None)
+        a = ModelArgs.from_metadata(hp)
         w = self.weights
-        self.tok_embd = w.get("token_embd.weight")
-        self.n_vocab = self.tok_embd.shape[0]
-        if self.tok_embd.shape[1] != a.d_model:
-            raise ModelError(f"token_embd.weight width {self.tok_embd.shape[1]} != embedding_length {a.d_model}")
+        factors = w.vector("rope_freqs.weight", a.rope.n_rot // 2, optional=True)  # per rotated pair
+        self.args = a = replace(a, rope=replace(a.rope, freq_factors=factors.data)) if factors is not None else a
+        check_layers(gguf, hp, a.n_layer)
+        self.embeddings(gguf, hp, a.d_model)
         self.layers = [Layer(w, i, a) for i in range(a.n_layer)]
-        self.out_norm = w.get("output_norm.weight", (a.d_model,))
-        self.head = w.get("output.weight", optional=True) or self.tok_embd  # tied embeddings
+        self.out_norm = w.vector("output_norm.weight", a.d_model)
         self.n_ctx_train = a.n_ctx_train
 
     def forward(self, step: Step, cache: KVCache):

@@ -29,6 +29,24 @@ from .vocab import SamplerVocab
 SUBSET_FRACTION = 8  # a mask allowing at most 1/8 of the vocabulary becomes an explicit subset
 
 
+class SamplingError(ValueError):
+    """No token can be chosen for this sequence at this step; `code` says why."""
+
+    code = "sampling_error"
+
+
+class NoTokenAllowed(SamplingError):
+    """The grammar, logit_bias and ignore_eos together leave no token (the request's doing)."""
+
+    code = "no_token_allowed"
+
+
+class NonFiniteLogits(SamplingError):
+    """The model's logits hold NaN or +inf, or nothing but -inf (the model's doing)."""
+
+    code = "non_finite_logits"
+
+
 @dataclass(slots=True)
 class TokenLogprobs:
     token: int
@@ -65,6 +83,7 @@ class Sampler:
         # fixed for the sampler's life, and asked for every sequence at every step: computed once
         self.best_needed = self._count_best_needed()
         self._banned = frozenset(int(t) for t in self._bias_tokens)
+        self.n_banned = int(np.count_nonzero(np.isneginf(self._bias)))  # tokens never chosen (-inf bias)
 
     def _count_best_needed(self) -> int:
         """How many of a row's best tokens suffice to make the choice (then a backend may reduce rows
@@ -271,8 +290,9 @@ class Sampler:
         elif x.size != self._n_vocab:
             raise ValueError(f"logits have {x.size} entries; this sampler's vocabulary has {self._n_vocab}")
         top = x.max()
-        if not top < np.inf:
-            raise ValueError(f"logits contain {'NaN' if np.isnan(top) else '+inf'}")
+        if not -np.inf < top < np.inf:
+            raise NonFiniteLogits(f"the model produced non-finite logits "
+                                  f"({'NaN' if np.isnan(top) else 'inf' if top > 0 else 'all -inf'})")
         return x
 
 
@@ -291,11 +311,12 @@ STEPS: dict[str, Callable[[Sampler, Candidates], Candidates]] = {
 
 
 def first_not_banned(ids, banned) -> int:
-    """The first of ids (best first) not in banned: a greedy choice from a row's best ids."""
+    """The first of ids (best first) not in banned: a greedy choice from a row's best ids (-1, where
+    a row has fewer comparable logits than ids, is returned as it is)."""
     for token in ids.tolist() if hasattr(ids, "tolist") else ids:
         if token not in banned:
             return int(token)
-    raise ValueError("every candidate token is banned")
+    raise NoTokenAllowed("no token is allowed: every candidate token is banned")
 
 
 def _penalty_window(p: SamplingParams, n_ctx: int | None) -> TokenWindow | None:
@@ -337,7 +358,7 @@ def _apply_mask(c: Candidates, mask: np.ndarray) -> Candidates:
     allowed = _bool_mask(mask, c.size)
     n_allowed = int(np.count_nonzero(allowed))
     if n_allowed == 0:
-        raise ValueError("allowed_mask allows no token")
+        raise NoTokenAllowed("no token is allowed: the grammar allows none")
     if n_allowed * SUBSET_FRACTION <= c.size:
         ids = np.flatnonzero(allowed)
         return Candidates(ids, c.logits[ids])
@@ -365,7 +386,7 @@ def _check_left(c: Candidates) -> np.float32:
     """The top logit; an error when nothing can be drawn."""
     top = c.logits.max() if c.size else NEG_INF
     if top == NEG_INF:
-        raise ValueError("no token is left to sample (every token is banned)")
+        raise NoTokenAllowed("no token is allowed: logit_bias, ignore_eos and the grammar together ban every token")
     return top
 
 

@@ -7,6 +7,7 @@ is the field's path.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .errors import APIError, invalid
@@ -29,7 +30,52 @@ def parse_json_object(raw: bytes) -> dict:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_kind(value)}", code="invalid_json")
+    check_unicode(value)
     return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(body: dict) -> None:
+    """400 naming the first string that holds a lone surrogate: JSON's \\ud800 escapes decode to
+    text that has no UTF-8 form, so it could reach neither the tokenizer nor a reply."""
+    stack: list[tuple[Any, tuple]] = [(body, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _bad(key):
+                    raise _surrogate_error(path, key, "a key")
+                if isinstance(item, (str, dict, list)):
+                    stack.append((item, path + (key,)))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, (str, dict, list)):
+                    stack.append((item, path + (i,)))
+        elif _bad(value):
+            raise _surrogate_error(path, value, "")
+
+
+def _bad(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _surrogate_error(path: tuple, text: str, what: str) -> APIError:
+    param = field_path(path) or None
+    where = (f"{what} in {param}" if param else f"{what} of the body") if what else param
+    at = _SURROGATE.search(text)
+    return APIError(400, f"{where or 'the body'} holds a lone surrogate (\\u{ord(at.group()):04x}) at character "
+                    f"{at.start()}; text must be valid Unicode (a surrogate pair must be complete)",
+                    param=param, code="invalid_unicode")
+
+
+def field_path(parts: tuple) -> str:
+    """("messages", 0, "content") -> "messages[0].content"."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
 
 
 def _reject_constant(name: str):

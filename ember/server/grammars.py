@@ -6,7 +6,7 @@ import json
 from functools import lru_cache
 
 from ..engine.engine import GrammarSpec
-from ..gbnf.json_schema import SchemaError, json_object_gbnf, schema_to_gbnf
+from ..gbnf.schema import SchemaError, json_object_gbnf, schema_to_gbnf
 from .errors import invalid
 from .fields import Fields
 

@@ -2,8 +2,8 @@
 
 llama-server's counters (`llamacpp:` names) plus what ember's engine measures (`ember:`):
 prefix-cache hit rate, cached prompt tokens, time to first token split by cache hit/miss,
-queue length and KV pages. Values are read from the engine when scraped; the registry
-belongs to the app, not to the module.
+queue length and KV pages. Values are read from the engine when scraped (the counters outlive
+a sleeping model); the registry belongs to the app, not to the module.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..engine.metrics import Histogram
+from ..engine.metrics import Histogram, KVUsage
 from .state import ServerState
 
 
@@ -23,11 +23,32 @@ class EngineCollector:
         self.state = state
 
     def collect(self):
-        model = self.state.model
-        if model is None:
+        view = EngineView.of(self.state)
+        if view is None:
             return
-        yield from llama_families(self.state)
-        yield from ember_families(self.state)
+        yield from llama_families(view, self.state)
+        yield from ember_families(view, self.state)
+
+
+class EngineView:
+    """What a scrape reads: the engine's counters, queues and KV usage (those of an empty
+    engine while the model sleeps)."""
+
+    def __init__(self, metrics, running: int, waiting: int, kv: KVUsage):
+        self.metrics, self.running, self.waiting, self.kv = metrics, running, waiting, kv
+
+    @classmethod
+    def of(cls, state: ServerState) -> EngineView | None:
+        model = state.model
+        if model is not None:
+            engine = model.engine
+            return cls(engine.metrics, len(engine.scheduler.running), len(engine.scheduler.waiting),
+                       engine.kv_usage())
+        if state.sleeping and state.info is not None:
+            info = state.info
+            kv = KVUsage(info.kv_pages, info.kv_pages, 0, 0, info.page_size, 0)
+            return cls(state.engine_metrics(), 0, 0, kv)
+        return None
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -38,28 +59,34 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def llama_families(state: ServerState):
-    engine, stats = state.model.engine, state.stats
-    m = engine.metrics
-    yield _counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", m.prompt_tokens_computed)
+def llama_families(view: EngineView, state: ServerState):
+    m, stats = view.metrics, state.stats
+    yield _counter("llamacpp:prompt_tokens", "Number of prompt tokens processed, excluding cached tokens.",
+                   m.prompt_tokens_computed)
+    yield _counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens reused from the prefix cache.",
+                   m.prompt_tokens_cached)
     yield _counter("llamacpp:prompt_seconds", "Prompt process time", stats.prompt_seconds)
     yield _counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", m.generated_tokens)
     yield _counter("llamacpp:tokens_predicted_seconds", "Predict process time", stats.predicted_seconds)
     yield _counter("llamacpp:n_decode", "Total number of engine steps (batched forward passes)", m.steps)
+    # llama-server declares this one a counter without the _total suffix; a gauge keeps its name
+    yield _gauge("llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation).",
+                 stats.n_tokens_max)
     yield _gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
                  m.prompt_tokens_computed / stats.prompt_seconds if stats.prompt_seconds else 0.0)
     yield _gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
                  m.generated_tokens / stats.predicted_seconds if stats.predicted_seconds else 0.0)
-    yield _gauge("llamacpp:requests_processing", "Number of requests processing.", len(engine.scheduler.running))
-    yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.", len(engine.scheduler.waiting))
-    kv = engine.kv_usage()
+    yield _gauge("llamacpp:requests_processing", "Number of requests processing.", view.running)
+    yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.", view.waiting)
+    yield _gauge("llamacpp:n_busy_slots_per_decode", "Average number of sequences computed per engine step.",
+                 m.sequence_steps / m.steps if m.steps else 0.0)
+    kv = view.kv
     yield _gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
                  (kv.pages_total - kv.pages_free) / kv.pages_total if kv.pages_total else 0.0)
 
 
-def ember_families(state: ServerState):
-    engine = state.model.engine
-    m = engine.metrics
+def ember_families(view: EngineView, state: ServerState):
+    m = view.metrics
     yield _counter("ember:prompt_tokens", "Prompt tokens of admitted sequences (cached or computed).",
                    m.prompt_tokens)
     yield _counter("ember:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", m.prompt_tokens_cached)
@@ -76,15 +103,14 @@ def ember_families(state: ServerState):
     inter = HistogramMetricFamily("ember:inter_token_seconds", "Time between consecutive tokens of a sequence.")
     inter.add_metric([], _buckets(m.inter_token), m.inter_token.sum)
     yield inter
-    yield _gauge("ember:requests_waiting", "Sequences waiting for admission (queue length).",
-                 len(engine.scheduler.waiting))
-    yield _gauge("ember:requests_running", "Sequences running.", len(engine.scheduler.running))
+    yield _gauge("ember:requests_waiting", "Sequences waiting for admission (queue length).", view.waiting)
+    yield _gauge("ember:requests_running", "Sequences running.", view.running)
     yield _counter("ember:requests_finished", "Sequences finished (any reason).", m.requests_finished)
     yield _counter("ember:requests_cancelled", "Sequences cancelled (client gone or shutdown).", m.requests_cancelled)
     yield _counter("ember:requests_rejected_queue_full", "Requests refused with 503 because the queue was full.",
                    state.stats.rejected_queue_full)
     yield _counter("ember:preemptions", "Sequences preempted to free KV pages.", m.preemptions)
-    kv = engine.kv_usage()
+    kv = view.kv
     pages = GaugeMetricFamily("ember:kv_pages", "KV cache pages by state.", labels=["state"])
     pages.add_metric(["in_use"], kv.pages_in_use)
     pages.add_metric(["cached"], kv.pages_cached_only)
@@ -113,6 +139,6 @@ def make_registry(state: ServerState) -> CollectorRegistry:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.ember
-    if state.model is None:  # answers while shutting down, unlike the generation routes
-        state.require_model()
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+    state.require_info()  # answers while asleep and while shutting down, unlike the generation routes
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST,
+                    headers={"Process-Start-Time-Unix": str(int(state.started))})

@@ -1,13 +1,17 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
 
-Each handler parses the body into a prompt and `GenParams`, starts the engine requests and
-formats the samples (or streams chunks). Sampling fields beyond OpenAI's (top_k, min_p,
-repeat_penalty, ...) are accepted with llama-server's names.
+Each handler reads its body, prepares the prompt and `GenParams` off the event loop, starts the
+engine requests and formats the samples (or streams chunks). Sampling fields beyond OpenAI's
+(top_k, min_p, repeat_penalty, ...) are accepted with llama-server's names. With one model
+served, any `model` name is accepted (clients send their own, like "gpt-4o"); replies name the
+served model.
 """
 from __future__ import annotations
 
+import json
 import secrets
 import time
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -15,42 +19,38 @@ from starlette.responses import JSONResponse, Response
 from ..engine import FinishEvent, TokenEvent
 from .errors import APIError, invalid
 from .fields import Fields, parse_json_object
-from .generation import (Flight, GenParams, Sample, parse_sampling, parse_stop, parse_stream, start, timings,
-                         token_piece, usage)
+from .generation import (Flight, GenParams, Sample, check_sequences, generation_error, max_tokens, off_loop,
+                         parse_sampling, parse_stop, parse_stream, start, timings, token_piece, usage)
 from .grammars import requested_grammar
-from .prompts import chat_prompt, completion_prompts, parse_messages, template_kwargs
+from .prompts import ChatPrompt, chat_prompt, completion_prompts, parse_messages, prompt_items, template_options
 from .sse import DONE, ClientGone, EventStream, event, until_disconnect
-from .state import ServerModel, ServerState
+from .state import ModelInfo, ServerModel, ServerState
 from .replies import Output
 from .tools import ToolSetup, parse_tools, protocol_for
 
 FINGERPRINT = "ember"
+BIG_BODY = 1 << 16  # bytes; bodies past this are parsed off the event loop
 
 
 # ---- shared parsing ----
 
 async def read_body(request: Request) -> Fields:
-    return Fields(parse_json_object(await request.body()))
-
-
-def check_model(body: Fields, model: ServerModel) -> None:
-    name = body.str("model")
-    if not model.accepts(name):
-        raise APIError(400, f"model {name!r} is not served here (this server runs {model.id!r})",
-                       param="model", code="model_not_found")
+    raw = await request.body()
+    data = await off_loop(parse_json_object, raw) if len(raw) > BIG_BODY else parse_json_object(raw)
+    return Fields(data)
 
 
 def gen_params(body: Fields, model: ServerModel, state: ServerState, *, chat: bool) -> GenParams:
     cfg = state.config
-    max_tokens = body.int("max_completion_tokens", None, lo=0) if chat else None
-    if max_tokens is None:
-        max_tokens = body.int("max_tokens", None, lo=0)
+    body.str("model")  # any name: one model is served
+    limit = body.int("max_completion_tokens", None, lo=0) if chat else None
+    if limit is None:
+        limit = body.int("max_tokens", None, lo=0)
     stream, include_usage = parse_stream(body)
     return GenParams(
-        max_tokens=model.n_ctx if max_tokens is None else max_tokens,
-        n=body.int("n", 1, lo=1, hi=cfg.max_n), stop=parse_stop(body, cfg.max_stop),
-        sampling=parse_sampling(body, model), logprobs=_logprobs(body, chat),
-        stream=stream, include_usage=include_usage)
+        max_tokens=max_tokens(limit, cfg, model), n=body.int("n", 1, lo=1, hi=cfg.max_sequences),
+        stop=parse_stop(body, cfg.max_stop), sampling=parse_sampling(body, model, cfg),
+        logprobs=_logprobs(body, chat), stream=stream, include_usage=include_usage)
 
 
 def _logprobs(body: Fields, chat: bool) -> int | None:
@@ -98,39 +98,69 @@ def completion_logprobs(model: ServerModel, events: list[TokenEvent], offset: in
     return out
 
 
+async def json_reply(payload) -> Response:
+    """A JSON response rendered off the loop (a /tokenize of 10 MB has millions of ids)."""
+    return Response(await off_loop(_json_bytes, payload), media_type="application/json")
+
+
+def _json_bytes(payload) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 # ---- routes ----
 
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.ember
-    model = state.require_model()
-    meta = {"n_vocab": model.model.n_vocab, "n_ctx_train": model.model.n_ctx_train, "n_ctx": model.n_ctx,
-            "size": model.path.stat().st_size}
-    return JSONResponse({"object": "list", "data": [
-        {"id": model.id, "object": "model", "created": int(state.started), "owned_by": "ember", "meta": meta}]})
+    info = state.require_info()
+    return JSONResponse(models_reply(info, state))
+
+
+def models_reply(info: ModelInfo, state: ServerState) -> dict:
+    """llama-server's reply: OpenAI's list (with aliases and tags) and Ollama's `models`."""
+    meta = {"n_vocab": info.n_vocab, "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "size": info.size}
+    tags = list(state.config.tags)
+    return {"object": "list", "data": [
+        {"id": info.id, "aliases": list(info.aliases), "tags": tags, "object": "model", "created": int(state.started),
+         "owned_by": "ember", "meta": meta}],
+        "models": [{"name": info.id, "model": info.id, "modified_at": "", "size": str(info.size), "digest": "",
+                    "type": "model", "description": "", "tags": tags, "capabilities": ["completion"],
+                    "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                  "families": [], "parameter_size": "", "quantization_level": ""}}]}
+
+
+@dataclass(slots=True)
+class ChatJob:
+    gen: GenParams
+    setup: ToolSetup
+    prompt: ChatPrompt
+
+
+def prepare_chat(body: Fields, model: ServerModel, state: ServerState) -> ChatJob:
+    messages = parse_messages(body)
+    setup = parse_tools(body)
+    options = template_options(body, messages, setup)
+    gen = gen_params(body, model, state, chat=True)
+    gen.grammar, gen.grammar_param = _chat_grammar(body, model, setup)
+    return ChatJob(gen, setup, chat_prompt(model, messages, setup, options))
 
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.ember
-    model = state.require_model()
-    body = await read_body(request)
-    check_model(body, model)
-    messages = parse_messages(body)
-    setup = parse_tools(body)
-    gen = gen_params(body, model, state, chat=True)
-    gen.grammar, gen.grammar_param = _chat_grammar(body, model, setup)
-    prompt = chat_prompt(model, messages, setup, template_kwargs(body))
-    flight = start(state, model, [prompt], gen)
-    protocol = protocol_for(model.native_tools)
-    outputs = [protocol.output(setup) for _ in flight.samples]
+    async with state.using_model() as model:
+        body = await read_body(request)
+        job = await off_loop(prepare_chat, body, model, state)
+        flight = await start(state, model, [job.prompt.ids], job.gen, request)
+    outputs = [protocol_for(model.native_tools).output(job.setup) for _ in flight.samples]
     meta = {"id": _new_id("chatcmpl"), "created": int(time.time()), "model": model.id,
             "system_fingerprint": FINGERPRINT}
-    if gen.stream:
-        return EventStream(_chat_stream(flight, outputs, meta, gen, model))
+    prefill = [out.feed(job.prompt.prefill) for out in outputs]  # the reply continues that message
+    if job.gen.stream:
+        return EventStream(_chat_stream(flight, outputs, prefill, meta, job.gen, model))
     try:
         samples = await until_disconnect(request.receive, flight.collect())
     except ClientGone:
         return Response(status_code=499)
-    return JSONResponse(_chat_result(samples, outputs, meta, gen, model, flight.submitted))
+    return JSONResponse(_chat_result(samples, outputs, meta, job.gen, model, flight.submitted))
 
 
 def _chat_grammar(body: Fields, model: ServerModel, setup: ToolSetup):
@@ -156,14 +186,19 @@ def _chat_result(samples, outputs, meta, gen: GenParams, model: ServerModel, sub
             "timings": timings(samples[0], submitted)}
 
 
-async def _chat_stream(flight: Flight, outputs: list[Output], meta: dict, gen: GenParams, model: ServerModel):
-    def chunk(index: int, delta: dict, finish: str | None = None, logprobs=None) -> bytes:
+async def _chat_stream(flight: Flight, outputs: list[Output], prefill: list[list[dict]], meta: dict, gen: GenParams,
+                       model: ServerModel):
+    """Chunks as llama-server sends them: a first delta with the role and `content: null`, the
+    content, each choice's finish, and `timings` on the last chunk (the usage chunk, if asked)."""
+    def chunk(index: int, delta: dict, finish: str | None = None, logprobs=None, **extra) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return event({**meta, "object": "chat.completion.chunk", "choices": [choice]})
+        return event({**meta, "object": "chat.completion.chunk", "choices": [choice], **extra})
 
     try:
         for i in range(len(outputs)):
-            yield chunk(i, {"role": "assistant", "content": ""})
+            yield chunk(i, {"role": "assistant", "content": None})
+            for d in prefill[i]:
+                yield chunk(i, d)
         async for index, ev in flight:
             if isinstance(ev, TokenEvent):
                 deltas = outputs[index].feed(ev.text)
@@ -179,10 +214,13 @@ async def _chat_stream(flight: Flight, outputs: list[Output], meta: dict, gen: G
             deltas, reply = outputs[index].finish(ev.text)
             for d in deltas:
                 yield chunk(index, d)
-            yield chunk(index, {}, _finish_reason(flight.samples[index], bool(reply.tool_calls)))
+            sample = flight.samples[index]
+            extra = {} if gen.include_usage else {"timings": timings(sample, flight.submitted)}
+            yield chunk(index, {}, _finish_reason(sample, bool(reply.tool_calls)), **extra)
         if gen.include_usage:
             yield event({**meta, "object": "chat.completion.chunk", "choices": [],
-                         "usage": usage(flight.samples, gen.n)})
+                         "usage": usage(flight.samples, gen.n),
+                         "timings": timings(flight.samples[0], flight.submitted)})
         yield DONE
     finally:
         flight.close()
@@ -204,23 +242,28 @@ def stream_failure(ev: FinishEvent) -> bytes:
         err = APIError(503, "the request was cancelled: the server is shutting down", type="unavailable_error",
                        code="cancelled")
     else:
-        err = APIError(500, f"generation failed: {ev.error}", type="server_error", code="internal_error")
+        err = generation_error(ev.error, ev.code)
     return err.sse()
 
 
-async def completions(request: Request) -> Response:
-    state: ServerState = request.app.state.ember
-    model = state.require_model()
-    body = await read_body(request)
-    check_model(body, model)
+def prepare_completions(body: Fields, model: ServerModel, state: ServerState) -> tuple[GenParams, list[list[int]]]:
     if body.bool("echo", False):
         raise invalid("echo", "echo is not supported", "unsupported")
     if body.has("suffix"):
         raise invalid("suffix", "suffix (fill-in-the-middle) is not supported", "unsupported")
     gen = gen_params(body, model, state, chat=False)
     gen.grammar, gen.grammar_param = requested_grammar(body)
-    prompts = completion_prompts(body, model)
-    flight = start(state, model, prompts, gen)
+    items = prompt_items(body)
+    check_sequences(len(items), gen.n, state.config)
+    return gen, completion_prompts(items, model)
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.ember
+    async with state.using_model() as model:
+        body = await read_body(request)
+        gen, prompts = await off_loop(prepare_completions, body, model, state)
+        flight = await start(state, model, prompts, gen, request)
     meta = {"id": _new_id("cmpl"), "created": int(time.time()), "model": model.id,
             "system_fingerprint": FINGERPRINT}
     if gen.stream:

@@ -9,13 +9,16 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import hub
 from ..engine import Engine, EngineConfig, RequestHandle
+from ..sampler import SamplingParams
 from .errors import not_ready
+from .tokenfloor import TokenFloor
 
 log = logging.getLogger("ember.server")
 
@@ -50,21 +53,57 @@ class ModelConfig:
 class ServerConfig:
     """The HTTP layer's settings."""
 
-    alias: str | None = None  # the model id clients see (default: the file name without .gguf)
+    aliases: tuple[str, ...] = ()  # names of the model; the first is its id (default: the file name without .gguf)
+    tags: tuple[str, ...] = ()  # informational, listed by /v1/models
     api_keys: tuple[str, ...] = ()  # empty: no authentication
-    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers
+    cors_origins: tuple[str, ...] = ("localhost",)  # browser origins served (see origins.py); "*": any
+    # Host header values served (see origins.py); "*": any. None: loopback names when listening on a
+    # loopback address, any otherwise (serve() decides; an app without a listener takes loopback names)
+    allowed_hosts: tuple[str, ...] | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
-    max_n: int = 16  # the most samples one request may ask for
+    max_sequences: int = 16  # prompts x n one request may ask for
     max_stop: int = 16  # the most stop strings
     shutdown_grace_s: float = 10.0  # streams may finish this long after SIGTERM, then are cancelled
+    header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
+    body_timeout_s: float = 60.0  # and its body within this once the headers are in
+    sleep_idle_s: float | None = None  # unload the model after this long without requests
+    sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults, llama-server's field names
+    n_predict: int = -1  # default token limit of a request; -1: until the context is full
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if any(not k for k in self.api_keys):
             raise ValueError("an API key must not be empty")
-        if self.max_n < 1 or self.shutdown_grace_s < 0:
-            raise ValueError("max_n must be >= 1 and shutdown_grace_s >= 0")
+        if self.max_sequences < 1 or self.shutdown_grace_s < 0 or self.n_predict < -1:
+            raise ValueError("max_sequences must be >= 1, shutdown_grace_s >= 0 and n_predict >= -1")
+        if min(self.header_timeout_s, self.body_timeout_s, self.sleep_idle_s or 1) <= 0:
+            raise ValueError("timeouts and the idle time before sleeping must be positive")
+        SamplingParams.from_dict(dict(self.sampling))  # ValueError naming the field
+
+    def sampling_defaults(self) -> SamplingParams:
+        return SamplingParams.from_dict(dict(self.sampling))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What describes the loaded model (/props, /v1/models); kept while the model sleeps."""
+
+    id: str
+    aliases: tuple[str, ...]
+    path: Path
+    size: int
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int
+    slots: int
+    kv_pages: int
+    page_size: int
+    template_text: str
+    template_source: str
+    native_tools: bool
+    bos_token: str
+    eos_token: str
 
 
 @dataclass(slots=True)
@@ -81,16 +120,22 @@ class ServerModel:
     n_ctx: int
     load_s: float
     gguf: object = None
-    names: frozenset[str] = frozenset()  # model ids a request may name
-    alias: str | None = None
+    aliases: tuple[str, ...] = ()
+    floor: TokenFloor | None = None  # a cheap lower bound on a text's token count
 
     @property
     def id(self) -> str:
         """The model id clients see."""
-        return self.alias or self.path.name.removesuffix(".gguf")
+        return self.aliases[0] if self.aliases else self.path.name.removesuffix(".gguf")
 
-    def accepts(self, name: str | None) -> bool:
-        return name is None or name in self.names
+    def describe(self) -> ModelInfo:
+        tok = self.tokenizer
+        return ModelInfo(
+            self.id, self.aliases or (self.id,), self.path, self.path.stat().st_size, self.model.n_vocab,
+            self.model.n_ctx_train, self.n_ctx, self.engine.config.max_seqs, self.engine.pool.n_pages,
+            self.engine.pool.page_size, self.template_text, self.chat_template.source, self.native_tools,
+            tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+            tok.token_text(tok.eos_id) if tok.eos_id is not None else "")
 
     def close(self) -> None:
         self.engine.close()
@@ -98,8 +143,9 @@ class ServerModel:
             self.gguf.close()
 
 
-def load_model(cfg: ModelConfig, alias: str | None = None) -> ServerModel:
-    """Open the GGUF file, build the model, tokenizer, chat template and engine."""
+def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
+    """Open the GGUF file, build the model, tokenizer, chat template and engine. (The names
+    the model goes by are the server's: ServerConfig.aliases replaces `aliases`.)"""
     from ..backends import get_backend
     from ..gguf_loader import GGUFFile
     from ..models import load_model as build_model
@@ -119,10 +165,8 @@ def load_model(cfg: ModelConfig, alias: str | None = None) -> ServerModel:
     except BaseException:
         gguf.close()
         raise
-    names = {path.name, path.name.removesuffix(".gguf"), str(cfg.model), str(path)}
-    names |= {alias} if alias else set()
     return ServerModel(path, model, tokenizer, template, text, mentions_tools(text), engine, n_ctx,
-                       time.perf_counter() - t0, gguf, frozenset(names), alias)
+                       time.perf_counter() - t0, gguf, tuple(aliases), TokenFloor.of(tokenizer))
 
 
 def kv_bytes_per_token(model) -> int:
@@ -176,10 +220,15 @@ class HttpStats:
     predicted_seconds: float = 0.0  # first to last token, summed
     rejected_queue_full: int = 0
     requests: int = 0  # generation requests accepted
+    n_tokens_max: int = 0  # longest sequence seen (prompt + generated)
 
 
 class ServerState:
-    """The per-app state: settings, the model once loaded, and the engine requests in flight."""
+    """The per-app state: settings, the model once loaded, and the engine requests in flight.
+
+    With sleep_idle_s the model is closed after that long without work (`sleeping`) and loaded
+    again by the next request that needs it; what describes it (`info`) and the engine's
+    counters outlive the sleep."""
 
     def __init__(self, config: ServerConfig, loader: Callable[[], ServerModel], close_model: bool = True,
                  on_load_failure: Callable[[], None] | None = None):
@@ -187,19 +236,27 @@ class ServerState:
         self.on_load_failure = on_load_failure
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the app starts
         self.model: ServerModel | None = None
+        self.info: ModelInfo | None = None
         self.load_error: str | None = None
         self.draining = False
+        self.sleeping = False
         self.active: set[RequestHandle] = set()
+        self.preparing = 0  # requests between admission and their engine requests
+        self.last_used = time.monotonic()
         self.stats = HttpStats()
         self.started = time.time()
         self.loaded = threading.Event()
+        self._waking: asyncio.Future | None = None
+        self._engine_metrics = None  # the engine's counters, carried across sleeps
+
+    # ---- loading ----
 
     def start_loading(self) -> None:
         threading.Thread(target=self._load, name="ember-load", daemon=True).start()
 
     def _load(self) -> None:
         try:
-            self.model = self.loader()
+            self._loaded(self.loader())
             log.info("model %s ready (%.2f s)", self.model.id, self.model.load_s)
         except Exception as e:
             self.load_error = f"{type(e).__name__}: {e}"
@@ -209,13 +266,85 @@ class ServerState:
         finally:
             self.loaded.set()
 
+    def _loaded(self, model: ServerModel) -> None:
+        if self.config.aliases and model.aliases != self.config.aliases:  # a view with the names clients see
+            model = replace(model, aliases=self.config.aliases)
+        if self._engine_metrics is not None:
+            model.engine.metrics = self._engine_metrics
+        self.info, self.model = model.describe(), model
+
     def require_model(self) -> ServerModel:
-        """The model, or 503 while loading, after a failed load, or while shutting down."""
+        """The model, or 503 while loading, after a failed load, while asleep or shutting down."""
         if self.draining:
             raise not_ready("the server is shutting down")
         if self.model is None:
             raise not_ready(f"the model failed to load: {self.load_error}" if self.load_error else "Loading model")
         return self.model
+
+    def require_info(self) -> ModelInfo:
+        if self.info is None:
+            self.require_model()
+        return self.info
+
+    @asynccontextmanager
+    async def using_model(self):
+        """The model for a request that uses it (woken first if it sleeps), counted as work in
+        progress until the request's engine requests are in `active`."""
+        self.preparing += 1
+        try:
+            yield await self.model_for_request()
+        finally:
+            self.preparing -= 1
+            self.last_used = time.monotonic()
+
+    async def model_for_request(self) -> ServerModel:
+        """The model for a request that uses it, woken first if it sleeps."""
+        self.last_used = time.monotonic()
+        if self.sleeping and not self.draining:
+            if self._waking is None:
+                self._waking = asyncio.ensure_future(self._wake())
+            await asyncio.shield(self._waking)
+        return self.require_model()
+
+    async def _wake(self) -> None:
+        log.info("waking up: loading the model again")
+        try:
+            self._loaded(await asyncio.to_thread(self.loader))
+            self.sleeping = False
+        except Exception as e:  # still asleep: the next request tries again
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("loading the model failed: %s", self.load_error)
+        finally:
+            self._waking = None
+
+    # ---- sleeping ----
+
+    def engine_metrics(self):
+        """The engine's counters, also while the model sleeps."""
+        return self.model.engine.metrics if self.model is not None else self._engine_metrics
+
+    @property
+    def idle(self) -> bool:
+        return not self.active and not self.preparing
+
+    async def watch_idle(self) -> None:
+        """Put the model to sleep after sleep_idle_s without work (a task of the app's lifetime)."""
+        limit = self.config.sleep_idle_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            if not self.idle:
+                self.last_used = time.monotonic()
+            elif self.model is not None and not self.draining and time.monotonic() - self.last_used >= limit:
+                await self._sleep()
+
+    async def _sleep(self) -> None:
+        model, self.model, self.sleeping = self.model, None, True
+        self._engine_metrics = model.engine.metrics
+        log.info("no requests for %.0f s: unloading the model until the next one", self.config.sleep_idle_s)
+        if self.close_model:
+            await asyncio.to_thread(model.close)
+
+    # ---- shutting down ----
 
     def begin_drain(self) -> None:
         """Stop admitting requests; cancel the running ones after the grace period (loop thread)."""
@@ -227,6 +356,10 @@ class ServerState:
         if self.active:
             self.loop.call_later(self.config.shutdown_grace_s, self.cancel_all)
 
+    @property
+    def drained(self) -> bool:
+        return self.draining and self.idle
+
     def cancel_all(self) -> None:
         for handle in list(self.active):
             handle.cancel()
@@ -236,4 +369,3 @@ class ServerState:
         self.loaded.wait(timeout=60)
         if self.model is not None and self.close_model:
             self.model.close()
-

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..engine.engine import GrammarSpec
-from ..gbnf.json_schema import SchemaError, schema_to_gbnf
+from ..gbnf.schema import SchemaError, schema_to_gbnf
 from .errors import invalid
 from .fields import Fields
 from .replies import CLOSE_TAG, OPEN_TAG, EnvelopeOutput, Output, PlainOutput, TaggedOutput
@@ -222,7 +222,10 @@ class TaggedProtocol:
         out = [_tagged_message(m) for m in messages]
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                    "parameters": t.parameters}} for t in setup.tools]
-        return out, {"tools": tools if setup.active else None}
+        if not setup.active:
+            return out, {"tools": None}
+        # `functions`: the same list as JSON text, for templates written for llama.cpp's older tool formats
+        return out, {"tools": tools, "functions": json.dumps(tools, indent=2, ensure_ascii=False)}
 
     def grammar(self, setup: ToolSetup) -> GrammarSpec | None:
         if not setup.active:

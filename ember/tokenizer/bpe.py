@@ -58,10 +58,33 @@ def plain_pairs(merges: list[str]) -> list[tuple[str, str]] | None:
     return pairs
 
 
+LONG_TEXT = 1 << 14  # characters; tokenizing longer text lets other threads (a server's event loop) run
+
+
+def check_byte_level(tokens: list[str]) -> None:
+    """Byte-level tokens are text of printable characters: one that is not valid UTF-8 (its bytes
+    were read surrogate-escaped) comes from a damaged file."""
+    try:
+        "".join(tokens).encode("utf-8")
+    except UnicodeEncodeError:
+        i, bad = next((i, t) for i, t in enumerate(tokens) if not t.isascii() and _surrogates(t))
+        raw = bad.encode("utf-8", "surrogateescape")
+        raise TokenizerError(f"tokenizer.ggml.tokens[{i}] is not valid UTF-8 ({raw!r}): the file is damaged") from None
+
+
+def _surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
 class BpeEngine:
     """Raw text -> token ids, for byte-level BPE vocabularies."""
 
     def __init__(self, token_to_id: dict[str, int], merges: list[str], pre: PreTokenizer):
+        check_byte_level(list(token_to_id))
         # A byte whose character is not in the vocabulary yields no token in llama.cpp, but it
         # stays a symbol while merging, so its neighbours do not merge across it. A stand-in
         # unknown token (one id past the vocabulary, dropped afterwards) does the same here.
@@ -91,5 +114,8 @@ class BpeEngine:
         return ids
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if len(text) > LONG_TEXT:  # encode_batch lets go of the interpreter lock while it works, encode does not
+            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
         return [i for i in ids if i != self._missing] if self._missing in ids else ids

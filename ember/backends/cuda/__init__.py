@@ -22,48 +22,15 @@ from ...quant import dequantize, widen_to_q8_0
 from ...quant.legacy import WIDEN_TO_Q8_0
 from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, RopeParams, Weight
-from ._kernels import matmul_module
-from ._ops import (
-    ATT_HEADS,
-    ATT_MAX_D,
-    ATT_TILE_DIMS,
-    MATRIX_TYPES,
-    MV_MAX_ROWS,
-    PROLOGUE_K,
-    TOPK_MAX,
-    TOPS_MAX,
-    Add,
-    CopyPages,
-    AddRow,
-    Attention,
-    DeviceMatrix,
-    GatedAct,
-    GatherRows,
-    GetRows,
-    KvStore,
-    Launch,
-    Matmul,
-    RmsNorm,
-    Rope,
-    RopeArgs,
-    Scale,
-    TopK,
-    DECODE_TOKENS,
-    MS_COUNTERS,
-    MS_PART_FLOATS,
-    MS_TOK,
-    att_cluster_size,
-    att_min_keys,
-    matvec_rows,
-    quantized,
-    runs_contiguous,
-    split_count,
-    tile_pieces,
-    tile_split_count,
-    tops_k,
-    tops_slices,
-    xq_bytes,
-)
+from ._kernels import ATT_TILE_DIMS, matmul_module
+from .config import CudaConfig
+from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, GetRows, KvStore, Launch,
+                  Matmul, RmsNorm, Rope, RopeArgs, Scale, SplitScratch, TopK, quantized, xq_bytes)
+from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
+from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
+from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
+
+__all__ = ["Backend", "CudaConfig", "check_attention"]
 
 WEIGHT_PADDING = 64  # bytes past a matrix's end: the block decoders may read one word beyond
 WIDEN_MAX_BYTES = 1 << 20  # more bytes a product may read for taking one launch (~0.25 us of HBM)
@@ -99,126 +66,43 @@ def device_index(device: str) -> int:
     return int(index)
 
 
+def open_device(cp, device: str):
+    """The CUDA device named "cuda" or "cuda:N", made current."""
+    index = device_index(device)
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device, or a driver older than CuPy's toolkit
+        raise BackendError(f"no usable CUDA GPU: {e}") from None
+    if index >= count:
+        raise BackendError(f"CUDA device {index} does not exist ({count} visible)")
+    dev = cp.cuda.Device(index)
+    dev.use()
+    return dev
+
+
 class Backend:
     name = "cuda"
     max_recorded_tokens = 4096  # prompt-sized steps are captured as graphs too: eager, each op is a Python call
     pads_decode_steps = True  # decode steps of 9..64 sequences cost about the same padded to 16, 32 or 64
 
-    def __init__(self, device: str = "cuda", threads: int | None = None, graphs: bool | None = None,
-                 fuse: bool | None = None, tails: bool | None = None, pdl: bool | None = None):
-        cp = self.cp = import_cupy()
-        index = device_index(device)
-        try:
-            count = cp.cuda.runtime.getDeviceCount()
-        except Exception as e:  # no driver, no device, or a driver older than CuPy's toolkit
-            raise BackendError(f"no usable CUDA GPU: {e}") from None
-        if index >= count:
-            raise BackendError(f"CUDA device {index} does not exist ({count} visible)")
-        self.device = cp.cuda.Device(index)
-        self.device.use()
+    def __init__(self, device: str = "cuda", threads: int | None = None, config: CudaConfig | None = None):
         from ._kernels import Kernels
         from ._staging import InputRing
 
-        self.kernels = Kernels(cp, self.device)
-        for module in ("ops", "attention", "sample"):  # every model's first token needs them
-            self.kernels.prefetch(module)
+        self.cp = import_cupy()
+        self.device = open_device(self.cp, device)
+        self.config = config or CudaConfig()
+        self.kernels = Kernels(self.cp, self.device)
         self.n_threads = 1  # host threads: the GPU does the work
         self.n_sm = int(self.device.attributes["MultiProcessorCount"])
-        self.graphs = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0" if graphs is None else graphs
-        self.fuse = os.environ.get("EMBER_CUDA_FUSE", "1") != "0" if fuse is None else fuse
-        # Fused products' tails (their last block does the layer's row-wide norms): "post" (default)
-        # where they take over a post-norm and residual add, "all" also for plain residual products,
-        # "0" never (norms as quant_x launches). tails=True/False mean "all"/"0".
-        mode = os.environ.get("EMBER_CUDA_TAILS", "post") if tails is None else ("all" if tails else "0")
-        if mode not in ("post", "all", "0"):
-            raise BackendError(f"EMBER_CUDA_TAILS must be post, all or 0, not '{mode}'")
-        self.tails = mode
-        # a decode product's blocks normalise and quantize x themselves; "0": a quant_x launch first
-        self.prologue = os.environ.get("EMBER_CUDA_PROLOGUE", "1") != "0"
-        self.prologue_k = int(os.environ.get("EMBER_CUDA_PROLOGUE_K", PROLOGUE_K))
-        self.mv_occ = os.environ.get("EMBER_CUDA_MV_OCC", "auto")
-        self.mv_wide = os.environ.get("EMBER_CUDA_MV_WIDE", "1") != "0"
-        self.mv_persist = os.environ.get("EMBER_CUDA_MV_PERSIST", "1") != "0"
-        # one-row products of 1 MiB or more but fewer blocks than multiprocessors widen their teams
-        # (fill_team_log2); "0": they keep them
-        self.mv_fill = os.environ.get("EMBER_CUDA_MV_FILL", "1") != "0"
-        # one-row products that only store y: a kernel of their own, the generic one's other paths left out
-        self.mv_store = os.environ.get("EMBER_CUDA_MV_STORE", "1") != "0"
-        # the other one-row products on kernels compiled for their own paths (an experiment; off:
-        # H200 decode steps SmolLM2 0.754 -> 0.832 ms, Gemma 3 0.828 -> 0.850 with it)
-        self.mv_spec = os.environ.get("EMBER_CUDA_MV_SPEC", "0") == "1"
-        # products over matrices of several types that Q8_0 holds exactly (Q4_0, Q5_0, Q8_0) take
-        # Q8_0 copies of them, one launch instead of one per type (see _widened); "0": never
-        self.widen = os.environ.get("EMBER_CUDA_WIDEN", "1") != "0"
-        # one-row products: a lane's first weight slices decoded before the kernel waits for x;
-        # "auto": types of 32-value blocks on mv_n1 (see Matmul._pre)
-        self.mv_pre = os.environ.get("EMBER_CUDA_MV_PRE", "auto")
-        if self.mv_pre not in ("0", "1", "auto"):
-            raise BackendError(f"EMBER_CUDA_MV_PRE must be 0, 1 or auto, not '{self.mv_pre}'")
-        # products normalising x themselves: up to this many lane steps so (1 or 2)
-        steps = os.environ.get("EMBER_CUDA_MV_PRE_STEPS", "2")
-        if steps not in ("1", "2"):
-            raise BackendError(f"EMBER_CUDA_MV_PRE_STEPS must be 1 or 2, not '{steps}'")
-        self.mv_pre_steps = int(steps)
-        # weight rows per block of the tensor-core products: 128, 64, or auto (64 where 128 would
-        # not give two blocks per multiprocessor; H200, pp512: SmolLM2 64.8k -> 68.7k tokens/s,
-        # Gemma 3 270M 56.6k -> 59.7-62.7k)
-        self.tile_rows = os.environ.get("EMBER_CUDA_TILE_ROWS", "auto")
-        if self.tile_rows not in ("128", "64", "auto"):
-            raise BackendError(f"EMBER_CUDA_TILE_ROWS must be 128, 64 or auto, not '{self.tile_rows}'")
-        # activation rows up to which products take the matrix-vector kernels (8 or 64)
-        rows = os.environ.get("EMBER_CUDA_MV_ROWS", str(MV_MAX_ROWS))
-        if not rows.isdigit() or not 1 <= int(rows) <= MV_MAX_ROWS:
-            raise BackendError(f"EMBER_CUDA_MV_ROWS must be a number of rows from 1 to {MV_MAX_ROWS}, not '{rows}'")
-        self.mv_rows = int(rows)
-        # products of 9..64 activation rows of quantized weights (batched decode) split k over
-        # blocks of tensor-core tiles (mm_split: compute capability 8.0+, CUDA); "0": the
-        # matrix-vector kernels in groups of 8 rows and mm_tile take them
-        self.mm_split = (os.environ.get("EMBER_CUDA_MM_SPLIT", "1") != "0" and not self.kernels.hip
-                         and int(self.device.compute_capability) >= 80)
-        # decode attention's key-range splits: blocks for this many per multiprocessor
-        waves = os.environ.get("EMBER_CUDA_ATT_WAVES", "2")
-        if not waves.isdigit() or not 1 <= int(waves) <= 64:
-            raise BackendError(f"EMBER_CUDA_ATT_WAVES must be a number from 1 to 64, not '{waves}'")
-        self.att_waves = int(waves)
-        # steps with many tokens per sequence (prompts) take tensor-core attention tiles (compute
-        # capability 8.0+, CUDA, head dims 64/128/256); "0": the scalar kernel for every step
-        self.att_tiles = (os.environ.get("EMBER_CUDA_ATT_TILES", "1") != "0" and not self.kernels.hip
-                          and int(self.device.compute_capability) >= 80)
-        if self.att_tiles:  # a module per head size: the model's own is among them (small modules)
-            for hd in ATT_TILE_DIMS:
-                self.kernels.prefetch(f"attention_tile{hd}")
-        # their key ranges split over several blocks where the pieces alone would leave the GPU
-        # idle (merged by attn_combine); "0": one block per piece
-        self.att_tile_splits = os.environ.get("EMBER_CUDA_ATT_TILE_SPLITS", "1") != "0"
-        # batched decode steps (more than DECODE_TOKENS sequences of one token each) take the tiles
-        # too, one piece per token; "0": the split-K kernel with the folded qkv_post
-        self.att_tiles_decode = os.environ.get("EMBER_CUDA_ATT_TILES_DECODE", "1") != "0"
-        # decode steps of up to DECODE_TOKENS tokens on the split-K kernel: one block per query head
-        # (and split), each with a share of the work a block of the kv head's whole group did;
-        # "0": a block per kv head and group of up to 8 query heads
-        self.att_head_blocks = os.environ.get("EMBER_CUDA_ATT_HEAD_BLOCKS", "1") != "0"
-        # decode attention's last split block merges the splits (else an attn_combine launch)
-        self.att_merge = os.environ.get("EMBER_CUDA_ATT_MERGE", "1") != "0"
-        # merged splits hold at least this many positions: a short key range takes fewer blocks,
-        # and a split alone needs no merge; "auto": what one pass of a block takes (att_min_keys)
-        min_keys = os.environ.get("EMBER_CUDA_ATT_MIN_KEYS", "auto")
-        if not (min_keys.isdigit() or min_keys == "auto"):
-            raise BackendError(f"EMBER_CUDA_ATT_MIN_KEYS must be a number of positions or auto, not '{min_keys}'")
-        self.att_min_keys = None if min_keys == "auto" else int(min_keys)
-        # merged decode splits of a short key range form a thread-block cluster of this many blocks
-        # and merge through distributed shared memory (compute capability 9.0+, CUDA); "auto": 8
-        # where that covers 256 positions in splits of the minimum size, else 16 (heads of 128 and
-        # 256 values); "0": the last split block merges through global memory for every range
-        cluster = os.environ.get("EMBER_CUDA_ATT_CLUSTER", "auto")
-        if cluster not in ("0", "8", "16", "auto"):
-            raise BackendError(f"EMBER_CUDA_ATT_CLUSTER must be 0, 8, 16 (blocks) or auto, not '{cluster}'")
-        self.att_cluster = (cluster if not self.kernels.hip and int(self.device.compute_capability) >= 90
-                            else "0")
-        # greedy rows reduced by many blocks per row (k <= 8); "0": one block per row
-        self.sliced_top_k = os.environ.get("EMBER_CUDA_SLICED_TOPK", "1") != "0"
+        cc = int(self.device.compute_capability)
+        self.tensor_cores = not self.kernels.hip and cc >= 80  # mma.sync tiles: mm_split, attn_tile
+        self.attention_target = AttentionTarget(self.n_sm, tiles=self.tensor_cores,
+                                                clusters=not self.kernels.hip and cc >= 90,
+                                                waves=self.config.att_waves)
+        self._prefetch_first_modules()
         self.graph_error: str | None = None
-        self._ring = InputRing(cp)
+        self._ring = InputRing(self.cp)
         self._recording = None
         self._scratch: dict[str, object] = {}
         self._xq: dict[tuple, object] = {}  # (address, shape) of an activation -> its quantized copy
@@ -226,15 +110,33 @@ class Backend:
         self._counter_at = 0
         self._threads_using = {threading.get_ident()}
         self._capture_stream = None
-        # Programmatic dependent launch inside captured steps (Hopper+, see _launch.py)
-        self.pdl_error: str | None = None
-        self._launcher = None
-        if (os.environ.get("EMBER_CUDA_PDL", "1") != "0") if pdl is None else pdl:
-            from ._launch import load_launcher
+        self._launcher, self.pdl_error = self._load_launcher()
 
-            self._launcher, self.pdl_error = load_launcher(cp, self.device)
-        else:
-            self.pdl_error = "switched off"
+    @property
+    def graphs(self) -> bool:
+        return self.config.graphs
+
+    @property
+    def fuse(self) -> bool:
+        return self.config.fuse
+
+    def _prefetch_first_modules(self) -> None:
+        """Start compiling what every model's first token needs (a module per attention tile size:
+        the model's own is among them)."""
+        for module in ("ops", "attention", "sample"):
+            self.kernels.prefetch(module)
+        if self.tensor_cores:
+            for hd in ATT_TILE_DIMS:
+                self.kernels.prefetch(f"attention_tile{hd}")
+
+    def _load_launcher(self):
+        """Programmatic dependent launch inside captured steps (Hopper+, see _launch.py): the
+        launcher, or None and why not."""
+        if not self.config.pdl:
+            return None, "switched off"
+        from ._launch import load_launcher
+
+        return load_launcher(self.cp, self.device)
 
     # ---- description ----
     def describe(self) -> dict:
@@ -246,7 +148,7 @@ class Backend:
                 "compute_capability": self.device.compute_capability, "multiprocessors": self.n_sm,
                 "memory_total_gib": round(total / 2**30, 1), "memory_free_gib": round(free / 2**30, 1),
                 "cupy": self.cp.__version__, "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
-                "graphs": self.graphs, "tails": self.tails, "pdl": self._launcher is not None,
+                "graphs": self.graphs, "fuse": self.fuse, "pdl": self._launcher is not None,
                 "kernel_cache": str(_kernel_cache())}
 
     def supports(self, qtype: GGMLType) -> bool:
@@ -264,17 +166,20 @@ class Backend:
         if shape[1] % 32:
             raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
                                "multiple of 32")
-        self.kernels.prefetch(matmul_module(tensor.type))  # compiles while the weights upload
-        if shape[0] > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (Matmul._occ)
-            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_occ"))
-        if self.mv_store:  # products storing y alone (Matmul._spec): decode steps' second kernel of the type
-            self.kernels.prefetch(matmul_module(tensor.type, "mv_n1_spec", 0))
-        self.kernels.prefetch_later(matmul_module(tensor.type, "mv_n8"))  # batched decode: after the rest
+        self._prefetch_matrix_modules(tensor.type, shape[0])
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)
         row_bytes = layout(tensor.type).row_bytes(shape[1])
         return Weight(tensor.name, tensor.type, shape, DeviceMatrix(buf, row_bytes))
+
+    def _prefetch_matrix_modules(self, qtype: GGMLType, rows: int) -> None:
+        """Compile a weight type's kernels while the weights upload."""
+        self.kernels.prefetch(matmul_module(qtype))
+        if rows > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (MvGeometry.occ)
+            self.kernels.prefetch(matmul_module(qtype, "mv_n1_occ"))
+        self.kernels.prefetch(matmul_module(qtype, "mv_n1_store"))  # products storing y alone
+        self.kernels.prefetch_later(matmul_module(qtype, "mv_n8"))  # batched decode: after the rest
 
     def empty(self, shape, dtype=np.float32):
         return self.cp.empty(shape, dtype)
@@ -299,8 +204,7 @@ class Backend:
     def record(self):
         """Ops are recorded, not run; when the block ends they are fused, captured as a graph and
         replayed once (nothing in the block may read an op's output: downloads are filled by the
-        replay). Running them as they come as well cost a first step half its recording time
-        again (H200: 30-50 ms to record a step of SmolLM2, ~20 of it running the ops one by one)."""
+        replay), which also spares a first step running its ops one by one."""
         from ._staging import Recording
 
         rec = self._recording = Recording(run_now=False)
@@ -314,16 +218,12 @@ class Backend:
     def _finish(self, rec) -> None:
         from ._fuse import fuse
 
-        if self.fuse:
-            counter = self._new_counter if self.tails != "0" else None
-            ops = fuse(rec.ops, counter, residual_tails=self.tails == "all")
-        else:
-            ops = rec.ops
+        ops = fuse(rec.ops, self._new_counter) if self.fuse else rec.ops
         rec.n_ops_fused = len(ops)
         rec.launches = [launch for op in (*rec.uploads, *ops, *rec.downloads) for launch in op.launches(self.kernels)]
         # Early launches only for decode-sized steps: in a prompt-sized step the tile products run
         # in several waves of blocks, and successors' blocks waiting on the SMs slow their later
-        # waves (H200: pp512 66.6k -> 55.3k tokens/s with them). mm_split's blocks fit in one wave.
+        # waves. mm_split's blocks fit in one wave.
         early = not any(isinstance(op, Matmul) and not op.matvec() and not op.split() for op in ops)
         if self.graphs and self.graph_error is None:
             try:
@@ -483,29 +383,21 @@ class Backend:
         for w, out in zip(ws, outs):
             if len(w.shape) != 2 or w.shape[1] != x.shape[1] or out.shape != (x.shape[0], w.shape[0]):
                 raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
-        n, k = x.shape
+        n = x.shape[0]
         ws = self._widened(ws)
-        rows = min(matvec_rows(w.type, self.mv_rows) for w in ws) if ws else 8
-        split = {}
-        if self.mm_split and n > 8 and all(quantized(w.type) for w in ws):
-            rows = min(rows, 8)
-            split = dict(split_rows=MS_TOK, part=self._scratch_f32("mm_split_part", MS_PART_FLOATS),
-                         counters=self._zeroed_u32("mm_split_counters", MS_COUNTERS))
-        decode = 0 < n <= rows
-        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if decode else None, mv_rows=rows,
-                         prologue=self.prologue, prologue_k=self.prologue_k, mv_occ=self.mv_occ,
-                         mv_wide=self.mv_wide, mv_fill=self.mv_fill, mv_persist=self.mv_persist,
-                         mv_store=self.mv_store, mv_spec=self.mv_spec, mv_pre=self.mv_pre,
-                         mv_pre_steps=self.mv_pre_steps,
-                         tile_rows=self.tile_rows, n_sm=self.n_sm, **split))
+        split = self.tensor_cores and n > 8 and all(quantized(w.type) for w in ws)
+        rows = mv_rows_for(ws, self.config, split)
+        buf = SplitScratch(self._scratch_f32("mm_split_part", MS_PART_FLOATS),
+                           self._zeroed_u32("mm_split_counters", MS_COUNTERS)) if split else None
+        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
+                         split_buf=buf, cfg=self.config, n_sm=self.n_sm))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:
         """ws, or Q8_0 copies of them (made once, kept beside the originals) where they are of
         several types that Q8_0 holds exactly and the copies add at most WIDEN_MAX_BYTES to what
-        the product reads: one launch instead of one per type. Gemma 3 270M's layers with Q8_0
-        values beside Q5_0 queries and keys: on an H200 its decode step 0.795 -> 0.670 ms (112
-        -> 102 launches), tg128 1310 -> 1533 tok/s."""
-        if not self.widen or not widens(ws):
+        the product reads: one launch instead of one per type (Gemma 3's Q5_0 queries and keys
+        beside Q8_0 values)."""
+        if not widens(ws):
             return ws
         return [self._wide_copy(w) if w.type != GGMLType.Q8_0 else w for w in ws]
 
@@ -570,33 +462,16 @@ class Backend:
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
-        n, (n_seq, max_pages) = q.shape[0], batch.block_tables.shape
-        hd_k, hd_v = k_cache.shape[1] // n_kv_head, v_cache.shape[1] // n_kv_head
-        rows = np.asarray(batch.seq_rows)
-        # decode steps: a recording's fusion may then fold the KV-cache write into the attention
-        # (the engine replays such a recording only for steps of one token per sequence)
-        single = 0 < n <= n_seq and np.unique(rows).size == n
-        tiles = (self.att_tiles and (not single or (self.att_tiles_decode and n > DECODE_TOKENS))
-                 and hd_k == hd_v in ATT_TILE_DIMS and runs_contiguous(rows))
-        group, max_ctx = n_head // n_kv_head, max_pages * batch.page_size
-        if tiles:
-            blocks = tile_pieces(n, group, n_seq) * n_kv_head * -(-group // ATT_HEADS)
-            n_split = tile_split_count(blocks, hd_k, max_ctx, self.n_sm, single) if self.att_tile_splits else 1
-        hpb = 1 if self.att_head_blocks and not tiles and n <= DECODE_TOKENS else ATT_HEADS
-        if not tiles:
-            n_split = split_count(n, n_kv_head, group, max_ctx, self.n_sm, self.att_waves, hpb)
-        merge = not tiles and n_split > 1 and self.att_merge
-        min_keys = att_min_keys(hd_v) if self.att_min_keys is None else self.att_min_keys
-        cluster = att_cluster_size(self.att_cluster, min_keys) if merge and hd_v % 32 == 0 else 0
-        if cluster:  # whole clusters of splits
-            n_split = -(-n_split // cluster) * cluster
-        part = self._scratch_f32("attn_part", n * n_head * n_split * (hd_v + 2)) if n_split > 1 else None
-        counters = self._zeroed_u32("attn_counters", n * n_kv_head * -(-group // hpb)) if merge else None
+        step = attention_step(q, k_cache, v_cache, batch, n_head, n_kv_head)
+        plan = plan_attention(self.attention_target, step)
+        part = self._scratch_f32("attn_part", plan.part_floats(step)) if plan.n_split > 1 else None
+        counters = self._zeroed_u32("attn_counters", plan.counters(step)) if plan.merge else None
         self._run(Attention(q, k_cache, v_cache, out, part, self._input(batch.positions, np.int32),
                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
-                            batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap), n_split,
-                            one_token_per_seq=bool(single), tiles=bool(tiles), heads_per_block=hpb,
-                            counters=counters, cluster=cluster, min_keys=min_keys))
+                            batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap),
+                            plan.n_split, one_token_per_seq=step.single, tiles=plan.tiles,
+                            heads_per_block=plan.heads_per_block, counters=counters, cluster=plan.cluster,
+                            min_keys=plan.min_keys))
 
     # ---- sampling reductions (not yet part of the Backend protocol) ----
     def top_k(self, logits, k: int, ids, vals) -> None:
@@ -611,7 +486,7 @@ class Backend:
         if not n:
             return
         self.kernels.prefetch("sample")
-        if k <= TOPS_MAX and self.sliced_top_k:
+        if k <= TOPS_MAX:
             size = n * tops_slices(vocab) * tops_k(k)
             self._run(TopK(logits, k, ids, vals, self._scratch_f32("tops_v", size),
                            self._scratch_f32("tops_i", size).view(np.int32), self._zeroed_u32("tops_count", n)))
@@ -631,6 +506,17 @@ def check_attention(q, k_cache, v_cache, batch: AttentionBatch, n_head: int, n_k
     tables = batch.block_tables
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= tables.shape[1] * batch.page_size):
         raise BackendError("a position lies beyond its sequence's page table")
+
+
+def attention_step(q, k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int) -> AttentionStep:
+    """A step's attention shape. Decode steps (every token the only one of its sequence) may fold
+    the KV-cache write into the attention in a recording (the engine replays such a recording
+    only for steps of one token per sequence)."""
+    n, (n_seq, max_pages) = q.shape[0], batch.block_tables.shape
+    rows = np.asarray(batch.seq_rows)
+    single = bool(0 < n <= n_seq and np.unique(rows).size == n)
+    return AttentionStep(n, n_seq, max_pages * batch.page_size, n_head, n_kv, k_cache.shape[1] // n_kv,
+                         v_cache.shape[1] // n_kv, single, bool(runs_contiguous(rows)))
 
 
 def rope_args(p: RopeParams) -> RopeArgs:

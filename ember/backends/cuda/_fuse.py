@@ -18,7 +18,6 @@ then producers take over the next product's activation work (decode products rea
   Matmul with a post-norm tail + Matmul normalising r -> the second one's blocks do the post-norm
       and residual add before their own norm (residual prologue; its last block writes r back)
   Matmul with a tail + Matmul normalising r  -> the tail also normalises and quantizes r
-  (optionally also for a Matmul adding into r in its epilogue: a tail of its own)
   gated Matmul + Matmul(act)             -> the gated one quantizes act in its epilogue
   Attention + Matmul(out)                -> attention quantizes its output
 
@@ -32,11 +31,10 @@ Pure Python on array addresses: testable without a GPU.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
 
-from ._ops import (
+from .ops import (
     MODE_GELU,
     MODE_RESIDUAL,
     MODE_SILU,
@@ -49,22 +47,18 @@ from ._ops import (
     Matmul,
     NormAdd,
     QkvPost,
+    ResidualPrologue,
     RmsNorm,
     Rope,
     Tail,
 )
 
 
-def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = False,
-         fold_qkv: bool | None = None, post_prologue: bool | None = None) -> list:
-    """The fused op list. new_counter() gives a zeroed device uint32 for each tail; without it,
-    no tails are formed. Tails form where they take over a post-norm and residual add (gemma's
-    layers); with residual_tails, also on products that add into the residual in their epilogue,
-    just to do the next norm (measured on an H200: slower than a quant_x launch, see bench/cuda.py).
-    fold_qkv: attention launches of decode steps do the QkvPost's work (one launch less per
-    layer); by default unless the environment sets EMBER_CUDA_FOLD_QKV=0. post_prologue: a post-norm
-    tail followed by a product normalising the residual becomes that product's residual prologue;
-    by default unless EMBER_CUDA_POST_PROLOGUE=0."""
+def fuse(ops: list, new_counter: Callable | None = None) -> list:
+    """The fused op list. new_counter() gives a zeroed device uint32 for each tail or residual
+    prologue; without it, neither forms. Tails form where they take over a post-norm and residual
+    add (gemma's layers); a plain residual add keeps the next norm in that product's quant_x
+    launch, which measured faster than a tail doing it."""
     merged: list = []
     for op in ops:
         merged.append(op)
@@ -73,12 +67,8 @@ def fuse(ops: list, new_counter: Callable | None = None, residual_tails: bool = 
             if pair is None:
                 break
             merged[-2:] = [pair]
-    merged = fuse_qkv_post(merged)
-    if os.environ.get("EMBER_CUDA_FOLD_QKV", "1") != "0" if fold_qkv is None else fold_qkv:
-        merged = fold_qkv_posts(merged)
-    if post_prologue is None:
-        post_prologue = os.environ.get("EMBER_CUDA_POST_PROLOGUE", "1") != "0"
-    return hand_over_activations(merged, new_counter, residual_tails, post_prologue)
+    merged = fold_qkv_posts(fuse_qkv_post(merged))
+    return hand_over_activations(merged, new_counter)
 
 
 def merge_pair(a, b, new_counter):
@@ -292,17 +282,15 @@ def arrays_in(value):
 
 # ---- producers writing the next product's activations ----
 
-def hand_over_activations(ops: list, new_counter, residual_tails: bool = False, post_prologue: bool = True) -> list:
+def hand_over_activations(ops: list, new_counter) -> list:
     out = list(ops)
     for i in range(len(out) - 1):
         a, b = out[i], out[i + 1]
         if not isinstance(b, Matmul) or not b.matvec() or not b.quant_in:
             continue
         pair = None
-        if isinstance(a, Matmul) and new_counter is not None and a.tail is not None and post_prologue:
-            pair = post_norm_into_prologue(a, b, new_counter)
-        if pair is None and isinstance(a, Matmul) and new_counter is not None and (a.tail is not None or residual_tails):
-            pair = norm_into_tail(a, b, new_counter)
+        if isinstance(a, Matmul) and new_counter is not None and a.tail is not None:
+            pair = post_norm_into_prologue(a, b, new_counter) or norm_into_tail(a, b, new_counter)
         if pair is None and isinstance(a, Matmul):
             pair = act_quant(a, b)
         if pair is None and isinstance(a, Attention):
@@ -314,8 +302,8 @@ def hand_over_activations(ops: list, new_counter, residual_tails: bool = False, 
 
 def post_norm_into_prologue(p: Matmul, c: Matmul, new_counter):
     """p's tail adds its post-normed output y into the residual r, and c normalises r: c's blocks
-    do both instead (each from y and r; the tail ran in one block after all of p's: ~7 us on an
-    H200 for gemma's rows of 640), and p only writes y."""
+    do both instead, each from y and r (the tail ran in one block after all of p's), and p only
+    writes y."""
     t = p.tail
     if t is None or not t.add or t.post_w is None or t.pre_w is not None or len(p.ws) != 1:
         return None
@@ -324,8 +312,8 @@ def post_norm_into_prologue(p: Matmul, c: Matmul, new_counter):
     y, res = p.outs[0], t.res
     if tuple(y.shape) != tuple(res.shape) or overlap(y, res):
         return None
-    cand = replace(c, pro_y=y, pro_post_w=t.post_w, pro_post_eps=t.post_eps, pro_counter=new_counter(),
-                   pro_yout=None if same(y, c.x) else y)
+    pro = ResidualPrologue(y, t.post_w, t.post_eps, new_counter(), yout=None if same(y, c.x) else y)
+    cand = replace(c, pro_res=pro)
     if not cand.in_prologue():
         return None
     # c's blocks read y and r while others write c's outputs, and its last block writes r and y
@@ -338,15 +326,12 @@ def post_norm_into_prologue(p: Matmul, c: Matmul, new_counter):
 
 
 def norm_into_tail(p: Matmul, c: Matmul, new_counter):
-    """p adds into the residual r (epilogue or tail) and c normalises r: p's tail does c's norm."""
+    """p's tail adds into the residual r and c normalises r: the tail does c's norm too."""
     if c.norm_w is None or c.idx is not None or len(p.ws) != 1 or not p.matvec() or p.act_q is not None:
         return None
-    if p.mode == MODE_RESIDUAL and p.tail is None:
-        res = p.aux
-    elif p.mode == MODE_STORE and p.tail is not None and p.tail.add and p.tail.pre_w is None:
-        res = p.tail.res
-    else:
+    if not (p.mode == MODE_STORE and p.tail is not None and p.tail.add and p.tail.pre_w is None):
         return None
+    res = p.tail.res
     d = p.ws[0].shape[0]
     if not same(c.src, res) or c.k != d or d % 32 or c.n != p.n:
         return None
@@ -355,8 +340,7 @@ def norm_into_tail(p: Matmul, c: Matmul, new_counter):
     if c.needs_xq and c.xq is None:
         return None
     # c.x may be p's own output h: the tail overwrites row j of it only after reading it
-    base = p.tail if p.tail is not None else Tail(counter=new_counter(), res=res)
-    tail = replace(base, pre_w=c.norm_w, pre_eps=c.eps, pre_h=c.x, pre_q=c.xq if c.needs_xq else None)
+    tail = replace(p.tail, pre_w=c.norm_w, pre_eps=c.eps, pre_h=c.x, pre_q=c.xq if c.needs_xq else None)
     return replace(p, tail=tail), replace(c, src=None, norm_w=None, eps=0.0, quant_in=False)
 
 

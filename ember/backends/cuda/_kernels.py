@@ -33,12 +33,16 @@ def kernel_source(name: str) -> str:
     return resources.files(__package__).joinpath("kernels", name).read_text()
 
 
+MATMUL_VARIANTS = {"": "", "batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
+                   "store": "#define MV_STORE 1\n"}
+
+
 def module_source(module: str) -> str:
     """The full source of one compiled module: "ops", "attention" (decode attention and the split
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
-    rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_s<mask>" (mv_n1_spec
-    for one combination of paths; mask 0: products that only store y), see matmul.cu."""
+    rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_store" (mv_n1_store),
+    see matmul.cu."""
     common = kernel_source("common.cuh")
     if module in ("ops", "sample"):
         return common + kernel_source(f"{module}.cu")
@@ -46,24 +50,18 @@ def module_source(module: str) -> str:
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
-    if (parts[0] == "matmul" and len(parts) == 3 and parts[1].isdigit() and parts[2][:1] == "s"
-            and parts[2][1:].isdigit() and 0 <= int(parts[2][1:]) < 64):
-        return (f"#define QT {int(parts[1])}\n#define MV_SPEC {int(parts[2][1:])}\n" + common
-                + kernel_source("quant.cuh") + kernel_source("matmul.cu"))
-    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and parts[2:] in ([], ["batch"], ["occ"]):
-        defines = f"#define QT {int(parts[1])}\n" + {"batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n"}.get(
-            parts[2] if len(parts) == 3 else "", "")
+    variant = parts[2] if len(parts) == 3 else ""
+    if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and variant in MATMUL_VARIANTS:
+        defines = f"#define QT {int(parts[1])}\n" + MATMUL_VARIANTS[variant]
         return defines + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
     raise BackendError(f"no kernel module named '{module}'")
 
 
-def matmul_module(qtype: int, kernel: str = "", spec: int = 0) -> str:
-    """The module holding one of matmul.cu's kernels for a weight type (mv_n1_spec: that of mask spec)."""
-    if kernel == "mv_n1_spec":
-        return f"matmul_{int(qtype)}_s{int(spec)}"
-    if kernel in ("mv_n2", "mv_n4", "mv_n8"):
-        return f"matmul_{int(qtype)}_batch"
-    return f"matmul_{int(qtype)}_occ" if kernel == "mv_n1_occ" else f"matmul_{int(qtype)}"
+def matmul_module(qtype: int, kernel: str = "") -> str:
+    """The module holding one of matmul.cu's kernels for a weight type."""
+    variant = {"mv_n2": "batch", "mv_n4": "batch", "mv_n8": "batch", "mv_n1_occ": "occ",
+               "mv_n1_store": "store"}.get(kernel)
+    return f"matmul_{int(qtype)}_{variant}" if variant else f"matmul_{int(qtype)}"
 
 
 @dataclass

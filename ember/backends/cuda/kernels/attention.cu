@@ -64,8 +64,8 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
 // Each block's partial form is in part before it counts in (its fence orders the writes first);
 // the last one reads the others' from L2: a lane's pair of values of every split (PRE >= n_used)
 // is loaded with the splits' (max, sum), one round trip for all, and a decode block's head (up
-// to 256 values) takes one pass of its threads. wgt: shared, ATT_HEADS * 32 floats. (A value a
-// thread, two passes at head size 256, cost Gemma 3's merge ~5 us of its attention's ~15.)
+// to 256 values) takes one pass of its threads (a value a thread took two at head size 256).
+// wgt: shared, ATT_HEADS * 32 floats.
 template <int PRE>
 __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h0, int gh, int n_head, int hd_v,
                              int n_split, int n_used, float *wgt) {
@@ -175,8 +175,139 @@ __device__ void cluster_merge(const float *red, const float *m_s, const float *l
         scale, softcap, n_split, xq, kpt_log2, min_keys, k_new, v_new, q_norm, k_norm, eps, n_rot, neox, base,    \
         freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters
 
+// A block's place in the grid: token t (blockIdx.z), key-range split (blockIdx.x), and from
+// blockIdx.y kv head g and its query heads h0 .. h0 + gh - 1: chunk hc of n_hc = gridDim.y / n_kv
+// chunks of hpb = ceil(group / n_hc) <= ATT_HEADS heads (the host picks n_hc).
+struct AttnBlock {
+    int t, split, g, h0, gh;
+};
+
+__device__ __forceinline__ AttnBlock attn_block(int n_head, int n_kv) {
+    const int group = n_head / n_kv, n_hc = gridDim.y / n_kv, hpb = (group + n_hc - 1) / n_hc;
+    const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
+    return {(int)blockIdx.z, (int)blockIdx.x, g, g * group + hc * hpb, min(hpb, group - hc * hpb)};
+}
+
+// The key range [first, p_t] of a token in splits of per positions: n_used of the n_split hold
+// keys. Splits merged by their last block (merged) hold at least min_keys positions: a short key
+// range takes fewer blocks, the others leave at once, and a split alone writes the output itself
+// (no merge); attn_combine reads every split's partial form, so there all n_split write one.
+// in_cluster: the splits are re-cut to one pass of scores each and merged through the cluster.
+struct AttnRange {
+    int first, per, n_used;
+    bool in_cluster;
+};
+
+template <int CL>
+__device__ __forceinline__ AttnRange attn_range(int p_t, int window, int n_split, bool merged, int min_keys, int hd_v,
+                                                int kpt_log2) {
+    const int first = window > 0 ? max(0, p_t - window + 1) : 0;
+    const int len = p_t + 1 - first;
+    AttnRange r = {first, (len + n_split - 1) / n_split, n_split, false};
+    if (merged) {
+        r.per = max(r.per, min_keys);
+        r.n_used = (len + r.per - 1) / r.per;
+        if (CL > 0 && (hd_v & 31) == 0) {
+            // a range that one cluster covers with one pass of scores a split: no global merge
+            if (r.n_used > CL && (len + CL - 1) / CL <= (ATT_CHUNK >> kpt_log2)) {
+                r.per = (len + CL - 1) / CL;
+                r.n_used = (len + r.per - 1) / r.per;
+            }
+            r.in_cluster = r.n_used > 1 && r.n_used <= CL;
+        }
+    }
+    return r;
+}
+
+// The scores of one chunk of keys c0 .. c0 + n_c - 1 for the block's gh heads (queries qs, hd_k
+// values a row): kpt threads a key, each over a share of its dimensions, up to 8 loads in flight.
+// Returns this thread's partial sums s (summed over the key's threads by the caller).
+__device__ __forceinline__ void attn_key_scores(float (&s)[ATT_HEADS], const float *qs, const u16 *k_cache,
+                                                size_t slot, int g, int hd_k, int kv_k, int kpart, int kpt, int gh) {
+    const uint4 *kp = (const uint4 *)(k_cache + slot * kv_k + (size_t)g * hd_k);
+    for (int d0 = kpart; d0 < hd_k / 8; d0 += 8 * kpt) {
+        uint4 raw[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) raw[u] = d0 + u * kpt < hd_k / 8 ? kp[d0 + u * kpt] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int d8 = d0 + u * kpt;
+            if (d8 >= hd_k / 8) break;
+            const u32 w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+            float kf[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) kf[2 * j] = h2f((u16)(w4[j] & 0xFFFFu)), kf[2 * j + 1] = h2f((u16)(w4[j] >> 16));
+#pragma unroll
+            for (int h = 0; h < ATT_HEADS; h++) {
+                if (h >= gh) break;
+                const float4 *qv = (const float4 *)(qs + h * hd_k + 8 * d8);
+                const float4 a = qv[0], b = qv[1];
+                s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
+                        b.w * kf[7];
+            }
+        }
+    }
+}
+
+// Online softmax over one chunk's scores sc (one warp per head): sc becomes probabilities, and
+// each head's running max m_s, sum l_s and rescale alpha_s of the sums so far are updated.
+__device__ __forceinline__ void attn_softmax(float (*sc)[ATT_CHUNK], float *m_s, float *l_s, float *alpha_s, int gh,
+                                             int chunk) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int h = warp; h < gh; h += ATT_THREADS / 32) {
+        float x[ATT_CHUNK / 32], cmax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < ATT_CHUNK / 32; i++) {
+            x[i] = lane + 32 * i < chunk ? sc[h][lane + 32 * i] : NEG_INF;
+            cmax = fmaxf(cmax, x[i]);
+        }
+        cmax = warp_max(cmax);  // finite: key c0 is always in range
+        const float m_old = m_s[h], m_new = fmaxf(m_old, cmax);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_CHUNK / 32; i++) {
+            const float e = expf(x[i] - m_new);
+            if (lane + 32 * i < chunk) sc[h][lane + 32 * i] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            const float alpha = expf(m_old - m_new);
+            alpha_s[h] = alpha;
+            m_s[h] = m_new;
+            l_s[h] = l_s[h] * alpha + sum;
+        }
+    }
+}
+
+// The block's output rows after the last chunk: the key groups' partial sums red (kg, gh, hd_v)
+// added up; written out (a split alone), kept in red for the cluster's merge, or written as this
+// split's partial form (max, sum, values) to part.
+__device__ __forceinline__ void attn_write(float *red, const AttnBlock &b, const AttnRange &r, const float *m_s,
+                                           const float *l_s, float *__restrict__ out, float *__restrict__ part,
+                                           u8 *__restrict__ xq, int n_head, int hd_v, int n_split, int n_kg) {
+    for (int i = threadIdx.x; i < b.gh * hd_v; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
+        const int h = i / hd_v, d = i % hd_v;
+        float s = 0.f;
+        for (int j = 0; j < n_kg; j++) s += red[(j * b.gh + h) * hd_v + d];
+        if (r.n_used == 1) {
+            const size_t at = ((size_t)b.t * n_head + b.h0 + h) * hd_v + d;
+            out[at] = s / l_s[h];
+            if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
+        } else if (r.in_cluster) {
+            red[i] = s;  // in place: thread i alone reads red[i] (key group 0's value)
+        } else {
+            float *base = part + (((size_t)b.t * n_head + b.h0 + h) * n_split + b.split) * (hd_v + 2);
+            base[2 + d] = s;
+            if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
+        }
+    }
+}
+
 // CL > 0 (attn_cluster): the blocks of CL consecutive splits form a thread-block cluster (see
-// cluster_merge).
+// cluster_merge). Stages: the block's place and key range, the first chunk's cache slots (before
+// the wait), the queries (the folded qkv_post, or q scaled), then per chunk of keys the scores,
+// the online softmax and the values; the output or partial form; the merge of the splits.
 template <int CL>
 __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     __shared__ __align__(16) float qs[ATT_HEADS * ATT_MAX_D];  // scaled queries; reused for the reduction
@@ -187,13 +318,9 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     // The folded form's rope table and new key live in sc until the first scores are written.
     float *const cs = &sc[0][0], *const sn = cs + 256, *const ks = cs + 512;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t = blockIdx.z, split = blockIdx.x;
-    // blockIdx.y: kv head g and chunk hc of its group's query heads, n_hc = gridDim.y / n_kv chunks
-    // of hpb = ceil(group / n_hc) <= ATT_HEADS heads (the host picks n_hc)
-    const int group = n_head / n_kv, n_hc = gridDim.y / n_kv, hpb = (group + n_hc - 1) / n_hc;
-    const int g = blockIdx.y / n_hc, hc = blockIdx.y % n_hc;
-    const int h0 = g * group + hc * hpb, gh = min(hpb, group - hc * hpb);
+    const int tid = threadIdx.x;
+    const AttnBlock b = attn_block(n_head, n_kv);
+    const int t = b.t, g = b.g, h0 = b.h0, gh = b.gh;
 
     // Positions are step inputs, written by no kernel (see pdl_launch_next): the folded form's
     // rope table is made while the kernel before this one still runs.
@@ -203,31 +330,13 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     if (k_new)
         for (int i = tid; i < n_rot / 2; i += ATT_THREADS) rope_cos_sin(rp, p_t, i, cs[i], sn[i]);
     // so are the key range and the page tables: the first chunk's cache slots are looked up now
-    const int first = window > 0 ? max(0, p_t - window + 1) : 0;
-    // Splits merged by their last block (counters set) hold at least min_keys positions: a short
-    // key range takes fewer blocks, the others leave at once, and a split alone writes the output
-    // itself (no merge). attn_combine reads every split's partial form: all n_split write one.
-    const int len = p_t + 1 - first;
-    int per = (len + n_split - 1) / n_split, n_used = n_split;
-    bool in_cluster = false;
-    if (counters) {
-        per = max(per, min_keys);
-        n_used = (len + per - 1) / per;
-        if (CL > 0 && (hd_v & 31) == 0) {
-            // a range that one cluster covers with one pass of scores a split: no global merge
-            if (n_used > CL && (len + CL - 1) / CL <= (ATT_CHUNK >> kpt_log2)) {
-                per = (len + CL - 1) / CL;
-                n_used = (len + per - 1) / per;
-            }
-            in_cluster = n_used > 1 && n_used <= CL;
-        }
-        if (split >= n_used) {
-            if (in_cluster && split < CL)  // the cluster's barriers only
-                cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
-            return;
-        }
+    const AttnRange r = attn_range<CL>(p_t, window, n_split, counters != nullptr, min_keys, hd_v, kpt_log2);
+    if (counters && b.split >= r.n_used) {
+        if (r.in_cluster && b.split < CL)  // the cluster's barriers only
+            cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
+        return;
     }
-    const int s0 = first + split * per, s1 = min(s0 + per, p_t + 1);
+    const int s0 = r.first + b.split * r.per, s1 = min(s0 + r.per, p_t + 1);
     const int *table = tables + (size_t)seq_rows[t] * max_pages;
     const int kv_k = n_kv * hd_k, kv_v = n_kv * hd_v;
     const int kpt = 1 << kpt_log2, chunk = ATT_CHUNK >> kpt_log2;
@@ -260,7 +369,6 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     for (int h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.f;
     __syncthreads();
 
-    // scores: kpt threads per key (2^kpt_log2), each over a share of the key's dimensions
     for (int c0 = s0; c0 < s1; c0 += chunk) {
         const int n_c = min(chunk, s1 - c0);
         // The first chunk's values (its slots known since before the wait) are loaded with its keys,
@@ -281,31 +389,7 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
             const int p = c0 + key;
             const int slot = first_chunk ? slot_first : table[p / page_size] * page_size + p % page_size;
             if (kpart == 0 && !first_chunk) slot_s[key] = slot;
-            const uint4 *kp = (const uint4 *)(k_cache + (size_t)slot * kv_k + (size_t)g * hd_k);
-            for (int d0 = kpart; d0 < hd_k / 8; d0 += 8 * kpt) {  // up to 8 loads in flight, then their use
-                uint4 raw[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    raw[u] = d0 + u * kpt < hd_k / 8 ? kp[d0 + u * kpt] : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int d8 = d0 + u * kpt;
-                    if (d8 >= hd_k / 8) break;
-                    const u32 w4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-                    float kf[8];
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        kf[2 * j] = h2f((u16)(w4[j] & 0xFFFFu)), kf[2 * j + 1] = h2f((u16)(w4[j] >> 16));
-#pragma unroll
-                    for (int h = 0; h < ATT_HEADS; h++) {
-                        if (h >= gh) break;
-                        const float4 *qv = (const float4 *)(qs + h * hd_k + 8 * d8);
-                        const float4 a = qv[0], b = qv[1];
-                        s[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
-                                b.z * kf[6] + b.w * kf[7];
-                    }
-                }
-            }
+            attn_key_scores(s, qs, k_cache, (size_t)slot, g, hd_k, kv_k, kpart, kpt, gh);
         }
         for (int o = 1; o < kpt; o <<= 1)  // the key's threads are adjacent lanes
 #pragma unroll
@@ -318,30 +402,7 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
             }
         }
         __syncthreads();
-        for (int h = warp; h < gh; h += ATT_THREADS / 32) {  // online softmax, one warp per head
-            float x[ATT_CHUNK / 32], cmax = NEG_INF;
-#pragma unroll
-            for (int i = 0; i < ATT_CHUNK / 32; i++) {
-                x[i] = lane + 32 * i < chunk ? sc[h][lane + 32 * i] : NEG_INF;
-                cmax = fmaxf(cmax, x[i]);
-            }
-            cmax = warp_max(cmax);  // finite: key c0 is always in range
-            const float m_old = m_s[h], m_new = fmaxf(m_old, cmax);
-            float sum = 0.f;
-#pragma unroll
-            for (int i = 0; i < ATT_CHUNK / 32; i++) {
-                const float e = expf(x[i] - m_new);
-                if (lane + 32 * i < chunk) sc[h][lane + 32 * i] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float alpha = expf(m_old - m_new);
-                alpha_s[h] = alpha;
-                m_s[h] = m_new;
-                l_s[h] = l_s[h] * alpha + sum;
-            }
-        }
+        attn_softmax(sc, m_s, l_s, alpha_s, gh, chunk);
         __syncthreads();
         if (pv_active) {
 #pragma unroll
@@ -386,31 +447,16 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
         }
     }
     __syncthreads();
-    for (int i = tid; i < gh * hd_v; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
-        const int h = i / hd_v, d = i % hd_v;
-        float s = 0.f;
-        for (int j = 0; j < n_kg; j++) s += red[(j * gh + h) * hd_v + d];
-        if (n_used == 1) {
-            const size_t at = ((size_t)t * n_head + h0 + h) * hd_v + d;
-            out[at] = s / l_s[h];
-            if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
-        } else if (in_cluster) {
-            red[i] = s;  // in place: thread i alone reads red[i] (key group 0's value)
-        } else {
-            float *base = part + (((size_t)t * n_head + h0 + h) * n_split + split) * (hd_v + 2);
-            base[2 + d] = s;
-            if (d == 0) base[0] = m_s[h], base[1] = l_s[h];
-        }
-    }
-    if (in_cluster) {
-        cluster_merge<CL>(red, m_s, l_s, out, xq, t, h0, gh, n_head, hd_v, n_used, split);
+    attn_write(red, b, r, m_s, l_s, out, part, xq, n_head, hd_v, n_split, n_kg);
+    if (r.in_cluster) {
+        cluster_merge<CL>(red, m_s, l_s, out, xq, t, h0, gh, n_head, hd_v, r.n_used, b.split);
         return;
     }
-    if (n_used > 1 && counters && last_split(counters, t, n_used, &last_s)) {
-        if (n_used <= 8)
-            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, n_used, &sc[0][0]);
+    if (r.n_used > 1 && counters && last_split(counters, t, r.n_used, &last_s)) {
+        if (r.n_used <= 8)
+            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0]);
         else
-            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, n_used, &sc[0][0]);
+            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0]);
     }
 }
 

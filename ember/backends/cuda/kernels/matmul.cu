@@ -34,49 +34,58 @@ constexpr int SPL = QT == T_Q4_K || QT == T_Q5_K ? 2 : 1;  // slices per lane st
 #define MODE_SILU 2
 #define MODE_GELU 3
 
-struct MvArgs {
-    const u8 *w[4];  // matrices (rows_m, row_bytes), all of type QT and k columns
+// The kernels' arguments, one small struct per stage (the launch passes them flat: MV_PARAMS).
+struct MvMats {  // the matrices of one launch, all of type QT and k columns
+    const u8 *w[4];  // (rows_m, row_bytes)
     float *y[4];     // outputs (n, rows_m)
     int rows[4];
     int n_mat;
     i64 row_bytes;
+};
+struct MvRun {  // the activation rows and the teams' layout
     int k, n;
     const float *x;  // (n, k) f32: read by float weight types
     const u8 *xq;    // (n, k) int8, then (n, k/32) float4 (d, d*sum lo16, d*sum hi16, 0): quantized types
-    int mode;
-    float *aux;      // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
     int team_log2;
     int n_tblocks;   // blocks of teams: gridDim.x / groups of them, or more (the grid walks them)
     int pre_dec;     // one activation row: a lane's first pre_dec steps of slices decoded before the wait
-    u8 *act_q;       // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
-    // prologue, when pro_w is set (quantized types): each block computes its rows of x itself,
-    // x = RMS norm of pro_src rows (rows pro_idx[j] when set) by pro_w, quantized into dynamic
-    // shared memory instead of read from xq; the first block of teams also writes x to pro_h.
-    const float *pro_src;
-    const int *pro_idx;
-    const float *pro_w;
-    float pro_eps;
-    float *pro_h;
-    // residual prologue, when pro_y is set too (no pro_idx): pro_src is the residual r, and the
-    // blocks first form r + RMS norm of pro_y by pro_post_w (a post-norm, as gemma's layers end
-    // their halves), then normalise that. The last block through its prologue (pro_counter)
-    // writes the new r, pro_h, and the post-normed y to pro_yout when set: every block has read
-    // r and y by then. Replaces the tail of the product that wrote y.
-    const float *pro_y;
-    float *pro_yout;
-    const float *pro_post_w;
-    float pro_post_eps;
-    unsigned *pro_counter;
-    // tail, run by the last block to finish when counter is set; rows of d = rows_0 values:
+};
+struct MvEpi {  // what the product does with y beside storing it
+    int mode;
+    float *aux;  // MODE_RESIDUAL: (n, rows_0) += y_0; gated modes: (n, rows_0) = act(y_0) * y_1
+    u8 *act_q;   // gated modes, or null: act(y_0) * y_1 also quantized here ((n, rows_0) + meta)
+};
+// The prologue, when w is set (quantized types): each block computes its rows of x itself,
+// x = RMS norm of src rows (rows idx[j] when set) by w, quantized into dynamic shared memory
+// instead of read from xq; the first block of teams also writes x to h.
+// The residual prologue, when y is set too (no idx): src is the residual r, and the blocks first
+// form r + RMS norm of y by post_w (a post-norm, as gemma's layers end their halves), then
+// normalise that. The last block through its prologue (counter) writes the new r, h, and the
+// post-normed y to yout when set: every block has read r and y by then. Replaces the tail of the
+// product that wrote y.
+struct MvPro {
+    const float *src;
+    const int *idx;
+    const float *w;
+    float eps;
+    float *h;
+    const float *y;
+    float *yout;
+    const float *post_w;
+    float post_eps;
     unsigned *counter;
-    float *res;      // residual (n, d)
-    int tail_add;    // res += y_0 (normalised by post_w first, y_0 overwritten with that) in the tail
+};
+// The tail, run by the last block to finish when counter is set; rows of d = rows_0 values.
+struct MvTail {
+    unsigned *counter;
+    float *res;  // residual (n, d)
+    int add;     // res += y_0 (normalised by post_w first, y_0 overwritten with that) in the tail
     const float *post_w;
     float post_eps;
     const float *pre_w;  // then res normalised by pre_w into pre_h (n, d) f32 and pre_q (quantized)
     float pre_eps;
     float *pre_h;
-    u8 *pre_q;       // or null (a float-typed next product reads pre_h)
+    u8 *pre_q;  // or null (a float-typed next product reads pre_h)
 };
 
 // Element i (0..3) of a 4-array with a run-time index, without sending the array to local memory.
@@ -86,15 +95,15 @@ __device__ __forceinline__ T pick4(const T *arr, int i) {
 }
 
 // Which matrix and row job `v` of the concatenated rows is; false past the end.
-__device__ __forceinline__ bool mv_job(const MvArgs &a, int v, int &m, int &r) {
+__device__ __forceinline__ bool mv_job(const MvMats &mt, int v, int &m, int &r) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        if (i >= a.n_mat) break;
-        if (v < a.rows[i]) {
+        if (i >= mt.n_mat) break;
+        if (v < mt.rows[i]) {
             m = i, r = v;
             return true;
         }
-        v -= a.rows[i];
+        v -= mt.rows[i];
     }
     m = 0, r = 0;
     return false;
@@ -115,10 +124,10 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
 
 // A lane's first steps of slices (lane steps p = lane, lane + T), loaded before the kernel waits
 // for x: weights are constants, so their round trip overlaps the kernel before (see mv_body).
-// Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and into mv_n1_spec for
+// Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and into mv_n1_store for
 // Q4_K and Q5_K too, whose step (two slices, a scale decode) is held as its raw bytes (RawK) and
-// decoded after the wait (Matmul._pre); in mv_n1 for those, in the other types, and in
-// mv_n1_occ's 80 registers, the registers they hold make the kernel spill.
+// decoded after the wait; in mv_n1 for those, in the other types, and in mv_n1_occ's 80 registers,
+// the registers they hold make the kernel spill.
 #define MV_PRE_STEPS 2
 constexpr bool MV_PRE_RAW = SPL == 2;
 #define MV_PRE_RAW_STEPS 1
@@ -126,13 +135,13 @@ constexpr int MV_PRE_HELD = MV_PRE_RAW ? MV_PRE_RAW_STEPS : MV_PRE_STEPS;  // la
 #ifdef MV_OCC
 constexpr bool MV_PRE_OK = false;
 #else
-#ifdef MV_SPEC
-constexpr bool MV_PRE_SPEC = true;
+#ifdef MV_STORE
+constexpr bool MV_PRE_STORE = true;
 #else
-constexpr bool MV_PRE_SPEC = false;
+constexpr bool MV_PRE_STORE = false;
 #endif
 constexpr bool MV_PRE_OK = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
-                           (MV_PRE_SPEC && (QT == T_Q4_K || QT == T_Q5_K));
+                           (MV_PRE_STORE && (QT == T_Q4_K || QT == T_Q5_K));
 #endif
 struct MvPre {
     QSlice q0[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL], q1[MV_PRE_RAW ? 1 : MV_PRE_HELD][SPL];
@@ -144,11 +153,11 @@ struct MvPre {
 // Quantized types read rows jx .. jx + nl - 1 of xq, a buffer of nx rows; float types rows j0.. of x.
 // use_pre: the lane's first use_pre steps are in pre.
 template <int NMAX>
-__device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
+__device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
                                             bool ok0, bool ok1, int lane, int T, int j0, int nl,
                                             const u8 *__restrict__ xq, int jx, int nx, float (&acc)[2][NMAX],
                                             const MvPre &pre, int use_pre) {
-    const int k = a.k, S = k / 32;
+    const int k = run.k, S = k / 32;
     if constexpr (QFLOAT) {
 #pragma unroll 2
         for (int s = lane; s < S; s += T) {
@@ -160,7 +169,7 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
 #pragma unroll
                 for (int j = 0; j < NMAX; j++) {
                     if (j >= nl) break;
-                    const float4 *xv = (const float4 *)(a.x + (size_t)(j0 + j) * k + 32 * s);
+                    const float4 *xv = (const float4 *)(run.x + (size_t)(j0 + j) * k + 32 * s);
                     float sum = 0.f;
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
@@ -233,7 +242,7 @@ __device__ __forceinline__ void mv_dot_rows(const MvArgs &a, const u8 *__restric
     }
 }
 
-// The tail, in the block that finishes last: rows of the residual (see MvArgs). What other blocks
+// The tail, in the block that finishes last: rows of the residual (see MvTail). What other blocks
 // wrote is read through L2 (ld_l2), after the counter says they all wrote it. A thread handles the
 // values c = base + tid + nt*i of a row, TAIL_REG of them per chunk: rows of up to TAIL_REG * nt
 // values stay in registers between the passes (one round trip to L2 per row), longer ones are
@@ -249,17 +258,17 @@ __device__ __forceinline__ void tail_load(float (&v)[TAIL_REG], const float *p, 
 }
 
 // Pass 2 of a chunk: x += y (normalised by ps * post_w first) when adding; returns the sum of squares.
-__device__ __forceinline__ float tail_add_chunk(const MvArgs &a, float (&xv)[TAIL_REG], const float (&yv)[TAIL_REG],
+__device__ __forceinline__ float tail_add_chunk(const MvTail &tail, float (&xv)[TAIL_REG], const float (&yv)[TAIL_REG],
                                                 float *y, float *x, int base, int d, float ps) {
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < TAIL_REG; i++) {
         const int c = base + threadIdx.x + blockDim.x * i;
         if (c >= d) break;
-        if (a.tail_add) {
+        if (tail.add) {
             float t = yv[i];
-            if (a.post_w) {
-                t = t * ps * a.post_w[c];
+            if (tail.post_w) {
+                t = t * ps * tail.post_w[c];
                 y[c] = t;
             }
             xv[i] += t;
@@ -271,80 +280,80 @@ __device__ __forceinline__ float tail_add_chunk(const MvArgs &a, float (&xv)[TAI
 }
 
 // Pass 3 of a chunk: the next norm of x, written as f32 and quantized (whole warps: d % 32 == 0).
-__device__ __forceinline__ void tail_pre_chunk(const MvArgs &a, const float (&xv)[TAIL_REG], int j, int base, int d,
+__device__ __forceinline__ void tail_pre_chunk(const MvTail &tail, int n, const float (&xv)[TAIL_REG], int j, int base, int d,
                                                float sc) {
-    float4 *meta = (float4 *)(a.pre_q + (size_t)a.n * d);
+    float4 *meta = (float4 *)(tail.pre_q + (size_t)n * d);
     const int warp = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < TAIL_REG; i++) {
         if (base + (int)blockDim.x * i + 32 * warp >= d) break;
         const int c = base + threadIdx.x + blockDim.x * i;
         const size_t at = (size_t)j * d + c;
-        const float t = xv[i] * sc * a.pre_w[c];
-        a.pre_h[at] = t;
-        if (a.pre_q) q8_store_warp(t, at, a.pre_q, meta);
+        const float t = xv[i] * sc * tail.pre_w[c];
+        tail.pre_h[at] = t;
+        if (tail.pre_q) q8_store_warp(t, at, tail.pre_q, meta);
     }
 }
 
-__device__ void mv_tail(const MvArgs &a, float *red, int *last_s) {
+__device__ void mv_tail(const MvTail &tail, float *y0, int d, int n, float *red, int *last_s) {
     // The block's outputs, ordered by the barrier, are published by thread 0's fence before it
     // counts (fences are cumulative; the pattern of a cooperative grid barrier).
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        const bool last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+        const bool last = atomicAdd(tail.counter, 1u) == gridDim.x - 1;
         if (last) __threadfence();  // what every block published is visible from here on
         *last_s = last;
     }
     __syncthreads();
     if (!*last_s) return;
-    const int d = a.rows[0], chunk = TAIL_REG * blockDim.x;
+    const int chunk = TAIL_REG * blockDim.x;
     const bool one = d <= chunk;  // the whole row in registers
-    for (int j = 0; j < a.n; j++) {
-        float *y = a.y[0] + (size_t)j * d, *x = a.res + (size_t)j * d;
+    for (int j = 0; j < n; j++) {
+        float *y = y0 + (size_t)j * d, *x = tail.res + (size_t)j * d;
         float xv[TAIL_REG], yv[TAIL_REG];
         if (one) {
             tail_load(xv, x, 0, d);
-            if (a.tail_add) tail_load(yv, y, 0, d);
+            if (tail.add) tail_load(yv, y, 0, d);
         }
         float ps = 1.f;
-        if (a.tail_add && a.post_w) {
+        if (tail.add && tail.post_w) {
             float s0 = 0.f;
             for (int base = 0; base < d; base += chunk) {
                 if (!one) tail_load(yv, y, base, d);
 #pragma unroll
                 for (int i = 0; i < TAIL_REG; i++) s0 += yv[i] * yv[i];
             }
-            ps = rsqrtf(block_sum(s0, red) / (float)d + a.post_eps);
+            ps = rsqrtf(block_sum(s0, red) / (float)d + tail.post_eps);
         }
         float ss = 0.f;
         for (int base = 0; base < d; base += chunk) {
             if (!one) {
                 tail_load(xv, x, base, d);
-                if (a.tail_add) tail_load(yv, y, base, d);
+                if (tail.add) tail_load(yv, y, base, d);
             }
-            ss += tail_add_chunk(a, xv, yv, y, x, base, d, ps);
+            ss += tail_add_chunk(tail, xv, yv, y, x, base, d, ps);
         }
-        if (a.pre_w) {
-            const float sc = rsqrtf(block_sum(ss, red) / (float)d + a.pre_eps);
+        if (tail.pre_w) {
+            const float sc = rsqrtf(block_sum(ss, red) / (float)d + tail.pre_eps);
             for (int base = 0; base < d; base += chunk) {
                 if (!one) tail_load(xv, x, base, d);  // this thread's own writes of pass 2
-                tail_pre_chunk(a, xv, j, base, d, sc);
+                tail_pre_chunk(tail, n, xv, j, base, d, sc);
             }
         }
         __syncthreads();  // the next row's block_sum reuses red
     }
-    if (threadIdx.x == 0) atomicExch(a.counter, 0u);  // ready for the next launch
+    if (threadIdx.x == 0) atomicExch(tail.counter, 0u);  // ready for the next launch
 }
 
 // The prologues' work is latency (a row is a few KB, every block waits for it). A thread's values
 // of a row are loaded at once into registers with their norm weights, then summed, scaled and
 // quantized from there: one round trip to memory per row. Layout: pass i of warp w holds the
 // 32-value blocks b = 4 (w + nw i) + lane / 8, eight lanes a block and four values a lane (one
-// float4), so that a warp quantizes four blocks at once with shuffles among eight lanes; one
-// block per warp in turn (ten dependent shuffles each) cost a SmolLM2-shaped qkv prologue 1.5 us
-// of its 2.7 (H200, timed inside the kernel). Rows of more than 4 PRO_PASS blocks per warp
-// (longer than the host lets a prologue take) take the strided loops.
+// float4), so that a warp quantizes four blocks at once with shuffles among eight lanes instead
+// of one block per warp in turn (ten dependent shuffles each, half the prologue's time). Rows of
+// more than 4 PRO_PASS blocks per warp (longer than the host lets a prologue take) take the
+// strided loops.
 #define PRO_PASS 2
 #define PRO_REG (4 * PRO_PASS)  // values a lane holds
 
@@ -390,60 +399,60 @@ __device__ __forceinline__ void q8_store_oct(float4 t, int b, size_t at, u8 *xq,
     if (l8 == 0) meta[i0 >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
 }
 
-// The prologue (see MvArgs): rows j0 .. j0 + nl - 1 of x into xq_s (nl rows, q8_store_warp's format).
-__device__ void mv_prologue(const MvArgs &a, int j0, int nl, bool write_h, u8 *xq_s, float *red) {
-    const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+// The prologue (see MvPro): rows j0 .. j0 + nl - 1 of x into xq_s (nl rows, q8_store_warp's format).
+__device__ void mv_prologue(const MvPro &pro, int k, int j0, int nl, bool write_h, u8 *xq_s, float *red) {
+    const int kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
-    const bool regs = kb <= PRO_REG * nw && al16(a.pro_src) && al16(a.pro_w) && al16(a.pro_h);
+    const bool regs = kb <= PRO_REG * nw && al16(pro.src) && al16(pro.w) && al16(pro.h);
     float4 wv[PRO_PASS];
-    if (regs) pro_load(wv, a.pro_w, kb);
+    if (regs) pro_load(wv, pro.w, kb);
     for (int j = 0; j < nl; j++) {
         const int r = j0 + j;
-        const float *xr = a.pro_src + (size_t)(a.pro_idx ? a.pro_idx[r] : r) * k;
+        const float *xr = pro.src + (size_t)(pro.idx ? pro.idx[r] : r) * k;
         if (regs) {
             float4 v[PRO_PASS];
             float ss = 0.f;
             pro_load(v, xr, kb);
 #pragma unroll
             for (int i = 0; i < PRO_PASS; i++) ss += sq4(v[i]);
-            const float sc = rsqrtf(block_sum(ss, red) / (float)k + a.pro_eps);
+            const float sc = rsqrtf(block_sum(ss, red) / (float)k + pro.eps);
 #pragma unroll
             for (int i = 0; i < PRO_PASS; i++) {
                 if (!pro_pass(i, kb)) break;  // whole warps
                 const int b = pro_block(i);
                 const float4 t = mul4(v[i], sc, wv[i]);
-                if (write_h && b < kb) *(float4 *)(a.pro_h + (size_t)r * k + 32 * b + 4 * (lane & 7)) = t;
+                if (write_h && b < kb) *(float4 *)(pro.h + (size_t)r * k + 32 * b + 4 * (lane & 7)) = t;
                 q8_store_oct(t, b, (size_t)j * k, xq_s, meta, b < kb);
             }
             continue;
         }
         float ss = 0.f;
         for (int c = threadIdx.x; c < k; c += blockDim.x) ss += xr[c] * xr[c];
-        const float sc = rsqrtf(block_sum(ss, red) / (float)k + a.pro_eps);
+        const float sc = rsqrtf(block_sum(ss, red) / (float)k + pro.eps);
         for (int b = warp; b < kb; b += nw) {  // whole warps: b depends on the warp only
             const int c = 32 * b + lane;
-            const float t = xr[c] * sc * a.pro_w[c];
-            if (write_h) a.pro_h[(size_t)r * k + c] = t;
+            const float t = xr[c] * sc * pro.w[c];
+            if (write_h) pro.h[(size_t)r * k + c] = t;
             q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
         }
     }
     __syncthreads();
 }
 
-// The residual prologue (pro_y set): f_s (nl, 3, k) keeps each row's post-normed y, new r and
+// The residual prologue (pro.y set): f_s (nl, 3, k) keeps each row's post-normed y, new r and
 // normalised x for the block that writes them back.
-__device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float *f_s, float *red, int *last_s) {
-    const int k = a.k, kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+__device__ void mv_prologue_res(const MvPro &pro, int k, int j0, int nl, u8 *xq_s, float *f_s, float *red, int *last_s) {
+    const int kb = k / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float4 *meta = (float4 *)(xq_s + (size_t)nl * k);
-    const bool regs = kb <= PRO_REG * nw && al16(a.pro_src) && al16(a.pro_y) && al16(a.pro_w) && al16(a.pro_post_w);
+    const bool regs = kb <= PRO_REG * nw && al16(pro.src) && al16(pro.y) && al16(pro.w) && al16(pro.post_w);
     float4 pw[PRO_PASS], wv[PRO_PASS];
     if (regs) {
-        pro_load(pw, a.pro_post_w, kb);
-        pro_load(wv, a.pro_w, kb);
+        pro_load(pw, pro.post_w, kb);
+        pro_load(wv, pro.w, kb);
     }
     for (int j = 0; j < nl; j++) {
         const size_t row = (size_t)(j0 + j) * k;
-        const float *y = a.pro_y + row, *res = a.pro_src + row;
+        const float *y = pro.y + row, *res = pro.src + row;
         float *yn = f_s + (size_t)j * 3 * k, *xn = yn + k, *hn = xn + k;
         if (regs) {
             float4 yv[PRO_PASS], rv[PRO_PASS];
@@ -452,7 +461,7 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
             pro_load(rv, res, kb);
 #pragma unroll
             for (int i = 0; i < PRO_PASS; i++) ss += sq4(yv[i]);
-            const float ps = rsqrtf(block_sum(ss, red) / (float)k + a.pro_post_eps);
+            const float ps = rsqrtf(block_sum(ss, red) / (float)k + pro.post_eps);
             float sx = 0.f;
 #pragma unroll
             for (int i = 0; i < PRO_PASS; i++) {  // past the row: y, r and the weights are 0
@@ -461,7 +470,7 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
                 rv[i] = make_float4(rv[i].x + yv[i].x, rv[i].y + yv[i].y, rv[i].z + yv[i].z, rv[i].w + yv[i].w);
                 sx += sq4(rv[i]);
             }
-            const float sc = rsqrtf(block_sum(sx, red) / (float)k + a.pro_eps);
+            const float sc = rsqrtf(block_sum(sx, red) / (float)k + pro.eps);
 #pragma unroll
             for (int i = 0; i < PRO_PASS; i++) {
                 if (!pro_pass(i, kb)) break;  // whole warps
@@ -478,18 +487,18 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
         }
         float ss = 0.f;
         for (int c = threadIdx.x; c < k; c += blockDim.x) ss += y[c] * y[c];
-        const float ps = rsqrtf(block_sum(ss, red) / (float)k + a.pro_post_eps);
+        const float ps = rsqrtf(block_sum(ss, red) / (float)k + pro.post_eps);
         float sx = 0.f;
         for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            const float t = y[c] * ps * a.pro_post_w[c], v = res[c] + t;
+            const float t = y[c] * ps * pro.post_w[c], v = res[c] + t;
             yn[c] = t;
             xn[c] = v;
             sx += v * v;
         }
-        const float sc = rsqrtf(block_sum(sx, red) / (float)k + a.pro_eps);  // its barriers order xn
+        const float sc = rsqrtf(block_sum(sx, red) / (float)k + pro.eps);  // its barriers order xn
         for (int b = warp; b < kb; b += nw) {
             const int c = 32 * b + lane;
-            const float t = xn[c] * sc * a.pro_w[c];
+            const float t = xn[c] * sc * pro.w[c];
             hn[c] = t;
             q8_store_warp(t, (size_t)j * k + c, xq_s, meta);
         }
@@ -498,7 +507,7 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
     // Every block has read r and y once it has counted in (its fence orders those reads first).
     if (threadIdx.x == 0) {
         __threadfence();
-        *last_s = atomicAdd(a.pro_counter, 1u) == gridDim.x - 1;
+        *last_s = atomicAdd(pro.counter, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!*last_s) return;
@@ -506,19 +515,163 @@ __device__ void mv_prologue_res(const MvArgs &a, int j0, int nl, u8 *xq_s, float
         const size_t row = (size_t)(j0 + j) * k;
         const float *yn = f_s + (size_t)j * 3 * k, *xn = yn + k, *hn = xn + k;
         for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            ((float *)a.pro_src)[row + c] = xn[c];
-            if (a.pro_h) a.pro_h[row + c] = hn[c];
-            if (a.pro_yout) a.pro_yout[row + c] = yn[c];
+            ((float *)pro.src)[row + c] = xn[c];
+            if (pro.h) pro.h[row + c] = hn[c];
+            if (pro.yout) pro.yout[row + c] = yn[c];
         }
     }
-    if (threadIdx.x == 0) atomicExch(a.pro_counter, 0u);  // ready for the next launch
+    if (threadIdx.x == 0) atomicExch(pro.counter, 0u);  // ready for the next launch
 }
 
 // Bytes of one row of x quantized (q8_store_warp's format: values, then a float4 per 32).
 __device__ __forceinline__ size_t k_xq_bytes(int k) { return (size_t)k + (size_t)(k / 32) * 16; }
 
+// A team's two rows in block of teams tbk: matrix m, row r, whether in range, and their weights.
+struct MvTeamRows {
+    int m[2], r[2];
+    bool ok[2];
+    const u8 *w0, *w1;
+};
+
+__device__ __forceinline__ void mv_team_rows(MvTeamRows &t, const MvMats &mt, bool gated, int tbk, int tl, int tb) {
+    const int team = tbk * (blockDim.x >> tl) + tb;
+    if (gated) {  // a team computes gate row `team` and up row `team`
+        t.m[0] = 0, t.m[1] = 1, t.r[0] = t.r[1] = team;
+        t.ok[0] = t.ok[1] = team < mt.rows[0];
+    } else {
+        t.ok[0] = mv_job(mt, 2 * team, t.m[0], t.r[0]);
+        t.ok[1] = mv_job(mt, 2 * team + 1, t.m[1], t.r[1]);
+    }
+    t.w0 = pick4(mt.w, t.m[0]) + (size_t)t.r[0] * mt.row_bytes;
+    t.w1 = pick4(mt.w, t.m[1]) + (size_t)t.r[1] * mt.row_bytes;
+}
+
+__device__ __forceinline__ void mv_prefetch_rows(const MvTeamRows &t, i64 row_bytes, int lane, int T) {
+    if (t.ok[0]) prefetch_range_l2(t.w0, row_bytes, lane, T);
+    if (t.ok[1]) prefetch_range_l2(t.w1, row_bytes, lane, T);
+}
+
+// Before the wait (one activation row, MV_PRE_OK): a lane's first steps of slices into pre;
+// returns how many the dot product takes from there.
 template <int NMAX>
-__device__ __forceinline__ void mv_body(const MvArgs &a) {
+__device__ __forceinline__ int mv_load_pre(const MvRun &run, const MvTeamRows &t, int lane, int T, MvPre &pre) {
+    int use_pre = 0;
+    if constexpr (NMAX == 1 && MV_PRE_OK) {
+        use_pre = min(run.pre_dec, MV_PRE_HELD);
+#pragma unroll
+        for (int i = 0; i < MV_PRE_HELD; i++) {
+            pre.have[i] = i < use_pre && lane + i * T < run.k / 32 / SPL;
+            if (!pre.have[i]) continue;
+            if constexpr (MV_PRE_RAW) {
+                if (t.ok[0]) slice2_raw<QT>(t.w0, lane + i * T, pre.r0[i]);
+                if (t.ok[1]) slice2_raw<QT>(t.w1, lane + i * T, pre.r1[i]);
+            } else {
+                mv_decode_step<QT>(t.w0, t.w1, t.ok[0], t.ok[1], lane + i * T, pre.q0[i], pre.q1[i]);
+            }
+        }
+    }
+    return use_pre;
+}
+
+// The team's partial sums into its first lane: shuffles within a warp, then, for a team of
+// several warps (tall k), the warps' partials through shared memory part_s.
+template <int NMAX>
+__device__ __forceinline__ void mv_team_sum(float (&acc)[2][NMAX], int T, int lane, float (*part_s)[2][8]) {
+#pragma unroll
+    for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+        for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T < 32 ? T : 32);
+    if (T > 32) {
+        const int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) part_s[warp][jb][j] = acc[jb][j];
+        }
+        __syncthreads();
+        if (lane == 0) {
+#pragma unroll
+            for (int jb = 0; jb < 2; jb++)
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) {
+                    float sum = 0.f;
+                    for (int w = 0; w < T / 32; w++) sum += part_s[warp + w][jb][j];
+                    acc[jb][j] = sum;
+                }
+        }
+    }
+}
+
+// The epilogue, in a team's first lane: y stored, added into the residual, or gate and up stored
+// with act(gate) * up (kept in act_s for the activation's quantization).
+template <int NMAX>
+__device__ __forceinline__ void mv_epilogue(const MvMats &mt, const MvEpi &epi, const MvTeamRows &t,
+                                            const float (&acc)[2][NMAX], const float (&res_old)[2], int j0, int nl,
+                                            int tb, float (*act_s)[32]) {
+    if (epi.mode == MODE_SILU || epi.mode == MODE_GELU) {
+        const int rows = mt.rows[0];
+#pragma unroll
+        for (int j = 0; j < NMAX; j++) {
+            if (j >= nl) break;
+            const float g = acc[0][j], up = acc[1][j];
+            const float act = (epi.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
+            if (t.ok[0]) {
+                const size_t at = (size_t)(j0 + j) * rows + t.r[0];
+                mt.y[0][at] = g;
+                mt.y[1][at] = up;
+                epi.aux[at] = act;
+            }
+            if (epi.act_q) act_s[j][tb] = t.ok[0] ? act : 0.f;
+        }
+        return;
+    }
+#pragma unroll
+    for (int jb = 0; jb < 2; jb++) {
+        if (!t.ok[jb]) continue;
+        const int rows = pick4(mt.rows, t.m[jb]);
+        float *y = pick4(mt.y, t.m[jb]);
+#pragma unroll
+        for (int j = 0; j < NMAX; j++) {
+            if (j >= nl) break;
+            const size_t at = (size_t)(j0 + j) * rows + t.r[jb];
+            y[at] = acc[jb][j];
+            if (epi.mode == MODE_RESIDUAL) epi.aux[at] = (NMAX == 1 ? res_old[jb] : epi.aux[at]) + acc[jb][j];
+        }
+    }
+}
+
+// The gated activation of this block's 32 rows quantized (256 threads, teams of 8): one warp per
+// activation row.
+__device__ __forceinline__ void mv_act_quant(const MvEpi &epi, int rows, int n, int j0, int nl, int tblock,
+                                             float (*act_s)[32]) {
+    const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31;
+    float4 *meta = (float4 *)(epi.act_q + (size_t)n * rows);
+    for (int j = warp; j < nl; j += blockDim.x >> 5)
+        q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, epi.act_q, meta);
+}
+
+// The activation rows the product reads: the producer's xq, or (a prologue) rows made by the
+// block itself in shared memory xq_s; jx, nx: the first row and the rows of that buffer.
+__device__ __forceinline__ const u8 *mv_stage_x(const MvRun &run, const MvPro &pro, int j0, int nl, int tblock,
+                                                u8 *xq_s, float *red, int *last_pro_s, int &jx, int &nx) {
+    jx = j0, nx = run.n;
+    if (pro.y) {
+        mv_prologue_res(pro, run.k, j0, nl, xq_s, (float *)(xq_s + (size_t)nl * k_xq_bytes(run.k)), red, last_pro_s);
+    } else if (pro.w) {
+        mv_prologue(pro, run.k, j0, nl, tblock == 0, xq_s, red);
+    } else {
+        return run.xq;
+    }
+    jx = 0, nx = nl;
+    return xq_s;
+}
+
+// One launch of the matrix-vector kernels: early loads, the prologue, then per block of teams
+// the dot products (the core), their sums and the epilogue; the tail last.
+template <int NMAX>
+__device__ __forceinline__ void mv_body(const MvMats &mt, const MvRun &run, const MvEpi &epi, const MvPro &pro,
+                                        const MvTail &tail) {
     extern __shared__ __align__(16) u8 xq_s[];  // prologue: nl rows of x quantized (nl * k * 1.5 bytes)
     __shared__ float red[32];
     __shared__ float act_s[8][32];
@@ -527,75 +680,35 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
     // More than NMAX activation rows (batched decode): groups of NMAX rows, the groups of one
     // block of teams on neighbouring blocks, so that they read the same weights at about the same
     // time (from L2 but for the first).
-    const int n_groups = (a.n + NMAX - 1) / NMAX, group = blockIdx.x % n_groups;
-    const int j0 = group * NMAX, nl = min(NMAX, a.n - j0);
-    const int tl = a.team_log2, T = 1 << tl, lane = threadIdx.x & (T - 1), tb = threadIdx.x >> tl;
-    const bool gated = a.mode == MODE_SILU || a.mode == MODE_GELU;
-    // Blocks of teams tblock = blockIdx.x / n_groups, + stride, ... < a.n_tblocks: a grid of fewer
+    const int n_groups = (run.n + NMAX - 1) / NMAX, group = blockIdx.x % n_groups;
+    const int j0 = group * NMAX, nl = min(NMAX, run.n - j0);
+    const int tl = run.team_log2, T = 1 << tl, lane = threadIdx.x & (T - 1), tb = threadIdx.x >> tl;
+    const bool gated = epi.mode == MODE_SILU || epi.mode == MODE_GELU;
+    // Blocks of teams tblock = blockIdx.x / n_groups, + stride, ... < n_tblocks: a grid of fewer
     // blocks than blocks of teams (one that fits on the GPU at once) walks the rest, its prologue
     // done once and the next rows prefetched while it works on these.
     const int stride = gridDim.x / n_groups;
     int tblock = blockIdx.x / n_groups;
-    int m[2], r[2];
-    bool ok[2];
-    const u8 *w0, *w1;
-    auto rows_of = [&](int tbk) {
-        const int team = tbk * (blockDim.x >> tl) + tb;
-        if (gated) {  // a team computes gate row `team` and up row `team`
-            m[0] = 0, m[1] = 1, r[0] = r[1] = team;
-            ok[0] = ok[1] = team < a.rows[0];
-        } else {
-            ok[0] = mv_job(a, 2 * team, m[0], r[0]);
-            ok[1] = mv_job(a, 2 * team + 1, m[1], r[1]);
-        }
-        w0 = pick4(a.w, m[0]) + (size_t)r[0] * a.row_bytes;
-        w1 = pick4(a.w, m[1]) + (size_t)r[1] * a.row_bytes;
-    };
-    auto prefetch_rows = [&]() {
-        if (ok[0]) prefetch_range_l2(w0, a.row_bytes, lane, T);
-        if (ok[1]) prefetch_range_l2(w1, a.row_bytes, lane, T);
-    };
-    rows_of(tblock);
+    MvTeamRows t;
+    mv_team_rows(t, mt, gated, tblock, tl, tb);
     // The weights depend on no earlier kernel: the team's two rows go into L2 while the kernel
-    // before this one still runs (launched early inside a captured step), then wait for x. With
-    // pre_dec, a lane's first slices are decoded into registers too (one round trip less after it).
+    // before this one still runs (launched early inside a captured step), then wait for x.
     pdl_launch_next();
-    prefetch_rows();
+    mv_prefetch_rows(t, mt.row_bytes, lane, T);
     MvPre pre;
-    int use_pre = 0;
-    if constexpr (NMAX == 1 && MV_PRE_OK) {
-        use_pre = min(a.pre_dec, MV_PRE_HELD);
-#pragma unroll
-        for (int i = 0; i < MV_PRE_HELD; i++) {
-            pre.have[i] = i < use_pre && lane + i * T < a.k / 32 / SPL;
-            if (!pre.have[i]) continue;
-            if constexpr (MV_PRE_RAW) {
-                if (ok[0]) slice2_raw<QT>(w0, lane + i * T, pre.r0[i]);
-                if (ok[1]) slice2_raw<QT>(w1, lane + i * T, pre.r1[i]);
-            } else {
-                mv_decode_step<QT>(w0, w1, ok[0], ok[1], lane + i * T, pre.q0[i], pre.q1[i]);
-            }
-        }
-    }
+    int use_pre = mv_load_pre<NMAX>(run, t, lane, T, pre);
     pdl_wait();
     // Teams past the end still take part in the shuffles below (whole warps), computing nothing.
-    const u8 *xq = a.xq;
-    int jx = j0, nx = a.n;
-    if (a.pro_y) {
-        mv_prologue_res(a, j0, nl, xq_s, (float *)(xq_s + (size_t)nl * k_xq_bytes(a.k)), red, &last_pro_s);
-        xq = xq_s, jx = 0, nx = nl;
-    } else if (a.pro_w) {
-        mv_prologue(a, j0, nl, tblock == 0, xq_s, red);
-        xq = xq_s, jx = 0, nx = nl;
-    }
+    int jx, nx;
+    const u8 *xq = mv_stage_x(run, pro, j0, nl, tblock, xq_s, red, &last_pro_s, jx, nx);
     for (;;) {
         // One activation row adding into the residual: each row's old value is read now, its load in
         // flight beside the product's, not after it (one round trip less). One matrix in this mode.
         float res_old[2] = {0.f, 0.f};
         if constexpr (NMAX == 1) {
-            if (a.mode == MODE_RESIDUAL && lane == 0) {
-                if (ok[0]) res_old[0] = a.aux[(size_t)j0 * a.rows[0] + r[0]];
-                if (ok[1]) res_old[1] = a.aux[(size_t)j0 * a.rows[0] + r[1]];
+            if (epi.mode == MODE_RESIDUAL && lane == 0) {
+                if (t.ok[0]) res_old[0] = epi.aux[(size_t)j0 * mt.rows[0] + t.r[0]];
+                if (t.ok[1]) res_old[1] = epi.aux[(size_t)j0 * mt.rows[0] + t.r[1]];
             }
         }
         const int next = tblock + stride;
@@ -604,140 +717,97 @@ __device__ __forceinline__ void mv_body(const MvArgs &a) {
         for (int jb = 0; jb < 2; jb++)
 #pragma unroll
             for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
-        if (next < a.n_tblocks) {  // this block's next rows go into L2 while it works on these
-            rows_of(next);
-            prefetch_rows();
-            rows_of(tblock);
+        if (next < run.n_tblocks) {  // this block's next rows go into L2 while it works on these
+            mv_team_rows(t, mt, gated, next, tl, tb);
+            mv_prefetch_rows(t, mt.row_bytes, lane, T);
+            mv_team_rows(t, mt, gated, tblock, tl, tb);
         }
-        mv_dot_rows<NMAX>(a, w0, w1, ok[0], ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
+        mv_dot_rows<NMAX>(run, t.w0, t.w1, t.ok[0], t.ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
         use_pre = 0;  // a walking grid's later rows are decoded in the loop
-#pragma unroll
-        for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-            for (int j = 0; j < NMAX; j++) acc[jb][j] = group_sum(acc[jb][j], T < 32 ? T : 32);
-        if (T > 32) {  // a team of several warps (tall k): sum the warps' partials through shared memory
-            const int warp = threadIdx.x >> 5;
-            if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-                for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-                    for (int j = 0; j < NMAX; j++) part_s[warp][jb][j] = acc[jb][j];
-            }
+        mv_team_sum<NMAX>(acc, T, lane, part_s);
+        if (lane == 0) mv_epilogue<NMAX>(mt, epi, t, acc, res_old, j0, nl, tb, act_s);
+        if (epi.act_q) {
             __syncthreads();
-            if (lane == 0) {
-#pragma unroll
-                for (int jb = 0; jb < 2; jb++)
-#pragma unroll
-                    for (int j = 0; j < NMAX; j++) {
-                        float sum = 0.f;
-                        for (int w = 0; w < T / 32; w++) sum += part_s[warp + w][jb][j];
-                        acc[jb][j] = sum;
-                    }
-            }
+            mv_act_quant(epi, mt.rows[0], run.n, j0, nl, tblock, act_s);
         }
-
-        if (lane == 0) {
-            if (gated) {
-                const int rows = a.rows[0];
-#pragma unroll
-                for (int j = 0; j < NMAX; j++) {
-                    if (j >= nl) break;
-                    const float g = acc[0][j], up = acc[1][j];
-                    const float act = (a.mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
-                    if (ok[0]) {
-                        const size_t at = (size_t)(j0 + j) * rows + r[0];
-                        a.y[0][at] = g;
-                        a.y[1][at] = up;
-                        a.aux[at] = act;
-                    }
-                    if (a.act_q) act_s[j][tb] = ok[0] ? act : 0.f;
-                }
-            } else {
-#pragma unroll
-                for (int jb = 0; jb < 2; jb++) {
-                    if (!ok[jb]) continue;
-                    const int rows = pick4(a.rows, m[jb]);
-                    float *y = pick4(a.y, m[jb]);
-#pragma unroll
-                    for (int j = 0; j < NMAX; j++) {
-                        if (j >= nl) break;
-                        const size_t at = (size_t)(j0 + j) * rows + r[jb];
-                        y[at] = acc[jb][j];
-                        if (a.mode == MODE_RESIDUAL) a.aux[at] = (NMAX == 1 ? res_old[jb] : a.aux[at]) + acc[jb][j];
-                    }
-                }
-            }
-        }
-        if (a.act_q) {  // 256 threads, teams of 8: this block's 32 rows, one warp per activation row
-            __syncthreads();
-            const int warp = threadIdx.x >> 5, ln = threadIdx.x & 31, rows = a.rows[0];
-            float4 *meta = (float4 *)(a.act_q + (size_t)a.n * rows);
-            for (int j = warp; j < nl; j += blockDim.x >> 5)
-                q8_store_warp(act_s[j][ln], (size_t)(j0 + j) * rows + (size_t)tblock * 32 + ln, a.act_q, meta);
-        }
-        if (next >= a.n_tblocks) break;
+        if (next >= run.n_tblocks) break;
         __syncthreads();  // part_s and act_s are written again
         tblock = next;
-        rows_of(tblock);
+        mv_team_rows(t, mt, gated, tblock, tl, tb);
     }
-    if (a.counter) mv_tail(a, red, &last_s);
+    if (tail.counter) mv_tail(tail, mt.y[0], mt.rows[0], run.n, red, &last_s);
 }
 
-#define MV_PARAMS                                                                                            \
-    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,  \
-        int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,  \
-        const u8 *xq, int mode, float *aux, int team_log2, int n_tblocks, int pre_dec, u8 *act_q, const float *pro_src, const int *pro_idx, \
-        const float *pro_w, float pro_eps, float *pro_h, const float *pro_y, float *pro_yout,                \
-        const float *pro_post_w, float pro_post_eps, unsigned *pro_counter, unsigned *counter, float *res,   \
-        int tail_add, const float *post_w, float post_eps, const float *pre_w, float pre_eps, float *pre_h, \
-        u8 *pre_q
-#define MV_ARGS                                                                                            \
-    MvArgs a = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes, k, n,  \
-                x, xq, mode, aux, team_log2, n_tblocks, pre_dec, act_q, pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout,    \
-                pro_post_w, pro_post_eps, pro_counter, counter, res,                                                 \
-                tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}
+// The kernels' parameters, flat, in the order of the structs above; MV_ARGS gathers them into one
+// MvArgs (one aggregate: split into five locals, mv_n1_occ's 80 registers spilled).
+struct MvArgs {
+    MvMats mt;
+    MvRun run;
+    MvEpi epi;
+    MvPro pro;
+    MvTail tail;
+};
+#define MV_PARAMS                                                                                                  \
+    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,        \
+        int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,        \
+        const u8 *xq, int team_log2, int n_tblocks, int pre_dec, int mode, float *aux, u8 *act_q,                  \
+        const float *pro_src, const int *pro_idx, const float *pro_w, float pro_eps, float *pro_h,                 \
+        const float *pro_y, float *pro_yout, const float *pro_post_w, float pro_post_eps, unsigned *pro_counter,    \
+        unsigned *counter, float *res, int tail_add, const float *post_w, float post_eps, const float *pre_w,      \
+        float pre_eps, float *pre_h, u8 *pre_q
+#define MV_ARGS                                                                                                    \
+    MvArgs a = {{{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes},             \
+                {k, n, x, xq, team_log2, n_tblocks, pre_dec},                                                      \
+                {mode, aux, act_q},                                                                                \
+                {pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout, pro_post_w, pro_post_eps, pro_counter}, \
+                {counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}}
+#define MV_BODY(NMAX) mv_body<NMAX>(a.mt, a.run, a.epi, a.pro, a.tail)
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
 // defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
-// matmul_<type>_s<mask> (MV_SPEC) mv_n1_spec alone. Each
-// mv_body instance is most of a module's compile time: a first token waits for the modules it
-// needs, which compile side by side, and the batch module compiles later.
+// matmul_<type>_store (MV_STORE) mv_n1_store alone. Each mv_body instance is most of a module's
+// compile time: a first token waits for the modules it needs, which compile side by side, and the
+// batch module compiles later.
 #if defined(MV_OCC)
 // mv_n1 held to 80 registers (a few spills in the prologue and tail): three blocks of 256 threads
 // (six of 128) a multiprocessor instead of two (four), for products of more blocks than fit at once
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
-#elif defined(MV_SPEC)
-// mv_n1 compiled for one combination of paths (MV_SPEC, a mask of the SPEC_* bits; the module
-// matmul_<type>_s<mask>): the others left out. Mask 0, products that only store y (no prologue,
-// no activation or residual epilogue, no tail), is a fifth of mv_n1's code. Where a step's
-// products are of several types, each with its own mv_n1, the generic kernels' code competes for
-// the instruction caches: H200, a Gemma 3 decode step whose 45 such products (o, v and down) took
-// it, 838 -> 806 us.
-#define SPEC_PRO 1      // a norm prologue (pro_w)
-#define SPEC_PRO_RES 2  // a residual prologue (pro_y and pro_w)
-#define SPEC_GATED 4    // gate and up (MODE_SILU or MODE_GELU)
-#define SPEC_ACT_Q 8    // the gated activation quantized (act_q)
-#define SPEC_RES 16     // MODE_RESIDUAL
-#define SPEC_TAIL 32    // a tail (counter)
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_spec(MV_PARAMS) {
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) {
     MV_ARGS;
-    if (!(MV_SPEC & (SPEC_PRO | SPEC_PRO_RES))) a.pro_w = nullptr;
-    if (!(MV_SPEC & SPEC_PRO_RES)) a.pro_y = nullptr;
-    if (!(MV_SPEC & SPEC_PRO)) a.pro_idx = nullptr;
-    if (!(MV_SPEC & SPEC_ACT_Q)) a.act_q = nullptr;
-    if (!(MV_SPEC & SPEC_TAIL)) a.counter = nullptr;
-    a.mode = (MV_SPEC & SPEC_GATED) ? (a.mode == MODE_GELU ? MODE_GELU : MODE_SILU)
-             : (MV_SPEC & SPEC_RES) ? MODE_RESIDUAL : MODE_STORE;
-    mv_body<1>(a);
+    MV_BODY(1);
+}
+#elif defined(MV_STORE)
+// mv_n1 for products that only store y (no prologue, epilogue or tail), those paths left out: a
+// fifth of mv_n1's code, so that a step's products of several types, each type with its own
+// kernels, compete less for the instruction caches.
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1_store(MV_PARAMS) {
+    MV_ARGS;
+    a.pro.w = a.pro.y = nullptr;
+    a.pro.idx = nullptr;
+    a.epi.act_q = nullptr;
+    a.tail.counter = nullptr;
+    a.epi.mode = MODE_STORE;
+    MV_BODY(1);
 }
 #elif !defined(MV_BATCH)
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) { MV_ARGS; mv_body<1>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n1(MV_PARAMS) {
+    MV_ARGS;
+    MV_BODY(1);
+}
 #else
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) { MV_ARGS; mv_body<2>(a); }
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) { MV_ARGS; mv_body<4>(a); }
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) { MV_ARGS; mv_body<8>(a); }
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n2(MV_PARAMS) {
+    MV_ARGS;
+    MV_BODY(2);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) {
+    MV_ARGS;
+    MV_BODY(4);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) {
+    MV_ARGS;
+    MV_BODY(8);
+}
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_SPEC)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE)
 
 // ---- prefill: tensor-core tiles ----
 
@@ -1146,4 +1216,4 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
-#endif  // !MV_BATCH && !MV_OCC && !MV_SPEC
+#endif  // !MV_BATCH && !MV_OCC && !MV_STORE

@@ -4,7 +4,7 @@
 // Row norms, one warp per row. Their time is latency (a row is a few KB): rows of up to
 // 32 * 4 * NORM_V4 values with d % 4 == 0 are loaded whole into registers with 16-byte loads, all
 // issued before any is used, and written from there: one round trip to memory instead of one per
-// 32 values of each pass (on an H200, a 64 x 576 rms_norm took ~5 us as two strided loops).
+// 32 values of each pass.
 // The norm weights depend on no earlier kernel: they are loaded before pdl_wait. Longer or odd
 // rows take the strided loops.
 #define NORM_V4 8
@@ -237,8 +237,8 @@ extern "C" __global__ void qkv_post(float *q, float *k, const float *v, const fl
 // blockIdx.x) of x (rows, k) f32, RMS-normalised and scaled by w when w is set (eps), written as
 // f32 to h (n, k) when h is set, and quantized into xq: (n, k) int8 then (n, k/32) float4 meta
 // (q8_store_warp's format), when xq is set. k a multiple of 32. Each of a row's blocks sums the
-// whole row's squares and writes its chunk of the 32-value blocks (long rows: a 1536-value row
-// in one block took 7.5 us); h may be x itself only with one chunk and no idx (every value is
+// whole row's squares and writes its chunk of the 32-value blocks (a long row in one block is a
+// long chain of loads); h may be x itself only with one chunk and no idx (every value is
 // read before any is written). A warp quantizes 32-value blocks, loading QX_BATCH of them
 // before using any (h may alias x, so the compiler could not hoist the loads itself).
 #define QX_BATCH 8

@@ -46,8 +46,7 @@ DEVI void ld_words_a2(const u8 *p, u32 *out) {
 // 16 (the weight buffers carry padding past their end), as words w[0 .. 4 NC - 1]; returns p's
 // offset in the first. A warp's lanes read Q8_0's 34-byte blocks side by side: word loads at
 // 2-byte offsets take ten loads a block, each touching every cache line the warp's blocks span;
-// three 16-byte loads take the same lines in fewer passes (H200: a 1.5 B model's Q8_0 products on
-// mv_n1_occ 801 -> 701 us a decode step, Gemma 3's output head 85 -> 78 us).
+// three 16-byte loads take the same lines in fewer passes.
 template <int NC>
 DEVI int ld_chunks16(const u8 *p, u32 (&w)[4 * NC]) {
     const uint4 *base = (const uint4 *)((size_t)p & ~(size_t)15);
@@ -475,7 +474,7 @@ DEVI void slice_q(const u8 *__restrict__ row, int s, QSlice &o) {
             o.b[h] = -4.f * o.a[h];
         }
     } else if constexpr (TT == T_Q8_0) {  // 34 bytes, 2-byte aligned: f16 d | i8 qs[32]
-        // (Q4_0 and Q5_0 so: no faster, H200, Gemma 3's Q5_0 products 277 -> 282 us a step)
+        // (Q4_0 and Q5_0 so measured no faster: bench/NOTES.md)
         u32 w[12];
         align_words(w, ld_chunks16<3>(row + (size_t)s * 34, w));  // w[0]: f16 d | qs[0..1]
         const float d = h2f((u16)(w[0] & 0xFFFFu));

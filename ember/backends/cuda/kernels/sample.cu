@@ -182,9 +182,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
 }
 
 // ---- small k (1..8): many blocks per row ----
-// A row of 262,144 logits read by one block takes ~20 us (k = 1) to ~150 us (radix select); at
-// one token per step that is a tenth of the step. Here a row is cut into slices of
-// TOPS_THREADS * TOPS_PER_THREAD values, one block each: every thread keeps its K best in
+// A row of 262,144 logits read by one block is a tenth of a one-token step. Here a row is cut
+// into slices of TOPS_THREADS * TOPS_PER_THREAD values, one block each: every thread keeps its K best in
 // registers (sorted, by value then lower id), the block merges them in K rounds of a block-wide
 // best, and writes K candidates; the block that finishes its row last (a counter per row, zero
 // between launches) merges the row's candidates the same way. Grid (slices, rows).

@@ -1,0 +1,41 @@
+"""The CUDA backend's tunables: one frozen record, read once when the backend is made.
+
+Every field has a default that the H200 measurements in bench/NOTES.md chose; bench/cuda.py
+runs variants by passing another CudaConfig (Backend(config=...)). Nothing here is read from
+the environment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MV_MAX_ROWS = 64  # activation rows up to which products can take the matrix-vector kernels (groups of 8)
+PROLOGUE_MAX_K = 2048  # longest rows a product's own blocks can normalise: 8 values a lane (matmul.cu PRO_REG)
+
+
+@dataclass(frozen=True, slots=True)
+class CudaConfig:
+    # Recorded steps are captured as CUDA graphs (False: a replay launches each kernel from Python).
+    graphs: bool = True
+    # Neighbouring ops of a recorded step are merged into one kernel where they can be (_fuse.py).
+    fuse: bool = True
+    # Programmatic dependent launch inside captured steps (Hopper and later; see _launch.py).
+    pdl: bool = True
+    # Activation rows up to which products of the 32-value block types take the matrix-vector
+    # kernels (others: 8); past it, tensor-core tiles.
+    mv_rows: int = MV_MAX_ROWS
+    # Longest rows (values) that a decode product's blocks normalise and quantize themselves.
+    prologue_k: int = PROLOGUE_MAX_K
+    # Weight rows per tensor-core tile block: 128, 64, or 0 for the choice by size (Matmul._tile_rows).
+    tile_rows: int = 0
+    # Decode attention splits its key range until there are this many blocks per multiprocessor.
+    att_waves: int = 2
+
+    def __post_init__(self):
+        if not 1 <= self.mv_rows <= MV_MAX_ROWS:
+            raise ValueError(f"mv_rows must be 1..{MV_MAX_ROWS}, got {self.mv_rows}")
+        if not 0 <= self.prologue_k <= PROLOGUE_MAX_K:
+            raise ValueError(f"prologue_k must be 0..{PROLOGUE_MAX_K}, got {self.prologue_k}")
+        if self.tile_rows not in (0, 64, 128):
+            raise ValueError(f"tile_rows must be 0 (by size), 64 or 128, got {self.tile_rows}")
+        if not 1 <= self.att_waves <= 64:
+            raise ValueError(f"att_waves must be 1..64, got {self.att_waves}")

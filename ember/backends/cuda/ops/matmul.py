@@ -1,0 +1,400 @@
+"""Matrix products: the plan of one product over matrices that share x, and its launches.
+
+Decode-sized products (a few activation rows) take matmul.cu's matrix-vector kernels, one pass
+over the weights; prompt-sized ones its tensor-core tiles; batched decode steps of quantized
+weights (9..64 rows) mm_split. On the matrix-vector path a product may carry fused stages
+(recorded steps, see _fuse.py): a norm prologue (its blocks normalise x themselves), a residual
+prologue, an epilogue (residual add, or a gated activation, optionally quantized) and a tail.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ....quant.types import GGMLType, layout
+from .._kernels import matmul_module
+from ..config import MV_MAX_ROWS, PROLOGUE_MAX_K, CudaConfig
+from .base import Launch, allow_smem, disjoint, f32, i32, i64, pad4, ptr, quantized, u64, xq_bytes
+
+MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
+GATED = (MODE_SILU, MODE_GELU)
+MV_THREADS, MVQ_THREADS = 128, 256
+PAIRED_SLICES = (GGMLType.Q4_K, GGMLType.Q5_K)  # SPL = 2 in matmul.cu
+# Types whose one-row kernels decode a lane's first slices before waiting for x (matmul.cu MV_PRE_OK):
+# the 32-value block types on mv_n1 and mv_n1_store; Q4_K and Q5_K on mv_n1_store only (held raw).
+PRE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
+PRE_RAW_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K)
+MV_PRE_STEPS = 2  # lane steps a prologue product holds before the wait (matmul.cu MV_PRE_STEPS)
+# Types whose matrix-vector kernels beat the tensor-core tiles up to MV_MAX_ROWS activation rows;
+# the others decode too much per slice and take the tiles past 8 rows.
+BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
+
+QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
+PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
+TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
+MV_FILL_MIN_BYTES = 1 << 20  # one-row products of at least these weight bytes widen teams to fill the GPU
+
+# mm_split (matmul.cu): products of 9..64 activation rows, quantized weights, k split over blocks
+MS_ROWS, MS_TOK, MS_CH, MS_THREADS = 64, 64, 8, 256
+MS_LD = 32 * MS_CH + 8
+MS_MAX_SPLITS = 8
+MS_MIN_UNITS = 4  # 32-value units a split takes at least (the K types: a super-block, 8)
+MS_PART_FLOATS = 4 << 20  # the shared partial-sum buffer (16 MB); products needing more take mm_tile
+MS_COUNTERS = 8192  # tile counters (row tiles x matrices of a launch); products needing more take mm_tile
+
+
+def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
+    """Activation rows up to which products of this type take the matrix-vector kernels."""
+    return limit if qtype in BATCH_MV_TYPES else min(limit, 8)
+
+
+def team_log2(k: int, teams: int = 1 << 30, wide: bool = True) -> int:
+    """Lanes per pair of output rows: about four 32-value slices per lane, 4 to 32 lanes; for long
+    rows of few teams, up to a block of 128 lanes while that keeps two slices per lane, so that
+    enough warps stream the matrix. wide: products of fewer warps than that also widen teams of
+    under a warp while every lane keeps a slice (shorter chains, more blocks)."""
+    slices = k // 32
+    tl = min(5, max(2, (max(1, math.ceil(slices / 4)) - 1).bit_length()))
+    while wide and tl < 5 and teams * (1 << tl) // 32 < TARGET_WARPS and slices >= 2 << tl:
+        tl += 1
+    while tl == 5 or 5 < tl < 7:
+        if teams * (1 << tl) // 32 >= TARGET_WARPS or slices < 2 * (2 << tl):
+            break
+        tl += 1
+    return tl
+
+
+def fill_team_log2(tl: int, steps: int, teams: int, threads: int, n_sm: int) -> int:
+    """tl, widened up to a warp a team while the product's blocks (threads / 2^tl teams each) are
+    fewer than the multiprocessors and half a team's lanes still get a lane step of the `steps` a
+    row has: a one-row product of few rows then spreads its weights over the whole GPU. Only for
+    products of MV_FILL_MIN_BYTES or more: below that the extra blocks' prologues cost more."""
+    while tl < 5 and -(-teams // (threads >> tl)) < n_sm and steps >= 1 << tl:  # half of 2^(tl+1) lanes
+        tl += 1
+    return tl
+
+
+def split_plan(units: int, upb: int, tiles: int, n_sm: int) -> tuple[int, int]:
+    """(splits, units per split) of a mm_split launch with `tiles` row tiles over all its matrices:
+    enough blocks for two per multiprocessor where k allows, each split at least MS_MIN_UNITS
+    units (whole GGUF blocks of upb units), at most MS_MAX_SPLITS."""
+    step = max(upb, MS_MIN_UNITS)
+    most = max(1, min(MS_MAX_SPLITS, units // step))
+    want = 2 * n_sm // max(1, tiles)
+    if want > 1:  # splitting anyway: a split of one chunk (MS_CH units) walks no chunk after another
+        want = max(want, -(-units // MS_CH))
+    want = max(1, min(most, want))
+    ups = -(-units // want)
+    ups = -(-ups // upb) * upb  # whole blocks
+    return -(-units // ups), ups
+
+
+def split_smem(qtype: GGMLType) -> tuple[int, int]:
+    """(span, dynamic shared memory) of mm_split for a type: span = one chunk of a row's raw
+    bytes plus 15 of alignment, in 16s; 16 bytes of slack past the last row (word reads)."""
+    lay = layout(qtype)
+    upb = lay.block_size // 32
+    chunk = -(-MS_CH // upb) * lay.type_size
+    span = 16 * -(-(chunk + 15) // 16)
+    return span, 2 * MS_TOK * MS_LD * 2 + MS_ROWS * span + 16
+
+
+@dataclass(frozen=True)
+class Tail:
+    """Row-wide work done by the last block of a single-matrix decode product (rows of d = its
+    output width): res += y (y normalised by post_w first and overwritten, when add), then res
+    normalised by pre_w into pre_h (f32) and pre_q (quantized, or None) for the next product."""
+
+    counter: Any  # device uint32 (1,), zero between launches
+    res: Any
+    add: bool = False
+    post_w: Any = None
+    post_eps: float = 0.0
+    pre_w: Any = None
+    pre_eps: float = 0.0
+    pre_h: Any = None
+    pre_q: Any = None
+
+    def kernel_args(self) -> tuple:
+        return (ptr(self.counter), ptr(self.res), i32(int(self.add)), ptr(self.post_w), f32(self.post_eps),
+                ptr(self.pre_w), f32(self.pre_eps), ptr(self.pre_h), ptr(self.pre_q))
+
+
+NO_TAIL_ARGS = (u64(0), u64(0), i32(0), u64(0), f32(0), u64(0), f32(0), u64(0), u64(0))
+
+
+@dataclass(frozen=True)
+class ResidualPrologue:
+    """The product's blocks first make r = src + RMS norm of y by post_w (a post-norm, as gemma's
+    layers end their halves), then normalise r; the last block through (counter) writes r back,
+    and the post-normed y to yout when set. Replaces the tail of the product that wrote y."""
+
+    y: Any
+    post_w: Any
+    post_eps: float
+    counter: Any  # device uint32 (1,), zero between launches
+    yout: Any = None
+
+
+@dataclass(frozen=True)
+class SplitScratch:
+    """mm_split's partial sums and tile counters, shared by every product of the backend."""
+
+    part: Any  # device f32 (MS_PART_FLOATS,)
+    counters: Any  # device uint32 (MS_COUNTERS,), zeros between launches
+
+
+@dataclass(frozen=True)
+class MvGeometry:
+    """One matrix-vector launch's shape: row groups of up to nmax, teams of 2^tl lanes."""
+
+    nmax: int
+    n_groups: int
+    tl: int
+    threads: int
+    tblocks: int  # blocks of teams per row group
+    occ: bool  # mv_n1_occ: too many blocks for mv_n1's registers to hold at once
+    n_sm: int
+
+    @property
+    def grid(self) -> int:
+        """A one-row product of more blocks than fit walks them with a grid that fits (each
+        block's prologue done once, its next rows prefetched while it works)."""
+        blocks = self.tblocks * self.n_groups
+        per_sm = (3 if self.occ else 2) if self.threads > MV_THREADS else (6 if self.occ else 4)
+        return min(blocks, per_sm * self.n_sm) if self.nmax == 1 else blocks
+
+
+@dataclass(eq=False)
+class Matmul:
+    """outs[j] (n, rows_j) = x (n, k) @ ws[j].T for matrices sharing x.
+
+    Decode path (n <= mv_rows): quantized types read x from xq (xq_bytes(n, k)), which a quant_x
+    launch fills first unless a producer already did (quant_in False). Fusions (recorded steps
+    only): x = RMS-norm of src (rows idx of src when idx is set) by norm_w; the result added into
+    aux (MODE_RESIDUAL), or act(outs[0]) * outs[1] written to aux (gated modes) and quantized into
+    act_q; a residual prologue (pro_res); a tail."""
+
+    ws: list  # Weight (data: DeviceMatrix)
+    x: Any
+    outs: list
+    xq: Any = None
+    quant_in: bool = True
+    src: Any = None
+    idx: Any = None  # device int32 (n,)
+    norm_w: Any = None
+    eps: float = 0.0
+    mode: int = MODE_STORE
+    aux: Any = None
+    act_q: Any = None
+    tail: Tail | None = None
+    pro_res: ResidualPrologue | None = None
+    mv_rows: int = MV_MAX_ROWS  # activation rows up to which this product takes the matrix-vector kernels
+    split_buf: SplitScratch | None = None  # mm_split for mv_rows < n <= MS_TOK
+    cfg: CudaConfig = CudaConfig()
+    n_sm: int = 132
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def needs_xq(self) -> bool:
+        return any(quantized(w.type) for w in self.ws)
+
+    def groups(self) -> list[list[int]]:
+        """Indices of ws grouped by type, at most four to a launch."""
+        by_type: dict = {}
+        for j, w in enumerate(self.ws):
+            by_type.setdefault(w.type, []).append(j)
+        return [idx[i:i + 4] for idx in by_type.values() for i in range(0, len(idx), 4)]
+
+    def matvec(self) -> bool:
+        return self.n <= self.mv_rows
+
+    def split(self) -> bool:
+        """Whether the product takes mm_split (a batched decode step of quantized weights)."""
+        if self.split_buf is None or not self.mv_rows < self.n <= MS_TOK:
+            return False
+        if not all(quantized(w.type) for w in self.ws) or self.norm_w is not None:
+            return False
+        return all(self._split_fits(g) for g in self.groups())
+
+    def _split_fits(self, group: list[int]) -> bool:
+        """Products of many row tiles fill the GPU as mm_tile; the scratch must hold the partials."""
+        tiles, _, _, floats = self._split_geometry(group)
+        if tiles * len(group) >= 2 * self.n_sm or floats > self.split_buf.part.size:
+            return False
+        return not floats or tiles * len(group) <= self.split_buf.counters.size
+
+    def _split_geometry(self, group: list[int]) -> tuple[int, int, int, int]:
+        """(row tiles, splits, units per split, partial floats) of one launch."""
+        ws = [self.ws[j] for j in group]
+        tiles = -(-max(w.shape[0] for w in ws) // MS_ROWS)
+        upb = layout(ws[0].type).block_size // 32
+        n_split, ups = split_plan(self.k // 32, upb, tiles * len(ws), self.n_sm)
+        floats = len(ws) * n_split * self.n * tiles * MS_ROWS if n_split > 1 or self.mode in GATED else 0
+        return tiles, n_split, ups, floats
+
+    def launches(self, kernels) -> list[Launch]:
+        if self.n == 0:
+            return []
+        if self.matvec():
+            return self._matvec_launches(kernels)
+        groups = self.groups()
+        if self.split():
+            if self.tail is not None or self.act_q is not None or (self.mode != MODE_STORE and len(groups) > 1):
+                raise AssertionError("batched products fuse only a residual add or a gate")
+            return [self._split(kernels, g) for g in groups]
+        if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
+            raise AssertionError("fused products exist only on the decode path")
+        return [self._tile(kernels, g) for g in groups]
+
+    # ---- matrix-vector kernels ----
+    def _matvec_launches(self, kernels) -> list[Launch]:
+        out = []
+        if not self.in_prologue() and (self.norm_w is not None or (self.quant_in and self.needs_xq)):
+            out.append(self._quant_x(kernels))
+        groups = self.groups()
+        if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
+            raise AssertionError("fused epilogues need one launch")
+        return out + [self._matvec(kernels, g) for g in groups]
+
+    def in_prologue(self) -> bool:
+        """Whether the product's blocks normalise and quantize x themselves (into shared memory)
+        instead of a quant_x launch before: one launch fewer, but every block repeats the work,
+        so only for rows of up to cfg.prologue_k values and one group of at most 8 rows."""
+        if self.norm_w is None or not self.matvec() or self.n > 8 or len(self.groups()) != 1:
+            return False
+        if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > min(self.cfg.prologue_k,
+                                                                                       PROLOGUE_MAX_K):
+            return False
+        if self.pro_res is not None and self.idx is not None:
+            return False
+        return disjoint(self.x, self.src) and self._prologue_smem() <= PROLOGUE_SMEM
+
+    def _prologue_smem(self) -> int:
+        """The quantized rows, and for a residual prologue each row's y, r and x as f32."""
+        rows = min(self.n, 8)
+        return xq_bytes(rows, self.k) + (12 * rows * self.k if self.pro_res is not None else 0)
+
+    def stores_only(self) -> bool:
+        """A product with no fused stage: mv_n1_store, the one-row kernel without the others' paths."""
+        return not self.in_prologue() and self.mode == MODE_STORE and self.act_q is None and self.tail is None
+
+    def _quant_x(self, kernels) -> Launch:
+        if self.needs_xq and self.xq is None:
+            raise AssertionError("a decode product of quantized weights needs its xq buffer")
+        normed = self.norm_w is not None
+        src = self.src if normed else self.x
+        args = (ptr(src), ptr(self.idx if normed else None), ptr(self.norm_w), f32(self.eps),
+                ptr(self.x if normed else None), ptr(self.xq), i32(self.n), i32(self.k))
+        # chunks of QX_CHUNK values in blocks of their own, unless h overwrites src in place
+        chunks = -(-self.k // QX_CHUNK) if not normed or disjoint(self.x, src) else 1
+        return Launch(kernels.fn("ops", "quant_x"), (self.n, chunks, 1), (128, 1, 1), args)
+
+    def _matvec(self, kernels, group: list[int]) -> Launch:
+        ws = [self.ws[j] for j in group]
+        geo = self.mv_geometry(ws)
+        name = "mv_n1_occ" if geo.occ else "mv_n1_store" if geo.nmax == 1 and self.stores_only() else f"mv_n{geo.nmax}"
+        args = (*self._mats_args(group), *self._run_args(geo, self._pre_steps(ws[0].type, geo, name)),
+                *self._epilogue_args(), *self._prologue_args(),
+                *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
+        fn = kernels.fn(matmul_module(ws[0].type, name), name)
+        smem = self._prologue_smem() if self.in_prologue() else 0
+        return Launch(fn, (geo.grid, 1, 1), (geo.threads, 1, 1), args, smem=smem)
+
+    def mv_geometry(self, ws: list) -> MvGeometry:
+        n, k = self.n, self.k
+        nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
+        n_groups = -(-n // 8)  # more than 8 rows: groups of 8, each block of teams once per group
+        spl = 2 if ws[0].type in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
+        if self.mode in GATED and self.act_q is not None:  # blocks of 32 output rows, teams of 8 lanes
+            tl, threads, tblocks = 3, MVQ_THREADS, ws[0].shape[0] // 32
+        else:
+            teams = ws[0].shape[0] if self.mode in GATED else -(-sum(w.shape[0] for w in ws) // 2)
+            tl = team_log2(k // spl, teams * n_groups)
+            # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
+            threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
+            if n == 1 and sum(w.shape[0] * w.data.row_bytes for w in ws) >= MV_FILL_MIN_BYTES:
+                tl = fill_team_log2(tl, k // 32 // spl, teams, threads, self.n_sm)
+            tblocks = -(-teams // (threads >> tl))
+        # mv_n1_occ (80 registers) where mv_n1's blocks (128: two of 256 or four of 128 threads a
+        # multiprocessor) would not all fit at once
+        occ = nmax == 1 and tblocks * n_groups > self.n_sm * (2 if threads > MV_THREADS else 4)
+        return MvGeometry(nmax, n_groups, tl, threads, tblocks, occ, self.n_sm)
+
+    def _pre_steps(self, qtype, geo: MvGeometry, name: str) -> int:
+        """Lane steps of weights a one-row product loads before it waits for x (0: none). A product
+        whose prologue normalises x after the wait holds up to MV_PRE_STEPS (its later steps would
+        otherwise be fetched after that); the others fetch them with x, so one is enough."""
+        held = qtype in PRE_TYPES or (qtype in PRE_RAW_TYPES and name == "mv_n1_store")
+        if geo.nmax != 1 or geo.occ or not held:
+            return 0
+        if not self.in_prologue():
+            return 1
+        steps = self.k // 32 // (2 if qtype in PAIRED_SLICES else 1)
+        return max(1, min(MV_PRE_STEPS, -(-steps // (1 << geo.tl))))
+
+    def _mats_args(self, group: list[int]) -> tuple:
+        ws, outs = [self.ws[j] for j in group], [self.outs[j] for j in group]
+        return (*pad4([ptr(w.data.buf) for w in ws], u64(0)), *pad4([ptr(o) for o in outs], u64(0)),
+                *pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes))
+
+    def _run_args(self, geo: MvGeometry, pre_dec: int) -> tuple:
+        return (i32(self.k), i32(self.n), ptr(self.x), ptr(self.xq), i32(geo.tl), i32(geo.tblocks), i32(pre_dec))
+
+    def _epilogue_args(self) -> tuple:
+        return (i32(self.mode), ptr(self.aux), ptr(self.act_q))
+
+    def _prologue_args(self) -> tuple:
+        if not self.in_prologue():
+            return (u64(0), u64(0), u64(0), f32(0), u64(0), u64(0), u64(0), u64(0), f32(0), u64(0))
+        r = self.pro_res or ResidualPrologue(None, None, 0.0, None)
+        return (ptr(self.src), ptr(self.idx), ptr(self.norm_w), f32(self.eps), ptr(self.x), ptr(r.y), ptr(r.yout),
+                ptr(r.post_w), f32(r.post_eps), ptr(r.counter))
+
+    # ---- tensor-core kernels ----
+    def _split(self, kernels, group: list[int]) -> Launch:
+        ws = [self.ws[j] for j in group]
+        if self.mode in GATED and (len(ws) != 2 or ws[0].shape != ws[1].shape):
+            raise AssertionError("a gated product multiplies two matrices of one shape")
+        tiles, n_split, ups, _ = self._split_geometry(group)
+        lay = layout(ws[0].type)
+        span, smem = split_smem(ws[0].type)
+        mats = self._mats_args(group)
+        args = (*mats[:12], mats[13], i32(self.k), i32(self.n), ptr(self.x), ptr(self.split_buf.part),
+                ptr(self.split_buf.counters), i32(ups), i32(self.mode), ptr(self.aux), i32(lay.block_size),
+                i32(lay.type_size), i32(span))
+        fn = kernels.fn(matmul_module(ws[0].type), "mm_split")
+        allow_smem(fn, smem)
+        return Launch(fn, (tiles, n_split, len(ws)), (MS_THREADS, 1, 1), args, smem=smem)
+
+    def _tile(self, kernels, group: list[int]) -> Launch:
+        ws = [self.ws[j] for j in group]
+        rows_max = max(w.shape[0] for w in ws)
+        tn = self._tile_rows(rows_max, len(ws))
+        grid = (-(-rows_max // tn), -(-self.n // 64), len(ws))
+        mats = self._mats_args(group)
+        args = (*mats[:12], mats[13], i32(self.k), i32(self.n), ptr(self.x))
+        name = "mm_tile" if tn == 128 else "mm_tile64"
+        return Launch(kernels.fn(matmul_module(ws[0].type), name), grid, (128, 1, 1), args)
+
+    def _tile_rows(self, rows_max: int, n_mat: int) -> int:
+        """Weight rows per tile block: 64 (twice the blocks) where 128 would not give two blocks
+        per multiprocessor, unless the config fixes it."""
+        if self.cfg.tile_rows:
+            return self.cfg.tile_rows
+        return 64 if -(-rows_max // 128) * -(-self.n // 64) * n_mat < 2 * self.n_sm else 128
+
+
+def mv_rows_for(ws: list, cfg: CudaConfig, split: bool) -> int:
+    """Activation rows up to which a product over ws takes the matrix-vector kernels; with mm_split
+    available, quantized products of more than 8 rows take that instead."""
+    rows = min(matvec_rows(w.type, cfg.mv_rows) for w in ws) if ws else 8
+    return min(rows, 8) if split else rows
