@@ -57,10 +57,11 @@ extern const int8_t ember_iq4nl_values[16];
  *     (0.25), so there every product rounds as llama.cpp does; see api_quant.h.)
  * EMBER_ACT_Q8K (the K-quants and IQ4_XS: llama.cpp's Q8_K, rounded as it rounds them), super-blocks of 256:
  *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | sum16 f32 (k/16,) | sum32 f32 (k/32,)
- *     | nq16 int32 (k/16,) | nq32 int32 (k/32,)
+ *     | off16 int32 (k/16,) | off32 int32 (k/32,)
  *     q = min(127, round_even(x * -127 / m)) with m the value of largest magnitude, d = 1 / (-127 / m);
- *     bsums the sums of each 16 q; sum16, sum32 the sums of each 16 and 32 q as floats, nq16 and nq32
- *     minus them as integers (what the packed-panel kernels read). One int8 level keeps the products of
+ *     bsums the sums of each 16 q; sum16, sum32 the sums of each 16 and 32 q as floats (for mins), and
+ *     off16 = -32 sum16, off32 = -128 sum32 as integers: the weight offsets of the packed panels, which
+ *     hold Q3_K and Q6_K as u = w + 32 and IQ4_XS as w + 128 (what the panel kernels read). One int8 level keeps the products of
  *     the K-quant files (the sizes people run) at twice the integer throughput, and rounding as llama.cpp
  *     does keeps ember on its numbers (Gemma 3's perplexity within 0.01%).
  * EMBER_ACT_F32: the caller's x itself, no scratch. */
@@ -75,29 +76,29 @@ static inline int64_t ember_q8k_d_offset(int64_t k) { return k; }
 static inline int64_t ember_q8k_bsums_offset(int64_t k) { return k + 4 * (k / QK_K); }
 static inline int64_t ember_q8k_sum16_offset(int64_t k) { return ember_q8k_bsums_offset(k) + 2 * (k / 16); }
 static inline int64_t ember_q8k_sum32_offset(int64_t k) { return ember_q8k_sum16_offset(k) + 4 * (k / 16); }
-static inline int64_t ember_q8k_nq16_offset(int64_t k) { return ember_q8k_sum32_offset(k) + 4 * (k / 32); }
-static inline int64_t ember_q8k_nq32_offset(int64_t k) { return ember_q8k_nq16_offset(k) + 4 * (k / 16); }
+static inline int64_t ember_q8k_off16_offset(int64_t k) { return ember_q8k_sum32_offset(k) + 4 * (k / 32); }
+static inline int64_t ember_q8k_off32_offset(int64_t k) { return ember_q8k_off16_offset(k) + 4 * (k / 16); }
 
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
     if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(2 * k + 8 * (k / QK));
-    if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_nq32_offset(k) + 4 * (k / 32));
+    if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_off32_offset(k) + 4 * (k / 32));
     return 0;
 }
 
-/* sum16, sum32, nq16 and nq32 of a Q8K row whose q, d and bsums are written (shared by every quantizer). */
+/* sum16, sum32, off16 and off32 of a Q8K row whose q, d and bsums are written (shared by every quantizer). */
 static inline void ember_q8k_sums(void *row, int64_t k) {
     uint8_t *r = row;
     const int16_t *bsums = (const int16_t *)(r + ember_q8k_bsums_offset(k));
     float *sum16 = (float *)(r + ember_q8k_sum16_offset(k)), *sum32 = (float *)(r + ember_q8k_sum32_offset(k));
-    int32_t *nq16 = (int32_t *)(r + ember_q8k_nq16_offset(k)), *nq32 = (int32_t *)(r + ember_q8k_nq32_offset(k));
+    int32_t *off16 = (int32_t *)(r + ember_q8k_off16_offset(k)), *off32 = (int32_t *)(r + ember_q8k_off32_offset(k));
     for (int64_t g = 0; g < k / 16; g++) {
         sum16[g] = (float)bsums[g];
-        nq16[g] = -bsums[g];
+        off16[g] = -32 * bsums[g];
     }
     for (int64_t g = 0; g < k / 32; g++) {
-        nq32[g] = -(bsums[2 * g] + bsums[2 * g + 1]);
-        sum32[g] = (float)-nq32[g];
+        sum32[g] = (float)(bsums[2 * g] + bsums[2 * g + 1]);
+        off32[g] = -128 * (bsums[2 * g] + bsums[2 * g + 1]);
     }
 }
 

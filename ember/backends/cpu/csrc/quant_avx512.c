@@ -202,7 +202,8 @@ K_ZMM_TILE(tile_q6_k_zmm, Q6K_CALL)
  *   w     (n_chunks, CH/4, 16 rows) uint32: 4 unsigned weight bytes (the K-quants), or
  *         (n_chunks, CH/2, 16 rows) uint32: 2 signed int16 weights (the 32-value block types)
  *   scale (n_chunks, 16 rows) f32;  mins (n_chunks, 16 rows) f32
- * A row's value is scale * (u - off) + min with off = 2^shift (or min, for the types that have one);
+ * A row's value is scale * (u - off) + min with off = 32 (Q3_K, Q6_K) or 128 (IQ4_XS), or min for the
+ * types that have one;
  * the int16 weights are signed: scale * w + min. Rows are first unpacked one by one into rows
  * (16, PANEL_ROW_BYTES), reading each W row sequentially, then transposed 16 rows x 8 dwords at a time. */
 typedef struct {
@@ -218,15 +219,6 @@ ALWAYS int panel_chunk(int type) {
 ALWAYS int panel_has_min(int type) {
     return type == EMBER_T_Q4_1 || type == EMBER_T_Q5_1 || type == EMBER_T_Q4_K || type == EMBER_T_Q5_K ||
            type == EMBER_T_Q2_K;
-}
-
-/* log2 of the weight offset of the K-quants without a min */
-ALWAYS int panel_shift(int type) {
-    switch (type) {
-    case EMBER_T_Q3_K: return 2;
-    case EMBER_T_Q6_K: return 5;
-    default: return 7; /* IQ4_XS: signed bytes + 128 */
-    }
 }
 
 /* Row r of chunk c: its CH weight bytes (to the row buffer), scale and min. */
@@ -353,7 +345,8 @@ ALWAYS void pack_row_k16(const int type, const uint8_t *row, int64_t b0, int64_t
             for (int g = 0; g < 16; g++) scale[g] = f16_to_f32(x->d) * (float)x->scales[g];
         }
         for (int j = 0; j < 8; j++) {
-            __m256i u = unpack_k16(type, blk, j);
+            __m256i u = unpack_k16(type, blk, j); /* Q3_K: w + 4, moved to w + 32 as Q6_K's */
+            if (type == EMBER_T_Q3_K) u = _mm256_add_epi8(u, bytes(28));
             put_chunk16(p, b * 16 + 2 * j, r, _mm256_castsi256_si128(u), scale[2 * j], min[2 * j]);
             put_chunk16(p, b * 16 + 2 * j + 1, r, _mm256_extracti128_si256(u, 1), scale[2 * j + 1], min[2 * j + 1]);
         }
@@ -381,23 +374,22 @@ static void pack_row(int type, const uint8_t *row, int64_t b0, int64_t nb, int r
 typedef struct {
     const uint8_t *a;  /* (n, a_stride) */
     int64_t a_stride;
-    int64_t d, sums, nq; /* byte offsets in a row: scales (per chunk, or per super-block), the sums of q as
-                            floats (for mins) and minus them as integers (for offsets), per chunk */
+    int64_t d, sums, off; /* byte offsets in a row: scales (per chunk, or per super-block), the sums of q as
+                             floats (for mins) and the weight offsets' terms (int32), per chunk */
 } act_rows;
 
 ALWAYS act_rows act_rows_for(int type, const void *a, int64_t as, int64_t k) {
     if (ember_qtype_get(type)->act == EMBER_ACT_Q16) return (act_rows){a, as, ember_q16_d_offset(k), ember_q16_s_offset(k), 0};
     const int ch = panel_chunk(type);
     return (act_rows){a, as, ember_q8k_d_offset(k), ch == 16 ? ember_q8k_sum16_offset(k) : ember_q8k_sum32_offset(k),
-                      ch == 16 ? ember_q8k_nq16_offset(k) : ember_q8k_nq32_offset(k)};
+                      ch == 16 ? ember_q8k_off16_offset(k) : ember_q8k_off32_offset(k)};
 }
 
 /* Chunk i of the panel against token row ta: the integer sum, starting from the offset term
  * (-off * sum(q), or 0 for the types with mins), as floats. */
-ALWAYS __m512 chunk_dot(const int CH, const int MIN, int shift, const __m512i *w, const uint8_t *ta,
-                        const act_rows *act, int64_t ci) {
-    const int32_t nq = ((const int32_t *)(ta + act->nq))[ci];
-    __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_slli_epi32(_mm512_set1_epi32(nq), shift);
+ALWAYS __m512 chunk_dot(const int CH, const int MIN, const __m512i *w, const uint8_t *ta, const act_rows *act,
+                        int64_t ci) {
+    __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(((const int32_t *)(ta + act->off))[ci]);
     const int32_t *q4 = (const int32_t *)(ta + ci * CH);
     UNROLL for (int j = 0; j < CH / 4; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
     return _mm512_cvtepi32_ps(isum);
@@ -418,10 +410,9 @@ ALWAYS void store_tile(const int tc, __m512 *acc, float *y, int64_t ys, __mmask1
 /* 32-value blocks: y[c * ys + lane] (+)= the chunks [ch0, ch0 + nch) of 16 rows x tc tokens from t0,
  * for lanes in mask. The int16 weights meet the int16 activations two at a time (dpwssd); each chunk
  * has its own activation scale d. */
-ALWAYS void panel_tile_legacy(const int MIN, const int tc, int shift, const panel *p, int64_t ch0, int64_t nch,
+ALWAYS void panel_tile_legacy(const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
                               const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
                               int accumulate) {
-    (void)shift;
     __m512 acc[PANEL_TOKENS];
     UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nch; i++) {
@@ -445,7 +436,7 @@ ALWAYS void panel_tile_legacy(const int MIN, const int tc, int shift, const pane
 
 /* Super-blocks: the chunks' scaled sums gather in part[] over a super-block, which the token's scale
  * d (one per 256 values) then multiplies once. ch0 and nch are whole super-blocks. */
-ALWAYS void panel_tile_k(const int CH, const int MIN, const int tc, int shift, const panel *p, int64_t ch0,
+ALWAYS void panel_tile_k(const int CH, const int MIN, const int tc, const panel *p, int64_t ch0,
                          int64_t nch, const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
                          int accumulate) {
     const int cps = QK_K / CH; /* chunks per super-block */
@@ -461,7 +452,7 @@ ALWAYS void panel_tile_k(const int CH, const int MIN, const int tc, int shift, c
             const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
             UNROLL for (int c = 0; c < tc; c++) {
                 const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
-                part[c] = _mm512_fmadd_ps(chunk_dot(CH, MIN, shift, w, ta, act, ci), scale, part[c]);
+                part[c] = _mm512_fmadd_ps(chunk_dot(CH, MIN, w, ta, act, ci), scale, part[c]);
                 if (MIN) part[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), part[c]);
             }
         }
@@ -477,22 +468,22 @@ ALWAYS void panel_tile_k(const int CH, const int MIN, const int tc, int shift, c
 #define PANEL_TILE_CASE(CALL, TC) case TC: CALL; return
 #define PANEL_TILE_CASES(BODY, ...)                                                                           \
     switch (tc) {                                                                                             \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 1, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 1);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 2, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 2);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 3, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 3);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 4, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 4);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 5, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 5);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 6, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 6);       \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 7, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 7);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 1, p, ch0, nch, act, t0, y, ys, mask, accumulate), 1);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 2, p, ch0, nch, act, t0, y, ys, mask, accumulate), 2);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 3, p, ch0, nch, act, t0, y, ys, mask, accumulate), 3);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 4, p, ch0, nch, act, t0, y, ys, mask, accumulate), 4);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 5, p, ch0, nch, act, t0, y, ys, mask, accumulate), 5);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 6, p, ch0, nch, act, t0, y, ys, mask, accumulate), 6);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 7, p, ch0, nch, act, t0, y, ys, mask, accumulate), 7);       \
     default:                                                                                                  \
-        PANEL_TILE_CASE(BODY(__VA_ARGS__, 8, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate), 8);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 8, p, ch0, nch, act, t0, y, ys, mask, accumulate), 8);       \
     }
 
-typedef void (*panel_tiles_fn)(int tc, int shift, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,
+typedef void (*panel_tiles_fn)(int tc, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,
                                int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate);
 
 #define DEFINE_PANEL_TILES(fname, BODY, ...)                                                                  \
-    static void fname(int tc, int shift, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,      \
+    static void fname(int tc, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,      \
                       int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate) {                    \
         PANEL_TILE_CASES(BODY, __VA_ARGS__)                                                                   \
     }
@@ -516,7 +507,7 @@ static panel_tiles_fn panel_tiles_for(int type) {
 static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
                          int64_t as, int64_t n, float *y, int64_t ys) {
     _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_ROW_BYTES + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
-    const int CH = panel_chunk(type), shift = panel_shift(type);
+    const int CH = panel_chunk(type);
     const int legacy = ember_qtype_get(type)->act == EMBER_ACT_Q16;
     const int qk = ember_qtype_get(type)->block_size;
     const panel_tiles_fn tiles = panel_tiles_for(type);
@@ -536,7 +527,7 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
             else transpose_chunks16(&p, nch);
             for (int64_t t = 0; t < n; t += PANEL_TOKENS) {
                 int tc = (int)EMBER_MIN((int64_t)PANEL_TOKENS, n - t);
-                tiles(tc, shift, &p, k0 / CH, nch, &act, t, y + r0, ys, mask, k0 > 0);
+                tiles(tc, &p, k0 / CH, nch, &act, t, y + r0, ys, mask, k0 > 0);
             }
         }
     }
