@@ -261,14 +261,18 @@ def main() -> None:
     print(f"{results['cpu']}; read roofline " + ", ".join(f"{t} thread{'s' * (t > 1)} {b / 1e9:.1f} GB/s"
                                                        for t, b in args.bandwidth.items())
           + f"; load average {results['load_before']['loadavg'][0]:.2f}")
-    for name in args.models:
+    for name in args.models:  # written after each model: a run cut short keeps what it measured
         results["models"][name] = bench_model(name, args)
-    results["load_after"] = machine_load()
+        results["load_after"] = machine_load()
+        write(args.out, results)
     print(f"\nload average {results['load_after']['loadavg'][0]:.2f} at the end"
           + (f"; busy: {results['load_after']['busy']}" if results["load_after"]["busy"] else ""))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
+
+
+def write(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
 
 
 def cpu_name() -> str:
