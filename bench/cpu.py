@@ -149,11 +149,12 @@ def replay_share(llm, run) -> float:
 def peak_rss(path: Path, threads: int, n_gen: int, ctx: int) -> dict:
     """Resident memory of a process that has generated n_gen tokens (and its peak, load included),
     against file + KV + 64 MB."""
-    code = ("import resource, sys; from ember.engine import LLM; from ember.sampler import SamplingParams; "
+    # VmHWM, not ru_maxrss: the latter keeps the peak of the forking parent (this process) across exec
+    code = ("from ember.engine import LLM; from ember.sampler import SamplingParams; "
             f"llm = LLM({str(path)!r}, device='cpu', threads={threads}, ctx={ctx}); "
             f"llm.generate([1, 2, 3], {n_gen}, SamplingParams(temperature=0, ignore_eos=True)); "
-            "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]; "
-            "print(llm.engine.cache.nbytes, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "kib = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status') if l.startswith('Vm')}; "
+            "print(llm.engine.cache.nbytes, kib['VmRSS'], kib['VmHWM'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     kv_bytes, rss_kib, peak_kib = (int(v) for v in proc.stdout.split()[-3:])
     file_bytes = os.path.getsize(path)
