@@ -1,15 +1,24 @@
-"""CPU speed: ember beside llama.cpp (llama-bench, llama-completion) in the same run.
+"""CPU speed: ember beside llama.cpp (llama-bench, llama-completion) in the same run, up a ladder of
+model sizes, against the machine's memory read roofline.
 
-For each model: load time, prompt processing (pp512: 512 tokens in one batch from an
-empty context) and generation (tg128: 128 tokens one at a time from an empty context),
-as llama-bench defines them, plus cold start (process start to one generated token), the
-peak resident memory of a generating process against its budget (file + KV cache + 64 MB),
-speed at 1 thread beside --threads (scaling; ember's runs alternate between the two), and a per-kernel profile of ember's decode and
-prompt steps (native time per op, and the share of a decode step spent outside the kernels).
-Medians of --reps runs, ember's and llama.cpp's in turn; ratios are ember / llama.cpp (above 1:
-ember is faster, or for times, slower). Writes JSON to bench/results/cpu.json.
+The ladder (bench/ladder.py): the two real models, then llama-shaped files in llama.cpp's Q4_K_M type
+mix at the sizes of Llama-3.2-1B, Qwen3-4B and Llama-3.1-8B (written once outside the repository).
+For each model and each thread count: prompt processing (pp512: 512 tokens in one batch from an empty
+context) and generation (tgN: N tokens one at a time, greedy, as llama-bench defines them; fewer for
+the big files), ember's and llama.cpp's runs alternating so that both see the same machine. The
+roofline is measured here: a multi-threaded read of a 1 GiB buffer at each thread count; a decode
+step reads every layer matrix and the output head once, so bandwidth / those bytes is the most
+tokens per second any engine can generate, and tg is reported as a fraction of it. Then cold start
+(process start to one generated token), and unless --quick the peak resident memory and a per-kernel
+profile of ember's decode and prompt steps (native time per op, each decode product's bytes/s, and
+the share of a decode step spent outside the kernels). Medians of --reps runs; ratios are
+ember / llama.cpp (above 1: ember is faster). Writes JSON to bench/results/cpu.json.
 
-    python bench/cpu.py [--models smollm2 gemma3-270m] [--threads 2] [--reps 5] [--quick]
+llama.cpp's thread pool spins while it waits: with another busy process on the machine its figures
+collapse. Run this on an otherwise idle machine; the load average before and after is printed and kept.
+
+    python bench/cpu.py [--models smollm2 gemma3-270m llama-1b qwen3-4b llama-8b] [--threads 1 2]
+                        [--reps 5] [--quick]
 """
 from __future__ import annotations
 
@@ -25,96 +34,96 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ladder  # noqa: E402
 import peer  # noqa: E402
 
-from ember import hub  # noqa: E402
-from ember.backends.cpu import Profile  # noqa: E402
+from ember.backends.cpu import Profile, read_bandwidth  # noqa: E402
 from ember.engine import LLM  # noqa: E402
+from ember.gguf_loader import GGUFFile  # noqa: E402
 from ember.sampler import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# generated tokens per rung: the big files take fewer (each token reads gigabytes)
+N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16}
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
-def speeds(model: str, path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tuple[dict, dict]:
-    """ember's and llama.cpp's speeds, one run of each in turn, `reps` times: load on the machine from other
-    processes then reaches both alike (runs of one side minutes apart moved ratios by 10-20% here)."""
-    e = {"load_s": statistics.median(ember_loads(model, threads, reps, n_prompt, n_gen))}
-    llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
-    rng = np.random.default_rng(0)
-    ignore = lambda logits, positions: None  # noqa: E731 - the logits are not needed, only computed
-    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
-    llm.evaluate(rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
-    e_pp, e_tg, p_pp, p_tg, build = [], [], [], [], "?"
+def ignore(logits, positions):  # the logits are computed, not needed
+    return None
+
+
+def step_bytes(path: Path) -> int:
+    """Bytes of weights a decode step reads: every layer matrix and the output head (the tied
+    embedding when there is no output.weight); the embedding lookup reads one row."""
+    with GGUFFile(path) as f:
+        tensors = {t.name: t for t in (f.tensors.values() if isinstance(f.tensors, dict) else f.tensors)}
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        return sum(len(t.data) for name, t in tensors.items()
+                   if (name.startswith("blk.") and len(t.shape) == 2) or name == head)
+
+
+def speeds(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tuple[dict, dict]:
+    """ember's and llama.cpp's pp and tg at `threads`, one run of each in turn, `reps` times."""
+    llm = LLM(str(path), device="cpu", threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+    rng = np.random.default_rng(threads)
+    vocab = min(llm.model.n_vocab, 32000)
+    llm.evaluate(rng.integers(0, vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
+    llm.generate([1], 4, GREEDY)
+    e_pp, e_tg, p_pp, p_tg, variant = [], [], [], [], "?"
     for _ in range(reps):
-        prompt, first = rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), int(rng.integers(0, 1000))
+        prompt, first = rng.integers(0, vocab, n_prompt).tolist(), int(rng.integers(0, vocab))
         e_pp.append(n_prompt / _timed(lambda p=prompt: llm.evaluate(p, ignore, logits_from=n_prompt - 1)))
         # n_gen single-token steps from a one-token context, each sampled greedily (what a user gets)
-        e_tg.append(n_gen / _timed(lambda t=first: llm.generate([t], n_gen, greedy)))
+        e_tg.append(n_gen / _timed(lambda t=first: llm.generate([t], n_gen, GREEDY)))
         peer_run = llama_bench(path, threads, 1, n_prompt, n_gen)
-        p_pp, p_tg, build = p_pp + peer_run["pp_samples"], p_tg + peer_run["tg_samples"], peer_run["build"]
-    e.update(pp_tps=statistics.median(e_pp), tg_tps=statistics.median(e_tg), pp_samples=e_pp, tg_samples=e_tg,
-             isa=getattr(llm.backend, "isa", "?"))
+        p_pp, p_tg, variant = p_pp + peer_run["pp_samples"], p_tg + peer_run["tg_samples"], peer_run["variant"]
+    isa = llm.backend.isa
     llm.close()
-    p = {"build": build, "pp_tps": statistics.median(p_pp), "tg_tps": statistics.median(p_tg),
-         "pp_samples": p_pp, "tg_samples": p_tg}
+    e = {"pp_tps": statistics.median(e_pp), "tg_tps": statistics.median(e_tg), "pp_samples": e_pp,
+         "tg_samples": e_tg, "isa": isa}
+    p = {"pp_tps": statistics.median(p_pp), "tg_tps": statistics.median(p_tg), "pp_samples": p_pp,
+         "tg_samples": p_tg, "variant": variant}
     return e, p
 
 
-def ember_loads(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) -> list[float]:
-    """Seconds to construct an LLM (the file in the page cache), `reps` times."""
-    loads = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
-        loads.append(time.perf_counter() - t0)
-        llm.close()
-    return loads
+def llama_bench(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
+    proc, variant = peer.run("llama-bench", ["-m", str(path), "-t", str(threads), "-p", str(n_prompt),
+                                             "-n", str(n_gen), "-r", str(reps), "-o", "json"])
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr[-500:]}")
+    out = {"variant": variant}
+    for test in json.loads(proc.stdout):
+        key = "pp_tps" if test["n_gen"] == 0 else "tg_tps"
+        out[key] = statistics.median(test["samples_ts"])
+        out[key.replace("tps", "samples")] = test["samples_ts"]
+    return out
 
 
-def ember_scaling(model: str, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
-    """pp and tg at 1 thread and at `threads`, the runs alternating so that both see the same load on the
-    machine (other processes move runs made minutes apart by more than the difference measured)."""
-    counts = sorted({1, threads})
-    llms = {t: LLM(model, device="cpu", threads=t, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt) for t in counts}
-    rng = np.random.default_rng(2)
-    ignore = lambda logits, positions: None  # noqa: E731
-    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
-    pp: dict = {t: [] for t in counts}
-    tg: dict = {t: [] for t in counts}
-    for llm in llms.values():  # warm-up: first touch of the weights
-        llm.evaluate(rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)
-    for _ in range(reps):
-        for t, llm in llms.items():
-            prompt, first = rng.integers(0, llm.model.n_vocab, n_prompt).tolist(), int(rng.integers(0, 1000))
-            pp[t].append(n_prompt / _timed(lambda m=llm, p=prompt: m.evaluate(p, ignore, logits_from=n_prompt - 1)))
-            tg[t].append(n_gen / _timed(lambda m=llm, f=first: m.generate([f], n_gen, greedy)))
-    for llm in llms.values():
-        llm.close()
-    return {str(t): {"pp_tps": statistics.median(pp[t]), "tg_tps": statistics.median(tg[t]),
-                     "pp_samples": pp[t], "tg_samples": tg[t]} for t in counts}
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def profile(model: str, threads: int, n_prompt: int, n_gen: int) -> dict:
-    """Native time per op kind for one pp and one tg run, and the share of the unprofiled wall time
-    (median of 3) spent outside them."""
-    llm = LLM(model, device="cpu", threads=threads, ctx=max(n_prompt, n_gen) + 16, batch=n_prompt)
-    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
-    ignore = lambda logits, positions: None  # noqa: E731
-    prompt = np.random.default_rng(1).integers(0, llm.model.n_vocab, n_prompt).tolist()
+def profile(path: Path, threads: int, n_prompt: int, n_gen: int) -> dict:
+    """Native time per op kind for one pp and one tg run, each decode product's weight bytes per
+    second, and the share of the wall time (tg: of the replays) spent outside the kernels."""
+    llm = LLM(str(path), device="cpu", threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+    prompt = np.random.default_rng(1).integers(0, min(llm.model.n_vocab, 32000), n_prompt).tolist()
     llm.evaluate(prompt, ignore, logits_from=n_prompt - 1)
-    llm.generate([1], 8, greedy)
+    llm.generate([1], 8, GREEDY)
     out = {}
     for name, run in (("pp", lambda: llm.evaluate(prompt, ignore, logits_from=n_prompt - 1)),
-                      ("tg", lambda: llm.generate([1], n_gen, greedy))):
+                      ("tg", lambda: llm.generate([1], n_gen, GREEDY))):
         llm.backend.profile = prof = Profile()
         wall = _timed(run)
         llm.backend.profile = None
         # decode steps are recorded: their share outside the kernels comes from timing the replays alone
         outside = replay_share(llm, run) if name == "tg" else 1 - prof.total_s / wall
-        kinds = prof.by_kind()
-        out[name] = {"wall_s": wall, "native_s": prof.total_s, "outside_share": outside,
-                     "by_kind_s": kinds,
+        out[name] = {"wall_s": wall, "native_s": prof.total_s, "outside_share": outside, "by_kind_s": prof.by_kind(),
                      "top_ops_s": dict(sorted(((k, v / 1e9) for k, v in prof.ns.items()), key=lambda kv: -kv[1])[:8])}
+        if name == "tg":
+            out[name]["weight_gbs"] = {k: v / 1e9 for k, v in sorted(prof.rates().items(), key=lambda kv: -prof.ns[kv[0]])}
     llm.close()
     return out
 
@@ -137,14 +146,15 @@ def replay_share(llm, run) -> float:
     return 1 - spent[0] / wall
 
 
-def peak_rss(model: str, path: Path, threads: int, n_gen: int, ctx: int) -> dict:
+def peak_rss(path: Path, threads: int, n_gen: int, ctx: int) -> dict:
     """Resident memory of a process that has generated n_gen tokens (and its peak, load included),
     against file + KV + 64 MB."""
-    code = ("import resource, sys; from ember.engine import LLM; from ember.sampler import SamplingParams; "
-            f"llm = LLM({model!r}, device='cpu', threads={threads}, ctx={ctx}); "
-            f"llm.generate(llm.tokenize('Once upon a time'), {n_gen}, SamplingParams(temperature=0, ignore_eos=True)); "
-            "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]; "
-            "print(llm.engine.cache.nbytes, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    # VmHWM, not ru_maxrss: the latter keeps the peak of the forking parent (this process) across exec
+    code = ("from ember.engine import LLM; from ember.sampler import SamplingParams; "
+            f"llm = LLM({str(path)!r}, device='cpu', threads={threads}, ctx={ctx}); "
+            f"llm.generate([1, 2, 3], {n_gen}, SamplingParams(temperature=0, ignore_eos=True)); "
+            "kib = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status') if l.startswith('Vm')}; "
+            "print(llm.engine.cache.nbytes, kib['VmRSS'], kib['VmHWM'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     kv_bytes, rss_kib, peak_kib = (int(v) for v in proc.stdout.split()[-3:])
     file_bytes = os.path.getsize(path)
@@ -153,30 +163,11 @@ def peak_rss(model: str, path: Path, threads: int, n_gen: int, ctx: int) -> dict
             "kv_bytes": kv_bytes, "budget_bytes": budget, "within_budget": rss_kib * 1024 <= budget}
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def llama_bench(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
-    proc, build = peer.run("llama-bench", ["-m", str(path), "-t", str(threads), "-p", str(n_prompt),
-                                           "-n", str(n_gen), "-r", str(reps), "-o", "json"])
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr[-500:]}")
-    out = {"build": build}
-    for test in json.loads(proc.stdout):
-        key = "pp_tps" if test["n_gen"] == 0 else "tg_tps"
-        out[key] = statistics.median(test["samples_ts"])
-        out[key.replace("tps", "samples")] = test["samples_ts"]
-    return out
-
-
-def cold_starts(model: str, path: Path, threads: int, reps: int) -> dict:
+def cold_starts(path: Path, threads: int, reps: int) -> dict:
     """Seconds from process start to exit after generating one token from a short prompt, after one
     untimed run of each (the file in the page cache, as for every other figure here)."""
     prompt = "The capital of France is"
-    ember_cmd = [sys.executable, "-m", "ember", "run", model, "-p", prompt, "-n", "1", "--temp", "0",
+    ember_cmd = [sys.executable, "-m", "ember", "run", str(path), "-p", prompt, "-n", "1", "--temp", "0",
                  "-t", str(threads)]
     env = installed_env()
 
@@ -204,61 +195,95 @@ def installed_env() -> dict:
     return env
 
 
-def report_details(r: dict, threads: int, e: dict, p: dict) -> None:
-    m = r["memory"]
-    print(f"  RSS while generating: {m['rss_bytes'] / 2**20:.0f} MiB (peak, load included: "
-          f"{m['peak_rss_bytes'] / 2**20:.0f}); budget file {m['file_bytes'] / 2**20:.0f}"
-          f" + KV {m['kv_bytes'] / 2**20:.0f} + 64 = {m['budget_bytes'] / 2**20:.0f} MiB "
-          f"({'within' if m['within_budget'] else 'OVER'})")
-    e1, en = r["scaling"]["ember"]["1"], r["scaling"]["ember"][str(threads)]
-    p1 = r["scaling"]["llama_cpp_1"]
-    for key, label in (("pp_tps", "pp"), ("tg_tps", "tg")):
-        print(f"  scaling {label}: ember 1 thread {e1[key]:.1f}, {threads} threads {en[key]:.1f} "
-              f"({en[key] / e1[key]:.2f}x, alternating runs); llama.cpp {p1[key]:.1f} -> {p[key]:.1f} "
-              f"({p[key] / p1[key]:.2f}x)")
-    for name, prof in r["profile"].items():
-        total = prof["native_s"]
-        parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in list(prof["by_kind_s"].items())[:7])
-        print(f"  profile {name}: {prof['wall_s'] * 1000:.0f} ms wall, outside kernels {100 * prof['outside_share']:.1f}%;"
-              f" {parts}")
+def machine_load() -> dict:
+    """Load average and the busiest other processes: figures taken while others run are not comparable."""
+    out = subprocess.run(["ps", "-eo", "pcpu,args", "--sort=-pcpu"], capture_output=True, text=True).stdout
+    busy = [line.strip()[:120] for line in out.splitlines()[1:6] if float(line.split()[0]) >= 5.0]
+    return {"loadavg": list(os.getloadavg()), "busy": busy}
+
+
+def bench_model(name: str, args) -> dict:
+    path = ladder.ensure(name)
+    n_gen = args.n_gen or N_GEN.get(name, 128)
+    nbytes = step_bytes(path)
+    r = {"path": str(path), "step_bytes": nbytes, "n_gen": n_gen, "threads": {}}
+    for t in args.threads:
+        e, p = speeds(path, t, args.reps, args.n_prompt, n_gen)
+        roof = args.bandwidth[t] / nbytes
+        r["threads"][str(t)] = {"ember": e, "llama_cpp": p, "roofline_tps": roof}
+    r["cold_start"] = cold_starts(path, max(args.threads), args.reps)
+    if not args.quick:
+        r["memory"] = peak_rss(path, max(args.threads), n_gen, args.n_prompt + n_gen)
+        r["profile"] = profile(path, max(args.threads), args.n_prompt, n_gen)
+    report(name, r, args)
+    return r
+
+
+def report(name: str, r: dict, args) -> None:
+    first = next(iter(r["threads"].values()))
+    print(f"\n{name}: {r['step_bytes'] / 1e6:.0f} MB of weights per decode step "
+          f"(ember ISA {first['ember']['isa']}, llama.cpp {first['llama_cpp']['variant']} variant)")
+    print(f"  {'':12} {'ember':>9} {'llama.cpp':>9} {'ratio':>6}   tg / roofline: ember, llama.cpp")
+    for t, m in r["threads"].items():
+        e, p, roof = m["ember"], m["llama_cpp"], m["roofline_tps"]
+        print(f"  pp{args.n_prompt:<4} {t}t     {e['pp_tps']:9.1f} {p['pp_tps']:9.1f} {e['pp_tps'] / p['pp_tps']:6.2f}")
+        print(f"  tg{r['n_gen']:<4} {t}t     {e['tg_tps']:9.1f} {p['tg_tps']:9.1f} {e['tg_tps'] / p['tg_tps']:6.2f}"
+              f"   {100 * e['tg_tps'] / roof:4.0f}%, {100 * p['tg_tps'] / roof:4.0f}% of {roof:.1f} tok/s")
+    c = r["cold_start"]
+    print(f"  cold start   {c['ember_s']:9.2f} {c['llama_cpp_s']:9.2f} {c['ember_s'] / c['llama_cpp_s']:6.2f}  s to first token")
+    if "memory" in r:
+        m = r["memory"]
+        print(f"  RSS while generating: {m['rss_bytes'] / 2**20:.0f} MiB (peak {m['peak_rss_bytes'] / 2**20:.0f}); "
+              f"budget {m['budget_bytes'] / 2**20:.0f} MiB ({'within' if m['within_budget'] else 'OVER'})")
+    for phase, prof in r.get("profile", {}).items():
+        parts = ", ".join(f"{k} {100 * v / prof['native_s']:.1f}%" for k, v in list(prof["by_kind_s"].items())[:7])
+        print(f"  profile {phase}: {prof['wall_s'] * 1000:.0f} ms wall, outside kernels "
+              f"{100 * prof['outside_share']:.1f}%; {parts}")
+        for label, gbs in list(prof.get("weight_gbs", {}).items())[:6]:
+            print(f"    {label}: {gbs:.1f} GB/s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", nargs="+", default=list(ladder.LADDER), choices=list(ladder.LADDER))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--n-prompt", type=int, default=512)
-    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--n-gen", type=int, help="generated tokens for every model (default: by size)")
     ap.add_argument("--out", type=Path, default=RESULTS / "cpu.json")
-    ap.add_argument("--quick", action="store_true", help="speed and cold start only (no memory, scaling, profile)")
+    ap.add_argument("--quick", action="store_true", help="speeds and cold start only (no memory, profile)")
     args = ap.parse_args()
     if not peer.available():
         sys.exit(f"llama.cpp not found at {peer.llama_cpp_dir()} (set LLAMA_CPP_DIR)")
-    results = {"threads": args.threads, "reps": args.reps, "models": {}}
-    for model in args.models:
-        path = hub.resolve(model)
-        e, p = speeds(model, path, args.threads, args.reps, args.n_prompt, args.n_gen)
-        c = cold_starts(model, path, args.threads, args.reps)
-        results["models"][model] = r = {"ember": e, "llama_cpp": p, "cold_start": c}
-        if not args.quick:
-            r["memory"] = peak_rss(model, path, args.threads, args.n_gen, args.n_prompt + args.n_gen)
-            one = max(1, min(3, args.reps))
-            r["scaling"] = {"ember": ember_scaling(model, args.threads, args.reps, args.n_prompt, args.n_gen),
-                            "llama_cpp_1": llama_bench(path, 1, one, args.n_prompt, args.n_gen)}
-            r["profile"] = profile(model, args.threads, args.n_prompt, args.n_gen)
-        print(f"\n{model} ({args.threads} threads, median of {args.reps}; ember ISA {e['isa']}, "
-              f"llama.cpp {p['build']} build)")
-        print(f"  {'':8} {'ember':>10} {'llama.cpp':>10} {'ratio':>7}")
-        for key, label in (("pp_tps", f"pp{args.n_prompt}"), ("tg_tps", f"tg{args.n_gen}")):
-            print(f"  {label:8} {e[key]:10.1f} {p[key]:10.1f} {e[key] / p[key]:7.2f}  tokens/s")
-        print(f"  {'cold':8} {c['ember_s']:10.2f} {c['llama_cpp_s']:10.2f} {c['ember_s'] / c['llama_cpp_s']:7.2f}  s to first token")
-        print(f"  ember load (in process): {e['load_s'] * 1000:.0f} ms")
-        if not args.quick:
-            report_details(r, args.threads, e, p)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {args.out}")
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "reps": args.reps,
+               "load_before": machine_load(), "models": {}}
+    args.bandwidth = {t: read_bandwidth(t) for t in args.threads}
+    results["read_bandwidth_gbs"] = {str(t): b / 1e9 for t, b in args.bandwidth.items()}
+    print(f"{results['cpu']}; read roofline " + ", ".join(f"{t} thread{'s' * (t > 1)} {b / 1e9:.1f} GB/s"
+                                                       for t, b in args.bandwidth.items())
+          + f"; load average {results['load_before']['loadavg'][0]:.2f}")
+    for name in args.models:  # written after each model: a run cut short keeps what it measured
+        results["models"][name] = bench_model(name, args)
+        results["load_after"] = machine_load()
+        write(args.out, results)
+    print(f"\nload average {results['load_after']['loadavg'][0]:.2f} at the end"
+          + (f"; busy: {results['load_after']['busy']}" if results["load_after"]["busy"] else ""))
+    print(f"wrote {args.out}")
+
+
+def write(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return "?"
 
 
 if __name__ == "__main__":

@@ -1,16 +1,14 @@
-"""Speed of ember_matmul alone on the layer shapes of the two real models (not a test).
+"""Speed of ember_matmul alone on the layer shapes of the real models and of a Llama-3.2-1B-shaped
+Q4_K_M file (not a test).
 
 For each weight matrix: n=1 (one generated token; weights streamed from DRAM: the script cycles
 through enough copies of the matrix to defeat the 32 MB L3, as a real decode step over all layers
-does) and n=512 (a prompt batch: compute bound). Each is timed with 16-bit activations (two int8
-levels, the default) and with 8-bit ones (one level, as llama.cpp), interleaved, and the ratio
-printed. Prints the median time per call, GFLOP/s and the effective weight bandwidth (bytes of W /
-time; the machine copies about 19.5 GB/s), then what the products alone would allow per token for
-each model: matmul-only tg and pp512 rates (the output head runs for the last prompt token only, as
-in llama.cpp). Medians, since the machine may be shared: note its load alongside.
+does) and n=512 (a prompt batch: compute bound). Prints the best time per call of several (other
+processes only ever add time), GFLOP/s and the effective weight bandwidth (bytes of W / time), then
+what the products alone would allow per token for each model: matmul-only tg and pp512 rates (the
+output head runs for the last prompt token only, as in llama.cpp). Note the machine's load alongside.
 
-    python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3] [--ns 1 512] [--isa avx2]
-                                 [--act-bits 16 8]
+    python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3 llama-1b] [--ns 1 512] [--isa avx2]
 """
 from __future__ import annotations
 
@@ -50,6 +48,15 @@ MODELS = {
         Shape("down 1536->576", T.Q4_1, 576, 1536, 30),
         Shape("output 576->49152", T.Q8_0, 49152, 576, 1, head=True),
     ],
+    "llama-1b": [  # 16 layers, d 2048, ffn 8192, Q4_K_M: Q6_K attn_v and ffn_down in 8 of 16 layers, Q6_K head
+        Shape("q/o 2048->2048", T.Q4_K, 2048, 2048, 32),
+        Shape("k 2048->512", T.Q4_K, 512, 2048, 16 + 8),
+        Shape("v 2048->512", T.Q6_K, 512, 2048, 8),
+        Shape("gate/up 2048->8192", T.Q4_K, 8192, 2048, 32),
+        Shape("down 8192->2048", T.Q4_K, 2048, 8192, 8),
+        Shape("down 8192->2048", T.Q6_K, 2048, 8192, 8),
+        Shape("output 2048->128256", T.Q6_K, 128256, 2048, 1, head=True),
+    ],
     "gemma3": [  # 18 layers, d 640, ffn 2048; tied Q8_0 output head
         Shape("q 640->1024", T.Q5_0, 1024, 640, 18),
         Shape("k 640->256", T.Q5_0, 256, 640, 18),
@@ -75,7 +82,7 @@ class Runner:
         self.pool = ffi.gc(lib.ember_pool_create(threads), lib.ember_pool_destroy)
 
     def time_call(self, s: Shape, ws: list[np.ndarray], n: int, min_time: float = 0.3) -> float:
-        """Best seconds of one ember_matmul over `ws` in turn (several copies: cold weights); the
+        """Best seconds of one ember_matmul over `ws` in turn (several copies: cold weights): the
         minimum, since other processes on a 2-core machine only ever add time."""
         x = np.random.default_rng(1).standard_normal((n, s.k), dtype=np.float32)
         y = np.empty((n, s.m), np.float32)
@@ -88,7 +95,7 @@ class Runner:
 
         def call(i: int) -> None:
             lib.ember_matmul(self.pool, int(s.qtype), ptrs[i % len(ptrs)], s.m, s.k, args[0], args[1], args[2],
-                             args[3])
+                             args[3], 0)
 
         call(0)
         times, i, t_end = [], 0, time.perf_counter() + min_time
@@ -97,48 +104,33 @@ class Runner:
             call(i)
             times.append(time.perf_counter() - t0)
             i += 1
-        return float(np.median(times))
+        return float(np.min(times))
 
 
-def set_act_bits(bits: int) -> None:
-    if lib.ember_matmul_set_act_bits(bits) != 0:
-        raise SystemExit(f"activation bits must be 8 or 16, not {bits}")
-
-
-def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int], modes: list[int]) -> None:
+def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -> None:
     rng = np.random.default_rng(0)
-    first = modes[0]
     print(f"\n{name}")
-    cols = " ".join(f"{f'ms act{b}':>9s}" for b in modes)
-    ratio = f" {f'{first}/{modes[1]}':>6s}" if len(modes) > 1 else ""
-    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {cols}{ratio} {'GFLOP/s':>8s} {'W GB/s':>7s}  (act{first})")
-    totals = {(n, b): 0.0 for n in ns for b in modes}
+    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s}")
+    totals = {n: 0.0 for n in ns}
     for s in shapes:
         w = random_weight(s.qtype, s.m, s.k, rng)
         copies = [w] + [w.copy() for _ in range(max(0, COLD_BYTES // w.nbytes - 1))]
         for n in ns:
-            t = {}
-            for b in modes:
-                set_act_bits(b)
-                t[b] = runner.time_call(s, copies if n == 1 else [w], n)
-                # per token of the model: prompt tokens need the head once per batch only
-                totals[n, b] += t[b] * s.per_token if not (s.head and n > 1) else 0.0
-            times = " ".join(f"{t[b] * 1e3:9.3f}" for b in modes)
-            ratio = f" {t[first] / t[modes[1]]:6.2f}" if len(modes) > 1 else ""
-            gflops = 2.0 * s.m * s.k * n / t[first] / 1e9
-            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {times}{ratio} {gflops:8.1f} {w.nbytes / t[first] / 1e9:7.2f}")
+            t = runner.time_call(s, copies if n == 1 else [w], n)
+            # per token of the model: prompt tokens need the head once per batch only
+            totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
+            gflops = 2.0 * s.m * s.k * n / t / 1e9
+            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f}")
         if any(n > 1 for n in ns) and 1 in ns and s.head:
-            for b in modes:
-                set_act_bits(b)
-                head_1 = runner.time_call(s, copies, 1)
-                for n in ns:
-                    if n > 1:
-                        totals[n, b] += head_1
+            head_1 = runner.time_call(s, copies, 1)
+            for n in ns:
+                if n > 1:
+                    totals[n] += head_1
         del copies
     for n in ns:
         label = "tg (n=1)" if n == 1 else f"pp{n}"
-        rates = ", ".join(f"act{b} {totals[n, b] * 1e3:.2f} ms -> {n / totals[n, b]:.0f} tok/s" for b in modes)
-        print(f"  matmuls only, {label} per {'step' if n == 1 else 'batch'}: {rates}")
+        print(f"  matmuls only, {label} per {'step' if n == 1 else 'batch'}: {totals[n] * 1e3:.2f} ms -> "
+              f"{n / totals[n]:.0f} tok/s")
 
 
 def main() -> None:
@@ -147,18 +139,16 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 512])
     ap.add_argument("--isa", help="force a SIMD path (scalar, avx2, avx512, neon)")
-    ap.add_argument("--act-bits", nargs="+", type=int, default=[16, 8], choices=[8, 16],
-                    help="activation precisions to time (the first is the one GFLOP/s refer to)")
+    ap.add_argument("--only", help="only the matrices whose name contains this")
     args = ap.parse_args()
     if args.isa and lib.ember_cpu_set_isa(args.isa.encode()) != 0:
         raise SystemExit(f"SIMD path {args.isa} is not available here")
     print(f"ember_matmul, {args.threads} threads, SIMD path {ffi.string(lib.ember_cpu_isa()).decode()}, "
           f"load average {os.getloadavg()[0]:.2f} at start")
-    start = lib.ember_matmul_act_bits()
     runner = Runner(args.threads)
     for name in args.models:
-        bench_model(runner, name, MODELS[name], args.ns, args.act_bits)
-    set_act_bits(start)
+        shapes = [s for s in MODELS[name] if not args.only or args.only in s.name]
+        bench_model(runner, name, shapes, args.ns)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

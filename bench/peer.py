@@ -1,60 +1,55 @@
 """Running llama.cpp's programs as the peer in benchmarks (separate processes, never linked).
 
-The programs live in ../shared/llama.cpp (LLAMA_CPP_DIR overrides): `lib/<prog>.real` with
-the AVX-512 build of the CPU kernels in `lib/` and the AVX2 build in `lib-avx2/`. Some
-processors that report AVX-512 VNNI still fault in the AVX-512 build, so a run that dies
-with SIGILL is retried on the AVX2 build; results say which build ran.
+The programs live in ../shared/llama.cpp (LLAMA_CPP_DIR overrides): `lib/<prog>.real`, with its
+CPU kernels built as several variants in `lib/` (x64, haswell, skylakex, icelake, zen4, ...). At
+start llama.cpp loads the best variant this processor supports and says which on stderr
+(`load_backend: loaded CPU backend from .../libggml-cpu-zen4.so`); results name that variant.
 """
 from __future__ import annotations
 
 import os
-import signal
+import re
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_VARIANT = re.compile(r"load_backend: loaded CPU backend from \S*libggml-cpu-([\w.-]+?)\.so")
 
 
 def llama_cpp_dir() -> Path:
-    return Path(os.environ.get("LLAMA_CPP_DIR", ROOT.parent / "shared" / "llama.cpp"))
+    """LLAMA_CPP_DIR, or shared/llama.cpp beside the checkout (or beside the folder of worktrees it is in)."""
+    if os.environ.get("LLAMA_CPP_DIR"):
+        return Path(os.environ["LLAMA_CPP_DIR"])
+    near = [ROOT.parent / "shared" / "llama.cpp", ROOT.parent.parent / "shared" / "llama.cpp"]
+    return next((p for p in near if p.is_dir()), near[0])
 
 
 def available() -> bool:
     return (llama_cpp_dir() / "lib" / "llama-bench.real").is_file()
 
 
-def _env(build: str) -> dict:
-    base = llama_cpp_dir()
-    libs = [base / "lib"] if build == "avx512" else [base / "lib-avx2", base / "lib"]
+def _env() -> dict:
+    lib = str(llama_cpp_dir() / "lib")
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join(map(str, libs)) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
 
 
-_working_build: str | None = None
+def variant(stderr: str) -> str:
+    """The CPU kernel variant a llama.cpp run loaded ("zen4", "haswell", ...), from its stderr."""
+    m = _VARIANT.search(stderr)
+    return m.group(1) if m else "?"
 
 
 def run(prog: str, args: list[str], timeout: float = 1800, **kw) -> tuple[subprocess.CompletedProcess, str]:
-    """Run llama.cpp's `prog` with `args`; returns the finished process and the build used."""
-    global _working_build
+    """Run llama.cpp's `prog` with `args`; returns the finished process and the kernel variant it loaded."""
     exe = str(llama_cpp_dir() / "lib" / f"{prog}.real")
-    builds = [_working_build] if _working_build else ["avx512", "avx2"]
-    for build in builds:
-        proc = subprocess.run([exe, *args], env=_env(build), capture_output=True, text=True, timeout=timeout, **kw)
-        if proc.returncode != -signal.SIGILL:
-            _working_build = build
-            return proc, build
-    return proc, builds[-1]
-
+    proc = subprocess.run([exe, *args], env=_env(), capture_output=True, text=True, timeout=timeout, **kw)
+    return proc, variant(proc.stderr)
 
 
 def popen(prog: str, args: list[str], probe_model: str | None = None, **kw):
-    """Start a long-running llama.cpp program (llama-server) on the build that works here.
-
-    The build is found by a one-token llama-completion run on `probe_model` (a SIGILL shows
-    only once kernels run), unless a benchmark already ran one."""
-    if _working_build is None and probe_model:
-        run("llama-completion", ["-m", probe_model, "-p", "hi", "-n", "1", "-no-cnv", "-t", "1"])
-    build = _working_build or "avx2"
+    """Start a long-running llama.cpp program (llama-server); probe_model is accepted for callers
+    written for builds that had to be probed first, and not needed now."""
     exe = str(llama_cpp_dir() / "lib" / f"{prog}.real")
-    return subprocess.Popen([exe, *args], env=_env(build), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+    return subprocess.Popen([exe, *args], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)

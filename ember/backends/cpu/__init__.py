@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...quant.types import GGMLType
+from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
 from ._native import ffi, lib
 
@@ -39,6 +39,24 @@ def isa() -> str:
 
 def cpu_features() -> list[str]:
     return ffi.string(lib.ember_cpu_features()).decode().split()
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 5) -> float:
+    """Bytes per second that `threads` threads of a pool read from memory: the best of `reps` passes
+    over a buffer of nbytes (far beyond the caches), each thread a contiguous share, after one pass
+    that faults the pages in. The ceiling of a decode step, which reads every weight once."""
+    import time
+
+    buf = np.ones(nbytes // 64 * 64, np.uint8)
+    pool = ffi.gc(lib.ember_pool_create(threads), lib.ember_pool_destroy)
+    ptr = ffi.from_buffer(buf)
+    lib.ember_stream_read(pool, ptr, buf.nbytes)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lib.ember_stream_read(pool, ptr, buf.nbytes)
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best
 
 
 def set_isa(name: str) -> None:
@@ -74,17 +92,41 @@ def op_label(op) -> str:
     return name
 
 
+def op_weight_bytes(op) -> int:
+    """Bytes of weights a product reads (0 for other ops)."""
+    if op.kind == lib.EMBER_OP_MATMUL:
+        return int(op.i[0]) * _row_bytes(op.type, int(op.i[1]))
+    if op.kind == lib.EMBER_OP_MATMUL_MULTI:
+        types, ms = ffi.cast("int *", op.p[0]), ffi.cast("int64_t *", op.p[2])
+        return sum(int(ms[j]) * _row_bytes(types[j], int(op.i[1])) for j in range(int(op.i[0])))
+    return 0
+
+
+def _row_bytes(t: int, k: int) -> int:
+    lay = layout(GGMLType(t))
+    return k // lay.block_size * lay.type_size
+
+
 @dataclass
 class Profile:
-    """Native time per op label, summed over the steps run while it was attached."""
+    """Native time per op label, summed over the steps run while it was attached, and the bytes of
+    weights each product reads (for its rate)."""
 
     ns: dict = field(default_factory=dict)  # label -> total nanoseconds
     calls: dict = field(default_factory=dict)  # label -> times run
+    weight_bytes: dict = field(default_factory=dict)  # label -> bytes of weights one call reads
 
-    def add(self, labels: list[str], ns) -> None:
-        for label, t in zip(labels, ns):
+    def add(self, labels: list[str], ns, weight_bytes: list[int] | None = None) -> None:
+        for i, (label, t) in enumerate(zip(labels, ns)):
             self.ns[label] = self.ns.get(label, 0) + int(t)
             self.calls[label] = self.calls.get(label, 0) + 1
+            if weight_bytes is not None:
+                self.weight_bytes[label] = weight_bytes[i]
+
+    def rates(self) -> dict[str, float]:
+        """Bytes of weights per second for each product label (what a decode step is bound by)."""
+        return {label: self.weight_bytes[label] * self.calls[label] / (self.ns[label] * 1e-9)
+                for label in self.ns if self.weight_bytes.get(label) and self.ns[label] > 0}
 
     @property
     def total_s(self) -> float:
@@ -108,6 +150,7 @@ class Recording:
     keep: list = field(default_factory=list)  # arrays and cffi objects the ops reference
     array: object = None  # the packed ember_op[] once finished
     labels: list | None = None  # op labels, made on the first profiled replay
+    weight_bytes: list | None = None  # bytes of weights each op reads, with the labels
 
     def finish(self) -> None:
         self.array = ffi.new("ember_op[]", len(self.ops))
@@ -127,6 +170,7 @@ class Backend:
         self._scratch = np.empty(0, np.uint8)  # 64-byte aligned view of a larger allocation
         self._recording: Recording | None = None
         self.profile: Profile | None = None  # set to a Profile to time every op
+        self._weight_types: set[int] = set()  # of every weight handed to this backend (one model's)
 
     @property
     def isa(self) -> str:
@@ -136,6 +180,7 @@ class Backend:
         return bool(lib.ember_type_supported(int(qtype)))
 
     def weight(self, tensor) -> Weight:
+        self._weight_types.add(int(tensor.type))
         if tensor.type == GGMLType.F32 and len(tensor.shape) == 1:
             return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.array())
         if not self.supports(tensor.type):
@@ -172,7 +217,8 @@ class Backend:
         if self.profile is not None:
             if rec.labels is None:
                 rec.labels = [op_label(rec.array[k]) for k in range(len(rec.ops))]
-            failed = self._timed(rec.array, len(rec.ops), rec.labels)
+                rec.weight_bytes = [op_weight_bytes(rec.array[k]) for k in range(len(rec.ops))]
+            failed = self._timed(rec.array, len(rec.ops), rec.labels, rec.weight_bytes)
         else:
             failed = lib.ember_run_ops(self._pool, rec.array, len(rec.ops))
         if failed >= 0:
@@ -192,16 +238,16 @@ class Backend:
             self._recording.keep.append((ptrs, keep))
             return
         if self.profile is not None:
-            failed = self._timed(op, 1, [op_label(op[0])])
+            failed = self._timed(op, 1, [op_label(op[0])], [op_weight_bytes(op[0])])
         else:
             failed = lib.ember_run_ops(self._pool, op, 1)
         if failed >= 0:
             raise BackendError(f"the CPU kernels refused op kind {kind}")
 
-    def _timed(self, ops, n: int, labels: list[str]) -> int:
+    def _timed(self, ops, n: int, labels: list[str], weight_bytes: list[int]) -> int:
         ns = np.zeros(n, np.int64)
         failed = lib.ember_run_ops_timed(self._pool, ops, n, ffi.cast("int64_t *", ns.ctypes.data))
-        self.profile.add(labels, ns)
+        self.profile.add(labels, ns, weight_bytes)
         return failed
 
     def _p(self, a: np.ndarray):
@@ -228,11 +274,20 @@ class Backend:
         self._run(lib.EMBER_OP_GET_ROWS, (self._p(w.data), self._p(self._ints(ids, np.int32)), self._p(out)),
                   (rows, cols, len(ids)), qtype=int(w.type))
 
+    @property
+    def rounding(self) -> int:
+        """How the 32-value block types round their activations (api_quant.h): as llama.cpp does when
+        the model also has K-quant matrices, whose products always round as llama.cpp's (measured
+        against llama.cpp's outputs, mixing exact and llama.cpp-rounded products drifts furthest),
+        else exactly."""
+        k_quants = any(lib.ember_matmul_act_kind(t) == lib.EMBER_ACT_KIND_Q8K for t in self._weight_types)
+        return lib.EMBER_ROUND_LLAMA if k_quants else lib.EMBER_ROUND_EXACT
+
     def matmul(self, w: Weight, x, out) -> None:
         rows, cols = w.shape
         scratch = self._scratch_for(int(w.type), cols, x.shape[0])
         self._run(lib.EMBER_OP_MATMUL, (self._p(w.data), self._p(x), self._p(out), self._p(scratch)),
-                  (rows, cols, x.shape[0]), qtype=int(w.type))
+                  (rows, cols, x.shape[0], self.rounding), qtype=int(w.type))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[j] = x @ ws[j].T for matrices that share x: x is quantized once when their types allow."""
@@ -248,7 +303,7 @@ class Backend:
         ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
         scratch = self._scratch_for(int(ws[0].type), k, n)
         self._run(lib.EMBER_OP_MATMUL_MULTI, (types, mats, ms, self._p(x), ys, self._p(scratch)),
-                  (len(ws), k, n), keep=(types, mats, ms, ys))
+                  (len(ws), k, n, self.rounding), keep=(types, mats, ms, ys))
 
     def _scratch_for(self, qtype: int, k: int, n: int) -> np.ndarray:
         size = lib.ember_matmul_scratch_size(qtype, k, n)

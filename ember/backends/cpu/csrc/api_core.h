@@ -15,3 +15,8 @@ const char *ember_cpu_isa(void);
 int ember_cpu_set_isa(const char *name);
 /* Space-separated list of the CPU features the kernels care about. */
 const char *ember_cpu_features(void);
+
+/* Reads bytes (a multiple of 64) at buf with every thread of the pool, each a contiguous share, and
+ * returns the XOR of the 64-bit words read: how fast the machine streams memory to these threads (the
+ * ceiling of a decode step, which reads every weight once). */
+uint64_t ember_stream_read(ember_pool *pool, const void *buf, int64_t bytes);

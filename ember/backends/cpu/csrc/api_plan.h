@@ -4,8 +4,8 @@
  * written into those buffers before the replay. */
 
 enum ember_op_kind {
-    EMBER_OP_MATMUL = 1,       /* p: w, x, y, scratch; i: m, k, n; type */
-    EMBER_OP_MATMUL_MULTI = 2, /* p: types (int*), ws, ms (int64*), x, ys, scratch; i: count, k, n */
+    EMBER_OP_MATMUL = 1,       /* p: w, x, y, scratch; i: m, k, n, rounding; type */
+    EMBER_OP_MATMUL_MULTI = 2, /* p: types (int*), ws, ms (int64*), x, ys, scratch; i: count, k, n, rounding */
     EMBER_OP_GET_ROWS = 3,     /* p: w, ids, out; i: m, k, n; type */
     EMBER_OP_RMS_NORM = 4,     /* p: x, w (or NULL), out; i: n, d; f: eps */
     EMBER_OP_ROPE = 5,         /* p: x, pos, freq_factors; i: n_tok, n_head, head_dim, n_rot, neox, n_ctx_orig;

@@ -7,19 +7,23 @@
 /* 1 if this build computes with ggml type `type`, else 0. */
 int ember_type_supported(int type);
 
-/* Bytes of caller-owned scratch ember_matmul needs for n rows of k activations (enough for either
- * activation precision): 0 for float weights (x is read directly), -1 when the type is unsupported
+/* Bytes of caller-owned scratch ember_matmul needs for n rows of k activations: 0 for float weights (x is read directly), -1 when the type is unsupported
  * or k is not a multiple of its block size. */
 int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n);
 
+/* How the activations of the 32-value block types (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL) are rounded:
+ * EMBER_ROUND_EXACT: to int16 per block of 32, the products of float arithmetic; EMBER_ROUND_LLAMA: to
+ * int8 as llama.cpp's Q8_0 / Q8_1 (f16 scales), for models whose other products round as llama.cpp's
+ * K-quant ones do (mixing the two drifts from llama.cpp's numbers more than either). The K-quants and
+ * IQ4_XS always round as llama.cpp's Q8_K. */
+enum { EMBER_ROUND_EXACT = 0, EMBER_ROUND_LLAMA = 1 };
+
 /* y (n, m) = x (n, k) @ W^T.  x (n, k) f32 rows contiguous; y (n, m) f32 rows contiguous.
- * scratch: ember_matmul_scratch_size(type, k, n) bytes, 64-byte aligned (activations quantized once).
- * Activations are rounded to int8 per block of 32 (256 for the K-quants and IQ4_XS), and by default
- * what that rounding missed is rounded to int8 again with scales of its own (16 activation bits: about
- * 1/254 of the 8-bit error); both are multiplied exactly in integers in one pass over W. Results do not
- * depend on the number of threads. */
+ * scratch: ember_matmul_scratch_size(type, k, n) bytes, 64-byte aligned (activations quantized once,
+ * as `rounding` says), then multiplied with the weights in integers. Results do not depend on the
+ * number of threads. */
 void ember_matmul(ember_pool *pool, int type, const void *w, int64_t m, int64_t k,
-                  const float *x, int64_t n, float *y, void *scratch);
+                  const float *x, int64_t n, float *y, void *scratch, int rounding);
 
 /* Several products with the same x in one pass over the pool (e.g. q, k, v; or gate, up), x quantized
  * once: y_i (n, ms[i]) = x (n, k) @ W_i^T for i < count <= 8, W_i of type types[i] at ws[i].
@@ -27,16 +31,11 @@ void ember_matmul(ember_pool *pool, int type, const void *w, int64_t m, int64_t 
  * type is unsupported, k is not a multiple of its block size, count is out of range, or the types do
  * not share an activation kind (see ember_matmul_act_kind). */
 int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
-                       int64_t k, const float *x, int64_t n, float *const *ys, void *scratch);
-
-/* Activation precision of the quantized products, process-wide: 16 (two int8 levels, the default) or 8
- * (one, as llama.cpp does; faster for prompts). The environment variable EMBER_ACT_BITS sets it at
- * load. set returns 0, or -1 (unchanged) for any other value. */
-int ember_matmul_set_act_bits(int bits);
-int ember_matmul_act_bits(void);
+                       int64_t k, const float *x, int64_t n, float *const *ys, void *scratch, int rounding);
 
 /* Which quantization of x the products with W of `type` use (equal kinds can share one
- * ember_matmul_multi call): 0 f32, 1 int8 per 32, 2 and 3 int8 per 256; -1 unsupported. */
+ * ember_matmul_multi call); -1 unsupported. */
+enum { EMBER_ACT_KIND_F32 = 0, EMBER_ACT_KIND_Q16 = 1, EMBER_ACT_KIND_Q8K = 2 };
 int ember_matmul_act_kind(int type);
 
 /* out (n, k) f32 = rows ids[0..n) of W (m, k); ids outside [0, m) are the caller's error (checked in Python).
@@ -46,3 +45,8 @@ void ember_get_rows(ember_pool *pool, int type, const void *w, int64_t m, int64_
 
 /* dst (count,) f32 from count values of ggml type `type` in src (count a multiple of the block size). */
 void ember_dequantize(int type, const void *src, float *dst, int64_t count);
+
+/* dst = x (k,) quantized as the products with W of `type` quantize their activations with `rounding`
+ * (the row format of its activation kind, ember_matmul_scratch_size(type, k, 1) bytes): for tests and
+ * tools. Returns 0, or -1 for float or unsupported types and k not a multiple of the block size. */
+int ember_matmul_quantize(int type, const float *x, int64_t k, void *dst, int rounding);

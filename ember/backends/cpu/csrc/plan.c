@@ -23,10 +23,10 @@ static int run_op(ember_pool *pool, const ember_op *o) {
     const float *f = o->f;
     switch (o->kind) {
     case EMBER_OP_MATMUL:
-        ember_matmul(pool, o->type, p[0], i[0], i[1], p[1], i[2], p[2], p[3]);
+        ember_matmul(pool, o->type, p[0], i[0], i[1], p[1], i[2], p[2], p[3], (int)i[3]);
         return 0;
     case EMBER_OP_MATMUL_MULTI:
-        return ember_matmul_multi(pool, (int)i[0], p[0], p[1], p[2], i[1], p[3], i[2], p[4], p[5]) < 0 ? -1 : 0;
+        return ember_matmul_multi(pool, (int)i[0], p[0], p[1], p[2], i[1], p[3], i[2], p[4], p[5], (int)i[3]) < 0 ? -1 : 0;
     case EMBER_OP_GET_ROWS:
         ember_get_rows(pool, o->type, p[0], i[0], i[1], p[1], i[2], p[2]);
         return 0;

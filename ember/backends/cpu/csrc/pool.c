@@ -2,10 +2,13 @@
  * condition variable, so back-to-back kernels pay no thread start-up and an idle
  * pool costs no CPU.
  *
- * A job is nth shares; any thread may run any share: threads claim shares from a
- * counter tagged with the job's generation. On a busy machine a worker that is not
- * running when a job starts leaves its share to the threads that are, instead of
- * making them wait a whole scheduler time slice for it. */
+ * A job is nth shares, share i first of all worker i's (the caller's: share 0). Each share
+ * has a slot of its own cache line, where the thread that claims it marks it (a CAS that
+ * meets no other thread unless the share is being taken over) and, when done, says so:
+ * threads share no counter, so a job's start and end cost each thread its own line, on 2
+ * cores as on 16. The caller, once its share is done, takes over any share whose worker has
+ * not claimed it yet (a worker descheduled on a busy machine), instead of waiting a whole
+ * scheduler time slice for it. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -24,15 +27,21 @@
 
 #define SPIN_ROUNDS (1 << 14)
 
+/* One share's state, on a cache line of its own: the generation of the last job that claimed it, and
+ * of the last in which it was finished. */
+typedef struct {
+    _Alignas(64) atomic_uint_fast64_t claimed;
+    atomic_uint_fast64_t done;
+} share_slot;
+
 struct ember_pool {
     int n_threads;
     pthread_t *workers;           /* n_threads - 1 */
+    share_slot *slots;            /* n_threads */
     pthread_mutex_t run_lock;     /* one job at a time per pool */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint_fast64_t gen;     /* bumped for each job */
-    atomic_uint_fast64_t claim;   /* (job generation << 16) | next unclaimed share */
-    atomic_int done;              /* shares finished in the current job */
+    _Alignas(64) atomic_uint_fast64_t gen; /* bumped for each job; read by every worker */
     atomic_int sleeping;
     atomic_int resting;           /* set between steps: idle workers sleep at once instead of spinning */
     atomic_int stop;
@@ -42,21 +51,14 @@ struct ember_pool {
 
 struct worker_arg { ember_pool *pool; int ith; };
 
-/* Next unclaimed share of job `gen`, or -1 when none is left (or the job is over). */
-static int claim_share(ember_pool *pool, uint64_t gen) {
-    uint64_t cur = atomic_load(&pool->claim);
-    for (;;) {
-        if ((cur >> 16) != gen || (int)(cur & 0xffff) >= pool->n_threads) return -1;
-        if (atomic_compare_exchange_weak(&pool->claim, &cur, cur + 1)) return (int)(cur & 0xffff);
-    }
-}
-
-static void run_shares(ember_pool *pool, uint64_t gen) {
-    int i;
-    while ((i = claim_share(pool, gen)) >= 0) {
-        pool->fn(pool->ctx, i, pool->n_threads);
-        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
-    }
+/* Runs share i of job `gen` if no thread has claimed it yet. A thread that read `gen` long ago (it was
+ * descheduled) finds the share claimed for that or a later job, and leaves it. */
+static void run_share(ember_pool *pool, int i, uint64_t gen) {
+    share_slot *slot = &pool->slots[i];
+    uint64_t prev = atomic_load_explicit(&slot->claimed, memory_order_relaxed);
+    if (prev >= gen || !atomic_compare_exchange_strong(&slot->claimed, &prev, gen)) return;
+    pool->fn(pool->ctx, i, pool->n_threads);
+    atomic_store_explicit(&slot->done, gen, memory_order_release);
 }
 
 static void *worker_main(void *p) {
@@ -81,7 +83,7 @@ static void *worker_main(void *p) {
         }
         if (atomic_load(&pool->stop)) return NULL;
         seen = g;
-        run_shares(pool, g);
+        run_share(pool, arg.ith, g);
     }
 }
 
@@ -94,6 +96,17 @@ ember_pool *ember_pool_create(int n_threads) {
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
     pool->workers = calloc((size_t)n_threads, sizeof(pthread_t));
+    pool->slots = aligned_alloc(64, (size_t)n_threads * sizeof(share_slot));
+    if (!pool->workers || !pool->slots) {
+        free(pool->workers);
+        free(pool->slots);
+        free(pool);
+        return NULL;
+    }
+    for (int i = 0; i < n_threads; i++) {
+        atomic_init(&pool->slots[i].claimed, 0);
+        atomic_init(&pool->slots[i].done, 0);
+    }
     pthread_attr_t attr; /* kernels keep bounded scratch on the stack: do not rely on the libc default */
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 1 << 21);
@@ -123,6 +136,7 @@ void ember_pool_destroy(ember_pool *pool) {
     pthread_mutex_destroy(&pool->mu);
     pthread_mutex_destroy(&pool->run_lock);
     free(pool->workers);
+    free(pool->slots);
     free(pool);
 }
 
@@ -141,19 +155,23 @@ void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
     atomic_store_explicit(&pool->resting, 0, memory_order_relaxed);
     pool->fn = fn;
     pool->ctx = ctx;
-    atomic_store(&pool->done, 0);
-    uint64_t gen = atomic_load(&pool->gen) + 1;
-    atomic_store(&pool->claim, gen << 16);
+    const uint64_t gen = atomic_load(&pool->gen) + 1;
     atomic_store(&pool->gen, gen); /* seq_cst: pairs with the sleeper count below */
     if (atomic_load(&pool->sleeping) > 0) {
         pthread_mutex_lock(&pool->mu);
         pthread_cond_broadcast(&pool->cv);
         pthread_mutex_unlock(&pool->mu);
     }
-    run_shares(pool, gen);
-    /* shares claimed by workers still running: spin, then yield the core to them */
-    for (int i = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < pool->n_threads; i++) {
-        if (i < SPIN_ROUNDS) CPU_RELAX();
+    run_share(pool, 0, gen);
+    /* the workers' shares: wait for each, taking over one its worker has not started; spin, then
+     * yield the core to them */
+    for (int i = 1, spins = 0; i < pool->n_threads;) {
+        if (atomic_load_explicit(&pool->slots[i].done, memory_order_acquire) == gen) {
+            i++;
+            continue;
+        }
+        if (spins > SPIN_ROUNDS / 16) run_share(pool, i, gen); /* a no-op once its worker has claimed it */
+        if (++spins < SPIN_ROUNDS) CPU_RELAX();
         else sched_yield();
     }
     pthread_mutex_unlock(&pool->run_lock);

@@ -43,74 +43,63 @@ _Static_assert(sizeof(blk_q2_k) == 84 && sizeof(blk_q3_k) == 110 && sizeof(blk_q
 extern const int8_t ember_iq4nl_values[16];
 
 /* ---- quantized activations (caller's scratch; our own planar layout) ----
- * Values are q = round_even(x * 127 / amax), d = amax / 127 per block of 32 (Q8) or 256 (Q8K).
- * EMBER_ACT_Q8  (for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL):
- *     q int8 (k,) | d f32 (k/32,) | s f32 (k/32,) | nq int32 (k/32,) | nls int32 (k/32, 8) | c16 int16 (k,)
- *     nls: minus the sums of each 4 consecutive q (the lanes of an 8 x int32 dot product), from which
- *     the microtiles take back a weight offset; with two levels, in the first row, of the combined
- *     RESIDUAL_STEPS q1 + q2 (the residual row's are unused).
- *     c16: with two levels, in the first row, RESIDUAL_STEPS q1 + q2 (|c16| <= 32639): both levels in
- *     one 16-bit value, for kernels that multiply signed weights by it directly (unused otherwise).
- * EMBER_ACT_Q8K16, EMBER_ACT_Q8K32 (the K-quants and IQ4_XS; the number is the chunk CH):
- *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | dc f32 (k/CH,) | s f32 (k/CH,) | nq int32 (k/CH,)
- * Per chunk of CH values (for Q8: CH = 32 and dc is d): dc its scale, s = dc * sum(q), nq = -sum(q);
- * the packed-panel kernels read these, the others d and bsums (sums of each 16 q).
- * Two levels (the default): a token has two such rows, one after the other: the rounding of x, then
- * the rounding of its residual x - q1 d1 (computed with one rounding, fma) at the fixed scale
- * d2 = d1 / RESIDUAL_STEPS (clamped to +-127: |residual| <= d1 / 2). Kernels take the pair as a row and
- * a_res, the bytes from a token's row to its residual row (0: one level); the product is
- * W . (q1 d1 + q2 d2) = W . (RESIDUAL_STEPS q1 + q2) d2, so a kernel may combine the two integer sums
- * of a block exactly before its one float multiply; each weight block is unpacked once for both rows.
+ * Chosen per weight type by what it costs and what it changes against llama.cpp's reference outputs:
+ * EMBER_ACT_Q16 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL), blocks of 32, in int16:
+ *     c int16 (k,) | d f32 (k/32,) | s f32 (k/32,)      (s = d * sum(c), for the mins of Q4_1/Q5_1)
+ *     EMBER_ROUND_EXACT: c = round_even(x * 32767 / amax), d = amax / 32767, s in f32: exact to 1/65534
+ *     of a block's largest value, the products of float arithmetic. EMBER_ROUND_LLAMA (the quantizer of
+ *     kind EMBER_ACT_Q16_LLAMA, same rows): c = round_even(x * 127 / amax), d = f16(amax / 127),
+ *     s = f16(amax / 127 * sum(c)), llama.cpp's Q8_0 / Q8_1. The weights widen to int16 and meet c in
+ *     16-bit multiply-adds either way. (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
+ *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
+ *     allow; exact ones stay within 0.21. In a file with K-quants, exact 32-value products beside the
+ *     K-quants' llama.cpp rounding drifted further (Gemma 3: 0.53) than llama.cpp's rounding throughout
+ *     (0.25), so there every product rounds as llama.cpp does; see api_quant.h.)
+ * EMBER_ACT_Q8K (the K-quants and IQ4_XS: llama.cpp's Q8_K, rounded as it rounds them), super-blocks of 256:
+ *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | sum16 f32 (k/16,) | sum32 f32 (k/32,)
+ *     | off16 int32 (k/16,) | off32 int32 (k/32,)
+ *     q = min(127, round_even(x * -127 / m)) with m the value of largest magnitude, d = 1 / (-127 / m);
+ *     bsums the sums of each 16 q; sum16, sum32 the sums of each 16 and 32 q as floats (for mins), and
+ *     off16 = -32 sum16, off32 = -128 sum32 as integers: the weight offsets of the packed panels, which
+ *     hold Q3_K and Q6_K as u = w + 32 and IQ4_XS as w + 128 (what the panel kernels read). One int8 level keeps the products of
+ *     the K-quant files (the sizes people run) at twice the integer throughput, and rounding as llama.cpp
+ *     does keeps ember on its numbers (Gemma 3's perplexity within 0.01%).
  * EMBER_ACT_F32: the caller's x itself, no scratch. */
-#define RESIDUAL_SHIFT 8
-#define RESIDUAL_STEPS 256.0f /* 1 << RESIDUAL_SHIFT: residual steps per step of the first level */
-
-enum { EMBER_ACT_F32 = 0, EMBER_ACT_Q8 = 1, EMBER_ACT_Q8K16 = 2, EMBER_ACT_Q8K32 = 3, EMBER_ACT_KINDS = 4 };
+enum { EMBER_ACT_F32 = 0, EMBER_ACT_Q16 = 1, EMBER_ACT_Q8K = 2, EMBER_ACT_Q16_LLAMA = 3, EMBER_ACT_KINDS = 4 };
 
 static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-/* Values per chunk of the per-chunk sums (0: none). */
-static inline int ember_act_chunk(int act) { return act == EMBER_ACT_Q8K16 ? 16 : act == EMBER_ACT_F32 ? 0 : 32; }
-
-/* Byte offset of dc (the per-chunk scales) in a row; s and nq follow it. */
-static inline int64_t ember_act_meta_offset(int act, int64_t k) {
-    return act == EMBER_ACT_Q8 ? k : k + 4 * (k / QK_K) + 2 * (k / 16);
-}
-
-/* Byte offset of nls in an EMBER_ACT_Q8 row (32-byte aligned). */
-static inline int64_t ember_act_q8_nls_offset(int64_t k) { return (k + 12 * (k / QK) + 31) & ~(int64_t)31; }
-
-/* Byte offset of c16 in an EMBER_ACT_Q8 row (64-byte aligned). */
-static inline int64_t ember_act_q8_c16_offset(int64_t k) {
-    return ember_align64(ember_act_q8_nls_offset(k) + 32 * (k / QK));
-}
+/* Byte offsets of the fields after the values in a row of k values. */
+static inline int64_t ember_q16_d_offset(int64_t k) { return 2 * k; }
+static inline int64_t ember_q16_s_offset(int64_t k) { return 2 * k + 4 * (k / QK); }
+static inline int64_t ember_q8k_d_offset(int64_t k) { return k; }
+static inline int64_t ember_q8k_bsums_offset(int64_t k) { return k + 4 * (k / QK_K); }
+static inline int64_t ember_q8k_sum16_offset(int64_t k) { return ember_q8k_bsums_offset(k) + 2 * (k / 16); }
+static inline int64_t ember_q8k_sum32_offset(int64_t k) { return ember_q8k_sum16_offset(k) + 4 * (k / 16); }
+static inline int64_t ember_q8k_off16_offset(int64_t k) { return ember_q8k_sum32_offset(k) + 4 * (k / 32); }
+static inline int64_t ember_q8k_off32_offset(int64_t k) { return ember_q8k_off16_offset(k) + 4 * (k / 16); }
 
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
-    if (act == EMBER_ACT_F32) return 0;
-    if (act == EMBER_ACT_Q8) return ember_align64(ember_act_q8_c16_offset(k) + 2 * k);
-    return ember_align64(ember_act_meta_offset(act, k) + 12 * (k / ember_act_chunk(act)));
+    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(2 * k + 8 * (k / QK));
+    if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_off32_offset(k) + 4 * (k / 32));
+    return 0;
 }
 
-/* The per-chunk sums of a Q8K row whose q, d and bsums are written (shared by every quantizer). */
-static inline void ember_q8k_chunk_sums(void *row, int64_t k, int ch) {
-    const float *d = (const float *)((int8_t *)row + k);
-    const int16_t *bsums = (const int16_t *)(d + k / QK_K);
-    float *dc = (float *)((uint8_t *)row + ember_act_meta_offset(EMBER_ACT_Q8K16, k)), *s = dc + k / ch;
-    int32_t *nq = (int32_t *)(s + k / ch);
-    for (int64_t i = 0; i < k / ch; i++) {
-        int sum = bsums[i * ch / 16] + (ch == 32 ? bsums[i * 2 + 1] : 0);
-        dc[i] = d[i * ch / QK_K];
-        s[i] = dc[i] * (float)sum;
-        nq[i] = -sum;
+/* sum16, sum32, off16 and off32 of a Q8K row whose q, d and bsums are written (shared by every quantizer). */
+static inline void ember_q8k_sums(void *row, int64_t k) {
+    uint8_t *r = row;
+    const int16_t *bsums = (const int16_t *)(r + ember_q8k_bsums_offset(k));
+    float *sum16 = (float *)(r + ember_q8k_sum16_offset(k)), *sum32 = (float *)(r + ember_q8k_sum32_offset(k));
+    int32_t *off16 = (int32_t *)(r + ember_q8k_off16_offset(k)), *off32 = (int32_t *)(r + ember_q8k_off32_offset(k));
+    for (int64_t g = 0; g < k / 16; g++) {
+        sum16[g] = (float)bsums[g];
+        off16[g] = -32 * bsums[g];
     }
-}
-
-/* c16 of an EMBER_ACT_Q8 row pair whose q rows are written (every quantizer calls it for two levels). */
-static inline void ember_q8_combine(void *row, const void *res, int64_t k) {
-    const int8_t *q1 = row, *q2 = res;
-    int16_t *c16 = (int16_t *)((uint8_t *)row + ember_act_q8_c16_offset(k));
-    for (int64_t i = 0; i < k; i++) c16[i] = (int16_t)(q1[i] * (1 << RESIDUAL_SHIFT) + q2[i]);
+    for (int64_t g = 0; g < k / 32; g++) {
+        sum32[g] = (float)(bsums[2 * g] + bsums[2 * g + 1]);
+        off32[g] = -128 * (bsums[2 * g] + bsums[2 * g + 1]);
+    }
 }
 
 /* ---- per-type facts ---- */
@@ -127,18 +116,15 @@ typedef struct {
 const ember_qtype *ember_qtype_get(int type);
 
 /* ---- kernels ---- */
-/* Quantize one activation row: x (k,) f32 -> dst (ember_act_row_bytes(act, k) bytes); when res is not
- * NULL, the residual x - deq(dst) -> res (as many bytes, the same format). */
-typedef void (*ember_quantize_fn)(const float *x, void *dst, void *res, int64_t k);
+/* Quantize one activation row: x (k,) f32 -> dst (ember_act_row_bytes(act, k) bytes). */
+typedef void (*ember_quantize_fn)(const float *x, void *dst, int64_t k);
 
 /* A microtile of the product: y[c * y_stride + r] = dot(W row r, activation row c)
  * for r < nr, c < nc, with nr = 1, or nr = rows when a row is at most short_row bytes (walking
- * several rows at once is only fast for short rows), and 1 <= nc <= cols of the kernel's entry
- * (cols / 2 with residual rows: cols counts the activation rows a tile holds).
- * w: nr rows of w_stride bytes; a: nc activation rows of a_stride bytes (format: the type's act),
- * each with its residual row a_res bytes after it (a_res 0: none). */
+ * several rows at once is only fast for short rows), and 1 <= nc <= cols of the kernel's entry.
+ * w: nr rows of w_stride bytes; a: nc activation rows of a_stride bytes (format: the type's act). */
 typedef void (*ember_tile_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, int64_t a_stride,
-                              int64_t a_res, float *y, int64_t y_stride, int nr, int nc);
+                              float *y, int64_t y_stride, int nr, int nc);
 
 typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
@@ -149,15 +135,14 @@ typedef struct {
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel
  * (vector lanes = rows), then sweeping all tokens over it: for prompts, where the packing is
  * paid once per many tokens. w: nrows rows of w_stride bytes; a: n activation rows of a_stride
- * bytes (the type's act format), residual rows a_res bytes after them (0: none);
- * y[t * y_stride + r] for t < n, r < nrows. */
+ * bytes (the type's act format); y[t * y_stride + r] for t < n, r < nrows. */
 typedef void (*ember_panel_fn)(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
-                               int64_t a_stride, int64_t a_res, int64_t n, float *y, int64_t y_stride);
+                               int64_t a_stride, int64_t n, float *y, int64_t y_stride);
 
 typedef struct {
-    ember_panel_fn fn;  /* NULL: none for the type */
-    int rows;           /* panel height: thread ranges are split in multiples of it */
-    int min_tokens[2];  /* below this many tokens the microtiles are faster: one level, two levels */
+    ember_panel_fn fn; /* NULL: none for the type */
+    int rows;          /* panel height: thread ranges are split in multiples of it */
+    int min_tokens;    /* below this many tokens the microtiles are faster */
 } ember_panel;
 
 typedef struct {

@@ -1,13 +1,12 @@
 /* AVX-512 kernels (x86-64 only; F/BW/VL/DQ + VNNI, chosen at run time when the CPU has them).
  *
- * Few tokens: the microtiles of quant_x86.h on 256-bit vectors, with dpbusd/dpwssd doing the integer
- * dots (on Zen 4 a 512-bit op costs two 256-bit ones, and decoding is bound by memory anyway).
- * Many tokens (prompts): packed panels. 16 rows of W are unpacked into bytes and interleaved so that
- * one 512-bit vector holds 4 consecutive weights of each of the 16 rows; a dpbusd with 4 activation
- * bytes broadcast then adds 4 products to each row's lane. Every lane is one output, so there are no
- * horizontal sums, and each block's float scaling serves 16 rows at once. The panel is packed once
- * and swept by all the tokens; a token's residual row (two-level activations) is dotted with the same
- * loaded weights right after its main row. */
+ * Few tokens: the microtiles of quant_x86.h on 256-bit vectors with VNNI doing the integer dots, and
+ * for Q4_K, Q5_K and Q6_K rows 512-bit ones (below).
+ * Many tokens (prompts): packed panels. 16 rows of W are unpacked and interleaved so that one 512-bit
+ * vector holds 4 consecutive weight bytes (the K-quants) or 2 int16 weights (the 32-value types) of
+ * each of the 16 rows; a dpbusd (dpwssd) with the token's 4 bytes (2 int16) broadcast then adds 4 (2)
+ * products to each row's lane. Every lane is one output, so there are no horizontal sums, and each
+ * block's float scaling serves 16 rows at once. The panel is packed once and swept by all the tokens. */
 #include "quant.h"
 
 #if defined(EMBER_X86)
@@ -19,9 +18,11 @@
 #include <immintrin.h>
 
 #define ALWAYS static inline __attribute__((always_inline))
-#define X86_VNNI 1
-
-ALWAYS __m256i dot4_acc(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+/* The 32 products land in 16 lanes of a 512-bit dpwssd, folded to 8. */
+ALWAYS __m256i dot_w8_c16(__m256i w, const int16_t *c) {
+    __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(w), _mm512_loadu_si512((const void *)c));
+    return _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
+}
 
 ALWAYS __m256i dot2w_acc(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 
@@ -54,54 +55,157 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
-#define X86_ROW_Q8_0_C16 /* row_q8_0_c16 below: lone Q8_0 rows take it (quant_x86.h) */
+#define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0}
+#define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0}
+#define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0}
 
 #include "quant_x86.h"
 
-/* ================= Q8_0 rows against both activation levels at once ================= */
+/* ================= Q4_K, Q5_K and Q6_K rows on 512-bit vectors ================= */
+/* The decode products of the K-quant files people run. A vector holds 64 weights of a row: for Q4_K /
+ * Q5_K two 32-value sub-blocks (the low and high nibbles of the same 32 bytes), for Q6_K four 16-value
+ * groups; the activations of those 64 values are contiguous, so one load serves them. maddubs pairs
+ * them into 32 int16 sums, and dpwssd multiplies each by its sub-block's integer scale, picked into place
+ * by a word permute, into int32 lanes: a super-block costs 4 of each per token, then one float FMA. */
 
-/* One Q8_0 row (k/32 blocks) against one token's c16 = 256 q1 + q2 (quant.h) -> *y. The signed weights,
- * widened to 16 bits, meet c16 in one dpwssd per block instead of a dpbusd per level plus the offset
- * and level arithmetic: output heads (262144 x 640 in Gemma 3) were bound by that integer work, not by
- * memory. Each int32 lane sums two products (|sum| < 2^24), so it converts to float exactly. */
-static void row_q8_0_c16(int64_t k, const uint8_t *w, const uint8_t *a, int64_t ar, float *y) {
-    const int64_t nb = k / QK;
-    const int16_t *c16 = (const int16_t *)(a + ember_act_q8_c16_offset(k)); /* (k,) */
-    const float *d2 = (const float *)(a + ar + k);                            /* (nb,) residual-level scales */
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const blk_q8_0 *b0 = (const blk_q8_0 *)w + b, *b1 = b0 + 1;
-        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b0->qs)),
-                                         _mm512_load_si512((const void *)(c16 + 32 * b)));
-        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b1->qs)),
-                                         _mm512_load_si512((const void *)(c16 + 32 * b + 32)));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(f16_to_f32(b0->d) * d2[b]), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(f16_to_f32(b1->d) * d2[b + 1]), acc1);
-    }
-    if (b < nb) {
-        const blk_q8_0 *b0 = (const blk_q8_0 *)w + b;
-        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(load256(b0->qs)),
-                                         _mm512_load_si512((const void *)(c16 + 32 * b)));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(f16_to_f32(b0->d) * d2[b]), acc0);
-    }
-    *y = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+/* words 0-15 take word lo, 16-31 word hi */
+ALWAYS __m512i pick2_words(int lo, int hi) {
+    return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16((short)lo), _mm512_set1_epi16((short)hi));
 }
 
+/* words 8g .. 8g + 7 take word g0 + g, g < 4 */
+ALWAYS __m512i pick4_words(int g0) {
+    return _mm512_set_epi64(0x0001000100010001LL * (g0 + 3), 0x0001000100010001LL * (g0 + 3),
+                            0x0001000100010001LL * (g0 + 2), 0x0001000100010001LL * (g0 + 2),
+                            0x0001000100010001LL * (g0 + 1), 0x0001000100010001LL * (g0 + 1),
+                            0x0001000100010001LL * g0, 0x0001000100010001LL * g0);
+}
+
+/* 32 bytes at p in both halves of a vector */
+ALWAYS __m512i both_halves(const uint8_t *p) { return _mm512_broadcast_i64x4(load256(p)); }
+
+/* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys] */
+ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
+                             int64_t ys, const int nc) {
+    const int64_t nb = k / QK_K;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[TILE_C];
+    __m256 accm[TILE_C];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps(), accm[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * (five ? sizeof(blk_q5_k) : sizeof(blk_q4_k));
+        const blk_q4_k *x4 = (const blk_q4_k *)blk; /* Q5_K begins the same way */
+        const blk_q5_k *x5 = (const blk_q5_k *)blk;
+        const uint8_t *qs = five ? x5->qs : x4->qs; /* the header is the same */
+        uint8_t sc[8], m[8];
+        ember_q4k_scales(x4->scales, sc, m);
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m128i mv = _mm_loadl_epi64((const __m128i *)m);
+        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+        const __m512i qh = five ? both_halves(x5->qh) : _mm512_setzero_si512();
+        __m512i iacc[TILE_C];
+        UNROLL for (int c = 0; c < nc; c++) iacc[c] = _mm512_setzero_si512();
+        UNROLL for (int i = 0; i < 4; i++) {
+            const __m256i v = load256(qs + 32 * i);
+            __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), low4);
+            if (five) { /* bit 2i of qh[l] tops sub-block 2i, bit 2i + 1 sub-block 2i + 1 */
+                __m512i hb = _mm512_srlv_epi16(qh, pick2_words(2 * i, 2 * i + 1));
+                u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
+            }
+            const __m512i sv = _mm512_permutexvar_epi16(pick2_words(2 * i, 2 * i + 1), scales);
+            UNROLL for (int c = 0; c < nc; c++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(a + c * as + b * QK_K + 64 * i));
+                iacc[c] = _mm512_dpwssd_epi32(iacc[c], _mm512_maddubs_epi16(u, q), sv);
+            }
+        }
+        const float d = f16_to_f32(x4->d), dmin = f16_to_f32(x4->dmin);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const float *ad = (const float *)(a + c * as + k);
+            const int16_t *bsums = (const int16_t *)(ad + nb);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[c]), _mm512_set1_ps(d * ad[b]), acc[c]);
+            const __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load256(bsums + 16 * b)));
+            accm[c] = _mm256_fmadd_ps(msum, _mm256_set1_ps(dmin * ad[b]), accm[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]) - hsum8(accm[c]);
+}
+
+/* Q6_K row x nc tokens -> y[c * ys]: values u - 32 with u = 4 bits of ql and 2 of qh; the 32 goes back
+ * per super-block as -32 * sum_g scale_g * bsums_g, the starting value of the integer sums. */
+ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y, int64_t ys,
+                              const int nc) {
+    const int64_t nb = k / QK_K;
+    const __m512i low4 = _mm512_set1_epi8(0x0f), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i shl01 = pick2_words(4, 2), shr23 = pick2_words(0, 2);
+    __m512 acc[TILE_C];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const blk_q6_k *x = (const blk_q6_k *)w + b;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+        const __m512i scales = _mm512_castsi256_si512(sc16);
+        __m512i iacc[TILE_C];
+        UNROLL for (int c = 0; c < nc; c++) {
+            const int16_t *bsums = (const int16_t *)((const float *)(a + c * as + k) + nb);
+            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(bsums + 16 * b)), 5);
+            iacc[c] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+        }
+        UNROLL for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512((const void *)(x->ql + 64 * h)), qh = both_halves(x->qh + 32 * h);
+            const __m512i u01 = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                                _mm512_and_si512(_mm512_sllv_epi16(qh, shl01), bits45));
+            const __m512i u23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr23), bits45));
+            const __m512i s01 = _mm512_permutexvar_epi16(pick4_words(8 * h), scales);
+            const __m512i s23 = _mm512_permutexvar_epi16(pick4_words(8 * h + 4), scales);
+            UNROLL for (int c = 0; c < nc; c++) {
+                const uint8_t *q = a + c * as + b * QK_K + 128 * h;
+                iacc[c] = _mm512_dpwssd_epi32(iacc[c], _mm512_maddubs_epi16(u01, _mm512_loadu_si512((const void *)q)), s01);
+                iacc[c] = _mm512_dpwssd_epi32(iacc[c], _mm512_maddubs_epi16(u23, _mm512_loadu_si512((const void *)(q + 64))), s23);
+            }
+        }
+        const float d = f16_to_f32(x->d);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const float *ad = (const float *)(a + c * as + k);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[c]), _mm512_set1_ps(d * ad[b]), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]);
+}
+
+#define K_ZMM_TILE(fname, CALL)                                                                               \
+    static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, \
+                      int nr, int nc) {                                                                       \
+        (void)ws, (void)nr;                                                                                   \
+        switch (nc) {                                                                                         \
+        case 1: CALL(1); return;                                                                              \
+        case 2: CALL(2); return;                                                                              \
+        case 3: CALL(3); return;                                                                              \
+        default: CALL(4); return;                                                                             \
+        }                                                                                                     \
+    }
+
+#define Q4K_CALL(NC) tilek32_zmm_body(0, k, w, a, as, y, ys, NC)
+#define Q5K_CALL(NC) tilek32_zmm_body(1, k, w, a, as, y, ys, NC)
+#define Q6K_CALL(NC) tilek_q6_zmm_body(k, w, a, as, y, ys, NC)
+K_ZMM_TILE(tile_q4_k_zmm, Q4K_CALL)
+K_ZMM_TILE(tile_q5_k_zmm, Q5K_CALL)
+K_ZMM_TILE(tile_q6_k_zmm, Q6K_CALL)
 
 /* ================= packed panels ================= */
 
 #define PANEL_ROWS 16
 #define PANEL_TOKENS 8           /* tokens per microkernel call: accumulators in registers */
 #define PANEL_KMAX 2048          /* values of k packed at once (the panel lives on the stack) */
-#define PANEL_ACT_BYTES (768 * 1024) /* quantized activations swept per packing, about L2 */
+#define PANEL_ROW_BYTES (2 * PANEL_KMAX) /* a row of the unpacking buffer: int16 weights of the 32-value types */
 
 /* Panel layout for chunks of CH values (CH = 32, or 16 for the K-quants with 16-value scales):
- *   w     (n_chunks, CH/4, 16 rows) uint32: 4 unsigned weight bytes
+ *   w     (n_chunks, CH/4, 16 rows) uint32: 4 unsigned weight bytes (the K-quants), or
+ *         (n_chunks, CH/2, 16 rows) uint32: 2 signed int16 weights (the 32-value block types)
  *   scale (n_chunks, 16 rows) f32;  mins (n_chunks, 16 rows) f32
- * A row's value is scale * (u - off) + min with off = 2^shift (or min, for the types that have one).
- * Rows are first unpacked one by one into rows (16, PANEL_KMAX) bytes, reading each W row
- * sequentially, then transposed 16 rows x CH/4 dwords at a time. */
+ * A row's value is scale * (u - off) + min with off = 32 (Q3_K, Q6_K) or 128 (IQ4_XS), or min for the
+ * types that have one;
+ * the int16 weights are signed: scale * w + min. Rows are first unpacked one by one into rows
+ * (16, PANEL_ROW_BYTES), reading each W row sequentially, then transposed 16 rows x 8 dwords at a time. */
 typedef struct {
     uint32_t *w;
     float *scale, *mins;
@@ -117,20 +221,9 @@ ALWAYS int panel_has_min(int type) {
            type == EMBER_T_Q2_K;
 }
 
-/* log2 of the weight offset of the types without a min */
-static int panel_shift(int type) {
-    switch (type) {
-    case EMBER_T_Q4_0: return 3;
-    case EMBER_T_Q5_0: return 4;
-    case EMBER_T_Q3_K: return 2;
-    case EMBER_T_Q6_K: return 5;
-    default: return 7; /* Q8_0, IQ4_NL, IQ4_XS: signed bytes + 128 */
-    }
-}
-
 /* Row r of chunk c: its CH weight bytes (to the row buffer), scale and min. */
 ALWAYS void put_chunk32(panel *p, int64_t c, int r, __m256i u, float scale, float min) {
-    _mm256_store_si256((__m256i *)(p->rows + r * PANEL_KMAX + 32 * c), u);
+    _mm256_store_si256((__m256i *)(p->rows + r * PANEL_ROW_BYTES + 32 * c), u);
     p->scale[c * PANEL_ROWS + r] = scale;
     p->mins[c * PANEL_ROWS + r] = min;
 }
@@ -144,8 +237,8 @@ static void transpose_chunks32(panel *p, int64_t nch) {
     for (int64_t c = 0; c < nch; c++) {
         __m512i z[8], t[8], u[8];
         for (int i = 0; i < 8; i++) {
-            const uint8_t *row = p->rows + i * PANEL_KMAX + 32 * c;
-            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(row)), load256(row + 8 * PANEL_KMAX), 1);
+            const uint8_t *row = p->rows + i * PANEL_ROW_BYTES + 32 * c;
+            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(row)), load256(row + 8 * PANEL_ROW_BYTES), 1);
         }
         for (int i = 0; i < 8; i += 2) {
             t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);     /* rows i, i+1: dwords 0 1 | 4 5 */
@@ -166,7 +259,7 @@ static void transpose_chunks32(panel *p, int64_t nch) {
 }
 
 ALWAYS void put_chunk16(panel *p, int64_t c, int r, __m128i u, float scale, float min) {
-    _mm_store_si128((__m128i *)(p->rows + r * PANEL_KMAX + 16 * c), u);
+    _mm_store_si128((__m128i *)(p->rows + r * PANEL_ROW_BYTES + 16 * c), u);
     p->scale[c * PANEL_ROWS + r] = scale;
     p->mins[c * PANEL_ROWS + r] = min;
 }
@@ -177,11 +270,11 @@ static void transpose_chunks16(panel *p, int64_t nch) {
     for (int64_t c = 0; c < nch; c++) {
         __m512i z[4], t[4];
         for (int q = 0; q < 4; q++) {
-            const uint8_t *row = p->rows + q * PANEL_KMAX + 16 * c;
+            const uint8_t *row = p->rows + q * PANEL_ROW_BYTES + 16 * c;
             __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)row));
-            v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 4 * PANEL_KMAX)), 1);
-            v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 8 * PANEL_KMAX)), 2);
-            z[q] = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 12 * PANEL_KMAX)), 3);
+            v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 4 * PANEL_ROW_BYTES)), 1);
+            v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 8 * PANEL_ROW_BYTES)), 2);
+            z[q] = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(row + 12 * PANEL_ROW_BYTES)), 3);
         }
         t[0] = _mm512_unpacklo_epi32(z[0], z[1]); /* rows 4L, 4L+1: dwords 0 1 */
         t[1] = _mm512_unpackhi_epi32(z[0], z[1]); /* dwords 2 3 */
@@ -195,13 +288,17 @@ static void transpose_chunks16(panel *p, int64_t nch) {
     }
 }
 
-/* Pack blocks [b0, b0 + nb) of one row (legacy 32-value blocks) as panel row r. */
+/* Pack blocks [b0, b0 + nb) of one row (legacy 32-value blocks) as panel row r: 32 int16 weights
+ * (64 bytes, two of put_chunk32's 32-byte pieces) per block. */
 ALWAYS void pack_row32(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + (b0 + b) * block_bytes(type);
         uint16_t dm[2]; /* every legacy block starts with d; Q4_1 and Q5_1 then m */
         memcpy(dm, blk, 4);
-        put_chunk32(p, b, r, weights32(type, blk), f16_to_f32(dm[0]), has_min(type) ? f16_to_f32(dm[1]) : 0.0f);
+        const __m512i w16 = _mm512_cvtepi8_epi16(weights32(type, blk));
+        _mm512_store_si512((void *)(p->rows + r * PANEL_ROW_BYTES + 64 * b), w16);
+        p->scale[b * PANEL_ROWS + r] = f16_to_f32(dm[0]);
+        p->mins[b * PANEL_ROWS + r] = has_min(type) ? f16_to_f32(dm[1]) : 0.0f;
     }
 }
 
@@ -248,7 +345,8 @@ ALWAYS void pack_row_k16(const int type, const uint8_t *row, int64_t b0, int64_t
             for (int g = 0; g < 16; g++) scale[g] = f16_to_f32(x->d) * (float)x->scales[g];
         }
         for (int j = 0; j < 8; j++) {
-            __m256i u = unpack_k16(type, blk, j);
+            __m256i u = unpack_k16(type, blk, j); /* Q3_K: w + 4, moved to w + 32 as Q6_K's */
+            if (type == EMBER_T_Q3_K) u = _mm256_add_epi8(u, bytes(28));
             put_chunk16(p, b * 16 + 2 * j, r, _mm256_castsi256_si128(u), scale[2 * j], min[2 * j]);
             put_chunk16(p, b * 16 + 2 * j + 1, r, _mm256_extracti128_si256(u, 1), scale[2 * j + 1], min[2 * j + 1]);
         }
@@ -272,130 +370,179 @@ static void pack_row(int type, const uint8_t *row, int64_t b0, int64_t nb, int r
     }
 }
 
-/* Activation rows as the panel kernel reads them: q, and per chunk dc, s, nq. */
+/* Activation rows as the panel kernels read them. */
 typedef struct {
-    const uint8_t *a; /* (n, a_stride) */
-    int64_t a_stride, a_res; /* a_res: bytes from a row to its residual row (0: none) */
-    int64_t meta_offset, n_chunks; /* chunks in a whole row */
+    const uint8_t *a;  /* (n, a_stride) */
+    int64_t a_stride;
+    int64_t d, sums, off; /* byte offsets in a row: scales (per chunk, or per super-block), the sums of q as
+                             floats (for mins) and the weight offsets' terms (int32), per chunk */
 } act_rows;
 
-#define LEVELS 2
+ALWAYS act_rows act_rows_for(int type, const void *a, int64_t as, int64_t k) {
+    if (ember_qtype_get(type)->act == EMBER_ACT_Q16) return (act_rows){a, as, ember_q16_d_offset(k), ember_q16_s_offset(k), 0};
+    const int ch = panel_chunk(type);
+    return (act_rows){a, as, ember_q8k_d_offset(k), ch == 16 ? ember_q8k_sum16_offset(k) : ember_q8k_sum32_offset(k),
+                      ch == 16 ? ember_q8k_off16_offset(k) : ember_q8k_off32_offset(k)};
+}
 
-/* y[c * ys + lane] (+)= sum over chunks [ch0, ch0 + nch) of 16 rows x tc tokens (L rows each), for
- * lanes in mask. */
-ALWAYS void panel_tile(const int CH, const int MIN, const int tc, const int L, int shift, const panel *p, int64_t ch0,
-                       int64_t nch, const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
-                       int accumulate) {
-    __m512 acc[PANEL_TOKENS];
-    const uint8_t *q[PANEL_TOKENS][LEVELS];
-    const float *dc[PANEL_TOKENS][LEVELS];
+/* Chunk i of the panel against token row ta: the integer sum, starting from the offset term
+ * (-off * sum(q), or 0 for the types with mins), as floats. */
+ALWAYS __m512 chunk_dot(const int CH, const int MIN, const __m512i *w, const uint8_t *ta, const act_rows *act,
+                        int64_t ci) {
+    __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(((const int32_t *)(ta + act->off))[ci]);
+    const int32_t *q4 = (const int32_t *)(ta + ci * CH);
+    UNROLL for (int j = 0; j < CH / 4; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
+    return _mm512_cvtepi32_ps(isum);
+}
+
+ALWAYS void load_chunk(const int CH, const panel *p, int64_t i, __m512i *w) {
+    UNROLL for (int j = 0; j < CH / 4; j++) w[j] = _mm512_load_si512((const void *)(p->w + (i * (CH / 4) + j) * PANEL_ROWS));
+}
+
+ALWAYS void store_tile(const int tc, __m512 *acc, float *y, int64_t ys, __mmask16 mask, int accumulate) {
     UNROLL for (int c = 0; c < tc; c++) {
-        acc[c] = _mm512_setzero_ps();
-        UNROLL for (int l = 0; l < L; l++) {
-            q[c][l] = act->a + (t0 + c) * act->a_stride + l * act->a_res;
-            dc[c][l] = (const float *)(q[c][l] + act->meta_offset);
-        }
-    }
-    const int64_t nc = act->n_chunks;
-    for (int64_t i = 0; i < nch; i++) {
-        const int64_t ci = ch0 + i; /* chunk index in the activation row */
-        __m512i w[CH / 4];
-        UNROLL for (int j = 0; j < CH / 4; j++)
-            w[j] = _mm512_load_si512((const void *)(p->w + (i * (CH / 4) + j) * PANEL_ROWS));
-        __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
-        __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
-        UNROLL for (int c = 0; c < tc; c++) {
-            UNROLL for (int l = 0; l < L; l++) {
-                const int32_t nq = ((const int32_t *)(dc[c][l] + 2 * nc))[ci];
-                __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_slli_epi32(_mm512_set1_epi32(nq), shift);
-                const int32_t *q4 = (const int32_t *)(q[c][l] + ci * CH);
-                UNROLL for (int j = 0; j < CH / 4; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
-                __m512 da = _mm512_set1_ps(dc[c][l][ci]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
-            }
-            if (MIN) { /* mins times the sum of the token's values, both levels */
-                float s = dc[c][0][nc + ci] + (L == 2 ? dc[c][L - 1][nc + ci] : 0.0f);
-                acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(s), acc[c]);
-            }
-        }
-    }
-    UNROLL for (int c = 0; c < tc; c++) {
-        float *yc = y + (t0 + c) * ys;
+        float *yc = y + c * ys;
         if (accumulate) acc[c] = _mm512_add_ps(acc[c], _mm512_maskz_loadu_ps(mask, yc));
         _mm512_mask_storeu_ps(yc, mask, acc[c]);
     }
 }
 
-#define PANEL_TILE_CASE(CH, MIN, TC, L) \
-    case TC: panel_tile(CH, MIN, TC, L, shift, p, ch0, nch, act, t0, y, ys, mask, accumulate); return
+/* 32-value blocks: y[c * ys + lane] (+)= the chunks [ch0, ch0 + nch) of 16 rows x tc tokens from t0,
+ * for lanes in mask. The int16 weights meet the int16 activations two at a time (dpwssd); each chunk
+ * has its own activation scale d. */
+ALWAYS void panel_tile_legacy(const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
+                              const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
+                              int accumulate) {
+    __m512 acc[PANEL_TOKENS];
+    UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nch; i++) {
+        const int64_t ci = ch0 + i;
+        __m512i w[16];
+        UNROLL for (int j = 0; j < 16; j++) w[j] = _mm512_load_si512((const void *)(p->w + (i * 16 + j) * PANEL_ROWS));
+        const __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
+        const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
+        UNROLL for (int c = 0; c < tc; c++) {
+            const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
+            const int32_t *c2 = (const int32_t *)(ta + 64 * ci); /* the chunk's int16 values in pairs */
+            __m512i isum = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 16; j++) isum = _mm512_dpwssd_epi32(isum, w[j], _mm512_set1_epi32(c2[j]));
+            const __m512 da = _mm512_set1_ps(((const float *)(ta + act->d))[ci]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
+            if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), acc[c]);
+        }
+    }
+    store_tile(tc, acc, y + t0 * ys, ys, mask, accumulate);
+}
 
-#define PANEL_TILE_CASES(CH, MIN, L)                                                                         \
-    switch (tc) {                                                                                            \
-        PANEL_TILE_CASE(CH, MIN, 1, L); PANEL_TILE_CASE(CH, MIN, 2, L); PANEL_TILE_CASE(CH, MIN, 3, L);      \
-        PANEL_TILE_CASE(CH, MIN, 4, L); PANEL_TILE_CASE(CH, MIN, 5, L); PANEL_TILE_CASE(CH, MIN, 6, L);      \
-        PANEL_TILE_CASE(CH, MIN, 7, L); default: PANEL_TILE_CASE(CH, MIN, 8, L);                             \
+/* Super-blocks: the chunks' scaled sums gather in part[] over a super-block, which the token's scale
+ * d (one per 256 values) then multiplies once. ch0 and nch are whole super-blocks. */
+ALWAYS void panel_tile_k(const int CH, const int MIN, const int tc, const panel *p, int64_t ch0,
+                         int64_t nch, const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
+                         int accumulate) {
+    const int cps = QK_K / CH; /* chunks per super-block */
+    __m512 acc[PANEL_TOKENS], part[PANEL_TOKENS];
+    UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t i0 = 0; i0 < nch; i0 += cps) {
+        UNROLL for (int c = 0; c < tc; c++) part[c] = _mm512_setzero_ps();
+        for (int64_t i = i0; i < i0 + cps; i++) {
+            const int64_t ci = ch0 + i;
+            __m512i w[8];
+            load_chunk(CH, p, i, w);
+            const __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
+            const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
+            UNROLL for (int c = 0; c < tc; c++) {
+                const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
+                part[c] = _mm512_fmadd_ps(chunk_dot(CH, MIN, w, ta, act, ci), scale, part[c]);
+                if (MIN) part[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), part[c]);
+            }
+        }
+        const int64_t sb = (ch0 + i0) / cps;
+        UNROLL for (int c = 0; c < tc; c++) {
+            const float *da = (const float *)(act->a + (t0 + c) * act->a_stride + act->d);
+            acc[c] = _mm512_fmadd_ps(part[c], _mm512_set1_ps(da[sb]), acc[c]);
+        }
+    }
+    store_tile(tc, acc, y + t0 * ys, ys, mask, accumulate);
+}
+
+#define PANEL_TILE_CASE(CALL, TC) case TC: CALL; return
+#define PANEL_TILE_CASES(BODY, ...)                                                                           \
+    switch (tc) {                                                                                             \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 1, p, ch0, nch, act, t0, y, ys, mask, accumulate), 1);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 2, p, ch0, nch, act, t0, y, ys, mask, accumulate), 2);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 3, p, ch0, nch, act, t0, y, ys, mask, accumulate), 3);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 4, p, ch0, nch, act, t0, y, ys, mask, accumulate), 4);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 5, p, ch0, nch, act, t0, y, ys, mask, accumulate), 5);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 6, p, ch0, nch, act, t0, y, ys, mask, accumulate), 6);       \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 7, p, ch0, nch, act, t0, y, ys, mask, accumulate), 7);       \
+    default:                                                                                                  \
+        PANEL_TILE_CASE(BODY(__VA_ARGS__, 8, p, ch0, nch, act, t0, y, ys, mask, accumulate), 8);       \
     }
 
-#define DEFINE_PANEL_TILES(fname, CH, MIN)                                                                   \
-    static void fname(int tc, int shift, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,     \
-                      int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate) {                   \
-        if (act->a_res) PANEL_TILE_CASES(CH, MIN, 2);                                                        \
-        PANEL_TILE_CASES(CH, MIN, 1);                                                                        \
-    }
-
-DEFINE_PANEL_TILES(panel_tiles_32, 32, 0)
-DEFINE_PANEL_TILES(panel_tiles_32m, 32, 1)
-DEFINE_PANEL_TILES(panel_tiles_16, 16, 0)
-DEFINE_PANEL_TILES(panel_tiles_16m, 16, 1)
-
-typedef void (*panel_tiles_fn)(int tc, int shift, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,
+typedef void (*panel_tiles_fn)(int tc, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,
                                int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate);
 
-/* W rows (nrows, k) -> y[t * ys + r] for t < n: pack 16 rows (a k-slice at a time), sweep the tokens. */
+#define DEFINE_PANEL_TILES(fname, BODY, ...)                                                                  \
+    static void fname(int tc, const panel *p, int64_t ch0, int64_t nch, const act_rows *act,      \
+                      int64_t t0, float *y, int64_t ys, __mmask16 mask, int accumulate) {                    \
+        PANEL_TILE_CASES(BODY, __VA_ARGS__)                                                                   \
+    }
+
+DEFINE_PANEL_TILES(panel_tiles_legacy, panel_tile_legacy, 0)
+DEFINE_PANEL_TILES(panel_tiles_legacy_min, panel_tile_legacy, 1)
+DEFINE_PANEL_TILES(panel_tiles_k32, panel_tile_k, 32, 0)
+DEFINE_PANEL_TILES(panel_tiles_k32_min, panel_tile_k, 32, 1)
+DEFINE_PANEL_TILES(panel_tiles_k16, panel_tile_k, 16, 0)
+DEFINE_PANEL_TILES(panel_tiles_k16_min, panel_tile_k, 16, 1)
+
+static panel_tiles_fn panel_tiles_for(int type) {
+    const int min = panel_has_min(type);
+    if (ember_qtype_get(type)->act == EMBER_ACT_Q16) return min ? panel_tiles_legacy_min : panel_tiles_legacy;
+    if (panel_chunk(type) == 32) return min ? panel_tiles_k32_min : panel_tiles_k32;
+    return min ? panel_tiles_k16_min : panel_tiles_k16;
+}
+
+/* W rows (nrows, k) -> y[t * ys + r] for t < n: each panel of 16 rows is packed once per k-slice of at
+ * most PANEL_KMAX values, and every token is swept over it. */
 static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
-                         int64_t as, int64_t ar, int64_t n, float *y, int64_t ys) {
-    _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_KMAX + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
-    const int CH = panel_chunk(type), min = panel_has_min(type), shift = panel_shift(type);
+                         int64_t as, int64_t n, float *y, int64_t ys) {
+    _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_ROW_BYTES + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
+    const int CH = panel_chunk(type);
+    const int legacy = ember_qtype_get(type)->act == EMBER_ACT_Q16;
     const int qk = ember_qtype_get(type)->block_size;
-    const int act_kind = ember_qtype_get(type)->act;
-    const panel_tiles_fn tiles = CH == 32 ? (min ? panel_tiles_32m : panel_tiles_32) : (min ? panel_tiles_16m : panel_tiles_16);
-    const act_rows act = {a, as, ar, ember_act_meta_offset(act_kind, k), k / CH};
-    panel p = {(uint32_t *)buf, (float *)(buf + PANEL_ROWS * PANEL_KMAX), NULL, NULL};
+    const panel_tiles_fn tiles = panel_tiles_for(type);
+    const act_rows act = act_rows_for(type, a, as, k);
+    panel p = {(uint32_t *)buf, (float *)(buf + PANEL_ROWS * PANEL_ROW_BYTES), NULL, NULL};
     p.mins = p.scale + PANEL_ROWS * (PANEL_KMAX / 16);
     p.rows = (uint8_t *)(p.mins + PANEL_ROWS * (PANEL_KMAX / 16));
-    const int64_t t_step = EMBER_MAX(PANEL_TOKENS, PANEL_ACT_BYTES / as);
-    for (int64_t t0 = 0; t0 < n; t0 += t_step) {
-        const int64_t t1 = EMBER_MIN(n, t0 + t_step);
-        for (int64_t r0 = 0; r0 < nrows; r0 += PANEL_ROWS) {
-            const int nr = (int)EMBER_MIN((int64_t)PANEL_ROWS, nrows - r0);
-            const __mmask16 mask = (__mmask16)((1u << nr) - 1);
-            for (int64_t k0 = 0; k0 < k; k0 += PANEL_KMAX) {
-                const int64_t kn = EMBER_MIN((int64_t)PANEL_KMAX, k - k0), nch = kn / CH;
-                if (nr < PANEL_ROWS) memset(buf, 0, sizeof buf); /* lanes past nr: zeros, not garbage */
-                for (int r = 0; r < nr; r++)
-                    pack_row(type, (const uint8_t *)w + (r0 + r) * ws, k0 / qk, kn / qk, r, &p);
-                if (CH == 32) transpose_chunks32(&p, nch);
-                else transpose_chunks16(&p, nch);
-                for (int64_t t = t0; t < t1; t += PANEL_TOKENS) {
-                    int tc = (int)EMBER_MIN((int64_t)PANEL_TOKENS, t1 - t);
-                    tiles(tc, shift, &p, k0 / CH, nch, &act, t, y + r0, ys, mask, k0 > 0);
-                }
+    for (int64_t r0 = 0; r0 < nrows; r0 += PANEL_ROWS) {
+        const int nr = (int)EMBER_MIN((int64_t)PANEL_ROWS, nrows - r0);
+        const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+        for (int64_t k0 = 0; k0 < k; k0 += PANEL_KMAX) {
+            const int64_t kn = EMBER_MIN((int64_t)PANEL_KMAX, k - k0), nch = kn / CH;
+            if (nr < PANEL_ROWS) memset(buf, 0, sizeof buf); /* lanes past nr: zeros, not garbage */
+            for (int r = 0; r < nr; r++) pack_row(type, (const uint8_t *)w + (r0 + r) * ws, k0 / qk, kn / qk, r, &p);
+            if (legacy) transpose_chunks32(&p, 2 * nch); /* int16 weights: two 32-byte pieces a chunk */
+            else if (CH == 32) transpose_chunks32(&p, nch);
+            else transpose_chunks16(&p, nch);
+            for (int64_t t = 0; t < n; t += PANEL_TOKENS) {
+                int tc = (int)EMBER_MIN((int64_t)PANEL_TOKENS, n - t);
+                tiles(tc, &p, k0 / CH, nch, &act, t, y + r0, ys, mask, k0 > 0);
             }
         }
     }
 }
 
-#define PANEL(one, two) {panel_matmul, PANEL_ROWS, {one, two}}
+#define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
-/* The token counts from which packing pays, with one and with two activation levels (measured on
- * Zen 4, k = 576 .. 2048; with two levels a microtile takes 2 tokens, not 4, per unpacked block). */
+/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
-        [EMBER_T_Q4_0] = PANEL(6, 3), [EMBER_T_Q4_1] = PANEL(6, 3), [EMBER_T_Q5_0] = PANEL(6, 4),
-        [EMBER_T_Q5_1] = PANEL(6, 4), [EMBER_T_Q8_0] = PANEL(6, 2), [EMBER_T_IQ4_NL] = PANEL(6, 3),
-        [EMBER_T_Q4_K] = PANEL(8, 4), [EMBER_T_Q5_K] = PANEL(8, 4), [EMBER_T_IQ4_XS] = PANEL(8, 4),
-        [EMBER_T_Q2_K] = PANEL(20, 12), [EMBER_T_Q3_K] = PANEL(20, 12), [EMBER_T_Q6_K] = PANEL(20, 12),
+        [EMBER_T_Q4_0] = PANEL(6), [EMBER_T_Q4_1] = PANEL(6), [EMBER_T_Q5_0] = PANEL(6),
+        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6),
+        [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
+        [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
     },
 };
 

@@ -1,10 +1,11 @@
 /* NEON kernels (arm64 only; NEON is part of the base ISA there, so no run-time check is needed).
  * Baseline ARMv8: no dot-product instructions, so 16 products at a time come from widening
- * multiplies (int8 x int8 -> int16) folded pairwise into int32 lanes. Weights are made signed
+ * multiplies (int8 x int8 -> int16 folded pairwise into int32 lanes for the K-quants' int8
+ * activations; int16 x int16 -> int32 for the 32-value types' int16 ones). Weights are made signed
  * (offset subtracted) before the product, so each block's integer sum is exactly the scalar one;
  * the float side follows quant_scalar.c block by block. Activations are quantized by the scalar
  * code. Tiles are one W row by up to 4 tokens: a block is unpacked once per 4 tokens, and dotted
- * with each token's row and, for two-level activations, its residual row. */
+ * with each token's row. */
 #include "quant.h"
 
 #if defined(EMBER_ARM64)
@@ -12,10 +13,8 @@
 
 #define NEON_TOKENS 4
 
-/* Activation rows of nc tokens with L levels: level l of token c at a + c * as + l * ar. */
-static inline const int8_t *act_row(const void *a, int64_t as, int64_t ar, int c, int l) {
-    return (const int8_t *)a + c * as + l * ar;
-}
+/* The activation row of token c. */
+static inline const int8_t *act_row(const void *a, int64_t as, int c) { return (const int8_t *)a + c * as; }
 
 static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
 
@@ -32,6 +31,20 @@ static inline int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t *q) {
 }
 
 static inline int32_t dot16(int8x16_t w, const int8_t *q) { return vaddvq_s32(dot16_acc(vdupq_n_s32(0), w, vld1q_s8(q))); }
+
+/* acc + the 16 products of w (widened to int16) with c[0..16) */
+static inline int32x4_t dot16_c16_acc(int32x4_t acc, int8x16_t w, const int16_t *c) {
+    int16x8_t lo = vmovl_s8(vget_low_s8(w)), hi = vmovl_high_s8(w), c0 = vld1q_s16(c), c1 = vld1q_s16(c + 8);
+    acc = vmlal_s16(acc, vget_low_s16(lo), vget_low_s16(c0));
+    acc = vmlal_high_s16(acc, lo, c0);
+    acc = vmlal_s16(acc, vget_low_s16(hi), vget_low_s16(c1));
+    return vmlal_high_s16(acc, hi, c1);
+}
+
+/* sum of the 32 products (w0 | w1) . c[0..32) */
+static inline int32_t dot32_c16(int8x16_t w0, int8x16_t w1, const int16_t *c) {
+    return vaddvq_s32(dot16_c16_acc(dot16_c16_acc(vdupq_n_s32(0), w0, c), w1, c + 16));
+}
 
 /* ---- 32-value blocks ---- */
 
@@ -92,23 +105,17 @@ static int block_size_of(int type) {
     }
 }
 
-/* one W row (k/32 blocks) x activation rows (nc, EMBER_ACT_Q8; L levels) -> y[c * ys] */
-static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y, int64_t ys,
-                   int nc) {
+/* one W row (k/32 blocks) x activation rows (nc, EMBER_ACT_Q16) -> y[c * ys] */
+static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
     const int64_t nb = k / QK;
-    const int bs = block_size_of(type), L = ar ? 2 : 1;
+    const int bs = block_size_of(type);
     float sum[NEON_TOKENS] = {0};
     for (int64_t b = 0; b < nb; b++) {
         wblock wb = unpack_block(type, (const uint8_t *)w + b * bs);
         for (int c = 0; c < nc; c++) {
-            float dots = 0.0f, sums = 0.0f;
-            for (int l = 0; l < L; l++) {
-                const int8_t *q = act_row(a, as, ar, c, l);
-                const float *d = (const float *)(q + k), *s = d + nb;
-                dots += d[b] * (float)dot32(wb.w0, wb.w1, q + b * QK);
-                sums += s[b];
-            }
-            sum[c] += wb.d * dots + wb.m * sums;
+            const int16_t *cv = (const int16_t *)act_row(a, as, c);
+            const float *d = (const float *)(cv + k), *s = d + nb;
+            sum[c] += wb.d * (d[b] * (float)dot32_c16(wb.w0, wb.w1, cv + b * QK)) + wb.m * s[b];
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
@@ -117,10 +124,8 @@ static void tile32(int type, int64_t k, const void *w, const void *a, int64_t as
 /* ---- super-blocks ---- */
 
 /* Q4_K / Q5_K: sub-block j of 32 values, six-bit scale and min. */
-static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y,
-                      int64_t ys, int nc) {
+static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
     const int64_t nb = k / QK_K;
-    const int L = ar ? 2 : 1;
     float sum[NEON_TOKENS] = {0};
     for (int64_t i = 0; i < nb; i++) {
         const blk_q4_k *b4 = (const blk_q4_k *)w + i;
@@ -149,26 +154,23 @@ static void tile_q45k(int five, int64_t k, const void *w, const void *a, int64_t
             wv[j][1] = vreinterpretq_s8_u8(v1);
         }
         for (int c = 0; c < nc; c++) {
-            for (int l = 0; l < L; l++) {
-                const int8_t *q = act_row(a, as, ar, c, l) + i * QK_K;
-                const float *ad = (const float *)(act_row(a, as, ar, c, l) + k);
-                const int16_t *bs = (const int16_t *)(ad + nb) + i * 16;
-                int isum = 0, msum = 0;
-                for (int j = 0; j < 8; j++) {
-                    isum += sc[j] * dot32(wv[j][0], wv[j][1], q + 32 * j);
-                    msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
-                }
-                sum[c] += ad[i] * (d * (float)isum - dmin * (float)msum);
+            const int8_t *q = act_row(a, as, c) + i * QK_K;
+            const float *ad = (const float *)(act_row(a, as, c) + k);
+            const int16_t *bs = (const int16_t *)(ad + nb) + i * 16;
+            int isum = 0, msum = 0;
+            for (int j = 0; j < 8; j++) {
+                isum += sc[j] * dot32(wv[j][0], wv[j][1], q + 32 * j);
+                msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
             }
+            sum[c] += ad[i] * (d * (float)isum - dmin * (float)msum);
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
 }
 
 /* Q6_K: value v = 128h + 32s + l; weights u - 32 (signed), scale per 16 values. */
-static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, int64_t ar, float *y, int64_t ys, int nc) {
+static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, float *y, int64_t ys, int nc) {
     const int64_t nb = k / QK_K;
-    const int L = ar ? 2 : 1;
     float sum[NEON_TOKENS] = {0};
     for (int64_t i = 0; i < nb; i++) {
         const blk_q6_k *b = (const blk_q6_k *)w + i;
@@ -185,13 +187,11 @@ static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, int64_
             }
         }
         for (int c = 0; c < nc; c++) {
-            for (int l = 0; l < L; l++) {
-                const int8_t *q = act_row(a, as, ar, c, l) + i * QK_K;
-                const float *ad = (const float *)(act_row(a, as, ar, c, l) + k);
-                int isum = 0;
-                for (int g = 0; g < 16; g++) isum += b->scales[g] * dot16(wv[g], q + 16 * g);
-                sum[c] += h2f(b->d) * ad[i] * (float)isum;
-            }
+            const int8_t *q = act_row(a, as, c) + i * QK_K;
+            const float *ad = (const float *)(act_row(a, as, c) + k);
+            int isum = 0;
+            for (int g = 0; g < 16; g++) isum += b->scales[g] * dot16(wv[g], q + 16 * g);
+            sum[c] += ad[i] * (h2f(b->d) * (float)isum);
         }
     }
     for (int c = 0; c < nc; c++) y[c * ys] = sum[c];
@@ -199,11 +199,11 @@ static void tile_q6k(int64_t k, const void *w, const void *a, int64_t as, int64_
 
 /* ---- tiles (nr is 1: one row per call) ---- */
 
-#define NEON_TILE32(name, TYPE)                                                                            \
-    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,   \
-                            float *y, int64_t ys, int nr, int nc) {                                        \
-        (void)ws, (void)nr;                                                                                \
-        tile32(TYPE, k, w, a, as, ar, y, ys, nc);                                                          \
+#define NEON_TILE32(name, TYPE)                                                                               \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, \
+                            int nr, int nc) {                                                                     \
+        (void)ws, (void)nr;                                                                                       \
+        tile32(TYPE, k, w, a, as, y, ys, nc);                                                                     \
     }
 
 NEON_TILE32(q4_0, EMBER_T_Q4_0)
@@ -213,22 +213,22 @@ NEON_TILE32(q5_1, EMBER_T_Q5_1)
 NEON_TILE32(q8_0, EMBER_T_Q8_0)
 NEON_TILE32(iq4_nl, EMBER_T_IQ4_NL)
 
-static void tile_q4_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
-                      int64_t ys, int nr, int nc) {
+static void tile_q4_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
+                      int nc) {
     (void)ws, (void)nr;
-    tile_q45k(0, k, w, a, as, ar, y, ys, nc);
+    tile_q45k(0, k, w, a, as, y, ys, nc);
 }
 
-static void tile_q5_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
-                      int64_t ys, int nr, int nc) {
+static void tile_q5_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
+                      int nc) {
     (void)ws, (void)nr;
-    tile_q45k(1, k, w, a, as, ar, y, ys, nc);
+    tile_q45k(1, k, w, a, as, y, ys, nc);
 }
 
-static void tile_q6_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar, float *y,
-                      int64_t ys, int nr, int nc) {
+static void tile_q6_k(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, int nr,
+                      int nc) {
     (void)ws, (void)nr;
-    tile_q6k(k, w, a, as, ar, y, ys, nc);
+    tile_q6k(k, w, a, as, y, ys, nc);
 }
 
 #define TN(name) {tile_##name, 1, NEON_TOKENS}

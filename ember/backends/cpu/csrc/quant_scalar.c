@@ -1,118 +1,77 @@
 /* Portable kernels: the activation quantizers and one dot product per type. They define the results
- * the SIMD kernels must reproduce (same integer sums per block, same float factors) and are the
- * fallback for any type or CPU without a SIMD kernel. Each weight block is unpacked once into signed
- * bytes and scales, then dotted with the activation row and, when there is one, its residual row. */
+ * the SIMD kernels must reproduce (same quantized activations, same integer sums per block, same float
+ * factors) and are the fallback for any type or CPU without a SIMD kernel. Each weight block is
+ * unpacked once into signed bytes and scales, then dotted with the activation row. */
 #include <math.h>
 
 #include "quant.h"
 
-/* ---- activation quantizers ---- */
+/* ---- activation quantizers (see quant.h) ---- */
 
-/* Quantize n values with one scale: q (n,) = round_even(x * 127 / amax); returns d = amax / 127 and
- * the factor used, 127 / amax (0 for a zero block), in *inv. */
-static float quantize_block(const float *x, int8_t *q, int n, float *inv) {
-    float amax = 0.0f;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * id);
-    *inv = id;
-    return amax / 127.0f;
-}
-
-/* A block of n <= 256 values -> q1 with its scale d1 (returned) and, when q2 is not NULL, the residual
- * x - q1 d1 (rounded once: fma, as the SIMD quantizers do) -> q2 at the fixed scale *d2 = d1 / 256
- * (see quant.h), clamped to +-127. */
-static float quantize_levels(const float *x, int8_t *q1, int8_t *q2, float *d2, int n) {
-    float inv;
-    float d1 = quantize_block(x, q1, n, &inv);
-    if (q2) {
-        const float inv2 = inv * RESIDUAL_STEPS;
-        for (int i = 0; i < n; i++) {
-            float v = nearbyintf(fmaf(-(float)q1[i], d1, x[i]) * inv2);
-            q2[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
-        }
-        *d2 = d1 * (1.0f / RESIDUAL_STEPS);
-    }
-    return d1;
-}
-
-/* s and nq of an EMBER_ACT_Q8 row whose q and d are written */
-static void q8_block_sums(void *row, int64_t k) {
-    const int8_t *q = row;
-    const float *d = (const float *)(q + k);
-    float *s = (float *)d + k / QK;
-    int32_t *nq = (int32_t *)(s + k / QK);
-    for (int64_t b = 0; b < k / QK; b++) {
+/* x (k,) -> EMBER_ACT_Q16 row: c (k,) | d (k/32,) | s (k/32,) */
+static void quantize_q16(const float *x, void *dst, int64_t k) {
+    int16_t *c = dst;
+    float *d = (float *)(c + k), *s = d + k / QK;
+    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
         int sum = 0;
-        for (int i = 0; i < QK; i++) sum += q[b * QK + i];
+        for (int i = 0; i < QK; i++) sum += c[i] = (int16_t)nearbyintf(x[i] * id);
+        d[b] = amax / 32767.0f;
         s[b] = d[b] * (float)sum;
-        nq[b] = -sum;
     }
 }
 
-/* x (k,) -> EMBER_ACT_Q8 rows: q (k,) | d (k/32,) | s (k/32,) | nq (k/32,) at dst (and res) */
-static void quantize_q8(const float *x, void *dst, void *res, int64_t k) {
-    int8_t *q = dst, *qr = res;
-    float *d = (float *)(q + k), *dr = res ? (float *)(qr + k) : NULL;
-    for (int64_t b = 0; b < k / QK; b++)
-        d[b] = quantize_levels(x + b * QK, q + b * QK, res ? qr + b * QK : NULL, res ? dr + b : NULL, QK);
-    q8_block_sums(dst, k);
-    if (res) q8_block_sums(res, k);
-    int32_t *nls = (int32_t *)(q + ember_act_q8_nls_offset(k));
-    for (int64_t j = 0; j < k / 4; j++) {
-        int32_t sum = q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3];
-        if (res) sum = sum * (1 << RESIDUAL_SHIFT) + qr[4 * j] + qr[4 * j + 1] + qr[4 * j + 2] + qr[4 * j + 3];
-        nls[j] = -sum;
-    }
-    if (res) ember_q8_combine(dst, res, k);
-}
+static float f16_round(float v) { return ember_f16_to_f32(ember_f32_to_f16(v)); }
 
-/* bsums (k/16,) of an EMBER_ACT_Q8K row whose q is written */
-static void q8k_bsums(void *row, int64_t k) {
-    const int8_t *q = row;
-    int16_t *bsums = (int16_t *)((float *)(q + k) + k / QK_K);
-    for (int64_t g = 0; g < k / 16; g++) {
+/* x (k,) -> the same row, rounded as llama.cpp's Q8_0 / Q8_1 */
+static void quantize_q16_llama(const float *x, void *dst, int64_t k) {
+    int16_t *c = dst;
+    float *d = (float *)(c + k), *s = d + k / QK;
+    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f, d32 = amax / 127.0f;
         int sum = 0;
-        for (int i = 0; i < 16; i++) sum += q[g * 16 + i];
-        bsums[g] = (int16_t)sum;
+        for (int i = 0; i < QK; i++) sum += c[i] = (int16_t)nearbyintf(x[i] * id);
+        d[b] = f16_round(d32);
+        s[b] = f16_round(d32 * (float)sum);
     }
 }
 
-/* x (k,) -> EMBER_ACT_Q8K rows: q (k,) | d (k/256,) | bsums (k/16,) | chunk sums of ch values */
-static void quantize_q8k(const float *x, void *dst, void *res, int64_t k, int ch) {
-    int8_t *q = dst, *qr = res;
-    float *d = (float *)(q + k), *dr = res ? (float *)(qr + k) : NULL;
-    for (int64_t b = 0; b < k / QK_K; b++)
-        d[b] = quantize_levels(x + b * QK_K, q + b * QK_K, res ? qr + b * QK_K : NULL, res ? dr + b : NULL, QK_K);
-    q8k_bsums(dst, k);
-    ember_q8k_chunk_sums(dst, k, ch);
-    if (res) {
-        q8k_bsums(res, k);
-        ember_q8k_chunk_sums(res, k, ch);
+/* x (k,) -> EMBER_ACT_Q8K row: q (k,) | d (k/256,) | bsums (k/16,) | the panels' sums */
+static void quantize_q8k(const float *x, void *dst, int64_t k) {
+    int8_t *q = dst;
+    float *d = (float *)(q + k);
+    int16_t *bsums = (int16_t *)(d + k / QK_K);
+    for (int64_t b = 0; b < k / QK_K; b++, x += QK_K, q += QK_K) {
+        float amax = 0.0f, m = 0.0f; /* m: the first value of largest magnitude */
+        for (int i = 0; i < QK_K; i++)
+            if (fabsf(x[i]) > amax) amax = fabsf(x[i]), m = x[i];
+        const float iscale = amax != 0.0f ? -127.0f / m : 0.0f;
+        for (int i = 0; i < QK_K; i++) q[i] = (int8_t)fminf(127.0f, nearbyintf(iscale * x[i]));
+        d[b] = amax != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += q[16 * g + i];
+            bsums[16 * b + g] = (int16_t)sum;
+        }
     }
+    ember_q8k_sums(dst, k);
 }
-
-static void quantize_q8k16(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 16); }
-
-static void quantize_q8k32(const float *x, void *dst, void *res, int64_t k) { quantize_q8k(x, dst, res, k, 32); }
 
 /* ---- views of quantized activation rows ---- */
 
 typedef struct {
-    const int8_t *q;     /* (k,) */
+    const int16_t *c;    /* (k,) */
     const float *d, *s;  /* (k/32,) each */
-} act_q8;
+} act_q16;
 
-/* The main row at a and the residual row at res (when not NULL) -> x[]; returns how many. */
-static inline int act_q8_views(const void *a, const void *res, int64_t k, act_q8 x[2]) {
-    const void *rows[2] = {a, res};
-    int n = res ? 2 : 1;
-    for (int l = 0; l < n; l++) {
-        const int8_t *q = rows[l];
-        const float *d = (const float *)(q + k);
-        x[l] = (act_q8){q, d, d + k / QK};
-    }
-    return n;
+static inline act_q16 act_q16_view(const void *a, int64_t k) {
+    const int16_t *c = a;
+    const float *d = (const float *)(c + k);
+    return (act_q16){c, d, d + k / QK};
 }
 
 typedef struct {
@@ -121,15 +80,10 @@ typedef struct {
     const int16_t *bsums;  /* (k/16,) */
 } act_q8k;
 
-static inline int act_q8k_views(const void *a, const void *res, int64_t k, act_q8k x[2]) {
-    const void *rows[2] = {a, res};
-    int n = res ? 2 : 1;
-    for (int l = 0; l < n; l++) {
-        const int8_t *q = rows[l];
-        const float *d = (const float *)(q + k);
-        x[l] = (act_q8k){q, d, (const int16_t *)(d + k / QK_K)};
-    }
-    return n;
+static inline act_q8k act_q8k_view(const void *a, int64_t k) {
+    const int8_t *q = a;
+    const float *d = (const float *)(q + k);
+    return (act_q8k){q, d, (const int16_t *)(d + k / QK_K)};
 }
 
 static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
@@ -137,6 +91,12 @@ static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
 static inline int dot_n(const int8_t *v, const int8_t *q, int n) {
     int sum = 0;
     for (int l = 0; l < n; l++) sum += v[l] * q[l];
+    return sum;
+}
+
+static inline int dot_n16(const int8_t *v, const int16_t *c, int n) {
+    int sum = 0;
+    for (int l = 0; l < n; l++) sum += v[l] * c[l];
     return sum;
 }
 
@@ -207,20 +167,14 @@ static block32 unpack_block32(int type, const void *p) {
     return b;
 }
 
-/* w row (k/32 blocks of `type`) . activation row a (and its residual row res) */
-static float dot_legacy(int type, int64_t k, const void *w, const void *a, const void *res) {
+/* w row (k/32 blocks of `type`) . activation row a */
+static float dot_legacy(int type, int64_t k, const void *w, const void *a) {
     const int bytes = ember_qtype_get(type)->type_size;
-    act_q8 x[2];
-    const int levels = act_q8_views(a, res, k, x);
+    const act_q16 x = act_q16_view(a, k);
     float sum = 0.0f;
     for (int64_t i = 0; i < k / QK; i++) {
         const block32 b = unpack_block32(type, (const uint8_t *)w + i * bytes);
-        float dots = 0.0f, sums = 0.0f; /* sum over levels of d_a * isum, and of s */
-        for (int l = 0; l < levels; l++) {
-            dots += x[l].d[i] * (float)dot_n(b.v, x[l].q + i * QK, QK);
-            sums += x[l].s[i];
-        }
-        sum += b.d * dots + b.m * sums;
+        sum += b.d * (x.d[i] * (float)dot_n16(b.v, x.c + i * QK, QK)) + b.m * x.s[i];
     }
     return sum;
 }
@@ -312,25 +266,22 @@ static void unpack_block256(int type, const void *p, block256 *b) {
     }
 }
 
-/* w row (k/256 super-blocks of `type`) . activation row a (and its residual row res) */
-static float dot_k(int type, int64_t k, const void *w, const void *a, const void *res) {
+/* w row (k/256 super-blocks of `type`) . activation row a */
+static float dot_k(int type, int64_t k, const void *w, const void *a) {
     const int bytes = ember_qtype_get(type)->type_size;
-    act_q8k x[2];
-    const int levels = act_q8k_views(a, res, k, x);
+    const act_q8k x = act_q8k_view(a, k);
     float sum = 0.0f;
     for (int64_t i = 0; i < k / QK_K; i++) {
         block256 b;
         unpack_block256(type, (const uint8_t *)w + i * bytes, &b);
-        for (int l = 0; l < levels; l++) {
-            const int8_t *qa = x[l].q + i * QK_K;
-            const int16_t *bs = x[l].bsums + i * 16;
-            int isum = 0, msum = 0;
-            for (int g = 0; g < 16; g++) {
-                isum += b.sc[g] * dot_n(b.v + 16 * g, qa + 16 * g, 16);
-                msum += b.mn[g] * bs[g];
-            }
-            sum += x[l].d[i] * (b.d * (float)isum - b.dmin * (float)msum);
+        const int8_t *qa = x.q + i * QK_K;
+        const int16_t *bs = x.bsums + i * 16;
+        int isum = 0, msum = 0;
+        for (int g = 0; g < 16; g++) {
+            isum += b.sc[g] * dot_n(b.v + 16 * g, qa + 16 * g, 16);
+            msum += b.mn[g] * bs[g];
         }
+        sum += x.d[i] * (b.d * (float)isum - b.dmin * (float)msum);
     }
     return sum;
 }
@@ -363,19 +314,16 @@ static float dot_bf16(int64_t k, const void *w, const void *a) {
 /* ---- tiles: one dot product per (row, token) ---- */
 
 #define QUANT_TILE(name, TYPE, DOT)                                                                            \
-    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,       \
-                            float *y, int64_t ys, int nr, int nc) {                                            \
-        for (int c = 0; c < nc; c++) {                                                                         \
-            const uint8_t *ac = (const uint8_t *)a + c * as;                                                   \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y,         \
+                            int64_t ys, int nr, int nc) {                                                      \
+        for (int c = 0; c < nc; c++)                                                                           \
             for (int r = 0; r < nr; r++)                                                                       \
-                y[c * ys + r] = DOT(TYPE, k, (const uint8_t *)w + r * ws, ac, ar ? ac + ar : NULL);            \
-        }                                                                                                      \
+                y[c * ys + r] = DOT(TYPE, k, (const uint8_t *)w + r * ws, (const uint8_t *)a + c * as);        \
     }
 
 #define FLOAT_TILE(name)                                                                                       \
-    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, int64_t ar,       \
-                            float *y, int64_t ys, int nr, int nc) {                                            \
-        (void)ar;                                                                                              \
+    static void tile_##name(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y,         \
+                            int64_t ys, int nr, int nc) {                                                      \
         for (int c = 0; c < nc; c++)                                                                           \
             for (int r = 0; r < nr; r++)                                                                       \
                 y[c * ys + r] = dot_##name(k, (const uint8_t *)w + r * ws, (const uint8_t *)a + c * as);       \
@@ -400,7 +348,7 @@ FLOAT_TILE(bf16)
 #define T1(name) {tile_##name, 1, 4}
 
 const ember_kernels ember_kernels_scalar = {
-    .quantize = {[EMBER_ACT_Q8] = quantize_q8, [EMBER_ACT_Q8K16] = quantize_q8k16, [EMBER_ACT_Q8K32] = quantize_q8k32},
+    .quantize = {[EMBER_ACT_Q16] = quantize_q16, [EMBER_ACT_Q16_LLAMA] = quantize_q16_llama, [EMBER_ACT_Q8K] = quantize_q8k},
     .tile = {
         [EMBER_T_Q4_0] = T1(q4_0), [EMBER_T_Q4_1] = T1(q4_1), [EMBER_T_Q5_0] = T1(q5_0),
         [EMBER_T_Q5_1] = T1(q5_1), [EMBER_T_Q8_0] = T1(q8_0), [EMBER_T_IQ4_NL] = T1(iq4_nl),
