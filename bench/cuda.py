@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -34,8 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 
-from ember.engine import LLM
-from ember.engine.engine import Request, TokenEvent
+from ember.engine import LLM, Request, TokenEvent
 from ember.sampler import SamplingParams
 
 PEERS = {  # llama.cpp on the H200 (the issue's table), tokens/s
@@ -129,24 +129,21 @@ def launch_profile(backend, rec) -> dict:
     return {"sum_us": total, "kernels": dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))}
 
 
-def with_env(name: str, value: str, fn, *args):
-    """fn(*args) with an environment variable set (the engine's EMBER_DECODE_AHEAD)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
+def with_engine(changes: dict, fn, *args):
+    """fn(*args) with every LLM it makes given these engine options (decode_ahead=False: decode
+    steps one after the other, the baseline of the engine's decode-ahead)."""
+    global LLM
+    real = LLM
+    LLM = functools.partial(real, **changes)
     try:
         return fn(*args)
     finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
+        LLM = real
 
 
 def with_config(changes: dict, fn, *args):
     """fn(*args) with every CUDA backend it makes (through LLM or get_backend) on a CudaConfig
     of these changes: the backend's variants, which the benchmark compares with the default."""
-    import functools
-
     import ember.backends as backends
     import ember.engine.llm as llm_module
     from ember.backends.cuda import CudaConfig
@@ -160,11 +157,14 @@ def with_config(changes: dict, fn, *args):
         backends.get_backend = llm_module.get_backend = real
 
 
-def variant(spec, fn, *args):
-    """A variant: (environment variable, value), or a dict of CudaConfig changes."""
-    if isinstance(spec, dict):
-        return with_config(spec, fn, *args)
-    return with_env(*spec, fn, *args)
+ENGINE_OPTIONS = {"decode_ahead"}  # variant keys given to LLM; the others are CudaConfig fields
+
+
+def variant(changes: dict, fn, *args):
+    """fn(*args) with a variant's engine options and CudaConfig changes."""
+    engine = {k: v for k, v in changes.items() if k in ENGINE_OPTIONS}
+    cuda = {k: v for k, v in changes.items() if k not in ENGINE_OPTIONS}
+    return with_engine(engine, with_config, cuda, fn, *args)
 
 
 def decode_only(path: str, reps: int, n_gen: int = 128) -> dict:
@@ -270,21 +270,23 @@ class StepTimer:
     def __init__(self, engine):
         self.engine, self.runner = engine, engine.runner
         self.steps: list = []  # (tokens, step seconds, runner seconds)
-        self._run, self._wait, self._step = self.runner.run, self.runner.wait, engine.step
+        self._launch, self._wait, self._step = self.runner.launch, self.runner.wait, engine.step
         self._last = None  # [tokens, runner seconds] of the step under way
 
-        def run(plan, top_k=0, **kw):
+        def launch(plan, top_k=0, ahead=None):
             t = time.perf_counter()
             try:
-                return self._run(plan, top_k, **kw)
+                return self._launch(plan, top_k, ahead)
             finally:
                 self._last = [sum(c.n for c in plan.chunks), time.perf_counter() - t]
 
-        def wait(mark=None):
+        def wait(step):
             t = time.perf_counter()
-            self._wait(mark)
-            if self._last is not None:
-                self._last[1] += time.perf_counter() - t
+            try:
+                return self._wait(step)
+            finally:
+                if self._last is not None:
+                    self._last[1] += time.perf_counter() - t
 
         def step():
             t = time.perf_counter()
@@ -293,10 +295,10 @@ class StepTimer:
             if self._last is not None:
                 self.steps.append((self._last[0], time.perf_counter() - t, self._last[1]))
 
-        self.runner.run, self.runner.wait, engine.step = run, wait, step
+        self.runner.launch, self.runner.wait, engine.step = launch, wait, step
 
     def remove(self) -> None:
-        del self.runner.run, self.runner.wait, self.engine.step
+        del self.runner.launch, self.runner.wait, self.engine.step
 
     def phases(self) -> dict:
         """Every step's wall time, as totals of prompt-sized steps (more than 64 tokens) and
@@ -335,9 +337,9 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * a.nbytes / statistics.median(times) / 1e9
 
 
-# single-stream decode with one setting changed: (label, CudaConfig changes or (environment variable, value))
+# single-stream decode with one setting changed: (label, engine option or CudaConfig changes)
 DECODE_VARIANTS = [
-    ("decode_ahead_0", ("EMBER_DECODE_AHEAD", "0")),
+    ("decode_ahead_0", {"decode_ahead": False}),
     ("decode_pdl_0", {"pdl": False}),
     ("decode_fuse_0", {"fuse": False}),
     ("decode_prologue_k_0", {"prologue_k": 0}),  # every norm a quant_x launch of its own
@@ -654,7 +656,7 @@ def main() -> None:
         if "stream_ahead" not in args.skip:  # the 64-stream runs with decode steps one after the other
             for kind, shared in (("many", False), ("shared", True)):
                 if kind not in args.skip:
-                    section(r, f"{kind}_ahead_0", with_env, "EMBER_DECODE_AHEAD", "0", many_streams, path, 64, 512,
+                    section(r, f"{kind}_ahead_0", with_engine, {"decode_ahead": False}, many_streams, path, 64, 512,
                             32 if args.quick else 128, shared)
         if "cold" not in args.skip and name == (args.models[0].partition("=")[0]):
             section(r, "cold_start", cold_starts, path, 1 if args.quick else 2)

@@ -3,7 +3,7 @@
     app = create_app(ServerConfig(), lambda: load_model(ModelConfig("smollm2")))
     serve(ModelConfig("smollm2"), ServerConfig(), host="127.0.0.1", port=8080)
 
-Routes live in ember/server (openai.py, llamacpp.py, metrics.py); this module wires them
+Routes live in ember/server (openai/, llamacpp/, metrics.py); this module wires them
 with the middleware (Host and Origin checks, CORS, API keys, body limit), the error handlers,
 the lifespan (loading the model, putting it to sleep when idle) and uvicorn's configuration:
 connection deadlines and the graceful shutdown.
@@ -26,11 +26,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .server import llamacpp, openai
 from .server.connection import TimedProtocol
 from .server.errors import APIError, server_error
 from .server.guard import Guard
+from .server.llamacpp import routes as llamacpp
 from .server.metrics import make_registry, metrics
+from .server.openai import routes as openai
 from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 

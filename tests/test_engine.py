@@ -126,15 +126,15 @@ def test_asyncio_streams_get_a_step_of_events_in_one_wake_up(tiny, monkeypatch):
     """Eight asyncio streams decoding together: each gets its own tokens, in order, the same as
     alone; a step's events for one event loop are handed over in one call into that loop; and a
     caller whose loop is closed mid-request costs the others nothing (its events are dropped)."""
-    import ember.engine.engine as engine_mod
+    import ember.engine.requests as requests_mod
 
     llm = LLM(str(tiny), threads=2, ctx=256, slots=8)
     prompts = [llm.tokenize(t) for t in ("abc", "hello there", "xyz", "a b c d", "q", "one two", "zz", "top")]
     want = [collect(llm.engine.submit(Request(p, 12, GREEDY)))[0] for p in prompts]
     calls: list[int] = []
-    call = engine_mod._call_in_loop
-    monkeypatch.setattr(engine_mod, "_call_in_loop", lambda loop, fn, items: (calls.append(len(items)),
-                                                                                call(loop, fn, items)))
+    call = requests_mod.call_in_loop
+    monkeypatch.setattr(requests_mod, "call_in_loop", lambda loop, fn, items: (calls.append(len(items)),
+                                                                              call(loop, fn, items)))
 
     async def one(p):
         ids, reason = [], None
@@ -396,18 +396,18 @@ def test_device_argmax_steps_give_the_host_sampler_tokens(tiny):
         rng = random.Random(5)
         prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 20))] for _ in range(6)]
         eng = llm.engine
-        assert eng._device_top_k
+        assert eng.output.device_top_k
         m = eng.metrics
         no_eos = SamplingParams(temperature=0.0, ignore_eos=True)  # a ban: the best two suffice
         for params in (GREEDY, no_eos):
             before = m.argmax_steps
-            eng._device_top_k = True
+            eng.output.device_top_k = True
             device = [collect(eng.submit(Request(p, 12, params))) for p in prompts]
             assert m.argmax_steps - before >= 6 * 11  # every decode step; prompt steps too
-            eng._device_top_k = False
+            eng.output.device_top_k = False
             host = [collect(eng.submit(Request(p, 12, params))) for p in prompts]
             assert device == host
-        eng._device_top_k = True
+        eng.output.device_top_k = True
         before = m.argmax_steps
         collect(eng.submit(Request(prompts[0], 8, SamplingParams(temperature=0.8, seed=3))))
         collect(eng.submit(Request(prompts[1], 8, GREEDY, logprobs=2)))
@@ -421,28 +421,28 @@ def test_tokens_reach_the_caller_before_the_next_step_computes(tiny, monkeypatch
     handed over at its end, not held until the next step has run (a GPU's replays return once
     queued: there they go out while the next step runs). Checked on the order of events: every
     step after the first starts with the tokens of all steps before it already pushed."""
-    import ember.engine.engine as engine_mod
+    from ember.engine.requests import Outbox
 
     pushed: list = []
-    deliver = engine_mod.Engine._deliver
+    deliver = Outbox.deliver
 
     def recording_deliver(self):  # the events as they are handed over
-        pushed.extend(ev for _, ev in self._outbox)
+        pushed.extend(ev for _, ev in self._events)
         deliver(self)
 
-    monkeypatch.setattr(engine_mod.Engine, "_deliver", recording_deliver)
+    monkeypatch.setattr(Outbox, "deliver", recording_deliver)
     llm = LLM(tiny, device="reference", ctx=128, slots=1)
     try:
         runner = llm.engine.runner
         assert not runner.overlaps
         tokens_at_run: list[int] = []
-        run = runner.run
+        launch = runner.launch
 
-        def counting_run(plan, top_k=0, **kw):
+        def counting_launch(plan, top_k=0, ahead=None):
             tokens_at_run.append(sum(isinstance(ev, TokenEvent) for ev in pushed))
-            return run(plan, top_k, **kw)
+            return launch(plan, top_k, ahead)
 
-        runner.run = counting_run
+        runner.launch = counting_launch
         ids, reason = collect(llm.engine.submit(Request([5, 6, 7], 6, SamplingParams(temperature=0.0,
                                                                                        ignore_eos=True))))[0]
         assert len(ids) == 6 and len(tokens_at_run) == 6  # one prompt step, then five decode steps
@@ -466,14 +466,15 @@ def test_texts_and_events_made_while_the_next_step_runs(tiny, monkeypatch):
         later_sizes = []
         if overlap:
             monkeypatch.setattr(eng.runner, "overlaps", True)
-            monkeypatch.setattr(eng.runner.model.backend, "synchronize", lambda: None, raising=False)
-            pending = eng._emit_pending
+            monkeypatch.setattr(eng.runner.model.backend, "mark", lambda: "a mark", raising=False)
+            monkeypatch.setattr(eng.runner.model.backend, "wait_mark", lambda mark: None, raising=False)
+            pending = eng.output.flush_later
 
             def counting():
-                later_sizes.append(len(eng._later))
+                later_sizes.append(len(eng.output.later))
                 pending()
 
-            monkeypatch.setattr(eng, "_emit_pending", counting)
+            monkeypatch.setattr(eng.output, "flush_later", counting)
         try:
             reqs = [Request(prompts[0], 14, no_eos), Request(prompts[1], 9, GREEDY),
                     Request(prompts[2], 12, no_eos, n=2), Request(prompts[3], 16, no_eos, stop=("e", "a")),
@@ -499,18 +500,25 @@ def test_texts_and_events_made_while_the_next_step_runs(tiny, monkeypatch):
     assert first_o[:n] == first_p[:n] and len(first_o) >= 6
 
 
+def pad_steps(monkeypatch, pad: bool) -> None:
+    """The CPU backend declaring that it pads decode steps (as a GPU does), or not."""
+    from dataclasses import replace
+
+    from ember.backends.cpu import Backend
+
+    monkeypatch.setattr(Backend, "capabilities", replace(Backend.capabilities, pad_decode_steps=pad))
+
+
 def test_padded_decode_steps_give_the_same_tokens(tiny, monkeypatch):
     """On a backend that pads decode steps (a GPU), 12 decoding sequences run as a step of 16:
     the 4 extra ones write only the page past the pool's and their logits are dropped. Checked on
     the CPU backend made to pad: the tokens are those of the same requests unpadded, the padded
     shape was recorded on its first step and replayed, and every page returns to the pool."""
-    from ember.backends import get_backend
-
     rng = random.Random(8)
     prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(12)]
     results = {}
     for pad in (False, True):
-        monkeypatch.setattr(type(get_backend("cpu")), "pads_decode_steps", pad, raising=False)
+        pad_steps(monkeypatch, pad)
         llm = LLM(tiny, device="cpu", ctx=64, slots=16, prefix_cache=False)
         try:
             runner = llm.engine.runner
@@ -570,6 +578,34 @@ def test_copy_pages_matches_copying_page_by_page(device):
     from ember.backends import get_backend
 
     check_copy_pages(get_backend(device))
+
+
+def test_progress_events_follow_the_prompt_steps(tiny):
+    """A request asking for progress gets a ProgressEvent when its prompt is first planned (what the
+    cache serves of it) and after each step that computes part of it (16 tokens a step here), all
+    before its first token; each of its n samples its own; a request without progress gets none."""
+    from ember.engine import ProgressEvent
+
+    llm = LLM(tiny, device="cpu", threads=2, ctx=128, slots=4, batch=16)
+    try:
+        prompt = [1] + list(range(5, 45))  # 41 tokens
+        events = list(llm.engine.submit(Request(prompt, 3, GREEDY, n=2, progress=True)))
+        for index in (0, 1):
+            mine = [e for e in events if e.index == index]
+            progress = [e for e in mine if isinstance(e, ProgressEvent)]
+            steps = [b.processed - a.processed for a, b in zip(progress, progress[1:])]
+            assert progress[0].processed == progress[0].cached and progress[-1].processed == 41
+            assert all(0 < n <= 16 for n in steps) and all(e.total == 41 for e in progress)
+            assert [e.seconds for e in progress] == sorted(e.seconds for e in progress)
+            assert all(isinstance(e, ProgressEvent) for e in mine[:len(progress)])
+            assert [type(e) for e in mine[len(progress):]] == [TokenEvent] * 3 + [FinishEvent]
+        first = [e.processed for e in events if isinstance(e, ProgressEvent) and e.index == 0]
+        second = [e.processed for e in events if isinstance(e, ProgressEvent) and e.index == 1]
+        assert first == [0, 16, 32, 41] or second == [0, 16, 32, 41]  # one computed it, the other may share it
+        again = list(llm.engine.submit(Request(prompt + [50, 51], 2, GREEDY)))
+        assert not any(isinstance(e, ProgressEvent) for e in again) and len(again) == 3
+    finally:
+        llm.close()
 
 
 def test_requests_still_in_the_inbox_at_close_end_cancelled(tiny):
@@ -646,13 +682,11 @@ def test_ahead_steps_give_the_same_tokens(tiny, device):
 def test_ahead_steps_in_padded_decode_steps(tiny, monkeypatch):
     """Ahead steps of 12 decoding sequences run as steps of 16 (a GPU's padding, on the CPU
     backend made to pad): the tokens of the same requests without ahead steps or padding."""
-    from ember.backends import get_backend
-
     rng = random.Random(8)
     prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(12)]
     results = {}
     for pad, ahead in ((False, False), (True, True)):
-        monkeypatch.setattr(type(get_backend("cpu")), "pads_decode_steps", pad, raising=False)
+        pad_steps(monkeypatch, pad)
         llm = LLM(tiny, device="cpu", ctx=64, slots=16, prefix_cache=False, decode_ahead=ahead)
         try:
             handles = [llm.engine.submit(Request(p, 10, GREEDY)) for p in prompts]

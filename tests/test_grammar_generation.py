@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from ember.engine import FinishEvent, Request, TokenEvent
-from ember.engine.engine import GrammarSpec
+from ember.engine import GrammarSpec
 from ember.gbnf import Grammar, TokenVocab, schema_to_gbnf
 from ember.sampler import SamplingParams
 

@@ -204,13 +204,46 @@ def test_response_fields(server):
 def test_return_progress_and_timings_per_token(server):
     events = stream(server.url + "/completion", {"prompt": "Once upon a time there was", "n_predict": 3,
                                                  "stream": True, "return_progress": True, "timings_per_token": True})
-    progress = events[0]["prompt_progress"]
-    assert progress["total"] == progress["processed"] == events[0]["tokens_evaluated"] == 6
-    assert 0 <= progress["cache"] <= 6 and progress["time_ms"] >= 0 and events[0]["content"] == ""
-    tokens = [e for e in events[1:-1]]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert len(progress) == 2 and all(p["total"] == 6 for p in progress)  # the prompt starts, its step ran
+    assert progress[0]["processed"] == progress[0]["cache"] == progress[1]["cache"] <= 5
+    assert progress[1]["processed"] == events[1]["tokens_evaluated"] == 6
+    assert 0 <= progress[0]["time_ms"] <= progress[1]["time_ms"]
+    assert all(e["content"] == "" and e["tokens"] == [] and e["tokens_predicted"] == 0 for e in events[:2])
+    tokens = events[2:-1]
     assert len(tokens) == 3 and all("prompt_progress" not in e for e in tokens)
     assert [e["timings"]["predicted_n"] for e in tokens] == [1, 2, 3]
     assert all(e["timings"]["prompt_n"] + e["timings"]["cache_n"] == 6 for e in tokens)
+    plain = stream(server.url + "/completion", {"prompt": "Once upon a time there was", "n_predict": 3, "stream": True})
+    assert all("prompt_progress" not in e for e in plain) and len(plain) == 4
+
+
+@pytest.fixture(scope="module")
+def small_steps():
+    """A server computing at most 32 tokens a step: a longer prompt takes several."""
+    model = load_model(replace(MODEL_CFG, batch=32, slots=1))
+    with serve_model(model) as live:
+        live.wait_ready()
+        yield live
+    model.close()
+
+
+def test_return_progress_reports_each_prompt_step(small_steps):
+    """A prompt of 101 tokens computed 32 a step gets progress as llama-server (-b 32) sends it:
+    once when it starts (0 processed), then after each step (32, 64, 96, 101), before its first
+    token; the same prompt extended starts from what the cache holds of it."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 10
+    body = {"prompt": prompt, "n_predict": 2, "stream": True, "return_progress": True}
+    events = stream(small_steps.url + "/completion", body)
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert [(p["processed"], p["cache"], p["total"]) for p in progress] == [(n, 0, 101) for n in (0, 32, 64, 96, 101)]
+    assert [p["time_ms"] for p in progress] == sorted(p["time_ms"] for p in progress)
+    assert events[len(progress)]["tokens_predicted"] == 1 and "prompt_progress" not in events[len(progress)]
+    longer = stream(small_steps.url + "/completion", {**body, "prompt": prompt + " And more text here.", "n_predict": 1})
+    progress = [e["prompt_progress"] for e in longer if "prompt_progress" in e]
+    cached = progress[0]["cache"]
+    assert 96 <= cached <= 101 and progress[0]["processed"] == cached  # whole pages of the first prompt
+    assert [p["processed"] for p in progress] == [cached, 106] and all(p["total"] == 106 for p in progress)
 
 
 def test_prompt_string_objects(server):

@@ -1,5 +1,5 @@
 """The tool-call protocol without HTTP: reading JSON that is still being generated, turning
-generated text into OpenAI deltas and replies, and the grammars that enforce calls (checked
+generated text into deltas and replies, and the grammars that enforce calls (checked
 against the real SmolLM2 vocabulary)."""
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 from ember.gbnf import Grammar, TokenVocab
 from ember.server.errors import APIError
 from ember.server.fields import Fields
-from ember.server.jsonscan import Incomplete, string_prefix, value_end
-from ember.server.replies import EnvelopeOutput, TaggedOutput
-from ember.server.tools import GenericProtocol, TaggedProtocol, Tool, ToolChoice, ToolSetup, parse_tools
+from ember.server.core.jsonscan import Incomplete, string_prefix, value_end
+from ember.server.core.replies import CallArguments, CallStart, EnvelopeOutput, TaggedOutput, Text
+from ember.server.core.request import Tool, ToolChoice, ToolSetup
+from ember.server.core.tools import GenericProtocol, TaggedProtocol
+from ember.server.openai.messages import parse_tools
 
 from test_server_harness import smollm  # noqa: F401 (fixture)
 
@@ -35,11 +37,15 @@ def joined(deltas, index: int) -> tuple[str | None, str]:
     """A streamed call's name and its argument text, as a client would assemble them."""
     name, args = None, ""
     for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if c["index"] == index:
-                name = c["function"].get("name") or name
-                args += c["function"]["arguments"]
+        if isinstance(d, CallStart) and d.index == index:
+            name = d.name
+        if isinstance(d, CallArguments) and d.index == index:
+            args += d.text
     return name, args
+
+
+def content(deltas) -> str:
+    return "".join(d.text for d in deltas if isinstance(d, Text))
 
 
 # ---- partial JSON ----
@@ -77,8 +83,8 @@ def test_envelope_call_streams_like_the_whole(step):
     assert reply.content is None and call.name == "get_weather"
     assert json.loads(call.arguments) == {"city": "Zürich", "at": {"lat": 47.4}}
     assert joined(deltas, 0) == ("get_weather", call.arguments)
-    headers = [c for d in deltas for c in d.get("tool_calls", ()) if "id" in c]
-    assert len(headers) == 1 and headers[0]["id"] == call.id and not any("content" in d for d in deltas)
+    headers = [d for d in deltas if isinstance(d, CallStart)]
+    assert len(headers) == 1 and headers[0].id == call.id and not any(isinstance(d, Text) for d in deltas)
 
 
 def test_envelope_parallel_calls():
@@ -93,7 +99,7 @@ def test_envelope_parallel_calls():
 def test_envelope_response_streams_decoded_text():
     deltas, reply = stream(EnvelopeOutput(), '{"response": "He said \\"hi\\" \\ud83d\\ude00\\nbye"}')
     assert reply.content == 'He said "hi" 😀\nbye' and not reply.tool_calls
-    assert "".join(d["content"] for d in deltas) == reply.content
+    assert content(deltas) == reply.content
 
 
 def test_envelope_cut_short():
@@ -110,14 +116,14 @@ def test_tagged_output_content_and_calls():
     assert reply.content == "Let me check <tool_ Paris."
     assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("search", {"q": "x"}),
                                                                              ("get_weather", {"city": "y"})]
-    streamed = "".join(d.get("content", "") for d in deltas)
+    streamed = content(deltas)
     assert streamed.strip() == reply.content and "<tool_call>" not in streamed
 
 
 def test_tagged_output_holds_back_a_partial_tag():
     out = TaggedOutput()
-    assert out.feed("Hello <tool") == [{"content": "Hello "}]
-    assert out.feed("box>") == [{"content": "<toolbox>"}]
+    assert out.feed("Hello <tool") == [Text("Hello ")]
+    assert out.feed("box>") == [Text("<toolbox>")]
 
 
 # ---- grammars ----

@@ -1,17 +1,17 @@
-"""Compute backends. Each backend is a module `ember.backends.<name>` exporting a class `Backend`
-that implements the protocol in `base.py`; model code only calls those ops."""
+"""Compute backends. Each backend is a module or package `ember.backends.<name>` exporting a class
+`Backend` that implements the protocol in `base.py` and declares its `Capabilities`; model code
+calls only the ops, the engine asks the declaration. `device="<name>"` finds a new backend with
+no edit here; AUTO lists those `device="auto"` tries."""
 from __future__ import annotations
 
 import importlib
 import os
 import sys
 
-from .base import AttentionBatch, Backend, BackendError, RopeParams, Weight
+from .base import AttentionBatch, Backend, BackendError, Capabilities, RopeParams, Weight
 
-__all__ = ["AttentionBatch", "Backend", "BackendError", "RopeParams", "Weight", "get_backend", "available"]
-
-# Modules tried for device="auto", best first.
-_AUTO_ORDER = ("cuda", "cpu")
+__all__ = ["AttentionBatch", "Backend", "BackendError", "Capabilities", "RopeParams", "Weight", "get_backend",
+           "available"]
 
 
 def _gpu_driver_present() -> bool:
@@ -22,28 +22,31 @@ def _gpu_driver_present() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
 
 
+# What device="auto" tries, best first: each backend with a cheap check that its device may be
+# here (None: always), so that a machine without one does not import its backend (CuPy: ~0.1 s).
+AUTO = (("cuda", _gpu_driver_present), ("cpu", None))
+
+
 def get_backend(device: str = "auto", **options) -> Backend:
-    """Create the backend for `device` ("auto", "cpu", "reference", ...)."""
-    names = _AUTO_ORDER if device == "auto" else (device.split(":", 1)[0],)
+    """Create the backend for `device` ("auto", "cpu", "cuda:1", "reference", ...)."""
+    if device != "auto":
+        return _module(device.split(":", 1)[0]).Backend(device=device, **options)
     errors = []
-    for name in names:
-        if device == "auto" and name == "cuda" and not _gpu_driver_present():
-            errors.append("cuda: no GPU driver loaded")  # skips importing CuPy (~0.1 s of start-up)
+    for name, present in AUTO:
+        if present is not None and not present():
+            errors.append(f"{name}: no device found")
             continue
         try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith(f"{__name__}.{name}"):
-                errors.append(f"{name}: no such backend")
-                continue
-            raise
-        try:
-            return module.Backend(device=device if device != "auto" else name, **options)
+            return _module(name).Backend(device=name, **options)
         except BackendError as e:  # e.g. no GPU: auto falls through to the next backend
-            if device != "auto":
-                raise
             errors.append(f"{name}: {e}")
-    raise BackendError(f"no usable backend for device '{device}' ({'; '.join(errors)})")
+    raise BackendError(f"no usable backend for device 'auto' ({'; '.join(errors)})")
+
+
+def _module(name: str):
+    if name not in available():
+        raise BackendError(f"no backend named '{name}' (have: {', '.join(available())})")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def available() -> list[str]:

@@ -66,11 +66,46 @@ class AttentionBatch:
         return len(self.positions)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do beyond the ops every backend has. The engine asks this declaration,
+    never the backend's attributes; each capability comes with the methods named here."""
+
+    # top_k(logits, k, ids, vals): each row of logits reduced to its k best where the logits are
+    # (greedy steps then bring back token ids, not rows of vocabulary size)
+    top_k: bool = False
+    # record() -> context manager yielding a recording, replay(recording): a step's ops recorded
+    # once and replayed in one call
+    record: bool = False
+    max_recorded_tokens: int = 0  # steps up to this many tokens are worth recording (at least the runner's 64)
+    # replay(recording, wait=False) returns once the step is queued; mark() -> a point in the
+    # device's queue, wait_mark(mark) until the work before it is done (the host overlaps the device)
+    overlap: bool = False
+    # get_rows(w, ids, out, prev=, bans=): ids -r - 1 name the first of row r's best ids of the step
+    # before (prev, on the device) not among that token's bans: a decode step launched before the
+    # host has read the one before it (the engine's decode-ahead)
+    chain_tokens: bool = False
+    pad_decode_steps: bool = False  # decode steps cost about the same padded to a few recorded sizes
+    # copy_pages(layers, pairs, page_size) of its own (else the KV cache copies with array indexing)
+    copy_pages: bool = False
+
+    def __post_init__(self):
+        if self.overlap and not self.record:
+            raise ValueError("overlap needs record: only replayed steps run while the host goes on")
+        if self.chain_tokens and not (self.overlap and self.top_k):
+            raise ValueError("chain_tokens needs overlap and top_k")
+        if self.max_recorded_tokens < 0:
+            raise ValueError(f"max_recorded_tokens must be >= 0, got {self.max_recorded_tokens}")
+
+
 class Backend(Protocol):
-    """What a backend provides. Arrays are the backend's own type (numpy on the CPU)."""
+    """What a backend provides. Arrays are the backend's own type (numpy on the CPU). A backend
+    is a module or package `ember.backends.<name>` exporting a class `Backend`, which declares
+    its `capabilities` (a class attribute) and has the methods they name besides the ops below."""
 
     name: str
     n_threads: int
+    capabilities: Capabilities
 
     def weight(self, tensor) -> Weight:
         """Make a GGUF tensor (gguf_loader.TensorInfo) usable by the ops."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..quant import dequantize
-from .base import AttentionBatch, RopeParams, Weight
+from .base import AttentionBatch, Capabilities, RopeParams, Weight
 
 F = np.float64
 
 
 class Backend:
     name = "reference"
+    capabilities = Capabilities(top_k=True)
 
     def __init__(self, device: str = "reference", threads: int | None = None):
         self.n_threads = 1

@@ -10,9 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Iterable, Iterator
-
-import numpy as np
+from typing import Iterable, Iterator
 
 from .. import hub
 from ..backends import get_backend
@@ -20,10 +18,9 @@ from ..gguf_loader import GGUFFile
 from ..models import load_model
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
-from .engine import Engine, EngineConfig, FinishEvent, PromptEvent, Request, TokenEvent
-
-if TYPE_CHECKING:
-    from .perplexity import PerplexityResult
+from .engine import Engine, EngineConfig
+from .requests import FinishEvent, Request, TokenEvent
+from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
 
 
 class ContextOverflow(ValueError):
@@ -67,24 +64,18 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
 
 
-@dataclass(slots=True)
-class TokenScores:
-    """Teacher-forced scores: for each position i >= 1, how the model rated token i given 0..i-1."""
-
-    logprobs: np.ndarray  # (n-1,) log-probability of the actual next token
-    top_ids: np.ndarray  # (n-1, k) most likely next tokens
-    top_logprobs: np.ndarray  # (n-1, k)
-
-
 class LLM:
     """A GGUF model ready to generate. `model` is a path or a known name ("smollm2", "gemma3-270m").
 
-    ctx: longest sequence in tokens; slots: sequences computed at once; kv_tokens: KV cache
-    capacity in tokens (default ctx * slots; memory is committed as it is used)."""
+    ctx: longest sequence in tokens; slots: sequences computed at once; batch: tokens computed per
+    step; KV cache capacity in tokens (kv_tokens) or bytes (kv_memory), default ctx * slots tokens
+    (memory is committed as it is used); max_waiting: queued requests beyond which submitting
+    raises QueueFull; decode_ahead: see EngineConfig."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
-                 kv_tokens: int | None = None, prefix_cache: bool = True, decode_ahead: bool | None = None):
+                 kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
+                 prefix_cache: bool = True, decode_ahead: bool | None = None):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -94,8 +85,8 @@ class LLM:
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
-                n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens, max_batch_tokens=batch,
-                prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+                n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx),
+                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead))
         except BaseException:
             self.gguf.close()
             raise
@@ -171,22 +162,11 @@ class LLM:
         """Teacher-forced log-probabilities of each token after the first, with the top alternatives."""
         if len(ids) < 2:
             raise ValueError("scoring needs at least two tokens")
-        targets = np.asarray(ids)
+        return token_scores(self.evaluate(ids, scores_of(ids, top)))
 
-        def reduce(logits, positions):
-            keep = positions < len(ids) - 1
-            lp, positions = log_softmax32(logits[keep]), positions[keep]
-            top_ids = np.argsort(-lp, axis=1)[:, :top]
-            return (lp[np.arange(len(lp)), targets[positions + 1]], top_ids, np.take_along_axis(lp, top_ids, 1))
-
-        parts = self.evaluate(ids, reduce)
-        return TokenScores(*(np.concatenate(p) for p in zip(*parts)))
-
-    def perplexity(self, text: str, ctx: int = 512) -> "PerplexityResult":
+    def perplexity(self, text: str, ctx: int = 512) -> PerplexityResult:
         """llama-perplexity's measure: chunks of `ctx` tokens, BOS first when the model adds one,
         only the second half of each chunk scored."""
-        from .perplexity import perplexity
-
         return perplexity(self, text, ctx)
 
     def close(self) -> None:
@@ -241,18 +221,18 @@ class Generation:
         return tail
 
 
-def collect_reduced(handle) -> list:
-    """Values of a request's prompt_reduce, in order; an engine failure is raised."""
-    out = []
-    for ev in handle:
-        if isinstance(ev, PromptEvent):
-            out.append(ev.value)
-        elif isinstance(ev, FinishEvent) and ev.error:
-            raise RuntimeError(f"evaluation failed: {ev.error}")
-    return out
+def kv_bytes_per_token(model) -> int:
+    """K and V of every layer in f16."""
+    return sum(k + v for k, v in model.kv_dims()) * 2
 
 
-def log_softmax32(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-probabilities in float32 (a scoring pass over a large vocabulary)."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+def kv_tokens_in(kv_memory: int | None, model, n_ctx: int) -> int | None:
+    """A KV cache budget in bytes -> its capacity in tokens (None: the engine's default)."""
+    if kv_memory is None:
+        return None
+    per_token = kv_bytes_per_token(model)
+    tokens = kv_memory // per_token
+    if tokens < n_ctx:
+        raise ValueError(f"a KV cache of {kv_memory} bytes holds {tokens} tokens ({per_token} bytes each); "
+                         f"one context of {n_ctx} tokens needs {n_ctx * per_token} bytes")
+    return tokens

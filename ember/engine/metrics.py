@@ -54,6 +54,11 @@ class EngineMetrics:
     inter_token: Histogram = field(default_factory=Histogram)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def count_step(self, n_seqs: int, best_only: bool) -> None:
+        self.steps += 1
+        self.sequence_steps += n_seqs
+        self.argmax_steps += best_only
+
     @property
     def cache_hit_rate(self) -> float:
         """Share of prompt tokens served from the prefix cache."""

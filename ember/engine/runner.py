@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,18 @@ class Ahead:
     prev: object = None  # the step before's results (TopLogits), where the host makes the choice
 
 
+@dataclass(slots=True)
+class Launched:
+    """A step on its way: its plan, how its results come back (top_k > 0: each row's k best ids
+    and their logits, TopLogits), where they will be, and a mark of the device's queue to wait for
+    (None where the step ran before launch returned)."""
+
+    plan: Plan
+    top_k: int
+    out: Any
+    mark: Any = None
+
+
 class StepInputs:
     """Fixed-address input arrays sized for the largest step (and its padding: pad_seqs table rows)."""
 
@@ -60,28 +73,29 @@ class ModelRunner:
     def __init__(self, model: Model, cache: KVCache, max_tokens: int, max_seqs: int, pages_per_seq: int,
                  pad_page: int | None = None):
         """pad_page: a cache page no sequence uses. Given one, on a backend that asks for it
-        (pads_decode_steps: a GPU, where a recorded step's launches cost the same for a few more
+        (pad_decode_steps: a GPU, where a recorded step's launches cost the same for a few more
         rows), decode steps of more than 8 sequences run as decode_bucket(n) sequences, the extra
         ones all the same token at position 0 of pad_page: the few shapes are recorded the first
         time they come, and a batch whose streams end one by one keeps replaying them."""
         self.model, self.cache = model, cache
         self.page_size = cache.page_size
-        self.pad_page = pad_page if getattr(model.backend, "pads_decode_steps", False) else None
+        caps = model.backend.capabilities
+        self.pad_page = pad_page if caps.pad_decode_steps else None
         pad_seqs = decode_bucket(max_seqs) - max_seqs if self.pad_page is not None else 0
         self.inputs = StepInputs(max_tokens, max_seqs, pages_per_seq, pad_seqs)
         self._arange = np.arange(max(max_tokens, max_seqs), dtype=np.int32)
         self._table_of: list = [None] * (max_seqs + pad_seqs)  # the pages each table row holds (_decode_step)
-        self.recordable = hasattr(model.backend, "record")
+        self.recordable = caps.record
         # a GPU launches hundreds of small kernels per step: it records prompt-sized steps as well
-        self.max_recorded = max(MAX_RECORDED_TOKENS, getattr(model.backend, "max_recorded_tokens", 0))
+        self.max_recorded = max(MAX_RECORDED_TOKENS, caps.max_recorded_tokens)
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
         self._seen: OrderedDict = OrderedDict()  # shapes run once, not recorded (yet)
-        self.max_out = int(getattr(model, "max_output_rows", max_tokens))
-        # a device that runs a replayed step while the host goes on (replay(wait=False), synchronize)
-        self.overlaps = bool(getattr(model.backend, "async_replay", False))
+        self.max_out = model.max_output_rows
+        # a device that runs a replayed step while the host goes on (replay(wait=False), mark, wait_mark)
+        self.overlaps = caps.overlap
         # ...and takes an ahead step's tokens from the step before's best ids on the device
-        self.chains = self.overlaps and bool(getattr(model.backend, "chains_tokens", False))
+        self.chains = caps.chain_tokens
         self._parity = 0  # ahead steps alternate between two recordings of their shape (see run)
 
     def _seen_before(self, key) -> bool:
@@ -96,25 +110,23 @@ class ModelRunner:
             self._seen.popitem(last=False)
         return False
 
-    def mark(self):
-        """A mark of the steps run so far, for wait (None where steps run as they are called)."""
-        mark = getattr(self.model.backend, "mark", None)
-        return mark() if self.overlaps and mark is not None else None
+    def launch(self, plan: Plan, top_k: int = 0, ahead: Ahead | None = None) -> Launched:
+        """Start the step (see run); on a device that overlaps, it may still be running when this
+        returns: `wait` for its results."""
+        out = self.run(plan, top_k, wait=False, ahead=ahead)
+        return Launched(plan, top_k, out, self.model.backend.mark() if self.overlaps else None)
 
-    def wait(self, mark=None) -> None:
-        """Until the steps run with wait=False before `mark` (every one, without) have finished."""
-        if not self.overlaps:
-            return
-        if mark is None:
-            self.model.backend.synchronize()
-        else:
-            self.model.backend.wait_mark(mark)
+    def wait(self, step: Launched):
+        """The launched step's results, once the device has computed them."""
+        if step.mark is not None:
+            self.model.backend.wait_mark(step.mark)
+        return step.out
 
     def run(self, plan: Plan, top_k: int = 0, wait: bool = True, ahead: Ahead | None = None):
         """Copy pages as planned, run the step; returns the logits of every chunk's logit rows,
         in plan order (valid until the next run), or with top_k > 0 only each row's k best
         (TopLogits: ids and values, reduced on the device). wait=False: a replayed step may
-        still be running on the device when this returns; its results hold after wait().
+        still be running on the device when this returns (see launch).
         ahead: a step of decode chunks whose tokens the step before is still choosing (see Ahead):
         on a device that chains tokens they are read there; elsewhere (the step before has run)
         the host chooses them from ahead.prev. An ahead step's results stay valid through the next

@@ -191,8 +191,8 @@ class KVCache:
         """Every layer's keys and values of page src into page dst, for each (src, dst) pair (copy
         on write): 64 sequences taking their own copy of a shared prompt's last page are one copy
         per layer, not 64. Pairs whose destination is another pair's source are copied in order. A
-        backend with its own copy_pages does the copying (CUDA: a kernel of its own, no per-process
-        compile of a gather)."""
+        backend with its own copy_pages (capabilities) does the copying (CUDA: a kernel of its own,
+        no per-process compile of a gather)."""
         if not pairs:
             return
         srcs = {s for s, _ in pairs}
@@ -200,9 +200,8 @@ class KVCache:
             for pair in pairs:
                 self.copy_pages([pair])
             return
-        own = getattr(self.backend, "copy_pages", None)
-        if own is not None:
-            own(self.layers, pairs, self.page_size)
+        if self.backend.capabilities.copy_pages:
+            self.backend.copy_pages(self.layers, pairs, self.page_size)
             return
         P = self.page_size
         offs = np.arange(P, dtype=np.int64)
@@ -220,8 +219,8 @@ class Step:
     tokens: np.ndarray  # (n,) int32
     attn: AttentionBatch
     output_rows: np.ndarray  # (n_out,) int32 indices into tokens
-    top_k: int = 0  # > 0: each output row reduced on the device to its k best (a backend with top_k)
-    # > 0 (a backend that chains_tokens): token ids -r - 1 stand for the first of row r's best ids
+    top_k: int = 0  # > 0: each output row reduced on the device to its k best (capabilities.top_k)
+    # > 0 (capabilities.chain_tokens): token ids -r - 1 stand for the first of row r's best ids
     # of the step before (prev_k of them a row) that the token's row of bans (n, prev_k) lacks
     prev_k: int = 0
     bans: np.ndarray | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import hub
-from ..engine import Engine, EngineConfig, RequestHandle
+from ..engine import LLM, Engine, RequestHandle
 from ..sampler import SamplingParams
 from .errors import not_ready
 from .tokenfloor import TokenFloor
@@ -144,46 +144,18 @@ class ServerModel:
 
 
 def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
-    """Open the GGUF file, build the model, tokenizer, chat template and engine. (The names
-    the model goes by are the server's: ServerConfig.aliases replaces `aliases`.)"""
-    from ..backends import get_backend
-    from ..gguf_loader import GGUFFile
-    from ..models import load_model as build_model
-    from ..tokenizer import Tokenizer
-
+    """The model as ember.load() opens it, with its chat template. (The names the model goes
+    by are the server's: ServerConfig.aliases replaces `aliases`.)"""
     t0 = time.perf_counter()
-    path = hub.resolve(cfg.model)
-    gguf = GGUFFile(path)
+    llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
+              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue)
     try:
-        model = build_model(gguf, get_backend(cfg.device, threads=cfg.threads))
-        tokenizer = Tokenizer.from_metadata(gguf.metadata)
-        template, text = chat_template(gguf.metadata, cfg.chat_template_file)
-        n_ctx = cfg.ctx or min(4096, model.n_ctx_train or 4096)
-        engine = Engine(model, tokenizer, EngineConfig(
-            n_ctx=n_ctx, max_seqs=cfg.slots, kv_tokens=kv_tokens(cfg.kv_memory, model, n_ctx),
-            max_batch_tokens=cfg.batch, max_waiting=cfg.max_queue))
+        template, text = chat_template(llm.gguf.metadata, cfg.chat_template_file)
     except BaseException:
-        gguf.close()
+        llm.close()
         raise
-    return ServerModel(path, model, tokenizer, template, text, mentions_tools(text), engine, n_ctx,
-                       time.perf_counter() - t0, gguf, tuple(aliases), TokenFloor.of(tokenizer))
-
-
-def kv_bytes_per_token(model) -> int:
-    """K and V of every layer in f16."""
-    return sum(k + v for k, v in model.kv_dims()) * 2
-
-
-def kv_tokens(kv_memory: int | None, model, n_ctx: int) -> int | None:
-    """--kv-memory bytes -> KV cache capacity in tokens (None: the engine's default)."""
-    if kv_memory is None:
-        return None
-    per_token = kv_bytes_per_token(model)
-    tokens = kv_memory // per_token
-    if tokens < n_ctx:
-        raise ValueError(f"--kv-memory {kv_memory} bytes holds {tokens} tokens ({per_token} bytes each); "
-                         f"one context of {n_ctx} tokens needs {n_ctx * per_token} bytes")
-    return tokens
+    return ServerModel(llm.path, llm.model, llm.tokenizer, template, text, mentions_tools(text), llm.engine, llm.n_ctx,
+                       time.perf_counter() - t0, llm.gguf, tuple(aliases), TokenFloor.of(llm.tokenizer))
 
 
 def chat_template(metadata: dict, override_file: str | None):

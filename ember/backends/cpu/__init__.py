@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...quant.types import GGMLType, layout
-from ..base import AttentionBatch, BackendError, RopeParams, Weight
+from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
 from ._native import ffi, lib
 
 F32 = np.float32
@@ -160,6 +160,7 @@ class Recording:
 
 class Backend:
     name = "cpu"
+    capabilities = Capabilities(top_k=True, record=True)
 
     def __init__(self, device: str = "cpu", threads: int | None = None):
         self.n_threads = threads or default_threads()

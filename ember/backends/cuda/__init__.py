@@ -21,7 +21,7 @@ import numpy as np
 from ...quant import dequantize, widen_to_q8_0
 from ...quant.legacy import WIDEN_TO_Q8_0
 from ...quant.types import GGMLType, layout
-from ..base import AttentionBatch, BackendError, RopeParams, Weight
+from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
 from ._kernels import ATT_TILE_DIMS, matmul_module
 from .config import CudaConfig
 from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, GetRows, KvStore, Launch,
@@ -82,8 +82,13 @@ def open_device(cp, device: str):
 
 class Backend:
     name = "cuda"
-    max_recorded_tokens = 4096  # prompt-sized steps are captured as graphs too: eager, each op is a Python call
-    pads_decode_steps = True  # decode steps of 9..64 sequences cost about the same padded to 16, 32 or 64
+    # top_k, record/replay, copy_pages and get_rows(prev=, bans=) below; prompt-sized steps are
+    # captured as graphs too (eager, each op is a Python call); replay(wait=False) returns once the
+    # step is queued (mark/wait_mark), so the engine launches greedy decode steps ahead, their
+    # tokens taken from the best ids of the step before on the device; decode steps of 9..64
+    # sequences cost about the same padded to 16, 32 or 64
+    capabilities = Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True, chain_tokens=True,
+                                pad_decode_steps=True, copy_pages=True)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, config: CudaConfig | None = None):
         from ._kernels import Kernels
@@ -266,11 +271,6 @@ class Backend:
         graph.upload(cp.cuda.Stream.null)
         return graph
 
-    async_replay = True  # replay(wait=False) returns once the step is queued on the device
-    # get_rows takes ids from the best ids of the step before, on the device: a decode step may be
-    # launched before the host has read the one before it (the engine's ahead steps)
-    chains_tokens = True
-
     def mark(self):
         """A point in the device's queue (everything queued so far), for wait_mark."""
         self._use_device()
@@ -359,7 +359,7 @@ class Backend:
 
     # ---- ops ----
     def get_rows(self, w: Weight, ids, out, prev=None, bans=None) -> None:
-        """prev: (rows, k) int32 on the device, the best ids of the step before (chains_tokens):
+        """prev: (rows, k) int32 on the device, the best ids of the step before (chain_tokens):
         an id -r - 1 takes the first of row r's not in its row of bans (n, k), as the engine's
         greedy choice would."""
         rows = w.shape[0]
@@ -473,7 +473,7 @@ class Backend:
                             heads_per_block=plan.heads_per_block, counters=counters, cluster=plan.cluster,
                             min_keys=plan.min_keys))
 
-    # ---- sampling reductions (not yet part of the Backend protocol) ----
+    # ---- sampling reductions (capabilities.top_k) ----
     def top_k(self, logits, k: int, ids, vals) -> None:
         """ids (n, k) int32 and vals (n, k) f32 = the k largest logits of each row of logits (n, vocab),
         best first, computed on the device (k = 1: the argmax, lowest id among equal values).

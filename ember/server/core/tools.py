@@ -26,99 +26,12 @@ tool_choice "none" describes no tools and applies no grammar.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from functools import lru_cache
 
-from ..engine.engine import GrammarSpec
-from ..gbnf.schema import SchemaError, schema_to_gbnf
-from .errors import invalid
-from .fields import Fields
+from ...engine.engine import GrammarSpec
+from ...gbnf.schema import schema_to_gbnf
 from .replies import CLOSE_TAG, OPEN_TAG, EnvelopeOutput, Output, PlainOutput, TaggedOutput
-
-NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    name: str
-    description: str
-    parameters: dict  # JSON Schema of the arguments object
-
-
-@dataclass(frozen=True, slots=True)
-class ToolChoice:
-    mode: str = "auto"  # "auto", "none", "required" or "function"
-    name: str | None = None  # the function, for mode "function"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSetup:
-    tools: tuple[Tool, ...] = ()
-    choice: ToolChoice = ToolChoice("none")
-    parallel: bool = False
-
-    @property
-    def active(self) -> bool:
-        return bool(self.tools) and self.choice.mode != "none"
-
-
-# ---- the request's tools ----
-
-def parse_tools(body: Fields) -> ToolSetup:
-    """tools, tool_choice and parallel_tool_calls; 400 naming the field for anything invalid."""
-    tools = tuple(_parse_tool(body, i) for i in range(len(body.list("tools", []))))
-    names = [t.name for t in tools]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise invalid("tools", f"two tools are named {dup!r}")
-    choice = _parse_choice(body, names)
-    parallel = body.bool("parallel_tool_calls", False)
-    return ToolSetup(tools, choice, parallel)
-
-
-def _parse_tool(body: Fields, i: int) -> Tool:
-    entry = Fields(body.data["tools"][i], f"tools[{i}]")
-    if entry.choice("type", ("function",), "function") != "function":
-        raise invalid(entry.name("type"), "only function tools are supported")
-    fn = entry.object("function")
-    if fn is None:
-        raise invalid(entry.name("function"), f"{entry.name('function')} is required", "missing_field")
-    name = fn.str("name")
-    if name is None or not NAME.fullmatch(name):
-        raise invalid(fn.name("name"), f"{fn.name('name')} must be 1-64 letters, digits, '_' or '-', got {name!r}")
-    params = fn.raw("parameters", {"type": "object", "properties": {}})
-    if not isinstance(params, dict):
-        raise invalid(fn.name("parameters"), "parameters must be a JSON Schema object", "invalid_type")
-    try:
-        _check_schema(json.dumps(params))
-    except SchemaError as e:
-        raise invalid(fn.name("parameters"), f"{fn.name('parameters')}: {e}", "invalid_json_schema") from None
-    return Tool(name, fn.str("description", ""), params)
-
-
-@lru_cache(maxsize=256)
-def _check_schema(schema_json: str) -> None:
-    schema_to_gbnf(json.loads(schema_json))
-
-
-def _parse_choice(body: Fields, names: list[str]) -> ToolChoice:
-    raw = body.raw("tool_choice")
-    if raw is None:
-        return ToolChoice("auto" if names else "none")
-    if not names:
-        raise invalid("tool_choice", "tool_choice needs tools")
-    if isinstance(raw, str):
-        if raw not in ("auto", "none", "required"):
-            raise invalid("tool_choice", f"tool_choice must be auto, none, required or a function, got {raw!r}")
-        return ToolChoice(raw)
-    fn = Fields(raw, "tool_choice").object("function")
-    name = fn.str("name") if fn is not None else None
-    if name is None:
-        raise invalid("tool_choice", 'a named tool_choice is {"type": "function", "function": {"name": ...}}')
-    if name not in names:
-        raise invalid("tool_choice.function.name", f"tool_choice names {name!r}, which is not among the tools")
-    return ToolChoice("function", name)
+from .request import Message, Tool, ToolChoice, ToolSetup
 
 
 # ---- schemas of a call ----
@@ -196,7 +109,7 @@ class GenericProtocol:
 
     name = "generic"
 
-    def messages(self, messages: list[dict], setup: ToolSetup) -> tuple[list[dict], dict]:
+    def messages(self, messages: tuple[Message, ...], setup: ToolSetup) -> tuple[list[dict], dict]:
         """Template-ready messages (plain role/content strings) and extra template arguments."""
         names = _call_names(messages)
         out = [_generic_message(m, names, setup.active) for m in messages]
@@ -218,7 +131,7 @@ class TaggedProtocol:
 
     name = "tagged"
 
-    def messages(self, messages: list[dict], setup: ToolSetup) -> tuple[list[dict], dict]:
+    def messages(self, messages: tuple[Message, ...], setup: ToolSetup) -> tuple[list[dict], dict]:
         out = [_tagged_message(m) for m in messages]
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                    "parameters": t.parameters}} for t in setup.tools]
@@ -260,34 +173,35 @@ def generic_instructions(setup: ToolSetup) -> str:
     return "\n".join(lines)
 
 
-def _call_names(messages: list[dict]) -> dict[str, str]:
+def _call_names(messages: tuple[Message, ...]) -> dict[str, str]:
     """tool_call_id -> function name, from the assistant turns."""
-    return {c.id: c.name for m in messages for c in m.get("tool_calls") or ()}
+    return {c.id: c.name for m in messages for c in m.tool_calls}
 
 
-def _generic_message(m: dict, names: dict[str, str], active: bool) -> dict:
-    role, content = m["role"], m["content"]
-    if role == "assistant" and m.get("tool_calls"):
-        calls = [{"name": c.name, "arguments": _loads_or_text(c.arguments)} for c in m["tool_calls"]]
+def _generic_message(m: Message, names: dict[str, str], active: bool) -> dict:
+    role, content = m.role, m.content
+    if role == "assistant" and m.tool_calls:
+        calls = [{"name": c.name, "arguments": _loads_or_text(c.arguments)} for c in m.tool_calls]
         envelope = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
         return {"role": "assistant", "content": json.dumps(envelope, ensure_ascii=False)}
     if role == "assistant" and active:
         return {"role": "assistant", "content": json.dumps({"response": content}, ensure_ascii=False)}
     if role == "tool":
-        result = {"name": m.get("name") or names.get(m.get("tool_call_id") or ""), "content": content}
+        result = {"name": m.name or names.get(m.tool_call_id or ""), "content": content}
         return {"role": "user", "content": json.dumps({"tool_result": result}, ensure_ascii=False)}
     return {"role": role, "content": content}
 
 
-def _tagged_message(m: dict) -> dict:
-    out = {"role": m["role"], "content": m["content"]}
-    if m.get("tool_calls"):
+def _tagged_message(m: Message) -> dict:
+    out = {"role": m.role, "content": m.content}
+    if m.tool_calls:
         out["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": _loads_or_text(c.arguments)}}
-                             for c in m["tool_calls"]]
-    for key in ("tool_call_id", "name"):
-        if m.get(key):
-            out[key] = m[key]
+                             for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
     return out
 
 

@@ -1,6 +1,7 @@
-"""Reading a reply while it is generated: text -> OpenAI message deltas as it streams, and the
-whole message (content and tool calls) at the end. The tool-call shapes are described in
-tools.py; what a reply means is decided by its Output class."""
+"""Reading a reply while it is generated: text -> deltas as it streams (content, and each tool
+call's start and argument text), and the whole message (content and tool calls) at the end. The
+deltas name no API: each API's formatter writes them in its own shape. The tool-call shapes are
+described in tools.py; what a reply means is decided by its Output class."""
 from __future__ import annotations
 
 import json
@@ -18,12 +19,36 @@ class ToolCall:
     name: str
     arguments: str  # JSON text
 
-    def openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
 
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """More content."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    """Tool call `index` begins (its arguments follow as CallArguments)."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallArguments:
+    """More of tool call `index`'s arguments (JSON text)."""
+
+    index: int
+    text: str
+
+
+Delta = Text | CallStart | CallArguments
 
 
 @dataclass(slots=True)
@@ -48,8 +73,8 @@ class Reply:
 
 
 class Output:
-    """Turns generated text into OpenAI message deltas while it streams, and into the final
-    message at the end. Subclasses say what the text means (`draft`)."""
+    """Turns generated text into deltas while it streams, and into the final message at the
+    end. Subclasses say what the text means (`draft`)."""
 
     def __init__(self):
         self.text = ""
@@ -57,11 +82,11 @@ class Output:
         self._calls: list[ToolCall] = []  # calls whose header went out
         self._args_sent: list[int] = []
 
-    def feed(self, piece: str) -> list[dict]:
+    def feed(self, piece: str) -> list[Delta]:
         self.text += piece
         return self._deltas(self.draft(self.text, final=False)) if piece else []
 
-    def finish(self, piece: str = "") -> tuple[list[dict], Reply]:
+    def finish(self, piece: str = "") -> tuple[list[Delta], Reply]:
         """Deltas still owed, and the whole reply."""
         self.text += piece
         draft = self.draft(self.text, final=True)
@@ -72,10 +97,10 @@ class Output:
     def draft(self, text: str, final: bool) -> Draft:
         raise NotImplementedError
 
-    def _deltas(self, draft: Draft) -> list[dict]:
-        out = []
+    def _deltas(self, draft: Draft) -> list[Delta]:
+        out: list[Delta] = []
         if len(draft.content) > self._content_sent:
-            out.append({"content": draft.content[self._content_sent:]})
+            out.append(Text(draft.content[self._content_sent:]))
             self._content_sent = len(draft.content)
         for i, call in enumerate(draft.calls):
             if i == len(self._calls):
@@ -83,9 +108,9 @@ class Output:
                     break
                 self._calls.append(ToolCall(new_call_id(), call.name, ""))
                 self._args_sent.append(0)
-                out.append({"tool_calls": [{"index": i, **self._calls[i].openai()}]})
+                out.append(CallStart(i, self._calls[i].id, call.name))
             if len(call.arguments) > self._args_sent[i]:
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments[self._args_sent[i]:]}}]})
+                out.append(CallArguments(i, call.arguments[self._args_sent[i]:]))
                 self._args_sent[i] = len(call.arguments)
         return out
 
@@ -93,13 +118,13 @@ class Output:
 class PlainOutput(Output):
     """No tools: the text is the content."""
 
-    def feed(self, piece: str) -> list[dict]:
+    def feed(self, piece: str) -> list[Delta]:
         self.text += piece
-        return [{"content": piece}] if piece else []
+        return [Text(piece)] if piece else []
 
-    def finish(self, piece: str = "") -> tuple[list[dict], Reply]:
+    def finish(self, piece: str = "") -> tuple[list[Delta], Reply]:
         self.text += piece
-        return ([{"content": piece}] if piece else []), Reply(self.text, [])
+        return ([Text(piece)] if piece else []), Reply(self.text, [])
 
 
 class EnvelopeOutput(Output):
