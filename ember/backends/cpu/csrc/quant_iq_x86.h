@@ -210,10 +210,50 @@ IQ_TILE_FN(iq1_m, EMBER_T_IQ1_M)
 IQ_TILE_FN(tq1_0, EMBER_T_TQ1_0)
 IQ_TILE_FN(tq2_0, EMBER_T_TQ2_0)
 
+/* Prompts: the W rows of a share in blocks that stay in L2 (PANEL_W_BYTES), each block swept by every
+ * tile of IQ_TOKENS tokens (their activations stay in L1). Walking each row against all tokens
+ * instead re-reads every token's activations from L2 per row: 4-9x slower at 64-128 tokens. */
+#define PANEL_W_BYTES (96 * 1024)
+
+static ember_tile_fn tile_for(int type) {
+    switch (type) {
+    case EMBER_T_IQ2_XXS: return tile_iq2_xxs;
+    case EMBER_T_IQ2_XS: return tile_iq2_xs;
+    case EMBER_T_IQ2_S: return tile_iq2_s;
+    case EMBER_T_IQ3_XXS: return tile_iq3_xxs;
+    case EMBER_T_IQ3_S: return tile_iq3_s;
+    case EMBER_T_IQ1_S: return tile_iq1_s;
+    case EMBER_T_IQ1_M: return tile_iq1_m;
+    case EMBER_T_TQ1_0: return tile_tq1_0;
+    default: return tile_tq2_0;
+    }
+}
+
+/* W rows (nrows, ws bytes each) . n activation rows a (as bytes each) -> y[t ys + r] */
+static void panel_iq(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a, int64_t as,
+                     int64_t n, float *y, int64_t ys) {
+    const ember_tile_fn tile = tile_for(type);
+    const int64_t rb = ws >= PANEL_W_BYTES ? 1 : PANEL_W_BYTES / ws;
+    for (int64_t r0 = 0; r0 < nrows; r0 += rb) {
+        const int64_t r1 = r0 + rb < nrows ? r0 + rb : nrows;
+        for (int64_t t = 0; t < n; t += IQ_TOKENS) {
+            const int nc = n - t < IQ_TOKENS ? (int)(n - t) : IQ_TOKENS;
+            for (int64_t r = r0; r < r1; r++)
+                tile(k, (const uint8_t *)w + r * ws, ws, (const uint8_t *)a + t * as, as, y + t * ys + r, ys, 1, nc);
+        }
+    }
+}
+
 #define IQ_T(name) {tile_##name, 1, IQ_TOKENS, 0}
+#define IQ_P {panel_iq, 16, 2 * IQ_TOKENS}
 #define IQ_X86_TILES                                                                                          \
     .tile = {                                                                                                 \
         [EMBER_T_IQ2_XXS] = IQ_T(iq2_xxs), [EMBER_T_IQ2_XS] = IQ_T(iq2_xs), [EMBER_T_IQ2_S] = IQ_T(iq2_s),    \
         [EMBER_T_IQ3_XXS] = IQ_T(iq3_xxs), [EMBER_T_IQ3_S] = IQ_T(iq3_s),   [EMBER_T_IQ1_S] = IQ_T(iq1_s),    \
         [EMBER_T_IQ1_M] = IQ_T(iq1_m),     [EMBER_T_TQ1_0] = IQ_T(tq1_0),   [EMBER_T_TQ2_0] = IQ_T(tq2_0),    \
+    },                                                                                                        \
+    .panel = {                                                                                                \
+        [EMBER_T_IQ2_XXS] = IQ_P, [EMBER_T_IQ2_XS] = IQ_P, [EMBER_T_IQ2_S] = IQ_P, [EMBER_T_IQ3_XXS] = IQ_P,  \
+        [EMBER_T_IQ3_S] = IQ_P,   [EMBER_T_IQ1_S] = IQ_P,  [EMBER_T_IQ1_M] = IQ_P, [EMBER_T_TQ1_0] = IQ_P,    \
+        [EMBER_T_TQ2_0] = IQ_P,                                                                               \
     }
