@@ -21,6 +21,16 @@ ALWAYS __m256i grid4(const uint64_t *g, int i0, int i1, int i2, int i3) {
     return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
 }
 
+/* Four sign bytes (bit j of byte l: value 8l + j) -> 32 bytes of +1 / -1: each byte spread over its
+ * 8 lanes, its bit picked by the lane's mask; cheaper than four table rows. */
+ALWAYS __m256i signs32(uint32_t m) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), spread), bit);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1));
+}
+
 /* A signed sub-block v as u = |v|, s = v. */
 ALWAYS iq_sub from_signed(__m256i v, __m256i sc) { return (iq_sub){_mm256_abs_epi8(v), v, sc}; }
 
@@ -46,9 +56,9 @@ ALWAYS iq_sub sub_iq2_s(const uint8_t *blk, int ib) {
     const blk_iq2_s *x = (const blk_iq2_s *)blk;
     const uint8_t *q = x->qs + 4 * ib, *sn = x->signs + 4 * ib;
     const int h = x->qh[ib], s = x->scales[ib];
-    const uint64_t *g = ember_iq2s_grid, *sg = ember_iq_sign8;
+    const uint64_t *g = ember_iq2s_grid;
     return (iq_sub){grid4(g, q[0] | (h & 3) << 8, q[1] | (h & 12) << 6, q[2] | (h & 48) << 4, q[3] | (h & 192) << 2),
-                    grid4(sg, sn[0], sn[1], sn[2], sn[3]), scales2(2 * (s & 15) + 1, 2 * (s >> 4) + 1)};
+                    signs32(iq_u32(sn)), scales2(2 * (s & 15) + 1, 2 * (s >> 4) + 1)};
 }
 
 ALWAYS iq_sub sub_iq3_xxs(const uint8_t *blk, int ib) {
@@ -70,8 +80,7 @@ ALWAYS iq_sub sub_iq3_s(const uint8_t *blk, int ib) {
 #define IQ3S_AT(j) (int)g[q[j] | ((h << (8 - (j))) & 256)]
     __m256i u = _mm256_set_epi32(IQ3S_AT(7), IQ3S_AT(6), IQ3S_AT(5), IQ3S_AT(4), IQ3S_AT(3), IQ3S_AT(2), IQ3S_AT(1), IQ3S_AT(0));
 #undef IQ3S_AT
-    const uint64_t *sg = ember_iq_sign8;
-    return (iq_sub){u, grid4(sg, sn[0], sn[1], sn[2], sn[3]), scales2(sc, sc)};
+    return (iq_sub){u, signs32(iq_u32(sn)), scales2(sc, sc)};
 }
 
 ALWAYS iq_sub sub_iq1_s(const uint8_t *blk, int ib) {
