@@ -15,6 +15,9 @@ from ember.quant import GGMLType, dequantize, layout, quantize
 F16_FIELDS = {
     GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
     GGMLType.Q6_K: (208,), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+    GGMLType.IQ2_XXS: (0,), GGMLType.IQ2_XS: (0,), GGMLType.IQ2_S: (0,), GGMLType.IQ3_XXS: (0,),
+    GGMLType.IQ3_S: (0,), GGMLType.IQ1_S: (0,), GGMLType.TQ1_0: (52,), GGMLType.TQ2_0: (64,),
+    GGMLType.IQ1_M: (48,),  # the f16 scale spread over the top nibbles of the four words at 48
 }
 QUANTIZABLE = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                GGMLType.Q5_1, GGMLType.Q8_0}
@@ -35,6 +38,11 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLType, rows: int, cols: in
 
 
 def set_scales(blocks: np.ndarray, qtype: GGMLType, scales: np.ndarray) -> None:
+    if qtype == GGMLType.IQ1_M:
+        bits = scales[:, 0].astype(np.float16).view(np.uint16)[:, None] >> np.array([0, 4, 8, 12], np.uint16)
+        words = blocks[:, 48:56].copy().view("<u2") & np.uint16(0x0FFF)
+        blocks[:, 48:56] = (words | ((bits & np.uint16(15)) << np.uint16(12))).view(np.uint8)
+        return
     for j, off in enumerate(F16_FIELDS[qtype]):
         blocks[:, off:off + 2] = scales[:, j].astype(np.float16).view(np.uint8).reshape(-1, 2)
 

@@ -21,13 +21,16 @@ from ember.quant.types import QK_K, GGMLType, layout
 T = GGMLType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
 FLOATS = [T.F32, T.F16, T.BF16]
-ALL_TYPES = FLOATS + LEGACY + KQUANTS
+ALL_TYPES = FLOATS + LEGACY + KQUANTS + LOW_BIT
+Q8K_TYPES = KQUANTS + LOW_BIT  # activations rounded as llama.cpp's Q8_K
 WITH_MIN = (T.Q4_1, T.Q5_1)  # legacy types whose blocks add m * (the activations' sum, s)
 
 # Byte offsets of the f16 scale fields of block types gguf cannot quantize: random bytes elsewhere.
 SCALE_FIELDS = {T.IQ4_NL: [0], T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2],
-                T.Q6_K: [208], T.IQ4_XS: [0]}
+                T.Q6_K: [208], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0],
+                T.IQ3_S: [0], T.IQ1_S: [0], T.IQ1_M: [], T.TQ1_0: [52], T.TQ2_0: [64]}
 
 M = 37  # rows of W: not a multiple of any tile size
 NS = [1, 2, 3, 7, 16, 33]
@@ -74,6 +77,11 @@ def make_weight(qtype: GGMLType, m: int, k: int, rng: np.random.Generator) -> np
         for off in SCALE_FIELDS[qtype]:
             scale = (rng.uniform(0.002, 0.02, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2]))
             blocks[:, :, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(blocks.shape[:2] + (2,))
+        if qtype == T.IQ1_M:  # the f16 scale is the top nibbles of the four scale words at 48
+            d = (rng.uniform(0.002, 0.02, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2]))
+            nibbles = (d.astype(np.float16).view(np.uint16)[..., None] >> np.array([0, 4, 8, 12])) & 15
+            words = blocks[:, :, 48:56].copy().view("<u2") & 0x0FFF
+            blocks[:, :, 48:56] = (words | (nibbles << 12).astype(np.uint16)).view(np.uint8)
         return blocks.reshape(m, -1)
     return gq.quantize(rng.standard_normal((m, k), dtype=np.float32), qtype)
 
@@ -135,7 +143,7 @@ def quant_block_q8k() -> np.dtype:
 def acts_ref(x: np.ndarray, qtype: GGMLType, rounding: int = EXACT) -> Acts | None:
     if qtype in FLOATS:
         return None
-    return quantize_q8k_ref(x) if qtype in KQUANTS else quantize_q16_ref(x, rounding)
+    return quantize_q8k_ref(x) if qtype in Q8K_TYPES else quantize_q16_ref(x, rounding)
 
 
 def block_mins(w: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
@@ -170,7 +178,7 @@ def run_matmul(pool, qtype: GGMLType, w: np.ndarray, m: int, k: int, x: np.ndarr
 
 def ks_for(qtype: GGMLType) -> list[int]:
     ks = [256, 512, 768, 1536]
-    return ks if qtype in KQUANTS else ks + [576]
+    return ks if qtype in Q8K_TYPES else ks + [576]
 
 
 @dataclass(frozen=True)
@@ -368,10 +376,10 @@ def test_scratch_and_support():
     assert lib.ember_matmul_scratch_size(int(T.F16), 64, 4) == 0  # float weights read x directly
     assert lib.ember_matmul_scratch_size(int(T.Q4_0), 64, 3) % 64 == 0
     assert lib.ember_matmul_scratch_size(int(T.Q4_K), 96, 1) == -1  # k not a whole super-block
-    assert lib.ember_matmul_scratch_size(int(T.IQ2_XXS), 256, 1) == -1
+    assert lib.ember_matmul_scratch_size(int(T.MXFP4), 256, 1) == -1
     for t in ALL_TYPES:
         assert lib.ember_type_supported(int(t)) == 1
-    assert lib.ember_type_supported(int(T.IQ2_XXS)) == 0
+    assert lib.ember_type_supported(int(T.MXFP4)) == 0
     assert lib.ember_type_supported(999) == 0
 
 

@@ -22,6 +22,6 @@ def test_neon_matches_portable_kernels(tmp_path):
                    check=True, capture_output=True, text=True)
     out = subprocess.run([QEMU, str(exe)], check=True, capture_output=True, text=True, timeout=600).stdout
     rows = [line.split() for line in out.splitlines()]
-    assert len(rows) == 126  # 15 types x 2 k x 3 n, the 32-value types with both roundings
+    assert len(rows) == 180  # 24 types x 2 k x 3 n, the 32-value types with both roundings
     worst = max(rows, key=lambda r: float(r[4]))
     assert float(worst[4]) <= 1e-5, f"type {worst[0]} k {worst[1]} n {worst[2]} rounding {worst[3]}: {worst[4]}"

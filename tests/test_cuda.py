@@ -975,7 +975,8 @@ def test_top_k_and_argmax(cuda, vocab):
 # ---- whole models ----
 
 PAGE = 4
-MODEL_TYPES = [GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.IQ4_XS]
+MODEL_TYPES = [GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
+               GGMLType.IQ2_XXS, GGMLType.IQ2_S, GGMLType.IQ3_S, GGMLType.IQ1_M, GGMLType.TQ1_0]  # a low-bit type of each decoder kind
 
 
 class Driver:

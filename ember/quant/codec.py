@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import floats, iquants, kquants, legacy  # noqa: F401  (importing registers the formats)
+from . import floats, iquants, kquants, legacy, lowbit  # noqa: F401  (importing registers the formats)
 from .formats import FORMATS, QuantFormat, format_for
 from .types import GGMLType
 

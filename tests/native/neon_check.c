@@ -30,6 +30,10 @@ static const type_info TYPES[] = {
     {8, 32, 34, {0, -1}},    {20, 32, 18, {0, -1}},   {10, 256, 84, {80, 82}}, {11, 256, 110, {108, -1}},
     {12, 256, 144, {0, 2}},  {13, 256, 176, {0, 2}},  {14, 256, 210, {208, -1}}, {23, 256, 136, {0, -1}},
     {1, 1, 2, {-1, -1}},     {0, 1, 4, {-1, -1}},     {30, 1, 2, {-1, -1}},
+    /* the low-bit types; IQ1_M (29) keeps its f16 scale in the top nibbles of the words at 48 */
+    {16, 256, 66, {0, -1}},  {17, 256, 74, {0, -1}},  {22, 256, 82, {0, -1}},  {18, 256, 98, {0, -1}},
+    {21, 256, 110, {0, -1}}, {19, 256, 50, {0, -1}},  {29, 256, 56, {-1, -1}}, {34, 256, 54, {52, -1}},
+    {35, 256, 66, {64, -1}},
 };
 
 /* Random blocks with small valid f16 scales (or random float weights). */
@@ -55,6 +59,15 @@ static void fill_weights(const type_info *t, uint8_t *w, int64_t m, int64_t k) {
             if (t->f16_at[f] < 0) continue;
             uint16_t h = ember_f32_to_f16((0.002f + 0.01f * (float)(next_u32() & 1023) / 1024.0f) * ((next_u32() & 1) ? 1 : -1));
             memcpy(p + t->f16_at[f], &h, 2);
+        }
+        if (t->type == 29) {
+            uint16_t h = ember_f32_to_f16((0.002f + 0.01f * (float)(next_u32() & 1023) / 1024.0f) * ((next_u32() & 1) ? 1 : -1));
+            for (int j = 0; j < 4; j++) {
+                uint16_t wd;
+                memcpy(&wd, p + 48 + 2 * j, 2);
+                wd = (uint16_t)((wd & 0x0fff) | ((h >> 4 * j) & 0xf) << 12);
+                memcpy(p + 48 + 2 * j, &wd, 2);
+            }
         }
     }
 }

@@ -53,7 +53,7 @@ def module_source(module: str) -> str:
     variant = parts[2] if len(parts) == 3 else ""
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and variant in MATMUL_VARIANTS:
         defines = f"#define QT {int(parts[1])}\n" + MATMUL_VARIANTS[variant]
-        return defines + common + kernel_source("quant.cuh") + kernel_source("matmul.cu")
+        return defines + common + kernel_source("quant.cuh") + kernel_source("quant_iq.cuh") + kernel_source("matmul.cu")
     raise BackendError(f"no kernel module named '{module}'")
 
 

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "quant.h"
+#include "quant_iq.h"
 
 /* Quantized activations of one token chunk stay within this many bytes (L2 is 1 MiB or more). */
 #define CHUNK_ACT_BYTES (256 * 1024)
@@ -34,10 +35,13 @@
 
 /* The kernel tables to try for the active ISA, widest first; NULL-terminated. */
 static const ember_kernels *const *kernel_order(void) {
-    static const ember_kernels *const avx512[] = {&ember_kernels_avx512, &ember_kernels_avx2, &ember_kernels_scalar, NULL};
-    static const ember_kernels *const avx2[] = {&ember_kernels_avx2, &ember_kernels_scalar, NULL};
-    static const ember_kernels *const neon[] = {&ember_kernels_neon, &ember_kernels_scalar, NULL};
-    static const ember_kernels *const scalar[] = {&ember_kernels_scalar, NULL};
+    static const ember_kernels *const avx512[] = {&ember_kernels_avx512, &ember_kernels_iq_avx512, &ember_kernels_avx2,
+                                                  &ember_kernels_iq_avx2, &ember_kernels_scalar, &ember_kernels_iq_scalar, NULL};
+    static const ember_kernels *const avx2[] = {&ember_kernels_avx2, &ember_kernels_iq_avx2, &ember_kernels_scalar,
+                                                &ember_kernels_iq_scalar, NULL};
+    static const ember_kernels *const neon[] = {&ember_kernels_neon, &ember_kernels_iq_neon, &ember_kernels_scalar,
+                                                &ember_kernels_iq_scalar, NULL};
+    static const ember_kernels *const scalar[] = {&ember_kernels_scalar, &ember_kernels_iq_scalar, NULL};
     switch (ember_isa_active) {
     case EMBER_ISA_AVX512: return avx512;
     case EMBER_ISA_AVX2: return avx2;

@@ -8,6 +8,7 @@
 #endif
 
 #include "quant.h"
+#include "quant_iq.h"
 
 const int8_t ember_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                        1,    13,   25,  38,  53,  69,  89,  113};
@@ -212,8 +213,8 @@ static const ember_qtype qtypes[EMBER_T_COUNT] = {
 };
 
 const ember_qtype *ember_qtype_get(int type) {
-    if (type < 0 || type >= EMBER_T_COUNT || !qtypes[type].dequant) return NULL;
-    return &qtypes[type];
+    if (type < 0 || type >= EMBER_T_COUNT) return NULL;
+    return qtypes[type].dequant ? &qtypes[type] : ember_iq_qtype_get(type);
 }
 
 int ember_type_supported(int type) { return ember_qtype_get(type) != NULL; }

@@ -12,7 +12,10 @@ enum {
     EMBER_T_F32 = 0, EMBER_T_F16 = 1, EMBER_T_Q4_0 = 2, EMBER_T_Q4_1 = 3, EMBER_T_Q5_0 = 6,
     EMBER_T_Q5_1 = 7, EMBER_T_Q8_0 = 8, EMBER_T_Q2_K = 10, EMBER_T_Q3_K = 11, EMBER_T_Q4_K = 12,
     EMBER_T_Q5_K = 13, EMBER_T_Q6_K = 14, EMBER_T_IQ4_NL = 20, EMBER_T_IQ4_XS = 23, EMBER_T_BF16 = 30,
-    EMBER_T_COUNT = 31
+    /* the low-bit types (quant_iq.h) */
+    EMBER_T_IQ2_XXS = 16, EMBER_T_IQ2_XS = 17, EMBER_T_IQ3_XXS = 18, EMBER_T_IQ1_S = 19, EMBER_T_IQ3_S = 21,
+    EMBER_T_IQ2_S = 22, EMBER_T_IQ1_M = 29, EMBER_T_TQ1_0 = 34, EMBER_T_TQ2_0 = 35,
+    EMBER_T_COUNT = 36
 };
 
 #define QK 32      /* values per block of the legacy types */

@@ -22,6 +22,20 @@
 #define T_IQ4_NL 20
 #define T_IQ4_XS 23
 #define T_BF16 30
+// the low-bit types: quant_iq.cuh (concatenated after this file)
+#define T_IQ2_XXS 16
+#define T_IQ2_XS 17
+#define T_IQ3_XXS 18
+#define T_IQ1_S 19
+#define T_IQ3_S 21
+#define T_IQ2_S 22
+#define T_IQ1_M 29
+#define T_TQ1_0 34
+#define T_TQ2_0 35
+
+#define IS_LOWBIT(t)                                                                                         \
+    ((t) == T_IQ2_XXS || (t) == T_IQ2_XS || (t) == T_IQ3_XXS || (t) == T_IQ1_S || (t) == T_IQ3_S ||             \
+     (t) == T_IQ2_S || (t) == T_IQ1_M || (t) == T_TQ1_0 || (t) == T_TQ2_0)
 
 struct QUnit {
     int q[8];
@@ -115,6 +129,9 @@ DEVI int q3_scale(const u8 *sc12, int i) {
     const int high = (sc12[8 + i % 4] >> (2 * (i / 4))) & 3;
     return (low | (high << 4)) - 32;
 }
+
+template <int TT>
+DEVI void lowbit_unit_q(const u8 *__restrict__ row, int u, QUnit &o);
 
 // Unit u (values 32u .. 32u+31) of a quantized row.
 template <int TT>
@@ -248,6 +265,8 @@ DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
             o.a[h] = d * (float)(i8)sb[192 + 2 * s + h];
             o.b[h] = -32.f * o.a[h];
         }
+    } else if constexpr (IS_LOWBIT(TT)) {
+        lowbit_unit_q<TT>(row, u, o);
     }
 }
 
