@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -77,6 +77,15 @@ class TensorInfo:
     def data(self) -> np.ndarray:
         """The tensor's bytes: 1-D read-only uint8 view into the file's mmap."""
         return self._mapping.view(np.dtype(np.uint8), self.nbytes, self.offset)
+
+    def rows(self, lo: int, hi: int) -> "TensorInfo":
+        """Rows lo..hi of a matrix as a tensor of its own (the parts of a fused projection):
+        the same bytes, no copy."""
+        if len(self.ne) != 2 or not 0 <= lo < hi <= self.ne[1]:
+            raise ValueError(f"rows {lo}..{hi} of '{self.name}' {self.shape}")
+        size = row_bytes(self.type, self.ne)
+        return replace(self, name=f"{self.name}[{lo}:{hi}]", ne=(self.ne[0], hi - lo),
+                       offset=self.offset + lo * size, nbytes=(hi - lo) * size)
 
     def array(self) -> np.ndarray:
         """Typed read-only view with `shape` for plain types (BF16 as uint16 bits);
