@@ -121,3 +121,33 @@ def test_a_missing_key_or_tensor_is_named(tmp_path, backends, name, drop, expect
     write_family(path, name, drop=drop)
     with GGUFFile(path) as f, pytest.raises(ModelError, match=expected.replace(".", r"\.")):
         load_model(f, backends[0])
+
+
+def test_logits_file_round_trip_and_truncation(tmp_path):
+    from ember.engine.kld import LogitsFileError, open_base, write_base
+
+    rng = np.random.default_rng(0)
+    logits = [rng.normal(0, 5, (3, 1001)).astype(np.float32) for _ in range(2)]  # odd vocabulary: padded
+    path = tmp_path / "base.kld"
+    write_base(path, 8, 1001, list(range(16)), iter(logits))
+    base = open_base(path)
+    assert (base.n_ctx, base.n_vocab, base.n_chunk, base.tokens.tolist()) == (8, 1001, 2, list(range(16)))
+    for c in range(2):
+        z = logits[c] - logits[c].max(axis=1, keepdims=True)
+        want = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        got = base.log_probs(c)
+        kept = want > want.max(axis=1, keepdims=True) - 16
+        assert np.abs(got - want)[kept].max() < 16 / 65535 + 1e-5  # one step of the 16-bit code
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(LogitsFileError, match="truncated: .* \\(10 bytes missing\\)"):
+        open_base(path)
+
+
+def test_a_cut_file_names_the_missing_bytes(synthetic, tmp_path):
+    from ember.gguf_loader import GGUFError
+
+    data = synthetic["qwen3"].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(GGUFError, match=r"runs past end of file .* cut short, \d+ bytes missing \(\d+ of \d+ tensors"):
+        GGUFFile(cut)

@@ -154,13 +154,17 @@ def check_tensor_count(cur: Cursor, count: int, at: int) -> None:
 def place_tensors(records: list[TensorRecord], data_offset: int, alignment: int,
                   size: int, mapping: Mapping) -> dict[str, TensorInfo]:
     """Validate every record against the file and build TensorInfos, in file order."""
-    tensors = {r.name: place_tensor(r, data_offset, alignment, size, mapping) for r in records}
+    ends = [data_offset + r.rel_offset + tensor_nbytes(r, tensor_type(r)) for r in records]
+    cut = sum(end > size for end in ends)
+    missing = f": the file is cut short, {max(ends) - size} bytes missing ({cut} of {len(records)} tensors " \
+              "not wholly present)" if cut else ""
+    tensors = {r.name: place_tensor(r, data_offset, alignment, size, mapping, missing) for r in records}
     check_no_overlap(records, tensors)
     return tensors
 
 
 def place_tensor(r: TensorRecord, data_offset: int, alignment: int, size: int,
-                 mapping: Mapping) -> TensorInfo:
+                 mapping: Mapping, missing: str = "") -> TensorInfo:
     ggml_type = tensor_type(r)
     nbytes = tensor_nbytes(r, ggml_type)
     if r.rel_offset % alignment:
@@ -169,7 +173,7 @@ def place_tensor(r: TensorRecord, data_offset: int, alignment: int, size: int,
     start = data_offset + r.rel_offset
     if start + nbytes > size:
         raise GGUFError(f"{r.label} data [{start}, {start + nbytes}) runs past end of file "
-                        f"(size {size})", offset=r.offset_at)
+                        f"(size {size}){missing}", offset=r.offset_at)
     return TensorInfo(r.name, ggml_type, r.ne, start, nbytes, mapping)
 
 
