@@ -290,16 +290,22 @@ def cmd_info(args) -> int:
     from .gguf_loader import GGUFFile
 
     t0 = time.perf_counter()
-    with GGUFFile(hub.resolve(args.model)) as f:
+    with GGUFFile(hub.resolve(args.model), partial=True) as f:
         elapsed = time.perf_counter() - t0
         print(f"file: {f.path} ({f.size / 1e6:.1f} MB, GGUF v{f.version}, parsed in {elapsed * 1000:.0f} ms)")
         print(f"metadata ({len(f.metadata)} keys):")
         for key, value in f.metadata.items():
             print(f"  {key} [{f.metadata_types[key]}] = {_short(value, args.all)}")
-        print(f"tensors ({len(f.tensors)}):")
+        cut = len(f.truncation.cut) if f.truncation else 0
+        print(f"tensors ({len(f.tensors)}{f' present of {len(f.tensors) + cut}' if cut else ''}):")
         print(f"  {'name':40} {'type':8} {'shape':>18} {'bytes':>12}")
         for t in f.tensors.values():
             print(f"  {t.name:40} {t.type.name:8} {'x'.join(map(str, t.shape)):>18} {t.nbytes:>12}")
+        if f.truncation:
+            for r in f.truncation.cut:
+                print(f"  {r.name:40} {'':8} {'x'.join(map(str, r.ne[::-1])):>18} {'(missing)':>12}")
+            print(f"ember: error: {f.path}: {f.truncation}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -307,7 +313,7 @@ def _short(value, full: bool) -> str:
     if isinstance(value, str):
         return repr(value) if full or len(value) <= 80 else repr(value[:77]) + "..."
     if hasattr(value, "__len__") and not full and len(value) > 8:
-        items = list(value[:6])
+        items = value[:6].tolist() if hasattr(value, "tolist") else list(value[:6])
         return f"[{', '.join(map(repr, items))}, ... ({len(value)} items)]"
     return repr(value.tolist() if hasattr(value, "tolist") else value)
 
@@ -342,7 +348,7 @@ def cmd_tokenize(args) -> int:
     from .gguf_loader import GGUFFile
     from .tokenizer import Tokenizer
 
-    with GGUFFile(hub.resolve(args.model)) as f:
+    with GGUFFile(hub.resolve(args.model), partial=True) as f:  # the vocabulary is in the metadata
         tok = Tokenizer.from_metadata(f.metadata)
     ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
     if args.json:

@@ -151,3 +151,18 @@ def test_a_cut_file_names_the_missing_bytes(synthetic, tmp_path):
     cut.write_bytes(data[:len(data) // 2])
     with pytest.raises(GGUFError, match=r"runs past end of file .* cut short, \d+ bytes missing \(\d+ of \d+ tensors"):
         GGUFFile(cut)
+
+
+def test_info_on_a_cut_file_shows_what_is_there_and_the_missing_bytes(synthetic, tmp_path, capsys):
+    from ember.cli import main
+
+    data = synthetic["qwen2"].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:len(data) // 2])
+    assert main(["info", str(cut)]) == 1
+    out, err = capsys.readouterr()
+    assert "qwen2.block_count [u32] = 4" in out and "tokenizer.ggml.tokens" in out
+    assert "(missing)" in out and "blk.3.ffn_down.weight" in out
+    assert err.count("\n") == 1 and "cut short" in err and "bytes missing" in err
+    assert main(["tokenize", str(cut), "Hello world", "--json"]) == 0  # the vocabulary is all there
+    assert capsys.readouterr().out.strip() == "[19556, 905]"

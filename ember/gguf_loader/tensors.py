@@ -151,16 +151,34 @@ def check_tensor_count(cur: Cursor, count: int, at: int) -> None:
     cur.check_count(count, MIN_TENSOR_INFO_BYTES, "tensor count", at)
 
 
-def place_tensors(records: list[TensorRecord], data_offset: int, alignment: int,
-                  size: int, mapping: Mapping) -> dict[str, TensorInfo]:
-    """Validate every record against the file and build TensorInfos, in file order."""
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """A file cut short: how many bytes its tensors need beyond its end, and which tensors are not
+    wholly in it."""
+
+    missing: int
+    cut: tuple[TensorRecord, ...]
+    n_tensors: int
+
+    def __str__(self) -> str:
+        return (f"the file is cut short, {self.missing} bytes missing ({len(self.cut)} of {self.n_tensors} "
+                f"tensors not wholly present, the first '{self.cut[0].name}')")
+
+
+def place_tensors(records: list[TensorRecord], data_offset: int, alignment: int, size: int, mapping: Mapping,
+                  partial: bool = False) -> tuple[dict[str, TensorInfo], Truncation | None]:
+    """Validate every record against the file and build TensorInfos, in file order. A file cut
+    short is refused, naming the missing bytes; with `partial` its whole tensors are placed and
+    the Truncation returned beside them (enough to show or tokenize with a file's first part)."""
     ends = [data_offset + r.rel_offset + tensor_nbytes(r, tensor_type(r)) for r in records]
-    cut = sum(end > size for end in ends)
-    missing = f": the file is cut short, {max(ends) - size} bytes missing ({cut} of {len(records)} tensors " \
-              "not wholly present)" if cut else ""
+    cut = tuple(r for r, end in zip(records, ends) if end > size)
+    truncation = Truncation(max(ends) - size, cut, len(records)) if cut else None
+    if truncation and partial:
+        records = [r for r, end in zip(records, ends) if end <= size]
+    missing = f": {truncation}" if truncation else ""
     tensors = {r.name: place_tensor(r, data_offset, alignment, size, mapping, missing) for r in records}
     check_no_overlap(records, tensors)
-    return tensors
+    return tensors, truncation
 
 
 def place_tensor(r: TensorRecord, data_offset: int, alignment: int, size: int,
