@@ -23,6 +23,7 @@ from ember.gguf_loader import GGUFFile  # noqa: E402
 from ember.quant import GGMLType, quantize  # noqa: E402
 
 Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
+FALLBACK = {Q4_K: GGMLType.Q5_0, Q6_K: GGMLType.Q8_0}
 LOGIT_STD = 6.0  # spread of the logits: the best token usually stands well clear of the next
 
 
@@ -120,6 +121,8 @@ class Writer:
         self.w, self.rng = w, np.random.default_rng(seed)
 
     def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K) -> None:
+        if cols % 256 and qtype in FALLBACK:  # rows that are not whole super-blocks, as llama-quantize does
+            qtype = FALLBACK[qtype]
         if qtype in (Q4_K, Q6_K):
             data = random_blocks(self.rng, qtype, rows, cols, std)
         else:

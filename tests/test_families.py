@@ -20,6 +20,7 @@ from ember.models import ModelError, load_model
 NAMES = sorted(FAMILIES)
 MAX_MEAN_KLD = 0.01
 MIN_SAME_TOP = 0.98
+CLEAR_MARGIN = 0.3
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +67,19 @@ def test_kl_divergence_against_llama_cpp(synthetic, name):
     assert ok.mean() >= 0.97, f"llama.cpp is far from the reference at {len(data['far'])} positions"
     assert kld[ok].mean() <= MAX_MEAN_KLD, f"mean KLD {kld[ok].mean():.5f}"
     assert same[ok].mean() >= MIN_SAME_TOP, f"same top {same[ok].mean():.3f}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_tokens_as_llama_cpp(synthetic, name):
+    """32 greedy tokens equal to llama-server's up to its first step with a top-2 margin under 0.3."""
+    from ember.sampler import SamplingParams
+
+    data = base_data(name)
+    want = data["greedy_ids"].tolist()
+    upto = next((i for i, m in enumerate(data["greedy_margin"]) if m < CLEAR_MARGIN), len(want))
+    with LLM(synthetic[name], threads=2, ctx=256) as llm:
+        out = llm.generate(data["greedy_prompt"].tolist(), max_tokens=upto, sampling=SamplingParams.greedy_params())
+    assert out.token_ids[:upto] == want[:upto]
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if len(base_data(n)["far"])])

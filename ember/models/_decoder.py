@@ -194,9 +194,9 @@ class Decoder(Model):
             rope = c.rope_local if L.local and c.rope_local is not None else c.rope
             B.rope(q, c.n_head, step.attn, rope)
             B.rope(k, c.n_kv_head, step.attn, rope)
-        if c.temp_length:
-            B.pos_scale(q, step.attn, c.temp_length, c.temp_scale)
         B.kv_store(kv, k, v, step.attn)
+        if c.temp_length:  # after the store (queries only): norm, rotary and store stay one fused group on CUDA
+            B.pos_scale(q, step.attn, c.temp_length, c.temp_scale)
         att = buf.get("att", n, c.q_dim)
         B.attention(q, kv, att, step.attn, c.n_head, c.n_kv_head, c.window if L.local else 0, c.attn_scale,
                     c.attn_softcap)
