@@ -180,3 +180,17 @@ def test_info_on_a_cut_file_shows_what_is_there_and_the_missing_bytes(synthetic,
     assert err.count("\n") == 1 and "cut short" in err and "bytes missing" in err
     assert main(["tokenize", str(cut), "Hello world", "--json"]) == 0  # the vocabulary is all there
     assert capsys.readouterr().out.strip() == "[19556, 905]"
+
+
+def test_phi3_takes_the_long_rotary_factors_beyond_the_original_context(synthetic, backends):
+    with GGUFFile(synthetic["phi3"]) as f:
+        model = load_model(f, backends[1])
+        short = np.asarray(f.tensors["rope_factors_short.weight"].array())
+        long = np.asarray(f.tensors["rope_factors_long.weight"].array())
+        assert model.args.rope.n_rot == 32 and model.args.head_dim == 64  # partial rotary
+        assert np.array_equal(model.args.rope.freq_factors, short)
+        model.set_context(4096)
+        assert np.array_equal(model.args.rope.freq_factors, short)
+        model.set_context(4097)
+        assert np.array_equal(model.args.rope.freq_factors, long)
+        assert model.args.rope.attn_factor == pytest.approx(1.19)
