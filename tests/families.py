@@ -8,8 +8,11 @@ that next-token distributions are peaked. Deterministic: the same arguments writ
 from __future__ import annotations
 
 import argparse
+import functools
+import lzma
 import math
 import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -82,10 +85,15 @@ REAL_SHAPES = {
 }
 
 
-def vocabulary_source() -> Path:
-    from ember import hub
+VOCAB = Path(__file__).resolve().parent / "data" / "smollm2-vocab.gguf.xz"  # SmolLM2-135M's metadata, no tensors
 
-    return hub.resolve("smollm2")
+
+@functools.lru_cache(maxsize=1)
+def vocabulary_source() -> Path:
+    """SmolLM2's vocabulary as a tensor-less GGUF file (unpacked once per process)."""
+    path = Path(tempfile.mkdtemp(prefix="ember-vocab-")) / "smollm2-vocab.gguf"
+    path.write_bytes(lzma.decompress(VOCAB.read_bytes()))
+    return path
 
 
 def tokenizer_metadata(path: Path) -> dict:
