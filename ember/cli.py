@@ -89,8 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)")
     pp.add_argument("model", help=model_help)
-    pp.add_argument("-f", "--file", required=True, help="UTF-8 text file")
+    pp.add_argument("-f", "--file", help="UTF-8 text file (not needed with --kl-divergence)")
     pp.add_argument("-c", "--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
+    pp.add_argument("--chunks", type=int, default=None, help="with the logits file: at most this many chunks")
+    pp.add_argument("--kl-divergence-base", metavar="LOGITS",
+                    help="llama-perplexity's logits file: written (the base's logits), or read with --kl-divergence")
+    pp.add_argument("--kl-divergence", action="store_true",
+                    help="compare with the base logits file: KL divergence, same top token, PPL ratio")
     _add_runtime(pp, ctx=False)
     pp.set_defaults(func=cmd_perplexity)
 
@@ -285,16 +290,22 @@ def cmd_info(args) -> int:
     from .gguf_loader import GGUFFile
 
     t0 = time.perf_counter()
-    with GGUFFile(hub.resolve(args.model)) as f:
+    with GGUFFile(hub.resolve(args.model), partial=True) as f:
         elapsed = time.perf_counter() - t0
         print(f"file: {f.path} ({f.size / 1e6:.1f} MB, GGUF v{f.version}, parsed in {elapsed * 1000:.0f} ms)")
         print(f"metadata ({len(f.metadata)} keys):")
         for key, value in f.metadata.items():
             print(f"  {key} [{f.metadata_types[key]}] = {_short(value, args.all)}")
-        print(f"tensors ({len(f.tensors)}):")
+        cut = len(f.truncation.cut) if f.truncation else 0
+        print(f"tensors ({len(f.tensors)}{f' present of {len(f.tensors) + cut}' if cut else ''}):")
         print(f"  {'name':40} {'type':8} {'shape':>18} {'bytes':>12}")
         for t in f.tensors.values():
             print(f"  {t.name:40} {t.type.name:8} {'x'.join(map(str, t.shape)):>18} {t.nbytes:>12}")
+        if f.truncation:
+            for r in f.truncation.cut:
+                print(f"  {r.name:40} {'':8} {'x'.join(map(str, r.ne[::-1])):>18} {'(missing)':>12}")
+            print(f"ember: error: {f.path}: {f.truncation}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -302,7 +313,7 @@ def _short(value, full: bool) -> str:
     if isinstance(value, str):
         return repr(value) if full or len(value) <= 80 else repr(value[:77]) + "..."
     if hasattr(value, "__len__") and not full and len(value) > 8:
-        items = list(value[:6])
+        items = value[:6].tolist() if hasattr(value, "tolist") else list(value[:6])
         return f"[{', '.join(map(repr, items))}, ... ({len(value)} items)]"
     return repr(value.tolist() if hasattr(value, "tolist") else value)
 
@@ -337,7 +348,7 @@ def cmd_tokenize(args) -> int:
     from .gguf_loader import GGUFFile
     from .tokenizer import Tokenizer
 
-    with GGUFFile(hub.resolve(args.model)) as f:
+    with GGUFFile(hub.resolve(args.model), partial=True) as f:  # the vocabulary is in the metadata
         tok = Tokenizer.from_metadata(f.metadata)
     ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
     if args.json:
@@ -351,12 +362,38 @@ def cmd_tokenize(args) -> int:
 def cmd_perplexity(args) -> int:
     from .engine import LLM
 
+    if args.kl_divergence:
+        return _kl_divergence(args)
+    if not args.file:
+        raise ValueError("perplexity needs a text file (-f), or --kl-divergence with --kl-divergence-base")
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
     llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1))
-    r = llm.perplexity(text, args.chunk)
+    if args.kl_divergence_base:
+        from .engine.scoring import save_base_logits
+
+        r = save_base_logits(llm, text, args.chunk, args.kl_divergence_base, args.chunks)
+        print(f"logits of {r.scored_tokens} positions written to {args.kl_divergence_base}")
+    else:
+        r = llm.perplexity(text, args.chunk)
     print(f"{r.chunks} chunks of {args.chunk} tokens, {r.scored_tokens} tokens scored in {r.seconds:.1f} s")
     print(f"PPL = {r.ppl:.4f} +/- {r.stderr:.4f}")
+    return 0
+
+
+def _kl_divergence(args) -> int:
+    from .engine import LLM
+    from .engine.kld import open_base, report
+    from .engine.scoring import kl_divergence
+
+    if not args.kl_divergence_base:
+        raise ValueError("--kl-divergence needs --kl-divergence-base LOGITS (a file llama-perplexity or ember wrote)")
+    base = open_base(args.kl_divergence_base)
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=base.n_ctx)
+    stats = kl_divergence(llm, base, args.chunks)
+    print(f"{stats.count} positions of {base.n_chunk if args.chunks is None else min(args.chunks, base.n_chunk)} "
+          f"chunks of {base.n_ctx} tokens")
+    print(report(stats))
     return 0
 
 

@@ -151,6 +151,13 @@ class Backend(Protocol):
 
     def scale(self, x, s: float) -> None: ...
 
+    def softcap(self, x, cap: float) -> None:
+        """x = cap * tanh(x / cap) elementwise (cap > 0): Gemma 2's final-logit soft-capping."""
+
+    def pos_scale(self, x, batch: AttentionBatch, length: int, scale: float, offset: float = 0.0) -> None:
+        """Row t of x (n, d) *= 1 + scale * log(floor((position_t + offset) / length) + 1) (length >= 1):
+        queries tempered by their position (Mistral 3's and Llama 4's attention temperature)."""
+
     def kv_store(self, cache: tuple[Any, Any], k, v, batch: AttentionBatch) -> None:
         """Write this step's k (n, k_dim) and v (n, v_dim) at the batch's slots."""
 

@@ -100,6 +100,13 @@ class Backend:
     def scale(self, x, s: float) -> None:
         x *= s
 
+    def softcap(self, x, cap: float) -> None:
+        x[...] = cap * np.tanh(x / cap)
+
+    def pos_scale(self, x, batch: AttentionBatch, length: int, scale: float, offset: float = 0.0) -> None:
+        pos = np.asarray(batch.positions, F)
+        x *= (1.0 + scale * np.log(np.floor((pos + offset) / length) + 1.0))[:, None]
+
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
         cache[0][batch.slots] = k
         cache[1][batch.slots] = v

@@ -84,6 +84,7 @@ class LLM:
             self.model = load_model(self.gguf, self.backend)
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
+            self.model.set_context(self.n_ctx)
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
                 n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx),
                 max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead))

@@ -107,3 +107,72 @@ def _nll_of(chunk: list[int]):
         return -lp[np.arange(len(lp)), targets[positions[keep] + 1]]
 
     return reduce
+
+
+def chunk_logits(llm, chunk: list[int], first: int):
+    """Handle of the run of one chunk whose reduced values are the logits (rows, n_vocab) of
+    positions first .. len(chunk) - 2 (those that predict a token of the chunk)."""
+    def keep(logits, positions):
+        return np.array(logits[positions < len(chunk) - 1], np.float32)
+
+    return llm.submit_evaluation(chunk, keep, logits_from=first)
+
+
+def chunks_of(llm, tokens: list[int], ctx: int) -> list[list[int]]:
+    """The chunks llama-perplexity evaluates: whole chunks of ctx tokens, the first of each replaced
+    by BOS when the model adds one."""
+    bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
+    chunks = [list(tokens[c * ctx:(c + 1) * ctx]) for c in range(len(tokens) // ctx)]
+    for chunk in chunks:
+        if bos is not None:
+            chunk[0] = bos
+    return chunks
+
+
+def save_base_logits(llm, text: str, ctx: int, path, chunks: int | None = None) -> PerplexityResult:
+    """Perplexity of `text` as `perplexity` measures it, writing every scored position's
+    log-probabilities to `path` in llama-perplexity's logits-file format (--kl-divergence-base)."""
+    from .kld import write_base
+
+    if ctx < 4 or ctx > llm.n_ctx:
+        raise ValueError(f"chunks of {ctx} tokens: need 4 to {llm.n_ctx}")
+    tokens = llm.tokenize(text, add_special=True, parse_special=False)
+    if len(tokens) < ctx:
+        raise ValueError(f"the text has {len(tokens)} tokens; at least {ctx} are needed for one chunk")
+    if chunks is not None:
+        if chunks < 1:
+            raise ValueError(f"chunks must be at least 1, got {chunks}")
+        tokens = tokens[:chunks * ctx]
+    t0, first, nll = time.perf_counter(), ctx // 2, []
+
+    def logits_per_chunk():
+        for chunk in chunks_of(llm, tokens, ctx):
+            logits = np.concatenate(collect_reduced(chunk_logits(llm, chunk, first)))
+            lp = log_softmax32(logits)
+            nll.append(-lp[np.arange(len(lp)), np.asarray(chunk[first + 1:])])
+            yield logits
+
+    write_base(path, ctx, llm.model.n_vocab, tokens, logits_per_chunk())
+    nll = np.concatenate(nll)
+    ppl = math.exp(float(nll.mean()))
+    stderr = float(nll.std() / math.sqrt(len(nll))) if len(nll) > 1 else 0.0
+    return PerplexityResult(ppl, ppl * stderr, len(tokens) // ctx, len(nll), time.perf_counter() - t0)
+
+
+def kl_divergence(llm, base, chunks: int | None = None):
+    """KldStats of the model against a base logits file (kld.open_base), over its chunks (the first
+    `chunks` of them where given), evaluated as llama-perplexity does."""
+    from .kld import KldStats
+
+    if base.n_vocab != llm.model.n_vocab:
+        raise ValueError(f"the logits file has a vocabulary of {base.n_vocab} tokens, the model {llm.model.n_vocab}")
+    if base.n_ctx > llm.n_ctx:
+        raise ValueError(f"the logits file was computed with chunks of {base.n_ctx} tokens; the context is {llm.n_ctx}")
+    stats, first = KldStats(), base.n_ctx // 2
+    n = base.n_chunk if chunks is None else min(chunks, base.n_chunk)
+    all_tokens = base.tokens.tolist()
+    for c, chunk in enumerate(chunks_of(llm, all_tokens[:n * base.n_ctx], base.n_ctx)):
+        logits = np.concatenate(collect_reduced(chunk_logits(llm, chunk, first)))
+        targets = np.asarray(all_tokens[c * base.n_ctx + first + 1:(c + 1) * base.n_ctx])
+        stats.add(logits, base.log_probs(c), targets)
+    return stats

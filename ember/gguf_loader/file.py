@@ -11,7 +11,7 @@ from .constants import (ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MIN_KV_BYTES,
 from .cursor import Cursor
 from .errors import GGUFError
 from .metadata import read_metadata
-from .tensors import (Mapping, TensorInfo, check_tensor_count, place_tensors,
+from .tensors import (Mapping, TensorInfo, Truncation, check_tensor_count, place_tensors,
                       read_tensor_records)
 
 
@@ -31,9 +31,11 @@ class GGUFFile:
     metadata: dict[str, Any]  # file order
     metadata_types: dict[str, str]  # "u32", "string", "array[string]", "array[array[i32]]"
     tensors: dict[str, TensorInfo]  # file order
+    truncation: Truncation | None  # partial=True: a file cut short, whose whole tensors alone are in `tensors`
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, partial: bool = False):
         self.path = os.fspath(path)
+        self.partial = partial
         mm, self.size = map_file(self.path)
         self._mapping = Mapping(mm)
         try:
@@ -55,8 +57,8 @@ class GGUFFile:
         if records and self.data_offset > self.size:
             raise cur.error(f"data section starts at {self.data_offset}, past end of file "
                             f"(size {self.size})")
-        self.tensors = place_tensors(
-            records, self.data_offset, self.alignment, self.size, self._mapping)
+        self.tensors, self.truncation = place_tensors(
+            records, self.data_offset, self.alignment, self.size, self._mapping, self.partial)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)

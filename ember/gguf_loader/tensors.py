@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -78,6 +78,15 @@ class TensorInfo:
         """The tensor's bytes: 1-D read-only uint8 view into the file's mmap."""
         return self._mapping.view(np.dtype(np.uint8), self.nbytes, self.offset)
 
+    def rows(self, lo: int, hi: int) -> "TensorInfo":
+        """Rows lo..hi of a matrix as a tensor of its own (the parts of a fused projection):
+        the same bytes, no copy."""
+        if len(self.ne) != 2 or not 0 <= lo < hi <= self.ne[1]:
+            raise ValueError(f"rows {lo}..{hi} of '{self.name}' {self.shape}")
+        size = row_bytes(self.type, self.ne)
+        return replace(self, name=f"{self.name}[{lo}:{hi}]", ne=(self.ne[0], hi - lo),
+                       offset=self.offset + lo * size, nbytes=(hi - lo) * size)
+
     def array(self) -> np.ndarray:
         """Typed read-only view with `shape` for plain types (BF16 as uint16 bits);
         for quantized types a uint8 view of shape (*shape[:-1], bytes per row)."""
@@ -142,16 +151,38 @@ def check_tensor_count(cur: Cursor, count: int, at: int) -> None:
     cur.check_count(count, MIN_TENSOR_INFO_BYTES, "tensor count", at)
 
 
-def place_tensors(records: list[TensorRecord], data_offset: int, alignment: int,
-                  size: int, mapping: Mapping) -> dict[str, TensorInfo]:
-    """Validate every record against the file and build TensorInfos, in file order."""
-    tensors = {r.name: place_tensor(r, data_offset, alignment, size, mapping) for r in records}
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """A file cut short: how many bytes its tensors need beyond its end, and which tensors are not
+    wholly in it."""
+
+    missing: int
+    cut: tuple[TensorRecord, ...]
+    n_tensors: int
+
+    def __str__(self) -> str:
+        return (f"the file is cut short, {self.missing} bytes missing ({len(self.cut)} of {self.n_tensors} "
+                f"tensors not wholly present, the first '{self.cut[0].name}')")
+
+
+def place_tensors(records: list[TensorRecord], data_offset: int, alignment: int, size: int, mapping: Mapping,
+                  partial: bool = False) -> tuple[dict[str, TensorInfo], Truncation | None]:
+    """Validate every record against the file and build TensorInfos, in file order. A file cut
+    short is refused, naming the missing bytes; with `partial` its whole tensors are placed and
+    the Truncation returned beside them (enough to show or tokenize with a file's first part)."""
+    ends = [data_offset + r.rel_offset + tensor_nbytes(r, tensor_type(r)) for r in records]
+    cut = tuple(r for r, end in zip(records, ends) if end > size)
+    truncation = Truncation(max(ends) - size, cut, len(records)) if cut else None
+    if truncation and partial:
+        records = [r for r, end in zip(records, ends) if end <= size]
+    missing = f": {truncation}" if truncation else ""
+    tensors = {r.name: place_tensor(r, data_offset, alignment, size, mapping, missing) for r in records}
     check_no_overlap(records, tensors)
-    return tensors
+    return tensors, truncation
 
 
 def place_tensor(r: TensorRecord, data_offset: int, alignment: int, size: int,
-                 mapping: Mapping) -> TensorInfo:
+                 mapping: Mapping, missing: str = "") -> TensorInfo:
     ggml_type = tensor_type(r)
     nbytes = tensor_nbytes(r, ggml_type)
     if r.rel_offset % alignment:
@@ -160,7 +191,7 @@ def place_tensor(r: TensorRecord, data_offset: int, alignment: int, size: int,
     start = data_offset + r.rel_offset
     if start + nbytes > size:
         raise GGUFError(f"{r.label} data [{start}, {start + nbytes}) runs past end of file "
-                        f"(size {size})", offset=r.offset_at)
+                        f"(size {size}){missing}", offset=r.offset_at)
     return TensorInfo(r.name, ggml_type, r.ne, start, nbytes, mapping)
 
 

@@ -144,6 +144,17 @@ class Weights:
             raise ModelError(f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}")
         return self.backend.weight(tensor)
 
+    def split(self, name: str, sizes: list[int], cols: int) -> list[Weight]:
+        """A fused projection (rows of several matrices stacked, e.g. attn_qkv) as one weight per
+        part, each a view of its rows."""
+        tensor = self.gguf.tensors.get(name)
+        if tensor is None:
+            raise ModelError(f"tensor '{name}' is missing from the file")
+        if tuple(tensor.shape) != (sum(sizes), cols):
+            raise ModelError(f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {(sum(sizes), cols)}")
+        ends = np.cumsum([0, *sizes]).tolist()
+        return [self.backend.weight(tensor.rows(lo, hi)) for lo, hi in zip(ends, ends[1:])]
+
     def vector(self, name: str, n: int, optional: bool = False) -> Weight | None:
         """A float32 vector of n values (norm weights, biases, rope factors: kernels read them as
         plain floats)."""
@@ -270,6 +281,13 @@ class Model:
         a = self.args
         return [(a.n_kv_head * a.head_dim, a.n_kv_head * a.head_dim)] * a.n_layer
 
+    def set_context(self, n_ctx: int) -> None:
+        """The longest sequence the model will be asked to run (a family whose rotary factors
+        depend on it picks them here)."""
+
+    def finish_logits(self, out) -> None:
+        """What the architecture does to the output rows after the projection (scales, caps)."""
+
     def new_kv_cache(self, n_pages: int, page_size: int) -> KVCache:
         return KVCache(self.backend, self.kv_dims(), n_pages, page_size)
 
@@ -306,6 +324,7 @@ class Model:
         self.backend.rms_norm(h, norm, eps, h)
         out = self.buffers.get("logits", len(rows), self.n_vocab)
         self.backend.matmul(head, h, out)
+        self.finish_logits(out)
         if step.top_k:  # only the best ids and their logits cross to the host
             ids = self._top_ids(step.top_k)[:len(rows)]
             vals = self.buffers.get(f"top_vals{step.top_k}", len(rows), step.top_k)

@@ -70,7 +70,8 @@ _OP_NAMES = {
     lib.EMBER_OP_RMS_NORM: "rms_norm", lib.EMBER_OP_ROPE: "rope", lib.EMBER_OP_SILU_MUL: "silu_mul",
     lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
-    lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k",
+    lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
+    lib.EMBER_OP_POS_SCALE: "pos_scale",
 }
 
 
@@ -357,6 +358,15 @@ class Backend:
 
     def scale(self, x, s: float) -> None:
         self._run(lib.EMBER_OP_SCALE, (self._p(x),), (x.size,), (s,))
+
+    def softcap(self, x, cap: float) -> None:
+        self._run(lib.EMBER_OP_SOFTCAP, (self._p(x),), (x.size,), (cap,))
+
+    def pos_scale(self, x, batch: AttentionBatch, length: int, scale: float, offset: float = 0.0) -> None:
+        if length < 1:
+            raise BackendError(f"pos_scale needs a length of at least 1, got {length}")
+        self._run(lib.EMBER_OP_POS_SCALE, (self._p(x), self._p(self._ints(batch.positions, np.int32))),
+                  (batch.n_tokens, x.shape[-1], length), (scale, offset))
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
         k_cache, v_cache = cache

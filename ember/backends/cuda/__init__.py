@@ -25,7 +25,8 @@ from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weigh
 from ._kernels import ATT_TILE_DIMS, matmul_module
 from .config import CudaConfig
 from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, GetRows, KvStore, Launch,
-                  Matmul, RmsNorm, Rope, RopeArgs, Scale, SplitScratch, TopK, quantized, xq_bytes)
+                  Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, TopK, quantized,
+                  xq_bytes)
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
@@ -439,6 +440,14 @@ class Backend:
 
     def scale(self, x, s: float) -> None:
         self._run(Scale(x, float(s)))
+
+    def softcap(self, x, cap: float) -> None:
+        self._run(Softcap(x, float(cap)))
+
+    def pos_scale(self, x, batch: AttentionBatch, length: int, scale: float, offset: float = 0.0) -> None:
+        if length < 1:
+            raise BackendError(f"pos_scale needs a length of at least 1, got {length}")
+        self._run(PosScale(x, self._input(batch.positions, np.int32), int(length), float(scale), float(offset)))
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs, in one launch

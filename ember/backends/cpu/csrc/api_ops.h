@@ -25,6 +25,12 @@ void ember_gelu_mul(ember_pool *pool, const float *gate, const float *up, float 
 void ember_add(ember_pool *pool, const float *a, const float *b, float *out, int64_t n);
 /* x (n,) *= s */
 void ember_scale(ember_pool *pool, float *x, float s, int64_t n);
+/* x (n,) = cap * tanh(x / cap)   (cap > 0: logit soft-capping) */
+void ember_softcap(ember_pool *pool, float *x, float cap, int64_t n);
+/* Row t of x (n_tok, d) *= 1 + scale * log(floor((pos[t] + offset) / length) + 1): queries tempered by
+ * their position (length >= 1), as Llama 4 and Mistral 3 do beyond the original context. */
+void ember_pos_scale(float *x, const int32_t *pos, int64_t n_tok, int64_t d, int64_t length, float scale,
+                     float offset);
 
 /* Write this step's keys and values into the paged cache, converting to f16.
  * k (n_tok, k_dim), v (n_tok, v_dim) f32; k_cache (n_slots, k_dim), v_cache (n_slots, v_dim) f16 bits;

@@ -20,7 +20,9 @@ enum ember_op_kind {
                                   f: scale, softcap */
     EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
-    EMBER_OP_TOP_K = 14        /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
+    EMBER_OP_TOP_K = 14,       /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
+    EMBER_OP_SOFTCAP = 15,     /* p: x; i: n; f: cap                      -- x = cap * tanh(x / cap) */
+    EMBER_OP_POS_SCALE = 16    /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
 };
 
 #define EMBER_TOPK_MAX 64

@@ -209,6 +209,24 @@ void ember_scale(ember_pool *pool, float *x, float s, int64_t n) {
     parallel_range(pool, scale_range, &c, n, 64, n);
 }
 
+static void softcap_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    c->k->softcap(c->out + lo, hi - lo, c->s);
+}
+
+void ember_softcap(ember_pool *pool, float *x, float cap, int64_t n) {
+    binary_ctx c = {NULL, NULL, x, cap, kernels()};
+    parallel_range(pool, softcap_range, &c, n, 64, 4 * n); /* tanh makes each element count more */
+}
+
+void ember_pos_scale(float *x, const int32_t *pos, int64_t n_tok, int64_t d, int64_t length, float scale,
+                     float offset) {
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float s = 1.0f + scale * logf(floorf(((float)pos[t] + offset) / (float)length) + 1.0f);
+        for (int64_t j = 0; j < d; j++) x[t * d + j] *= s;
+    }
+}
+
 /* ---- RMS norm ---- */
 
 typedef struct {

@@ -64,6 +64,13 @@ static int run_op(ember_pool *pool, const ember_op *o) {
     case EMBER_OP_TOP_K:
         ember_top_k(pool, p[0], i[0], i[1], (int)i[2], p[1], p[2]);
         return 0;
+    case EMBER_OP_SOFTCAP:
+        ember_softcap(pool, p[0], f[0], i[0]);
+        return 0;
+    case EMBER_OP_POS_SCALE:
+        if (i[2] < 1) return -1;
+        ember_pos_scale(p[0], p[1], i[0], i[1], i[2], f[0], f[1]);
+        return 0;
     default:
         return -1;
     }

@@ -131,6 +131,23 @@ extern "C" __global__ void scale(float *x, float s, i64 n) {
     if (i < n) x[i] *= s;
 }
 
+// x (n,) = cap * tanh(x / cap)   (logit soft-capping, cap > 0)
+extern "C" __global__ void softcap(float *x, float cap, i64 n) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+// row t of x (rows, d) *= 1 + scale * log(floor((pos[t] + offset) / length) + 1)   (attention temperature)
+extern "C" __global__ void pos_scale(float *x, const int *pos, int rows, int d, int length, float scale,
+                                     float offset) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * d) return;
+    const float p = (float)pos[i / d];
+    x[i] *= 1.f + scale * logf(floorf((p + offset) / (float)length) + 1.f);
+}
+
 // x (rows, d) += b (d,)
 extern "C" __global__ void add_row(float *x, const float *b, int rows, int d) {
     PDL_ENTER();

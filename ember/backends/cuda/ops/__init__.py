@@ -9,11 +9,11 @@ rows (norms, activations, rope, the KV-cache write), sample.
 from .attention import Attention, QkvPost
 from .base import MATRIX_TYPES, Copy, DeviceMatrix, Launch, quantized, xq_bytes
 from .matmul import MODE_GELU, MODE_RESIDUAL, MODE_SILU, MODE_STORE, Matmul, ResidualPrologue, SplitScratch, Tail
-from .rows import (Add, AddRow, CopyPages, GatedAct, GatherRows, GetRows, KvStore, NormAdd, RmsNorm, Rope,
-                   RopeArgs, Scale)
+from .rows import (Add, AddRow, CopyPages, GatedAct, GatherRows, GetRows, KvStore, NormAdd, PosScale, RmsNorm,
+                   Rope, RopeArgs, Scale, Softcap)
 from .sample import TopK
 
 __all__ = ["Add", "AddRow", "Attention", "Copy", "CopyPages", "DeviceMatrix", "GatedAct", "GatherRows", "GetRows",
            "KvStore", "Launch", "MATRIX_TYPES", "MODE_GELU", "MODE_RESIDUAL", "MODE_SILU", "MODE_STORE", "Matmul",
-           "NormAdd", "QkvPost", "ResidualPrologue", "RmsNorm", "Rope", "RopeArgs", "Scale", "SplitScratch", "Tail",
+           "NormAdd", "PosScale", "QkvPost", "ResidualPrologue", "RmsNorm", "Rope", "RopeArgs", "Scale", "Softcap", "SplitScratch", "Tail",
            "TopK", "quantized", "xq_bytes"]

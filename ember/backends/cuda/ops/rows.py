@@ -101,6 +101,34 @@ class Scale:
 
 
 @dataclass(eq=False)
+class Softcap:
+    """x = cap * tanh(x / cap)"""
+
+    x: Any
+    cap: float
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.x.size
+        return [elementwise(kernels, "softcap", n, ptr(self.x), f32(self.cap), i64(n))]
+
+
+@dataclass(eq=False)
+class PosScale:
+    """Row t of x (rows, d) *= 1 + scale * log(floor((pos[t] + offset) / length) + 1)"""
+
+    x: Any
+    pos: Any  # (rows,) int32 on the device
+    length: int
+    scale: float
+    offset: float
+
+    def launches(self, kernels) -> list[Launch]:
+        rows, d = self.x.shape
+        return [elementwise(kernels, "pos_scale", rows * d, ptr(self.x), ptr(self.pos), i32(rows), i32(d),
+                            i32(self.length), f32(self.scale), f32(self.offset))]
+
+
+@dataclass(eq=False)
 class AddRow:
     """x (rows, d) += b (d,)"""
 
