@@ -359,16 +359,22 @@ def _system_info() -> int:
         return 0
     print(f"cpu: {cpu.default_threads()} threads usable, features: {' '.join(cpu.cpu_features()) or 'none detected'}")
     print(f"cpu kernels: {cpu.isa()} path (override with EMBER_CPU_ISA=scalar|avx2|avx512|neon)")
+    print(_cuda_line(backends.available()))
+    print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
+    return 0
+
+
+def _cuda_line(installed: list[str]) -> str:
+    if "cuda" not in installed:
+        return "cuda: not in this build (the CUDA add-on brings it: docs/packaging.md)"
     try:
         from .backends import cuda
 
         gpu = cuda.Backend(device="cuda").describe()
-        print(f"cuda: {gpu['name']}, {gpu['memory_total_gib']} GiB, compute capability "
-              f"{gpu['compute_capability']}, CuPy {gpu['cupy']}, kernel cache {gpu['kernel_cache']}")
+        return (f"cuda: {gpu['name']}, {gpu['memory_total_gib']} GiB, compute capability "
+                f"{gpu['compute_capability']}, CuPy {gpu['cupy']}, kernel cache {gpu['kernel_cache']}")
     except Exception as e:  # no CuPy, no GPU, no driver
-        print(f"cuda: unavailable ({e})")
-    print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
-    return 0
+        return f"cuda: unavailable ({e})"
 
 
 def cmd_tokenize(args) -> int:
