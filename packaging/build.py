@@ -112,10 +112,21 @@ def build_env(env: Path, cuda: bool) -> Path:
     return py
 
 
+def clean_sources(dest: Path) -> Path:
+    """A copy of the sources without build products: pip builds in the tree, and a develop
+    install's objects in build/ or extensions beside the sources would go into the wheel as they are."""
+    shutil.rmtree(dest, ignore_errors=True)
+    skip = shutil.ignore_patterns("build", "dist", ".venv*", "*.so", "*.pyd", "*.o", "*.egg-info", "__pycache__",
+                                  ".git", ".pytest_cache", ".hypothesis", "results", "_ember_cpu.c", "_ember_gbnf.c")
+    shutil.copytree(ROOT, dest, ignore=skip)
+    return dest
+
+
 def build_wheel(py: Path, work: Path, out: Path) -> Path:
     raw = work / "wheel"
     shutil.rmtree(raw, ignore_errors=True)
-    run(py, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w", raw, ROOT)
+    src = clean_sources(work / "src")
+    run(py, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w", raw, src)
     (built,) = raw.glob("ember-*.whl")
     for old in out.glob("ember-*.whl"):
         old.unlink()
