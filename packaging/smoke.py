@@ -162,9 +162,7 @@ class Smoke:
             text = r.choices[0].message.content
             assert r.usage.completion_tokens > 0 and text, f"an empty reply: {r}"
         finally:
-            for pid in traced_children(server.pid) if trace else [server.pid]:
-                os.kill(pid, signal.SIGTERM)
-            log = server.communicate(timeout=60)[0]
+            log = stop(server, traced=trace is not None)
         assert server.returncode == 0, f"serve exited with {server.returncode}:\n{log}"
         self.check_trace(trace)
 
@@ -173,6 +171,22 @@ class Smoke:
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 1 and len(lines) == 1, out.stderr
         assert "ember is offline" in lines[0] and "ember import PATH" in lines[0], lines[0]
+
+
+def stop(server: subprocess.Popen, traced: bool) -> str:
+    """SIGTERM to the server (under strace: to the process strace started), SIGKILL after 60 s; its log."""
+    pids = traced_children(server.pid) if traced else [server.pid]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    try:
+        return server.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        for pid in pids + [server.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return server.communicate()[0] + "\n(killed: no exit within 60 s of SIGTERM)"
 
 
 def traced_children(pid: int) -> list[int]:

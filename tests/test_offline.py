@@ -3,6 +3,7 @@
 network use by start, run, info or tokenize (an audit hook counts connections and child processes)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -17,6 +18,7 @@ from ember import cli, hub
 from ember.model_import import ImportRefused, import_models
 from ember.progress import Progress
 from ember.quant import GGMLType
+import synth
 from synth import Shape, write_model
 from test_hub import build_wheel
 
@@ -137,11 +139,40 @@ def test_own_name_and_sha256(tmp_path, cache):
     assert hub.resolve("tiny") == cache / "tiny.gguf"  # found by its name from now on
 
 
-def test_split_files_and_empty_directories_are_refused(tmp_path, cache):
-    part = tmp_path / "big-00001-of-00003.gguf"
-    part.write_bytes(b"GGUF")
-    with pytest.raises(ImportRefused, match="part 1 of a split GGUF .3 parts.*llama-gguf-split --merge"):
-        import_models([part])
+def write_split(tmp_path: Path, monkeypatch) -> tuple[Path, list[Path]]:
+    """The same tiny model written whole and split in four parts by gguf-py's writer (as gguf-split does)."""
+    shape = Shape(n_layer=2, n_vocab=320)
+    (tmp_path / "ref").mkdir()
+    whole = write_model(tmp_path / "ref" / "whole.gguf", "llama", GGMLType.Q8_0, shape, vocab=True)
+    with monkeypatch.context() as m:
+        m.setattr(synth.gguf, "GGUFWriter", functools.partial(synth.gguf.GGUFWriter, split_max_tensors=5))
+        write_model(tmp_path / "tiny.gguf", "llama", GGMLType.Q8_0, shape, vocab=True)
+    return whole, sorted(tmp_path.glob("tiny-0000*-of-00004.gguf"))
+
+
+def test_a_split_model_is_merged_into_one_file(tmp_path, cache, monkeypatch, capsys):
+    whole, parts = write_split(tmp_path, monkeypatch)
+    assert len(parts) == 4
+    (done,) = import_models([tmp_path])  # the folder: four parts, one model
+    assert done.how == "merged from 4 parts" and done.path == cache / "tiny.gguf"
+    assert done.path.read_bytes() == whole.read_bytes()  # the very file gguf-py writes unsplit
+    assert "merging 4 parts of tiny.gguf" in capsys.readouterr().err
+
+
+def test_a_split_model_missing_or_misnumbered_parts_is_refused(tmp_path, cache, monkeypatch):
+    whole, parts = write_split(tmp_path, monkeypatch)
+    parts[1].rename(tmp_path / "aside.gguf")
+    with pytest.raises(ImportRefused, match="split in 4 parts; missing beside it: tiny-00002-of-00004.gguf"):
+        import_models([parts[0]])
+    parts[2].rename(parts[1])  # part 3's file under part 2's name
+    (tmp_path / "aside.gguf").rename(parts[2])
+    with pytest.raises(ImportRefused, match="tiny-00002-of-00004.gguf: holds split.no 2 of 4; expected split.no "
+                                            "1 of 4"):
+        import_models([parts[3]])
+    assert list(cache.iterdir()) == []
+
+
+def test_empty_directories_and_missing_files_are_refused(tmp_path, cache):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ImportRefused, match="holds no .gguf file and no model wheel"):
         import_models([tmp_path / "empty"])
