@@ -144,8 +144,8 @@ def _import_file(src: Path, name: str | None, sha256: str | None) -> Imported:
         raise ImportRefused(f"{src}: {size:,} bytes, but {spec.filename} ({spec.name}) has {spec.size:,}: {what}; "
                             "nothing imported")
     _check_header(src)
-    dest = hub.cached_path(spec.name) if spec else hub.imported_path(name) if name else hub.models_dir() / src.name
-    model = spec.name if spec else name or str(dest)
+    model = spec.name if spec else name or src.name.removesuffix(".gguf")  # the name `ember run` takes
+    dest = hub.cached_path(spec.name) if spec else hub.imported_path(model)
     expected = spec.sha256 if spec else sha256
     if dest.exists() and os.path.samefile(src, dest):
         digest = _hash_copy(src, None, src.name)
@@ -164,7 +164,8 @@ def _import_split(first: Path, name: str | None, sha256: str | None) -> Imported
     spec = hub.KNOWN.get(name) if name else next((s for s in hub.KNOWN.values() if s.filename == joined), None)
     if spec and sha256 not in (None, spec.sha256):
         raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
-    dest = hub.cached_path(spec.name) if spec else hub.imported_path(name) if name else hub.models_dir() / joined
+    model = spec.name if spec else name or joined.removesuffix(".gguf")
+    dest = hub.cached_path(spec.name) if spec else hub.imported_path(model)
     partial = _partial(dest)
     progress = Progress(f"ember: merging {len(parts)} parts of {joined}", sum(p.stat().st_size for p in parts))
     try:
@@ -178,7 +179,6 @@ def _import_split(first: Path, name: str | None, sha256: str | None) -> Imported
         raise
     progress.done()
     digest = _hash_copy(partial, None, joined)
-    model = spec.name if spec else name or str(dest)
     return _settle(partial, dest, digest, spec.sha256 if spec else sha256, model, f"merged from {len(parts)} parts")
 
 

@@ -156,6 +156,7 @@ def test_a_split_model_is_merged_into_one_file(tmp_path, cache, monkeypatch, cap
     (done,) = import_models([tmp_path])  # the folder: four parts, one model
     assert done.how == "merged from 4 parts" and done.path == cache / "tiny.gguf"
     assert done.path.read_bytes() == whole.read_bytes()  # the very file gguf-py writes unsplit
+    assert done.model == "tiny" and hub.resolve("tiny") == done.path
     assert "merging 4 parts of tiny.gguf" in capsys.readouterr().err
 
 
