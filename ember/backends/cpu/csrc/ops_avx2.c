@@ -69,7 +69,7 @@ static void gelu_mul_avx2(const float *gate, const float *up, float *out, int64_
 }
 
 static void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
-    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    enum { rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };  // clang wants a constant expression here
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), rne));
     if (i < n) {

@@ -65,7 +65,7 @@ static void gelu_mul_avx512(const float *gate, const float *up, float *out, int6
 }
 
 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int64_t n) {
-    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    enum { rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };  // clang wants a constant expression here
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), rne));
