@@ -3,7 +3,8 @@
 #
 #   bash bench/cuda_device_run.sh [tests] [quick] [full]     (default: tests quick)
 #
-#   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models (two processes)
+#   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
+#          decoder families (tests/test_cuda_families.py): three processes
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -74,7 +75,7 @@ for s in $STAGES; do
       # Two processes: a kernel fault in the op tests (a lost CUDA context) cannot hide the model,
       # replay and engine results.
       stage "tests: ops"
-      timeout 150 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+      timeout 240 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
         -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
         tests/test_cuda.py tests/test_cuda_fuse.py \
         >"$OUT/tests_ops.log" 2>&1
@@ -88,6 +89,13 @@ for s in $STAGES; do
       echo "pytest exit $?"
       grep -E "^(FAILED|ERROR)" "$OUT/tests_models.log" | head -25
       tail -n 8 "$OUT/tests_models.log"
+      stage "tests: decoder families"
+      timeout 200 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_families.py \
+        >"$OUT/tests_families.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_families.log" | head -25
+      tail -n 8 "$OUT/tests_families.log"
       ;;
     quick|full)
       stage "bench $s"
