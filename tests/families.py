@@ -125,10 +125,12 @@ def add_metadata(w: gguf.GGUFWriter, key: str, value) -> None:
 class Writer:
     """Tensors of one file: matrices as random blocks of their type at a chosen spread."""
 
-    def __init__(self, w: gguf.GGUFWriter, seed: int):
-        self.w, self.rng = w, np.random.default_rng(seed)
+    def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool = False):
+        self.w, self.rng, self.f16 = w, np.random.default_rng(seed), f16
 
     def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K) -> None:
+        if self.f16:  # every matrix in F16: the family's structure without activation rounding
+            qtype = GGMLType.F16
         if cols % 256 and qtype in FALLBACK:  # rows that are not whole super-blocks, as llama-quantize does
             qtype = FALLBACK[qtype]
         if qtype in (Q4_K, Q6_K):
@@ -142,9 +144,9 @@ class Writer:
 
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
-                 vocab_from: Path | None = None, drop: str = "") -> Path:
+                 vocab_from: Path | None = None, drop: str = "", f16: bool = False) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
-    left out (to test the error naming it)."""
+    left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix."""
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
@@ -159,7 +161,7 @@ def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
     for key, value in tok.items():
         if key != "tokenizer.chat_template":
             add_metadata(w, key, value)
-    tensors(Writer(w, seed), f, n_vocab)
+    tensors(Writer(w, seed, f16), f, n_vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

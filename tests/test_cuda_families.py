@@ -9,11 +9,9 @@ import pytest
 
 from families import FAMILIES, write_family
 from test_cuda import REASON
-from test_models import run_script
+from test_families import assert_follows_reference
 
 from ember.backends import AttentionBatch, get_backend
-from ember.gguf_loader import GGUFFile
-from ember.models import load_model
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
@@ -36,15 +34,11 @@ def test_softcap_and_pos_scale(backends):
         np.testing.assert_allclose(cuda.to_numpy(got), want, rtol=2e-5, atol=2e-5 * 40)
 
 
+@pytest.mark.parametrize("f16", [True, False], ids=["F16", "Q4_K_M"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_family_matches_reference(tmp_path, backends, name):
-    path = write_family(tmp_path / f"{name}.gguf", name)
-    with GGUFFile(path) as f:
-        cuda, ref = (load_model(f, b) for b in backends)
-        for got, want in zip(run_script(cuda), run_script(ref)):
-            err = np.abs(got - want).max() / np.abs(want).max()
-            assert err < 2e-2, f"relative error {err:.2e}"
-            assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+def test_family_matches_reference(tmp_path, backends, name, f16):
+    path = write_family(tmp_path / f"{name}.gguf", name, f16=f16)
+    assert_follows_reference(backends[0], backends[1], path, f16)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

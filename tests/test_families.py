@@ -83,15 +83,17 @@ def test_greedy_tokens_as_llama_cpp(synthetic, name):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if len(base_data(n)["far"])])
-def test_where_llama_cpp_is_far_ember_follows_the_reference(synthetic, name):
+def test_where_llama_cpp_is_far_from_float64_ember_lands_where_llama_cpp_does(synthetic, name):
+    """Ill-conditioned positions: llama.cpp's 8-bit activations move them by > 0.5 nats (up to ~57)
+    from the float64 reference. The CPU backend rounds activations as llama.cpp does in files with
+    K-quants, so it lands with llama.cpp, not with float64."""
     data = base_data(name)
     far = data["far"]
     cpu = ember_log_probs(synthetic[name], "cpu", data)[far]
     ref = ember_log_probs(synthetic[name], "reference", data)[far]
-    kld = (np.exp(ref) * (ref - cpu)).sum(axis=1)
-    # ill-conditioned positions (llama.cpp's 8-bit activations move them by > 0.5 nats): ember's
-    # own 8-bit activations may move them too, by a tenth of that
-    assert kld.max() <= 0.05, f"CPU against float64 at {far.tolist()}: KLD {kld.round(4).tolist()}"
+    kld = kld_top(data["ids"][far], data["logp"][far], cpu)
+    assert kld.max() <= 0.01, f"CPU against llama.cpp at {far.tolist()}: KLD {kld.round(4).tolist()}"
+    assert ((np.exp(ref) * (ref - cpu)).sum(axis=1) > 0.5).all()  # and these positions are far from float64
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +101,34 @@ def backends():
     return get_backend("cpu", threads=2), get_backend("reference")
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_cpu_matches_reference(synthetic, backends, name):
-    with GGUFFile(synthetic[name]) as f:
-        cpu, ref = (load_model(f, b) for b in backends)
-        for got, want in zip(run_script(cpu), run_script(ref)):
-            err = np.abs(got - want).max() / np.abs(want).max()
-            assert err < 2e-2, f"relative error {err:.2e}"
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64) - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def assert_follows_reference(backend, ref, path, f16: bool) -> None:
+    """Logits of run_script (prefill and decode over a shuffled paged cache) against float64. F16
+    weights: only float rounding and the f16 KV cache differ, so the structure must hold to 2e-3.
+    The K-quant mix rounds activations to 8 bits as llama.cpp does, and some of these random
+    positions are ill-conditioned (they move as llama.cpp's do: tests above), so there the bound is
+    on each row's KL divergence and the argmax."""
+    with GGUFFile(path) as f:
+        for got, want in zip(run_script(load_model(f, backend)), run_script(load_model(f, ref))):
+            if f16:
+                err = np.abs(got - want).max() / np.abs(want).max()
+                assert err < 2e-3, f"relative error {err:.2e}"
+            else:
+                lw, lg = log_softmax(want), log_softmax(got)
+                kld = (np.exp(lw) * (lw - lg)).sum(axis=1)
+                assert kld.max() < 0.25 and kld.mean() < 0.05, f"KLD max {kld.max():.3f}, mean {kld.mean():.4f}"
             assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("f16", [True, False], ids=["F16", "Q4_K_M"])
+@pytest.mark.parametrize("name", NAMES)
+def test_cpu_matches_reference(tmp_path, synthetic, backends, name, f16):
+    path = write_family(tmp_path / f"{name}.gguf", name, f16=True) if f16 else synthetic[name]
+    assert_follows_reference(backends[0], backends[1], path, f16)
 
 
 def test_unsupported_architecture_lists_the_families(tmp_path, backends):
