@@ -44,7 +44,8 @@ from ember.sampler import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # generated tokens per rung: the big files take fewer (each token reads gigabytes)
-N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16}
+N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16,
+         "olmo2-1b": 64, "granite-2b": 32, "gemma2-2b": 32, "ministral3-3b": 32, "smollm3-3b": 32, "phi4-mini": 32}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
@@ -245,7 +246,8 @@ def report(name: str, r: dict, args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(ladder.LADDER), choices=list(ladder.LADDER))
+    ap.add_argument("--models", nargs="+", default=list(ladder.LADDER), choices=[*ladder.LADDER, *ladder.FAMILIES],
+                    help="the ladder by default; the decoder families at real shapes on request")
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--n-prompt", type=int, default=512)

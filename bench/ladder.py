@@ -7,6 +7,11 @@ and ffn_down in the layers llama.cpp gives more bits to, and a Q6_K output head 
 when the model ties them). A SentencePiece vocabulary of the real size lets llama.cpp load the same
 file. Files are written once into ~/.cache/ember/bench (EMBER_BENCH_MODELS overrides), outside the
 repository.
+
+The decoder families (`--models qwen3-0.6b ...`) are written by tests/families.py at the shape of
+each family's smallest released model, with every structural feature of the family (biases, QK-norms,
+soft-caps, fused tensors, partial rotary) and SmolLM2's 49152-token vocabulary in place of the
+family's own (so their output heads are smaller than the real ones).
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ SHAPES = {s.name: s for s in (
 # The real models: (name for ember.hub, llama.cpp's file name).
 REAL = ("smollm2", "gemma3-270m")
 LADDER = (*REAL, *SHAPES)
+# Rung name -> decoder family of tests/families.py, at its REAL_SHAPES size.
+FAMILIES = {"qwen2-0.5b": "qwen2", "qwen3-0.6b": "qwen3", "olmo2-1b": "olmo2", "granite-2b": "granite",
+            "gemma2-2b": "gemma2", "ministral3-3b": "mistral3", "smollm3-3b": "smollm3", "phi4-mini": "phi3"}
 
 # f16 fields of the random blocks (everything else may be any byte) and the scale written there: the
 # values then spread about as a trained layer's do (|w| mostly below 0.1)
@@ -95,7 +103,13 @@ def ensure(name: str) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        write(tmp, SHAPES[name])
+        if name in FAMILIES:
+            import sys
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            from families import write_family
+            write_family(tmp, FAMILIES[name], real_shape=True)
+        else:
+            write(tmp, SHAPES[name])
         tmp.rename(path)
     return path
 
