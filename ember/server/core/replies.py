@@ -184,13 +184,22 @@ def _read_envelope(s: str, draft: Draft) -> None:
         raise ValueError(f"unexpected key {key!r}")
 
 
-def read_json_call(s: str, i: int, draft: Draft) -> int:
-    """Read {"name": ..., "arguments": ...} (or "parameters") at s[i]; returns the index after it."""
+def read_json_call(s: str, i: int, draft: Draft, first_keys: tuple[str, ...] | None = None) -> int:
+    """Read {"name": ..., "arguments": ...} (or "parameters") at s[i]; returns the index after it.
+    With `first_keys`, an object whose first key is not one of them is not a call (ValueError), and
+    the call joins the draft only once its first key has been read."""
     i = expect(s, i, "{")
     call = DraftCall()
-    draft.calls.append(call)
+    if first_keys is None:
+        draft.calls.append(call)
+    first = True
     while True:
         key, i = key_at(s, i)
+        if first and first_keys is not None:
+            if key not in first_keys:
+                raise ValueError("not a call")
+            draft.calls.append(call)
+        first = False
         i = skip_ws(s, i)
         if key == "name":
             name, end = string_prefix(s, i) if i < len(s) else ("", None)

@@ -8,8 +8,8 @@ import json
 import re
 from functools import lru_cache
 
-from ..jsonscan import Incomplete, expect, key_at, skip_ws, string_prefix, value_end
-from ..replies import Draft, DraftCall
+from ..jsonscan import Incomplete, skip_ws
+from ..replies import Draft, DraftCall, read_json_call
 from .base import CALLS_RULE, ChatFormat, args_rules, key_tools, lit, name_until, repeated
 
 PYTHON_TAG = "<|python_tag|>"
@@ -42,38 +42,7 @@ class Llama3(ChatFormat):
 
 def read_call_object(s: str, i: int, draft: Draft) -> int:
     """{"name": ..., "parameters"/"arguments": {...}} at s[i] (other keys skipped)."""
-    i = expect(s, i, "{")
-    call = DraftCall()
-    first = True
-    while True:
-        key, i = key_at(s, i)
-        if first and key not in ("name", "type"):
-            raise ValueError("not a call")
-        if first:
-            draft.calls.append(call)
-            first = False
-        i = skip_ws(s, i)
-        if key == "name":
-            name, end = string_prefix(s, i) if i < len(s) else ("", None)
-            if end is None:
-                raise Incomplete
-            call.name, i = name, end
-        elif key in ("parameters", "arguments"):
-            try:
-                end = value_end(s, i)
-            except Incomplete:
-                call.arguments = s[i:]
-                raise
-            call.arguments, i = s[i:end], end
-        else:
-            i = value_end(s, i)
-        i = skip_ws(s, i)
-        if i == len(s):
-            raise Incomplete
-        if s[i] == "}":
-            call.done = call.name is not None
-            return i + 1
-        i = expect(s, i, ",")
+    return read_json_call(s, i, draft, first_keys=("name", "type"))
 
 
 def _read_builtin(s: str, i: int, draft: Draft) -> int:
