@@ -172,16 +172,22 @@ def _read_envelope(s: str, draft: Draft) -> None:
     elif key == "tool_call":
         read_json_call(s, i, draft)
     elif key == "tool_calls":
-        i = expect(s, i, "[")
-        while True:
-            i = skip_ws(s, read_json_call(s, i, draft))
-            if i == len(s):
-                raise Incomplete
-            if s[i] == "]":
-                return
-            i = expect(s, i, ",")
+        read_call_array(s, i, draft)
     else:
         raise ValueError(f"unexpected key {key!r}")
+
+
+def read_call_array(s: str, i: int, draft: Draft) -> int:
+    """Read a JSON array of calls ([{"name": ..., "arguments": ...}, ...]) at s[i]; returns the index
+    after it."""
+    i = expect(s, i, "[")
+    while True:
+        i = skip_ws(s, read_json_call(s, i, draft))
+        if i == len(s):
+            raise Incomplete
+        if s[i] == "]":
+            return i + 1
+        i = expect(s, i, ",")
 
 
 def read_json_call(s: str, i: int, draft: Draft, first_keys: tuple[str, ...] | None = None) -> int:

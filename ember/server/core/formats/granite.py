@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from ..replies import Draft
+from ..replies import Draft, read_call_array
 from ..request import Message
 from .base import CALLS_RULE, ChatFormat, Reading, args_rules, held, key_tools, lit, repeated
-from .mistral import read_call_array
 
 TOOL_CALL = "<|tool_call|>"
 RESPONSE, RESPONSE_END = "<response>", "</response>"

@@ -13,8 +13,8 @@ import secrets
 import string
 from functools import lru_cache
 
-from ..jsonscan import Incomplete, expect, skip_ws, value_end
-from ..replies import Draft, DraftCall, read_json_call
+from ..jsonscan import Incomplete, skip_ws, value_end
+from ..replies import Draft, DraftCall, read_call_array
 from ..request import Message
 from .base import NAME, CALLS_RULE, ChatFormat, args_rules, key_tools, lit, partial_len, repeated
 
@@ -97,17 +97,6 @@ def _name(s: str, i: int) -> tuple[str, int]:
     if k < 0:
         raise Incomplete
     return name, k + len(ARGS)
-
-
-def read_call_array(s: str, i: int, draft: Draft) -> int:
-    i = expect(s, i, "[")
-    while True:
-        i = skip_ws(s, read_json_call(s, i, draft))
-        if i == len(s):
-            raise Incomplete
-        if s[i] == "]":
-            return i + 1
-        i = expect(s, i, ",")
 
 
 @lru_cache(maxsize=64)
