@@ -144,6 +144,25 @@ def test_matmul(cuda, matrices, qtype, n):
     assert err < limit, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("n", [20, 77])  # 20: split tiles (quantized types); 77: whole tiles
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
+def test_matmul_of_activations_beyond_f16_range(cuda, matrices, qtype, n):
+    """Rows of x past f16's 65504 (FFN inputs of some models reach 10^5): the tiles' f16 copies of
+    x are scaled by a power of two per row, so every row keeps its precision and none turns
+    infinite; ordinary rows of the same product are untouched."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(0, 1, (n, COLS)).astype(np.float32)
+    x[3] *= 4e4  # values up to ~1.6e5
+    x[n - 2, 7] = -3e6
+    w = cuda.weight(matrices.tensors[qtype.name])
+    out = poisoned(cuda, (n, ROWS))
+    cuda.matmul(w, cuda.from_numpy(x), out)
+    got, want = cuda.to_numpy(out), x.astype(np.float64) @ dense(matrices, qtype.name).T
+    assert np.isfinite(got).all()
+    for r in range(n):
+        assert rel_err(got[r], want[r]) < (1e-4 if qtype in FLOAT_TYPES else 2e-2), f"row {r}"
+
+
 def with_args(launch, **changes):
     """The launch with some of mv_n*'s arguments changed, by name (matmul.cu MV_PARAMS)."""
     from dataclasses import replace as dc_replace

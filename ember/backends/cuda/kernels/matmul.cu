@@ -838,6 +838,35 @@ __device__ __forceinline__ void frag_b(u32 &b0, u32 &b1, const u16 (*t)[LD], int
     b1 = *(const u32 *)&t[r][c + 8];
 }
 
+// Activations beyond f16's range (65504: FFN inputs of some models reach 10^5) would turn the tiles'
+// f16 copies of x into infinities. A product block notes whether any value of its x overflowed;
+// if one did, it runs again with each token row divided by a power of two that brings the row's
+// largest value to 2^15 or below, and multiplies its sums back (exact: powers of two). Rows of
+// ordinary size pay one compare per value and a barrier.
+#define F16_MAX 65504.f
+
+__device__ __forceinline__ bool f16_overflows(float4 v) {
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))) > F16_MAX;
+}
+
+__device__ __forceinline__ float4 mul4(float4 v, float s) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
+
+// inv[t] = 1 / the power of two for token row t0 + t of x (n, k), over columns [c0, c1) (multiples
+// of 4), for t < n_rows; a warp a row. Called by every thread of the block, between barriers.
+__device__ void f16_row_scales(const float *x, int n, int k, int t0, int n_rows, int c0, int c1, float *inv) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    for (int t = warp; t < n_rows; t += n_warps) {
+        float m = 0.f;
+        if (t0 + t < n)
+            for (int c = c0 + 4 * lane; c < c1; c += 128) {
+                const float4 v = *(const float4 *)(x + (size_t)(t0 + t) * k + c);
+                m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            }
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
+        if (lane == 0) inv[t] = m > 32768.f && m <= 3.0e38f ? exp2f(-ceilf(log2f(m / 32768.f))) : 1.f;
+    }
+}
+
 // y_m (n, rows_m) = x (n, k) @ W_m.T for matrix m = blockIdx.z; grid (row tiles, token tiles, n_mat).
 // TN: weight rows per block, 128 (mm_tile) or 64 (mm_tile64: twice the blocks, for products too
 // small to fill the GPU); each of the 4 warps computes 32 tokens x TN/2 rows.
@@ -860,76 +889,89 @@ __device__ __forceinline__ void mm_tile_body(const u8 *w0, const u8 *w1, const u
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * (TN / 2);  // this warp's 32 tokens x TN/2 rows
+    __shared__ float xinv[TILE_M];  // see f16_row_scales
+    if (tid < TILE_M) xinv[tid] = 1.f;
+    __syncthreads();
     float acc[2][NI][4];
+    bool scaled = false;
+    for (;;) {
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < NI; j++)
+            for (int j = 0; j < NI; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+        bool over = false;
 
-    for (int k0 = 0; k0 < k; k0 += TILE_K) {
+        for (int k0 = 0; k0 < k; k0 += TILE_K) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {  // x tile: 64 x 32 floats, 512 float4
-            const int idx = tid + 128 * i, tr = idx >> 3, c4 = (idx & 7) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t0 + tr < n) v = *(const float4 *)(x + (size_t)(t0 + tr) * k + k0 + c4);
-            const uint2 hi = make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w));
-            *(uint2 *)&xs[tr][c4] = hi;
-            if constexpr (QFLOAT) {
-                const float4 r = make_float4(v.x - h2f((u16)(hi.x & 0xFFFFu)), v.y - h2f((u16)(hi.x >> 16)),
-                                             v.z - h2f((u16)(hi.y & 0xFFFFu)), v.w - h2f((u16)(hi.y >> 16)));
-                *(uint2 *)&xs_lo[tr][c4] = make_uint2(pack_h2(r.x, r.y), pack_h2(r.z, r.w));
-            }
-        }
-        if (tid < TN) {  // weight tile: one unit of one row per thread
-            float v[32];
-            if (r0 + tid < rows) {
-                unit_f<QT>(w + (size_t)(r0 + tid) * row_bytes, k0 / 32, v);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 32; i++) v[i] = 0.f;
-            }
-            store_unit_f16(ws[tid], v);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < TILE_K; ks += 16) {
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
-            // Same output mapping as the mma fragments, computed with plain FMAs.
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int tr = wm + 16 * mi + g + 8 * (e >> 1), rr = wn + 8 * ni + 2 * tq + (e & 1);
-                        float s = 0.f;
-                        for (int kk = 0; kk < 16; kk++) {
-                            float xv = h2f(xs[tr][ks + kk]);
-                            if constexpr (QFLOAT) xv += h2f(xs_lo[tr][ks + kk]);
-                            s += xv * h2f(ws[rr][ks + kk]);
-                        }
-                        acc[mi][ni][e] += s;
-                    }
-#else
-#pragma unroll
-            for (int part = 0; part < (QFLOAT ? 2 : 1); part++) {
-                u16(*xt)[TILE_LD] = part == 0 ? xs : xs_lo;
-                u32 af[2][4];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) frag_a<TILE_LD>(af[mi], xt, wm + 16 * mi + g, ks + 2 * tq);
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    u32 b0, b1;
-                    frag_b<TILE_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
+            for (int i = 0; i < 4; i++) {  // x tile: 64 x 32 floats, 512 float4
+                const int idx = tid + 128 * i, tr = idx >> 3, c4 = (idx & 7) * 4;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t0 + tr < n) v = *(const float4 *)(x + (size_t)(t0 + tr) * k + k0 + c4);
+                if (scaled) v = mul4(v, xinv[tr]);
+                over |= f16_overflows(v);
+                const uint2 hi = make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w));
+                *(uint2 *)&xs[tr][c4] = hi;
+                if constexpr (QFLOAT) {
+                    const float4 r = make_float4(v.x - h2f((u16)(hi.x & 0xFFFFu)), v.y - h2f((u16)(hi.x >> 16)),
+                                                 v.z - h2f((u16)(hi.y & 0xFFFFu)), v.w - h2f((u16)(hi.y >> 16)));
+                    *(uint2 *)&xs_lo[tr][c4] = make_uint2(pack_h2(r.x, r.y), pack_h2(r.z, r.w));
                 }
             }
+            if (tid < TN) {  // weight tile: one unit of one row per thread
+                float v[32];
+                if (r0 + tid < rows) {
+                    unit_f<QT>(w + (size_t)(r0 + tid) * row_bytes, k0 / 32, v);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; i++) v[i] = 0.f;
+                }
+                store_unit_f16(ws[tid], v);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int ks = 0; ks < TILE_K; ks += 16) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+                // Same output mapping as the mma fragments, computed with plain FMAs.
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int tr = wm + 16 * mi + g + 8 * (e >> 1), rr = wn + 8 * ni + 2 * tq + (e & 1);
+                            float s = 0.f;
+                            for (int kk = 0; kk < 16; kk++) {
+                                float xv = h2f(xs[tr][ks + kk]);
+                                if constexpr (QFLOAT) xv += h2f(xs_lo[tr][ks + kk]);
+                                s += xv * h2f(ws[rr][ks + kk]);
+                            }
+                            acc[mi][ni][e] += s;
+                        }
+#else
+#pragma unroll
+                for (int part = 0; part < (QFLOAT ? 2 : 1); part++) {
+                    u16(*xt)[TILE_LD] = part == 0 ? xs : xs_lo;
+                    u32 af[2][4];
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) frag_a<TILE_LD>(af[mi], xt, wm + 16 * mi + g, ks + 2 * tq);
+#pragma unroll
+                    for (int ni = 0; ni < NI; ni++) {
+                        u32 b0, b1;
+                        frag_b<TILE_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
+                    }
+                }
 #endif
+            }
+            __syncthreads();
         }
+        if (!__syncthreads_or(over) || scaled) break;
+        f16_row_scales(x, n, k, t0, TILE_M, 0, k, xinv);
         __syncthreads();
+        scaled = true;
     }
 
     // c0, c1: token g, rows 2tq, 2tq+1; c2, c3: token g+8.
@@ -939,8 +981,8 @@ __device__ __forceinline__ void mm_tile_body(const u8 *w0, const u8 *w1, const u
         for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int t = t0 + wm + 16 * mi + g + 8 * (e >> 1), rr = r0 + wn + 8 * ni + 2 * tq + (e & 1);
-                if (t < n && rr < rows) y[(size_t)t * rows + rr] = acc[mi][ni][e];
+                const int tl = wm + 16 * mi + g + 8 * (e >> 1), t = t0 + tl, rr = r0 + wn + 8 * ni + 2 * tq + (e & 1);
+                if (t < n && rr < rows) y[(size_t)t * rows + rr] = scaled ? acc[mi][ni][e] / xinv[tl] : acc[mi][ni][e];
             }
 }
 
@@ -1021,65 +1063,87 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)
         }
         cp_async_commit();
     };
+    __shared__ float xinv[MS_TOK];  // see f16_row_scales
+    if (tid < MS_TOK) xinv[tid] = 1.f;
     stage(u0, min(MS_CH, u1 - u0));
     pdl_wait();
+    __syncthreads();
 
     const int wm = (warp >> 2) * 32, wn = (warp & 3) * 16;  // this warp's 32 tokens x 16 rows
     float acc[2][2][4];
+    bool scaled = false;
+    for (;;) {
+        if (scaled) stage(u0, min(MS_CH, u1 - u0));
+        bool over = false;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+            for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    for (int uc = u0; uc < u1; uc += MS_CH) {
-        const int nu = min(MS_CH, u1 - uc), f4 = nu * 8;  // float4s of a token's share of x
-        // x: tokens < n, values [32 uc, 32 (uc + nu)), as f16 (rows past n are never stored)
-        {
-            float4 v[16];
+        for (int uc = u0; uc < u1; uc += MS_CH) {
+            const int nu = min(MS_CH, u1 - uc), f4 = nu * 8;  // float4s of a token's share of x
+            // x: tokens < n, values [32 uc, 32 (uc + nu)), as f16 (rows past n are never stored)
+            {
+                float4 v[16];
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
-                if (t < n) v[i] = *(const float4 *)(x + (size_t)t * k + 32 * uc + 4 * c);
-            }
+                for (int i = 0; i < 16; i++) {
+                    const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
+                    if (t < n) v[i] = *(const float4 *)(x + (size_t)t * k + 32 * uc + 4 * c);
+                    if (t < n && scaled) v[i] = mul4(v[i], xinv[t]);
+                    if (t < n) over |= f16_overflows(v[i]);
+                }
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
-                if (t < n) *(uint2 *)&xs[t][4 * c] = make_uint2(pack_h2(v[i].x, v[i].y), pack_h2(v[i].z, v[i].w));
-            }
-        }
-        cp_async_wait<0>();
-        __syncthreads();
-        // decode the chunk's units (rows past `rows` are never stored: their outputs are dropped)
-        {
-            const i64 b0 = (i64)(uc / upb) * blk_bytes;
-            for (int i = tid; i < MS_ROWS * nu; i += MS_THREADS) {
-                const int r = i / nu, u = i % nu;
-                if (r0 + r >= rows) continue;
-                const size_t src = (size_t)(w + (size_t)(r0 + r) * row_bytes + b0);
-                float v[32];
-                unit_f<QT>(raw + r * span + (src & 15), u, v);
-                store_unit_f16(&ws[r][32 * u], v);
-            }
-        }
-        __syncthreads();
-        if (uc + MS_CH < u1) stage(uc + MS_CH, min(MS_CH, u1 - uc - MS_CH));  // raw is free again
-        if (wm < n) {
-            for (int ks = 0; ks < 32 * nu; ks += 16) {
-                u32 af[2][4];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) frag_a<MS_LD>(af[mi], xs, wm + 16 * mi + g, ks + 2 * tq);
-#pragma unroll
-                for (int ni = 0; ni < 2; ni++) {
-                    u32 b0, b1;
-                    frag_b<MS_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
+                for (int i = 0; i < 16; i++) {
+                    const int idx = tid + MS_THREADS * i, t = idx / f4, c = idx % f4;
+                    if (t < n) *(uint2 *)&xs[t][4 * c] = make_uint2(pack_h2(v[i].x, v[i].y), pack_h2(v[i].z, v[i].w));
                 }
             }
+            cp_async_wait<0>();
+            __syncthreads();
+            // decode the chunk's units (rows past `rows` are never stored: their outputs are dropped)
+            {
+                const i64 b0 = (i64)(uc / upb) * blk_bytes;
+                for (int i = tid; i < MS_ROWS * nu; i += MS_THREADS) {
+                    const int r = i / nu, u = i % nu;
+                    if (r0 + r >= rows) continue;
+                    const size_t src = (size_t)(w + (size_t)(r0 + r) * row_bytes + b0);
+                    float v[32];
+                    unit_f<QT>(raw + r * span + (src & 15), u, v);
+                    store_unit_f16(&ws[r][32 * u], v);
+                }
+            }
+            __syncthreads();
+            if (uc + MS_CH < u1) stage(uc + MS_CH, min(MS_CH, u1 - uc - MS_CH));  // raw is free again
+            if (wm < n) {
+                for (int ks = 0; ks < 32 * nu; ks += 16) {
+                    u32 af[2][4];
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) frag_a<MS_LD>(af[mi], xs, wm + 16 * mi + g, ks + 2 * tq);
+#pragma unroll
+                    for (int ni = 0; ni < 2; ni++) {
+                        u32 b0, b1;
+                        frag_b<MS_LD>(b0, b1, ws, wn + 8 * ni + g, ks + 2 * tq);
+#pragma unroll
+                        for (int mi = 0; mi < 2; mi++) mma_16816(acc[mi][ni], af[mi], b0, b1);
+                    }
+                }
+            }
+            __syncthreads();  // xs and ws are rewritten by the next chunk
         }
-        __syncthreads();  // xs and ws are rewritten by the next chunk
+        if (!__syncthreads_or(over) || scaled) break;
+        f16_row_scales(x, n, k, 0, MS_TOK, 32 * u0, 32 * u1, xinv);
+        __syncthreads();
+        scaled = true;
+    }
+    if (scaled) {
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mi][ni][e] /= xinv[wm + 16 * mi + g + 8 * (e >> 1)];
     }
 
     const bool gated = mode == MODE_SILU || mode == MODE_GELU;
