@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from synth import weight
 
+from ember.backends.cuda._kernels import low_bit_source
 from ember.quant import GGMLType, dequantize, layout
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
@@ -144,6 +145,8 @@ int main(int argc, char **argv) {
 
 def build(workdir: Path) -> Path:
     exe = workdir / "decode_check"
+    # quant_iq.cuh with its grid tables in place, found beside the harness before the -I copy
+    (workdir / "quant_iq.cuh").write_text(low_bit_source())
     if shutil.which("nvcc"):
         src = workdir / "decode_check.cu"
         src.write_text(HARNESS)

@@ -3,8 +3,8 @@ iq3s_grid, iq1s_grid), as compact codes.
 
 Each grid entry is a group of 8 (IQ2_*, IQ1_*) or 4 (IQ3_*) small values, and each is stored here as
 one little-endian uint16: value j is level[(code >> (BITS * j)) & (2**BITS - 1)], with the levels
-and BITS of GRIDS below. The CPU and CUDA kernels carry the same codes (csrc/quant_iq_grids.h,
-kernels/quant_iq.cuh) and expand them the same way; the dequantization tests keep all three equal.
+and BITS of GRIDS below. The CUDA kernels get these codes as C arrays (c_arrays); the CPU kernels
+carry a copy (csrc/quant_iq_grids.h, compiled ahead) that the dequantization tests keep equal.
 """
 from __future__ import annotations
 
@@ -239,12 +239,28 @@ GRIDS = {
 @functools.cache
 def grid(name: str) -> np.ndarray:
     """Grid `name` as float32 (entries, values per entry)."""
-    hexcodes, width, bits, levels = GRIDS[name]
-    codes = np.frombuffer(bytes.fromhex("".join(hexcodes)), "<u2").astype(np.uint32)
-    fields = (codes[:, None] >> (bits * np.arange(width, dtype=np.uint32))) & np.uint32((1 << bits) - 1)
+    _, width, bits, levels = GRIDS[name]
+    fields = (codes(name).astype(np.uint32)[:, None] >> (bits * np.arange(width, dtype=np.uint32))) & np.uint32((1 << bits) - 1)
     out = np.asarray(levels, np.float32)[fields]
     out.setflags(write=False)
     return out
+
+
+def codes(name: str) -> np.ndarray:
+    """Grid `name`'s codes as uint16 (entries,)."""
+    return np.frombuffer(bytes.fromhex("".join(GRIDS[name][0])), "<u2")
+
+
+def c_arrays(declare: str) -> str:
+    """Every grid's codes as C array definitions `<declare> <name>_codes[entries] = {...};`
+    (name in lower case), sixteen to a line."""
+    out = []
+    for name in GRIDS:
+        c = codes(name)
+        rows = [", ".join(f"0x{v:04x}" for v in c[i:i + 16]) for i in range(0, len(c), 16)]
+        body = ",\n".join("    " + r for r in rows)
+        out.append(f"{declare} {name.lower()}_codes[{len(c)}] = {{\n{body},\n}};\n")
+    return "".join(out)
 
 
 def _even_parity_signs() -> np.ndarray:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ...quant import grids
 from ..base import BackendError
 
 CACHE_VERSION = "2"  # bump when the way sources are assembled changes
@@ -31,6 +32,11 @@ def cache_dir() -> Path:
 
 def kernel_source(name: str) -> str:
     return resources.files(__package__).joinpath("kernels", name).read_text()
+
+
+def low_bit_source() -> str:
+    """quant_iq.cuh with the i-quant grids' code tables (ember/quant/grids.py) in place."""
+    return kernel_source("quant_iq.cuh").replace("// @grid tables@\n", grids.c_arrays("IQ_TABLE u16"), 1)
 
 
 MATMUL_VARIANTS = {"": "", "batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
@@ -53,7 +59,7 @@ def module_source(module: str) -> str:
     variant = parts[2] if len(parts) == 3 else ""
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and variant in MATMUL_VARIANTS:
         defines = f"#define QT {int(parts[1])}\n" + MATMUL_VARIANTS[variant]
-        return defines + common + kernel_source("quant.cuh") + kernel_source("quant_iq.cuh") + kernel_source("matmul.cu")
+        return defines + common + kernel_source("quant.cuh") + low_bit_source() + kernel_source("matmul.cu")
     raise BackendError(f"no kernel module named '{module}'")
 
 
