@@ -1,0 +1,86 @@
+"""WebGPU adapters through wgpu-py: which are here, which one a device name picks, what each offers."""
+from __future__ import annotations
+
+import importlib.util
+
+from ..base import BackendError
+
+# Adapters ranked for serving: a real GPU before a software rasteriser (lavapipe, llvmpipe), the
+# native APIs before OpenGL (whose compute wgpu supports least).
+TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+NATIVE_APIS = ("Vulkan", "Metal", "D3D12")
+# limits a model's buffers need past WebGPU's defaults, asked of the device up to the adapter's own
+LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+          "max-compute-workgroup-storage-size", "max-compute-workgroups-per-dimension")
+SHOWN_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+                "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage")
+
+
+def import_wgpu():
+    """wgpu, or a BackendError saying how to get it."""
+    try:
+        import wgpu
+    except ImportError as e:
+        raise BackendError(f"the WebGPU backend needs wgpu (pip install 'ember[webgpu]'): {e}") from None
+    return wgpu
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("wgpu") is not None
+
+
+def adapters() -> list:
+    """This machine's adapters, best first (see TYPE_RANK)."""
+    wgpu = import_wgpu()
+    found = wgpu.gpu.enumerate_adapters_sync()
+    return sorted(found, key=rank)
+
+
+def rank(adapter) -> tuple[int, int]:
+    info = adapter.info
+    return (TYPE_RANK.get(info.get("adapter_type", ""), 4), 0 if info.get("backend_type") in NATIVE_APIS else 1)
+
+
+def is_discrete(adapter) -> bool:
+    return adapter.info.get("adapter_type") == "DiscreteGPU"
+
+
+def discrete_present() -> bool:
+    """Whether device="auto" should try WebGPU: wgpu is installed and sees a discrete GPU (never a
+    software adapter, which the CPU backend outruns)."""
+    if not installed():
+        return False
+    try:
+        return any(is_discrete(a) for a in adapters())
+    except Exception:  # a broken driver stack: the CPU serves
+        return False
+
+
+def pick(device: str):
+    """The adapter "webgpu" (the best) or "webgpu:N" (the N-th of adapters()) names."""
+    _, _, index = device.partition(":")
+    if index and not index.isdigit():
+        raise BackendError(f"bad WebGPU device '{device}': expected webgpu or webgpu:N")
+    found = adapters()
+    if not found:
+        raise BackendError("no WebGPU adapter found (no Vulkan, Metal or D3D12 driver; on Linux without a GPU, "
+                           "Mesa's lavapipe gives one: apt-get install mesa-vulkan-drivers)")
+    i = int(index or 0)
+    if i >= len(found):
+        raise BackendError(f"WebGPU adapter {i} does not exist ({len(found)} found)")
+    return found[i]
+
+
+def open_device(adapter):
+    """A device with the adapter's own limits for what models need (storage bindings above all)."""
+    limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
+    return adapter.request_device_sync(required_limits=limits)
+
+
+def describe(adapter) -> dict:
+    """An adapter as `ember info --system` lists it."""
+    info = adapter.info
+    return {"name": info.get("device", ""), "type": info.get("adapter_type", ""),
+            "backend": info.get("backend_type", ""), "driver": info.get("description", ""),
+            "features": sorted(adapter.features),
+            "limits": {k: adapter.limits[k] for k in SHOWN_LIMITS if k in adapter.limits}}
