@@ -84,6 +84,10 @@ class Backend:
         self.device = _device.open_device(self.adapter)
         self.n_threads = 1  # host threads: the adapter does the work
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
+        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products fastest a
+        # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
+        # blocks (mv) and tiles shared by a workgroup (mm)
+        self.row_products = _device.is_cpu(self.adapter)
         self._modules: dict[str, object] = {}
         self._pipelines: dict[tuple[str, str], object] = {}
         self._recording: Step | None = None
@@ -252,7 +256,10 @@ class Backend:
             return
         for row0, n_rows, buf in w.data.parts:
             params = _params(n_rows, cols, n, w.data.row_bytes, rows, row0)
-            if n <= MV_MAX_ROWS:
+            if self.row_products:
+                self._dispatch(MATRIX_TYPES[w.type], "mv_row", {1: buf, 2: x, 3: out}, params,
+                               (-(-n_rows // 64), -(-n // 8), 1))
+            elif n <= MV_MAX_ROWS:
                 self._dispatch(MATRIX_TYPES[w.type], "mv", {1: buf, 2: x, 3: out}, params, _groups(-(-n_rows // 2)))
             else:
                 self._dispatch(MATRIX_TYPES[w.type], "mm", {1: buf, 2: x, 3: out}, params,

@@ -1,6 +1,7 @@
 """WebGPU adapters through wgpu-py: which are here, which one a device name picks, what each offers."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 from ..base import BackendError
@@ -12,6 +13,8 @@ NATIVE_APIS = ("Vulkan", "Metal", "D3D12")
 # limits a model's buffers need past WebGPU's defaults, asked of the device up to the adapter's own
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-workgroups-per-dimension")
+# features a compute backend may use (of the many about textures and rendering)
+COMPUTE_FEATURES = ("shader-", "subgroup", "timestamp-query", "pipeline-cache", "immediates", "cooperative")
 SHOWN_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
                 "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage")
 
@@ -45,6 +48,11 @@ def is_discrete(adapter) -> bool:
     return adapter.info.get("adapter_type") == "DiscreteGPU"
 
 
+def is_cpu(adapter) -> bool:
+    return adapter.info.get("adapter_type") == "CPU"
+
+
+@functools.cache
 def discrete_present() -> bool:
     """Whether device="auto" should try WebGPU: wgpu is installed and sees a discrete GPU (never a
     software adapter, which the CPU backend outruns)."""
@@ -82,5 +90,5 @@ def describe(adapter) -> dict:
     info = adapter.info
     return {"name": info.get("device", ""), "type": info.get("adapter_type", ""),
             "backend": info.get("backend_type", ""), "driver": info.get("description", ""),
-            "features": sorted(adapter.features),
+            "features": sorted(f for f in adapter.features if f.startswith(COMPUTE_FEATURES)),
             "limits": {k: adapter.limits[k] for k in SHOWN_LIMITS if k in adapter.limits}}

@@ -5,6 +5,7 @@
 @group(0) @binding(2) var<storage, read> X: array<f32>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> IDS: array<i32>;
+@group(0) @binding(2) var<storage, read> X4: array<vec4<f32>>;  // X as vec4 (k is a multiple of 32)
 
 const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
 const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
@@ -111,4 +112,35 @@ fn get_rows(@builtin(global_invocation_id) g: vec3<u32>) {
     var o: array<f32, 32>;
     DEQ(u32(id) * pu(3u), c, &o);
     for (var i = 0u; i < 32u; i++) { Y[j * k + c * 32u + i] = o[i]; }
+}
+
+// A thread a weight row and up to 8 activation rows (y: which 8), no shared memory.
+@compute @workgroup_size(64)
+fn mv_row(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let row = wid.x * 64u + t;
+    let j0 = wid.y * 8u;
+    if (row >= rows) { return; }
+    var acc: array<f32, 8>;
+    var o: array<f32, 32>;
+    let base = row * pu(3u);
+    for (var c = 0u; c < k / 32u; c++) {
+        DEQ(base, c, &o);
+        for (var j = 0u; j < 8u; j++) {
+            if (j0 + j < n) {
+                let xb = ((j0 + j) * k + c * 32u) / 4u;
+                var s = 0.0;
+                for (var i = 0u; i < 8u; i++) {
+                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
+                }
+                acc[j] += s;
+            }
+        }
+    }
+    for (var j = 0u; j < 8u; j++) {
+        if (j0 + j < n) { Y[(j0 + j) * pu(4u) + pu(5u) + row] = acc[j]; }
+    }
 }
