@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from importlib import resources
 
 import numpy as np
 
@@ -41,10 +40,6 @@ F32 = np.float32
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3), "rope": (1, 3, 4), "kv_store": (2, 4, 5), "copy_pages": (4, 5),
                 "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
-
-
-def _source(name: str) -> str:
-    return resources.files(__package__).joinpath("kernels", name).read_text()
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -80,16 +75,13 @@ class Backend:
 
     def __init__(self, device: str = "webgpu", threads: int | None = None):
         self.wgpu = _device.import_wgpu()
-        self.adapter = _device.pick(device)
-        self.device = _device.open_device(self.adapter)
+        self.adapter, self.device, self.kernels = _device.open_adapter(device)
         self.n_threads = 1  # host threads: the adapter does the work
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
         # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products fastest a
         # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
         # blocks (mv) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
-        self._modules: dict[str, object] = {}
-        self._pipelines: dict[tuple[str, str], object] = {}
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._dummy = self._buffer(16)
@@ -197,24 +189,6 @@ class Backend:
             step.run(self.device, self.wgpu)
             self.last_step = step
 
-    def _pipeline(self, module: str, entry: str):
-        key = (module, entry)
-        pipe = self._pipelines.get(key)
-        if pipe is None:
-            pipe = self._pipelines[key] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": self._module(module), "entry_point": entry})
-        return pipe
-
-    def _module(self, name: str):
-        mod = self._modules.get(name)
-        if mod is None:
-            if name == "ops":
-                code = _source("common.wgsl") + _source("ops.wgsl")
-            else:  # a weight type's products: the type's decoder named DEQ
-                code = _source("common.wgsl") + _source("dequant.wgsl") + _source("matmul.wgsl").replace("DEQ(", f"{name}(")
-            mod = self._modules[name] = self.device.create_shader_module(code=code)
-        return mod
-
     def _dispatch(self, module: str, entry: str, bindings: dict, params: np.ndarray, groups) -> None:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
@@ -222,7 +196,7 @@ class Backend:
         if module == "ops":
             bindings = {b: bindings.get(b, self._dummy) for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
-        self._step().dispatches.append(Dispatch(self._pipeline(module, entry), bound, params, tuple(groups)))
+        self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
     def _input(self, a, dtype=np.int32) -> int:
         """Word offset of host ints a in the step's inputs (int32 on the device)."""

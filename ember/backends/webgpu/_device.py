@@ -64,19 +64,37 @@ def discrete_present() -> bool:
         return False
 
 
-def pick(device: str):
-    """The adapter "webgpu" (the best) or "webgpu:N" (the N-th of adapters()) names."""
-    _, _, index = device.partition(":")
-    if index and not index.isdigit():
-        raise BackendError(f"bad WebGPU device '{device}': expected webgpu or webgpu:N")
+def pick(i: int):
+    """The i-th of adapters()."""
     found = adapters()
     if not found:
         raise BackendError("no WebGPU adapter found (no Vulkan, Metal or D3D12 driver; on Linux without a GPU, "
                            "Mesa's lavapipe gives one: apt-get install mesa-vulkan-drivers)")
-    i = int(index or 0)
     if i >= len(found):
         raise BackendError(f"WebGPU adapter {i} does not exist ({len(found)} found)")
     return found[i]
+
+
+def open_adapter(device: str):
+    """(adapter, device, kernels) that a device name names, opened once a process (see _kernels)."""
+    return _opened(adapter_index(device))
+
+
+def adapter_index(device: str) -> int:
+    """Index in adapters() of the adapter "webgpu" (the best) or "webgpu:N" names."""
+    _, _, index = device.partition(":")
+    if index and not index.isdigit():
+        raise BackendError(f"bad WebGPU device '{device}': expected webgpu or webgpu:N")
+    return int(index or 0)
+
+
+@functools.cache
+def _opened(index: int):
+    from ._kernels import Kernels
+
+    adapter = pick(index)
+    device = open_device(adapter)
+    return adapter, device, Kernels(device)
 
 
 def open_device(adapter):
