@@ -294,3 +294,15 @@ def test_real_models_match_llama_cpp(gpu, model_path, name):
     theirs = np.array([s["logprob"] for s in case["steps"][:6]])
     err = np.abs(scores.logprobs[len(case["prompt_ids"]) - 1:] - theirs)
     assert err.max() <= 0.3 and err.mean() <= 0.1, err
+
+
+def test_auto_never_takes_a_software_adapter(gpu):
+    """lavapipe (a CPU adapter) is taken only when asked for: auto prefers the CPU backend to it."""
+    from ember.backends.webgpu import _device
+
+    if any(_device.is_discrete(a) for a in _device.adapters()):
+        pytest.skip("this machine has a discrete GPU: auto may take it")
+    assert get_backend("auto", threads=1).name == "cpu"
+    for bad, says in (("webgpu:x", "expected webgpu or webgpu:N"), ("webgpu:99", "does not exist")):
+        with pytest.raises(BackendError, match=says):
+            get_backend(bad)

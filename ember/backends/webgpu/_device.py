@@ -13,6 +13,8 @@ NATIVE_APIS = ("Vulkan", "Metal", "D3D12")
 # limits a model's buffers need past WebGPU's defaults, asked of the device up to the adapter's own
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-workgroups-per-dimension")
+# features asked of the device where the adapter has them (timestamps: per-kernel profiles)
+DEVICE_FEATURES = ("timestamp-query",)
 # features a compute backend may use (of the many about textures and rendering)
 COMPUTE_FEATURES = ("shader-", "subgroup", "timestamp-query", "pipeline-cache", "immediates", "cooperative")
 SHOWN_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -100,7 +102,8 @@ def _opened(index: int):
 def open_device(adapter):
     """A device with the adapter's own limits for what models need (storage bindings above all)."""
     limits = {k: adapter.limits[k] for k in LIMITS if k in adapter.limits}
-    return adapter.request_device_sync(required_limits=limits)
+    features = [f for f in DEVICE_FEATURES if f in adapter.features]
+    return adapter.request_device_sync(required_features=features, required_limits=limits)
 
 
 def describe(adapter) -> dict:

@@ -144,6 +144,26 @@ class Step:
             self._read(wgpu)
         self.encode_s, self.wait_s = t1 - t0, time.perf_counter() - t1
 
+    def gpu_times(self, device, wgpu) -> np.ndarray:
+        """Nanoseconds each dispatch takes on the adapter (a compute pass each, timestamps at its
+        ends; needs the device's timestamp-query feature). Inputs as the last run left them."""
+        n = len(self.dispatches)
+        queries = device.create_query_set(type="timestamp", count=2 * n)
+        usage = wgpu.BufferUsage
+        resolved = device.create_buffer(size=16 * n, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+        encoder = device.create_command_encoder()
+        for i, (d, bg) in enumerate(zip(self.dispatches, self.bind_groups)):
+            cpass = encoder.begin_compute_pass(timestamp_writes={
+                "query_set": queries, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+            cpass.set_pipeline(d.pipeline)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*d.groups)
+            cpass.end()
+        encoder.resolve_query_set(queries, 0, 2 * n, resolved, 0)
+        device.queue.submit([encoder.finish()])
+        stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).reshape(n, 2).astype(np.int64)
+        return stamps[:, 1] - stamps[:, 0]  # wgpu converts ticks to nanoseconds
+
     def _read(self, wgpu) -> None:
         self.readback.map_sync(wgpu.MapMode.READ)
         try:
