@@ -26,9 +26,11 @@ fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
         for (var c = lane; c < k / 32u; c += MV_LANES) {
             DEQ(row * pu(3u), c, &o);
             for (var j = 0u; j < n; j++) {
-                let xb = j * k + c * 32u;
+                let xb = (j * k + c * 32u) / 4u;
                 var s = 0.0;
-                for (var i = 0u; i < 32u; i++) { s += o[i] * X[xb + i]; }
+                for (var i = 0u; i < 8u; i++) {
+                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
+                }
                 acc[j] += s;
             }
         }
