@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,11 +62,12 @@ def _params(*values) -> np.ndarray:
     return words
 
 
+@dataclass(frozen=True, slots=True)
 class MatrixData:
-    """A matrix in GGUF blocks: parts of whole rows, each a buffer of its own (row0, rows, buffer)."""
+    """A matrix in GGUF blocks: parts of whole rows, each a buffer of its own."""
 
-    def __init__(self, parts: list, row_bytes: int):
-        self.parts, self.row_bytes = parts, row_bytes
+    parts: list  # (first row, rows, GPUBuffer)
+    row_bytes: int
 
 
 class Backend:
@@ -198,7 +200,7 @@ class Backend:
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
         self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
-    def _input(self, a, dtype=np.int32) -> int:
+    def _input(self, a) -> int:
         """Word offset of host ints a in the step's inputs (int32 on the device)."""
         a = np.asarray(a)
         if self._recording is not None and not a.flags.c_contiguous:

@@ -35,10 +35,23 @@ def installed() -> bool:
 
 
 def adapters() -> list:
-    """This machine's adapters, best first (see TYPE_RANK)."""
+    """This machine's adapters through the native APIs, best first (see TYPE_RANK)."""
     wgpu = import_wgpu()
+    _native_apis_only()
     found = wgpu.gpu.enumerate_adapters_sync()
     return sorted(found, key=rank)
+
+
+@functools.cache
+def _native_apis_only() -> None:
+    """Keep wgpu's instance to Vulkan, Metal and D3D12: its OpenGL adapters compute least well, and
+    looking for them on a headless Linux machine prints errors about the display."""
+    try:
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+        set_instance_extras(backends=["Vulkan", "Metal", "DX12"])
+    except Exception:  # an instance made already (by another user of wgpu in this process): keep it
+        pass
 
 
 def rank(adapter) -> tuple[int, int]:
