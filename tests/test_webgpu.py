@@ -251,6 +251,29 @@ def test_the_engine_gives_the_cpu_backends_tokens(gpu, tiny):
     assert engine.metrics.argmax_steps > 0 and engine.runner._recordings
 
 
+def test_eight_streams_decode_as_on_the_cpu(gpu, tiny):
+    """Eight greedy requests of different lengths batched together (decode steps of 8 rows, so the
+    products take their 8-row form): the CPU backend's tokens."""
+    from ember.engine import Engine, EngineConfig, Request
+    from ember.gguf_loader import GGUFFile
+    from ember.models import load_model
+    from ember.sampler import SamplingParams
+    from ember.tokenizer import Tokenizer
+    from test_backend_protocol import events
+
+    results = []
+    for backend in (get_backend("cpu", threads=1), gpu):
+        with GGUFFile(tiny) as f:
+            engine = Engine(load_model(f, backend), Tokenizer.from_metadata(f.metadata), EngineConfig(n_ctx=64, max_seqs=8))
+            try:
+                greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+                results.append(events([engine.submit(Request([1, *range(20 + i, 24 + 2 * i)], 6, greedy))
+                                       for i in range(8)]))
+            finally:
+                engine.close()
+    assert results[0] == results[1]
+
+
 def test_prefix_cache_copies_pages_on_the_device(gpu, tiny):
     """Requests sharing a prompt share its pages (copy on write of the last one on the device)."""
     from ember.engine import Engine, EngineConfig, Request
