@@ -35,11 +35,14 @@ def gpu():
 
 @pytest.fixture
 def plan(gpu, request):
-    """Run a test under one of the two product plans (a thread a row; lanes and tiles), restored after."""
-    before = gpu.row_products
-    gpu.row_products = request.param == "rows"
+    """Run a test under one of the product plans (a thread a row; lanes and tiles; lanes summed by
+    subgroups where the adapter has them), restored after."""
+    before = gpu.row_products, gpu.subgroups
+    if request.param == "subgroups" and not before[1]:
+        pytest.skip("the adapter has no subgroups")
+    gpu.row_products, gpu.subgroups = request.param == "rows", request.param == "subgroups"
     yield request.param
-    gpu.row_products = before
+    gpu.row_products, gpu.subgroups = before
 
 
 class Tensor:
@@ -79,7 +82,7 @@ def test_products_and_rows_match_the_quant_reference(gpu, qtype):
     assert np.array_equal(gpu.to_numpy(out), ref[ids].astype(np.float32))
 
 
-@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_both_product_plans(gpu, plan, qtype):
     """Decode (1..8 rows) and prompt (tiles of 32) shapes under each plan."""

@@ -84,6 +84,7 @@ class Backend:
         # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
         # blocks (mv) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
+        self.subgroups = "subgroup" in self.device.features  # mv_sg rather than mv
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._dummy = self._buffer(16)
@@ -235,6 +236,8 @@ class Backend:
             if self.row_products:
                 self._dispatch(MATRIX_TYPES[w.type], "mv_row", {1: buf, 2: x, 3: out}, params,
                                (-(-n_rows // 64), -(-n // 8), 1))
+            elif n <= MV_MAX_ROWS and self.subgroups:
+                self._dispatch(MATRIX_TYPES[w.type] + "+sg", "mv_sg", {1: buf, 2: x, 3: out}, params, _groups(n_rows))
             elif n <= MV_MAX_ROWS:
                 self._dispatch(MATRIX_TYPES[w.type], "mv", {1: buf, 2: x, 3: out}, params, _groups(-(-n_rows // 2)))
             else:

@@ -13,8 +13,9 @@ NATIVE_APIS = ("Vulkan", "Metal", "D3D12")
 # limits a model's buffers need past WebGPU's defaults, asked of the device up to the adapter's own
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-workgroups-per-dimension")
-# features asked of the device where the adapter has them (timestamps: per-kernel profiles)
-DEVICE_FEATURES = ("timestamp-query",)
+# features asked of the device where the adapter has them (timestamps: per-kernel profiles;
+# subgroups: decode products summed across lanes without barriers)
+DEVICE_FEATURES = ("timestamp-query", "subgroup")
 # features a compute backend may use (of the many about textures and rendering)
 COMPUTE_FEATURES = ("shader-", "subgroup", "timestamp-query", "pipeline-cache", "immediates", "cooperative")
 SHOWN_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",

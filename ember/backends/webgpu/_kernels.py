@@ -34,8 +34,12 @@ class Kernels:
         if mod is None:
             if name == "ops":
                 code = source("common.wgsl") + source("ops.wgsl")
-            else:  # a weight type's products: its decoder (dequant.wgsl) named DEQ
-                code = source("common.wgsl") + source("dequant.wgsl") + source("matmul.wgsl").replace("DEQ(", f"{name}(")
+            else:  # a weight type's products: its decoder (dequant.wgsl) named DEQ; "+sg": with subgroups
+                decoder, _, subgroups = name.partition("+")
+                code = source("common.wgsl") + source("dequant.wgsl") + source("matmul.wgsl")
+                if subgroups:
+                    code += source("matmul_sg.wgsl")  # naga takes subgroup builtins without `enable`
+                code = code.replace("DEQ(", f"{decoder}(")
             mod = self._modules[name] = self.device.create_shader_module(code=code)
         return mod
 
