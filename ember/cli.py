@@ -140,6 +140,9 @@ def _with_offline(add_parser):
     return add
 
 
+DEVICE_HELP = "backend: auto (CUDA, a discrete WebGPU GPU, the CPU), cpu, cuda, webgpu[:N], reference (default auto)"
+
+
 def _add_serve(sub, model_help: str) -> None:
     s = sub.add_parser("serve", help="run the OpenAI- and llama-server-compatible HTTP server")
     s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
@@ -150,7 +153,7 @@ def _add_serve(sub, model_help: str) -> None:
     s.add_argument("--kv-memory", type=_byte_size, default=None, metavar="BYTES",
                    help="KV cache budget, e.g. 512M or 2G (default: ctx x slots tokens)")
     s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    s.add_argument("--device", default="auto", help="backend: auto (CUDA, a discrete WebGPU GPU, the CPU), cpu, cuda, webgpu[:N], reference (default auto)")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
@@ -257,7 +260,7 @@ def _add_runtime(p: argparse.ArgumentParser, ctx: bool = True) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     if ctx:
         p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
-    p.add_argument("--device", default="auto", help="backend: auto (CUDA, a discrete WebGPU GPU, the CPU), cpu, cuda, webgpu[:N], reference (default auto)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def _load(args):
