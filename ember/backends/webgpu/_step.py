@@ -4,6 +4,7 @@ results are asked for (eager) or when a recording ends, and a recording is encod
 each replay from the bind groups it made once (WebGPU command buffers run once)."""
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -58,6 +59,21 @@ class GpuArray:
 INPUTS = object()  # a binding of the step's host-ints buffer
 
 
+@functools.cache
+def native_pass_calls():
+    """wgpu-native's C functions behind a compute pass's set_pipeline, set_bind_group and
+    dispatch_workgroups, called directly on a step's handles: wgpu-py's methods check and convert
+    their arguments on every call, half a replayed step's host time. None where this wgpu does not
+    lay them out so (its methods are used then)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, libf
+
+        return (libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
+                libf.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):
+        return None
+
+
 @dataclass(slots=True)
 class Dispatch:
     pipeline: object
@@ -81,6 +97,7 @@ class Step:
     arena: object = None
     readback: object = None
     host_ints: np.ndarray | None = None
+    handles: list | None = None  # (pipeline, bind group, x, y, z) of wgpu-native, for native_pass_calls
     encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
     wait_s: float = 0.0
 
@@ -106,6 +123,9 @@ class Step:
             params[i, :PARAM_WORDS] = d.params
         uniforms = device.create_buffer_with_data(data=params.tobytes(), usage=usage.UNIFORM)
         self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT) for i, d in enumerate(self.dispatches)]
+        if native_pass_calls() is not None:
+            self.handles = [(d.pipeline._internal, bg._internal, *d.groups)
+                            for d, bg in zip(self.dispatches, self.bind_groups)]
         size = sum(_padded(a.nbytes) for a, _ in self.downloads)
         if size:
             self.readback = device.create_buffer(size=size, usage=usage.MAP_READ | usage.COPY_DST)
@@ -128,10 +148,7 @@ class Step:
         encoder = device.create_command_encoder()
         if self.dispatches:
             cpass = encoder.begin_compute_pass()
-            for d, bg in zip(self.dispatches, self.bind_groups):
-                cpass.set_pipeline(d.pipeline)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*d.groups)
+            self._encode(cpass)
             cpass.end()
         at = 0
         for a, _ in self.downloads:
@@ -143,6 +160,24 @@ class Step:
         if self.readback is not None:  # else nothing to wait for: later work is queued behind it
             self._read(wgpu)
         self.encode_s, self.wait_s = t1 - t0, time.perf_counter() - t1
+
+    def _encode(self, cpass) -> None:
+        """The dispatches into a compute pass (a pipeline set only where it changes)."""
+        native = native_pass_calls()
+        if native is None or self.handles is None:
+            for d, bg in zip(self.dispatches, self.bind_groups):
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(*d.groups)
+            return
+        set_pipeline, set_bind_group, dispatch, null = native
+        h, current = cpass._internal, None
+        for pipeline, bg, x, y, z in self.handles:  # the step holds the objects these handles are of
+            if pipeline != current:
+                set_pipeline(h, pipeline)
+                current = pipeline
+            set_bind_group(h, 0, bg, 0, null)
+            dispatch(h, x, y, z)
 
     def gpu_times(self, device, wgpu) -> np.ndarray:
         """Nanoseconds each dispatch takes on the adapter (a compute pass each, timestamps at its
