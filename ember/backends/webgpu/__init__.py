@@ -39,7 +39,7 @@ F32 = np.float32
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3), "rope": (1, 3, 4), "kv_store": (2, 4, 5), "copy_pages": (4, 5),
+                "rms_norm": (1, 2, 3), "rope": (1, 3, 4), "kv_store": (2, 3, 4, 5, 10), "add_rms_norm": (1, 2, 3, 9), "copy_pages": (4, 5),
                 "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
 
 
@@ -87,6 +87,7 @@ class Backend:
         self.subgroups = "subgroup" in self.device.features  # mv_sg rather than mv
         self._recording: Step | None = None
         self._pending: Step | None = None
+        self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
         self._dummy = self._buffer(16)
         self.last_step: Step | None = None  # the last step run (its host encode and wait times)
 
@@ -196,6 +197,7 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
+        self._residual = None
         if module == "ops":
             bindings = {b: bindings.get(b, self._dummy) for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
@@ -270,6 +272,9 @@ class Backend:
     def rms_norm(self, x, w, eps, out) -> None:
         d = w.shape[-1] if w is not None else x.shape[-1]
         rows = x.size // d
+        if self._fuses_residual(x, d, out):
+            self._add_rms_norm(x, w, eps, out)
+            return
         bindings = {1: out}
         if x.buf is not out.buf:
             bindings[2] = x
@@ -277,6 +282,25 @@ class Backend:
             bindings[3] = w.data
         self._dispatch("ops", "rms_norm", bindings, _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps)),
                        _groups(rows))
+
+    def _fuses_residual(self, x, d: int, out) -> bool:
+        """Whether this norm of x follows the add into x (x += h) as the step's last dispatch, so
+        that one pass over the rows does both (the residual stream's add and the next block's norm)."""
+        r, step = self._residual, self._step()
+        return (r is not None and r[0] is step and r[1] == len(step.dispatches) - 1 and x.buf is r[3].buf
+                and x.size == r[3].size and d == x.shape[-1] and out.buf is not x.buf)
+
+    def _add_rms_norm(self, x, w, eps, out) -> None:
+        h = self._residual[2]
+        self._step().dispatches.pop()
+        bindings = {1: x, 9: out}
+        if h.buf is not out.buf:
+            bindings[2] = h
+        if w is not None:
+            bindings[3] = w.data
+        rows = x.size // x.shape[-1]
+        self._dispatch("ops", "add_rms_norm", bindings,
+                       _params(x.shape[-1], rows, int(h.buf is out.buf), int(w is not None), float(eps)), _groups(rows))
 
     def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
         n = batch.n_tokens
@@ -300,6 +324,9 @@ class Backend:
 
     def add(self, a, b, out) -> None:
         self._binary(a, b, out, 0)
+        if a.buf is out.buf and b.buf is not out.buf and a.size == b.size:  # x += h: a norm of x may follow
+            step = self._step()
+            self._residual = (step, len(step.dispatches) - 1, b, out)
 
     def silu_mul(self, gate, up, out) -> None:
         self._binary(gate, up, out, 1)
@@ -324,11 +351,9 @@ class Backend:
         n_slots = cache[0].shape[0]
         if self._recording is None and slots.size and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise BackendError(f"KV slot out of range (cache has {n_slots} slots)")
-        off = self._input(slots)
-        for src, dst in ((k, cache[0]), (v, cache[1])):
-            d = dst.shape[1]
-            self._dispatch("ops", "kv_store", {2: src, 4: INPUTS, 5: dst}, _params(len(slots), d, off),
-                           (-(-(d // 2) // 64), max(len(slots), 1), 1))
+        kd, vd = cache[0].shape[1], cache[1].shape[1]
+        self._dispatch("ops", "kv_store", {2: k, 3: v, 4: INPUTS, 5: cache[0], 10: cache[1]},
+                       _params(len(slots), kd, self._input(slots), vd), (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination

@@ -11,6 +11,8 @@
 @group(0) @binding(6) var<storage, read> KC: array<u32>;
 @group(0) @binding(7) var<storage, read> VC: array<u32>;
 @group(0) @binding(8) var<storage, read_write> OI: array<i32>;
+@group(0) @binding(9) var<storage, read_write> Z: array<f32>;  // a second output
+@group(0) @binding(10) var<storage, read_write> HV: array<u32>;  // a second cache
 
 const WG: u32 = 256u;
 
@@ -113,6 +115,39 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// The residual add and the norm after it in one pass over each row: Y (x) += A (h), then
+// Z = Y / rms(Y) (* B where given); A is read from Z where the norm writes over h (a flag).
+// params: 0 d, 1 rows, 2 h is Z, 3 has weight, 4 eps
+@compute @workgroup_size(256)
+fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) t: u32) {
+    let d = pu(0u);
+    let row = flat_group(wid, nwg);
+    var ss = 0.0;
+    if (row < pu(1u)) {
+        for (var i = t; i < d; i += WG) {
+            var h: f32;
+            if (pu(2u) != 0u) { h = Z[row * d + i]; } else { h = A[row * d + i]; }
+            let x = Y[row * d + i] + h;
+            Y[row * d + i] = x;
+            ss += x * x;
+        }
+    }
+    part[t] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    if (row >= pu(1u)) { return; }
+    let r = 1.0 / sqrt(part[0] / f32(d) + pf(4u));
+    for (var i = t; i < d; i += WG) {
+        var x = Y[row * d + i] * r;
+        if (pu(3u) != 0u) { x *= B[i]; }
+        Z[row * d + i] = x;
+    }
+}
+
 // Rotary embedding of Y (n, n_head * hd) in place at positions I[pos_off ..], ggml's
 // parametrisation with YaRN (ramp bounds and magnitude scale from the host) and frequency
 // factors B. A thread a rotated pair; x: pair + head * n_rot/2, y: token.
@@ -150,14 +185,22 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     Y[i1] = a * s + b * c;
 }
 
-// H (slots, d/2 words of f16 pairs)[I[off + j]] = A[j] rounded to f16. params: 0 n, 1 d, 2 off
+// Keys A (n, kd) and values B (n, vd) rounded to f16 into the caches H (slots, kd/2 words of f16
+// pairs) and HV at slots I[off + j]. params: 0 n, 1 kd, 2 off, 3 vd
 @compute @workgroup_size(64)
 fn kv_store(@builtin(global_invocation_id) g: vec3<u32>) {
-    let w = pu(1u) / 2u;
-    if (g.x >= w || g.y >= pu(0u)) { return; }
+    if (g.y >= pu(0u)) { return; }
     let slot = u32(I[pu(2u) + g.y]);
-    let src = g.y * pu(1u) + 2u * g.x;
-    H[slot * w + g.x] = pack2x16float(vec2<f32>(A[src], A[src + 1u]));
+    let kw = pu(1u) / 2u;
+    let vw = pu(3u) / 2u;
+    if (g.x < kw) {
+        let src = g.y * pu(1u) + 2u * g.x;
+        H[slot * kw + g.x] = pack2x16float(vec2<f32>(A[src], A[src + 1u]));
+    }
+    if (g.x < vw) {
+        let src = g.y * pu(3u) + 2u * g.x;
+        HV[slot * vw + g.x] = pack2x16float(vec2<f32>(B[src], B[src + 1u]));
+    }
 }
 
 // Page dst = page src of H for each pair (src, dst) at I[off ..]. params: 0 words a page, 1 pairs, 2 off
