@@ -191,10 +191,16 @@ def test_rope(gpu, ref, neox, factors, yarn):
     p = RopeParams(n_rot, neox, 10000.0, 0.25 if yarn else 1.0, ext_factor=1.0 if yarn else 0.0, n_ctx_orig=4096)
     batch = AttentionBatch(np.array([0, 7, 300, 2047], np.int32), np.zeros(n, np.int32), np.zeros((1, 1), np.int32),
                            np.zeros(n, np.int64), 16)
-    g, r = both(gpu, ref, x)
-    gpu.rope(g, n_head, batch, RopeParams(**{**_fields(p), "freq_factors": None if ff is None else gpu.from_numpy(ff.astype(np.float32))}))
-    ref.rope(r, n_head, batch, RopeParams(**{**_fields(p), "freq_factors": ff}))
+    keys = rng.standard_normal((n, 2 * hd))  # rotated right after the queries: one dispatch on the device
+    (g, r), (gk, rk) = both(gpu, ref, x), both(gpu, ref, keys)
+    gp = RopeParams(**{**_fields(p), "freq_factors": None if ff is None else gpu.from_numpy(ff.astype(np.float32))})
+    rp = RopeParams(**{**_fields(p), "freq_factors": ff})
+    gpu.rope(g, n_head, batch, gp)
+    gpu.rope(gk, 2, batch, gp)
+    ref.rope(r, n_head, batch, rp)
+    ref.rope(rk, 2, batch, rp)
     np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)  # f32 angles at position 2047
+    np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
 
 
 def _fields(p: RopeParams) -> dict:

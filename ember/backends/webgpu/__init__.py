@@ -36,10 +36,11 @@ ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
 F32 = np.float32
+SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave unused
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3), "rope": (1, 3, 4), "kv_store": (2, 3, 4, 5, 10), "add_rms_norm": (1, 2, 3, 9), "copy_pages": (4, 5),
+                "rms_norm": (1, 2, 3), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10), "add_rms_norm": (1, 2, 3, 9), "copy_pages": (4, 5),
                 "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
 
 
@@ -88,7 +89,9 @@ class Backend:
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
-        self._dummy = self._buffer(16)
+        self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._dummy = self._buffer(16)  # placeholder of unused inputs
+        self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
         self.last_step: Step | None = None  # the last step run (its host encode and wait times)
 
     # ---- description ----
@@ -197,9 +200,9 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = None
+        self._residual = self._rope_last = None
         if module == "ops":
-            bindings = {b: bindings.get(b, self._dummy) for b in OPS_BINDINGS[entry]}
+            bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy) for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
         self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
@@ -303,16 +306,31 @@ class Backend:
                        _params(x.shape[-1], rows, int(h.buf is out.buf), int(w is not None), float(eps)), _groups(rows))
 
     def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
+        """Rotate x in place; keys rotated right after their queries (same positions and parameters)
+        join the queries' dispatch."""
         n = batch.n_tokens
         hd = x.shape[-1] // n_head
+        last, step = self._rope_last, self._step()
+        if (last is not None and last[0] is step and last[1] == len(step.dispatches) - 1 and last[2] is batch.positions
+                and last[3] == (hd, p) and last[4].buf is not x.buf and last[4].shape[0] == x.shape[0]):
+            step.dispatches.pop()
+            self._rope_dispatch(last[4], x, last[5], n_head, hd, batch, p)
+            return
+        self._rope_dispatch(x, None, n_head, 0, hd, batch, p)
+        self._rope_last = (step, len(step.dispatches) - 1, batch.positions, (hd, p), x, n_head)
+
+    def _rope_dispatch(self, x, z, n_head: int, n_head_z: int, hd: int, batch: AttentionBatch, p: RopeParams) -> None:
         mscale, low, high = rope_scales(p)
         bindings = {1: x, 4: INPUTS}
+        if z is not None:
+            bindings[9] = z
         if p.freq_factors is not None:
             bindings[3] = p.freq_factors
-        params = _params(n, n_head, hd, p.n_rot, int(p.neox), self._input(batch.positions), float(p.freq_base),
-                         float(p.freq_scale), float(p.ext_factor), float(mscale), float(low), float(high),
-                         int(p.freq_factors is not None))
-        self._dispatch("ops", "rope", bindings, params, (-(-(n_head * p.n_rot // 2) // 64), max(n, 1), 1))
+        params = _params(batch.n_tokens, n_head, hd, p.n_rot, int(p.neox), self._input(batch.positions),
+                         float(p.freq_base), float(p.freq_scale), float(p.ext_factor), float(mscale), float(low),
+                         float(high), int(p.freq_factors is not None), n_head_z)
+        groups = -(-((n_head + n_head_z) * p.n_rot // 2) // 64)
+        self._dispatch("ops", "rope", bindings, params, (groups, max(batch.n_tokens, 1), 1))
 
     def _binary(self, a, b, out, mode: int) -> None:
         bindings = {1: out}

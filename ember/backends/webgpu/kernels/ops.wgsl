@@ -148,18 +148,25 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// Rotary embedding of Y (n, n_head * hd) in place at positions I[pos_off ..], ggml's
-// parametrisation with YaRN (ramp bounds and magnitude scale from the host) and frequency
-// factors B. A thread a rotated pair; x: pair + head * n_rot/2, y: token.
+// Rotary embedding of Y (n, n_head * hd) and of Z (n, n_head_z * hd) (queries and keys; n_head_z
+// may be 0) in place at positions I[pos_off ..], ggml's parametrisation with YaRN (ramp bounds and
+// magnitude scale from the host) and frequency factors B. A thread a rotated pair; x: pair + head
+// * n_rot/2 over Y's heads then Z's, y: token.
 // params: 0 n, 1 n_head, 2 hd, 3 n_rot, 4 neox, 5 pos_off, 6 freq_base, 7 freq_scale,
-// 8 ext_factor, 9 mscale, 10 low, 11 high, 12 has factors
+// 8 ext_factor, 9 mscale, 10 low, 11 high, 12 has factors, 13 n_head_z
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     let half = pu(3u) / 2u;
     let i = g.x % half;
-    let h = g.x / half;
+    var h = g.x / half;
     let tok = g.y;
-    if (h >= pu(1u) || tok >= pu(0u)) { return; }
+    if (h >= pu(1u) + pu(13u) || tok >= pu(0u)) { return; }
+    let in_z = h >= pu(1u);
+    var heads = pu(1u);
+    if (in_z) {
+        h -= pu(1u);
+        heads = pu(13u);
+    }
     let pos = f32(I[pu(5u) + tok]);
     var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
     if (pu(12u) != 0u) { extrap = extrap / B[i]; }
@@ -172,17 +179,24 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     }
     let c = cos(theta) * pf(9u);
     let s = sin(theta) * pf(9u);
-    let base = tok * pu(1u) * pu(2u) + h * pu(2u);
+    let base = tok * heads * pu(2u) + h * pu(2u);
     var i0 = base + 2u * i;
     var i1 = i0 + 1u;
     if (pu(4u) != 0u) {
         i0 = base + i;
         i1 = i0 + half;
     }
-    let a = Y[i0];
-    let b = Y[i1];
-    Y[i0] = a * c - b * s;
-    Y[i1] = a * s + b * c;
+    if (in_z) {
+        let a = Z[i0];
+        let b = Z[i1];
+        Z[i0] = a * c - b * s;
+        Z[i1] = a * s + b * c;
+    } else {
+        let a = Y[i0];
+        let b = Y[i1];
+        Y[i0] = a * c - b * s;
+        Y[i1] = a * s + b * c;
+    }
 }
 
 // Keys A (n, kd) and values B (n, vd) rounded to f16 into the caches H (slots, kd/2 words of f16
