@@ -64,9 +64,10 @@ def product(gpu, w, x):
     return gpu.to_numpy(out)
 
 
-def close(got, want, rel=2e-5):
-    scale = max(float(np.abs(want).max()), 1.0)
-    assert np.abs(got - want).max() <= rel * scale * 50, f"max error {np.abs(got - want).max():.3g} at scale {scale:.3g}"
+def close(got, want, rel=1e-3):
+    """f32 sums against float64: within rel of the largest value (or of 1)."""
+    scale, err = max(float(np.abs(want).max()), 1.0), float(np.abs(got - want).max())
+    assert err <= rel * scale, f"max error {err:.3g} at scale {scale:.3g}"
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -283,7 +284,8 @@ def test_eight_streams_decode_as_on_the_cpu(gpu, tiny):
     results = []
     for backend in (get_backend("cpu", threads=1), gpu):
         with GGUFFile(tiny) as f:
-            engine = Engine(load_model(f, backend), Tokenizer.from_metadata(f.metadata), EngineConfig(n_ctx=64, max_seqs=8))
+            config = EngineConfig(n_ctx=64, max_seqs=8)
+            engine = Engine(load_model(f, backend), Tokenizer.from_metadata(f.metadata), config)
             try:
                 greedy = SamplingParams(temperature=0.0, ignore_eos=True)
                 results.append(events([engine.submit(Request([1, *range(20 + i, 24 + 2 * i)], 6, greedy))
@@ -310,7 +312,8 @@ def test_prefix_cache_copies_pages_on_the_device(gpu, tiny):
                             EngineConfig(n_ctx=64, max_seqs=4, page_size=8))
             try:
                 first = events([engine.submit(Request(prompt, 4, SamplingParams.greedy_params()))])
-                rest = events([engine.submit(Request(prompt + [i], 4, SamplingParams.greedy_params())) for i in (40, 41)])
+                greedy = SamplingParams.greedy_params()
+                rest = events([engine.submit(Request(prompt + [i], 4, greedy)) for i in (40, 41)])
                 results.append((first, rest, engine.metrics.prompt_tokens_cached))
             finally:
                 engine.close()

@@ -40,8 +40,8 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10), "add_rms_norm": (1, 2, 3, 9), "copy_pages": (4, 5),
-                "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
+                "rms_norm": (1, 2, 3), "add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -202,7 +202,8 @@ class Backend:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
         self._residual = self._rope_last = None
         if module == "ops":
-            bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy) for b in OPS_BINDINGS[entry]}
+            bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
+                        for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
         self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
@@ -283,8 +284,8 @@ class Backend:
             bindings[2] = x
         if w is not None:
             bindings[3] = w.data
-        self._dispatch("ops", "rms_norm", bindings, _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps)),
-                       _groups(rows))
+        params = _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps))
+        self._dispatch("ops", "rms_norm", bindings, params, _groups(rows))
 
     def _fuses_residual(self, x, d: int, out) -> bool:
         """Whether this norm of x follows the add into x (x += h) as the step's last dispatch, so
@@ -371,7 +372,8 @@ class Backend:
             raise BackendError(f"KV slot out of range (cache has {n_slots} slots)")
         kd, vd = cache[0].shape[1], cache[1].shape[1]
         self._dispatch("ops", "kv_store", {2: k, 3: v, 4: INPUTS, 5: cache[0], 10: cache[1]},
-                       _params(len(slots), kd, self._input(slots), vd), (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
+                       _params(len(slots), kd, self._input(slots), vd),
+                       (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination
@@ -413,7 +415,8 @@ def check_attention(k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: 
         raise BackendError(f"head sizes {hd_k}/{hd_v} are not supported by the WebGPU attention kernel "
                            f"(even, at most {ATT_MAX_D})")
     pos = np.asarray(batch.positions)
-    if positions and pos.size and (int(pos.min()) < 0 or int(pos.max()) >= batch.block_tables.shape[1] * batch.page_size):
+    reach = batch.block_tables.shape[1] * batch.page_size
+    if positions and pos.size and (int(pos.min()) < 0 or int(pos.max()) >= reach):
         raise BackendError("a position lies beyond its sequence's page table")
 
 

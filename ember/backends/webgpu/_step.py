@@ -122,7 +122,8 @@ class Step:
         for i, d in enumerate(self.dispatches):
             params[i, :PARAM_WORDS] = d.params
         uniforms = device.create_buffer_with_data(data=params.tobytes(), usage=usage.UNIFORM)
-        self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT) for i, d in enumerate(self.dispatches)]
+        self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT)
+                            for i, d in enumerate(self.dispatches)]
         if native_pass_calls() is not None:
             self.handles = [(d.pipeline._internal, bg._internal, *d.groups)
                             for d, bg in zip(self.dispatches, self.bind_groups)]

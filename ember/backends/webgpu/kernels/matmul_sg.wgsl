@@ -1,7 +1,7 @@
 
-// Decode with subgroup sums (devices with the subgroup feature): a weight row a workgroup of 64 lanes, a lane a 32-value slice at a time,
-// each lane's sums added across its subgroup, the subgroups' sums through workgroup memory (one
-// barrier whatever the subgroup size).
+// Decode with subgroup sums (devices with the subgroup feature): a weight row a workgroup of 64
+// lanes, a lane a 32-value slice at a time, each lane's sums added across its subgroup, the
+// subgroups' sums through workgroup memory (one barrier whatever the subgroup size).
 var<workgroup> sg_part: array<array<f32, 8>, 64>;
 
 @compute @workgroup_size(64)
