@@ -2,10 +2,9 @@
 // rows of it looked up (embeddings). W (rows, k) in blocks, X (n, k) f32, Y (n, y_stride) f32:
 // Y[j, y_col0 + r] = X[j] . W[r] for the rows r of this part of a matrix.
 // params: 0 rows, 1 k, 2 n, 3 row bytes, 4 y_stride, 5 y_col0
-@group(0) @binding(2) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read> X4: array<vec4<f32>>;  // X, 4 values an element (k: 32s)
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> IDS: array<i32>;
-@group(0) @binding(2) var<storage, read> X4: array<vec4<f32>>;  // X as vec4 (k is a multiple of 32)
 
 const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
 const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
@@ -75,10 +74,14 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
             for (var i = 0u; i < 32u; i++) { ws[t * TS + i] = o[i]; }
         } else {
             let j = n0 + t - 32u;
-            for (var i = 0u; i < 32u; i++) {
-                var v = 0.0;
-                if (j < n) { v = X[j * k + c * 32u + i]; }
-                xs[(t - 32u) * TS + i] = v;
+            for (var i = 0u; i < 8u; i++) {
+                var v = vec4<f32>();
+                if (j < n) { v = X4[(j * k + c * 32u) / 4u + i]; }
+                let at = (t - 32u) * TS + 4u * i;
+                xs[at] = v.x;
+                xs[at + 1u] = v.y;
+                xs[at + 2u] = v.z;
+                xs[at + 3u] = v.w;
             }
         }
         workgroupBarrier();
