@@ -9,7 +9,7 @@ for the adapter (the GPU time plus a readback of the best ids). On lavapipe (Mes
 driver) the "GPU" is this machine's cores: the figures say how the backend behaves, not how a GPU
 would run it. Writes JSON (default bench/results/webgpu.json).
 
-    python bench/webgpu.py [--models smollm2 gemma3-270m] [--device webgpu] [--n-prompt 64]
+    python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2]
 """
 from __future__ import annotations
@@ -81,8 +81,10 @@ def host_share(runner: Runner, reps: int) -> dict:
             "encode_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
 
 
-def bench_model(name: str, args) -> dict:
-    path = hub.resolve(name)
+def bench_model(spec: str, args) -> dict:
+    """spec: a model name, or NAME=PATH (a file elsewhere, e.g. a skeleton unpacked on a GPU machine)."""
+    name, _, where = spec.partition("=")
+    path = Path(where) if where else hub.resolve(name)
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                "cpu": Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)}
@@ -129,8 +131,9 @@ def main() -> None:
     args = ap.parse_args()
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                "threads": args.threads, "models": {}}
-    for name in args.models:
-        results["models"][name] = r = bench_model(name, args)
+    for spec in args.models:
+        name = spec.partition("=")[0]
+        results["models"][name] = r = bench_model(spec, args)
         report(name, r, args)
     results["load_after"] = machine_load()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -327,9 +327,15 @@ def test_real_models_match_llama_cpp(gpu, model_path, name):
     from ember.engine import LLM
     from ember.sampler import SamplingParams
 
+    from ember.hub import FetchError, ModelNotFound
+
+    try:
+        path = model_path(name)
+    except (FetchError, ModelNotFound) as e:  # a GPU machine without network or the model cache
+        pytest.skip(f"{name} is not here: {e}")
     case = golden(name, "greedy")["cases"][0]
     upto = min(4, next((i for i, s in enumerate(case["steps"]) if s["top"][0][1] - s["top"][1][1] < 0.3), 4))
-    llm = LLM(model_path(name), device="webgpu", ctx=256)
+    llm = LLM(path, device="webgpu", ctx=256)
     try:
         out = llm.generate(case["prompt_ids"], max_tokens=upto, sampling=SamplingParams.greedy_params())
         scores = llm.score(case["prompt_ids"] + case["completion_ids"][:6], top=1)
