@@ -84,10 +84,11 @@ fn deq_q8_0(base: u32, c: u32, o: ptr<function, array<f32, 32>>) {
     let blk = base + c * 34u;
     let d = f16at(blk);
     for (var j = 0u; j < 8u; j++) {
-        let q = bitcast<i32>(w32(blk + 2u + 4u * j));
-        for (var b = 0u; b < 4u; b++) {
-            (*o)[4u * j + b] = f32(extractBits(q, 8u * b, 8u)) * d;
-        }
+        let q = w32(blk + 2u + 4u * j);  // each byte sign-extended by an arithmetic shift
+        (*o)[4u * j] = f32(bitcast<i32>(q << 24u) >> 24u) * d;
+        (*o)[4u * j + 1u] = f32(bitcast<i32>(q << 16u) >> 24u) * d;
+        (*o)[4u * j + 2u] = f32(bitcast<i32>(q << 8u) >> 24u) * d;
+        (*o)[4u * j + 3u] = f32(bitcast<i32>(q) >> 24u) * d;
     }
 }
 
