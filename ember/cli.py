@@ -140,6 +140,9 @@ def _with_offline(add_parser):
     return add
 
 
+DEVICE_HELP = "backend: auto (CUDA, a discrete WebGPU GPU, the CPU), cpu, cuda, webgpu[:N], reference (default auto)"
+
+
 def _add_serve(sub, model_help: str) -> None:
     s = sub.add_parser("serve", help="run the OpenAI- and llama-server-compatible HTTP server")
     s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
@@ -150,7 +153,7 @@ def _add_serve(sub, model_help: str) -> None:
     s.add_argument("--kv-memory", type=_byte_size, default=None, metavar="BYTES",
                    help="KV cache budget, e.g. 512M or 2G (default: ctx x slots tokens)")
     s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    s.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
@@ -257,7 +260,7 @@ def _add_runtime(p: argparse.ArgumentParser, ctx: bool = True) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     if ctx:
         p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
-    p.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def _load(args):
@@ -383,6 +386,8 @@ def _system_info() -> int:
     print(f"cpu: {cpu.default_threads()} threads usable, features: {' '.join(cpu.cpu_features()) or 'none detected'}")
     print(f"cpu kernels: {cpu.isa()} path (override with EMBER_CPU_ISA=scalar|avx2|avx512|neon)")
     print(_cuda_line(backends.available()))
+    for line in _webgpu_lines(backends.available()):
+        print(line)
     print(f"device auto -> {backends.get_backend('auto', threads=1).name}")
     return 0
 
@@ -398,6 +403,29 @@ def _cuda_line(installed: list[str]) -> str:
                 f"{gpu['compute_capability']}, CuPy {gpu['cupy']}, kernel cache {gpu['kernel_cache']}")
     except Exception as e:  # no CuPy, no GPU, no driver
         return f"cuda: unavailable ({e})"
+
+
+def _webgpu_lines(installed: list[str]) -> list[str]:
+    """One line per WebGPU adapter (webgpu:N, best first): backend, type, features and limits."""
+    if "webgpu" not in installed:
+        return ["webgpu: not in this build"]
+    from .backends.webgpu import _device
+
+    if not _device.installed():
+        return ["webgpu: unavailable (pip install 'ember[webgpu]' brings wgpu)"]
+    try:
+        found = [_device.describe(a) for a in _device.adapters()]
+    except Exception as e:  # a broken driver stack
+        return [f"webgpu: unavailable ({e})"]
+    if not found:
+        return ["webgpu: no adapter (no Vulkan, Metal or D3D12 driver)"]
+    lines = []
+    for i, a in enumerate(found):
+        limits = ", ".join(f"{k} {v}" for k, v in a["limits"].items())
+        lines.append(f"webgpu:{i}: {a['name']} ({a['type']}, {a['backend']}, {a['driver']})")
+        lines.append(f"  features: {' '.join(a['features']) or 'none'}")
+        lines.append(f"  limits: {limits}")
+    return lines
 
 
 def cmd_tokenize(args) -> int:

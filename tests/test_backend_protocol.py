@@ -41,9 +41,11 @@ def test_shipped_declarations():
     from ember.backends.cpu import Backend as Cpu
     from ember.backends.cuda import Backend as Cuda
     from ember.backends.reference import Backend as Reference
+    from ember.backends.webgpu import Backend as WebGpu
 
     assert Cpu.capabilities == Capabilities(top_k=True, record=True)
     assert Reference.capabilities == Capabilities(top_k=True)
+    assert WebGpu.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, copy_pages=True)
     assert Cuda.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
                                              chain_tokens=True, pad_decode_steps=True, copy_pages=True)
 
@@ -58,7 +60,7 @@ def test_inconsistent_declarations_are_refused():
 
 
 def test_backends_are_found_by_name():
-    assert {"cpu", "cuda", "reference"} <= set(available()) and "base" not in available()
+    assert {"cpu", "cuda", "reference", "webgpu"} <= set(available()) and "base" not in available()
     assert get_backend("reference").name == "reference"
     for name in ("nope", "base", "../cpu", ""):
         with pytest.raises(BackendError, match=f"no backend named '{name}'"):

@@ -22,9 +22,17 @@ def _gpu_driver_present() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
 
 
+def _discrete_webgpu_present() -> bool:
+    """Whether wgpu is installed and sees a discrete GPU (a software adapter such as lavapipe, or an
+    integrated GPU sharing the CPU's memory, is left to `--device webgpu`)."""
+    from .webgpu import _device
+
+    return _device.discrete_present()
+
+
 # What device="auto" tries, best first: each backend with a cheap check that its device may be
 # here (None: always), so that a machine without one does not import its backend (CuPy: ~0.1 s).
-AUTO = (("cuda", _gpu_driver_present), ("cpu", None))
+AUTO = (("cuda", _gpu_driver_present), ("webgpu", _discrete_webgpu_present), ("cpu", None))
 
 
 def get_backend(device: str = "auto", **options) -> Backend:

@@ -1,0 +1,146 @@
+"""WebGPU speed: ember's WebGPU backend beside ember's CPU backend and llama.cpp's CPU build
+(llama-bench) on the same file, in the same run, and the host's share of a WebGPU decode step.
+
+For each model: prompt processing (ppN: N tokens in one batch from an empty context) and generation
+(tgN: N greedy tokens one at a time), the three runs alternating --reps times so that all see the
+same machine; medians. Then a recorded decode step of the WebGPU backend replayed --reps times:
+the host time to write its inputs and encode its command buffer, against the time it then waits
+for the adapter (the GPU time plus a readback of the best ids). On lavapipe (Mesa's software Vulkan
+driver) the "GPU" is this machine's cores: the figures say how the backend behaves, not how a GPU
+would run it. Writes JSON (default bench/results/webgpu.json).
+
+    python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
+                           [--n-gen 16] [--reps 3] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer  # noqa: E402
+from cpu import cpu_name, llama_bench, machine_load  # noqa: E402
+
+from ember import hub  # noqa: E402
+from ember.engine import LLM  # noqa: E402
+from ember.sampler import SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+
+
+def ignore(logits, positions):  # the logits are computed, not needed
+    return None
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Runner:
+    """One ember backend on a model, warmed up (pipelines compiled, steps recorded)."""
+
+    def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int):
+        self.llm = LLM(str(path), device=device, threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+        self.n_prompt, self.n_gen = n_prompt, n_gen
+        self.vocab = min(self.llm.model.n_vocab, 32000)
+        rng = np.random.default_rng(0)
+        for _ in range(2):  # the second run of a shape replays its recording
+            self.pp(rng)
+            self.llm.generate([1], 4, GREEDY)
+
+    def pp(self, rng) -> float:
+        prompt = rng.integers(0, self.vocab, self.n_prompt).tolist()
+        return self.n_prompt / _timed(lambda: self.llm.evaluate(prompt, ignore, logits_from=self.n_prompt - 1))
+
+    def tg(self, rng) -> float:
+        first = int(rng.integers(0, self.vocab))
+        return self.n_gen / _timed(lambda: self.llm.generate([first], self.n_gen, GREEDY))
+
+
+def host_share(runner: Runner, reps: int) -> dict:
+    """A recorded decode step replayed: host encode time and the wait for the adapter, medians."""
+    backend = runner.llm.backend
+    runner.llm.generate([1], 2, GREEDY)  # the last step run is then a recorded decode step
+    step = backend.last_step
+    encode, wait = [], []
+    for _ in range(max(reps, 5)):
+        backend.replay(step)
+        encode.append(step.encode_s)
+        wait.append(step.wait_s)
+    return {"dispatches": len(step.dispatches), "encode_ms": 1e3 * statistics.median(encode),
+            "wait_ms": 1e3 * statistics.median(wait),
+            "encode_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
+
+
+def bench_model(spec: str, args) -> dict:
+    """spec: a model name, or NAME=PATH (a file elsewhere, e.g. a skeleton unpacked on a GPU machine)."""
+    name, _, where = spec.partition("=")
+    path = Path(where) if where else hub.resolve(name)
+    rng = np.random.default_rng(1)
+    runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
+               "cpu": Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)}
+    samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
+    variant = "?"
+    for _ in range(args.reps):
+        for key, runner in runners.items():
+            samples[key]["pp"].append(runner.pp(rng))
+            samples[key]["tg"].append(runner.tg(rng))
+        if peer.available():
+            run = llama_bench(path, args.threads, 1, args.n_prompt, args.n_gen)
+            samples["llama.cpp"]["pp"] += run["pp_samples"]
+            samples["llama.cpp"]["tg"] += run["tg_samples"]
+            variant = run["variant"]
+    out = {"path": str(path), "adapter": runners["webgpu"].llm.backend.describe()["name"],
+           "host": host_share(runners["webgpu"], args.reps), "llama_cpp_variant": variant}
+    for key, s in samples.items():
+        if s["pp"]:
+            out[key] = {"pp_tps": statistics.median(s["pp"]), "tg_tps": statistics.median(s["tg"]), **s}
+    for runner in runners.values():
+        runner.llm.close()
+    return out
+
+
+def report(name: str, r: dict, args) -> None:
+    print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
+    for key in ("webgpu", "cpu", "llama.cpp"):
+        if key in r:
+            print(f"  {key:10s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
+    h = r["host"]
+    print(f"  decode step: {h['dispatches']} dispatches, host encode {h['encode_ms']:.2f} ms "
+          f"({h['encode_us_per_dispatch']:.1f} us each), wait for the adapter {h['wait_ms']:.1f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
+    ap.add_argument("--device", default="webgpu", help="the WebGPU adapter (webgpu or webgpu:N)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads of ember's CPU backend and llama.cpp")
+    ap.add_argument("--n-prompt", type=int, default=64)
+    ap.add_argument("--n-gen", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS / "webgpu.json")
+    args = ap.parse_args()
+    results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+               "threads": args.threads, "models": {}}
+    for spec in args.models:
+        name = spec.partition("=")[0]
+        results["models"][name] = r = bench_model(spec, args)
+        report(name, r, args)
+    results["load_after"] = machine_load()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"load average {results['load_before']['loadavg'][0]:.2f} before, "
+          f"{results['load_after']['loadavg'][0]:.2f} after; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

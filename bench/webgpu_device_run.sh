@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The WebGPU backend on a GPU machine, in one call:
+#
+#   bash bench/webgpu_device_run.sh [tests] [bench]     (default: tests bench)
+#
+#   tests  pytest tests/test_webgpu.py (the real-model cases skip where the models are not in the
+#          model cache: skeletons have the real shapes, not the real weights)
+#   bench  bench/webgpu.py on the skeletons (pp512, tg128, 3 reps; ember's CPU backend beside it,
+#          llama.cpp's CPU build where LLAMA_CPP_DIR has it)
+#
+# Carry .gl (the Vulkan loader and its friends, as Debian packages: the device README says how) and
+# .devcarry: smollm2.skel and gemma3.skel (`python bench/gguf_skeleton.py pack MODEL.gguf
+# .devcarry/NAME.skel`) and wheels/ for the machine's Python (`pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .devcarry/wheels
+# wgpu==0.32.0 rendercanvas gguf cffi pycparser pyyaml tqdm`). Logs and JSON go to $OUT.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ember_webgpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+STAGES=${*:-tests bench}
+SETUP="$OUT/setup.log"
+
+stage() { echo; echo "=== $1 ($(date +%H:%M:%S))"; }
+
+stage setup
+for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
+ldconfig
+ldconfig -p | grep -q libvulkan || echo "no libvulkan: carry .gl (the device README says how)"
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+for whl in .devcarry/wheels/*.whl; do
+  [ -f "$whl" ] || { echo "no .devcarry/wheels: wgpu is missing, the tests will skip"; break; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ember_site \
+    "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
+done
+export PYTHONPATH="$PWD:/tmp/ember_site${PYTHONPATH:+:$PYTHONPATH}"
+timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1 || echo "CPU extension not built (see setup.log)"
+$PY -m ember info --system 2>&1 | grep -v XDG_RUNTIME_DIR | tee -a "$SETUP"
+mkdir -p /tmp/ember_models
+MODELS=()
+for m in smollm2 gemma3; do
+  if [ -f ".devcarry/$m.skel" ] && $PY bench/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
+    name=$m; [ "$m" = gemma3 ] && name=gemma3-270m
+    MODELS+=("$name=/tmp/ember_models/$m.gguf")
+  else
+    echo "skeleton $m missing or broken: its benchmark is skipped"
+  fi
+done
+
+for s in $STAGES; do
+  case $s in
+    tests)
+      stage tests
+      timeout 300 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=8 tests/test_webgpu.py \
+        >"$OUT/tests.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -25
+      tail -n 12 "$OUT/tests.log"
+      ;;
+    bench)
+      stage bench
+      [ ${#MODELS[@]} -gt 0 ] || { echo "no models to bench"; continue; }
+      timeout 500 $PY bench/webgpu.py --models "${MODELS[@]}" --n-prompt 512 --n-gen 128 --reps 3 \
+        --out "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+      echo "bench exit $?"
+      grep -v XDG_RUNTIME_DIR "$OUT/bench.log" | tail -n 20
+      ;;
+    *) echo "unknown stage '$s' (tests, bench)" ;;
+  esac
+done

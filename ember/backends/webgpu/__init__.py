@@ -1,0 +1,431 @@
+"""WebGPU backend: one set of WGSL kernels through wgpu-py, on Vulkan, Metal or D3D12 (on a machine
+without a GPU, Mesa's software Vulkan driver lavapipe runs them).
+
+Weights stay in their GGUF block layout on the device (a matrix larger than the adapter's largest
+storage binding is split by rows into several buffers); 1-D tensors are kept as f32; activations
+are f32; the paged KV cache is f16 (pairs of halves a 32-bit word, which every WGSL implementation
+has). A step's ops are collected and submitted as one command buffer; a recorded step keeps its
+pipelines, bind groups and parameters and is encoded again from them on each replay.
+
+Needs wgpu (`pip install 'ember[webgpu]'`); importing this module does not.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...quant import dequantize
+from ...quant.types import GGMLType, layout
+from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
+from . import _device
+from ._step import INPUTS, PARAM_WORDS, Dispatch, GpuArray, Step
+
+__all__ = ["Backend", "GpuArray", "MATRIX_TYPES"]
+
+# weight type -> its block decoder in kernels/dequant.wgsl
+MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q5_0: "deq_q5_0",
+                GGMLType.Q5_1: "deq_q5_1", GGMLType.Q8_0: "deq_q8_0", GGMLType.Q4_K: "deq_q4_k",
+                GGMLType.Q5_K: "deq_q5_k", GGMLType.Q6_K: "deq_q6_k", GGMLType.F16: "deq_f16",
+                GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
+MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernel (mv in matmul.wgsl)
+TOPK_MAX = 256
+ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
+WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
+MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
+F32 = np.float32
+SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave unused
+# bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
+# output itself, or absent, is bound to a placeholder)
+OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
+                "rms_norm": (1, 2, 3), "add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
+
+
+def _groups(count: int) -> tuple[int, int, int]:
+    """`count` workgroups as a 2-D grid (flat_group in common.wgsl folds them back)."""
+    if count <= MAX_GROUPS:
+        return max(count, 1), 1, 1
+    y = -(-count // MAX_GROUPS)
+    return -(-count // y), y, 1
+
+
+def _params(*values) -> np.ndarray:
+    """Kernel parameters as the 32 words the kernels read (floats by their bits)."""
+    words = np.zeros(PARAM_WORDS, np.uint32)
+    for i, v in enumerate(values):
+        if isinstance(v, float):
+            words[i] = np.array(v, F32).view(np.uint32)
+        else:
+            words[i] = np.array(int(v), np.int64).astype(np.uint32)
+    return words
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixData:
+    """A matrix in GGUF blocks: parts of whole rows, each a buffer of its own."""
+
+    parts: list  # (first row, rows, GPUBuffer)
+    row_bytes: int
+
+
+class Backend:
+    name = "webgpu"
+    # top_k, record/replay (prompt-sized steps too: each op eagerly costs a bind group), copy_pages
+    capabilities = Capabilities(top_k=True, record=True, max_recorded_tokens=4096, copy_pages=True)
+
+    def __init__(self, device: str = "webgpu", threads: int | None = None):
+        self.wgpu = _device.import_wgpu()
+        self.adapter, self.device, self.kernels = _device.open_adapter(device)
+        self.n_threads = 1  # host threads: the adapter does the work
+        self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
+        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products fastest a
+        # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
+        # blocks (mv) and tiles shared by a workgroup (mm)
+        self.row_products = _device.is_cpu(self.adapter)
+        self.subgroups = "subgroup" in self.device.features  # mv_sg rather than mv
+        self._recording: Step | None = None
+        self._pending: Step | None = None
+        self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
+        self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._dummy = self._buffer(16)  # placeholder of unused inputs
+        self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
+        self.last_step: Step | None = None  # the last step run (its host encode and wait times)
+
+    # ---- description ----
+    def describe(self) -> dict:
+        return {"backend": self.name, "wgpu": self.wgpu.__version__, **_device.describe(self.adapter)}
+
+    def supports(self, qtype: GGMLType) -> bool:
+        return qtype in MATRIX_TYPES
+
+    # ---- memory ----
+    def _buffer(self, nbytes: int, data: np.ndarray | None = None):
+        usage = self.wgpu.BufferUsage
+        size = max(16, -(-nbytes // 16) * 16)
+        buf = self.device.create_buffer(size=size, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST)
+        if data is not None and data.nbytes:
+            raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            whole = raw.size // 4 * 4
+            if whole:
+                self.device.queue.write_buffer(buf, 0, raw[:whole])
+            if whole < raw.size:
+                self.device.queue.write_buffer(buf, whole, np.pad(raw[whole:], (0, 4 - raw.size + whole)))
+        return buf
+
+    def weight(self, tensor) -> Weight:
+        shape = tuple(tensor.shape)
+        if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
+            values = dequantize(tensor.data, tensor.type).astype(F32)
+            return Weight(tensor.name, tensor.type, shape, self.from_numpy(values))
+        if tensor.type not in MATRIX_TYPES or len(shape) != 2:
+            raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name} and shape {shape}, which the "
+                               "WebGPU backend cannot compute with")
+        if shape[1] % 32 or shape[1] % layout(tensor.type).block_size:
+            raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values, not whole blocks of 32")
+        return Weight(tensor.name, tensor.type, shape, self._matrix(np.asarray(tensor.data), shape, tensor.type))
+
+    def _matrix(self, raw: np.ndarray, shape: tuple, qtype: GGMLType) -> MatrixData:
+        row_bytes = layout(qtype).row_bytes(shape[1])
+        raw = raw.reshape(-1).view(np.uint8)
+        per_part = max(1, (self.max_binding - WEIGHT_PADDING) // row_bytes)
+        parts = []
+        for row0 in range(0, shape[0], per_part):
+            rows = min(per_part, shape[0] - row0)
+            chunk = raw[row0 * row_bytes:(row0 + rows) * row_bytes]
+            parts.append((row0, rows, self._buffer(chunk.nbytes + WEIGHT_PADDING, chunk)))
+        return MatrixData(parts, row_bytes)
+
+    def empty(self, shape, dtype=F32):
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        return GpuArray(self._buffer(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize), shape, dtype)
+
+    def from_numpy(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        return GpuArray(self._buffer(a.nbytes, a), a.shape, a.dtype)
+
+    def to_numpy(self, a: GpuArray) -> np.ndarray:
+        """The array on the host. In a recording: an array that each replay fills."""
+        host = np.empty(a.shape, a.dtype)
+        step = self._step()
+        step.downloads.append((a, host))
+        if self._recording is None:
+            self._flush()
+        return host
+
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
+        if k_dim % 2 or v_dim % 2:
+            raise BackendError(f"the WebGPU KV cache holds pairs of values; rows of {k_dim} and {v_dim} are not")
+        return self.empty((n_slots, k_dim), np.float16), self.empty((n_slots, v_dim), np.float16)  # zero-filled
+
+    def synchronize(self) -> None:
+        self._flush()
+
+    # ---- steps ----
+    @contextlib.contextmanager
+    def record(self):
+        """Ops are recorded, then run once when the block ends (nothing in the block may read an
+        op's output: downloads are filled by each replay)."""
+        self._flush()
+        rec = self._recording = Step(record=True)
+        try:
+            yield rec
+        finally:
+            self._recording = None
+        rec.build(self.device, self.wgpu)
+        self.replay(rec)
+
+    def replay(self, rec: Step) -> None:
+        rec.run(self.device, self.wgpu)
+        self.last_step = rec
+
+    def _step(self) -> Step:
+        if self._recording is not None:
+            return self._recording
+        if self._pending is None:
+            self._pending = Step(record=False)
+        return self._pending
+
+    def _flush(self) -> None:
+        step, self._pending = self._pending, None
+        if step is not None and (step.dispatches or step.downloads):
+            step.build(self.device, self.wgpu)
+            step.run(self.device, self.wgpu)
+            self.last_step = step
+
+    def _dispatch(self, module: str, entry: str, bindings: dict, params: np.ndarray, groups) -> None:
+        for arr in bindings.values():
+            if isinstance(arr, GpuArray) and arr.offset:
+                raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
+        self._residual = self._rope_last = None
+        if module == "ops":
+            bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
+                        for b in OPS_BINDINGS[entry]}
+        bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
+        self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
+
+    def _input(self, a) -> int:
+        """Word offset of host ints a in the step's inputs (int32 on the device)."""
+        a = np.asarray(a)
+        if self._recording is not None and not a.flags.c_contiguous:
+            raise BackendError(f"a recorded step needs contiguous int inputs, got {a.dtype}")
+        if a.dtype == np.int64 and a.size and int(np.abs(a).max(initial=0)) >= 2**31 and self._recording is None:
+            raise BackendError("an index beyond 2**31 cannot reach the WebGPU kernels")
+        return self._step().add_input(a)
+
+    def _elementwise(self, entry: str, bindings: dict, size: int, *params) -> None:
+        self._dispatch("ops", entry, bindings, _params(size, *params), _groups(-(-size // 256)))
+
+    # ---- ops ----
+    def get_rows(self, w: Weight, ids, out) -> None:
+        rows, cols = w.shape
+        ids = np.asarray(ids)
+        if self._recording is None and len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= rows):
+            raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
+        off = self._input(ids)
+        for row0, n_rows, buf in w.data.parts:
+            self._dispatch(MATRIX_TYPES[w.type], "get_rows", {1: buf, 3: out, 4: INPUTS},
+                           _params(n_rows, cols, len(ids), w.data.row_bytes, row0, off),
+                           (-(-cols // 32 // 64), max(len(ids), 1), 1))
+
+    def matmul(self, w: Weight, x, out) -> None:
+        """out (n, rows) = x (n, cols) @ w.T, a dispatch for each part of w."""
+        rows, cols = w.shape
+        n = x.shape[0]
+        if not n:
+            return
+        for row0, n_rows, buf in w.data.parts:
+            params = _params(n_rows, cols, n, w.data.row_bytes, rows, row0)
+            if self.row_products:
+                self._dispatch(MATRIX_TYPES[w.type], "mv_row", {1: buf, 2: x, 3: out}, params,
+                               (-(-n_rows // 64), -(-n // 8), 1))
+            elif n <= MV_MAX_ROWS and self.subgroups:
+                self._dispatch(MATRIX_TYPES[w.type] + "+sg", "mv_sg", {1: buf, 2: x, 3: out}, params, _groups(n_rows))
+            elif n <= MV_MAX_ROWS:
+                self._dispatch(MATRIX_TYPES[w.type], "mv", {1: buf, 2: x, 3: out}, params, _groups(-(-n_rows // 2)))
+            else:
+                self._dispatch(MATRIX_TYPES[w.type], "mm", {1: buf, 2: x, 3: out}, params,
+                               (-(-n_rows // 32), -(-n // 32), 1))
+
+    def matmuls(self, ws: list[Weight], x, outs: list) -> None:
+        for w, out in zip(ws, outs):
+            self.matmul(w, x, out)
+
+    def gather_rows(self, x, rows, out) -> None:
+        rows = np.asarray(rows)
+        d = x.shape[1]
+        self._elementwise("gather_rows", {1: out, 2: x, 4: INPUTS}, len(rows) * d, d, self._input(rows))
+
+    def add_bias(self, x, b: Weight) -> None:
+        self._elementwise("add_row", {1: x, 2: b.data}, x.size, x.shape[-1])
+
+    def top_k(self, logits, k: int, ids, vals) -> None:
+        """ids (n, k) int32 and vals (n, k) f32 = each row's k largest logits, best first (lowest id
+        among equal values), computed on the device."""
+        n, vocab = logits.shape
+        if not 1 <= k <= min(TOPK_MAX, vocab):
+            raise BackendError(f"top_k needs 1 <= k <= {min(TOPK_MAX, vocab)}, got {k}")
+        if tuple(ids.shape) != (n, k) or tuple(vals.shape) != (n, k) or ids.dtype != np.int32:
+            raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
+        if n:
+            self._dispatch("ops", "top_k", {1: vals, 2: logits, 8: ids}, _params(vocab, k), (n, 1, 1))
+
+    def rms_norm(self, x, w, eps, out) -> None:
+        d = w.shape[-1] if w is not None else x.shape[-1]
+        rows = x.size // d
+        if self._fuses_residual(x, d, out):
+            self._add_rms_norm(x, w, eps, out)
+            return
+        bindings = {1: out}
+        if x.buf is not out.buf:
+            bindings[2] = x
+        if w is not None:
+            bindings[3] = w.data
+        params = _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps))
+        self._dispatch("ops", "rms_norm", bindings, params, _groups(rows))
+
+    def _fuses_residual(self, x, d: int, out) -> bool:
+        """Whether this norm of x follows the add into x (x += h) as the step's last dispatch, so
+        that one pass over the rows does both (the residual stream's add and the next block's norm)."""
+        r, step = self._residual, self._step()
+        return (r is not None and r[0] is step and r[1] == len(step.dispatches) - 1 and x.buf is r[3].buf
+                and x.size == r[3].size and d == x.shape[-1] and out.buf is not x.buf)
+
+    def _add_rms_norm(self, x, w, eps, out) -> None:
+        h = self._residual[2]
+        self._step().dispatches.pop()
+        bindings = {1: x, 9: out}
+        if h.buf is not out.buf:
+            bindings[2] = h
+        if w is not None:
+            bindings[3] = w.data
+        rows = x.size // x.shape[-1]
+        self._dispatch("ops", "add_rms_norm", bindings,
+                       _params(x.shape[-1], rows, int(h.buf is out.buf), int(w is not None), float(eps)), _groups(rows))
+
+    def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
+        """Rotate x in place; keys rotated right after their queries (same positions and parameters)
+        join the queries' dispatch."""
+        n = batch.n_tokens
+        hd = x.shape[-1] // n_head
+        last, step = self._rope_last, self._step()
+        if (last is not None and last[0] is step and last[1] == len(step.dispatches) - 1 and last[2] is batch.positions
+                and last[3] == (hd, p) and last[4].buf is not x.buf and last[4].shape[0] == x.shape[0]):
+            step.dispatches.pop()
+            self._rope_dispatch(last[4], x, last[5], n_head, hd, batch, p)
+            return
+        self._rope_dispatch(x, None, n_head, 0, hd, batch, p)
+        self._rope_last = (step, len(step.dispatches) - 1, batch.positions, (hd, p), x, n_head)
+
+    def _rope_dispatch(self, x, z, n_head: int, n_head_z: int, hd: int, batch: AttentionBatch, p: RopeParams) -> None:
+        mscale, low, high = rope_scales(p)
+        bindings = {1: x, 4: INPUTS}
+        if z is not None:
+            bindings[9] = z
+        if p.freq_factors is not None:
+            bindings[3] = p.freq_factors
+        params = _params(batch.n_tokens, n_head, hd, p.n_rot, int(p.neox), self._input(batch.positions),
+                         float(p.freq_base), float(p.freq_scale), float(p.ext_factor), float(mscale), float(low),
+                         float(high), int(p.freq_factors is not None), n_head_z)
+        groups = -(-((n_head + n_head_z) * p.n_rot // 2) // 64)
+        self._dispatch("ops", "rope", bindings, params, (groups, max(batch.n_tokens, 1), 1))
+
+    def _binary(self, a, b, out, mode: int) -> None:
+        bindings = {1: out}
+        if a.buf is not out.buf:
+            bindings[2] = a
+        if b.buf is not out.buf:
+            bindings[3] = b
+        self._elementwise("binary", bindings, out.size, int(a.buf is out.buf), int(b.buf is out.buf), mode)
+
+    def add(self, a, b, out) -> None:
+        self._binary(a, b, out, 0)
+        if a.buf is out.buf and b.buf is not out.buf and a.size == b.size:  # x += h: a norm of x may follow
+            step = self._step()
+            self._residual = (step, len(step.dispatches) - 1, b, out)
+
+    def silu_mul(self, gate, up, out) -> None:
+        self._binary(gate, up, out, 1)
+
+    def gelu_mul(self, gate, up, out) -> None:
+        self._binary(gate, up, out, 2)
+
+    def scale(self, x, s: float) -> None:
+        self._elementwise("unary", {1: x}, x.size, 0, float(s))
+
+    def softcap(self, x, cap: float) -> None:
+        self._elementwise("unary", {1: x}, x.size, 1, float(cap))
+
+    def pos_scale(self, x, batch: AttentionBatch, length: int, scale: float, offset: float = 0.0) -> None:
+        if length < 1:
+            raise BackendError(f"pos_scale needs a length of at least 1, got {length}")
+        self._elementwise("pos_scale", {1: x, 4: INPUTS}, x.size, x.shape[-1], self._input(batch.positions),
+                          int(length), float(scale), float(offset))
+
+    def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
+        slots = np.asarray(batch.slots)
+        n_slots = cache[0].shape[0]
+        if self._recording is None and slots.size and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+            raise BackendError(f"KV slot out of range (cache has {n_slots} slots)")
+        kd, vd = cache[0].shape[1], cache[1].shape[1]
+        self._dispatch("ops", "kv_store", {2: k, 3: v, 4: INPUTS, 5: cache[0], 10: cache[1]},
+                       _params(len(slots), kd, self._input(slots), vd),
+                       (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
+
+    def copy_pages(self, layers, pairs, page_size: int) -> None:
+        """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination
+        is another pair's source: KVCache.copy_pages runs those one at a time)."""
+        pairs = np.ascontiguousarray(np.asarray(pairs, np.int32).reshape(-1, 2))
+        n_pages = layers[0][0].shape[0] // page_size if layers else 0
+        if pairs.size and (int(pairs.min()) < 0 or int(pairs.max()) >= n_pages):
+            raise BackendError(f"page out of range (cache has {n_pages} pages)")
+        if not pairs.size or not layers:
+            return
+        off = self._input(pairs)
+        for cache in layers:
+            for c in cache:
+                words = page_size * c.shape[1] // 2
+                self._dispatch("ops", "copy_pages", {4: INPUTS, 5: c}, _params(words, len(pairs), off),
+                               (-(-words // 64), len(pairs), 1))
+        if self._recording is None:
+            self._flush()
+
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+        k_cache, v_cache = cache
+        check_attention(k_cache, v_cache, batch, n_head, n_kv_head, self._recording is None)
+        n = batch.n_tokens
+        if not n:
+            return
+        tables = batch.block_tables
+        params = _params(n_head, n_kv_head, k_cache.shape[1] // n_kv_head, v_cache.shape[1] // n_kv_head,
+                         tables.shape[1], batch.page_size, int(window), float(scale), float(softcap),
+                         self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
+        self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params, (n_head, n, 1))
+
+
+def check_attention(k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int, positions: bool) -> None:
+    """The kernel's contract, checked on the host (positions only where they are this step's)."""
+    if n_kv < 1 or n_head % n_kv:
+        raise BackendError(f"{n_head} query heads do not group into {n_kv} kv heads")
+    hd_k, hd_v = k_cache.shape[1] // n_kv, v_cache.shape[1] // n_kv
+    if hd_k % 2 or hd_v % 2 or hd_k > ATT_MAX_D or hd_v > ATT_MAX_D:
+        raise BackendError(f"head sizes {hd_k}/{hd_v} are not supported by the WebGPU attention kernel "
+                           f"(even, at most {ATT_MAX_D})")
+    pos = np.asarray(batch.positions)
+    reach = batch.block_tables.shape[1] * batch.page_size
+    if positions and pos.size and (int(pos.min()) < 0 or int(pos.max()) >= reach):
+        raise BackendError("a position lies beyond its sequence's page table")
+
+
+def rope_scales(p: RopeParams) -> tuple[float, float, float]:
+    """YaRN's magnitude scale and ramp bounds (ggml's), resolved on the host."""
+    from ..reference import yarn_corr_dims
+
+    mscale, low, high = p.attn_factor, 0.0, 0.0
+    if p.ext_factor != 0.0:
+        low, high = yarn_corr_dims(p)
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p.freq_scale)
+    return mscale, float(low), float(high)

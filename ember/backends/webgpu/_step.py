@@ -1,0 +1,216 @@
+"""A step of ops as the device runs it: the dispatches, the host ints they read, the arrays brought
+back. Ops are collected, never run one by one: a step is encoded into one command buffer when its
+results are asked for (eager) or when a recording ends, and a recording is encoded again on
+each replay from the bind groups it made once (WebGPU command buffers run once)."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PARAM_SLOT = 256  # bytes of one dispatch's parameters in the step's uniform buffer (offset alignment)
+PARAM_WORDS = 32  # of which the kernels read this many 4-byte words
+
+
+@dataclass(slots=True)
+class GpuArray:
+    """A device buffer viewed as a C-ordered array (rows may be sliced off its end)."""
+
+    buf: object  # wgpu.GPUBuffer
+    shape: tuple
+    dtype: np.dtype
+    offset: int = 0  # elements before the view's first
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("device arrays take row slices only")
+        lo, hi, _ = key.indices(self.shape[0])
+        hi = max(lo, hi)
+        row = int(np.prod(self.shape[1:], dtype=np.int64))
+        return GpuArray(self.buf, (hi - lo, *self.shape[1:]), self.dtype, self.offset + lo * row)
+
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if -1 in shape:
+            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            shape = tuple(self.size // max(known, 1) if s == -1 else s for s in shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return GpuArray(self.buf, shape, self.dtype, self.offset)
+
+
+INPUTS = object()  # a binding of the step's host-ints buffer
+
+
+@functools.cache
+def native_pass_calls():
+    """wgpu-native's C functions behind a compute pass's set_pipeline, set_bind_group and
+    dispatch_workgroups, called directly on a step's handles: wgpu-py's methods check and convert
+    their arguments on every call, half a replayed step's host time. None where this wgpu does not
+    lay them out so (its methods are used then)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, libf
+
+        return (libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
+                libf.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):
+        return None
+
+
+@dataclass(slots=True)
+class Dispatch:
+    pipeline: object
+    bindings: tuple  # (binding, GPUBuffer or INPUTS), binding 0 (the params) apart
+    params: np.ndarray  # PARAM_WORDS u32
+    groups: tuple[int, int, int]
+
+
+@dataclass
+class Step:
+    """What a step's ops asked for, then the device objects that run it."""
+
+    record: bool  # host ints read again at each run (else copied when the op was called)
+    dispatches: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)  # (host int array, word offset)
+    input_keys: dict = field(default_factory=dict)  # (address, shape, dtype) -> input index
+    n_words: int = 0
+    downloads: list = field(default_factory=list)  # (GpuArray, host array it fills)
+    # made by build()
+    bind_groups: list | None = None
+    arena: object = None
+    readback: object = None
+    host_ints: np.ndarray | None = None
+    handles: list | None = None  # (pipeline, bind group, x, y, z) of wgpu-native, for native_pass_calls
+    encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
+    wait_s: float = 0.0
+
+    def add_input(self, a: np.ndarray) -> int:
+        """Word offset of host ints a (int32 on the device) in the step's inputs buffer."""
+        key = (a.__array_interface__["data"][0], a.shape, a.dtype.str)
+        at = self.input_keys.get(key)
+        if at is not None and (self.record or np.array_equal(self.inputs[at][0], a)):
+            return self.inputs[at][1]
+        held = a if self.record else np.array(a, np.int32)
+        self.input_keys[key] = len(self.inputs)
+        self.inputs.append((held, self.n_words))
+        self.n_words += -(-max(a.size, 1) // 4) * 4  # 16-byte steps
+        return self.inputs[-1][1]
+
+    def build(self, device, wgpu) -> None:
+        """The step's buffers and bind groups, made once."""
+        usage = wgpu.BufferUsage
+        self.arena = device.create_buffer(size=max(16, self.n_words * 4), usage=usage.STORAGE | usage.COPY_DST)
+        self.host_ints = np.zeros(max(4, self.n_words), np.int32)
+        params = np.zeros((max(1, len(self.dispatches)), PARAM_SLOT // 4), np.uint32)
+        for i, d in enumerate(self.dispatches):
+            params[i, :PARAM_WORDS] = d.params
+        uniforms = device.create_buffer_with_data(data=params.tobytes(), usage=usage.UNIFORM)
+        self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT)
+                            for i, d in enumerate(self.dispatches)]
+        if native_pass_calls() is not None:
+            self.handles = [(d.pipeline._internal, bg._internal, *d.groups)
+                            for d, bg in zip(self.dispatches, self.bind_groups)]
+        size = sum(_padded(a.nbytes) for a, _ in self.downloads)
+        if size:
+            self.readback = device.create_buffer(size=size, usage=usage.MAP_READ | usage.COPY_DST)
+
+    def _bind_group(self, device, d: Dispatch, uniforms, offset: int):
+        entries = [{"binding": 0, "resource": {"buffer": uniforms, "offset": offset, "size": PARAM_WORDS * 4}}]
+        entries += [{"binding": b, "resource": {"buffer": self.arena if buf is INPUTS else buf, "offset": 0,
+                                                 "size": (self.arena if buf is INPUTS else buf).size}}
+                    for b, buf in d.bindings]
+        return device.create_bind_group(layout=d.pipeline.get_bind_group_layout(0), entries=entries)
+
+    def run(self, device, wgpu) -> None:
+        """Inputs written, the step encoded as one command buffer and submitted; the downloads filled."""
+        t0 = time.perf_counter()
+        if self.inputs:
+            for a, at in self.inputs:
+                flat = a.reshape(-1)
+                self.host_ints[at:at + flat.size] = flat
+            device.queue.write_buffer(self.arena, 0, self.host_ints)
+        encoder = device.create_command_encoder()
+        if self.dispatches:
+            cpass = encoder.begin_compute_pass()
+            self._encode(cpass)
+            cpass.end()
+        at = 0
+        for a, _ in self.downloads:
+            size = _padded(a.nbytes)
+            encoder.copy_buffer_to_buffer(a.buf, a.offset * np.dtype(a.dtype).itemsize, self.readback, at, size)
+            at += size
+        device.queue.submit([encoder.finish()])
+        t1 = time.perf_counter()
+        if self.readback is not None:  # else nothing to wait for: later work is queued behind it
+            self._read(wgpu)
+        self.encode_s, self.wait_s = t1 - t0, time.perf_counter() - t1
+
+    def _encode(self, cpass) -> None:
+        """The dispatches into a compute pass (a pipeline set only where it changes)."""
+        native = native_pass_calls()
+        if native is None or self.handles is None:
+            for d, bg in zip(self.dispatches, self.bind_groups):
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(*d.groups)
+            return
+        set_pipeline, set_bind_group, dispatch, null = native
+        h, current = cpass._internal, None
+        for pipeline, bg, x, y, z in self.handles:  # the step holds the objects these handles are of
+            if pipeline != current:
+                set_pipeline(h, pipeline)
+                current = pipeline
+            set_bind_group(h, 0, bg, 0, null)
+            dispatch(h, x, y, z)
+
+    def gpu_times(self, device, wgpu) -> np.ndarray:
+        """Nanoseconds each dispatch takes on the adapter (a compute pass each, timestamps at its
+        ends; needs the device's timestamp-query feature). Inputs as the last run left them."""
+        n = len(self.dispatches)
+        queries = device.create_query_set(type="timestamp", count=2 * n)
+        usage = wgpu.BufferUsage
+        resolved = device.create_buffer(size=16 * n, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+        encoder = device.create_command_encoder()
+        for i, (d, bg) in enumerate(zip(self.dispatches, self.bind_groups)):
+            cpass = encoder.begin_compute_pass(timestamp_writes={
+                "query_set": queries, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+            cpass.set_pipeline(d.pipeline)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*d.groups)
+            cpass.end()
+        encoder.resolve_query_set(queries, 0, 2 * n, resolved, 0)
+        device.queue.submit([encoder.finish()])
+        stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).reshape(n, 2).astype(np.int64)
+        return stamps[:, 1] - stamps[:, 0]  # wgpu converts ticks to nanoseconds
+
+    def _read(self, wgpu) -> None:
+        self.readback.map_sync(wgpu.MapMode.READ)
+        try:
+            raw = np.frombuffer(self.readback.read_mapped(copy=False), np.uint8)
+            at = 0
+            for a, host in self.downloads:
+                host.reshape(-1).view(np.uint8)[...] = raw[at:at + a.nbytes]
+                at += _padded(a.nbytes)
+        finally:
+            self.readback.unmap()
+
+
+def _padded(nbytes: int) -> int:
+    return max(4, -(-nbytes // 4) * 4)

@@ -1,0 +1,151 @@
+// Products with one weight type's GGUF blocks (DEQ is that type's decoder, dequant.wgsl), and
+// rows of it looked up (embeddings). W (rows, k) in blocks, X (n, k) f32, Y (n, y_stride) f32:
+// Y[j, y_col0 + r] = X[j] . W[r] for the rows r of this part of a matrix.
+// params: 0 rows, 1 k, 2 n, 3 row bytes, 4 y_stride, 5 y_col0
+@group(0) @binding(2) var<storage, read> X4: array<vec4<f32>>;  // X, 4 values an element (k: 32s)
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> IDS: array<i32>;
+
+const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
+const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
+var<workgroup> red: array<array<f32, 8>, 64>;
+
+// Decode: two weight rows a workgroup, each block decoded once for up to 8 activation rows.
+@compute @workgroup_size(64)
+fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+      @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let row = flat_group(wid, nwg) * 2u + t / MV_LANES;
+    let lane = t % MV_LANES;
+    var acc: array<f32, 8>;
+    if (row < rows) {
+        var o: array<f32, 32>;
+        for (var c = lane; c < k / 32u; c += MV_LANES) {
+            DEQ(row * pu(3u), c, &o);
+            for (var j = 0u; j < n; j++) {
+                let xb = (j * k + c * 32u) / 4u;
+                var s = 0.0;
+                for (var i = 0u; i < 8u; i++) {
+                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
+                }
+                acc[j] += s;
+            }
+        }
+    }
+    red[t] = acc;
+    workgroupBarrier();
+    for (var s = MV_LANES / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            for (var j = 0u; j < MV_N; j++) { red[t][j] += red[t + s][j]; }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && row < rows) {
+        for (var j = 0u; j < n; j++) { Y[j * pu(4u) + pu(5u) + row] = red[t][j]; }
+    }
+}
+
+// Prompts: a 32 x 32 tile of Y a workgroup; each 32-value slice of k decoded once into shared
+// memory for 32 activation rows, each thread 4 x 4 outputs.
+const TS: u32 = 33u;  // padded row of a shared tile
+var<workgroup> ws: array<f32, 1056>;
+var<workgroup> xs: array<f32, 1056>;
+
+@compute @workgroup_size(64)
+fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let r0 = wid.x * 32u;
+    let n0 = wid.y * 32u;
+    let tr = (t % 8u) * 4u;
+    let tn = (t / 8u) * 4u;
+    var acc: array<f32, 16>;
+    var o: array<f32, 32>;
+    for (var c = 0u; c < k / 32u; c++) {
+        if (t < 32u) {
+            if (r0 + t < rows) {
+                DEQ((r0 + t) * pu(3u), c, &o);
+            } else {
+                o = array<f32, 32>();
+            }
+            for (var i = 0u; i < 32u; i++) { ws[t * TS + i] = o[i]; }
+        } else {
+            let j = n0 + t - 32u;
+            for (var i = 0u; i < 8u; i++) {
+                var v = vec4<f32>();
+                if (j < n) { v = X4[(j * k + c * 32u) / 4u + i]; }
+                let at = (t - 32u) * TS + 4u * i;
+                xs[at] = v.x;
+                xs[at + 1u] = v.y;
+                xs[at + 2u] = v.z;
+                xs[at + 3u] = v.w;
+            }
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < 32u; i++) {
+            var wv: array<f32, 4>;
+            for (var a = 0u; a < 4u; a++) { wv[a] = ws[(tr + a) * TS + i]; }
+            for (var b = 0u; b < 4u; b++) {
+                let xv = xs[(tn + b) * TS + i];
+                for (var a = 0u; a < 4u; a++) { acc[a * 4u + b] += wv[a] * xv; }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var a = 0u; a < 4u; a++) {
+        for (var b = 0u; b < 4u; b++) {
+            let r = r0 + tr + a;
+            let j = n0 + tn + b;
+            if (r < rows && j < n) { Y[j * pu(4u) + pu(5u) + r] = acc[a * 4u + b]; }
+        }
+    }
+}
+
+// Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).
+// params: 0 rows, 1 k, 2 n, 3 row bytes, 4 row0, 5 ids_off; a thread a 32-value slice
+@compute @workgroup_size(64)
+fn get_rows(@builtin(global_invocation_id) g: vec3<u32>) {
+    let k = pu(1u);
+    let c = g.x;
+    let j = g.y;
+    if (c >= k / 32u || j >= pu(2u)) { return; }
+    let id = IDS[pu(5u) + j] - pi(4u);
+    if (id < 0 || u32(id) >= pu(0u)) { return; }
+    var o: array<f32, 32>;
+    DEQ(u32(id) * pu(3u), c, &o);
+    for (var i = 0u; i < 32u; i++) { Y[j * k + c * 32u + i] = o[i]; }
+}
+
+// A thread a weight row and up to 8 activation rows (y: which 8), no shared memory.
+@compute @workgroup_size(64)
+fn mv_row(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let row = wid.x * 64u + t;
+    let j0 = wid.y * 8u;
+    if (row >= rows) { return; }
+    var acc: array<f32, 8>;
+    var o: array<f32, 32>;
+    let base = row * pu(3u);
+    for (var c = 0u; c < k / 32u; c++) {
+        DEQ(base, c, &o);
+        for (var j = 0u; j < 8u; j++) {
+            if (j0 + j < n) {
+                let xb = ((j0 + j) * k + c * 32u) / 4u;
+                var s = 0.0;
+                for (var i = 0u; i < 8u; i++) {
+                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
+                }
+                acc[j] += s;
+            }
+        }
+    }
+    for (var j = 0u; j < 8u; j++) {
+        if (j0 + j < n) { Y[(j0 + j) * pu(4u) + pu(5u) + row] = acc[j]; }
+    }
+}

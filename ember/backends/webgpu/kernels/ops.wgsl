@@ -1,0 +1,361 @@
+// Every op but the products. Y is the op's output (read_write); A, B its f32 inputs; I the step's
+// host ints (positions, slots, page tables, ids) at the word offsets the params give; H a paged
+// f16 cache (pairs of halves a word), KC and VC the caches attention reads; OI int outputs.
+// A buffer bound as Y cannot be bound again in the same dispatch: where an input is the output
+// itself, a flag says so and the op reads Y.
+@group(0) @binding(1) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> A: array<f32>;
+@group(0) @binding(3) var<storage, read> B: array<f32>;
+@group(0) @binding(4) var<storage, read> I: array<i32>;
+@group(0) @binding(5) var<storage, read_write> H: array<u32>;
+@group(0) @binding(6) var<storage, read> KC: array<u32>;
+@group(0) @binding(7) var<storage, read> VC: array<u32>;
+@group(0) @binding(8) var<storage, read_write> OI: array<i32>;
+@group(0) @binding(9) var<storage, read_write> Z: array<f32>;  // a second output
+@group(0) @binding(10) var<storage, read_write> HV: array<u32>;  // a second cache
+
+const WG: u32 = 256u;
+
+fn elem(wid: vec3<u32>, nwg: vec3<u32>, t: u32) -> u32 { return flat_group(wid, nwg) * WG + t; }
+// tanh of arguments held where every implementation's tanh is finite
+fn tanh_safe(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
+
+// Y = a + b, silu(a) * b or gelu_tanh(a) * b (mode 0, 1, 2). params: 0 size, 1 a is Y, 2 b is Y, 3 mode
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let i = elem(wid, nwg, t);
+    if (i >= pu(0u)) { return; }
+    var a: f32;
+    var b: f32;
+    if (pu(1u) != 0u) { a = Y[i]; } else { a = A[i]; }
+    if (pu(2u) != 0u) { b = Y[i]; } else { b = B[i]; }
+    let mode = pu(3u);
+    if (mode == 0u) {
+        Y[i] = a + b;
+    } else if (mode == 1u) {
+        Y[i] = a / (1.0 + exp(-a)) * b;
+    } else {
+        Y[i] = 0.5 * a * (1.0 + tanh_safe(0.7978845608028654 * (a + 0.044715 * a * a * a))) * b;
+    }
+}
+
+// Y *= s (mode 0) or Y = s * tanh(Y / s) (mode 1). params: 0 size, 1 mode, 2 s
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) t: u32) {
+    let i = elem(wid, nwg, t);
+    if (i >= pu(0u)) { return; }
+    let s = pf(2u);
+    if (pu(1u) == 0u) { Y[i] *= s; } else { Y[i] = s * tanh_safe(Y[i] / s); }
+}
+
+// Y (n, d) += A (d,). params: 0 size, 1 d
+@compute @workgroup_size(256)
+fn add_row(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let i = elem(wid, nwg, t);
+    if (i >= pu(0u)) { return; }
+    Y[i] += A[i % pu(1u)];
+}
+
+// Y[r] = A[I[off + r]] for rows of d. params: 0 size (rows * d), 1 d, 2 off
+@compute @workgroup_size(256)
+fn gather_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let i = elem(wid, nwg, t);
+    if (i >= pu(0u)) { return; }
+    let d = pu(1u);
+    Y[i] = A[u32(I[pu(2u) + i / d]) * d + i % d];
+}
+
+// Row t of Y (n, d) *= 1 + scale * log(floor((pos_t + offset) / length) + 1).
+// params: 0 size, 1 d, 2 pos_off, 3 length, 4 scale, 5 offset
+@compute @workgroup_size(256)
+fn pos_scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) t: u32) {
+    let i = elem(wid, nwg, t);
+    if (i >= pu(0u)) { return; }
+    let pos = f32(I[pu(2u) + i / pu(1u)]);
+    Y[i] *= 1.0 + pf(4u) * log(floor((pos + pf(5u)) / f32(pu(3u))) + 1.0);
+}
+
+// RMS norm of rows of d, a workgroup a row: Y = A / rms(A) (* B where given).
+// params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps
+var<workgroup> part: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    let d = pu(0u);
+    let row = flat_group(wid, nwg);
+    let in_place = pu(2u) != 0u;
+    var ss = 0.0;
+    if (row < pu(1u)) {
+        for (var i = t; i < d; i += WG) {
+            var x: f32;
+            if (in_place) { x = Y[row * d + i]; } else { x = A[row * d + i]; }
+            ss += x * x;
+        }
+    }
+    part[t] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    if (row >= pu(1u)) { return; }
+    let r = 1.0 / sqrt(part[0] / f32(d) + pf(4u));
+    for (var i = t; i < d; i += WG) {
+        var x: f32;
+        if (in_place) { x = Y[row * d + i]; } else { x = A[row * d + i]; }
+        x *= r;
+        if (pu(3u) != 0u) { x *= B[i]; }
+        Y[row * d + i] = x;
+    }
+}
+
+// The residual add and the norm after it in one pass over each row: Y (x) += A (h), then
+// Z = Y / rms(Y) (* B where given); A is read from Z where the norm writes over h (a flag).
+// params: 0 d, 1 rows, 2 h is Z, 3 has weight, 4 eps
+@compute @workgroup_size(256)
+fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) t: u32) {
+    let d = pu(0u);
+    let row = flat_group(wid, nwg);
+    var ss = 0.0;
+    if (row < pu(1u)) {
+        for (var i = t; i < d; i += WG) {
+            var h: f32;
+            if (pu(2u) != 0u) { h = Z[row * d + i]; } else { h = A[row * d + i]; }
+            let x = Y[row * d + i] + h;
+            Y[row * d + i] = x;
+            ss += x * x;
+        }
+    }
+    part[t] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    if (row >= pu(1u)) { return; }
+    let r = 1.0 / sqrt(part[0] / f32(d) + pf(4u));
+    for (var i = t; i < d; i += WG) {
+        var x = Y[row * d + i] * r;
+        if (pu(3u) != 0u) { x *= B[i]; }
+        Z[row * d + i] = x;
+    }
+}
+
+// Rotary embedding of Y (n, n_head * hd) and of Z (n, n_head_z * hd) (queries and keys; n_head_z
+// may be 0) in place at positions I[pos_off ..], ggml's parametrisation with YaRN (ramp bounds and
+// magnitude scale from the host) and frequency factors B. A thread a rotated pair; x: pair + head
+// * n_rot/2 over Y's heads then Z's, y: token.
+// params: 0 n, 1 n_head, 2 hd, 3 n_rot, 4 neox, 5 pos_off, 6 freq_base, 7 freq_scale,
+// 8 ext_factor, 9 mscale, 10 low, 11 high, 12 has factors, 13 n_head_z
+@compute @workgroup_size(64)
+fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
+    let half = pu(3u) / 2u;
+    let i = g.x % half;
+    var h = g.x / half;
+    let tok = g.y;
+    if (h >= pu(1u) + pu(13u) || tok >= pu(0u)) { return; }
+    let in_z = h >= pu(1u);
+    var heads = pu(1u);
+    if (in_z) {
+        h -= pu(1u);
+        heads = pu(13u);
+    }
+    let pos = f32(I[pu(5u) + tok]);
+    var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
+    if (pu(12u) != 0u) { extrap = extrap / B[i]; }
+    let interp = pf(7u) * extrap;
+    var theta = interp;
+    if (pf(8u) != 0.0) {
+        let ramp = 1.0 - clamp((f32(i) - pf(10u)) / max(0.001, pf(11u) - pf(10u)), 0.0, 1.0);
+        let mix = ramp * pf(8u);
+        theta = interp * (1.0 - mix) + extrap * mix;
+    }
+    let c = cos(theta) * pf(9u);
+    let s = sin(theta) * pf(9u);
+    let base = tok * heads * pu(2u) + h * pu(2u);
+    var i0 = base + 2u * i;
+    var i1 = i0 + 1u;
+    if (pu(4u) != 0u) {
+        i0 = base + i;
+        i1 = i0 + half;
+    }
+    if (in_z) {
+        let a = Z[i0];
+        let b = Z[i1];
+        Z[i0] = a * c - b * s;
+        Z[i1] = a * s + b * c;
+    } else {
+        let a = Y[i0];
+        let b = Y[i1];
+        Y[i0] = a * c - b * s;
+        Y[i1] = a * s + b * c;
+    }
+}
+
+// Keys A (n, kd) and values B (n, vd) rounded to f16 into the caches H (slots, kd/2 words of f16
+// pairs) and HV at slots I[off + j]. params: 0 n, 1 kd, 2 off, 3 vd
+@compute @workgroup_size(64)
+fn kv_store(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (g.y >= pu(0u)) { return; }
+    let slot = u32(I[pu(2u) + g.y]);
+    let kw = pu(1u) / 2u;
+    let vw = pu(3u) / 2u;
+    if (g.x < kw) {
+        let src = g.y * pu(1u) + 2u * g.x;
+        H[slot * kw + g.x] = pack2x16float(vec2<f32>(A[src], A[src + 1u]));
+    }
+    if (g.x < vw) {
+        let src = g.y * pu(3u) + 2u * g.x;
+        HV[slot * vw + g.x] = pack2x16float(vec2<f32>(B[src], B[src + 1u]));
+    }
+}
+
+// Page dst = page src of H for each pair (src, dst) at I[off ..]. params: 0 words a page, 1 pairs, 2 off
+@compute @workgroup_size(64)
+fn copy_pages(@builtin(global_invocation_id) g: vec3<u32>) {
+    let words = pu(0u);
+    if (g.x >= words || g.y >= pu(1u)) { return; }
+    let src = u32(I[pu(2u) + 2u * g.y]);
+    let dst = u32(I[pu(2u) + 2u * g.y + 1u]);
+    H[dst * words + g.x] = H[src * words + g.x];
+}
+
+// Paged causal attention, a workgroup a (query head, token): keys of the token's sequence in tiles
+// of 64 (a thread a key's score), online softmax, a thread 1-4 of the value dimensions.
+// A = q (n, n_head * hd_k), Y = out (n, n_head * hd_v), KC/VC caches of f16 pairs.
+// params: 0 n_head, 1 n_kv, 2 hd_k, 3 hd_v, 4 max_pages, 5 page_size, 6 window, 7 scale,
+// 8 softcap, 9 pos_off, 10 seq_off, 11 table_off
+const ATT_MAX_D: u32 = 256u;
+var<workgroup> qv: array<f32, 256>;
+var<workgroup> score: array<f32, 64>;
+var<workgroup> slot_of: array<u32, 64>;
+
+fn key_slot(table: u32, p: u32) -> u32 {
+    let ps = pu(5u);
+    return u32(I[table + p / ps]) * ps + p % ps;
+}
+
+fn key_score(slot: u32, kvh: u32) -> f32 {
+    let hd = pu(2u);
+    let base = slot * (pu(1u) * hd / 2u) + kvh * hd / 2u;
+    var s = 0.0;
+    for (var d = 0u; d < hd / 2u; d++) {
+        let k = unpack2x16float(KC[base + d]);
+        s += qv[2u * d] * k.x + qv[2u * d + 1u] * k.y;
+    }
+    s *= pf(7u);
+    if (pf(8u) > 0.0) { s = pf(8u) * tanh_safe(s / pf(8u)); }
+    return s;
+}
+
+fn value_at(slot: u32, kvh: u32, d: u32) -> f32 {
+    let hd = pu(3u);
+    let w = VC[slot * (pu(1u) * hd / 2u) + kvh * hd / 2u + d / 2u];
+    let v = unpack2x16float(w);
+    if ((d & 1u) == 0u) { return v.x; }
+    return v.y;
+}
+
+@compute @workgroup_size(64)
+fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wid.x;
+    let tok = wid.y;
+    let n_head = pu(0u);
+    let hd_k = pu(2u);
+    let hd_v = pu(3u);
+    let kvh = h / (n_head / pu(1u));
+    let pos = u32(I[pu(9u) + tok]);
+    let table = pu(11u) + u32(I[pu(10u) + tok]) * pu(4u);
+    var first = 0u;
+    if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
+    for (var d = t; d < hd_k; d += 64u) { qv[d] = A[(tok * n_head + h) * hd_k + d]; }
+    workgroupBarrier();
+    var m = -1e30;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    let n_tiles = (pos - first + 64u) / 64u;
+    for (var tile = 0u; tile < n_tiles; tile++) {
+        let p = first + tile * 64u + t;
+        var s = -1e30;
+        if (p <= pos) {
+            let slot = key_slot(table, p);
+            slot_of[t] = slot;
+            s = key_score(slot, kvh);
+        }
+        score[t] = s;
+        workgroupBarrier();
+        var top = m;
+        for (var j = 0u; j < 64u; j++) { top = max(top, score[j]); }
+        let keep = exp(m - top);
+        l *= keep;
+        for (var a = 0u; a < 4u; a++) { acc[a] *= keep; }
+        let n_keys = min(64u, pos + 1u - (first + tile * 64u));
+        for (var j = 0u; j < n_keys; j++) {
+            let w = exp(score[j] - top);
+            l += w;
+            for (var a = 0u; a < 4u; a++) {
+                let d = t + 64u * a;
+                if (d < hd_v) { acc[a] += w * value_at(slot_of[j], kvh, d); }
+            }
+        }
+        m = top;
+        workgroupBarrier();
+    }
+    for (var a = 0u; a < 4u; a++) {
+        let d = t + 64u * a;
+        if (d < hd_v) { Y[(tok * n_head + h) * hd_v + d] = acc[a] / l; }
+    }
+}
+
+// Each row of A (n, vocab) reduced to its k best, best first (lowest id among equal values):
+// k rounds of a workgroup's arg-max over the values ranked below the round before's.
+// Y (n, k) values, OI (n, k) ids. params: 0 vocab, 1 k
+var<workgroup> best_v: array<f32, 256>;
+var<workgroup> best_i: array<u32, 256>;
+const NONE: u32 = 0xffffffffu;
+
+fn ranks_above(v: f32, i: u32, w: f32, j: u32) -> bool { return j == NONE || v > w || (v == w && i < j); }
+
+@compute @workgroup_size(256)
+fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let vocab = pu(0u);
+    let k = pu(1u);
+    let row = wid.x;
+    var prev_v = 0.0;
+    var prev_i = NONE;
+    for (var r = 0u; r < k; r++) {
+        var bv = 0.0;
+        var bi = NONE;
+        for (var i = t; i < vocab; i += WG) {
+            let v = A[row * vocab + i];
+            if ((prev_i == NONE || ranks_above(prev_v, prev_i, v, i)) && ranks_above(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        best_v[t] = bv;
+        best_i[t] = bi;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (t < s && best_i[t + s] != NONE && ranks_above(best_v[t + s], best_i[t + s], best_v[t], best_i[t])) {
+                best_v[t] = best_v[t + s];
+                best_i[t] = best_i[t + s];
+            }
+            workgroupBarrier();
+        }
+        prev_v = best_v[0];
+        prev_i = best_i[0];
+        if (t == 0u) {
+            Y[row * k + r] = prev_v;
+            OI[row * k + r] = i32(prev_i);
+        }
+        workgroupBarrier();
+    }
+}
