@@ -99,6 +99,9 @@ class Gemma3Model(Model):
         self.n_ctx_train = a.n_ctx_train
 
     def forward(self, step: Step, cache: KVCache):
+        return self.logits(self.trunk(step, cache), step, self.out_norm, self.args.eps, self.head)
+
+    def trunk(self, step: Step, cache: KVCache):
         a, B, n = self.args, self.backend, step.n
         x = self.buffers.get("x", n, a.d_model)
         self.embed(self.tok_embd, step, x)
@@ -106,7 +109,7 @@ class Gemma3Model(Model):
         for layer, kv in zip(self.layers, cache.layers):
             self.attention(layer, kv, x, step)
             self.feed_forward(layer, x, n)
-        return self.logits(x, step, self.out_norm, a.eps, self.head)
+        return x
 
     def attention(self, L: Layer, kv, x, step: Step) -> None:
         a, B, buf, n = self.args, self.backend, self.buffers, step.n
