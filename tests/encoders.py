@@ -96,14 +96,14 @@ RERANK_TEMPLATE = "<|im_start|>system\nJudge whether the Document meets the Quer
 
 
 def write_qwen3_reranker(path: Path, seed: int = 0) -> Path:
-    """tests/families.py's qwen3 with rank pooling, a two-label head ("yes", "no") and a rerank template."""
+    """tests/families.py's qwen3 with rank pooling, a two-label head ("yes", "no") and a rerank template, every matrix F16."""
     extra = {"qwen3.pooling_type": 4, "tokenizer.chat_template.rerank": RERANK_TEMPLATE}
 
     def more(w: gguf.GGUFWriter, t: Writer, d_model: int) -> None:
         w.add_array("qwen3.classifier.output_labels", ["yes", "no"])
-        t.matrix("cls.output.weight", 2, d_model, 1.0 / np.sqrt(d_model), GGMLType.F32)
+        t.matrix("cls.output.weight", 2, d_model, 0.5, GGMLType.F32)
 
-    return write_family(path, "qwen3", seed=seed, extra_metadata=extra, extra_tensors=more)
+    return write_family(path, "qwen3", seed=seed, f16=True, extra_metadata=extra, extra_tensors=more)
 
 
 if __name__ == "__main__":
