@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .server.connection import TimedProtocol
+from .server.embeddings import routes as embeddings
 from .server.errors import APIError, server_error
 from .server.guard import Guard
 from .server.llamacpp import routes as llamacpp
@@ -51,6 +52,9 @@ def routes() -> list[Route]:
         ("/props", llamacpp.props, get), ("/slots", llamacpp.slots, get),
         ("/slots/{id_slot:int}", llamacpp.slot_action, post),
         ("/metrics", metrics, get),
+        ("/v1/embeddings", embeddings.embeddings_openai, post), ("/embeddings", embeddings.embeddings, post),
+        ("/embedding", embeddings.embeddings, post),
+        *((path, embeddings.rerank, post) for path in ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")),
     ]
     return [Route(path, endpoint, methods=methods) for path, endpoint, methods in table]
 

@@ -178,6 +178,16 @@ def _add_serve(sub, model_help: str) -> None:
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
     s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
                    help="unload the model after this long without requests; the next request loads it again")
+    g = s.add_argument_group("embeddings", "serve embeddings or rerank scores instead of completions")
+    g.add_argument("--embeddings", "--embedding", action="store_true",
+                   help="serve /v1/embeddings and /embedding(s) (no completions)")
+    g.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve /v1/rerank with the model's classification head (rank pooling)")
+    g.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
+                   help="how token vectors become one (default: the file's, else mean for a decoder)")
+    g.add_argument("--embd-normalize", type=int, default=2, metavar="P",
+                   help="normalization of pooled vectors: -1 none, 0 max-abs (int16 range), 1 taxicab, "
+                        "2 euclidean (default), P > 2 p-norm")
     _add_serve_defaults(s)
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
@@ -220,7 +230,8 @@ def cmd_serve(args) -> int:
     model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
     model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
-                            chat_template_file=args.chat_template_file)
+                            chat_template_file=args.chat_template_file, embeddings=args.embeddings,
+                            reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
 

@@ -31,7 +31,12 @@ PAGE_SIZE = 16
 
 
 class EmbeddingError(ValueError):
-    """A request the embedder cannot serve (empty or too long a sequence, no classification head)."""
+    """A request the embedder cannot serve (empty or too long a sequence, no classification head);
+    n_tokens: the length of a sequence longer than the context."""
+
+    def __init__(self, message: str, n_tokens: int | None = None):
+        super().__init__(message)
+        self.n_tokens = n_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +146,7 @@ class Embedder:
             if not s:
                 raise EmbeddingError("an input is empty (no tokens)")
             if len(s) > self.n_ctx:
-                raise EmbeddingError(f"an input has {len(s)} tokens; the context holds {self.n_ctx}")
+                raise EmbeddingError(f"an input has {len(s)} tokens; the context holds {self.n_ctx}", len(s))
             if min(s) < 0 or max(s) >= self.model.n_vocab:
                 raise EmbeddingError(f"a token id is outside the vocabulary (0 .. {self.model.n_vocab - 1})")
 

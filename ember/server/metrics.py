@@ -40,6 +40,8 @@ class EngineView:
     @classmethod
     def of(cls, state: ServerState) -> EngineView | None:
         model = state.model
+        if model is not None and model.engine is None:  # embeddings mode: no generation engine
+            return None
         if model is not None:
             engine = model.engine
             return cls(engine.metrics, len(engine.scheduler.running), len(engine.scheduler.waiting),

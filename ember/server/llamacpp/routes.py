@@ -83,7 +83,8 @@ async def slots(request: Request) -> Response:
     """One entry per slot: a running sequence or idle. Slots are not tied to a cache here."""
     state: ServerState = request.app.state.ember
     info = state.require_info()
-    running = list(state.model.engine.scheduler.running) if state.model is not None else []
+    model = state.model
+    running = list(model.engine.scheduler.running) if model is not None and model.engine is not None else []
     return JSONResponse([_slot(i, running[i] if i < len(running) else None, info.n_ctx)
                          for i in range(max(info.slots, len(running)))])
 
@@ -112,6 +113,8 @@ async def slot_action(request: Request) -> Response:
     if state.sleeping:  # the cache went with the model
         return JSONResponse({"id_slot": slot, "n_erased": 0})
     model = state.require_model()
+    if model.engine is None:
+        return JSONResponse({"id_slot": slot, "n_erased": 0})
     cached = model.engine.kv_usage().cached_tokens
     model.engine.clear_cache()
     return JSONResponse({"id_slot": slot, "n_erased": cached})
