@@ -163,4 +163,4 @@ def test_smollm2_mean_pooled_as_llama_cpp():
         client = OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         got = np.array([d.embedding for d in client.embeddings.create(
             model="smollm2", input=json.loads(str(data["texts"]))).data])
-    assert (unit(got) * unit(data["vectors"])).sum(axis=1).min() >= MIN_COSINE
+    assert (unit(got) * unit(data["vectors"])).sum(axis=1).min() >= 0.999
