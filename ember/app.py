@@ -46,6 +46,7 @@ def routes() -> list[Route]:
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
         ("/v1/completions", openai.completions, post),
         ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
+        ("/infill", llamacpp.infill, post),
         ("/tokenize", llamacpp.tokenize, post), ("/detokenize", llamacpp.detokenize, post),
         ("/apply-template", llamacpp.apply_template, post),
         ("/health", llamacpp.health, get), ("/v1/health", llamacpp.health, get),

@@ -1,7 +1,7 @@
 """Synthetic GGUF files for embeddings and reranking, written with the `gguf` package: a BERT
 encoder with a WordPiece vocabulary (optionally a classification head: a bert reranker), and a
 Qwen3-style decoder reranker (tests/families.py's qwen3 with a two-label `cls.output` head and
-a rerank template). Deterministic: the same arguments write the same bytes.
+a rerank template), and a decoder whose vocabulary has FIM tokens (for /infill). Deterministic: the same arguments write the same bytes.
 
     python tests/encoders.py OUT_DIR
 """
@@ -106,9 +106,21 @@ def write_qwen3_reranker(path: Path, seed: int = 0) -> Path:
     return write_family(path, "qwen3", seed=seed, f16=True, extra_metadata=extra, extra_tensors=more)
 
 
+FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 8, "tokenizer.ggml.fim_suf_token_id": 9,
+           "tokenizer.ggml.fim_mid_token_id": 10, "tokenizer.ggml.fim_sep_token_id": 5}
+
+
+def write_fim_model(path: Path, seed: int = 0) -> Path:
+    """tests/families.py's qwen2 whose vocabulary names FIM tokens (SmolLM2's <issue_start>,
+    <issue_comment>, <issue_closed> as prefix, suffix and middle, <file_sep> as file separator;
+    <reponame> is found by its text)."""
+    return write_family(path, "qwen2", seed=seed, extra_metadata=FIM_IDS)
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     write_bert(out / "bert.gguf")
     write_bert(out / "bert-rerank.gguf", reranker=True)
     write_qwen3_reranker(out / "qwen3-rerank.gguf")
+    write_fim_model(out / "fim.gguf")

@@ -4,6 +4,7 @@ into a typed request, run its `Generation` in the core and write the run back in
 shapes; the others answer from the model and the server's state."""
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool as off_loop
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -15,6 +16,7 @@ from ..errors import invalid
 from ..exchange import json_reply, read, respond
 from ..openai.messages import chat
 from ..state import ServerState
+from .infill import infill_ids, parse_infill, with_prompt
 from .reply import CompletionReply, detokenized, generation_settings, templated, tokenized
 from .request import parse_completion, parse_detokenize, parse_tokenize
 
@@ -37,6 +39,17 @@ async def completion(request: Request) -> Response:
     state: ServerState = request.app.state.ember
     async with state.using_model() as model:
         completion = await read(request, parse_completion, Limits.of(state.config, model))
+        run = await start(state, model, completion.gen, request)
+    return await respond(request, run, CompletionReply(completion, model))
+
+
+async def infill(request: Request) -> Response:
+    state: ServerState = request.app.state.ember
+    async with state.using_model() as model:
+        req = await read(request, parse_infill, Limits.of(state.config, model))
+        n_predict = state.config.n_predict
+        ids = await off_loop(infill_ids, model.tokenizer, req, model.n_ctx, n_predict)
+        completion = with_prompt(req, ids)
         run = await start(state, model, completion.gen, request)
     return await respond(request, run, CompletionReply(completion, model))
 
