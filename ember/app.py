@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .server.connection import TimedProtocol
+from .server.anthropic import routes as anthropic
 from .server.embeddings import routes as embeddings
 from .server.errors import APIError, server_error
 from .server.guard import Guard
@@ -45,6 +46,7 @@ def routes() -> list[Route]:
         ("/v1/models", openai.list_models, get), ("/models", openai.list_models, get),
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
         ("/v1/completions", openai.completions, post),
+        ("/v1/messages", anthropic.messages, post), ("/v1/messages/count_tokens", anthropic.count_tokens, post),
         ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
         ("/infill", llamacpp.infill, post),
         ("/tokenize", llamacpp.tokenize, post), ("/detokenize", llamacpp.detokenize, post),
