@@ -34,6 +34,8 @@ from .server.guard import Guard
 from .server.llamacpp import routes as llamacpp
 from .server.metrics import make_registry, metrics
 from .server.openai import routes as openai
+from .server.responses import routes as responses
+from .server.responses.store import ResponseStore
 from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
@@ -46,6 +48,7 @@ def routes() -> list[Route]:
         ("/v1/models", openai.list_models, get), ("/models", openai.list_models, get),
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
         ("/v1/completions", openai.completions, post),
+        ("/v1/responses", responses.responses, post), ("/responses", responses.responses, post),
         ("/v1/messages", anthropic.messages, post), ("/v1/messages/count_tokens", anthropic.count_tokens, post),
         ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
         ("/infill", llamacpp.infill, post),
@@ -84,6 +87,7 @@ def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_mo
         APIError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_gone,
         Exception: _internal_error})
     app.state.ember = state
+    app.state.responses = ResponseStore()  # kept for previous_response_id
     app.state.registry = make_registry(state)
     return app
 
