@@ -39,7 +39,7 @@ from .server.responses.store import ResponseStore
 from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
-__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "uvicorn_config"]
+__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "serve_router", "uvicorn_config"]
 
 
 def routes() -> list[Route]:
@@ -130,6 +130,22 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
                                            access_log=access_log), app.state.ember)
     server.run()
     return 1 if app.state.ember.load_error else 0
+
+
+def serve_router(models_dir: str, model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
+                 host: str = "127.0.0.1", port: int = 8080, log_level: str = "info", access_log: bool = False) -> int:
+    """Serve every GGUF file of `models_dir`, loaded on demand, at most `models_max` at once
+    (server/router.py). Stops at SIGTERM/SIGINT, closing every loaded model."""
+    from pathlib import Path
+
+    from .server.router import Router, create_router_app, models_in
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    config = for_address(config, host)
+    app = create_router_app(Router(models_in(Path(models_dir)), model_cfg, config, models_max))
+    uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
+                                  access_log=access_log)).run()
+    return 0
 
 
 def for_address(config: ServerConfig, host: str) -> ServerConfig:

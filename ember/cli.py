@@ -178,6 +178,10 @@ def _add_serve(sub, model_help: str) -> None:
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
     s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
                    help="unload the model after this long without requests; the next request loads it again")
+    s.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="serve every .gguf file of DIR: a request's `model` picks one, loaded on first use")
+    s.add_argument("--models-max", type=int, default=1, metavar="N",
+                   help="with --models-dir: models loaded at once; the least recently used is unloaded (default 1)")
     g = s.add_argument_group("embeddings", "serve embeddings or rerank scores instead of completions")
     g.add_argument("--embeddings", "--embedding", action="store_true",
                    help="serve /v1/embeddings and /embedding(s) (no completions)")
@@ -225,8 +229,15 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def cmd_serve(args) -> int:
-    from .app import ModelConfig, serve
+    from .app import ModelConfig, serve, serve_router
 
+    if args.models_dir:
+        model_cfg = ModelConfig(args.models_dir, device=args.device, threads=args.threads, ctx=args.ctx,
+                                slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
+                                chat_template_file=args.chat_template_file, embeddings=args.embeddings,
+                                reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
+        return serve_router(args.models_dir, model_cfg, server_config(args), args.models_max, host=args.host,
+                            port=args.port, log_level=args.log_level, access_log=args.access_log)
     model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
     model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
