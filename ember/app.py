@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from .server.connection import TimedProtocol
 from .server.anthropic import routes as anthropic
+from .server import webui
 from .server.embeddings import routes as embeddings
 from .server.errors import APIError, server_error
 from .server.guard import Guard
@@ -40,6 +41,11 @@ from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
 __all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "serve_router", "uvicorn_config"]
+
+
+def page_routes() -> list[Route]:
+    """The chat page (--no-webui leaves it out)."""
+    return [Route("/", webui.index, methods=["GET"]), Route("/webui/{name}", webui.static, methods=["GET"])]
 
 
 def routes() -> list[Route]:
@@ -83,7 +89,7 @@ def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_mo
 
     middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
                              allowed_hosts=config.allowed_hosts or (LOOPBACK,), cors_origins=config.cors_origins)]
-    app = Starlette(routes=routes(), middleware=middleware, lifespan=lifespan, exception_handlers={
+    app = Starlette(routes=routes() + (page_routes() if config.webui else []), middleware=middleware, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_gone,
         Exception: _internal_error})
     app.state.ember = state

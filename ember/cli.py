@@ -178,6 +178,7 @@ def _add_serve(sub, model_help: str) -> None:
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
     s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
                    help="unload the model after this long without requests; the next request loads it again")
+    s.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
     s.add_argument("--models-dir", default=None, metavar="DIR",
                    help="serve every .gguf file of DIR: a request's `model` picks one, loaded on first use")
     s.add_argument("--models-max", type=int, default=1, metavar="N",
@@ -259,6 +260,7 @@ def server_config(args):
         allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
         max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
+        webui=not args.no_webui,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
 
 

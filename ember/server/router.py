@@ -215,11 +215,13 @@ def create_router_app(router: Router) -> Starlette:
         yield
         await router.close()
 
+    from ..app import page_routes
+
     config = router.config
-    routes = [Route("/v1/models", list_models, methods=["GET"]), Route("/models", list_models, methods=["GET"]),
-              Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
-              Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
-              Mount("/", app=router.forward)]
+    own = [Route("/v1/models", list_models, methods=["GET"]), Route("/models", list_models, methods=["GET"]),
+           Route("/models/load", load, methods=["POST"]), Route("/models/unload", unload, methods=["POST"]),
+           Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"])]
+    routes = (page_routes() if config.webui else []) + own + [Mount("/", app=router.forward)]
     middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
                              allowed_hosts=config.allowed_hosts or (LOOPBACK,), cors_origins=config.cors_origins)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={

@@ -77,6 +77,7 @@ class ServerConfig:
     sleep_idle_s: float | None = None  # unload the model after this long without requests
     sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults, llama-server's field names
     n_predict: int = -1  # default token limit of a request; -1: until the context is full
+    webui: bool = True  # the chat page at /
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
