@@ -38,9 +38,11 @@ def wordpiece_vocab() -> list[str]:
 
 
 def write_bert(path: Path, seed: int = 0, reranker: bool = False, qtype: GGMLType = GGMLType.F16,
-               n_layer: int = 2, d_model: int = 128, n_head: int = 4, d_ff: int = 512, n_ctx: int = 128) -> Path:
+               n_layer: int = 2, d_model: int = 128, n_head: int = 4, d_ff: int = 512, n_ctx: int = 128,
+               nomic: bool = False) -> Path:
+    """A BERT encoder; nomic: Nomic's variant (rotary positions, fused QKV, SiLU-gated feed-forward)."""
     tokens = wordpiece_vocab()
-    w = gguf.GGUFWriter(str(path), "bert")
+    w = gguf.GGUFWriter(str(path), "nomic-bert" if nomic else "bert")
     w.add_name("synthetic")
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx)
@@ -49,7 +51,9 @@ def write_bert(path: Path, seed: int = 0, reranker: bool = False, qtype: GGMLTyp
     w.add_head_count(n_head)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.RANK if reranker else gguf.PoolingType.CLS)
+    w.add_pooling_type(gguf.PoolingType.RANK if reranker else gguf.PoolingType.MEAN if nomic else gguf.PoolingType.CLS)
+    if nomic:
+        w.add_rope_freq_base(1000.0)
     w.add_tokenizer_model("bert")
     w.add_token_list(tokens)
     w.add_token_types([3 if t.startswith("[") else 1 for t in tokens])
@@ -63,20 +67,28 @@ def write_bert(path: Path, seed: int = 0, reranker: bool = False, qtype: GGMLTyp
     std = 1.0 / np.sqrt(d_model)
     t.matrix("token_embd.weight", len(tokens), d_model, 1.0, qtype)
     t.matrix("token_types.weight", 2, d_model, 0.3, GGMLType.F32)
-    t.matrix("position_embd.weight", n_ctx, d_model, 0.3, GGMLType.F32)
+    if not nomic:
+        t.matrix("position_embd.weight", n_ctx, d_model, 0.3, GGMLType.F32)
     t.vector("token_embd_norm.weight", d_model)
     t.vector("token_embd_norm.bias", d_model, 0.0)
     for i in range(n_layer):
         p = f"blk.{i}."
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            t.matrix(p + name + ".weight", d_model, d_model, 2.0 * std if name != "attn_output" else std, qtype)
-            t.vector(p + name + ".bias", d_model, 0.0)
+        if nomic:
+            t.matrix(p + "attn_qkv.weight", 3 * d_model, d_model, 2.0 * std, qtype)
+            t.matrix(p + "attn_output.weight", d_model, d_model, std, qtype)
+        else:
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                t.matrix(p + name + ".weight", d_model, d_model, 2.0 * std if name != "attn_output" else std, qtype)
+                t.vector(p + name + ".bias", d_model, 0.0)
         t.vector(p + "attn_output_norm.weight", d_model)
         t.vector(p + "attn_output_norm.bias", d_model, 0.0)
         t.matrix(p + "ffn_up.weight", d_ff, d_model, std, qtype)
-        t.vector(p + "ffn_up.bias", d_ff, 0.0)
         t.matrix(p + "ffn_down.weight", d_model, d_ff, 1.0 / np.sqrt(d_ff), qtype)
-        t.vector(p + "ffn_down.bias", d_model, 0.0)
+        if nomic:
+            t.matrix(p + "ffn_gate.weight", d_ff, d_model, 4.0 * std, qtype)
+        else:
+            t.vector(p + "ffn_up.bias", d_ff, 0.0)
+            t.vector(p + "ffn_down.bias", d_model, 0.0)
         t.vector(p + "layer_output_norm.weight", d_model)
         t.vector(p + "layer_output_norm.bias", d_model, 0.0)
     if reranker:
@@ -122,5 +134,6 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     write_bert(out / "bert.gguf")
     write_bert(out / "bert-rerank.gguf", reranker=True)
+    write_bert(out / "nomic-bert.gguf", nomic=True)
     write_qwen3_reranker(out / "qwen3-rerank.gguf")
     write_fim_model(out / "fim.gguf")

@@ -28,13 +28,14 @@ PORT = 8431
 CASES = [("bert-cls", "bert", "cls"), ("bert-mean", "bert", "mean"), ("bert-none", "bert", "none"),
          ("bert-rank", "bert-rank", "rank"), ("qwen3-mean", "qwen3-rank", "mean"),
          ("qwen3-last", "qwen3-rank", "last"), ("qwen3-rank", "qwen3-rank", "rank"),
-         ("smollm2-mean", "smollm2", "mean")]
+         ("smollm2-mean", "smollm2", "mean"), ("nomic-mean", "nomic-bert", "mean")]
 
 
 def files(tmp: Path) -> dict[str, Path]:
     from ember import hub
 
     return {"smollm2": hub.resolve("smollm2"), "bert": write_bert(tmp / "bert.gguf"), "bert-rank": write_bert(tmp / "bert-rank.gguf", reranker=True),
+            "nomic-bert": write_bert(tmp / "nomic-bert.gguf", nomic=True),
             "qwen3-rank": write_qwen3_reranker(tmp / "qwen3-rank.gguf")}
 
 

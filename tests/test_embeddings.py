@@ -1,5 +1,5 @@
 """Embeddings and rerank scores of the synthetic files of tests/encoders.py (a BERT encoder with a
-WordPiece vocabulary, a bert reranker, a Qwen3-style decoder reranker) against llama-server's,
+WordPiece vocabulary, a nomic-bert encoder, a bert reranker, a Qwen3-style decoder reranker) against llama-server's,
 stored in tests/data/embeddings (tests/make_embedding_data.py): tokens equal, every vector with a
 cosine of at least 0.9999, scores within 1% of their spread. Then the CPU backend against the float64 reference,
 and the embedder's batching and pooling rules."""
@@ -22,6 +22,7 @@ MIN_COSINE = 0.9999
 def files(tmp_path_factory):
     out = tmp_path_factory.mktemp("encoders")
     return {"bert": write_bert(out / "bert.gguf"), "bert-rank": write_bert(out / "bert-rank.gguf", reranker=True),
+            "nomic-bert": write_bert(out / "nomic-bert.gguf", nomic=True),
             "qwen3-rank": write_qwen3_reranker(out / "qwen3-rank.gguf")}
 
 
@@ -36,7 +37,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("name,file,pooling", [("bert-cls", "bert", "cls"), ("bert-mean", "bert", "mean"),
                                                ("qwen3-mean", "qwen3-rank", "mean"),
-                                               ("qwen3-last", "qwen3-rank", "last")])
+                                               ("qwen3-last", "qwen3-rank", "last"),
+                                               ("nomic-mean", "nomic-bert", "mean")])
 def test_pooled_vectors_as_llama_cpp(files, name, file, pooling):
     data = peer(name)
     texts = json.loads(str(data["texts"]))

@@ -1,6 +1,7 @@
 """BERT encoders (sentence-transformers' MiniLM, BGE, E5, bert rerankers): token, token-type and
 absolute position embeddings with a layer norm; per layer bidirectional attention with biases,
-a residual and a layer norm, then a GELU feed-forward, a residual and a layer norm. No
+a residual and a layer norm, then a GELU feed-forward, a residual and a layer norm (nomic_bert.py:
+the same with rotary positions and a SiLU-gated feed-forward). No
 language-model head: the model gives hidden states for embeddings (and a classification head's
 scores for reranking); it does not generate.
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends import AttentionBatch
+from ..backends import AttentionBatch, RopeParams
 from .base import KVCache, Metadata, Model, ModelError, Step, check_layers
 from ._decoder import attention_shape
 
@@ -30,6 +31,8 @@ class Config:
     head_dim: int
     eps: float
     n_ctx_train: int
+    rope: RopeParams | None = None  # rotary positions (None: absolute position embeddings)
+    gated: bool = False  # SiLU(gate) * up, no biases (else GELU(up + bias))
 
     @property
     def q_dim(self) -> int:
@@ -56,9 +59,11 @@ class Layer:
         self.attn_norm = w.vector(p + "attn_output_norm.weight", d)
         self.attn_norm_b = w.vector(p + "attn_output_norm.bias", d)
         self.w_up = w.get(p + "ffn_up.weight", (c.d_ff, d))
-        self.b_up = w.vector(p + "ffn_up.bias", c.d_ff, optional=True)
         self.w_down = w.get(p + "ffn_down.weight", (d, c.d_ff))
-        self.b_down = w.vector(p + "ffn_down.bias", d, optional=True)
+        self.w_gate = w.get(p + "ffn_gate.weight", (c.d_ff, d)) if c.gated else None
+        # a gated feed-forward runs without biases (as llama.cpp runs nomic-bert's)
+        self.b_up = None if c.gated else w.vector(p + "ffn_up.bias", c.d_ff, optional=True)
+        self.b_down = None if c.gated else w.vector(p + "ffn_down.bias", d, optional=True)
         self.out_norm = w.vector(p + "layer_output_norm.weight", d)
         self.out_norm_b = w.vector(p + "layer_output_norm.bias", d)
 
@@ -79,9 +84,7 @@ class BertModel(Model):
     def __init__(self, gguf, backend):
         super().__init__(gguf, backend)
         hp = Metadata(gguf.metadata, self.arch)
-        shape = attention_shape(hp)
-        self.args = c = Config(**shape, eps=hp.float("attention.layer_norm_epsilon", 1e-12, above=0.0, at_most=1.0),
-                               n_ctx_train=hp.int("context_length", 512, lo=1))
+        self.args = c = self.config(hp)
         check_layers(gguf, hp, c.n_layer)
         w = self.weights
         embd = gguf.tensors.get("token_embd.weight")
@@ -91,11 +94,16 @@ class BertModel(Model):
         self.tok_embd = w.get("token_embd.weight", (self.n_vocab, c.d_model))
         types = gguf.tensors.get("token_types.weight")
         self.type_embd = w.get("token_types.weight", (types.shape[0], c.d_model)) if types is not None else None
-        self.pos_embd = w.get("position_embd.weight", (c.n_ctx_train, c.d_model))
+        self.pos_embd = w.get("position_embd.weight", (c.n_ctx_train, c.d_model)) if c.rope is None else None
         self.embd_norm = w.vector("token_embd_norm.weight", c.d_model)
         self.embd_norm_b = w.vector("token_embd_norm.bias", c.d_model)
         self.layers = [Layer(w, i, c) for i in range(c.n_layer)]
         self.n_ctx_train = c.n_ctx_train
+
+    @classmethod
+    def config(cls, hp: Metadata) -> Config:
+        return Config(**attention_shape(hp), eps=hp.float("attention.layer_norm_epsilon", 1e-12, above=0.0, at_most=1.0),
+                      n_ctx_train=hp.int("context_length", 512, lo=1))
 
     def forward(self, step: Step, cache: KVCache):
         raise ModelError("a BERT encoder gives embeddings; it has no language-model head to generate with")
@@ -105,15 +113,16 @@ class BertModel(Model):
 
     def trunk(self, step: Step, cache: KVCache):
         c, B, n = self.args, self.backend, step.n
-        if len(step.attn.positions) and int(step.attn.positions.max()) >= c.n_ctx_train:
+        if self.pos_embd is not None and len(step.attn.positions) and int(step.attn.positions.max()) >= c.n_ctx_train:
             raise ModelError(f"a sequence longer than the model's {c.n_ctx_train} positions")
         x, e = self.buffers.get("x", n, c.d_model), self.buffers.get("e", n, c.d_model)
         B.get_rows(self.tok_embd, step.tokens, x)
         if self.type_embd is not None:  # every token is of type 0 ("sentence A"), as llama.cpp has it
             B.get_rows(self.type_embd, np.zeros(n, np.int32), e)
             B.add(x, e, x)
-        B.get_rows(self.pos_embd, step.attn.positions, e)
-        B.add(x, e, x)
+        if self.pos_embd is not None:
+            B.get_rows(self.pos_embd, step.attn.positions, e)
+            B.add(x, e, x)
         B.layer_norm(x, self.embd_norm, self.embd_norm_b, c.eps, x)
         everyone = whole_sequences(step.attn)
         for layer, kv in zip(self.layers, cache.layers):
@@ -128,6 +137,9 @@ class BertModel(Model):
         for b, out in ((L.bq, q), (L.bk, k), (L.bv, v)):
             if b is not None:
                 B.add_bias(out, b)
+        if c.rope is not None:
+            B.rope(q, c.n_head, attn, c.rope)
+            B.rope(k, c.n_kv_head, attn, c.rope)
         B.kv_store(kv, k, v, attn)
         att, h = buf.get("att", n, c.q_dim), buf.get("h", n, c.d_model)
         B.attention(q, kv, att, everyone, c.n_head, c.n_kv_head, 0, 1.0 / math.sqrt(c.head_dim))
@@ -140,10 +152,15 @@ class BertModel(Model):
     def feed_forward(self, L: Layer, x, n: int) -> None:
         c, B, buf = self.args, self.backend, self.buffers
         up, h = buf.get("up", n, c.d_ff), buf.get("h", n, c.d_model)
-        B.matmul(L.w_up, x, up)
-        if L.b_up is not None:
-            B.add_bias(up, L.b_up)
-        B.gelu(up, up)
+        if L.w_gate is not None:
+            gate = buf.get("gate", n, c.d_ff)
+            B.matmuls([L.w_gate, L.w_up], x, [gate, up])
+            B.silu_mul(gate, up, up)
+        else:
+            B.matmul(L.w_up, x, up)
+            if L.b_up is not None:
+                B.add_bias(up, L.b_up)
+            B.gelu(up, up)
         B.matmul(L.w_down, up, h)
         if L.b_down is not None:
             B.add_bias(h, L.b_down)
