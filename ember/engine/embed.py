@@ -105,7 +105,7 @@ class Embedder:
         tokens = max(config.max_batch_tokens, self.n_ctx)
         self.pages_per_seq = -(-self.n_ctx // PAGE_SIZE)
         self.cache = KVCache(model.backend, model.kv_dims(), -(-tokens // PAGE_SIZE) + config.max_seqs, PAGE_SIZE)
-        self.steps = self.tokens = 0  # counters
+        self.steps = self.tokens = 0  # steps run and tokens computed
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="ember-embed", daemon=True)
@@ -210,10 +210,8 @@ class Embedder:
     def run_step(self, seqs: list[list[int]]) -> list[np.ndarray]:
         """Pooled rows of each sequence (pooling none: (len, d) each) from one forward pass."""
         step, spans = self.step(seqs)
-        t0 = time.perf_counter()
         hidden = self.model.hidden(step, self.cache)
         self.steps, self.tokens = self.steps + 1, self.tokens + step.n
-        self.last_step_s = time.perf_counter() - t0
         if self.pooling in ("none", "mean"):
             parts = [hidden[lo:hi] for lo, hi in spans]
             return parts if self.pooling == "none" else [p.mean(axis=0, dtype=np.float64).astype(np.float32) for p in parts]
