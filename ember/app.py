@@ -138,17 +138,15 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
     return 1 if app.state.ember.load_error else 0
 
 
-def serve_router(models_dir: str, model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
+def serve_router(models: dict, model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
                  host: str = "127.0.0.1", port: int = 8080, log_level: str = "info", access_log: bool = False) -> int:
-    """Serve every GGUF file of `models_dir`, loaded on demand, at most `models_max` at once
+    """Serve several models (name -> GGUF path), loaded on demand, at most `models_max` at once
     (server/router.py). Stops at SIGTERM/SIGINT, closing every loaded model."""
-    from pathlib import Path
-
-    from .server.router import Router, create_router_app, models_in
+    from .server.router import Router, create_router_app
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     config = for_address(config, host)
-    app = create_router_app(Router(models_in(Path(models_dir)), model_cfg, config, models_max))
+    app = create_router_app(Router(models, model_cfg, config, models_max))
     uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
                                   access_log=access_log)).run()
     return 0

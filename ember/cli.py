@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from . import hub
 
@@ -142,7 +143,8 @@ def _with_offline(add_parser):
 
 def _add_serve(sub, model_help: str) -> None:
     s = sub.add_parser("serve", help="run the OpenAI- and llama-server-compatible HTTP server")
-    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
+    s.add_argument("model", nargs="*", default=[], metavar="MODEL",
+                   help=model_help + "; several: served by one router, as with --models-dir")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     s.add_argument("--slots", type=int, default=4, help="sequences computed at once (default 4)")
@@ -232,20 +234,29 @@ def _names(text: str) -> tuple[str, ...]:
 def cmd_serve(args) -> int:
     from .app import ModelConfig, serve, serve_router
 
-    if args.models_dir:
-        model_cfg = ModelConfig(args.models_dir, device=args.device, threads=args.threads, ctx=args.ctx,
-                                slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
-                                chat_template_file=args.chat_template_file, embeddings=args.embeddings,
-                                reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
-        return serve_router(args.models_dir, model_cfg, server_config(args), args.models_max, host=args.host,
-                            port=args.port, log_level=args.log_level, access_log=args.access_log)
-    model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
-    model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
-                            kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
+    given = args.model or ([] if args.models_dir else [hub.DEFAULT_MODEL])
+    paths = [hub.resolve(m) for m in given]  # a missing model (or one offline cannot fetch) fails before serving
+    model_cfg = ModelConfig(str(paths[0]) if paths else "", device=args.device, threads=args.threads, ctx=args.ctx,
+                            slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file, embeddings=args.embeddings,
                             reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
+    if args.models_dir or len(paths) > 1:
+        return serve_router(served_models(args.models_dir, given, paths), model_cfg, server_config(args),
+                            args.models_max, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log)
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
+
+
+def served_models(models_dir: str | None, given: list[str], paths: list) -> dict:
+    """Name -> file of every model a router serves: the folder's files by file name, then each
+    MODEL argument by its known name or file name."""
+    from .server.router import models_in
+
+    models = models_in(Path(models_dir)) if models_dir else {}
+    for name, path in zip(given, paths):
+        models[name if name in hub.KNOWN else Path(path).name.removesuffix(".gguf")] = Path(path)
+    return models
 
 
 def server_config(args):
