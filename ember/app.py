@@ -139,14 +139,15 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
 
 
 def serve_router(models: dict, model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
-                 host: str = "127.0.0.1", port: int = 8080, log_level: str = "info", access_log: bool = False) -> int:
+                 host: str = "127.0.0.1", port: int = 8080, log_level: str = "info", access_log: bool = False,
+                 models_memory: int | None = None) -> int:
     """Serve several models (name -> GGUF path), loaded on demand, at most `models_max` at once
     (server/router.py). Stops at SIGTERM/SIGINT, closing every loaded model."""
     from .server.router import Router, create_router_app
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     config = for_address(config, host)
-    app = create_router_app(Router(models, model_cfg, config, models_max))
+    app = create_router_app(Router(models, model_cfg, config, models_max, models_memory))
     uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
                                   access_log=access_log)).run()
     return 0

@@ -185,6 +185,8 @@ def _add_serve(sub, model_help: str) -> None:
                    help="serve every .gguf file of DIR: a request's `model` picks one, loaded on first use")
     s.add_argument("--models-max", type=int, default=1, metavar="N",
                    help="with --models-dir: models loaded at once; the least recently used is unloaded (default 1)")
+    s.add_argument("--models-memory", type=_byte_size, default=None, metavar="BYTES",
+                   help="with --models-dir: also unload the least recently used while the loaded files exceed this")
     g = s.add_argument_group("embeddings", "serve embeddings or rerank scores instead of completions")
     g.add_argument("--embeddings", "--embedding", action="store_true",
                    help="serve /v1/embeddings and /embedding(s) (no completions)")
@@ -243,7 +245,7 @@ def cmd_serve(args) -> int:
     if args.models_dir or len(paths) > 1:
         return serve_router(served_models(args.models_dir, given, paths), model_cfg, server_config(args),
                             args.models_max, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=args.access_log)
+                            access_log=args.access_log, models_memory=args.models_memory)
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
 

@@ -1,7 +1,7 @@
 """Several models in one server (--models-dir): two synthetic decoder files served by one router,
 over real HTTP: /v1/models with each model's status, a request's `model` picking the model (loaded
 on first use), concurrent requests to both, least-recently-used unloading with models_max=1 (the
-unloaded model's file closed), /models/load and /models/unload, one model taking any name, and
+unloaded model's file closed) or beyond a memory budget, /models/load and /models/unload, one model taking any name, and
 the router's own key check."""
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def models_dir(tmp_path_factory):
 
 
 class RouterServer:
-    def __init__(self, models: dict, models_max: int, **config):
+    def __init__(self, models: dict, models_max: int, memory: int | None = None, **config):
         self.config = ServerConfig(**config)
-        self.app = create_router_app(Router(models, MODEL_CFG, self.config, models_max))
+        self.app = create_router_app(Router(models, MODEL_CFG, self.config, models_max, memory))
         self.router = self.app.state.router
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -93,6 +93,15 @@ def test_concurrent_requests_to_both(models_dir):
         assert [r.status_code for r in replies] == [200] * 6
         assert [r.json()["model"] for r in replies] == ["qwen2", "smollm3"] * 3
         assert s.statuses() == {"qwen2": "loaded", "smollm3": "loaded"}
+
+
+def test_memory_budget(models_dir):
+    """Room for one file's bytes: loading the second unloads the first although models_max is 2."""
+    size = max(p.stat().st_size for p in models_dir.glob("*.gguf"))
+    with RouterServer(models_in(models_dir), models_max=2, memory=size + 1) as s:
+        assert complete(s.url, "qwen2").status_code == 200
+        assert complete(s.url, "smollm3").status_code == 200
+        assert s.statuses() == {"qwen2": "unloaded", "smollm3": "loaded"}
 
 
 def test_refusals_and_one_model(models_dir):

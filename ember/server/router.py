@@ -1,7 +1,7 @@
 """Several models in one server (`ember serve --models-dir DIR`), as llama-server's router mode.
 
 Each model is a whole ember app (create_app: its own engine, state and routes), started on first
-use and stopped least-recently-used beyond `models_max`. The router answers /v1/models (every
+use and stopped least-recently-used beyond `models_max` (or beyond `memory` bytes of model files). The router answers /v1/models (every
 model with its status), /models/load, /models/unload and /health itself; any other request goes
 to the app of the model its body's `model` field names (GET requests: the `model` query
 parameter), with the body handed on unchanged. With one model, any name is that model. A model
@@ -61,11 +61,14 @@ def models_in(directory: Path) -> dict[str, Path]:
 
 
 class Router:
-    def __init__(self, models: dict[str, Path], model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1):
-        if models_max < 1:
-            raise ValueError(f"models_max must be at least 1, got {models_max}")
+    def __init__(self, models: dict[str, Path], model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
+                 memory: int | None = None):
+        """memory: a budget in bytes for the loaded models' files (the weights' share of memory;
+        None: no budget, only models_max)."""
+        if models_max < 1 or (memory is not None and memory <= 0):
+            raise ValueError(f"models_max must be at least 1 and memory positive, got {models_max} and {memory}")
         self.entries = {name: Entry(name, path) for name, path in models.items()}
-        self.model_cfg, self.config, self.models_max = model_cfg, config, models_max
+        self.model_cfg, self.config, self.models_max, self.memory = model_cfg, config, models_max, memory
         # each model's app: the router's settings without its guard (checked once, by the router)
         self.app_config = replace(config, api_keys=(), allowed_hosts=("*",), cors_origins=())
 
@@ -110,8 +113,13 @@ class Router:
     async def _make_room(self, coming: Entry) -> None:
         loaded = sorted((e for e in self.entries.values() if e.status == "loaded" and e is not coming),
                         key=lambda e: (e.active > 0, e.last_used))  # idle ones first, then the oldest
-        for e in loaded[:max(0, len(loaded) + 1 - self.models_max)]:
-            await self.unload(e)
+        while loaded and (len(loaded) + 1 > self.models_max or self._over_budget(loaded, coming)):
+            await self.unload(loaded.pop(0))
+
+    def _over_budget(self, loaded: list[Entry], coming: Entry) -> bool:
+        if self.memory is None:
+            return False
+        return sum(e.path.stat().st_size for e in [*loaded, coming]) > self.memory
 
     async def unload(self, e: Entry) -> None:
         """Stop the model's app (its running requests are cancelled) and free the model."""
