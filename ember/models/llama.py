@@ -82,8 +82,8 @@ class LlamaModel(Model):
         return self.logits(self.trunk(step, cache), step, self.out_norm, self.args.eps, self.head)
 
     def trunk(self, step: Step, cache: KVCache):
-        a, B, buf, n = self.args, self.backend, self.buffers, step.n
-        x = buf.get("x", n, a.d_model)
+        a, n = self.args, step.n
+        x = self.buffers.get("x", n, a.d_model)
         self.embed(self.tok_embd, step, x)
         for layer, kv in zip(self.layers, cache.layers):
             self.attention(layer, kv, x, step)

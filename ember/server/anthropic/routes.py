@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ..core.prompts import chat_prompt
 from ..core.request import Limits
