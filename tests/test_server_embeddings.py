@@ -131,7 +131,8 @@ def test_refusals(bert_server, rank_server):
     url = bert_server.url + "/v1/embeddings"
     assert_error(httpx.post(url, json={}), 400, "input", "missing_field")
     assert_error(httpx.post(url, json={"input": []}), 400, "input", "empty_input")
-    assert_error(httpx.post(url, json={"input": ""}), 400, "input[0]", "empty_input")
+    assert_error(httpx.post(url, json={"input": ""}), 400, "input", "empty_input")
+    assert_error(httpx.post(url, json={"input": ["a", ""]}), 400, "input[1]", "empty_input")
     assert_error(httpx.post(url, json={"input": ["a", 3]}), 400, "input[1]", "invalid_type")
     assert_error(httpx.post(url, json={"input": {"text": "a"}}), 400, "input", "invalid_type")
     assert_error(httpx.post(url, json={"input": "a", "encoding_format": "int8"}), 400, "encoding_format")

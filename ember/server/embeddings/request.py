@@ -47,21 +47,19 @@ def parse_embedding(body: Fields, openai: bool) -> EmbeddingRequest:
 
 
 def inputs_of(value, param: str) -> list:
-    """The inputs, each a non-empty string or a non-empty list of ids."""
-    if isinstance(value, str) or (isinstance(value, list) and value and all(_is_integer(v) for v in value)):
-        items = [value]
-    elif isinstance(value, list):
-        items = value
-    else:
+    """The inputs, each a non-empty string or a non-empty list of ids; errors name the input
+    (`input` for a single one, `input[i]` in an array of them)."""
+    single = isinstance(value, str) or (isinstance(value, list) and value and all(_is_integer(v) for v in value))
+    if not single and not isinstance(value, list):
         raise invalid(param, f"{param} must be a string, an array of strings, an array of token ids or an array "
                              "of such arrays", "invalid_type")
+    items = [value] if single else value
     if not items:
         raise invalid(param, f"{param} must not be empty", "empty_input")
     if len(items) > MAX_INPUTS:
         raise invalid(param, f"{param} holds {len(items)} inputs; a request may hold at most {MAX_INPUTS}",
                       "too_many_inputs")
-    return [_input(item, f"{param}[{i}]" if len(items) > 1 or not isinstance(value, list) or
-                   isinstance(value[0], list) else param) for i, item in enumerate(items)]
+    return [_input(item, param if single else f"{param}[{i}]") for i, item in enumerate(items)]
 
 
 def _input(item, name: str):
