@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...engine.embed import EmbeddingError, rank_ids
 from ..errors import APIError, context_exceeded, invalid
-from ..exchange import read
+from ..exchange import json_reply, read
 from ..state import ServerModel, ServerState
 from .reply import embedding_reply, rerank_reply, truncated
 from .request import EmbeddingRequest, RerankRequest, parse_embedding, parse_rerank
@@ -34,8 +34,13 @@ async def _embeddings(request: Request, openai: bool) -> Response:
         check_pooling(req, embedder)
         seqs = await off_loop(tokenized, model, req)
         results = await run(partial(embedder.submit, seqs, normalize=req.normalize), req.param, embedder)
+    return await json_reply(_reply, req, results, [len(s) for s in seqs], model.id)
+
+
+def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str):
+    """The reply (off the loop: a thousand vectors take a while to write)."""
     results = [truncated(r, req.dimensions) if r.ndim == 1 else r for r in results]
-    return JSONResponse(embedding_reply(req, results, [len(s) for s in seqs], model.id))
+    return embedding_reply(req, results, n_tokens, model_id)
 
 
 async def rerank(request: Request) -> Response:
