@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser = _with_offline(sub.add_parser)
     model_help = f"GGUF file or known model name ({', '.join(hub.KNOWN)}; default {hub.DEFAULT_MODEL})"
-    for add in (_add_run, _add_files, _add_inspect, _add_perplexity, _add_serve):
+    for add in (_add_run, _add_files, _add_inspect, _add_perplexity, _add_embed, _add_serve):
         add(sub, model_help)
     return p
 
@@ -114,6 +114,18 @@ def _add_inspect(sub, model_help: str) -> None:
     t.add_argument("--parse-special", action="store_true", help="recognise special-token text")
     t.add_argument("--json", action="store_true", help="print a JSON list of ids")
     t.set_defaults(func=cmd_tokenize)
+
+
+def _add_embed(sub, model_help: str) -> None:
+    e = sub.add_parser("embed", help="embeddings of texts (one JSON array a line), or rerank scores (--query)")
+    e.add_argument("model", help=model_help)
+    e.add_argument("texts", nargs="+", help="texts (documents, with --query)")
+    e.add_argument("--query", default=None, help="rank the texts against this query: one score a line")
+    e.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
+                   help="default: the file's, else mean for a decoder")
+    e.add_argument("--embd-normalize", type=int, default=2, metavar="P", help="-1 none, 0 max-abs, 1, 2 (default), P")
+    _add_runtime(e, ctx=False)
+    e.set_defaults(func=cmd_embed)
 
 
 def _add_perplexity(sub, model_help: str) -> None:
@@ -449,6 +461,21 @@ def cmd_tokenize(args) -> int:
     else:
         for i in ids:
             print(f"{i:>8} {tok.token_to_piece(i, special=True).decode('utf-8', 'replace')!r}")
+    return 0
+
+
+def cmd_embed(args) -> int:
+    from .engine import Embeddings
+
+    pooling = "rank" if args.query is not None else args.pooling
+    with Embeddings(args.model, device=args.device, threads=args.threads, pooling=pooling,
+                    normalize=args.embd_normalize) as e:
+        if args.query is not None:
+            for score in e.rank(args.query, args.texts):
+                print(f"{score:.6f}")
+            return 0
+        for vector in e.embed(args.texts):
+            print(json.dumps(vector.tolist()))
     return 0
 
 

@@ -110,3 +110,16 @@ def test_normalizations():
     assert np.allclose(normalized(v, 0), v * 32760 / 4)
     assert np.allclose(normalized(v, -1), v)
     assert np.allclose(normalized(np.zeros(2, np.float32), 2), 0)
+
+
+def test_embed_command(files, capsys):
+    """`ember embed`: one JSON vector a line, equal to the API's; --query: one score a line."""
+    from ember.cli import main
+
+    assert main(["embed", str(files["bert"]), "the cat", "a blue sky", "-t", "2", "--pooling", "mean"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    with Embeddings(files["bert"], device="cpu", threads=2, pooling="mean") as e:
+        want = e.embed(["the cat", "a blue sky"])
+    np.testing.assert_allclose([json.loads(line) for line in lines], want, atol=1e-6)
+    assert main(["embed", str(files["bert-rank"]), "--query", "capital of France", "Paris, France", "a cat"]) == 0
+    assert len(capsys.readouterr().out.split()) == 2
