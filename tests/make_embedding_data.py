@@ -23,6 +23,10 @@ OUT = HERE / "data" / "embeddings"
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France!", "hello world",
          "Rain today, sun tomorrow? The river is blue and the sky is large.", "Écrire du code: python, rust; données."]
 QUERY = "What is the capital of France?"
+# WordPiece edge cases: accents, CJK, emoji, control characters, unknown words, specials, spacing
+TRICKY = ["naïve café, RÉSUMÉ", "東京 is a city 北京", "emoji 😀 here", "tab\tnew\nline\r\x00end", "xyzzyq qqq",
+          "[CLS] inside [SEP] text [MASK]", "  leading and   spaced  ", "a.b,c!d?e", "under_score and-dash",
+          "ﬁ ligature Ⅻ", "ALLCAPS Words", "", "12345 67.89", "don't stop", "ß straße"]
 PORT = 8431
 # (stored name, file, llama-server's pooling)
 CASES = [("bert-cls", "bert", "cls"), ("bert-mean", "bert", "mean"), ("bert-none", "bert", "none"),
@@ -71,9 +75,12 @@ def case(model: Path, pooling: str) -> dict:
         tokens = [httpx.post(url + "/tokenize", json={"content": t, "add_special": True, "parse_special": True}).json()["tokens"]
                   for t in TEXTS]
         r = httpx.post(url + "/embedding", json={"content": TEXTS, "embd_normalize": -1}, timeout=60).json()
+        tricky = [httpx.post(url + "/tokenize", json={"content": t, "add_special": True, "parse_special": True}).json()
+                  ["tokens"] for t in TRICKY]
         rows = [np.asarray(o["embedding"], np.float32) for o in sorted(r, key=lambda o: o["index"])]
         if pooling != "none":
-            return {"vectors": np.stack([row[0] for row in rows]), "tokens": json.dumps(tokens)}
+            return {"vectors": np.stack([row[0] for row in rows]), "tokens": json.dumps(tokens),
+                    "tricky": json.dumps(TRICKY), "tricky_tokens": json.dumps(tricky)}
         return {"vectors": np.concatenate(rows), "lengths": np.array([len(row) for row in rows], np.int32)}
     finally:
         proc.terminate()

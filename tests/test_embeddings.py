@@ -123,3 +123,11 @@ def test_embed_command(files, capsys):
     np.testing.assert_allclose([json.loads(line) for line in lines], want, atol=1e-6)
     assert main(["embed", str(files["bert-rank"]), "--query", "capital of France", "Paris, France", "a cat"]) == 0
     assert len(capsys.readouterr().out.split()) == 2
+
+
+def test_wordpiece_edge_cases_as_llama_cpp(files):
+    """Accents, CJK, emoji, control characters, unknown words, special-token text, spacing, ligatures."""
+    data = peer("bert-cls")
+    with Embeddings(files["bert"], device="cpu", threads=2) as e:
+        got = [e.tokenize(t) for t in json.loads(str(data["tricky"]))]
+    assert got == json.loads(str(data["tricky_tokens"]))
