@@ -55,6 +55,18 @@ def test_stream_adds_up_to_the_message(claude, server):
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
 
 
+def test_stop_sequences(claude):
+    ask = dict(model="m", max_tokens=40, messages=[{"role": "user", "content": "Tell me about the sea."}], **GREEDY)
+    free = claude.messages.create(**ask).content[0].text
+    word = free.split()[3]  # a word the reply is known to reach
+    r = claude.messages.create(**ask, stop_sequences=[word, "zzzz"])
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == word
+    assert free.startswith(r.content[0].text) and word not in r.content[0].text
+    with claude.messages.stream(**ask, stop_sequences=[word]) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == word
+
+
 def test_tool_use_and_results(claude, oai):
     ask = dict(model="m", max_tokens=60, tools=[WEATHER], tool_choice={"type": "any"},
                messages=[{"role": "user", "content": "What is the weather in Paris?"}], **GREEDY)

@@ -18,10 +18,16 @@ def named(kind: str, data: dict) -> bytes:
     return f"event: {kind}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-def stop_reason(s: Sample) -> str:
+def stop_reason(s: Sample, stops: tuple[str, ...], tokenizer) -> tuple[str, str | None]:
+    """stop_reason and stop_sequence: a tool call, the token limit, the first stop sequence found in
+    the generated text (as llama-server finds its stopping word), or the model's own end."""
     if s.reply is not None and s.reply.tool_calls:
-        return "tool_use"
-    return "max_tokens" if s.finish_reason == "length" else "end_turn"
+        return "tool_use", None
+    if s.finish_reason == "length":
+        return "max_tokens", None
+    raw = tokenizer.decode(s.tokens) if stops else ""
+    hits = [(raw.find(w), w) for w in stops if w in raw]
+    return ("stop_sequence", min(hits)[1]) if hits else ("end_turn", None)
 
 
 def usage(s: Sample, prompt_tokens: int) -> dict:
@@ -40,7 +46,7 @@ def tool_input(arguments: str):
 
 class MessagesReply(Format):
     def __init__(self, req: MessagesRequest, model: ServerModel):
-        self.req, self.stream = req, req.stream
+        self.req, self.stream, self.tokenizer = req, req.stream, model.tokenizer
         self.id = "msg_" + secrets.token_hex(12)
         self.model = req.model or model.id
         self.block: object = None  # the open block: "text", "thinking" or a tool call's index
@@ -55,7 +61,9 @@ class MessagesReply(Format):
             content.append({"type": "text", "text": s.reply.content})
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c.arguments)}
                     for c in s.reply.tool_calls]
-        return {**self._message(content), "stop_reason": stop_reason(s), "usage": usage(s, s.prompt_tokens)}
+        reason, sequence = stop_reason(s, self.req.gen.stop, self.tokenizer)
+        return {**self._message(content), "stop_reason": reason, "stop_sequence": sequence,
+                "usage": usage(s, s.prompt_tokens)}
 
     def _message(self, content: list) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
@@ -77,8 +85,9 @@ class MessagesReply(Format):
             yield from self._delta(d)
         yield from self._close()
         s = step.sample
+        reason, sequence = stop_reason(s, self.req.gen.stop, self.tokenizer)
         yield named("message_delta", {"type": "message_delta",
-                                      "delta": {"stop_reason": stop_reason(s), "stop_sequence": None},
+                                      "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                       "usage": usage(s, s.prompt_tokens)})
         yield named("message_stop", {"type": "message_stop"})
 
