@@ -55,6 +55,8 @@ def routes() -> list[Route]:
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
         ("/v1/completions", openai.completions, post),
         ("/v1/responses", responses.responses, post), ("/responses", responses.responses, post),
+        ("/v1/responses/{response_id}", responses.retrieve, get),
+        ("/v1/responses/{response_id}", responses.delete, ["DELETE"]),
         ("/v1/messages", anthropic.messages, post), ("/v1/messages/count_tokens", anthropic.count_tokens, post),
         ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
         ("/infill", llamacpp.infill, post),

@@ -47,6 +47,11 @@ def test_previous_response_carries_the_conversation(client):
                                         {"role": "user", "content": "Again"}], max_tokens=8)
     assert second.output_text == text and second.usage.input_tokens == prompt
     assert second.previous_response_id == first.id
+    kept = client.responses.retrieve(second.id)
+    assert kept.id == second.id and kept.output_text == second.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(Exception, match="404|not_found|no response"):
+        client.responses.retrieve(first.id)
 
 
 def test_stream_adds_up_to_the_response(client):

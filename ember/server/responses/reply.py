@@ -57,12 +57,12 @@ class ResponsesReply(Format):
 
     def whole(self, run: Run, samples: list[Sample]) -> dict:
         s = samples[0]
-        self.remember(s)
         out = self.response("completed", self.output_items(s), s)
         out["output_text"] = s.reply.content or ""
+        self.remember(s, out)
         return out
 
-    def remember(self, s: Sample) -> None:
+    def remember(self, s: Sample, response: dict) -> None:
         if not self.req.store:
             return
         turn = {"role": "assistant", "content": s.reply.content or ""}
@@ -71,7 +71,7 @@ class ResponsesReply(Format):
         if s.reply.tool_calls:
             turn["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                   for c in s.reply.tool_calls]
-        self.store.put(self.id, [*self.req.messages, turn])
+        self.store.put(self.id, [*self.req.messages, turn], response)
 
     # ---- streaming ----
     def event(self, kind: str, **fields) -> bytes:
@@ -94,10 +94,11 @@ class ResponsesReply(Format):
             yield from self._delta(d)
         yield from self._close()
         s = step.sample
-        self.remember(s)
+        final = self.response("completed", self.items, s)
+        self.remember(s, final)
         # response.completed also when the status says incomplete: clients (the openai library's
         # stream helper, Codex) wait for that event to end the response
-        yield self.event("response.completed", response=self.response("completed", self.items, s))
+        yield self.event("response.completed", response=final)
 
     def failure(self, error: APIError) -> bytes:
         return self.event("error", code=error.code, message=error.message, param=error.param)

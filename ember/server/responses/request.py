@@ -33,10 +33,10 @@ def parse_responses(body: Fields, limits: Limits, store: ResponseStore) -> Respo
     previous = body.str("previous_response_id")
     history = []
     if previous is not None:
-        history = store.get(previous)
-        if history is None:
-            raise APIError(404, f"no response {previous!r} is kept here (responses are kept in memory, the "
-                                "latest ones only)", param="previous_response_id", code="not_found")
+        kept = store.get(previous)
+        if kept is None:
+            raise not_kept(previous, "previous_response_id")
+        history = kept[0]
     messages = [*history, *input_messages(body)]
     instructions = body.str("instructions")
     chat = {"messages": ([{"role": "system", "content": instructions}] if instructions else []) + messages}
@@ -56,6 +56,11 @@ def parse_responses(body: Fields, limits: Limits, store: ResponseStore) -> Respo
     echo = {k: body.raw(k) for k in ("instructions", "temperature", "top_p", "max_output_tokens", "metadata")}
     return ResponsesRequest(gen, messages, body.bool("stream", False), body.bool("store", True), body.str("model"),
                             previous, echo)
+
+
+def not_kept(response_id: str, param: str | None) -> APIError:
+    return APIError(404, f"no response {response_id!r} is kept here (responses are kept in memory, the latest "
+                         "ones only)", param=param, code="not_found")
 
 
 def input_messages(body: Fields) -> list[dict]:
