@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from conftest import DATA
 from encoders import write_bert
-from test_server_harness import LiveServer, assert_error, server, smollm  # noqa: F401 (fixtures)
+from test_server_harness import LiveServer, assert_error, server, smollm, wait_for  # noqa: F401 (fixtures)
 
 from ember.app import ModelConfig, ServerConfig, create_app, load_model
 
@@ -148,6 +148,19 @@ def test_refusals(bert_server, rank_server):
     assert_error(httpx.post(rank, json={"query": "a", "documents": []}), 400, "documents", "empty_input")
     assert_error(httpx.post(rank, json={"query": "a", "documents": ["b", 1]}), 400, "documents[1]", "invalid_type")
     assert_error(httpx.post(rank, json={"query": "a", "documents": ["b"], "top_n": 0}), 400, "top_n")
+
+
+def test_sleeping_and_metrics(bert_files):
+    """Embeddings mode has no generation engine: /metrics and sleep work without one."""
+    m = ModelConfig(str(bert_files["bert"]), device="cpu", threads=2, embeddings=True)
+    with LiveServer(create_app(ServerConfig(sleep_idle_s=0.3), lambda: load_model(m))) as s:
+        s.wait_ready()
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": "hi"}).status_code == 200
+        assert httpx.get(s.url + "/metrics").status_code == 200
+        wait_for(lambda: s.state.sleeping)
+        assert httpx.get(s.url + "/metrics").status_code == 200
+        assert httpx.get(s.url + "/props").json()["is_sleeping"]
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": "hi"}).status_code == 200  # woken
 
 
 def test_a_generation_server_refuses_embeddings(server):  # noqa: F811 (SmolLM2 served for chat)
