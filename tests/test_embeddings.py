@@ -13,7 +13,9 @@ import pytest
 from conftest import DATA
 from encoders import write_bert, write_qwen3_reranker
 
+from ember.engine import LLM
 from ember.engine.embed import EmbedConfig, Embeddings, EmbeddingError, normalized
+from ember.models import ModelError
 
 MIN_COSINE = 0.9999
 
@@ -101,6 +103,8 @@ def test_refusals(files):
             e.embedder.rank([[101, 102]])
     with pytest.raises(ValueError, match="pooling must be one of"):
         EmbedConfig(pooling="max")
+    with pytest.raises(ModelError, match="'bert' is an encoder"):
+        LLM(files["bert"], device="cpu", threads=2)
 
 
 def test_normalizations():
