@@ -7,3 +7,10 @@ def load(model: str = "smollm2", **kw):
     from .engine import LLM
 
     return LLM(model, **kw)
+
+
+def embeddings(model: str, **kw):
+    """Open a model for embeddings and rerank scores: see `ember.engine.Embeddings`."""
+    from .engine import Embeddings
+
+    return Embeddings(model, **kw)

@@ -27,15 +27,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .server.connection import TimedProtocol
+from .server.anthropic import routes as anthropic
+from .server import webui
+from .server.embeddings import routes as embeddings
 from .server.errors import APIError, server_error
 from .server.guard import Guard
 from .server.llamacpp import routes as llamacpp
 from .server.metrics import make_registry, metrics
 from .server.openai import routes as openai
+from .server.responses import routes as responses
+from .server.responses.store import ResponseStore
 from .server.origins import ANY, LOOPBACK, is_loopback_bind
 from .server.state import ModelConfig, ServerConfig, ServerModel, ServerState, load_model
 
-__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "uvicorn_config"]
+__all__ = ["ModelConfig", "ServerConfig", "create_app", "load_model", "serve", "serve_router", "uvicorn_config"]
+
+
+def page_routes() -> list[Route]:
+    """The chat page (--no-webui leaves it out)."""
+    return [Route("/", webui.index, methods=["GET"]), Route("/webui/{name}", webui.static, methods=["GET"])]
 
 
 def routes() -> list[Route]:
@@ -44,13 +54,21 @@ def routes() -> list[Route]:
         ("/v1/models", openai.list_models, get), ("/models", openai.list_models, get),
         ("/v1/chat/completions", openai.chat_completions, post), ("/chat/completions", openai.chat_completions, post),
         ("/v1/completions", openai.completions, post),
+        ("/v1/responses", responses.responses, post), ("/responses", responses.responses, post),
+        ("/v1/responses/{response_id}", responses.retrieve, get),
+        ("/v1/responses/{response_id}", responses.delete, ["DELETE"]),
+        ("/v1/messages", anthropic.messages, post), ("/v1/messages/count_tokens", anthropic.count_tokens, post),
         ("/completion", llamacpp.completion, post), ("/completions", llamacpp.completion, post),
+        ("/infill", llamacpp.infill, post),
         ("/tokenize", llamacpp.tokenize, post), ("/detokenize", llamacpp.detokenize, post),
         ("/apply-template", llamacpp.apply_template, post),
         ("/health", llamacpp.health, get), ("/v1/health", llamacpp.health, get),
         ("/props", llamacpp.props, get), ("/slots", llamacpp.slots, get),
         ("/slots/{id_slot:int}", llamacpp.slot_action, post),
         ("/metrics", metrics, get),
+        ("/v1/embeddings", embeddings.embeddings_openai, post), ("/embeddings", embeddings.embeddings, post),
+        ("/embedding", embeddings.embeddings, post),
+        *((path, embeddings.rerank, post) for path in ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")),
     ]
     return [Route(path, endpoint, methods=methods) for path, endpoint, methods in table]
 
@@ -73,10 +91,11 @@ def create_app(config: ServerConfig, loader: Callable[[], ServerModel], close_mo
 
     middleware = [Middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
                              allowed_hosts=config.allowed_hosts or (LOOPBACK,), cors_origins=config.cors_origins)]
-    app = Starlette(routes=routes(), middleware=middleware, lifespan=lifespan, exception_handlers={
+    app = Starlette(routes=routes() + (page_routes() if config.webui else []), middleware=middleware, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_gone,
         Exception: _internal_error})
     app.state.ember = state
+    app.state.responses = ResponseStore()  # kept for previous_response_id
     app.state.registry = make_registry(state)
     return app
 
@@ -119,6 +138,21 @@ def serve(model_cfg: ModelConfig, config: ServerConfig, host: str = "127.0.0.1",
                                            access_log=access_log), app.state.ember)
     server.run()
     return 1 if app.state.ember.load_error else 0
+
+
+def serve_router(models: dict, model_cfg: ModelConfig, config: ServerConfig, models_max: int = 1,
+                 host: str = "127.0.0.1", port: int = 8080, log_level: str = "info", access_log: bool = False,
+                 models_memory: int | None = None) -> int:
+    """Serve several models (name -> GGUF path), loaded on demand, at most `models_max` at once
+    (server/router.py). Stops at SIGTERM/SIGINT, closing every loaded model."""
+    from .server.router import Router, create_router_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    config = for_address(config, host)
+    app = create_router_app(Router(models, model_cfg, config, models_max, models_memory))
+    uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level=log_level,
+                                  access_log=access_log)).run()
+    return 0
 
 
 def for_address(config: ServerConfig, host: str) -> ServerConfig:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from . import hub
 
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser = _with_offline(sub.add_parser)
     model_help = f"GGUF file or known model name ({', '.join(hub.KNOWN)}; default {hub.DEFAULT_MODEL})"
-    for add in (_add_run, _add_files, _add_inspect, _add_perplexity, _add_serve):
+    for add in (_add_run, _add_files, _add_inspect, _add_perplexity, _add_embed, _add_serve):
         add(sub, model_help)
     return p
 
@@ -115,6 +116,18 @@ def _add_inspect(sub, model_help: str) -> None:
     t.set_defaults(func=cmd_tokenize)
 
 
+def _add_embed(sub, model_help: str) -> None:
+    e = sub.add_parser("embed", help="embeddings of texts (one JSON array a line), or rerank scores (--query)")
+    e.add_argument("model", help=model_help)
+    e.add_argument("texts", nargs="+", help="texts (documents, with --query)")
+    e.add_argument("--query", default=None, help="rank the texts against this query: one score a line")
+    e.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
+                   help="default: the file's, else mean for a decoder")
+    e.add_argument("--embd-normalize", type=int, default=2, metavar="P", help="-1 none, 0 max-abs, 1, 2 (default), P")
+    _add_runtime(e, ctx=False)
+    e.set_defaults(func=cmd_embed)
+
+
 def _add_perplexity(sub, model_help: str) -> None:
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)")
     pp.add_argument("model", help=model_help)
@@ -145,7 +158,8 @@ DEVICE_HELP = "backend: auto (CUDA, a discrete WebGPU GPU, the CPU), cpu, cuda, 
 
 def _add_serve(sub, model_help: str) -> None:
     s = sub.add_parser("serve", help="run the OpenAI- and llama-server-compatible HTTP server")
-    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help=model_help)
+    s.add_argument("model", nargs="*", default=[], metavar="MODEL",
+                   help=model_help + "; several: served by one router, as with --models-dir")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     s.add_argument("--slots", type=int, default=4, help="sequences computed at once (default 4)")
@@ -181,6 +195,23 @@ def _add_serve(sub, model_help: str) -> None:
                    help="on SIGTERM, time streams get to finish before they are cancelled (default 10)")
     s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="SECONDS",
                    help="unload the model after this long without requests; the next request loads it again")
+    s.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
+    s.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="serve every .gguf file of DIR: a request's `model` picks one, loaded on first use")
+    s.add_argument("--models-max", type=int, default=1, metavar="N",
+                   help="with --models-dir: models loaded at once; the least recently used is unloaded (default 1)")
+    s.add_argument("--models-memory", type=_byte_size, default=None, metavar="BYTES",
+                   help="with --models-dir: also unload the least recently used while the loaded files exceed this")
+    g = s.add_argument_group("embeddings", "serve embeddings or rerank scores instead of completions")
+    g.add_argument("--embeddings", "--embedding", action="store_true",
+                   help="serve /v1/embeddings and /embedding(s) (no completions)")
+    g.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve /v1/rerank with the model's classification head (rank pooling)")
+    g.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None,
+                   help="how token vectors become one (default: the file's, else mean for a decoder)")
+    g.add_argument("--embd-normalize", type=int, default=2, metavar="P",
+                   help="normalization of pooled vectors: -1 none, 0 max-abs (int16 range), 1 taxicab, "
+                        "2 euclidean (default), P > 2 p-norm")
     _add_serve_defaults(s)
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
@@ -218,14 +249,31 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def cmd_serve(args) -> int:
-    from .app import ModelConfig, serve
+    from .app import ModelConfig, serve, serve_router
 
-    model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
-    model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
-                            kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
-                            chat_template_file=args.chat_template_file)
+    given = args.model or ([] if args.models_dir else [hub.DEFAULT_MODEL])
+    paths = [hub.resolve(m) for m in given]  # a missing model (or one offline cannot fetch) fails before serving
+    model_cfg = ModelConfig(str(paths[0]) if paths else "", device=args.device, threads=args.threads, ctx=args.ctx,
+                            slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
+                            chat_template_file=args.chat_template_file, embeddings=args.embeddings,
+                            reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
+    if args.models_dir or len(paths) > 1:
+        return serve_router(served_models(args.models_dir, given, paths), model_cfg, server_config(args),
+                            args.models_max, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log, models_memory=args.models_memory)
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
+
+
+def served_models(models_dir: str | None, given: list[str], paths: list) -> dict:
+    """Name -> file of every model a router serves: the folder's files by file name, then each
+    MODEL argument by its known name or file name."""
+    from .server.router import models_in
+
+    models = models_in(Path(models_dir)) if models_dir else {}
+    for name, path in zip(given, paths):
+        models[name if name in hub.KNOWN else Path(path).name.removesuffix(".gguf")] = Path(path)
+    return models
 
 
 def server_config(args):
@@ -240,6 +288,7 @@ def server_config(args):
         allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
         max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
+        webui=not args.no_webui,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
 
 
@@ -440,6 +489,21 @@ def cmd_tokenize(args) -> int:
     else:
         for i in ids:
             print(f"{i:>8} {tok.token_to_piece(i, special=True).decode('utf-8', 'replace')!r}")
+    return 0
+
+
+def cmd_embed(args) -> int:
+    from .engine import Embeddings
+
+    pooling = "rank" if args.query is not None else args.pooling
+    with Embeddings(args.model, device=args.device, threads=args.threads, pooling=pooling,
+                    normalize=args.embd_normalize) as e:
+        if args.query is not None:
+            for score in e.rank(args.query, args.texts):
+                print(f"{score:.6f}")
+            return 0
+        for vector in e.embed(args.texts):
+            print(json.dumps(vector.tolist()))
     return 0
 
 

@@ -144,9 +144,11 @@ class Writer:
 
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
-                 vocab_from: Path | None = None, drop: str = "", f16: bool = False) -> Path:
+                 vocab_from: Path | None = None, drop: str = "", f16: bool = False,
+                 extra_metadata: dict | None = None, extra_tensors=None) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
-    left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix."""
+    left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix;
+    extra_metadata: keys added; extra_tensors(writer, Writer, d_model): adds keys and tensors."""
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
@@ -161,7 +163,12 @@ def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
     for key, value in tok.items():
         if key != "tokenizer.chat_template":
             add_metadata(w, key, value)
-    tensors(Writer(w, seed, f16), f, n_vocab)
+    for key, value in (extra_metadata or {}).items():
+        add_metadata(w, key, value)
+    t = Writer(w, seed, f16)
+    tensors(t, f, n_vocab)
+    if extra_tensors is not None:
+        extra_tensors(w, t, f.d_model)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

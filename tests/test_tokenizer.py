@@ -401,7 +401,7 @@ def test_unknown_pre_tokenizer_is_an_error(metadata):
 
 @pytest.mark.parametrize("change, message", [
     ({"tokenizer.ggml.model": None}, "tokenizer.ggml.model is missing"),
-    ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model 'bert' is not supported"),
+    ({"tokenizer.ggml.model": "t5"}, "tokenizer.ggml.model 't5' is not supported"),
     ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens is missing"),
     ({"tokenizer.ggml.tokens": np.zeros(3)}, "tokenizer.ggml.tokens must be an array of strings"),
     ({"tokenizer.ggml.merges": None}, "tokenizer.ggml.merges is missing"),

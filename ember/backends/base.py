@@ -149,6 +149,16 @@ class Backend(Protocol):
 
     def add(self, a, b, out) -> None: ...
 
+    def layer_norm(self, x, w: Weight | None, b: Weight | None, eps: float, out) -> None:
+        """Rows of x (n, d) centred, normalised, scaled by w and shifted by b (either may be None);
+        out may be x. (Encoders: BERT and its kin.)"""
+
+    def gelu(self, x, out) -> None:
+        """out = gelu_tanh(x) elementwise, no gate; out may be x."""
+
+    def tanh(self, x) -> None:
+        """x = tanh(x) elementwise (classification heads)."""
+
     def scale(self, x, s: float) -> None: ...
 
     def softcap(self, x, cap: float) -> None:

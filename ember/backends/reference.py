@@ -97,6 +97,17 @@ class Backend:
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)
 
+    def layer_norm(self, x, w, b, eps, out) -> None:
+        mean = x.mean(axis=1, keepdims=True)
+        y = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+        out[...] = y * (w.data if w is not None else 1.0) + (b.data if b is not None else 0.0)
+
+    def gelu(self, x, out) -> None:
+        out[...] = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+    def tanh(self, x) -> None:
+        np.tanh(x, out=x)
+
     def scale(self, x, s: float) -> None:
         x *= s
 

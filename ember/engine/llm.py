@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 from .. import hub
 from ..backends import get_backend
 from ..gguf_loader import GGUFFile
-from ..models import load_model
+from ..models import ModelError, load_model
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
@@ -82,6 +82,9 @@ class LLM:
         try:
             self.backend = get_backend(device, threads=threads)
             self.model = load_model(self.gguf, self.backend)
+            if not self.model.generates:
+                raise ModelError(f"'{self.model.arch}' is an encoder: it gives embeddings, not text (use "
+                                 "ember.embeddings(), `ember embed` or `ember serve --embeddings`)")
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
             self.model.set_context(self.n_ctx)

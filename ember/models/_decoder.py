@@ -156,6 +156,9 @@ class Decoder(Model):
         raise NotImplementedError
 
     def forward(self, step: Step, cache: KVCache):
+        return self.logits(self.trunk(step, cache), step, self.out_norm, self.args.eps, self.head)
+
+    def trunk(self, step: Step, cache: KVCache):
         c, B, n = self.args, self.backend, step.n
         x = self.buffers.get("x", n, c.d_model)
         self.embed(self.tok_embd, step, x)
@@ -164,7 +167,7 @@ class Decoder(Model):
         for layer, kv in zip(self.layers, cache.layers):
             self.attention(layer, kv, x, step)
             self.feed_forward(layer, x, n)
-        return self.logits(x, step, self.out_norm, c.eps, self.head)
+        return x
 
     def finish_logits(self, out) -> None:
         c, B = self.args, self.backend

@@ -241,6 +241,49 @@ class Step:
         return len(self.tokens)
 
 
+class Classifier:
+    """A classification head over pooled rows (llama.cpp's rank pooling): `cls` (+ bias) then tanh
+    where the file has it, then `cls.output` (+ bias); a softmax over the outputs where the family's
+    outputs are label logits (Qwen3 rerankers: "yes" and "no"). Score = the first output."""
+
+    def __init__(self, weights: Weights, d: int, softmax: bool):
+        gguf = weights.gguf
+        self.backend, self.softmax = weights.backend, softmax
+        self.dense = weights.get("cls.weight", (d, d), optional=True)
+        self.dense_b = weights.vector("cls.bias", d, optional=True)
+        out = gguf.tensors.get("cls.output.weight")
+        n_out = out.shape[0] if out is not None and len(out.shape) == 2 else 1
+        self.out = weights.get("cls.output.weight", (n_out, d), optional=True)
+        self.out_b = weights.vector("cls.output.bias", n_out, optional=True)
+        self.n_out = n_out if self.out is not None else d
+
+    @staticmethod
+    def present(gguf) -> bool:
+        return "cls.weight" in gguf.tensors or "cls.output.weight" in gguf.tensors
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        """(n, n_out) scores of pooled rows (n, d)."""
+        B, x = self.backend, self.backend.from_numpy(np.ascontiguousarray(rows, np.float32))
+        if self.dense is not None:
+            h = B.empty(x.shape)
+            B.matmul(self.dense, x, h)
+            if self.dense_b is not None:
+                B.add_bias(h, self.dense_b)
+            B.tanh(h)
+            x = h
+        if self.out is not None:
+            h = B.empty((x.shape[0], self.n_out))
+            B.matmul(self.out, x, h)
+            if self.out_b is not None:
+                B.add_bias(h, self.out_b)
+            x = h
+        y = np.array(B.to_numpy(x), np.float64)
+        if self.softmax:
+            y = np.exp(y - y.max(axis=1, keepdims=True))
+            y /= y.sum(axis=1, keepdims=True)
+        return y.astype(np.float32)
+
+
 class TopLogits(NamedTuple):
     """The k best logits of each output row: ids (n_out, k) int32 and values (n_out, k), best first."""
 
@@ -252,6 +295,8 @@ class Model:
     """Base of the architecture classes: holds the backend, weights and buffers."""
 
     arch = ""
+    causal = True  # a token sees the tokens before it (False: an encoder, every token of its sequence)
+    generates = True  # has a language-model head (False: an encoder, embeddings only)
 
     def __init__(self, gguf, backend: Backend):
         self.backend = backend
@@ -294,6 +339,30 @@ class Model:
     def forward(self, step: Step, cache: KVCache) -> np.ndarray:
         """Run the step; return logits (n_out, n_vocab) as a host float array."""
         raise NotImplementedError
+
+    def trunk(self, step: Step, cache: KVCache):
+        """The step's hidden states (n, d_model) after the last layer, before the final norm."""
+        raise NotImplementedError
+
+    def hidden(self, step: Step, cache: KVCache) -> np.ndarray:
+        """The rows step.output_rows of the final hidden states (after the final norm), on the host
+        (n_out, d_model): what embeddings are pooled from. Each sequence of the step is whole."""
+        x = self.trunk(step, cache)
+        return self.final_rows(x, step, lambda h: self.backend.rms_norm(h, self.out_norm, self.args.eps, h))
+
+    def classifier(self) -> Classifier | None:
+        """The file's classification head (rerankers), or None."""
+        if not Classifier.present(self.weights.gguf):
+            return None
+        return Classifier(self.weights, self.args.d_model, softmax=self.arch in ("qwen3",))
+
+    def final_rows(self, x, step: Step, norm=None) -> np.ndarray:
+        """The output rows of x, normed by `norm(h)` in place where given, copied to the host."""
+        h = self.buffers.get("hidden", len(step.output_rows), x.shape[1])
+        self.backend.gather_rows(x, step.output_rows, h)
+        if norm is not None:
+            norm(h)
+        return np.array(self.backend.to_numpy(h), np.float32)
 
     @property
     def max_output_rows(self) -> int:

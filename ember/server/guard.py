@@ -8,7 +8,10 @@ import json
 from .errors import APIError
 from .origins import host_allowed, origin_allowed
 
-OPEN_PATHS = frozenset({"/health", "/v1/health"})  # answer without a key (load balancers, probes)
+from .webui import OPEN as PAGE_PATHS
+
+# answer without a key: load balancers and probes; the chat page's files (the page asks for the key)
+OPEN_PATHS = frozenset({"/health", "/v1/health"}) | PAGE_PATHS
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
 
 

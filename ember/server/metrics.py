@@ -40,11 +40,13 @@ class EngineView:
     @classmethod
     def of(cls, state: ServerState) -> EngineView | None:
         model = state.model
+        if model is not None and model.engine is None:  # embeddings mode: no generation engine
+            return None
         if model is not None:
             engine = model.engine
             return cls(engine.metrics, len(engine.scheduler.running), len(engine.scheduler.waiting),
                        engine.kv_usage())
-        if state.sleeping and state.info is not None:
+        if state.sleeping and state.info is not None and state.engine_metrics() is not None:
             info = state.info
             kv = KVUsage(info.kv_pages, info.kv_pages, 0, 0, info.page_size, 0)
             return cls(state.engine_metrics(), 0, 0, kv)

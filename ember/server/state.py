@@ -38,8 +38,16 @@ class ModelConfig:
     batch: int = 512  # tokens per engine step
     max_queue: int = 256  # requests waiting beyond which new ones get 503
     chat_template_file: str | None = None
+    # embeddings mode (llama-server's --embeddings / --reranking): the model gives embeddings or
+    # rerank scores, no completions; pooling None: the file's (see engine/embed.py)
+    embeddings: bool = False
+    reranking: bool = False
+    pooling: str | None = None
+    embd_normalize: int = 2
 
     def __post_init__(self):
+        if self.reranking and self.pooling not in (None, "rank"):
+            raise ValueError(f"reranking uses rank pooling, not {self.pooling}")
         for name in ("slots", "batch", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -69,6 +77,7 @@ class ServerConfig:
     sleep_idle_s: float | None = None  # unload the model after this long without requests
     sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults, llama-server's field names
     n_predict: int = -1  # default token limit of a request; -1: until the context is full
+    webui: bool = True  # the chat page at /
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
@@ -122,6 +131,7 @@ class ServerModel:
     gguf: object = None
     aliases: tuple[str, ...] = ()
     floor: TokenFloor | None = None  # a cheap lower bound on a text's token count
+    embedder: object = None  # embeddings mode: the engine.embed.Embedder (and engine is None)
 
     @property
     def id(self) -> str:
@@ -129,16 +139,20 @@ class ServerModel:
         return self.aliases[0] if self.aliases else self.path.name.removesuffix(".gguf")
 
     def describe(self) -> ModelInfo:
-        tok = self.tokenizer
+        tok, engine = self.tokenizer, self.engine
+        slots, pages, page_size = (engine.config.max_seqs, engine.pool.n_pages, engine.pool.page_size) if engine \
+            else (self.embedder.config.max_seqs, self.embedder.cache.n_pages, self.embedder.cache.page_size)
         return ModelInfo(
             self.id, self.aliases or (self.id,), self.path, self.path.stat().st_size, self.model.n_vocab,
-            self.model.n_ctx_train, self.n_ctx, self.engine.config.max_seqs, self.engine.pool.n_pages,
-            self.engine.pool.page_size, self.template_text, self.chat_template.source, self.native_tools,
+            self.model.n_ctx_train, self.n_ctx, slots, pages, page_size, self.template_text, self.chat_template.source, self.native_tools,
             tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
             tok.token_text(tok.eos_id) if tok.eos_id is not None else "")
 
     def close(self) -> None:
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
+        if self.embedder is not None:
+            self.embedder.close()
         if self.gguf is not None:
             self.gguf.close()
 
@@ -146,6 +160,8 @@ class ServerModel:
 def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
     """The model as ember.load() opens it, with its chat template. (The names the model goes
     by are the server's: ServerConfig.aliases replaces `aliases`.)"""
+    if cfg.embeddings or cfg.reranking:
+        return load_embedding_model(cfg, aliases)
     t0 = time.perf_counter()
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
               kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue)
@@ -156,6 +172,23 @@ def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
         raise
     return ServerModel(llm.path, llm.model, llm.tokenizer, template, text, mentions_tools(text), llm.engine, llm.n_ctx,
                        time.perf_counter() - t0, llm.gguf, tuple(aliases), TokenFloor.of(llm.tokenizer))
+
+
+def load_embedding_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
+    """The model opened for embeddings or reranking only (no generation engine)."""
+    from ..engine.embed import Embeddings
+
+    t0 = time.perf_counter()
+    pooling = "rank" if cfg.reranking else cfg.pooling
+    e = Embeddings(cfg.model, device=cfg.device, threads=cfg.threads, pooling=pooling, normalize=cfg.embd_normalize,
+                   max_batch_tokens=max(cfg.batch, 2048), **({"n_ctx": cfg.ctx} if cfg.ctx else {}))
+    try:
+        template, text = chat_template(e.gguf.metadata, cfg.chat_template_file)
+    except BaseException:
+        e.close()
+        raise
+    return ServerModel(e.path, e.model, e.tokenizer, template, text, False, None, e.embedder.n_ctx,
+                       time.perf_counter() - t0, e.gguf, tuple(aliases), TokenFloor.of(e.tokenizer), e.embedder)
 
 
 def chat_template(metadata: dict, override_file: str | None):
@@ -241,7 +274,7 @@ class ServerState:
     def _loaded(self, model: ServerModel) -> None:
         if self.config.aliases and model.aliases != self.config.aliases:  # a view with the names clients see
             model = replace(model, aliases=self.config.aliases)
-        if self._engine_metrics is not None:
+        if self._engine_metrics is not None and model.engine is not None:
             model.engine.metrics = self._engine_metrics
         self.info, self.model = model.describe(), model
 
@@ -293,7 +326,8 @@ class ServerState:
 
     def engine_metrics(self):
         """The engine's counters, also while the model sleeps."""
-        return self.model.engine.metrics if self.model is not None else self._engine_metrics
+        return self.model.engine.metrics if self.model is not None and self.model.engine is not None \
+            else self._engine_metrics
 
     @property
     def idle(self) -> bool:
@@ -311,7 +345,7 @@ class ServerState:
 
     async def _sleep(self) -> None:
         model, self.model, self.sleeping = self.model, None, True
-        self._engine_metrics = model.engine.metrics
+        self._engine_metrics = model.engine.metrics if model.engine is not None else None
         log.info("no requests for %.0f s: unloading the model until the next one", self.config.sleep_idle_s)
         if self.close_model:
             await asyncio.to_thread(model.close)

@@ -25,7 +25,7 @@ def token_piece(v: Vocab, token: int) -> bytes:
     if attr & (HIDDEN_UNLESS_SPECIAL | Attr.USER_DEFINED):
         return text.encode("utf-8", "surrogateescape")
     if attr & Attr.NORMAL:
-        if v.kind == "spm":
+        if v.kind in ("spm", "wpm"):
             return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
         return byte_level_bytes(text)
     if attr & Attr.BYTE:
@@ -35,7 +35,7 @@ def token_piece(v: Vocab, token: int) -> bytes:
 
 def all_token_pieces(v: Vocab) -> list[bytes]:
     """token_piece() for every token, with the common cases done in bulk."""
-    if v.kind == "spm":
+    if v.kind in ("spm", "wpm"):
         pieces = [t.replace(SPACE, " ").encode("utf-8", "surrogateescape") for t in v.tokens]
     else:
         pieces = [byte_level_bytes(t) for t in v.tokens]

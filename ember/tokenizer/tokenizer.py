@@ -23,6 +23,7 @@ from .errors import TokenizerError
 from .pretokenize import pre_tokenizer
 from .special import SpecialMatcher
 from .spm import SpmEngine
+from .wpm import WpmEngine
 from .vocab import Attr, Vocab, vocab_from_metadata
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ SPECIAL_ATTRS = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN | Attr.UNUSE
 class Tokenizer:
     """One model's vocabulary: encode, decode, and what each token is."""
 
-    def __init__(self, vocab: Vocab, engine: BpeEngine | SpmEngine):
+    def __init__(self, vocab: Vocab, engine: BpeEngine | SpmEngine | WpmEngine):
         self.vocab = vocab
         self._engine = engine
         self._plain_specials = special_matcher(vocab, parse_special=False)
@@ -46,6 +47,8 @@ class Tokenizer:
         if vocab.kind == "spm":
             return cls(vocab, SpmEngine(vocab.token_to_id, vocab.scores.tolist(), vocab.ids.get("unk"),
                                         vocab.add_space_prefix))
+        if vocab.kind == "wpm":
+            return cls(vocab, WpmEngine(vocab.token_to_id, vocab.ids.get("unk"), vocab.lowercase, vocab.strip_accents))
         if not vocab.pre:
             log.warning("tokenizer.ggml.pre is missing: using llama.cpp's default pre-tokenizer "
                         "(tokenization may differ from the model's own)")
@@ -74,6 +77,14 @@ class Tokenizer:
         return self.vocab.add_eos
 
     @property
+    def sep_id(self) -> int | None:
+        return self.vocab.ids.get("sep")
+
+    @property
+    def add_sep(self) -> bool:
+        return self.vocab.add_sep
+
+    @property
     def eog_ids(self) -> frozenset[int]:
         return self.vocab.eog_ids
 
@@ -94,6 +105,8 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         text = valid_text(text)
         parts = self._specials(parse_special).split(text)
+        if self.vocab.kind == "wpm":  # llama.cpp: [CLS] text [SEP] whatever the flags say
+            return [self.bos_id] * add_special + self._engine.encode_parts(parts) + [self.sep_id] * add_special
         ids = [self.bos_id] if add_special and self.add_bos else []
         ids += self._engine.encode_parts(parts)
         if add_special and self.add_eos:

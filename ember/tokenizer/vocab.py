@@ -22,7 +22,7 @@ from .pretokenize import pre_tokenizer
 log = logging.getLogger(__name__)
 
 # tokenizer.ggml.model -> the algorithm
-MODEL_KINDS = {"gpt2": "bpe", "llama": "spm"}
+MODEL_KINDS = {"gpt2": "bpe", "llama": "spm", "bert": "wpm"}
 
 
 class Attr(enum.IntFlag):
@@ -75,11 +75,13 @@ SPECIAL_KEYS = {  # role -> metadata key
 }
 # SentencePiece files follow LLaMA's numbering when the metadata is silent (llama.cpp does the same).
 SPM_DEFAULT_IDS = {"bos": 1, "eos": 2, "unk": 0}
+# ...and WordPiece files BERT's ([CLS] is BOS, [SEP] the separator).
+WPM_DEFAULT_IDS = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
 
 
 @dataclass(slots=True)
 class Vocab:
-    kind: str                      # "bpe" or "spm"
+    kind: str                      # "bpe", "spm" or "wpm"
     pre: str                       # tokenizer.ggml.pre ("" when absent)
     tokens: list[str]              # token texts (surrogate-escaped where not UTF-8)
     types: np.ndarray              # (n_vocab,) int32, GGUF token types as stored
@@ -91,6 +93,9 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
+    add_sep: bool = False          # the separator after a text (and between a rerank query and document)
+    lowercase: bool = True         # WordPiece: lowercase the text, and strip accents (strip_accents)
+    strip_accents: bool = True
     eog_ids: frozenset[int] = field(default_factory=frozenset)
     attr_list: list[int] = field(default_factory=list)  # attrs as Python ints, for fast lookups
 
@@ -124,7 +129,10 @@ def vocab_from_metadata(md: dict[str, Any]) -> Vocab:
             raise TokenizerError(f"tokenizer.ggml.add_{role}_token is true, "
                                  f"but {SPECIAL_KEYS[role]} is not set")
     vocab = Vocab(kind, md.get("tokenizer.ggml.pre", "") or "", tokens, types, attrs, scores, merges,
-                  token_to_id, ids, add_bos, add_eos, add_space_prefix)
+                  token_to_id, ids, add_bos, add_eos, add_space_prefix, flag(md, "tokenizer.ggml.add_sep_token", kind == "wpm"))
+    if kind == "wpm":
+        vocab.lowercase = flag(md, "tokenizer.ggml.normalizer.lowercase", True)
+        vocab.strip_accents = flag(md, "tokenizer.ggml.normalizer.strip_accents", vocab.lowercase)
     adjust_by_text(vocab)
     vocab.attr_list = vocab.attrs.tolist()
     return vocab
@@ -141,7 +149,7 @@ def add_bos_eos(md: dict[str, Any]) -> tuple[bool, bool]:
     """Whether BOS/EOS are added: the metadata's flags, else llama.cpp's defaults
     (BOS for SentencePiece and for some BPE pre-tokenizers such as llama3, never EOS)."""
     kind = model_kind(md)
-    default_bos = kind == "spm" or (kind == "bpe" and pre_tokenizer(md.get("tokenizer.ggml.pre", "")).add_bos)
+    default_bos = kind in ("spm", "wpm") or (kind == "bpe" and pre_tokenizer(md.get("tokenizer.ggml.pre", "")).add_bos)
     return (flag(md, "tokenizer.ggml.add_bos_token", default_bos),
             flag(md, "tokenizer.ggml.add_eos_token", False))
 
@@ -198,7 +206,7 @@ def flag(md: dict[str, Any], key: str, default: bool) -> bool:
 
 def special_ids(md: dict[str, Any], kind: str, n: int) -> dict[str, int]:
     """Ids of the special roles; BOS/EOS outside the vocabulary are an error, others are dropped."""
-    ids = dict(SPM_DEFAULT_IDS) if kind == "spm" else {}
+    ids = dict(SPM_DEFAULT_IDS) if kind == "spm" else dict(WPM_DEFAULT_IDS) if kind == "wpm" else {}
     ids = {role: i for role, i in ids.items() if i < n}
     for role, key in SPECIAL_KEYS.items():
         value = md.get(key)

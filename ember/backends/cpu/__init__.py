@@ -71,7 +71,8 @@ _OP_NAMES = {
     lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
-    lib.EMBER_OP_POS_SCALE: "pos_scale",
+    lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_LAYER_NORM: "layer_norm", lib.EMBER_OP_GELU: "gelu",
+    lib.EMBER_OP_TANH: "tanh",
 }
 
 
@@ -355,6 +356,17 @@ class Backend:
 
     def add(self, a, b, out) -> None:
         self._run(lib.EMBER_OP_ADD, (self._p(a), self._p(b), self._p(out)), (a.size,))
+
+    def layer_norm(self, x, w, b, eps, out) -> None:
+        wp = self._p(w.data) if w is not None else ffi.NULL
+        bp = self._p(b.data) if b is not None else ffi.NULL
+        self._run(lib.EMBER_OP_LAYER_NORM, (self._p(x), wp, bp, self._p(out)), (x.shape[0], x.shape[1]), (eps,))
+
+    def gelu(self, x, out) -> None:
+        self._run(lib.EMBER_OP_GELU, (self._p(x), self._p(out)), (x.size,))
+
+    def tanh(self, x) -> None:
+        self._run(lib.EMBER_OP_TANH, (self._p(x),), (x.size,))
 
     def scale(self, x, s: float) -> None:
         self._run(lib.EMBER_OP_SCALE, (self._p(x),), (x.size,), (s,))

@@ -24,9 +24,9 @@ from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
 from ._kernels import ATT_TILE_DIMS, matmul_module
 from .config import CudaConfig
-from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, GetRows, KvStore, Launch,
-                  Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, TopK, quantized,
-                  xq_bytes)
+from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, Gelu, GetRows, KvStore,
+                  LayerNorm, Launch, Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, Tanh, TopK,
+                  quantized, xq_bytes)
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
@@ -437,6 +437,15 @@ class Backend:
 
     def add(self, a, b, out) -> None:
         self._run(Add(a, b, out))
+
+    def layer_norm(self, x, w, b, eps, out) -> None:
+        self._run(LayerNorm(x, w.data if w is not None else None, b.data if b is not None else None, float(eps), out))
+
+    def gelu(self, x, out) -> None:
+        self._run(Gelu(x, out))
+
+    def tanh(self, x) -> None:
+        self._run(Tanh(x))
 
     def scale(self, x, s: float) -> None:
         self._run(Scale(x, float(s)))

@@ -74,6 +74,9 @@ def thinking_budget(model: ServerModel, fmt, chat: Chat, opened: bool) -> Thinki
 async def start(state: ServerState, model: ServerModel, gen: Generation, http: HTTPRequest | None = None) -> Run:
     """Prepare `gen` and submit one engine request per prompt from the client `http` names (off
     the loop); engine refusals become HTTP errors."""
+    if model.engine is None:
+        raise APIError(501, "This server does not support completions. Start it without --embeddings",
+                       type="not_supported_error", code="not_supported")
     client = client_key(state, http) if http is not None else ""
     prepared, handles, refused = await off_loop(_launch, model, gen, client, asyncio.get_running_loop())
     if refused is not None:

@@ -29,7 +29,8 @@ class CompletionRequest:
             raise ValueError("a stream has one prompt")
 
 
-def parse_completion(body: Fields, limits: Limits) -> CompletionRequest:
+def parse_completion(body: Fields, limits: Limits, items: list | None = None) -> CompletionRequest:
+    """items: the prompts, where the body's `prompt` is not where they come from (/infill)."""
     body.str("model")  # any name: one model is served
     n_predict = body.int("n_predict", None, lo=-1)
     if n_predict is None:
@@ -42,7 +43,7 @@ def parse_completion(body: Fields, limits: Limits) -> CompletionRequest:
     body.int("id_slot", -1, lo=-1)
     options = (body.bool("return_tokens", False), body.strings("response_fields"), body.bool("return_progress", False),
                body.bool("timings_per_token", False))
-    items = fields.prompt_items(body)
+    items = fields.prompt_items(body) if items is None else items
     if stream and len(items) > 1:
         raise invalid("prompt", "streaming takes one prompt per request", "unsupported")
     limits.check_sequences(len(items), 1)

@@ -4,6 +4,7 @@ into a typed request, run its `Generation` in the core and write the run back in
 shapes; the others answer from the model and the server's state."""
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool as off_loop
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -15,6 +16,7 @@ from ..errors import invalid
 from ..exchange import json_reply, read, respond
 from ..openai.messages import chat
 from ..state import ServerState
+from .infill import infill_ids, parse_infill, with_prompt
 from .reply import CompletionReply, detokenized, generation_settings, templated, tokenized
 from .request import parse_completion, parse_detokenize, parse_tokenize
 
@@ -37,6 +39,17 @@ async def completion(request: Request) -> Response:
     state: ServerState = request.app.state.ember
     async with state.using_model() as model:
         completion = await read(request, parse_completion, Limits.of(state.config, model))
+        run = await start(state, model, completion.gen, request)
+    return await respond(request, run, CompletionReply(completion, model))
+
+
+async def infill(request: Request) -> Response:
+    state: ServerState = request.app.state.ember
+    async with state.using_model() as model:
+        req = await read(request, parse_infill, Limits.of(state.config, model))
+        n_predict = state.config.n_predict
+        ids = await off_loop(infill_ids, model.tokenizer, req, model.n_ctx, n_predict)
+        completion = with_prompt(req, ids)
         run = await start(state, model, completion.gen, request)
     return await respond(request, run, CompletionReply(completion, model))
 
@@ -83,7 +96,8 @@ async def slots(request: Request) -> Response:
     """One entry per slot: a running sequence or idle. Slots are not tied to a cache here."""
     state: ServerState = request.app.state.ember
     info = state.require_info()
-    running = list(state.model.engine.scheduler.running) if state.model is not None else []
+    model = state.model
+    running = list(model.engine.scheduler.running) if model is not None and model.engine is not None else []
     return JSONResponse([_slot(i, running[i] if i < len(running) else None, info.n_ctx)
                          for i in range(max(info.slots, len(running)))])
 
@@ -112,6 +126,8 @@ async def slot_action(request: Request) -> Response:
     if state.sleeping:  # the cache went with the model
         return JSONResponse({"id_slot": slot, "n_erased": 0})
     model = state.require_model()
+    if model.engine is None:
+        return JSONResponse({"id_slot": slot, "n_erased": 0})
     cached = model.engine.kv_usage().cached_tokens
     model.engine.clear_cache()
     return JSONResponse({"id_slot": slot, "n_erased": cached})

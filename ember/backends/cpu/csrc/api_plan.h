@@ -22,7 +22,10 @@ enum ember_op_kind {
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
     EMBER_OP_TOP_K = 14,       /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
     EMBER_OP_SOFTCAP = 15,     /* p: x; i: n; f: cap                      -- x = cap * tanh(x / cap) */
-    EMBER_OP_POS_SCALE = 16    /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_POS_SCALE = 16,   /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_LAYER_NORM = 17,  /* p: x, w (or NULL), b (or NULL), out; i: n, d; f: eps */
+    EMBER_OP_GELU = 18,        /* p: x, out; i: n                         -- out = gelu_tanh(x) */
+    EMBER_OP_TANH = 19         /* p: x; i: n                              -- x = tanh(x) */
 };
 
 #define EMBER_TOPK_MAX 64

@@ -3,6 +3,7 @@
 #include "api_ops.h"
 #include "api_plan.h"
 #include "api_quant.h"
+#include "api_encoder.h"
 
 #include <time.h>
 
@@ -70,6 +71,15 @@ static int run_op(ember_pool *pool, const ember_op *o) {
     case EMBER_OP_POS_SCALE:
         if (i[2] < 1) return -1;
         ember_pos_scale(p[0], p[1], i[0], i[1], i[2], f[0], f[1]);
+        return 0;
+    case EMBER_OP_LAYER_NORM:
+        ember_layer_norm(pool, p[0], p[1], p[2], p[3], i[0], i[1], f[0]);
+        return 0;
+    case EMBER_OP_GELU:
+        ember_gelu(pool, p[0], p[1], i[0]);
+        return 0;
+    case EMBER_OP_TANH:
+        ember_tanh(p[0], i[0]);
         return 0;
     default:
         return -1;

@@ -295,3 +295,35 @@ extern "C" __global__ void __launch_bounds__(128)
         }
     }
 }
+
+// Encoders (BERT): x (rows, d) -> out = (x - mean) / sqrt(var + eps) * w + b over each row; w, b (d,) or
+// null. One warp per row, two passes (mean, then centred squares); out may alias x.
+extern "C" __global__ void layer_norm(const float *x, const float *w, const float *b, float *out, int rows, int d,
+                                      float eps) {
+    PDL_ENTER();
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float *xr = x + (size_t)row * d;
+    float *o = out + (size_t)row * d;
+    float s = 0.f;
+    for (int c = lane; c < d; c += 32) s += xr[c];
+    const float mean = warp_sum(s) / (float)d;
+    float ss = 0.f;
+    for (int c = lane; c < d; c += 32) ss += (xr[c] - mean) * (xr[c] - mean);
+    const float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+    for (int c = lane; c < d; c += 32) o[c] = (xr[c] - mean) * inv * (w ? w[c] : 1.f) + (b ? b[c] : 0.f);
+}
+
+// out (n,) = gelu_tanh(x)   (no gate; out may alias x)
+extern "C" __global__ void gelu(const float *x, float *out, i64 n) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gelu_tanh_f(x[i]);
+}
+
+// x (n,) = tanh(x)   (classification heads)
+extern "C" __global__ void tanh_inplace(float *x, i64 n) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i]);
+}

@@ -9,11 +9,12 @@ rows (norms, activations, rope, the KV-cache write), sample.
 from .attention import Attention, QkvPost
 from .base import MATRIX_TYPES, Copy, DeviceMatrix, Launch, quantized, xq_bytes
 from .matmul import MODE_GELU, MODE_RESIDUAL, MODE_SILU, MODE_STORE, Matmul, ResidualPrologue, SplitScratch, Tail
-from .rows import (Add, AddRow, CopyPages, GatedAct, GatherRows, GetRows, KvStore, NormAdd, PosScale, RmsNorm,
-                   Rope, RopeArgs, Scale, Softcap)
+from .rows import (Add, AddRow, CopyPages, GatedAct, GatherRows, Gelu, GetRows, KvStore, LayerNorm, NormAdd, PosScale,
+                   RmsNorm, Rope, RopeArgs, Scale, Softcap, Tanh)
 from .sample import TopK
 
-__all__ = ["Add", "AddRow", "Attention", "Copy", "CopyPages", "DeviceMatrix", "GatedAct", "GatherRows", "GetRows",
+__all__ = ["Add", "AddRow", "Attention", "Copy", "CopyPages", "DeviceMatrix", "GatedAct", "GatherRows", "Gelu", "GetRows",
+           "LayerNorm", "Tanh",
            "KvStore", "Launch", "MATRIX_TYPES", "MODE_GELU", "MODE_RESIDUAL", "MODE_SILU", "MODE_STORE", "Matmul",
            "NormAdd", "PosScale", "QkvPost", "ResidualPrologue", "RmsNorm", "Rope", "RopeArgs", "Scale", "Softcap", "SplitScratch", "Tail",
            "TopK", "quantized", "xq_bytes"]

@@ -50,6 +50,43 @@ class RmsNorm:
 
 
 @dataclass(eq=False)
+class LayerNorm:
+    """out (rows, d) = (x - mean) / sqrt(var + eps) * w + b over rows of d; w, b device f32 (d,) or None."""
+
+    x: Any
+    w: Any
+    b: Any
+    eps: float
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        rows, d = self.x.shape
+        args = (ptr(self.x), ptr(self.w), ptr(self.b), ptr(self.out), i32(rows), i32(d), f32(self.eps))
+        return [Launch(kernels.fn("ops", "layer_norm"), (-(-rows // 4), 1, 1), (128, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class Gelu:
+    """out = gelu_tanh(x), no gate"""
+
+    x: Any
+    out: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.x.size
+        return [elementwise(kernels, "gelu", n, ptr(self.x), ptr(self.out), i64(n))]
+
+
+@dataclass(eq=False)
+class Tanh:
+    x: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.x.size
+        return [elementwise(kernels, "tanh_inplace", n, ptr(self.x), i64(n))]
+
+
+@dataclass(eq=False)
 class NormAdd:
     """Fused: h = rms_norm(h) * w, then x += h (rows of d)."""
 
