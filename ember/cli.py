@@ -151,6 +151,7 @@ def _add_serve(sub, model_help: str) -> None:
                    help="KV cache budget, e.g. 512M or 2G (default: ctx x slots tokens)")
     s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     s.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+    _add_cache_types(s)
     s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
@@ -220,7 +221,7 @@ def cmd_serve(args) -> int:
     model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
     model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
-                            chat_template_file=args.chat_template_file)
+                            chat_template_file=args.chat_template_file, **_cache_types(args))
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
 
@@ -258,12 +259,24 @@ def _add_runtime(p: argparse.ArgumentParser, ctx: bool = True) -> None:
     if ctx:
         p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
     p.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
+    _add_cache_types(p)
+
+
+def _add_cache_types(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's KV cache type flags."""
+    for short, long, what in (("-ctk", "--cache-type-k", "keys"), ("-ctv", "--cache-type-v", "values")):
+        p.add_argument(short, long, default="f16", type=str.lower, choices=["f16", "bf16", "q8_0", "q4_0"],
+                       help=f"storage type of the KV cache's {what} (default f16)")
+
+
+def _cache_types(args) -> dict:
+    return {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
 
 
 def _load(args):
     from .engine import LLM
 
-    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx)
+    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx, **_cache_types(args))
 
 
 def cmd_run(args) -> int:
@@ -424,7 +437,7 @@ def cmd_perplexity(args) -> int:
         raise ValueError("perplexity needs a text file (-f), or --kl-divergence with --kl-divergence-base")
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
-    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1))
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1), **_cache_types(args))
     if args.kl_divergence_base:
         from .engine.scoring import save_base_logits
 
@@ -445,7 +458,7 @@ def _kl_divergence(args) -> int:
     if not args.kl_divergence_base:
         raise ValueError("--kl-divergence needs --kl-divergence-base LOGITS (a file llama-perplexity or ember wrote)")
     base = open_base(args.kl_divergence_base)
-    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=base.n_ctx)
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=base.n_ctx, **_cache_types(args))
     stats = kl_divergence(llm, base, args.chunks)
     print(f"{stats.count} positions of {base.n_chunk if args.chunks is None else min(args.chunks, base.n_chunk)} "
           f"chunks of {base.n_ctx} tokens")

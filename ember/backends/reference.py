@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import dequantize
-from .base import AttentionBatch, Capabilities, RopeParams, Weight
+from ..quant import dequantize, quantize
+from ..quant.types import GGMLType
+from .base import KV_TYPES, AttentionBatch, Capabilities, KVLayer, RopeParams, Weight
 
 F = np.float64
 
 
 class Backend:
     name = "reference"
-    capabilities = Capabilities(top_k=True)
+    capabilities = Capabilities(top_k=True, kv_types=frozenset(KV_TYPES.values()))
 
     def __init__(self, device: str = "reference", threads: int | None = None):
         self.n_threads = 1
@@ -39,8 +40,8 @@ class Backend:
     def to_numpy(self, a) -> np.ndarray:
         return np.asarray(a)
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
-        return np.zeros((n_slots, k_dim), F), np.zeros((n_slots, v_dim), F)
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type=GGMLType.F16, v_type=GGMLType.F16):
+        return KVLayer(np.zeros((n_slots, k_dim), F), np.zeros((n_slots, v_dim), F), k_type, v_type)
 
     def get_rows(self, w: Weight, ids, out) -> None:
         out[...] = w.data[np.asarray(ids)]
@@ -108,8 +109,8 @@ class Backend:
         x *= (1.0 + scale * np.log(np.floor((pos + offset) / length) + 1.0))[:, None]
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
-        cache[0][batch.slots] = k
-        cache[1][batch.slots] = v
+        cache.k[batch.slots] = _stored(k, cache.k_type)
+        cache.v[batch.slots] = _stored(v, cache.v_type)
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
@@ -130,6 +131,14 @@ class Backend:
                     s = softcap * np.tanh(s / softcap)
                 p = np.exp(s - s.max())
                 out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+
+
+def _stored(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """The values a cache of type t holds for x: exact for F16 (this backend's float64 reference),
+    else rounded through the numpy quantizer of the type."""
+    if t == GGMLType.F16:
+        return x
+    return dequantize(quantize(np.asarray(x, np.float32), t), t, np.shape(x)).astype(F)
 
 
 def token_slots(batch: AttentionBatch, t: int, positions: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..backends import kv_type
 from ..models import Model
 from ..sampler import NoTokenAllowed, Sampler, SamplerVocab, SamplingParams
 from .ahead import DecodeAhead
@@ -57,8 +58,11 @@ class EngineConfig:
     # chain_tokens); True, also elsewhere, the host choosing them once the step before has run (the
     # same bookkeeping, for tests); False, never (a benchmark's baseline)
     decode_ahead: bool | None = None
+    cache_type_k: str = "f16"  # the KV cache's storage types (backends.KV_TYPES names)
+    cache_type_v: str = "f16"
 
     def __post_init__(self):
+        kv_type(self.cache_type_k), kv_type(self.cache_type_v)  # ValueError for an unknown name
         for name in ("n_ctx", "max_seqs", "page_size", "max_batch_tokens", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -77,7 +81,8 @@ class Engine:
         caps = model.backend.capabilities
         self.pool = PagePool(config.n_pages, config.page_size)
         # one page past the pool's: the runner's padding tokens write there (see ModelRunner)
-        self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size)
+        self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size, kv_type(config.cache_type_k),
+                                        kv_type(config.cache_type_v))
         self.tree = RadixCache(self.pool)
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,

@@ -13,9 +13,10 @@ from functools import cached_property
 from typing import Iterable, Iterator
 
 from .. import hub
-from ..backends import get_backend
+from ..backends import get_backend, kv_type
 from ..gguf_loader import GGUFFile
 from ..models import load_model
+from ..quant.types import layout
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
@@ -75,7 +76,8 @@ class LLM:
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
                  kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
-                 prefix_cache: bool = True, decode_ahead: bool | None = None):
+                 prefix_cache: bool = True, decode_ahead: bool | None = None, cache_type_k: str = "f16",
+                 cache_type_v: str = "f16"):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -86,8 +88,10 @@ class LLM:
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
             self.model.set_context(self.n_ctx)
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
-                n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx),
-                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+                n_ctx=self.n_ctx, max_seqs=slots,
+                kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx, cache_type_k, cache_type_v),
+                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead,
+                cache_type_k=cache_type_k, cache_type_v=cache_type_v))
         except BaseException:
             self.gguf.close()
             raise
@@ -222,16 +226,18 @@ class Generation:
         return tail
 
 
-def kv_bytes_per_token(model) -> int:
-    """K and V of every layer in f16."""
-    return sum(k + v for k, v in model.kv_dims()) * 2
+def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """K and V of every layer in the cache's types (q8_0 rows are 34/64 of f16's, q4_0 rows 18/64)."""
+    k_lay, v_lay = layout(kv_type(cache_type_k)), layout(kv_type(cache_type_v))
+    return sum(k_lay.row_bytes(k) + v_lay.row_bytes(v) for k, v in model.kv_dims())
 
 
-def kv_tokens_in(kv_memory: int | None, model, n_ctx: int) -> int | None:
+def kv_tokens_in(kv_memory: int | None, model, n_ctx: int, cache_type_k: str = "f16",
+                 cache_type_v: str = "f16") -> int | None:
     """A KV cache budget in bytes -> its capacity in tokens (None: the engine's default)."""
     if kv_memory is None:
         return None
-    per_token = kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model, cache_type_k, cache_type_v)
     tokens = kv_memory // per_token
     if tokens < n_ctx:
         raise ValueError(f"a KV cache of {kv_memory} bytes holds {tokens} tokens ({per_token} bytes each); "

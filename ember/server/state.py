@@ -38,6 +38,8 @@ class ModelConfig:
     batch: int = 512  # tokens per engine step
     max_queue: int = 256  # requests waiting beyond which new ones get 503
     chat_template_file: str | None = None
+    cache_type_k: str = "f16"  # the KV cache's storage types (f16, bf16, q8_0, q4_0)
+    cache_type_v: str = "f16"
 
     def __post_init__(self):
         for name in ("slots", "batch", "max_queue"):
@@ -148,7 +150,8 @@ def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
     by are the server's: ServerConfig.aliases replaces `aliases`.)"""
     t0 = time.perf_counter()
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
-              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue)
+              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue, cache_type_k=cfg.cache_type_k,
+              cache_type_v=cfg.cache_type_v)
     try:
         template, text = chat_template(llm.gguf.metadata, cfg.chat_template_file)
     except BaseException:

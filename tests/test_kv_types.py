@@ -1,0 +1,101 @@
+"""Quantized KV caches: the C kernels (quantize on write, attention reading the quantized rows in
+place) against the numpy quantizers of ember.quant and a float64 attention, on every SIMD path."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ember.backends import KV_TYPES, kv_type
+from ember.backends.cpu._native import lib
+from ember.quant import dequantize, quantize
+from ember.quant.types import GGMLType
+
+from test_cpu_ops import ATTN_CASES, AttnCase, attention_ref, buf, isa, pool, pools  # noqa: F401 (fixtures)
+
+QUANTIZED = [GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0]
+
+
+def row_bytes(t: GGMLType, n: int) -> int:
+    return int(lib.ember_kv_row_bytes(int(t), n))
+
+
+def test_row_bytes_and_names():
+    assert [row_bytes(t, 64) for t in (GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)] == [128, 128, 68, 36]
+    assert row_bytes(GGMLType.Q8_0, 48) == -1 and row_bytes(GGMLType.Q4_1, 64) == -1
+    assert kv_type("Q8_0") is GGMLType.Q8_0 and set(KV_TYPES) == {"f16", "bf16", "q8_0", "q4_0"}
+    with pytest.raises(ValueError, match="q5_0"):
+        kv_type("q5_0")
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_kv_store_matches_the_numpy_quantizer(isa, pool, t):
+    rng = np.random.default_rng(int(t))
+    n_tok, k_dim, v_dim, n_slots = 37, 256, 64, 80
+    k = (rng.standard_normal((n_tok, k_dim)) * 3).astype(np.float32)
+    v = rng.standard_normal((n_tok, v_dim)).astype(np.float32)
+    k[0, :32] = 0  # an all-zero block: scale 0, no division by it
+    v[1, :32] = -v[1, :32].max()  # Q4_0's extreme value is negative here
+    slots = rng.permutation(n_slots)[:n_tok].astype(np.int64)
+    k_cache = np.full((n_slots, row_bytes(t, k_dim)), 0xAB, np.uint8)
+    v_cache = np.full((n_slots, row_bytes(t, v_dim)), 0xAB, np.uint8)
+    lib.ember_kv_store(pool, buf(k), buf(v), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"),
+                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, int(t), int(t))
+    np.testing.assert_array_equal(k_cache[slots], quantize(k, t))
+    np.testing.assert_array_equal(v_cache[slots], quantize(v, t))
+    untouched = np.setdiff1d(np.arange(n_slots), slots)
+    assert (k_cache[untouched] == 0xAB).all()
+
+
+def quantized_batch(case: AttnCase, rng, k_type: GGMLType, v_type: GGMLType):
+    """Sequences on shuffled pages of caches of the given types, and the values those rows stand for
+    (float64), per sequence."""
+    ps = case.page_size
+    n_pages = [math.ceil(length / ps) for length, _ in case.seqs]
+    total = sum(n_pages) + 1
+    perm = rng.permutation(total - 1)
+    k_cache = np.zeros((total * ps, row_bytes(k_type, case.n_kv_head * case.hd_k)), np.uint8)
+    v_cache = np.zeros((total * ps, row_bytes(v_type, case.n_kv_head * case.hd_v)), np.uint8)
+    tables = np.full((len(case.seqs), max(n_pages) + 1), total - 1, np.int32)
+    keys, values, toks, start = [], [], [], 0
+    for s, (length, n_q) in enumerate(case.seqs):
+        pages = perm[start:start + n_pages[s]]
+        start += n_pages[s]
+        tables[s, :n_pages[s]] = pages
+        k = rng.standard_normal((length, case.n_kv_head * case.hd_k)).astype(np.float32)
+        v = rng.standard_normal((length, case.n_kv_head * case.hd_v)).astype(np.float32)
+        p = np.arange(length)
+        slots = pages[p // ps] * ps + p % ps
+        k_cache[slots], v_cache[slots] = quantize(k, k_type), quantize(v, v_type)
+        keys.append(dequantize(k_cache[slots], k_type).astype(np.float64).reshape(length, case.n_kv_head, -1))
+        values.append(dequantize(v_cache[slots], v_type).astype(np.float64).reshape(length, case.n_kv_head, -1))
+        toks += [(s, pos) for pos in range(length - n_q, length)]
+    q = rng.standard_normal((len(toks), case.n_head, case.hd_k)).astype(np.float32)
+    pos = np.array([p for _, p in toks], np.int32)
+    seq = np.array([s for s, _ in toks], np.int32)
+    return q, k_cache, v_cache, keys, values, pos, seq, tables
+
+
+class _Ref:
+    """What attention_ref reads of a batch."""
+
+    def __init__(self, q, keys, values, pos, seq):
+        self.q, self.keys, self.values, self.tok_pos, self.tok_owner = q, keys, values, pos, seq
+
+
+@pytest.mark.parametrize("name", ["gqa3_prefill_chunk", "hd256_long_decode", "gqa3_long_decode_window"])
+@pytest.mark.parametrize("types", [(GGMLType.Q8_0, GGMLType.Q8_0), (GGMLType.Q4_0, GGMLType.Q4_0),
+                                   (GGMLType.Q8_0, GGMLType.F16), (GGMLType.BF16, GGMLType.Q4_0)],
+                         ids=lambda ts: "-".join(t.name for t in ts))
+def test_attention_reads_quantized_rows(isa, pool, name, types):
+    case = ATTN_CASES[name]
+    q, k_cache, v_cache, keys, values, pos, seq, tables = quantized_batch(case, np.random.default_rng(7), *types)
+    scale = 1.0 / math.sqrt(case.hd_k)
+    out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
+    lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
+                        case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
+                        buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
+                        int(types[0]), int(types[1]))
+    want = attention_ref(case, _Ref(q, keys, values, pos, seq), scale)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)
