@@ -30,6 +30,7 @@ from .radix import RadixCache
 from .requests import FinishEvent, GrammarSpec, Request, RequestHandle
 from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
+from .tiers import TierConfig, TieredCache, identity
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class EngineConfig:
     decode_ahead: bool | None = None
     cache_type_k: str = "f16"  # the KV cache's storage types (backends.KV_TYPES names)
     cache_type_v: str = "f16"
+    tiers: TierConfig = TierConfig()  # host-RAM and disk tiers below the pool (tiers.py)
+    model_digest: bytes = b""  # the model file's hash: what the disk tier's pages must belong to
 
     def __post_init__(self):
         kv_type(self.cache_type_k), kv_type(self.cache_type_v)  # ValueError for an unknown name
@@ -84,6 +87,7 @@ class Engine:
         self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size, kv_type(config.cache_type_k),
                                         kv_type(config.cache_type_v))
         self.tree = RadixCache(self.pool)
+        self.tiers = self._tiers(config)
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
@@ -102,6 +106,13 @@ class Engine:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
+
+    def _tiers(self, config: EngineConfig) -> TieredCache | None:
+        if not (config.tiers.enabled and config.prefix_cache):
+            return None
+        seed = identity(config.model_digest, config.cache_type_k, config.cache_type_v, config.page_size,
+                        self.cache.page_nbytes)
+        return TieredCache(config.tiers, self.tree, self.pool, self.cache, seed)
 
     @property
     def metrics(self) -> EngineMetrics:
@@ -213,6 +224,7 @@ class Engine:
             if kind == "add":
                 with self._adds_lock:  # moved to waiting in the same breath: the count never dips
                     for seq in handle.seqs:
+                        self._restore(seq)
                         self.scheduler.add(seq)
                         self.metrics.requests_started += 1
                     self._adds_in_inbox -= 1
@@ -221,6 +233,11 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+
+    def _restore(self, seq: Sequence) -> None:
+        """Pages of the prompt's prefix the tiers below the pool hold, back in the pool."""
+        if self.tiers is not None and not seq.prompt_logits:
+            self.tiers.restore(seq.tokens[:-1])
 
     def _inbox_items(self):
         """What callers sent since the last look: (kind, handle) pairs."""
@@ -286,6 +303,8 @@ class Engine:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if self.tiers is not None and not self._thread.is_alive():
+            self.tiers.persist()  # what the pool and host memory hold outlives the process
 
     def _shutdown(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
