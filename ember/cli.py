@@ -152,6 +152,7 @@ def _add_serve(sub, model_help: str) -> None:
     s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     s.add_argument("--device", default="auto", help="backend: auto, cpu, reference (default auto)")
     _add_cache_types(s)
+    _add_cache_tiers(s)
     s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
@@ -221,7 +222,7 @@ def cmd_serve(args) -> int:
     model = hub.resolve(args.model)  # a missing model (or one that offline cannot fetch) fails before serving
     model_cfg = ModelConfig(str(model), device=args.device, threads=args.threads, ctx=args.ctx, slots=args.slots,
                             kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
-                            chat_template_file=args.chat_template_file, **_cache_types(args))
+                            chat_template_file=args.chat_template_file, **_cache_types(args), **_cache_tiers(args))
     return serve(model_cfg, server_config(args), host=args.host, port=args.port, log_level=args.log_level,
                  access_log=args.access_log)
 
@@ -238,7 +239,7 @@ def server_config(args):
         allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
         max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
-        sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
+        sampling=tuple((k, v) for k, v in sampling.items() if v is not None), slot_save_path=args.slot_save_path)
 
 
 def _listed(values: list[str]) -> tuple[str, ...]:
@@ -267,6 +268,23 @@ def _add_cache_types(p: argparse.ArgumentParser) -> None:
     for short, long, what in (("-ctk", "--cache-type-k", "keys"), ("-ctv", "--cache-type-v", "values")):
         p.add_argument(short, long, default="f16", type=str.lower, choices=["f16", "bf16", "q8_0", "q4_0"],
                        help=f"storage type of the KV cache's {what} (default f16)")
+
+
+def _add_cache_tiers(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--cache-ram", type=_byte_size, default=0, metavar="BYTES",
+                   help="host memory for KV pages evicted from the cache, e.g. 4G (default: none, pages are dropped)")
+    s.add_argument("--cache-disk", default=None, metavar="DIR",
+                   help="folder for KV pages evicted beyond that, kept across restarts")
+    s.add_argument("--cache-disk-size", type=_byte_size, default=None, metavar="BYTES",
+                   help="most bytes --cache-disk holds, least recently used pages removed first (default 10G)")
+    s.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="folder of POST /slots/{id}?action=save|restore files")
+
+
+def _cache_tiers(args) -> dict:
+    size = args.cache_disk_size if args.cache_disk_size is not None else (10 << 30 if args.cache_disk else 0)
+    return {"cache_ram": args.cache_ram, "cache_disk": args.cache_disk, "cache_disk_size": size,
+            "hash_file": args.slot_save_path is not None}
 
 
 def _cache_types(args) -> dict:

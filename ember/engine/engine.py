@@ -14,6 +14,7 @@ Elsewhere events go out at the end of the step.
 from __future__ import annotations
 
 import queue
+from concurrent.futures import Future
 import threading
 import traceback
 from dataclasses import dataclass, replace
@@ -107,12 +108,16 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def identity(self) -> bytes:
+        """What pages saved by this engine must match to be used by another: the model file, the KV layout."""
+        c = self.config
+        return identity(c.model_digest, c.cache_type_k, c.cache_type_v, c.page_size, self.cache.page_nbytes)
+
     def _tiers(self, config: EngineConfig) -> TieredCache | None:
         if not (config.tiers.enabled and config.prefix_cache):
             return None
-        seed = identity(config.model_digest, config.cache_type_k, config.cache_type_v, config.page_size,
-                        self.cache.page_nbytes)
-        return TieredCache(config.tiers, self.tree, self.pool, self.cache, seed)
+        return TieredCache(config.tiers, self.tree, self.pool, self.cache, self.identity)
 
     @property
     def metrics(self) -> EngineMetrics:
@@ -233,6 +238,8 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+            elif kind == "call":
+                _call(*handle)
 
     def _restore(self, seq: Sequence) -> None:
         """Pages of the prompt's prefix the tiers below the pool hold, back in the pool."""
@@ -291,6 +298,14 @@ class Engine:
         return KVUsage(self.pool.n_pages, free, len(in_use), self.pool.n_pages - free - len(in_use),
                        self.pool.page_size, self.tree.n_tokens)
 
+    def call(self, fn) -> Future:
+        """Run fn() on the engine's thread between steps (it may use the pool, the tree, the cache);
+        the future has its result."""
+        future: Future = Future()
+        self._inbox.put(("call", (fn, future)))
+        self._wake.set()
+        return future
+
     def clear_cache(self) -> None:
         """Drop every cached prefix not in use (at the next step)."""
         self._inbox.put(("clear", None))
@@ -315,6 +330,17 @@ class Engine:
                     st = seq.owner
                     # handed over with the rest by the deliver after this
                     self.output.outbox.put(st.handle, FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0))
+            elif kind == "call":
+                handle[1].set_exception(EngineClosed("the engine is shut down"))
+
+
+def _call(fn, future: Future) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except Exception as e:
+        future.set_exception(e)
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

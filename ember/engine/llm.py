@@ -74,14 +74,15 @@ class LLM:
     (memory is committed as it is used); max_waiting: queued requests beyond which submitting
     raises QueueFull; decode_ahead: see EngineConfig; cache_type_k/_v: the KV cache's storage types
     (f16, bf16, q8_0, q4_0); cache_ram, cache_disk, cache_disk_size: the tiers below the KV pool in
-    bytes of host memory and in a folder of files (tiers.py)."""
+    bytes of host memory and in a folder of files (tiers.py); hash_file: identify the model by its
+    file's hash also without a disk tier (for saved slots)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
                  kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
                  prefix_cache: bool = True, decode_ahead: bool | None = None, cache_type_k: str = "f16",
                  cache_type_v: str = "f16", cache_ram: int = 0, cache_disk: str | os.PathLike | None = None,
-                 cache_disk_size: int = 0):
+                 cache_disk_size: int = 0, hash_file: bool = False):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -97,7 +98,7 @@ class LLM:
                 max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead,
                 cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                 tiers=TierConfig(cache_ram, None if cache_disk is None else str(cache_disk), cache_disk_size),
-                model_digest=file_digest(self.path) if cache_disk is not None else b""))
+                model_digest=file_digest(self.path) if cache_disk is not None or hash_file else b""))
         except BaseException:
             self.gguf.close()
             raise

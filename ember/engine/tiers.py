@@ -76,6 +76,28 @@ def identity(model_digest: bytes, k_type: str, v_type: str, page_size: int, page
     return hashlib.blake2b(model_digest + text, digest_size=32).digest()
 
 
+def place_pages(tree: RadixCache, kv, tokens: list[int], first: int, found) -> int:
+    """Pages found[i] (host bytes) hold page first + i of tokens (the last may be partial): into free
+    pool pages (evicting cache where needed), then into the tree as unpinned cache. Returns the
+    number of pages placed (fewer where the pool has no room)."""
+    P, pool = tree.page_size, tree.pool
+    match = tree.match(tokens[:first * P])
+    tree.pin(match.node)  # what we extend must not be evicted to make room for it
+    try:
+        if pool.n_free < len(found):
+            tree.evict(len(found) - pool.n_free)
+        n = min(len(found), pool.n_free)
+        new = [pool.allocate() for _ in range(n)]
+        if not new:
+            return 0
+        kv.write_pages(new, np.stack(found[:n]))
+        tree.insert(tokens[:(first + n) * P], match.pages[:first] + new)
+        pool.release(new)  # the tree holds them now
+    finally:
+        tree.unpin(match.node)
+    return n
+
+
 class RamTier:
     """Pages in host memory, least recently used first out beyond a byte budget."""
 
@@ -169,7 +191,7 @@ class TieredCache:
         pages = self._found(keys[first:])
         if not pages:
             return 0
-        n = self._place(tokens, first, pages)
+        n = place_pages(self.tree, self.kv, tokens[:len(keys) * P], first, pages)
         self.stats.restores += n > 0
         self.stats.restore_seconds += time.perf_counter() - t0
         return n
@@ -192,25 +214,6 @@ class TieredCache:
             return page, "ram"
         page = self.disk.get(key, self.page_nbytes) if self.disk is not None else None
         return page, "disk"
-
-    def _place(self, tokens: list[int], first: int, found: list[np.ndarray]) -> int:
-        """Pages found[i] hold page first + i of tokens: into free pool pages, then into the tree."""
-        P = self.page_size
-        match = self.tree.match(tokens[:first * P])
-        self.tree.pin(match.node)  # what we extend must not be evicted to make room for it
-        try:
-            if self.pool.n_free < len(found):
-                self.tree.evict(len(found) - self.pool.n_free)
-            n = min(len(found), self.pool.n_free)
-            new = [self.pool.allocate() for _ in range(n)]
-            if not new:
-                return 0
-            self.kv.write_pages(new, np.stack(found[:n]))
-            self.tree.insert(tokens[:(first + n) * P], match.pages[:first] + new)
-            self.pool.release(new)  # the tree holds them now
-        finally:
-            self.tree.unpin(match.node)
-        return n
 
     # ---- at shutdown ----
     def persist(self) -> int:
