@@ -107,6 +107,22 @@ def prompts(llm):
     return ids[:400], ids[1000:1400]
 
 
+def _tier_metrics(engine) -> dict:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ember.server.metrics import EngineView, tier_families
+
+    class Tiers:
+        def collect(self):
+            yield from tier_families(EngineView(engine.metrics, 0, 0, engine.kv_usage(), engine.tiers,
+                                                engine.cache.page_nbytes))
+
+    registry = CollectorRegistry()
+    registry.register(Tiers())
+    lines = generate_latest(registry).decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
 def test_evicted_pages_come_back_from_ram_and_disk(tmp_path, prompts):
     a, b = prompts
     llm = _open(tmp_path, cache_ram=2 << 20, cache_disk=tmp_path, cache_disk_size=64 << 20)
@@ -118,6 +134,10 @@ def test_evicted_pages_come_back_from_ram_and_disk(tmp_path, prompts):
         st = llm.engine.tiers.stats
         assert again == first and computed <= 16  # only the last page is computed again
         assert st.hits["ram"] > 0 and st.hits["disk"] > 0 and st.hits["ram"] + st.hits["disk"] == (len(a) - 1) // 16
+        values = _tier_metrics(llm.engine)
+        assert values['ember:prefix_cache_hits_total{tier="ram"}'] == st.hits["ram"] * 16
+        assert values['ember:kv_tier_pages{tier="disk"}'] == len(llm.engine.tiers.disk) > 0
+        assert values['ember:kv_tier_moved_bytes_total{direction="out",tier="disk"}'] == st.bytes_out["disk"] > 0
     finally:
         llm.close()
     # a restarted engine with the same folder: the prompts come from disk
