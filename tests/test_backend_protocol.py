@@ -46,7 +46,8 @@ def test_shipped_declarations():
     assert Cpu.capabilities == Capabilities(top_k=True, record=True, kv_types=all_kv)
     assert Reference.capabilities == Capabilities(top_k=True, kv_types=all_kv)
     assert Cuda.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
-                                             chain_tokens=True, pad_decode_steps=True, copy_pages=True)
+                                             chain_tokens=True, pad_decode_steps=True, copy_pages=True,
+                                             kv_types=all_kv)
 
 
 def test_inconsistent_declarations_are_refused():

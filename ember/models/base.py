@@ -215,7 +215,7 @@ class KVCache:
         parts = []
         for k, v in self.layers:
             for a in (k, v):
-                rows = np.ascontiguousarray(self.backend.to_numpy(a[idx]))
+                rows = np.ascontiguousarray(self.backend.to_numpy(a[self._index(a, idx)]))
                 parts.append(rows.view(np.uint8).reshape(len(pages), -1))
         return np.concatenate(parts, axis=1)
 
@@ -226,8 +226,12 @@ class KVCache:
             for a in (k, v):
                 width = a.shape[1] * a.dtype.itemsize * self.page_size
                 rows = np.ascontiguousarray(data[:, at:at + width]).view(a.dtype).reshape(len(idx), a.shape[1])
-                a[idx] = self.backend.from_numpy(rows) if not isinstance(a, np.ndarray) else rows
+                a[self._index(a, idx)] = rows if isinstance(a, np.ndarray) else self.backend.from_numpy(rows)
                 at += width
+
+    def _index(self, a, idx: np.ndarray):
+        """idx as an index of the backend's array a (on the device where a is)."""
+        return idx if isinstance(a, np.ndarray) else self.backend.from_numpy(idx)
 
     def _slots(self, pages: list[int]) -> np.ndarray:
         P = self.page_size
