@@ -78,14 +78,27 @@ def kv_type(name: str) -> GGMLType:
     return t
 
 
+def kv_rotation(t: GGMLType, head_dim: int, largest: bool) -> int:
+    """Values per Walsh-Hadamard block a cache of type t rotates its rows by (0: none), as llama.cpp
+    does: block types only, heads of a multiple of 64; keys in the largest power of two dividing the
+    head (largest), values in 64."""
+    if t in (GGMLType.F16, GGMLType.BF16) or head_dim % 64:
+        return 0
+    return head_dim & -head_dim if largest else 64
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayer:
-    """One layer's key and value storage, rows of `k_type` and `v_type` (unpacks as (k, v))."""
+    """One layer's key and value storage, rows of `k_type` and `v_type` (unpacks as (k, v)).
+    k_rot, v_rot > 0: keys (and the queries meeting them), values (and the attention output) are
+    rotated in blocks of that many values (kv_rotation): quantization then meets no outliers."""
 
     k: Any
     v: Any
     k_type: GGMLType = GGMLType.F16
     v_type: GGMLType = GGMLType.F16
+    k_rot: int = 0
+    v_rot: int = 0
 
     def __iter__(self):
         yield self.k

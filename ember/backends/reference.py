@@ -109,11 +109,17 @@ class Backend:
         x *= (1.0 + scale * np.log(np.floor((pos + offset) / length) + 1.0))[:, None]
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
-        cache.k[batch.slots] = _stored(k, cache.k_type)
-        cache.v[batch.slots] = _stored(v, cache.v_type)
+        cache.k[batch.slots] = _stored(hadamard(k, cache.k_rot), cache.k_type)
+        cache.v[batch.slots] = _stored(hadamard(v, cache.v_rot), cache.v_type)
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
+        if isinstance(cache, KVLayer) and (cache.k_rot or cache.v_rot):
+            rotated = np.empty_like(out)
+            self.attention(hadamard(q, cache.k_rot), KVLayer(k_cache, v_cache), rotated, batch, n_head, n_kv_head,
+                           window, scale, softcap)
+            out[...] = hadamard(rotated, cache.v_rot)
+            return
         n = batch.n_tokens
         hd_k = k_cache.shape[1] // n_kv_head
         hd_v = v_cache.shape[1] // n_kv_head
@@ -131,6 +137,18 @@ class Backend:
                     s = softcap * np.tanh(s / softcap)
                 p = np.exp(s - s.max())
                 out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+
+
+def hadamard(x: np.ndarray, block: int) -> np.ndarray:
+    """x (n, d) rotated in blocks of `block` values by the orthonormal Walsh-Hadamard matrix (x where
+    block is 0)."""
+    if not block:
+        return x
+    h = np.ones((1, 1))
+    while len(h) < block:
+        h = np.block([[h, h], [h, -h]])
+    x = np.asarray(x, F)
+    return (x.reshape(len(x), -1, block) @ (h / np.sqrt(block))).reshape(x.shape)
 
 
 def _stored(x: np.ndarray, t: GGMLType) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import NamedTuple, Any
 
 import numpy as np
 
-from ..backends import AttentionBatch, Backend, RopeParams, Weight
+from ..backends import AttentionBatch, Backend, RopeParams, Weight, kv_rotation
 from ..quant import GGMLType
 
 
@@ -188,7 +188,10 @@ class KVCache:
     """
 
     def __init__(self, backend: Backend, kv_dims: list[tuple[int, int]], n_pages: int, page_size: int,
-                 k_type: GGMLType = GGMLType.F16, v_type: GGMLType = GGMLType.F16):
+                 k_type: GGMLType = GGMLType.F16, v_type: GGMLType = GGMLType.F16,
+                 head_dims: list[tuple[int, int]] | None = None):
+        """head_dims: (k, v) head size of every layer, which decides the rotation of quantized rows
+        (backends.kv_rotation; None: no rotation)."""
         if n_pages < 1 or page_size < 1:
             raise ValueError(f"KV cache needs at least one page of one slot (got {n_pages} x {page_size})")
         for t in (k_type, v_type):
@@ -199,6 +202,9 @@ class KVCache:
         self.backend = backend
         self.k_type, self.v_type = k_type, v_type
         self.layers = [backend.kv_cache(n_pages * page_size, k, v, k_type, v_type) for k, v in kv_dims]
+        if head_dims is not None:
+            self.layers = [replace(layer, k_rot=kv_rotation(k_type, hk, True), v_rot=kv_rotation(v_type, hv, False))
+                           for layer, (hk, hv) in zip(self.layers, head_dims)]
 
     @property
     def nbytes(self) -> int:
@@ -320,6 +326,11 @@ class Model:
         a = self.args
         return [(a.n_kv_head * a.head_dim, a.n_kv_head * a.head_dim)] * a.n_layer
 
+    def kv_head_dims(self) -> list[tuple[int, int]]:
+        """(key, value) head size of every layer (same-shaped layers: from `args`)."""
+        a = self.args
+        return [(a.head_dim, a.head_dim)] * a.n_layer
+
     def set_context(self, n_ctx: int) -> None:
         """The longest sequence the model will be asked to run (a family whose rotary factors
         depend on it picks them here)."""
@@ -329,7 +340,7 @@ class Model:
 
     def new_kv_cache(self, n_pages: int, page_size: int, k_type: GGMLType = GGMLType.F16,
                      v_type: GGMLType = GGMLType.F16) -> KVCache:
-        return KVCache(self.backend, self.kv_dims(), n_pages, page_size, k_type, v_type)
+        return KVCache(self.backend, self.kv_dims(), n_pages, page_size, k_type, v_type, self.kv_head_dims())
 
     def forward(self, step: Step, cache: KVCache) -> np.ndarray:
         """Run the step; return logits (n_out, n_vocab) as a host float array."""

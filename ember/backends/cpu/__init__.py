@@ -72,7 +72,7 @@ _OP_NAMES = {
     lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
-    lib.EMBER_OP_POS_SCALE: "pos_scale",
+    lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_HADAMARD: "hadamard",
 }
 
 
@@ -173,6 +173,7 @@ class Backend:
         self._recording: Recording | None = None
         self.profile: Profile | None = None  # set to a Profile to time every op
         self._weight_types: set[int] = set()  # of every weight handed to this backend (one model's)
+        self._rotated: dict[str, np.ndarray] = {}  # rotated queries, keys, values of a quantized KV cache
 
     @property
     def isa(self) -> str:
@@ -370,12 +371,29 @@ class Backend:
         self._run(lib.EMBER_OP_POS_SCALE, (self._p(x), self._p(self._ints(batch.positions, np.int32))),
                   (batch.n_tokens, x.shape[-1], length), (scale, offset))
 
+    def hadamard(self, x, out, block: int) -> None:
+        """out (n, d) = x rotated in blocks of `block` values (see api_ops.h); out may be x."""
+        self._run(lib.EMBER_OP_HADAMARD, (self._p(x), self._p(out)), (x.shape[0], x.shape[1], block))
+
+    def _rotation(self, name: str, x, block: int):
+        """x rotated in blocks of `block` into a buffer of this backend's (x itself where block is 0)."""
+        if not block:
+            return x
+        buf = self._rotated.get(name)
+        if buf is None or buf.shape[0] < x.shape[0] or buf.shape[1] != x.shape[1]:
+            buf = self._rotated[name] = np.empty((max(x.shape[0], 64), x.shape[1]), F32)  # recordings keep old ones
+        out = buf[:x.shape[0]]
+        self.hadamard(x, out, block)
+        return out
+
     def kv_store(self, cache: KVLayer, k, v, batch: AttentionBatch) -> None:
+        k, v = self._rotation("k", k, cache.k_rot), self._rotation("v", v, cache.v_rot)
         self._run(lib.EMBER_OP_KV_STORE, (self._p(k), self._p(v), self._p(cache.k), self._p(cache.v),
                                           self._p(self._ints(batch.slots, np.int64))),
                   (batch.n_tokens, k.shape[1], v.shape[1], int(cache.k_type), int(cache.v_type)))
 
     def attention(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+        q = self._rotation("q", q, cache.k_rot)
         tables = self._ints(batch.block_tables, np.int32)
         self._run(lib.EMBER_OP_ATTENTION,
                   (self._p(q), self._p(cache.k), self._p(cache.v), self._p(out), self._p(self._ints(batch.positions, np.int32)),
@@ -383,6 +401,8 @@ class Backend:
                   (batch.n_tokens, n_head, n_kv_head, q.shape[1] // n_head, out.shape[1] // n_head, tables.shape[1],
                    batch.page_size, window, int(cache.k_type), int(cache.v_type)),
                   (scale, softcap))
+        if cache.v_rot:
+            self.hadamard(out, out, cache.v_rot)  # back from the values' rotation
 
 
 def _kv_row_bytes(t: GGMLType, dim: int) -> int:

@@ -44,6 +44,12 @@ int64_t ember_kv_row_bytes(int type, int64_t n);
 void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_cache, void *v_cache,
                     const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type);
 
+/* out (n, d) = x (n, d) rotated in blocks of `block` values (a power of two dividing d): each block times the
+ * orthonormal Walsh-Hadamard matrix H (H[i][j] = (-1)^popcount(i & j) / sqrt(block), H H = I). A quantized
+ * KV cache stores keys (and values) rotated so that outliers spread over a block: queries get the same
+ * rotation (dot products keep), attention outputs the inverse (H itself). out may alias x. */
+void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int64_t d, int64_t block);
+
 /* Causal attention over a paged KV cache, with grouped-query heads and an optional sliding window.
  * q (n_tok, n_head, hd_k) f32; out (n_tok, n_head, hd_v) f32.
  * k_cache (n_slots, n_kv_head, hd_k) and v_cache (n_slots, n_kv_head, hd_v) values stored as k_type and

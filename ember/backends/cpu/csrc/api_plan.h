@@ -23,7 +23,8 @@ enum ember_op_kind {
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
     EMBER_OP_TOP_K = 14,       /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
     EMBER_OP_SOFTCAP = 15,     /* p: x; i: n; f: cap                      -- x = cap * tanh(x / cap) */
-    EMBER_OP_POS_SCALE = 16    /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_POS_SCALE = 16,   /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_HADAMARD = 17     /* p: x, out; i: n, d, block                -- Walsh-Hadamard rotation */
 };
 
 #define EMBER_TOPK_MAX 64

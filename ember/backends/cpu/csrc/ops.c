@@ -396,6 +396,43 @@ void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_ca
     parallel_range(pool, kv_store_rows, &c, n_tok, 1, n_tok * (k_dim + v_dim));
 }
 
+/* ---- Walsh-Hadamard rotation ---- */
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t d, block;
+} hadamard_ctx;
+
+/* x (block,) = H x in place, H the orthonormal Sylvester-Hadamard matrix (H[i][j] = (-1)^popcount(i & j)
+ * / sqrt(block)): butterflies, then one scale. */
+static void hadamard_block(float *x, int64_t block) {
+    for (int64_t h = 1; h < block; h *= 2)
+        for (int64_t i = 0; i < block; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)block);
+    for (int64_t i = 0; i < block; i++) x[i] *= s;
+}
+
+static void hadamard_rows(void *p, int64_t lo, int64_t hi) {
+    const hadamard_ctx *c = p;
+    for (int64_t r = lo; r < hi; r++) {
+        float *o = c->out + r * c->d;
+        if (o != c->x + r * c->d) memcpy(o, c->x + r * c->d, sizeof(float) * c->d);
+        for (int64_t b = 0; b < c->d; b += c->block) hadamard_block(o + b, c->block);
+    }
+}
+
+void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int64_t d, int64_t block) {
+    if (block < 2 || (block & (block - 1)) || d % block) return; /* outside the contract */
+    hadamard_ctx c = {x, out, d, block};
+    parallel_range(pool, hadamard_rows, &c, n, 1, n * d);
+}
+
 /* ---- paged attention ----
  * Work item: a block of consecutive query tokens of one sequence x one kv head (x a range of its query
  * heads when a group is very large) x, for decode-like calls with few items, a piece of the key range.
