@@ -66,6 +66,41 @@ def test_attention_reads_quantized_rows(cuda, name, types):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-6)
 
 
+@pytest.mark.parametrize("block", [64, 256])
+def test_hadamard_rotation_matches_numpy(cuda, block):
+    from ember.backends.cuda.ops.kvquant import Hadamard
+    from ember.backends.reference import hadamard
+
+    x = np.random.default_rng(block).standard_normal((5, 512)).astype(np.float32)
+    out = cuda.from_numpy(np.full_like(x, np.nan))
+    cuda._run(Hadamard(cuda.from_numpy(x), out, block))
+    np.testing.assert_allclose(cuda.to_numpy(out), hadamard(x, block), rtol=1e-5, atol=1e-5)
+    cuda._run(Hadamard(out, out, block))  # in place; H H = I
+    np.testing.assert_allclose(cuda.to_numpy(out), x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
+    """As test_kv_types' test of the CPU: prompt and decode logits of a small model on the GPU with a
+    rotated, quantized cache against the float64 reference with the same cache."""
+    from test_kv_types import _logits
+
+    from ember.backends import kv_type
+    from ember.gguf_loader import GGUFFile
+    from ember.models import load_model
+
+    path = write_model(tmp_path / "m.gguf", "llama", GGMLType.F16, Shape(n_layer=2, head_dim=64), vocab=True)
+    tokens = np.random.default_rng(1).integers(3, 300, 44).tolist()
+    logits = {}
+    for device in ("cuda", "reference"):
+        with GGUFFile(path) as f:
+            model = load_model(f, get_backend(device))
+            cache = model.new_kv_cache(8, 16, kv_type(kv), kv_type(kv))
+            logits[device] = _logits(model, cache, tokens, 40)
+    for got, want in zip(logits["cuda"], logits["reference"]):
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
 def test_engine_greedy_matches_cpu_with_a_quantized_cache(tmp_path, kv):
     """Greedy runs on the GPU and on the CPU with the same cache type: the same tokens, but for a

@@ -27,7 +27,7 @@ from .config import CudaConfig
 from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, GetRows, KvStore, Launch,
                   Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, TopK, quantized,
                   xq_bytes)
-from .ops.kvquant import ATTQ_MAX_D, AttentionQ, KvStoreQ
+from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
@@ -475,6 +475,7 @@ class Backend:
         if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= k_cache.shape[0]):
             raise BackendError(f"KV slot out of range (cache has {k_cache.shape[0]} slots)")
         if _quantized_kv(cache):
+            k, v = self._rotation("rot_k", k, cache.k_rot), self._rotation("rot_v", v, cache.v_rot)
             self._run(KvStoreQ(k, v, k_cache, v_cache, self._input(batch.slots, np.int64), cache.k_type, cache.v_type))
             return
         self._run(KvStore(k, v, k_cache, v_cache, self._input(batch.slots, np.int64)))
@@ -501,10 +502,21 @@ class Backend:
         if n_kv_head < 1 or n_head % n_kv_head or max(q.shape[1], out.shape[1]) // n_head > ATTQ_MAX_D:
             raise BackendError(f"attention over a {cache.k_type.name}/{cache.v_type.name} KV cache takes grouped "
                                f"heads of at most {ATTQ_MAX_D} values")
+        q = self._rotation("rot_q", q, cache.k_rot)
         self._run(AttentionQ(q, cache.k, cache.v, out, self._input(batch.positions, np.int32),
                              self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                              batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap),
                              cache.k_type, cache.v_type))
+        if cache.v_rot:
+            self._run(Hadamard(out, out, cache.v_rot))  # back from the values' rotation
+
+    def _rotation(self, name: str, x, block: int):
+        """x rotated in blocks of `block` values into a scratch buffer (x itself where block is 0)."""
+        if not block:
+            return x
+        out = self._scratch_f32(name, x.size).reshape(x.shape)
+        self._run(Hadamard(x, out, block))
+        return out
 
     # ---- sampling reductions (capabilities.top_k) ----
     def top_k(self, logits, k: int, ids, vals) -> None:

@@ -135,3 +135,22 @@ extern "C" __global__ void attn_q(const float *q, const u8 *k_cache, const u8 *v
         o[c] = total > 0.f ? sum / total : 0.f;
     }
 }
+
+// out (n, d) = x rotated in blocks of `block` values (a power of two, 2..1024, dividing d): each block
+// times the orthonormal Walsh-Hadamard matrix (see the CPU's ember_hadamard). One thread block per
+// (row, block of values), `block` threads; out may be x.
+extern "C" __global__ void hadamard(const float *x, float *out, int d, int block) {
+    PDL_ENTER();
+    __shared__ float s[1024];
+    const size_t at = (size_t)blockIdx.x * d + (size_t)blockIdx.y * block;
+    const int i = threadIdx.x;
+    s[i] = x[at + i];
+    __syncthreads();
+    for (int h = 1; h < block; h *= 2) {
+        const float a = s[i], b = s[i ^ h];
+        __syncthreads();
+        s[i] = (i & h) ? b - a : a + b;
+        __syncthreads();
+    }
+    out[at + i] = s[i] * rsqrtf((float)block);
+}

@@ -12,6 +12,20 @@ ATTQ_MAX_D = 512
 
 
 @dataclass(eq=False)
+class Hadamard:
+    """out (n, d) = x rotated in blocks of `block` values (a power of two <= 1024); out may be x."""
+
+    x: Any
+    out: Any
+    block: int
+
+    def launches(self, kernels) -> list[Launch]:
+        n, d = self.x.shape
+        return [Launch(kernels.fn("kv_quant", "hadamard"), (n, d // self.block, 1), (self.block, 1, 1),
+                       (ptr(self.x), ptr(self.out), i32(d), i32(self.block)))]
+
+
+@dataclass(eq=False)
 class KvStoreQ:
     """k_cache row slots[t] = k[t] as k_type, v likewise."""
 
