@@ -97,8 +97,10 @@ def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
             model = load_model(f, get_backend(device))
             cache = model.new_kv_cache(8, 16, kv_type(kv), kv_type(kv))
             logits[device] = _logits(model, cache, tokens, 40)
+    # looser than the CPU's 2e-3: the GPU's prompt steps round activations to f16 before the cache
+    # quantizes them, so a value near a rounding boundary may take the neighbouring level
     for got, want in zip(logits["cuda"], logits["reference"]):
-        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
