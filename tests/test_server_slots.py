@@ -60,3 +60,29 @@ def test_damaged_or_missing_files_are_refused(live, smollm, tmp_path):
                                        400)["message"]
     assert "no saved slot" in assert_error(httpx.post(live.url + "/slots/0?action=restore",
                                                       json={"filename": "none.bin"}), 400)["message"]
+
+
+def test_a_restarted_server_answers_a_long_prompt_from_disk(tmp_path):
+    """Serve with --cache-disk, ask, stop (the pool's pages are written out), serve again: the same
+    prompt is served from disk, with the same greedy reply; /metrics counts the disk hits."""
+    from ember.app import ModelConfig, load_model
+
+    from test_server_harness import MODEL_CFG
+
+    cfg = ModelConfig(**{**{f: getattr(MODEL_CFG, f) for f in ("model", "device", "threads", "ctx", "slots")},
+                         "cache_disk": str(tmp_path / "kv"), "cache_disk_size": 1 << 30})
+    replies = []
+    for run in range(2):
+        model = load_model(cfg)
+        try:
+            with serve_model(model) as live:
+                live.wait_ready()
+                replies.append(_complete(live.url))
+                metrics = httpx.get(live.url + "/metrics").text
+        finally:
+            model.close()
+    hits = next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith('ember:prefix_cache_hits_total{tier="disk"}'))
+    assert replies[1]["content"] == replies[0]["content"]
+    assert hits >= replies[0]["tokens_evaluated"] - 16 and replies[1]["tokens_cached"] >= hits
+    assert len(list((tmp_path / "kv").iterdir())) >= hits // 16
