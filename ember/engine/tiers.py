@@ -44,7 +44,7 @@ class TierConfig:
 class TierStats:
     """What the tiers hold and what moved (read by /metrics)."""
 
-    hits: dict = field(default_factory=lambda: {"device": 0, "ram": 0, "disk": 0})  # pages found, per tier
+    hits: dict = field(default_factory=lambda: {"ram": 0, "disk": 0})  # pages brought back, per tier
     bytes_in: dict = field(default_factory=lambda: {"ram": 0, "disk": 0})  # written to the tier
     bytes_out: dict = field(default_factory=lambda: {"ram": 0, "disk": 0})  # read back into the pool
     restores: int = 0  # prompts that got pages back
@@ -183,7 +183,6 @@ class TieredCache:
         P = self.page_size
         cached = self.tree.match_length(tokens)
         keys = chain_keys(self.seed, tokens, P)
-        self.stats.hits["device"] += cached // P
         first = cached // P
         if first >= len(keys):
             return 0
