@@ -104,6 +104,9 @@ class KVLayer:
         yield self.k
         yield self.v
 
+    def __getitem__(self, i: int):
+        return (self.k, self.v)[i]
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
