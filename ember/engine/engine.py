@@ -14,9 +14,9 @@ Elsewhere events go out at the end of the step.
 from __future__ import annotations
 
 import queue
-from concurrent.futures import Future
 import threading
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -31,8 +31,8 @@ from .radix import RadixCache
 from .requests import FinishEvent, GrammarSpec, Request, RequestHandle
 from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
-from .tiers import TierConfig, TieredCache, identity
 from .sequence import Sequence, Status
+from .tiers import TierConfig, TieredCache, identity
 
 if TYPE_CHECKING:
     import asyncio
@@ -227,9 +227,10 @@ class Engine:
         self._wake.clear()
         for kind, handle in self._inbox_items():
             if kind == "add":
+                for seq in handle.seqs:  # (outside the lock: reading pages back may take a while)
+                    self._restore(seq)
                 with self._adds_lock:  # moved to waiting in the same breath: the count never dips
                     for seq in handle.seqs:
-                        self._restore(seq)
                         self.scheduler.add(seq)
                         self.metrics.requests_started += 1
                     self._adds_in_inbox -= 1

@@ -21,8 +21,8 @@ from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
-from .tiers import TierConfig, file_digest
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
+from .tiers import TierConfig, file_digest
 
 
 class ContextOverflow(ValueError):

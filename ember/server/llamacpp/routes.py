@@ -15,9 +15,9 @@ from ..errors import invalid
 from ..exchange import json_reply, read, respond
 from ..openai.messages import chat
 from ..state import ServerState
-from .slotsave import slot_file
 from .reply import CompletionReply, detokenized, generation_settings, templated, tokenized
 from .request import parse_completion, parse_detokenize, parse_tokenize
+from .slotsave import slot_file
 
 
 async def health(request: Request) -> Response:
