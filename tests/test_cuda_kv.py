@@ -8,10 +8,9 @@ import math
 
 import numpy as np
 import pytest
+from kv_cases import CASES, Ref, attention_ref, quantized_batch, step_logits
 from synth import Shape, write_model
-from test_cpu_ops import ATTN_CASES, attention_ref
 from test_cuda import REASON, cpu_or_reference
-from test_kv_types import _Ref, quantized_batch
 
 from ember.backends import AttentionBatch, get_backend
 from ember.quant import GGMLType, quantize
@@ -51,7 +50,7 @@ def test_kv_store_matches_the_numpy_quantizer(cuda, t):
                                    (GGMLType.F16, GGMLType.Q8_0), (GGMLType.BF16, GGMLType.Q4_0)],
                          ids=lambda ts: "-".join(t.name for t in ts))
 def test_attention_reads_quantized_rows(cuda, name, types):
-    case = ATTN_CASES[name]
+    case = CASES[name]
     q, k_rows, v_rows, keys, values, pos, seq, tables = quantized_batch(case, np.random.default_rng(7), *types)
     cache = cuda.kv_cache(k_rows.shape[0], case.n_kv_head * case.hd_k, case.n_kv_head * case.hd_v, *types)
     cache.k[...] = cuda.cp.asarray(k_rows.view(np.float16) if types[0] == GGMLType.F16 else k_rows)
@@ -62,7 +61,7 @@ def test_attention_reads_quantized_rows(cuda, name, types):
     cuda.attention(cuda.from_numpy(q.reshape(len(pos), -1)), cache, out, batch, case.n_head, case.n_kv_head,
                    case.window, scale, case.softcap)
     got = cuda.to_numpy(out).reshape(len(pos), case.n_head, case.hd_v)
-    want = attention_ref(case, _Ref(q, keys, values, pos, seq), scale)
+    want = attention_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-6)
 
 
@@ -83,8 +82,6 @@ def test_hadamard_rotation_matches_numpy(cuda, block):
 def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
     """As test_kv_types' test of the CPU: prompt and decode logits of a small model on the GPU with a
     rotated, quantized cache against the float64 reference with the same cache."""
-    from test_kv_types import _logits
-
     from ember.backends import kv_type
     from ember.gguf_loader import GGUFFile
     from ember.models import load_model
@@ -96,7 +93,7 @@ def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
         with GGUFFile(path) as f:
             model = load_model(f, get_backend(device))
             cache = model.new_kv_cache(8, 16, kv_type(kv), kv_type(kv))
-            logits[device] = _logits(model, cache, tokens, 40)
+            logits[device] = step_logits(model, cache, tokens, 40)
     # looser than the CPU's 2e-3: the GPU's prompt steps round activations to f16 before the cache
     # quantizes them, so a value near a rounding boundary may take the neighbouring level
     for got, want in zip(logits["cuda"], logits["reference"]):

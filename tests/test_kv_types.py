@@ -9,10 +9,11 @@ import pytest
 
 from ember.backends import KV_TYPES, kv_type
 from ember.backends.cpu._native import lib
-from ember.quant import dequantize, quantize
+from ember.quant import quantize
 from ember.quant.types import GGMLType
 
-from test_cpu_ops import ATTN_CASES, AttnCase, attention_ref, buf, isa, pool, pools  # noqa: F401 (fixtures)
+from kv_cases import CASES, Ref, attention_ref, quantized_batch, step_logits
+from test_cpu_ops import buf, isa, pool, pools  # noqa: F401 (fixtures)
 
 QUANTIZED = [GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0]
 
@@ -48,48 +49,12 @@ def test_kv_store_matches_the_numpy_quantizer(isa, pool, t):
     assert (k_cache[untouched] == 0xAB).all()
 
 
-def quantized_batch(case: AttnCase, rng, k_type: GGMLType, v_type: GGMLType):
-    """Sequences on shuffled pages of caches of the given types, and the values those rows stand for
-    (float64), per sequence."""
-    ps = case.page_size
-    n_pages = [math.ceil(length / ps) for length, _ in case.seqs]
-    total = sum(n_pages) + 1
-    perm = rng.permutation(total - 1)
-    k_cache = np.zeros((total * ps, row_bytes(k_type, case.n_kv_head * case.hd_k)), np.uint8)
-    v_cache = np.zeros((total * ps, row_bytes(v_type, case.n_kv_head * case.hd_v)), np.uint8)
-    tables = np.full((len(case.seqs), max(n_pages) + 1), total - 1, np.int32)
-    keys, values, toks, start = [], [], [], 0
-    for s, (length, n_q) in enumerate(case.seqs):
-        pages = perm[start:start + n_pages[s]]
-        start += n_pages[s]
-        tables[s, :n_pages[s]] = pages
-        k = rng.standard_normal((length, case.n_kv_head * case.hd_k)).astype(np.float32)
-        v = rng.standard_normal((length, case.n_kv_head * case.hd_v)).astype(np.float32)
-        p = np.arange(length)
-        slots = pages[p // ps] * ps + p % ps
-        k_cache[slots], v_cache[slots] = quantize(k, k_type), quantize(v, v_type)
-        keys.append(dequantize(k_cache[slots], k_type).astype(np.float64).reshape(length, case.n_kv_head, -1))
-        values.append(dequantize(v_cache[slots], v_type).astype(np.float64).reshape(length, case.n_kv_head, -1))
-        toks += [(s, pos) for pos in range(length - n_q, length)]
-    q = rng.standard_normal((len(toks), case.n_head, case.hd_k)).astype(np.float32)
-    pos = np.array([p for _, p in toks], np.int32)
-    seq = np.array([s for s, _ in toks], np.int32)
-    return q, k_cache, v_cache, keys, values, pos, seq, tables
-
-
-class _Ref:
-    """What attention_ref reads of a batch."""
-
-    def __init__(self, q, keys, values, pos, seq):
-        self.q, self.keys, self.values, self.tok_pos, self.tok_owner = q, keys, values, pos, seq
-
-
 @pytest.mark.parametrize("name", ["gqa3_prefill_chunk", "hd256_long_decode"])
 @pytest.mark.parametrize("types", [(GGMLType.Q8_0, GGMLType.Q8_0), (GGMLType.Q4_0, GGMLType.Q4_0),
                                    (GGMLType.BF16, GGMLType.Q8_0)],
                          ids=lambda ts: "-".join(t.name for t in ts))
 def test_attention_reads_quantized_rows(isa, pool, name, types):
-    case = ATTN_CASES[name]
+    case = CASES[name]
     q, k_cache, v_cache, keys, values, pos, seq, tables = quantized_batch(case, np.random.default_rng(7), *types)
     scale = 1.0 / math.sqrt(case.hd_k)
     out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
@@ -97,7 +62,7 @@ def test_attention_reads_quantized_rows(isa, pool, name, types):
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
                         buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
                         int(types[0]), int(types[1]))
-    want = attention_ref(case, _Ref(q, keys, values, pos, seq), scale)
+    want = attention_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)
 
 
@@ -121,24 +86,6 @@ def test_rotation_follows_llama_cpp():
     assert kv_rotation(GGMLType.F16, 128, True) == kv_rotation(GGMLType.BF16, 128, False) == 0
 
 
-def _logits(model, cache, tokens: list[int], n_prompt: int) -> list[np.ndarray]:
-    """A prompt step of tokens[:n_prompt], then one decode step a token, on pages in reverse order."""
-    from ember.backends import AttentionBatch
-    from ember.models import Step
-
-    P = cache.page_size
-    table = np.arange(cache.n_pages)[::-1].astype(np.int32)[None, :]
-    out, at = [], 0
-    for end in [n_prompt] + list(range(n_prompt + 1, len(tokens) + 1)):
-        pos = np.arange(at, end, dtype=np.int32)
-        slots = table[0, pos // P].astype(np.int64) * P + pos % P
-        attn = AttentionBatch(pos, np.zeros(len(pos), np.int32), table, slots, P)
-        step = Step(np.asarray(tokens[at:end], np.int32), attn, np.array([len(pos) - 1], np.int32))
-        out.append(np.array(model.forward(step, cache), np.float64)[0])
-        at = end
-    return out
-
-
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
 def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
     """A small model's logits, a prompt then decode steps, on the CPU and on the float64 reference
@@ -157,7 +104,7 @@ def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
             model = load_model(f, get_backend(device))
             cache = model.new_kv_cache(8, 16, kv_type(kv), kv_type(kv))
             assert cache.layers[0].k_rot == 64 and cache.layers[0].v_rot == 64
-            logits[device] = _logits(model, cache, tokens, 40)
+            logits[device] = step_logits(model, cache, tokens, 40)
     for got, want in zip(logits["cpu"], logits["reference"]):
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert err < 2e-3, err
