@@ -4,7 +4,8 @@
 #   bash bench/cuda_device_run.sh [tests] [quick] [full]     (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
-#          decoder families (tests/test_cuda_families.py): three processes
+#          decoder families (tests/test_cuda_families.py), then the quantized KV cache
+#          (tests/test_cuda_kv.py): four processes
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -96,6 +97,13 @@ for s in $STAGES; do
       echo "pytest exit $?"
       grep -E "^(FAILED|ERROR)" "$OUT/tests_families.log" | head -25
       tail -n 8 "$OUT/tests_families.log"
+      stage "tests: quantized KV cache"
+      timeout 180 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_kv.py \
+        >"$OUT/tests_kv.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_kv.log" | head -25
+      tail -n 8 "$OUT/tests_kv.log"
       ;;
     quick|full)
       stage "bench $s"

@@ -168,6 +168,8 @@ def _add_serve(sub, model_help: str) -> None:
                    help="KV cache budget, e.g. 512M or 2G (default: ctx x slots tokens)")
     s.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    _add_cache_types(s)
+    _add_cache_tiers(s)
     s.add_argument("--batch", type=int, default=512, help="tokens per engine step (default 512)")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     s.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
@@ -256,7 +258,8 @@ def cmd_serve(args) -> int:
     model_cfg = ModelConfig(str(paths[0]) if paths else "", device=args.device, threads=args.threads, ctx=args.ctx,
                             slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file, embeddings=args.embeddings,
-                            reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize)
+                            reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize,
+                            **_cache_types(args), **_cache_tiers(args))
     if args.models_dir or len(paths) > 1:
         return serve_router(served_models(args.models_dir, given, paths), model_cfg, server_config(args),
                             args.models_max, host=args.host, port=args.port, log_level=args.log_level,
@@ -288,7 +291,7 @@ def server_config(args):
         allowed_hosts=_listed(args.allowed_hosts) or None, max_body_bytes=args.max_body,
         max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
-        webui=not args.no_webui,
+        webui=not args.no_webui, slot_save_path=args.slot_save_path,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
 
 
@@ -310,12 +313,41 @@ def _add_runtime(p: argparse.ArgumentParser, ctx: bool = True) -> None:
     if ctx:
         p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default 4096)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    _add_cache_types(p)
+
+
+def _add_cache_types(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's KV cache type flags."""
+    for short, long, what in (("-ctk", "--cache-type-k", "keys"), ("-ctv", "--cache-type-v", "values")):
+        p.add_argument(short, long, default="f16", type=str.lower, choices=["f16", "bf16", "q8_0", "q4_0"],
+                       help=f"storage type of the KV cache's {what} (default f16)")
+
+
+def _add_cache_tiers(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--cache-ram", type=_byte_size, default=0, metavar="BYTES",
+                   help="host memory for KV pages evicted from the cache, e.g. 4G (default: none, pages are dropped)")
+    s.add_argument("--cache-disk", default=None, metavar="DIR",
+                   help="folder for KV pages evicted beyond that, kept across restarts")
+    s.add_argument("--cache-disk-size", type=_byte_size, default=None, metavar="BYTES",
+                   help="most bytes --cache-disk holds, least recently used pages removed first (default 10G)")
+    s.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="folder of POST /slots/{id}?action=save|restore files")
+
+
+def _cache_tiers(args) -> dict:
+    size = args.cache_disk_size if args.cache_disk_size is not None else (10 << 30 if args.cache_disk else 0)
+    return {"cache_ram": args.cache_ram, "cache_disk": args.cache_disk, "cache_disk_size": size,
+            "hash_file": args.slot_save_path is not None}
+
+
+def _cache_types(args) -> dict:
+    return {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
 
 
 def _load(args):
     from .engine import LLM
 
-    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx)
+    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx, **_cache_types(args))
 
 
 def cmd_run(args) -> int:
@@ -516,7 +548,7 @@ def cmd_perplexity(args) -> int:
         raise ValueError("perplexity needs a text file (-f), or --kl-divergence with --kl-divergence-base")
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
-    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1))
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=max(args.chunk, 1), **_cache_types(args))
     if args.kl_divergence_base:
         from .engine.scoring import save_base_logits
 
@@ -537,7 +569,7 @@ def _kl_divergence(args) -> int:
     if not args.kl_divergence_base:
         raise ValueError("--kl-divergence needs --kl-divergence-base LOGITS (a file llama-perplexity or ember wrote)")
     base = open_base(args.kl_divergence_base)
-    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=base.n_ctx)
+    llm = LLM(args.model, device=args.device, threads=args.threads, ctx=base.n_ctx, **_cache_types(args))
     stats = kl_divergence(llm, base, args.chunks)
     print(f"{stats.count} positions of {base.n_chunk if args.chunks is None else min(args.chunks, base.n_chunk)} "
           f"chunks of {base.n_ctx} tokens")

@@ -7,7 +7,7 @@ import importlib
 import inspect
 import pytest
 
-from ember.backends import BackendError, Capabilities, available, get_backend
+from ember.backends import KV_TYPES, BackendError, Capabilities, available, get_backend
 from ember.engine import Engine, EngineConfig, FinishEvent, Request, TokenEvent
 from ember.gguf_loader import GGUFFile
 from ember.models import load_model
@@ -43,11 +43,13 @@ def test_shipped_declarations():
     from ember.backends.reference import Backend as Reference
     from ember.backends.webgpu import Backend as WebGpu
 
-    assert Cpu.capabilities == Capabilities(top_k=True, record=True)
-    assert Reference.capabilities == Capabilities(top_k=True)
+    all_kv = frozenset(KV_TYPES.values())
+    assert Cpu.capabilities == Capabilities(top_k=True, record=True, kv_types=all_kv)
+    assert Reference.capabilities == Capabilities(top_k=True, kv_types=all_kv)
     assert WebGpu.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, copy_pages=True)
     assert Cuda.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
-                                             chain_tokens=True, pad_decode_steps=True, copy_pages=True)
+                                             chain_tokens=True, pad_decode_steps=True, copy_pages=True,
+                                             kv_types=all_kv)
 
 
 def test_inconsistent_declarations_are_refused():

@@ -247,7 +247,7 @@ def test_kv_store_rounds_like_numpy_float16(isa, pool, k_dim, v_dim, n_tok):
     k_cache = np.full((n_slots, k_dim), 0x7E00, np.uint16)
     v_cache = np.full((n_slots, v_dim), 0x7E00, np.uint16)
     lib.ember_kv_store(pool, buf(k), buf(v), buf(k_cache, "uint16_t"), buf(v_cache, "uint16_t"),
-                       buf(slots, "int64_t"), n_tok, k_dim, v_dim)
+                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, F16, F16)
     with np.errstate(over="ignore"):  # 1e6 -> inf on purpose
         np.testing.assert_array_equal(k_cache[slots], k.astype(np.float16).view(np.uint16))
         np.testing.assert_array_equal(v_cache[slots], v.astype(np.float16).view(np.uint16))
@@ -286,6 +286,7 @@ ATTN_CASES = {
 }
 
 F16_NAN = 0x7E00
+F16 = 1  # the cache type id (ggml's)
 
 
 @dataclass
@@ -356,7 +357,7 @@ def run_attention(pool, case: AttnCase, b: PagedBatch, scale: float) -> np.ndarr
     lib.ember_attention(pool, buf(b.q), buf(b.k_cache, "uint16_t"), buf(b.v_cache, "uint16_t"), buf(out), n_tok,
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(b.tok_pos, "int32_t"),
                         buf(b.tok_seq, "int32_t"), buf(b.block_tables, "int32_t"), b.block_tables.shape[1],
-                        case.page_size, case.window, scale, case.softcap)
+                        case.page_size, case.window, scale, case.softcap, F16, F16)
     return out
 
 

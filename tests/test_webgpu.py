@@ -218,12 +218,12 @@ def test_paged_attention(gpu, ref, window, softcap):
     n_slots = 9 * page
     k_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
     v_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
-    gk, gv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd)
-    rk, rv = ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
+    gkv, rkv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd), ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
+    gk, gv = gkv
     store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
                            np.arange(n_slots, dtype=np.int64), page)
-    gpu.kv_store((gk, gv), gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
-    ref.kv_store((rk, rv), k_all, v_all, store)
+    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
+    ref.kv_store(rkv, k_all, v_all, store)
     positions = np.array([*range(9), 30], np.int32)
     seq_rows = np.array([0] * 9 + [1], np.int32)
     slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
@@ -231,10 +231,10 @@ def test_paged_attention(gpu, ref, window, softcap):
     q = rng.standard_normal((10, n_head * hd))
     gq, rq = both(gpu, ref, q)
     go, ro = gpu.empty((10, n_head * hd)), ref.empty((10, n_head * hd))
-    gpu.attention(gq, (gk, gv), go, batch, n_head, n_kv, window, 0.2, softcap)
-    ref.attention(rq, (rk, rv), ro, batch, n_head, n_kv, window, 0.2, softcap)
+    gpu.attention(gq, gkv, go, batch, n_head, n_kv, window, 0.2, softcap)
+    ref.attention(rq, rkv, ro, batch, n_head, n_kv, window, 0.2, softcap)
     np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
-    gpu.copy_pages([(gk, gv)], [(1, 0), (3, 2)], page)
+    gpu.copy_pages([gkv], [(1, 0), (3, 2)], page)
     keys = gpu.to_numpy(gk).astype(np.float64)
     assert np.array_equal(keys[0:page], k_all[page:2 * page]) and np.array_equal(keys[2 * page:3 * page],
                                                                                   k_all[3 * page:4 * page])

@@ -8,10 +8,11 @@ import importlib
 import os
 import sys
 
-from .base import AttentionBatch, Backend, BackendError, Capabilities, RopeParams, Weight
+from .base import (KV_TYPES, AttentionBatch, Backend, BackendError, Capabilities, KVLayer, RopeParams, Weight, kv_rotation,
+                   kv_type)
 
-__all__ = ["AttentionBatch", "Backend", "BackendError", "Capabilities", "RopeParams", "Weight", "get_backend",
-           "available"]
+__all__ = ["AttentionBatch", "Backend", "BackendError", "Capabilities", "KVLayer", "KV_TYPES", "RopeParams", "Weight",
+           "get_backend", "available", "kv_rotation", "kv_type"]
 
 
 def _gpu_driver_present() -> bool:

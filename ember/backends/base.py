@@ -66,6 +66,48 @@ class AttentionBatch:
         return len(self.positions)
 
 
+# The KV cache's storage types, as llama.cpp's --cache-type-k/-v name them.
+KV_TYPES = {"f16": GGMLType.F16, "bf16": GGMLType.BF16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+
+
+def kv_type(name: str) -> GGMLType:
+    """The type a --cache-type name stands for (ValueError for an unknown one)."""
+    t = KV_TYPES.get(name.lower())
+    if t is None:
+        raise ValueError(f"unknown KV cache type {name!r} (have: {', '.join(KV_TYPES)})")
+    return t
+
+
+def kv_rotation(t: GGMLType, head_dim: int, largest: bool) -> int:
+    """Values per Walsh-Hadamard block a cache of type t rotates its rows by (0: none), as llama.cpp
+    does: block types only, heads of a multiple of 64; keys in the largest power of two dividing the
+    head (largest), values in 64."""
+    if t in (GGMLType.F16, GGMLType.BF16) or head_dim % 64:
+        return 0
+    return head_dim & -head_dim if largest else 64
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayer:
+    """One layer's key and value storage, rows of `k_type` and `v_type` (unpacks as (k, v)).
+    k_rot, v_rot > 0: keys (and the queries meeting them), values (and the attention output) are
+    rotated in blocks of that many values (kv_rotation): quantization then meets no outliers."""
+
+    k: Any
+    v: Any
+    k_type: GGMLType = GGMLType.F16
+    v_type: GGMLType = GGMLType.F16
+    k_rot: int = 0
+    v_rot: int = 0
+
+    def __iter__(self):
+        yield self.k
+        yield self.v
+
+    def __getitem__(self, i: int):
+        return (self.k, self.v)[i]
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a backend can do beyond the ops every backend has. The engine asks this declaration,
@@ -88,6 +130,8 @@ class Capabilities:
     pad_decode_steps: bool = False  # decode steps cost about the same padded to a few recorded sizes
     # copy_pages(layers, pairs, page_size) of its own (else the KV cache copies with array indexing)
     copy_pages: bool = False
+    # the KV cache's storage types kv_cache takes (F16 everywhere; quantized rows are read in place)
+    kv_types: frozenset = frozenset({GGMLType.F16})
 
     def __post_init__(self):
         if self.overlap and not self.record:
@@ -116,8 +160,10 @@ class Backend(Protocol):
 
     def to_numpy(self, a) -> np.ndarray: ...
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int) -> tuple[Any, Any]:
-        """Key and value storage of one layer: (n_slots, k_dim) and (n_slots, v_dim)."""
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type: GGMLType = GGMLType.F16,
+                 v_type: GGMLType = GGMLType.F16) -> KVLayer:
+        """Key and value storage of one layer: n_slots rows of k_dim keys stored as k_type and of
+        v_dim values as v_type (types among capabilities.kv_types)."""
 
     def supports(self, qtype: GGMLType) -> bool: ...
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import dequantize
-from .base import AttentionBatch, Capabilities, RopeParams, Weight
+from ..quant import dequantize, quantize
+from ..quant.types import GGMLType
+from .base import KV_TYPES, AttentionBatch, Capabilities, KVLayer, RopeParams, Weight
 
 F = np.float64
 
 
 class Backend:
     name = "reference"
-    capabilities = Capabilities(top_k=True)
+    capabilities = Capabilities(top_k=True, kv_types=frozenset(KV_TYPES.values()))
 
     def __init__(self, device: str = "reference", threads: int | None = None):
         self.n_threads = 1
@@ -39,8 +40,8 @@ class Backend:
     def to_numpy(self, a) -> np.ndarray:
         return np.asarray(a)
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
-        return np.zeros((n_slots, k_dim), F), np.zeros((n_slots, v_dim), F)
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type=GGMLType.F16, v_type=GGMLType.F16):
+        return KVLayer(np.zeros((n_slots, k_dim), F), np.zeros((n_slots, v_dim), F), k_type, v_type)
 
     def get_rows(self, w: Weight, ids, out) -> None:
         out[...] = w.data[np.asarray(ids)]
@@ -119,11 +120,17 @@ class Backend:
         x *= (1.0 + scale * np.log(np.floor((pos + offset) / length) + 1.0))[:, None]
 
     def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
-        cache[0][batch.slots] = k
-        cache[1][batch.slots] = v
+        cache.k[batch.slots] = _stored(hadamard(k, cache.k_rot), cache.k_type)
+        cache.v[batch.slots] = _stored(hadamard(v, cache.v_rot), cache.v_type)
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
+        if isinstance(cache, KVLayer) and (cache.k_rot or cache.v_rot):
+            rotated = np.empty_like(out)
+            self.attention(hadamard(q, cache.k_rot), KVLayer(k_cache, v_cache), rotated, batch, n_head, n_kv_head,
+                           window, scale, softcap)
+            out[...] = hadamard(rotated, cache.v_rot)
+            return
         n = batch.n_tokens
         hd_k = k_cache.shape[1] // n_kv_head
         hd_v = v_cache.shape[1] // n_kv_head
@@ -141,6 +148,26 @@ class Backend:
                     s = softcap * np.tanh(s / softcap)
                 p = np.exp(s - s.max())
                 out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+
+
+def hadamard(x: np.ndarray, block: int) -> np.ndarray:
+    """x (n, d) rotated in blocks of `block` values by the orthonormal Walsh-Hadamard matrix (x where
+    block is 0)."""
+    if not block:
+        return x
+    h = np.ones((1, 1))
+    while len(h) < block:
+        h = np.block([[h, h], [h, -h]])
+    x = np.asarray(x, F)
+    return (x.reshape(len(x), -1, block) @ (h / np.sqrt(block))).reshape(x.shape)
+
+
+def _stored(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """The values a cache of type t holds for x: exact for F16 (this backend's float64 reference),
+    else rounded through the numpy quantizer of the type."""
+    if t == GGMLType.F16:
+        return x
+    return dequantize(quantize(np.asarray(x, np.float32), t), t, np.shape(x)).astype(F)
 
 
 def token_slots(batch: AttentionBatch, t: int, positions: np.ndarray) -> np.ndarray:

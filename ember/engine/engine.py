@@ -16,9 +16,11 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..backends import kv_type
 from ..models import Model
 from ..sampler import NoTokenAllowed, Sampler, SamplerVocab, SamplingParams
 from .ahead import DecodeAhead
@@ -30,6 +32,7 @@ from .requests import FinishEvent, GrammarSpec, Request, RequestHandle
 from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
+from .tiers import TierConfig, TieredCache, identity
 
 if TYPE_CHECKING:
     import asyncio
@@ -57,8 +60,13 @@ class EngineConfig:
     # chain_tokens); True, also elsewhere, the host choosing them once the step before has run (the
     # same bookkeeping, for tests); False, never (a benchmark's baseline)
     decode_ahead: bool | None = None
+    cache_type_k: str = "f16"  # the KV cache's storage types (backends.KV_TYPES names)
+    cache_type_v: str = "f16"
+    tiers: TierConfig = TierConfig()  # host-RAM and disk tiers below the pool (tiers.py)
+    model_digest: bytes = b""  # the model file's hash: what the disk tier's pages must belong to
 
     def __post_init__(self):
+        kv_type(self.cache_type_k), kv_type(self.cache_type_v)  # ValueError for an unknown name
         for name in ("n_ctx", "max_seqs", "page_size", "max_batch_tokens", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -77,8 +85,10 @@ class Engine:
         caps = model.backend.capabilities
         self.pool = PagePool(config.n_pages, config.page_size)
         # one page past the pool's: the runner's padding tokens write there (see ModelRunner)
-        self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size)
+        self.cache = model.new_kv_cache(config.n_pages + 1, config.page_size, kv_type(config.cache_type_k),
+                                        kv_type(config.cache_type_v))
         self.tree = RadixCache(self.pool)
+        self.tiers = self._tiers(config)
         self.scheduler = Scheduler(self.pool, self.tree, SchedulerConfig(
             max_seqs=config.max_seqs, max_batch_tokens=config.max_batch_tokens,
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
@@ -97,6 +107,17 @@ class Engine:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def identity(self) -> bytes:
+        """What pages saved by this engine must match to be used by another: the model file, the KV layout."""
+        c = self.config
+        return identity(c.model_digest, c.cache_type_k, c.cache_type_v, c.page_size, self.cache.page_nbytes)
+
+    def _tiers(self, config: EngineConfig) -> TieredCache | None:
+        if not (config.tiers.enabled and config.prefix_cache):
+            return None
+        return TieredCache(config.tiers, self.tree, self.pool, self.cache, self.identity)
 
     @property
     def metrics(self) -> EngineMetrics:
@@ -206,6 +227,8 @@ class Engine:
         self._wake.clear()
         for kind, handle in self._inbox_items():
             if kind == "add":
+                for seq in handle.seqs:  # (outside the lock: reading pages back may take a while)
+                    self._restore(seq)
                 with self._adds_lock:  # moved to waiting in the same breath: the count never dips
                     for seq in handle.seqs:
                         self.scheduler.add(seq)
@@ -216,6 +239,13 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+            elif kind == "call":
+                _call(*handle)
+
+    def _restore(self, seq: Sequence) -> None:
+        """Pages of the prompt's prefix the tiers below the pool hold, back in the pool."""
+        if self.tiers is not None and not seq.prompt_logits:
+            self.tiers.restore(seq.tokens[:-1])
 
     def _inbox_items(self):
         """What callers sent since the last look: (kind, handle) pairs."""
@@ -269,6 +299,14 @@ class Engine:
         return KVUsage(self.pool.n_pages, free, len(in_use), self.pool.n_pages - free - len(in_use),
                        self.pool.page_size, self.tree.n_tokens)
 
+    def call(self, fn) -> Future:
+        """Run fn() on the engine's thread between steps (it may use the pool, the tree, the cache);
+        the future has its result."""
+        future: Future = Future()
+        self._inbox.put(("call", (fn, future)))
+        self._wake.set()
+        return future
+
     def clear_cache(self) -> None:
         """Drop every cached prefix not in use (at the next step)."""
         self._inbox.put(("clear", None))
@@ -281,6 +319,8 @@ class Engine:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if self.tiers is not None and not self._thread.is_alive():
+            self.tiers.persist()  # what the pool and host memory hold outlives the process
 
     def _shutdown(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
@@ -291,6 +331,17 @@ class Engine:
                     st = seq.owner
                     # handed over with the rest by the deliver after this
                     self.output.outbox.put(st.handle, FinishEvent(st.index, "cancelled", "", seq.n_prompt, 0, 0))
+            elif kind == "call":
+                handle[1].set_exception(EngineClosed("the engine is shut down"))
+
+
+def _call(fn, future: Future) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except Exception as e:
+        future.set_exception(e)
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -13,14 +13,16 @@ from functools import cached_property
 from typing import Iterable, Iterator
 
 from .. import hub
-from ..backends import get_backend
+from ..backends import get_backend, kv_type
 from ..gguf_loader import GGUFFile
 from ..models import ModelError, load_model
+from ..quant.types import layout
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
+from .tiers import TierConfig, file_digest
 
 
 class ContextOverflow(ValueError):
@@ -70,12 +72,17 @@ class LLM:
     ctx: longest sequence in tokens; slots: sequences computed at once; batch: tokens computed per
     step; KV cache capacity in tokens (kv_tokens) or bytes (kv_memory), default ctx * slots tokens
     (memory is committed as it is used); max_waiting: queued requests beyond which submitting
-    raises QueueFull; decode_ahead: see EngineConfig."""
+    raises QueueFull; decode_ahead: see EngineConfig; cache_type_k/_v: the KV cache's storage types
+    (f16, bf16, q8_0, q4_0); cache_ram, cache_disk, cache_disk_size: the tiers below the KV pool in
+    bytes of host memory and in a folder of files (tiers.py); hash_file: identify the model by its
+    file's hash also without a disk tier (for saved slots)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
                  kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
-                 prefix_cache: bool = True, decode_ahead: bool | None = None):
+                 prefix_cache: bool = True, decode_ahead: bool | None = None, cache_type_k: str = "f16",
+                 cache_type_v: str = "f16", cache_ram: int = 0, cache_disk: str | os.PathLike | None = None,
+                 cache_disk_size: int = 0, hash_file: bool = False):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -89,8 +96,12 @@ class LLM:
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
             self.model.set_context(self.n_ctx)
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
-                n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx),
-                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+                n_ctx=self.n_ctx, max_seqs=slots,
+                kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx, cache_type_k, cache_type_v),
+                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead,
+                cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                tiers=TierConfig(cache_ram, None if cache_disk is None else str(cache_disk), cache_disk_size),
+                model_digest=file_digest(self.path) if cache_disk is not None or hash_file else b""))
         except BaseException:
             self.gguf.close()
             raise
@@ -225,16 +236,18 @@ class Generation:
         return tail
 
 
-def kv_bytes_per_token(model) -> int:
-    """K and V of every layer in f16."""
-    return sum(k + v for k, v in model.kv_dims()) * 2
+def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """K and V of every layer in the cache's types (q8_0 rows are 34/64 of f16's, q4_0 rows 18/64)."""
+    k_lay, v_lay = layout(kv_type(cache_type_k)), layout(kv_type(cache_type_v))
+    return sum(k_lay.row_bytes(k) + v_lay.row_bytes(v) for k, v in model.kv_dims())
 
 
-def kv_tokens_in(kv_memory: int | None, model, n_ctx: int) -> int | None:
+def kv_tokens_in(kv_memory: int | None, model, n_ctx: int, cache_type_k: str = "f16",
+                 cache_type_v: str = "f16") -> int | None:
     """A KV cache budget in bytes -> its capacity in tokens (None: the engine's default)."""
     if kv_memory is None:
         return None
-    per_token = kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model, cache_type_k, cache_type_v)
     tokens = kv_memory // per_token
     if tokens < n_ctx:
         raise ValueError(f"a KV cache of {kv_memory} bytes holds {tokens} tokens ({per_token} bytes each); "

@@ -6,7 +6,8 @@ in the middle of a page has its own copy of that boundary page (lower slots copi
 from its parent), so sequences that diverge mid-page never overwrite each other.
 
 Running sequences pin the path they use (lock counts up to the root); unpinned leaves
-are evicted least-recently-used first when pages run out. The tree works on ints and
+are evicted least-recently-used first when pages run out (each shown to `on_evict`, where
+set, before its pages go: a slower tier may keep them). The tree works on ints and
 lists only; the memory behind the pages is someone else's.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.n_tokens = 0  # tokens held by the tree
         self.version = 0  # changes whenever tokens are added or evicted
+        self.on_evict = None  # called with each leaf about to be evicted (its pages still valid)
 
     # ---- lookup ----
     def match_length(self, tokens: list[int]) -> int:
@@ -153,14 +155,17 @@ class RadixCache:
             node = node.parent
 
     # ---- eviction ----
-    def evict(self, n_pages: int) -> int:
+    def evict(self, n_pages: int, keep: bool = True) -> int:
         """Drop unpinned leaves, least recently used first, until n_pages pages are free
-        (or nothing more can go). Returns the number of pages freed."""
+        (or nothing more can go); keep=False: without showing them to on_evict. Returns the
+        number of pages freed."""
         freed = 0
         leaves = sorted(self._evictable_leaves(), key=lambda n: n.last_used, reverse=True)
         while freed < n_pages and leaves:
             leaf = leaves.pop()
             parent = leaf.parent
+            if keep and self.on_evict is not None:
+                self.on_evict(leaf)
             freed += self._remove_leaf(leaf)
             if parent is not self.root and not parent.children and parent.lock == 0:
                 _insert_sorted(leaves, parent)
@@ -192,8 +197,23 @@ class RadixCache:
         return total
 
     def clear(self) -> None:
-        """Evict everything that is not pinned."""
-        self.evict(self.pool.n_pages + 1)
+        """Evict everything that is not pinned (dropped, not handed to on_evict)."""
+        self.evict(self.pool.n_pages + 1, keep=False)
+
+    def nodes(self):
+        """Every node but the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def path_tokens(self, node: Node) -> list[int]:
+        """The tokens of the path root..node (node.end of them)."""
+        out: list[int] = []
+        for n in self.path(node):
+            out += n.tokens
+        return out
 
 
 def _common(edge: list[int], tokens: list[int], pos: int) -> int:

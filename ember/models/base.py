@@ -15,7 +15,7 @@ from typing import NamedTuple, Any
 
 import numpy as np
 
-from ..backends import AttentionBatch, Backend, RopeParams, Weight
+from ..backends import AttentionBatch, Backend, RopeParams, Weight, kv_rotation
 from ..quant import GGMLType
 
 
@@ -187,16 +187,61 @@ class KVCache:
     the cache only owns the memory.
     """
 
-    def __init__(self, backend: Backend, kv_dims: list[tuple[int, int]], n_pages: int, page_size: int):
+    def __init__(self, backend: Backend, kv_dims: list[tuple[int, int]], n_pages: int, page_size: int,
+                 k_type: GGMLType = GGMLType.F16, v_type: GGMLType = GGMLType.F16,
+                 head_dims: list[tuple[int, int]] | None = None):
+        """head_dims: (k, v) head size of every layer, which decides the rotation of quantized rows
+        (backends.kv_rotation; None: no rotation)."""
         if n_pages < 1 or page_size < 1:
             raise ValueError(f"KV cache needs at least one page of one slot (got {n_pages} x {page_size})")
+        for t in (k_type, v_type):
+            if t not in backend.capabilities.kv_types:
+                raise ValueError(f"the {backend.name} backend has no {t.name.lower()} KV cache "
+                                 f"(it has: {', '.join(sorted(x.name.lower() for x in backend.capabilities.kv_types))})")
         self.n_pages, self.page_size = n_pages, page_size
         self.backend = backend
-        self.layers = [backend.kv_cache(n_pages * page_size, k, v) for k, v in kv_dims]
+        self.k_type, self.v_type = k_type, v_type
+        self.layers = [backend.kv_cache(n_pages * page_size, k, v, k_type, v_type) for k, v in kv_dims]
+        if head_dims is not None:
+            self.layers = [replace(layer, k_rot=kv_rotation(k_type, hk, True), v_rot=kv_rotation(v_type, hv, False))
+                           for layer, (hk, hv) in zip(self.layers, head_dims)]
 
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page's keys and values in every layer."""
+        return self.nbytes // (self.n_pages * self.page_size) * self.page_size
+
+    def read_pages(self, pages: list[int]) -> np.ndarray:
+        """A host copy of pages (n, page_nbytes) uint8: each page's keys then values, layer by layer."""
+        idx = self._slots(pages)
+        parts = []
+        for k, v in self.layers:
+            for a in (k, v):
+                rows = np.ascontiguousarray(self.backend.to_numpy(a[self._index(a, idx)]))
+                parts.append(rows.view(np.uint8).reshape(len(pages), -1))
+        return np.concatenate(parts, axis=1)
+
+    def write_pages(self, pages: list[int], data: np.ndarray) -> None:
+        """Pages = data (n, page_nbytes) uint8 as read_pages gave it."""
+        idx, at = self._slots(pages), 0
+        for k, v in self.layers:
+            for a in (k, v):
+                width = a.shape[1] * a.dtype.itemsize * self.page_size
+                rows = np.ascontiguousarray(data[:, at:at + width]).view(a.dtype).reshape(len(idx), a.shape[1])
+                a[self._index(a, idx)] = rows if isinstance(a, np.ndarray) else self.backend.from_numpy(rows)
+                at += width
+
+    def _index(self, a, idx: np.ndarray):
+        """idx as an index of the backend's array a (on the device where a is)."""
+        return idx if isinstance(a, np.ndarray) else self.backend.from_numpy(idx)
+
+    def _slots(self, pages: list[int]) -> np.ndarray:
+        P = self.page_size
+        return (np.asarray(pages, np.int64)[:, None] * P + np.arange(P, dtype=np.int64)).ravel()
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Every layer's keys and values of page src into page dst, for each (src, dst) pair (copy
@@ -326,6 +371,11 @@ class Model:
         a = self.args
         return [(a.n_kv_head * a.head_dim, a.n_kv_head * a.head_dim)] * a.n_layer
 
+    def kv_head_dims(self) -> list[tuple[int, int]]:
+        """(key, value) head size of every layer (same-shaped layers: from `args`)."""
+        a = self.args
+        return [(a.head_dim, a.head_dim)] * a.n_layer
+
     def set_context(self, n_ctx: int) -> None:
         """The longest sequence the model will be asked to run (a family whose rotary factors
         depend on it picks them here)."""
@@ -333,8 +383,9 @@ class Model:
     def finish_logits(self, out) -> None:
         """What the architecture does to the output rows after the projection (scales, caps)."""
 
-    def new_kv_cache(self, n_pages: int, page_size: int) -> KVCache:
-        return KVCache(self.backend, self.kv_dims(), n_pages, page_size)
+    def new_kv_cache(self, n_pages: int, page_size: int, k_type: GGMLType = GGMLType.F16,
+                     v_type: GGMLType = GGMLType.F16) -> KVCache:
+        return KVCache(self.backend, self.kv_dims(), n_pages, page_size, k_type, v_type, self.kv_head_dims())
 
     def forward(self, step: Step, cache: KVCache) -> np.ndarray:
         """Run the step; return logits (n_out, n_vocab) as a host float array."""

@@ -28,14 +28,16 @@ class EngineCollector:
             return
         yield from llama_families(view, self.state)
         yield from ember_families(view, self.state)
+        yield from tier_families(view)
 
 
 class EngineView:
     """What a scrape reads: the engine's counters, queues and KV usage (those of an empty
     engine while the model sleeps)."""
 
-    def __init__(self, metrics, running: int, waiting: int, kv: KVUsage):
+    def __init__(self, metrics, running: int, waiting: int, kv: KVUsage, tiers=None, page_nbytes: int = 0):
         self.metrics, self.running, self.waiting, self.kv = metrics, running, waiting, kv
+        self.tiers, self.page_nbytes = tiers, page_nbytes  # the engine's TieredCache (or None), a page's bytes
 
     @classmethod
     def of(cls, state: ServerState) -> EngineView | None:
@@ -45,7 +47,7 @@ class EngineView:
         if model is not None:
             engine = model.engine
             return cls(engine.metrics, len(engine.scheduler.running), len(engine.scheduler.waiting),
-                       engine.kv_usage())
+                       engine.kv_usage(), engine.tiers, engine.cache.page_nbytes)
         if state.sleeping and state.info is not None and state.engine_metrics() is not None:
             info = state.info
             kv = KVUsage(info.kv_pages, info.kv_pages, 0, 0, info.page_size, 0)
@@ -121,6 +123,42 @@ def ember_families(view: EngineView, state: ServerState):
     yield _gauge("ember:kv_usage_ratio", "Share of KV pages held by running sequences.",
                  kv.pages_in_use / kv.pages_total if kv.pages_total else 0.0)
     yield _gauge("ember:kv_cached_tokens", "Tokens held by the prefix cache.", kv.cached_tokens)
+
+
+def tier_families(view: EngineView):
+    """The prefix cache's tiers: the KV pool (device), host memory (ram), page files (disk)."""
+    kv, tiers = view.kv, view.tiers
+    pool_pages = kv.pages_total - kv.pages_free
+    held = {"device": (pool_pages, pool_pages * view.page_nbytes)}
+    if tiers is not None:
+        for name, tier in (("ram", tiers.ram), ("disk", tiers.disk)):
+            if tier is not None:
+                held[name] = (len(tier), tier.nbytes)
+    pages = GaugeMetricFamily("ember:kv_tier_pages", "KV pages held, per tier of the prefix cache.", labels=["tier"])
+    size = GaugeMetricFamily("ember:kv_tier_bytes", "Bytes of KV pages held, per tier.", labels=["tier"])
+    for name, (n, nbytes) in held.items():
+        pages.add_metric([name], n)
+        size.add_metric([name], nbytes)
+    yield pages
+    yield size
+    st = tiers.stats if tiers is not None else None
+    restored = {t: st.hits[t] * kv.page_size if st else 0 for t in ("ram", "disk")}
+    hits = CounterMetricFamily("ember:prefix_cache_hits", "Prompt tokens served from each tier of the prefix cache.",
+                               labels=["tier"])
+    hits.add_metric(["device"], max(0, view.metrics.prompt_tokens_cached - sum(restored.values())))
+    for name, n in restored.items():
+        hits.add_metric([name], n)
+    yield hits
+    moved = CounterMetricFamily("ember:kv_tier_moved_bytes", "Bytes of KV pages written to (in) and read back from "
+                                "(out) each tier.", labels=["tier", "direction"])
+    for name in ("ram", "disk"):
+        moved.add_metric([name, "in"], st.bytes_in[name] if st else 0)
+        moved.add_metric([name, "out"], st.bytes_out[name] if st else 0)
+    yield moved
+    yield _counter("ember:kv_restores", "Prompts that got KV pages back from host memory or disk.",
+                   st.restores if st else 0)
+    yield _counter("ember:kv_restore_seconds", "Time spent getting KV pages back from host memory or disk.",
+                   st.restore_seconds if st else 0.0)
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:

@@ -44,6 +44,12 @@ class ModelConfig:
     reranking: bool = False
     pooling: str | None = None
     embd_normalize: int = 2
+    cache_type_k: str = "f16"  # the KV cache's storage types (f16, bf16, q8_0, q4_0)
+    cache_type_v: str = "f16"
+    cache_ram: int = 0  # bytes of host memory for pages evicted from the KV pool
+    cache_disk: str | None = None  # folder of page files below that (kept across restarts)
+    cache_disk_size: int = 0
+    hash_file: bool = False  # identify the model by its file's hash (saved slots carry it)
 
     def __post_init__(self):
         if self.reranking and self.pooling not in (None, "rank"):
@@ -78,6 +84,7 @@ class ServerConfig:
     sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults, llama-server's field names
     n_predict: int = -1  # default token limit of a request; -1: until the context is full
     webui: bool = True  # the chat page at /
+    slot_save_path: str | None = None  # folder of POST /slots/{id}?action=save|restore files
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
@@ -164,7 +171,9 @@ def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
         return load_embedding_model(cfg, aliases)
     t0 = time.perf_counter()
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
-              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue)
+              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue, cache_type_k=cfg.cache_type_k,
+              cache_type_v=cfg.cache_type_v, cache_ram=cfg.cache_ram, cache_disk=cfg.cache_disk,
+              cache_disk_size=cfg.cache_disk_size, hash_file=cfg.hash_file)
     try:
         template, text = chat_template(llm.gguf.metadata, cfg.chat_template_file)
     except BaseException:

@@ -1,7 +1,8 @@
 """CPU backend: C kernels (SIMD, chosen at load for this CPU) on a persistent thread pool.
 
 Weights stay in the memory-mapped GGUF file in their block format; activations are
-float32 numpy arrays; the KV cache is float16.
+float32 numpy arrays; the KV cache holds rows of bytes in its storage type (f16 by default, or
+bf16, q8_0, q4_0: quantized as written, read in place by the attention kernel).
 
 Every op is an `ember_op` record run by the C side. A forward pass can be recorded
 (`record()`, which runs it in one native call at the end of the block) and replayed later
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...quant.types import GGMLType, layout
-from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
+from ..base import KV_TYPES, AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
 from ._native import ffi, lib
 
 F32 = np.float32
@@ -72,7 +73,7 @@ _OP_NAMES = {
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
     lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_LAYER_NORM: "layer_norm", lib.EMBER_OP_GELU: "gelu",
-    lib.EMBER_OP_TANH: "tanh",
+    lib.EMBER_OP_TANH: "tanh", lib.EMBER_OP_HADAMARD: "hadamard",
 }
 
 
@@ -162,7 +163,7 @@ class Recording:
 
 class Backend:
     name = "cpu"
-    capabilities = Capabilities(top_k=True, record=True)
+    capabilities = Capabilities(top_k=True, record=True, kv_types=frozenset(KV_TYPES.values()))
 
     def __init__(self, device: str = "cpu", threads: int | None = None):
         self.n_threads = threads or default_threads()
@@ -173,6 +174,7 @@ class Backend:
         self._recording: Recording | None = None
         self.profile: Profile | None = None  # set to a Profile to time every op
         self._weight_types: set[int] = set()  # of every weight handed to this backend (one model's)
+        self._rotated: dict[str, np.ndarray] = {}  # rotated queries, keys, values of a quantized KV cache
 
     @property
     def isa(self) -> str:
@@ -198,9 +200,10 @@ class Backend:
     def to_numpy(self, a) -> np.ndarray:
         return a
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
-        # float16 bits; zero-filled (lazily committed by the OS) so unwritten slots are finite
-        return np.zeros((n_slots, k_dim), np.uint16), np.zeros((n_slots, v_dim), np.uint16)
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type=GGMLType.F16, v_type=GGMLType.F16):
+        # rows of bytes; zero-filled (lazily committed by the OS) so unwritten slots are finite
+        return KVLayer(np.zeros((n_slots, _kv_row_bytes(k_type, k_dim)), np.uint8),
+                       np.zeros((n_slots, _kv_row_bytes(v_type, v_dim)), np.uint8), k_type, v_type)
 
     # ---- recording ----
     @contextlib.contextmanager
@@ -380,19 +383,44 @@ class Backend:
         self._run(lib.EMBER_OP_POS_SCALE, (self._p(x), self._p(self._ints(batch.positions, np.int32))),
                   (batch.n_tokens, x.shape[-1], length), (scale, offset))
 
-    def kv_store(self, cache, k, v, batch: AttentionBatch) -> None:
-        k_cache, v_cache = cache
-        self._run(lib.EMBER_OP_KV_STORE, (self._p(k), self._p(v), self._p(k_cache), self._p(v_cache),
-                                          self._p(self._ints(batch.slots, np.int64))),
-                  (batch.n_tokens, k_cache.shape[1], v_cache.shape[1]))
+    def hadamard(self, x, out, block: int) -> None:
+        """out (n, d) = x rotated in blocks of `block` values (see api_ops.h); out may be x."""
+        self._run(lib.EMBER_OP_HADAMARD, (self._p(x), self._p(out)), (x.shape[0], x.shape[1], block))
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
-        k_cache, v_cache = cache
+    def _rotation(self, name: str, x, block: int):
+        """x rotated in blocks of `block` into a buffer of this backend's (x itself where block is 0)."""
+        if not block:
+            return x
+        buf = self._rotated.get(name)
+        if buf is None or buf.shape[0] < x.shape[0] or buf.shape[1] != x.shape[1]:
+            buf = self._rotated[name] = np.empty((max(x.shape[0], 64), x.shape[1]), F32)  # recordings keep old ones
+        out = buf[:x.shape[0]]
+        self.hadamard(x, out, block)
+        return out
+
+    def kv_store(self, cache: KVLayer, k, v, batch: AttentionBatch) -> None:
+        k, v = self._rotation("k", k, cache.k_rot), self._rotation("v", v, cache.v_rot)
+        self._run(lib.EMBER_OP_KV_STORE, (self._p(k), self._p(v), self._p(cache.k), self._p(cache.v),
+                                          self._p(self._ints(batch.slots, np.int64))),
+                  (batch.n_tokens, k.shape[1], v.shape[1], int(cache.k_type), int(cache.v_type)))
+
+    def attention(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+        q = self._rotation("q", q, cache.k_rot)
         tables = self._ints(batch.block_tables, np.int32)
         self._run(lib.EMBER_OP_ATTENTION,
-                  (self._p(q), self._p(k_cache), self._p(v_cache), self._p(out), self._p(self._ints(batch.positions, np.int32)),
+                  (self._p(q), self._p(cache.k), self._p(cache.v), self._p(out), self._p(self._ints(batch.positions, np.int32)),
                    self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables)),
-                  (batch.n_tokens, n_head, n_kv_head, k_cache.shape[1] // n_kv_head,
-                   v_cache.shape[1] // n_kv_head, tables.shape[1], batch.page_size, window),
+                  (batch.n_tokens, n_head, n_kv_head, q.shape[1] // n_head, out.shape[1] // n_head, tables.shape[1],
+                   batch.page_size, window, int(cache.k_type), int(cache.v_type)),
                   (scale, softcap))
+        if cache.v_rot:
+            self.hadamard(out, out, cache.v_rot)  # back from the values' rotation
+
+
+def _kv_row_bytes(t: GGMLType, dim: int) -> int:
+    n = lib.ember_kv_row_bytes(int(t), dim)
+    if n < 0:
+        raise BackendError(f"a KV cache of type {t.name} cannot hold rows of {dim} values "
+                           f"(types: {', '.join(KV_TYPES)}; the block types need heads of a multiple of 32)")
+    return n
 

@@ -21,12 +21,13 @@ import numpy as np
 from ...quant import dequantize, widen_to_q8_0
 from ...quant.legacy import WIDEN_TO_Q8_0
 from ...quant.types import GGMLType, layout
-from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
+from ..base import KV_TYPES, AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
 from ._kernels import ATT_TILE_DIMS, matmul_module
 from .config import CudaConfig
 from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, GatherRows, Gelu, GetRows, KvStore,
                   LayerNorm, Launch, Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, Tanh, TopK,
                   quantized, xq_bytes)
+from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
@@ -89,7 +90,7 @@ class Backend:
     # tokens taken from the best ids of the step before on the device; decode steps of 9..64
     # sequences cost about the same padded to 16, 32 or 64
     capabilities = Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True, chain_tokens=True,
-                                pad_decode_steps=True, copy_pages=True)
+                                pad_decode_steps=True, copy_pages=True, kv_types=frozenset(KV_TYPES.values()))
 
     def __init__(self, device: str = "cuda", threads: int | None = None, config: CudaConfig | None = None):
         from ._kernels import Kernels
@@ -198,9 +199,16 @@ class Backend:
             return self._recording.download(self.cp, a)
         return self.cp.asnumpy(a)
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
-        # zero-filled so that unwritten slots are finite
-        return self.cp.zeros((n_slots, k_dim), np.float16), self.cp.zeros((n_slots, v_dim), np.float16)
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type=GGMLType.F16, v_type=GGMLType.F16):
+        # zero-filled so that unwritten slots are finite; f16 as f16 (the tuned kernels), else rows of bytes
+        return KVLayer(self._kv_rows(n_slots, k_dim, k_type), self._kv_rows(n_slots, v_dim, v_type), k_type, v_type)
+
+    def _kv_rows(self, n_slots: int, dim: int, t: GGMLType):
+        if t == GGMLType.F16:
+            return self.cp.zeros((n_slots, dim), np.float16)
+        if dim % layout(t).block_size:
+            raise BackendError(f"a {t.name} KV cache needs rows of whole {layout(t).block_size}-value blocks, got {dim}")
+        return self.cp.zeros((n_slots, layout(t).row_bytes(dim)), np.uint8)
 
     def synchronize(self) -> None:
         self.cp.cuda.Stream.null.synchronize()
@@ -475,10 +483,17 @@ class Backend:
         slots = np.asarray(batch.slots)
         if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= k_cache.shape[0]):
             raise BackendError(f"KV slot out of range (cache has {k_cache.shape[0]} slots)")
+        if _quantized_kv(cache):
+            k, v = self._rotation("rot_k", k, cache.k_rot), self._rotation("rot_v", v, cache.v_rot)
+            self._run(KvStoreQ(k, v, k_cache, v_cache, self._input(batch.slots, np.int64), cache.k_type, cache.v_type))
+            return
         self._run(KvStore(k, v, k_cache, v_cache, self._input(batch.slots, np.int64)))
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
         k_cache, v_cache = cache
+        if _quantized_kv(cache):
+            self._attention_q(q, cache, out, batch, n_head, n_kv_head, window, scale, softcap)
+            return
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
         step = attention_step(q, k_cache, v_cache, batch, n_head, n_kv_head)
         plan = plan_attention(self.attention_target, step)
@@ -490,6 +505,27 @@ class Backend:
                             plan.n_split, one_token_per_seq=step.single, tiles=plan.tiles,
                             heads_per_block=plan.heads_per_block, counters=counters, cluster=plan.cluster,
                             min_keys=plan.min_keys))
+
+    def _attention_q(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap):
+        """Attention over caches of other types than f16: one kernel reading the rows in place."""
+        if n_kv_head < 1 or n_head % n_kv_head or max(q.shape[1], out.shape[1]) // n_head > ATTQ_MAX_D:
+            raise BackendError(f"attention over a {cache.k_type.name}/{cache.v_type.name} KV cache takes grouped "
+                               f"heads of at most {ATTQ_MAX_D} values")
+        q = self._rotation("rot_q", q, cache.k_rot)
+        self._run(AttentionQ(q, cache.k, cache.v, out, self._input(batch.positions, np.int32),
+                             self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
+                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap),
+                             cache.k_type, cache.v_type))
+        if cache.v_rot:
+            self._run(Hadamard(out, out, cache.v_rot))  # back from the values' rotation
+
+    def _rotation(self, name: str, x, block: int):
+        """x rotated in blocks of `block` values into a scratch buffer (x itself where block is 0)."""
+        if not block:
+            return x
+        out = self._scratch_f32(name, x.size).reshape(x.shape)
+        self._run(Hadamard(x, out, block))
+        return out
 
     # ---- sampling reductions (capabilities.top_k) ----
     def top_k(self, logits, k: int, ids, vals) -> None:
@@ -510,6 +546,10 @@ class Backend:
                            self._scratch_f32("tops_i", size).view(np.int32), self._zeroed_u32("tops_count", n)))
         else:
             self._run(TopK(logits, k, ids, vals))
+
+
+def _quantized_kv(cache) -> bool:
+    return isinstance(cache, KVLayer) and (cache.k_type != GGMLType.F16 or cache.v_type != GGMLType.F16)
 
 
 def check_attention(q, k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int) -> None:

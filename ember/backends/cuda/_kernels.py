@@ -44,13 +44,13 @@ MATMUL_VARIANTS = {"": "", "batch": "#define MV_BATCH 1\n", "occ": "#define MV_O
 
 
 def module_source(module: str) -> str:
-    """The full source of one compiled module: "ops", "attention" (decode attention and the split
+    """The full source of one compiled module: "ops", "kv_quant" (the KV cache in BF16, Q8_0, Q4_0), "attention" (decode attention and the split
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
     rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_store" (mv_n1_store),
     see matmul.cu."""
     common = kernel_source("common.cuh")
-    if module in ("ops", "sample"):
+    if module in ("ops", "sample", "kv_quant"):
         return common + kernel_source(f"{module}.cu")
     if module == "attention" or module in tuple(f"attention_tile{hd}" for hd in ATT_TILE_DIMS):
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0

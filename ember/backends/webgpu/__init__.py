@@ -19,7 +19,7 @@ import numpy as np
 
 from ...quant import dequantize
 from ...quant.types import GGMLType, layout
-from ..base import AttentionBatch, BackendError, Capabilities, RopeParams, Weight
+from ..base import AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
 from . import _device
 from ._step import INPUTS, PARAM_WORDS, Dispatch, GpuArray, Step
 
@@ -156,10 +156,12 @@ class Backend:
             self._flush()
         return host
 
-    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int):
+    def kv_cache(self, n_slots: int, k_dim: int, v_dim: int, k_type=GGMLType.F16, v_type=GGMLType.F16) -> KVLayer:
+        if k_type != GGMLType.F16 or v_type != GGMLType.F16:
+            raise BackendError(f"the WebGPU KV cache is f16 only, not {k_type.name}/{v_type.name}")
         if k_dim % 2 or v_dim % 2:
             raise BackendError(f"the WebGPU KV cache holds pairs of values; rows of {k_dim} and {v_dim} are not")
-        return self.empty((n_slots, k_dim), np.float16), self.empty((n_slots, v_dim), np.float16)  # zero-filled
+        return KVLayer(self.empty((n_slots, k_dim), np.float16), self.empty((n_slots, v_dim), np.float16))  # zeros
 
     def synchronize(self) -> None:
         self._flush()

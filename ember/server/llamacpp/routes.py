@@ -19,6 +19,7 @@ from ..state import ServerState
 from .infill import infill_ids, parse_infill, with_prompt
 from .reply import CompletionReply, detokenized, generation_settings, templated, tokenized
 from .request import parse_completion, parse_detokenize, parse_tokenize
+from .slotsave import slot_file
 
 
 async def health(request: Request) -> Response:
@@ -115,14 +116,18 @@ def _slot(i: int, seq, n_ctx: int) -> dict:
 
 async def slot_action(request: Request) -> Response:
     """POST /slots/{id}?action=erase drops cached prompts. The prefix cache is shared by all
-    slots here, so erasing any slot empties it (entries in use by running sequences stay)."""
+    slots here, so erasing any slot empties it (entries in use by running sequences stay).
+    action=save|restore with {"filename": NAME} writes a slot's cached tokens and KV pages to
+    --slot-save-path/NAME, or loads such a file into the cache (slotsave.py)."""
     state: ServerState = request.app.state.ember
     info = state.require_info()
     slot, action = request.path_params["id_slot"], request.query_params.get("action")
     if not 0 <= slot < info.slots:
         raise invalid("id_slot", f"no slot {slot} (this server has {info.slots})")
+    if action in ("save", "restore"):
+        return await slot_file(request, state, slot, action)
     if action != "erase":
-        raise invalid("action", f"slot action {action!r} is not supported (only erase)", "unsupported")
+        raise invalid("action", f"slot action {action!r} is not supported (erase, save, restore)", "unsupported")
     if state.sleeping:  # the cache went with the model
         return JSONResponse({"id_slot": slot, "n_erased": 0})
     model = state.require_model()

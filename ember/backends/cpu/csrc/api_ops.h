@@ -32,15 +32,29 @@ void ember_softcap(ember_pool *pool, float *x, float cap, int64_t n);
 void ember_pos_scale(float *x, const int32_t *pos, int64_t n_tok, int64_t d, int64_t length, float scale,
                      float offset);
 
-/* Write this step's keys and values into the paged cache, converting to f16.
- * k (n_tok, k_dim), v (n_tok, v_dim) f32; k_cache (n_slots, k_dim), v_cache (n_slots, v_dim) f16 bits;
- * slots (n_tok,): destination slot of each token, in [0, n_slots) (the caller checks). */
-void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
-                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim);
+/* Bytes of a KV-cache row of n values stored as `type` (ggml type ids: F16 1, BF16 30, Q8_0 8, Q4_0 2;
+ * the block types need n a multiple of 32); -1 for any other type or a partial block. */
+int64_t ember_kv_row_bytes(int type, int64_t n);
 
-/* Causal attention over a paged f16 KV cache, with grouped-query heads and an optional sliding window.
+/* Write this step's keys and values into the paged cache, converting to the cache's types
+ * (quantized blocks rounded as ggml's reference quantizers do).
+ * k (n_tok, k_dim), v (n_tok, v_dim) f32; k_cache (n_slots, ember_kv_row_bytes(k_type, k_dim)),
+ * v_cache (n_slots, ember_kv_row_bytes(v_type, v_dim)) bytes;
+ * slots (n_tok,): destination slot of each token, in [0, n_slots) (the caller checks). */
+void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_cache, void *v_cache,
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type);
+
+/* out (n, d) = x (n, d) rotated in blocks of `block` values (a power of two dividing d): each block times the
+ * orthonormal Walsh-Hadamard matrix H (H[i][j] = (-1)^popcount(i & j) / sqrt(block), H H = I). A quantized
+ * KV cache stores keys (and values) rotated so that outliers spread over a block: queries get the same
+ * rotation (dot products keep), attention outputs the inverse (H itself). out may alias x. */
+void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int64_t d, int64_t block);
+
+/* Causal attention over a paged KV cache, with grouped-query heads and an optional sliding window.
  * q (n_tok, n_head, hd_k) f32; out (n_tok, n_head, hd_v) f32.
- * k_cache (n_slots, n_kv_head, hd_k), v_cache (n_slots, n_kv_head, hd_v): f16 bits.
+ * k_cache (n_slots, n_kv_head, hd_k) and v_cache (n_slots, n_kv_head, hd_v) values stored as k_type and
+ * v_type (see ember_kv_row_bytes; the block types need hd a multiple of 32): read in place, a chunk of
+ * keys converted to f32 at a time.
  * Query token t belongs to the sequence whose page table is row tok_seq[t] of block_tables
  * (n_seq, max_pages); position p of that sequence lives in slot
  * block_tables[s][p / page_size] * page_size + p % page_size. Token t at position tok_pos[t] attends
@@ -50,7 +64,8 @@ void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *
  * Caller's contract (checked in Python, not here): n_head % n_kv_head == 0; hd_k, hd_v <= 8192;
  * tok_pos[t] >= 0 and < max_pages * page_size; the page ids used address slots inside the caches.
  * No allocation: each thread uses ~85 KB of stack, the calling thread up to 32 KB more. */
-void ember_attention(ember_pool *pool, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache,
                      float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
-                     int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap);
+                     int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap,
+                     int k_type, int v_type);

@@ -14,9 +14,10 @@ enum ember_op_kind {
     EMBER_OP_GELU_MUL = 7,     /* p: gate, up, out; i: n */
     EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */
     EMBER_OP_SCALE = 9,        /* p: x; i: n; f: s */
-    EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim */
+    EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim, k_type, v_type */
     EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables;
-                                  i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
+                                  i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window,
+                                     k_type, v_type;
                                   f: scale, softcap */
     EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
@@ -25,7 +26,8 @@ enum ember_op_kind {
     EMBER_OP_POS_SCALE = 16,   /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
     EMBER_OP_LAYER_NORM = 17,  /* p: x, w (or NULL), b (or NULL), out; i: n, d; f: eps */
     EMBER_OP_GELU = 18,        /* p: x, out; i: n                         -- out = gelu_tanh(x) */
-    EMBER_OP_TANH = 19         /* p: x; i: n                              -- x = tanh(x) */
+    EMBER_OP_TANH = 19,        /* p: x; i: n                              -- x = tanh(x) */
+    EMBER_OP_HADAMARD = 20     /* p: x, out; i: n, d, block                -- Walsh-Hadamard rotation */
 };
 
 #define EMBER_TOPK_MAX 64

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 
 #include "ops_kernels.h"
+#include "kv_types.h"
 #include "api_ops.h"
 
 /* Below this many elements touched, waking the other threads costs more than it saves. */
@@ -90,10 +91,10 @@ static void gelu_mul_scalar(const float *gate, const float *up, float *out, int6
     }
 }
 
-static void gather_f16_rows_scalar(const uint16_t *base, const int64_t *offs, int64_t n_rows, int64_t width,
+static void gather_f16_rows_scalar(const void *base, const int64_t *offs, int64_t n_rows, int64_t width,
                                    float *dst) {
     for (int64_t r = 0; r < n_rows; r++) {
-        const uint16_t *src = base + offs[r];
+        const uint16_t *src = (const uint16_t *)((const char *)base + offs[r]);
         float *d = dst + r * width;
         for (int64_t i = 0; i < width; i++) d[i] = ember_f16_to_f32(src[i]);
     }
@@ -370,24 +371,66 @@ void ember_rope(ember_pool *pool, float *x, int64_t n_tok, int64_t n_head, int64
 
 typedef struct {
     const float *k, *v;          /* (n_tok, k_dim), (n_tok, v_dim) */
-    uint16_t *k_cache, *v_cache; /* (n_slots, k_dim), (n_slots, v_dim) */
+    char *k_cache, *v_cache;     /* (n_slots, k_row), (n_slots, v_row) bytes: rows of k_type, v_type */
     const int64_t *slots;        /* (n_tok,) */
-    int64_t k_dim, v_dim;
+    int64_t k_dim, v_dim, k_row, v_row;
+    int k_type, v_type;
     const ember_op_kernels *kern;
 } kv_store_ctx;
 
 static void kv_store_rows(void *p, int64_t lo, int64_t hi) {
     const kv_store_ctx *c = p;
     for (int64_t t = lo; t < hi; t++) {
-        c->kern->f32_to_f16(c->k + t * c->k_dim, c->k_cache + c->slots[t] * c->k_dim, c->k_dim);
-        c->kern->f32_to_f16(c->v + t * c->v_dim, c->v_cache + c->slots[t] * c->v_dim, c->v_dim);
+        ember_kv_write_row(c->k_type, c->kern, c->k + t * c->k_dim, c->k_cache + c->slots[t] * c->k_row, c->k_dim);
+        ember_kv_write_row(c->v_type, c->kern, c->v + t * c->v_dim, c->v_cache + c->slots[t] * c->v_row, c->v_dim);
     }
 }
 
-void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
-                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim) {
-    kv_store_ctx c = {k, v, k_cache, v_cache, slots, k_dim, v_dim, kernels()};
+int64_t ember_kv_row_bytes(int type, int64_t n) { return ember_kv_bytes(type, n); }
+
+void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_cache, void *v_cache,
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type) {
+    int64_t k_row = ember_kv_bytes(k_type, k_dim), v_row = ember_kv_bytes(v_type, v_dim);
+    if (k_row < 0 || v_row < 0) return; /* outside the contract */
+    kv_store_ctx c = {k, v, k_cache, v_cache, slots, k_dim, v_dim, k_row, v_row, k_type, v_type, kernels()};
     parallel_range(pool, kv_store_rows, &c, n_tok, 1, n_tok * (k_dim + v_dim));
+}
+
+/* ---- Walsh-Hadamard rotation ---- */
+
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t d, block;
+} hadamard_ctx;
+
+/* x (block,) = H x in place, H the orthonormal Sylvester-Hadamard matrix (H[i][j] = (-1)^popcount(i & j)
+ * / sqrt(block)): butterflies, then one scale. */
+static void hadamard_block(float *x, int64_t block) {
+    for (int64_t h = 1; h < block; h *= 2)
+        for (int64_t i = 0; i < block; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)block);
+    for (int64_t i = 0; i < block; i++) x[i] *= s;
+}
+
+static void hadamard_rows(void *p, int64_t lo, int64_t hi) {
+    const hadamard_ctx *c = p;
+    for (int64_t r = lo; r < hi; r++) {
+        float *o = c->out + r * c->d;
+        if (o != c->x + r * c->d) memcpy(o, c->x + r * c->d, sizeof(float) * c->d);
+        for (int64_t b = 0; b < c->d; b += c->block) hadamard_block(o + b, c->block);
+    }
+}
+
+void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int64_t d, int64_t block) {
+    if (block < 2 || (block & (block - 1)) || d % block) return; /* outside the contract */
+    hadamard_ctx c = {x, out, d, block};
+    parallel_range(pool, hadamard_rows, &c, n, 1, n * d);
 }
 
 /* ---- paged attention ----
@@ -405,11 +448,13 @@ void ember_kv_store(ember_pool *pool, const float *k, const float *v, uint16_t *
 
 typedef struct {
     const float *q;                    /* (n_tok, n_head, hd_k) */
-    const uint16_t *k_cache, *v_cache; /* (n_slots, n_kv_head, hd_k), (n_slots, n_kv_head, hd_v) */
+    const char *k_cache, *v_cache;     /* (n_slots, n_kv_head, k_head) bytes, (n_slots, n_kv_head, v_head) */
     float *out;                        /* (n_tok, n_head, hd_v) */
     const int32_t *tok_pos, *tok_seq;  /* (n_tok,) */
     const int32_t *block_tables;       /* (n_seq, max_pages) */
     int64_t n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
+    int k_type, v_type;      /* storage types of the caches (kv_types.h) */
+    int64_t k_head, v_head;  /* bytes of one kv head's keys, values in a cache row */
     float scale, softcap;
     int64_t group;           /* query heads per kv head */
     int64_t item_heads;      /* query heads of one item (<= group) */
@@ -430,7 +475,7 @@ typedef struct {
     float v[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_v) values of the chunk */
     float s[ATTN_MAX_ROWS * ATTN_MAX_CHUNK];  /* (rows, n_chunk) scores, then weights */
     float m[ATTN_MAX_ROWS], l[ATTN_MAX_ROWS]; /* (rows,) running max and sum of weights */
-    int64_t k_off[2][ATTN_MAX_CHUNK], v_off[2][ATTN_MAX_CHUNK]; /* (n_chunk,) cache offsets: this chunk, next */
+    int64_t k_off[2][ATTN_MAX_CHUNK], v_off[2][ATTN_MAX_CHUNK]; /* (n_chunk,) byte offsets: this chunk, next */
 } attn_scratch;
 
 /* Heads [h0, h0 + nh) of kv head g for tokens [t0, t1), over keys [k_lo, k_hi) of their sequence.
@@ -518,15 +563,15 @@ static void softmax_update(const attn_ctx *c, float *s, int64_t n, float *m, flo
     *l += c->kern->exp_sum(s, n, *m);
 }
 
-/* Cache offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence. */
+/* Byte offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence. */
 static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, int64_t p1, int64_t *k_off,
                           int64_t *v_off) {
     const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[w->t0] * c->max_pages; /* (max_pages,) */
     int64_t page = p0 / c->page_size, in_page = p0 % c->page_size; /* walked, not divided, per key */
     for (int64_t j = 0; j < p1 - p0; j++) {
         int64_t slot = (int64_t)pages[page] * c->page_size + in_page;
-        k_off[j] = (slot * c->n_kv_head + w->g) * c->hd_k;
-        v_off[j] = (slot * c->n_kv_head + w->g) * c->hd_v;
+        k_off[j] = (slot * c->n_kv_head + w->g) * c->k_head;
+        v_off[j] = (slot * c->n_kv_head + w->g) * c->v_head;
         if (++in_page == c->page_size) {
             in_page = 0;
             page++;
@@ -538,17 +583,17 @@ static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, in
  * which the hardware prefetchers follow poorly (~10% on decode from DRAM). */
 static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t *v_off, int64_t n) {
     for (int64_t j = 0; j < n; j++) {
-        const char *k = (const char *)(c->k_cache + k_off[j]), *v = (const char *)(c->v_cache + v_off[j]);
-        for (int64_t b = 0; b < c->hd_k * 2; b += 64) __builtin_prefetch(k + b);
-        for (int64_t b = 0; b < c->hd_v * 2; b += 64) __builtin_prefetch(v + b);
+        const char *k = c->k_cache + k_off[j], *v = c->v_cache + v_off[j];
+        for (int64_t b = 0; b < c->k_head; b += 64) __builtin_prefetch(k + b);
+        for (int64_t b = 0; b < c->v_head; b += 64) __builtin_prefetch(v + b);
     }
 }
 
 /* Keys [p0, p1) (rows at k_off, v_off): convert them once, then update every row of the piece that sees some. */
 static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *sc, int64_t p0, int64_t p1,
                          const int64_t *k_off, const int64_t *v_off) {
-    c->kern->gather_f16_rows(c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
-    c->kern->gather_f16_rows(c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
+    ember_kv_gather_rows(c->k_type, c->kern, c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
+    ember_kv_gather_rows(c->v_type, c->kern, c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
     for (int64_t t = w->t0; t < w->t1; t++) {
         int64_t lo, hi;
         token_keys(c, t, &lo, &hi);
@@ -674,17 +719,19 @@ static int64_t choose_split(attn_ctx *c, int nth) {
     return EMBER_MAX(1, n);
 }
 
-void ember_attention(ember_pool *pool, const float *q, const uint16_t *k_cache, const uint16_t *v_cache, float *out,
+void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache, float *out,
                      int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables, int64_t max_pages,
-                     int64_t page_size, int64_t window, float scale, float softcap) {
+                     int64_t page_size, int64_t window, float scale, float softcap, int k_type, int v_type) {
     if (n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || hd_k <= 0 || hd_v <= 0 || page_size <= 0) return;
     if (n_head % n_kv_head != 0 || EMBER_MAX(hd_k, hd_v) > ATTN_CHUNK_FLOATS) return; /* outside the contract */
+    int64_t k_head = ember_kv_bytes(k_type, hd_k), v_head = ember_kv_bytes(v_type, hd_v);
+    if (k_head < 0 || v_head < 0) return;
     attn_ctx c = {
         .q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .tok_pos = tok_pos, .tok_seq = tok_seq,
         .block_tables = block_tables, .n_tok = n_tok, .n_head = n_head, .n_kv_head = n_kv_head, .hd_k = hd_k,
-        .hd_v = hd_v, .max_pages = max_pages, .page_size = page_size, .window = window, .scale = scale,
-        .softcap = softcap, .kern = kernels(),
+        .hd_v = hd_v, .max_pages = max_pages, .page_size = page_size, .window = window, .k_type = k_type,
+        .v_type = v_type, .k_head = k_head, .v_head = v_head, .scale = scale, .softcap = softcap, .kern = kernels(),
     };
     c.group = n_head / n_kv_head;
     c.item_heads = EMBER_MIN(c.group, ATTN_MAX_ROWS);

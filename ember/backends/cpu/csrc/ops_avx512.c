@@ -75,14 +75,14 @@ static void f32_to_f16_avx512(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
-static void gather_f16_rows_avx512(const uint16_t *base, const int64_t *offs, int64_t n_rows, int64_t width,
+static void gather_f16_rows_avx512(const void *base, const int64_t *offs, int64_t n_rows, int64_t width,
                                    float *dst) {
     if (width % 16) {
         ember_op_kernels_avx2.gather_f16_rows(base, offs, n_rows, width, dst);
         return;
     }
     for (int64_t r = 0; r < n_rows; r++) {
-        const uint16_t *src = base + offs[r];
+        const uint16_t *src = (const uint16_t *)((const char *)base + offs[r]);
         float *d = dst + r * width;
         for (int64_t i = 0; i < width; i += 16)
             _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));

@@ -13,9 +13,8 @@ typedef struct ember_op_kernels {
     void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
     /* dst (n,) f16 bits = src (n,) rounded to nearest even */
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
-    /* dst (n_rows, width) f32 = rows of f16 bits at base + offs[r] */
-    void (*gather_f16_rows)(const uint16_t *base, const int64_t *offs, int64_t n_rows, int64_t width,
-                            float *dst);
+    /* dst (n_rows, width) f32 = rows of f16 bits at byte offsets offs[r] from base */
+    void (*gather_f16_rows)(const void *base, const int64_t *offs, int64_t n_rows, int64_t width, float *dst);
     /* s (n_q, n_k) with row stride s_stride = scale * q (n_q, d; row stride q_stride) @ k (n_k, d)^T */
     void (*dot_rows)(const float *q, int64_t q_stride, int64_t n_q, const float *k, int64_t n_k, int64_t d,
                      float scale, float *s, int64_t s_stride);

@@ -243,7 +243,7 @@ class KvStore:
 class CopyPages:
     """For each (src, dst) row of pairs: page dst of every layer's keys and values = page src."""
 
-    layers: list  # [(k_cache, v_cache)], f16 (n_slots, dim)
+    layers: list  # [(k_cache, v_cache)]: f16 (n_slots, dim), or u8 (n_slots, row bytes)
     pairs: Any  # device int32 (n, 2)
     page: int  # slots per page
 
@@ -251,9 +251,11 @@ class CopyPages:
         n = self.pairs.shape[0]
         out = []
         for k, v in self.layers:
-            chunks = max(1, min(64, -(-self.page * max(k.shape[1], v.shape[1]) // (8 * 256))))
+            # in units of 16 bits (rows of any KV type are whole numbers of them)
+            k_dim, v_dim = k.shape[1] * k.dtype.itemsize // 2, v.shape[1] * v.dtype.itemsize // 2
+            chunks = max(1, min(64, -(-self.page * max(k_dim, v_dim) // (8 * 256))))
             out.append(Launch(kernels.fn("ops", "copy_pages"), (chunks, n, 1), (256, 1, 1),
-                              (ptr(k), ptr(v), ptr(self.pairs), i32(self.page), i32(k.shape[1]), i32(v.shape[1]))))
+                              (ptr(k), ptr(v), ptr(self.pairs), i32(self.page), i32(k_dim), i32(v_dim))))
         return out
 
 
