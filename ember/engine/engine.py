@@ -30,6 +30,7 @@ from .requests import FinishEvent, GrammarSpec, Request, RequestHandle
 from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
+from .speculate import SpecConfig, Speculator
 
 if TYPE_CHECKING:
     import asyncio
@@ -57,6 +58,7 @@ class EngineConfig:
     # chain_tokens); True, also elsewhere, the host choosing them once the step before has run (the
     # same bookkeeping, for tests); False, never (a benchmark's baseline)
     decode_ahead: bool | None = None
+    speculative: SpecConfig = SpecConfig()  # draft sources and limits (speculate.py); off by default
 
     def __post_init__(self):
         for name in ("n_ctx", "max_seqs", "page_size", "max_batch_tokens", "max_waiting"):
@@ -84,7 +86,9 @@ class Engine:
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
                                   -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
-        self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k)
+        self.spec = Speculator(config.speculative, self.tree, config.n_ctx)
+        self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k,
+                             speculator=self.spec)
         ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
         self.ahead = DecodeAhead(self.scheduler, self.runner, config.n_ctx, enabled=ahead and caps.top_k)
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
@@ -150,7 +154,8 @@ class Engine:
             if sampler.n_banned >= self.model.n_vocab:
                 raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
                                      f"tokens of the vocabulary")
-            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(shown=request.shown_tokens), matcher)
+            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(shown=request.shown_tokens),
+                                  matcher, self.spec.state_for(request.speculative))
             handle.seqs.append(seq)
         return handle
 
@@ -216,6 +221,7 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+                self.spec.clear()
 
     def _inbox_items(self):
         """What callers sent since the last look: (kind, handle) pairs."""
@@ -228,14 +234,21 @@ class Engine:
     def step(self) -> None:
         """Plan, run, post-process: one batched forward pass."""
         self.output.finish_cancelled()
-        step = self.ahead.take() or self._launch(self.scheduler.schedule())
+        step = self.ahead.take() or self._launch(self._schedule())
         if step is None:  # nothing can run now (waiting on pages): do not spin
             self.output.hand_over()
             self._wake.wait(0.005)
             return
-        self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
+        if not self.spec.would_draft(self.scheduler.running):  # a draft needs the token chosen before it
+            self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
         self.output.hand_over()  # the last step's texts and events, while this one runs on the device
         self._postprocess(step, self.runner.wait(step))
+
+    def _schedule(self) -> Plan:
+        """The next step's plan, decoding sequences' drafts in it."""
+        if self.spec.enabled:
+            self.spec.propose(self.scheduler.running)
+        return self.scheduler.schedule()
 
     def _postprocess(self, step: Launched, results) -> None:
         self.scheduler.complete(step.plan)

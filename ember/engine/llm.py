@@ -20,6 +20,7 @@ from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
+from .speculate import SpecConfig, parse_types
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
 
 
@@ -70,12 +71,14 @@ class LLM:
     ctx: longest sequence in tokens; slots: sequences computed at once; batch: tokens computed per
     step; KV cache capacity in tokens (kv_tokens) or bytes (kv_memory), default ctx * slots tokens
     (memory is committed as it is used); max_waiting: queued requests beyond which submitting
-    raises QueueFull; decode_ahead: see EngineConfig."""
+    raises QueueFull; decode_ahead: see EngineConfig; speculative: draft sources and limits
+    (SpecConfig, or a `--spec-type` string such as "cache,lookup"; default none)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
                  kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
-                 prefix_cache: bool = True, decode_ahead: bool | None = None):
+                 prefix_cache: bool = True, decode_ahead: bool | None = None,
+                 speculative: SpecConfig | str | None = None):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -87,7 +90,8 @@ class LLM:
             self.model.set_context(self.n_ctx)
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
                 n_ctx=self.n_ctx, max_seqs=slots, kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx),
-                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead))
+                max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead,
+                speculative=spec_config(speculative)))
         except BaseException:
             self.gguf.close()
             raise
@@ -220,6 +224,12 @@ class Generation:
         """Text held back at the end (incomplete UTF-8, at most a replacement character)."""
         tail, self._tail = self._tail, ""
         return tail
+
+
+def spec_config(spec: SpecConfig | str | None) -> SpecConfig:
+    if isinstance(spec, SpecConfig):
+        return spec
+    return SpecConfig(parse_types(spec or ""))
 
 
 def kv_bytes_per_token(model) -> int:

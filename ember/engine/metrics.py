@@ -49,6 +49,8 @@ class EngineMetrics:
     sequence_steps: int = 0  # sequences computed, summed over the steps
     argmax_steps: int = 0  # of which only token ids came back (greedy rows reduced on the device)
     ahead_steps: int = 0  # of which launched before the host had read the step before (decode_ahead)
+    draft_tokens: int = 0  # tokens drafted and verified (speculative decoding)...
+    draft_tokens_accepted: int = 0  # ...of which kept
     ttft_hit: Histogram = field(default_factory=Histogram)  # half or more of the prompt was cached
     ttft_miss: Histogram = field(default_factory=Histogram)
     inter_token: Histogram = field(default_factory=Histogram)

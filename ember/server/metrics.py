@@ -69,6 +69,9 @@ def llama_families(view: EngineView, state: ServerState):
     yield _counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", m.generated_tokens)
     yield _counter("llamacpp:tokens_predicted_seconds", "Predict process time", stats.predicted_seconds)
     yield _counter("llamacpp:n_decode", "Total number of engine steps (batched forward passes)", m.steps)
+    yield _counter("llamacpp:n_drafted", "Number of speculative draft tokens verified.", m.draft_tokens)
+    yield _counter("llamacpp:n_drafted_accepted", "Number of speculative draft tokens accepted.",
+                   m.draft_tokens_accepted)
     # llama-server declares this one a counter without the _total suffix; a gauge keeps its name
     yield _gauge("llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation).",
                  stats.n_tokens_max)

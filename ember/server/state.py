@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .. import hub
 from ..engine import LLM, Engine, RequestHandle
+from ..engine.speculate import SpecConfig
 from ..sampler import SamplingParams
 from .errors import not_ready
 from .tokenfloor import TokenFloor
@@ -38,6 +39,7 @@ class ModelConfig:
     batch: int = 512  # tokens per engine step
     max_queue: int = 256  # requests waiting beyond which new ones get 503
     chat_template_file: str | None = None
+    speculative: SpecConfig = SpecConfig()  # draft sources and limits (--spec-type, --draft-max, ...)
 
     def __post_init__(self):
         for name in ("slots", "batch", "max_queue"):
@@ -148,7 +150,7 @@ def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
     by are the server's: ServerConfig.aliases replaces `aliases`.)"""
     t0 = time.perf_counter()
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
-              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue)
+              kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue, speculative=cfg.speculative)
     try:
         template, text = chat_template(llm.gguf.metadata, cfg.chat_template_file)
     except BaseException:
