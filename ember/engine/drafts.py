@@ -14,6 +14,7 @@ from array import array
 from collections import OrderedDict
 
 NGRAM_SIZES = (8, 4, 2)  # suffix lengths tried, longest first: a longer match drafts more reliably
+DRAFT_PER_MATCHED = 2  # tokens drafted per token of the matched suffix, at most (a short match is a weak guess)
 # what one indexed token costs: 4 bytes of token, and per n-gram size a dict entry (key, value tuple)
 BYTES_PER_TOKEN = 4 + 120 * len(NGRAM_SIZES)
 
@@ -40,7 +41,7 @@ class PromptLookup:
                 continue
             end = index.get(_key(tokens, len(tokens) - 1, n))
             if end is not None and tokens[end - n + 1:end + 1] == tokens[-n:]:
-                return tokens[end + 1:end + 1 + limit]
+                return tokens[end + 1:end + 1 + min(limit, DRAFT_PER_MATCHED * n)]
         return []
 
     def _index(self, tokens: list[int]) -> None:
@@ -91,7 +92,7 @@ class NgramIndex:
             doc = self._docs[hit[0]]
             end = hit[1]
             if doc[end - n + 1:end + 1].tolist() == tokens[-n:]:
-                return doc[end + 1:end + 1 + limit].tolist()
+                return doc[end + 1:end + 1 + min(limit, DRAFT_PER_MATCHED * n)].tolist()
         return []
 
     def _drop_oldest(self) -> None:
