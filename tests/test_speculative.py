@@ -90,13 +90,15 @@ def test_draft_length_follows_acceptance_and_pauses_after_misses():
     assert st.room() == 8
     st.record(8, 8)
     assert st.room() == 16
-    st.record(16, 3)
-    assert st.room() == 7
-    st.record(7, 0)
-    assert st.room() == 0 and st.room() == 1  # one step without drafts
-    st.record(1, 0)
+    st.record(16, 5)
+    assert st.room() == 11
+    st.record(11, 2)  # less than a quarter kept: a miss
+    assert st.room() == 0 and st.room() == 5  # one step without drafts
+    st.record(5, 0)
     assert [st.room() for _ in range(3)] == [0, 0, 1]  # then two
-    assert (st.drafted, st.accepted) == (32, 11)
+    st.record(1, 1)
+    assert st.room() == 2
+    assert (st.drafted, st.accepted) == (41, 16)
 
 
 def test_spec_types_take_llama_server_names():
@@ -155,16 +157,19 @@ def assert_same_up_to_near_ties(m: LLM, requests: list[Request], want: list[list
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
 def test_greedy_output_is_the_same_with_drafts(llm, spec_llms, name):
-    """Batch 1 and 8 concurrent requests, plain, with stop strings and with a grammar: the events
-    (tokens, texts, finish) are those of the engine without speculation, and drafts were kept.
+    """Batch 1 and 8 concurrent requests, plain, with stop strings, with a grammar, with penalties and
+    log-probabilities: the events (tokens, texts, finish) are those of the engine without
+    speculation, and drafts were kept.
     Verification computes several rows of a sequence at once, as a prompt chunk is computed; where
     the two best tokens are within rounding of each other a different shape of step may pick the
     other one, as batching alone does (test_engine), so a difference must start at such a tie."""
     plain, spec = llm(name), spec_llms(name)
     grammar = GrammarSpec('root ::= "```python\\n" [^`]* "```"')
     requests = [Request(edit_prompt(plain, 0), 64, GREEDY)]
-    requests += [Request(edit_prompt(plain, i), 28, GREEDY, stop=("return width * h",) if i % 3 == 1 else (),
-                         grammar=grammar if i % 3 == 2 else None) for i in range(1, 9)]
+    penalized = SamplingParams(temperature=0.0, repeat_penalty=1.1, frequency_penalty=0.2)
+    requests += [Request(edit_prompt(plain, i), 28, GREEDY if i % 3 else penalized,
+                         stop=("return width * h",) if i % 3 == 1 else (), grammar=grammar if i % 3 == 2 else None,
+                         logprobs=2 if i % 3 == 0 else None) for i in range(1, 9)]
     want = run_all(plain, requests[:1]) + run_all(plain, requests[1:])
     before = spec.engine.metrics.draft_tokens_accepted
     got = run_all(spec, requests[:1]) + run_all(spec, requests[1:])  # alone, then 8 at once
@@ -197,6 +202,14 @@ def chi_square_differs(a: dict, b: dict) -> tuple[float, float]:
     return stat, critical
 
 
+def collect_logprobs(handle) -> dict[int, list]:
+    out: dict = {}
+    for ev in handle:
+        if isinstance(ev, TokenEvent):
+            out.setdefault(ev.index, []).append(ev.logprob)
+    return out
+
+
 def test_sampled_tokens_keep_their_distribution(tiny):
     """The first three sampled tokens (top-k 3, temperature 1) over 600 seeds without drafts and 600
     other seeds with them: the same distribution (chi-square), while drafts were both kept and
@@ -218,6 +231,9 @@ def test_sampled_tokens_keep_their_distribution(tiny):
         metrics = m.engine.metrics
         if spec:
             assert metrics.draft_tokens > metrics.draft_tokens_accepted > 100
+            sampled = SamplingParams(seed=1, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True)
+            several = collect_logprobs(m.engine.submit(Request(prompt, 8, sampled, n=3, logprobs=2)))
+            assert sorted(several) == [0, 1, 2] and all(len(lps) == 8 and None not in lps for lps in several.values())
         m.close()
     stat, critical = chi_square_differs(*counts)
     assert stat < critical, (stat, critical)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 
-NGRAM_SIZES = (8, 4, 2)  # suffix lengths tried, longest first: a longer match drafts more reliably
+NGRAM_SIZES = (8, 4, 3)  # suffix lengths tried, longest first: a longer match drafts more reliably
 DRAFT_PER_MATCHED = 2  # tokens drafted per token of the matched suffix, at most (a short match is a weak guess)
 # what one indexed token costs: 4 bytes of token, and per n-gram size a dict entry (key, value tuple)
 BYTES_PER_TOKEN = 4 + 120 * len(NGRAM_SIZES)

@@ -9,7 +9,7 @@ output.py chooses a token from each row in turn exactly as without a draft, keep
 while they match: greedy requests get exactly greedy output, sampled ones the same distribution
 (a draft is a point distribution: accepting it with probability p(token) and otherwise drawing
 from p without it is drawing from p). Each sequence's draft length adapts to how much of its
-drafts is kept, and it stops drafting for a while after drafts that were wholly rejected.
+drafts is kept, and it stops drafting for a while after drafts that were mostly rejected.
 """
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ SOURCES = ("cache", "lookup")
 ALIASES = {"ngram-simple": "lookup", "ngram-map-k": "lookup", "ngram-map-k4v": "lookup", "ngram-mod": "lookup",
            "ngram-cache": "cache", "none": ""}
 FIRST_SIZE = 8  # a sequence's first drafts are at most this long (then they grow with acceptance)
-MAX_PAUSE = 32  # longest pause, in steps, after drafts that were wholly rejected
+MAX_PAUSE = 32  # longest pause, in steps, after drafts that were mostly rejected
+# a draft of which less than 1/MISS_SHARE is kept is a miss: on a CPU a drafted row costs about a
+# fifth of a decode step, so such a draft costs more than the steps it saves
+MISS_SHARE = 4
 
 
 def parse_types(text: str) -> tuple[str, ...]:
@@ -93,14 +96,14 @@ class DraftState:
 
     def record(self, drafted: int, accepted: int) -> None:
         """A verified draft: longer drafts after wholly kept ones, shorter after partly kept ones,
-        a pause (doubling while it goes on) after wholly rejected ones."""
+        and after one that was mostly rejected a pause (doubling while such drafts go on)."""
         self.drafted += drafted
         self.accepted += accepted
         if accepted == drafted:
             self.size = min(self.params.n_max, 2 * self.size)
         else:
             self.size = max(1, min(self.size, 2 * accepted + 1))
-        if accepted:
+        if accepted * MISS_SHARE >= drafted:
             self.misses = 0
             return
         self.misses += 1
