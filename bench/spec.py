@@ -6,7 +6,8 @@ Workloads (each repetition uses new content, so nothing is served from an earlie
           one rename; generation tokens/s of the one request (timings.predicted_per_second)
   agent   8 sessions sharing one system prompt with tool definitions, several turns each, whose
           earlier turns hold tool calls with their arguments; all sessions at once, generated
-          tokens over the wall time of the whole run
+          tokens over the wall time of the whole run (prompts included), and each request's own
+          generation rate (median)
   free    free text that does not repeat (short stories on assorted topics), one at a time
 
 Engines alternate within each repetition; medians over repetitions. Acceptance: drafted and kept
@@ -14,7 +15,7 @@ tokens from each reply's timings (draft_n, draft_n_accepted). The load average i
 and after. Writes bench/results/spec.json.
 
     python bench/spec.py [--model smollm2] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
-                         [--workloads edit,agent,free] [--skip-peer]
+                         [--workloads edit,agent,free] [--skip-peer] [--peer-poll 0]
 """
 from __future__ import annotations
 
@@ -108,10 +109,12 @@ def start_ember(model: str, threads: int, slots: int, spec: str) -> tuple[object
     return _when_ready(proc, port, "ember serve"), port
 
 
-def start_llama(path: Path, threads: int, slots: int, spec: str) -> tuple[object, int]:
+def start_llama(path: Path, threads: int, slots: int, spec: str, poll: int | None) -> tuple[object, int]:
     port = _free_port()
     args = ["-m", str(path), "-t", str(threads), "-np", str(slots), "-c", str(CTX * slots), "--port", str(port),
             "--host", "127.0.0.1", "--no-webui", "--spec-type", spec]
+    if poll is not None:  # its threads spin waiting for work by default: on a loaded machine that collapses
+        args += ["--poll", str(poll)]
     proc = peer.popen("llama-server", args, probe_model=str(path))
     return _when_ready(proc, port, "llama-server"), port
 
@@ -148,7 +151,8 @@ def run_agent(port: int, prompts: Prompts, rep: int, n_predict: int, sessions: i
         replies = [r for rs in pool.map(session, sessions_prompts) for r in rs]
     wall = time.perf_counter() - t0
     d = _drafts(replies)
-    return {"tps": d["tokens"] / wall, "wall_s": wall, **d}
+    per_request = statistics.median(r["timings"]["predicted_per_second"] for r in replies)
+    return {"tps": d["tokens"] / wall, "wall_s": wall, "request_tps_median": per_request, **d}
 
 
 WORKLOADS = {"edit": (run_edit, 384), "agent": (run_agent, 64), "free": (run_free, 128)}
@@ -163,6 +167,7 @@ def main() -> None:
     ap.add_argument("--spec-types", default="cache,lookup", help="ember's draft sources when on")
     ap.add_argument("--peer-types", default="ngram-simple,ngram-mod", help="llama-server's modes besides none")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peer-poll", type=int, default=None, help="llama-server's --poll (default: its own, 50)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spec.json"))
     args = ap.parse_args()
     path = hub.resolve(args.model)
@@ -181,7 +186,7 @@ def main() -> None:
         try:
             for name, (kind, spec) in engines.items():
                 servers[name] = (start_ember(args.model, args.threads, slots, spec) if kind == "ember"
-                                 else start_llama(path, args.threads, slots, spec))
+                                 else start_llama(path, args.threads, slots, spec, args.peer_poll))
             for rep in range(args.reps):
                 for name in (engines if rep % 2 == 0 else list(engines)[::-1]):
                     result = fn(servers[name][1], prompts, rep, n_predict)
@@ -193,8 +198,8 @@ def main() -> None:
                 proc.kill()
                 proc.wait()
     summary = summarize(runs)
-    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "load_before": load_before,
-           "load_after": os.getloadavg(), "variant": None, "runs": runs, "summary": summary}
+    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "peer_poll": args.peer_poll,
+           "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({"load_before": load_before, "load_after": out["load_after"], "summary": summary}, indent=1))

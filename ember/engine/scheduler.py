@@ -152,7 +152,8 @@ class Scheduler:
             return False
         draft = self._draft_room(seq, start, budget) if seq.draft and rows == [start] else []
         seq.draft = []
-        plan.chunks.append(Chunk(seq, start, n + len(draft), rows + list(range(start + 1, start + 1 + len(draft))), draft))
+        draft_rows = list(range(start + 1, start + 1 + len(draft)))
+        plan.chunks.append(Chunk(seq, start, n + len(draft), rows + draft_rows, draft))
         planned.add(seq.id)
         budget.tokens -= n + len(draft)
         budget.rows -= len(rows) + len(draft)
