@@ -154,8 +154,9 @@ class Engine:
             if sampler.n_banned >= self.model.n_vocab:
                 raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
                                      f"tokens of the vocabulary")
-            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(shown=request.shown_tokens),
-                                  matcher, self.spec.state_for(request.speculative))
+            decoder = self.tokenizer.stream_decoder(shown=request.shown_tokens)
+            drafting = self.spec.state_for(request.speculative)
+            seq.owner = SeqOutput(handle, i, request, sampler, decoder, matcher, drafting)
             handle.seqs.append(seq)
         return handle
 
@@ -239,7 +240,8 @@ class Engine:
             self.output.hand_over()
             self._wake.wait(0.005)
             return
-        if not self.spec.would_draft(self.scheduler.running):  # a draft needs the token chosen before it
+        # a draft needs the token chosen before it: no step launched ahead while some sequence may draft
+        if not (self.spec.enabled and self.spec.would_draft(self.scheduler.running)):
             self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
         self.output.hand_over()  # the last step's texts and events, while this one runs on the device
         self._postprocess(step, self.runner.wait(step))
