@@ -155,6 +155,23 @@ def run_agent(port: int, prompts: Prompts, rep: int, n_predict: int, sessions: i
     return {"tps": d["tokens"] / wall, "wall_s": wall, "request_tps_median": per_request, **d}
 
 
+def draft_sources(port: int) -> dict:
+    """ember's drafts by source from its /metrics: drafts, tokens, kept, acceptance, mean kept per draft."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
+        text = resp.read().decode()
+    out: dict = {}
+    for line in text.splitlines():
+        for key, name in (("drafts", "ember:drafts_total"), ("drafted", "ember:draft_tokens_total"),
+                          ("accepted", "ember:draft_tokens_accepted_total")):
+            if line.startswith(name + "{"):
+                source = line.split('source="')[1].split('"')[0]
+                out.setdefault(source, {})[key] = float(line.split()[-1])
+    for s in out.values():
+        s["acceptance"] = s["accepted"] / s["drafted"] if s.get("drafted") else None
+        s["kept_per_draft"] = s["accepted"] / s["drafts"] if s.get("drafts") else None
+    return out
+
+
 WORKLOADS = {"edit": (run_edit, 384), "agent": (run_agent, 64), "free": (run_free, 128)}
 
 
@@ -179,6 +196,7 @@ def main() -> None:
             engines[f"llama-server+{t}"] = ("llama", t)
     load_before = os.getloadavg()
     runs: dict = {w: {e: [] for e in engines} for w in args.workloads.split(",")}
+    sources: dict = {}
     for workload in runs:
         fn, n_predict = WORKLOADS[workload]
         slots = 8 if workload == "agent" else 1
@@ -193,16 +211,19 @@ def main() -> None:
                     runs[workload][name].append(result)
                     print(f"{workload} rep {rep} {name}: {result['tps']:.1f} tok/s, {result['tokens']} tokens, "
                           f"drafted {result['drafted']}, kept {result['accepted']}", flush=True)
+            sources[workload] = draft_sources(servers["ember+spec"][1])
         finally:
             for proc, _ in servers.values():
                 proc.kill()
                 proc.wait()
     summary = summarize(runs)
     out = {"model": args.model, "threads": args.threads, "reps": args.reps, "peer_poll": args.peer_poll,
-           "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary}
+           "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
+           "ember_draft_sources": sources}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(json.dumps({"load_before": load_before, "load_after": out["load_after"], "summary": summary}, indent=1))
+    print(json.dumps({"load_before": load_before, "load_after": out["load_after"], "summary": summary,
+                      "ember_draft_sources": sources}, indent=1))
 
 
 def summarize(runs: dict) -> dict:

@@ -303,3 +303,5 @@ def test_server_reports_drafts_and_takes_llama_server_fields(spec_server):
     metrics = httpx.get(url + "/metrics", timeout=60).text
     drafted = next(line for line in metrics.splitlines() if line.startswith("llamacpp:n_drafted_total"))
     assert float(drafted.split()[-1]) >= on["timings"]["draft_n"]
+    by_source = next(line for line in metrics.splitlines() if line.startswith('ember:draft_tokens_total{source="lookup"}'))
+    assert float(by_source.split()[-1]) == float(drafted.split()[-1])  # lookup is this server's only source

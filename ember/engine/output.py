@@ -146,8 +146,7 @@ class Output:
             seq.n_computed += 1
             kept += 1
         seq.owner.spec.record(len(draft), kept)
-        self.metrics.draft_tokens += len(draft)
-        self.metrics.draft_tokens_accepted += kept
+        self.metrics.count_draft(seq.owner.spec.source, len(draft), kept)
         if seq.status is Status.RUNNING:
             self.scheduler.drop_unused_pages(seq)
 

@@ -77,7 +77,7 @@ class SpecConfig:
 class DraftState:
     """One sequence's drafting: its limits, the length its drafts may have now, and its counts."""
 
-    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup")
+    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup", "source")
 
     def __init__(self, params: DraftParams):
         self.params = params
@@ -86,6 +86,7 @@ class DraftState:
         self.misses = 0  # drafts wholly rejected in a row
         self.drafted = self.accepted = 0  # llama-server's timings: draft_n, draft_n_accepted
         self.lookup = PromptLookup()
+        self.source = ""  # where the draft being verified came from (metrics.DRAFT_SOURCES)
 
     def room(self) -> int:
         """How many tokens to draft this step (0: none)."""
@@ -138,7 +139,8 @@ class Speculator:
             room = min(st.room(), seq.max_new_tokens - seq.n_generated - 1, self.n_ctx - len(seq.tokens) - 1)
             if room < max(1, st.params.n_min):
                 continue
-            draft = self._allowed(seq, self._find(seq, st, room))
+            st.source, draft = self._find(seq, st, room)
+            draft = self._allowed(seq, draft)
             if len(draft) >= max(1, st.params.n_min):
                 seq.draft = draft
                 any_draft = True
@@ -149,18 +151,20 @@ class Speculator:
         ahead of their predecessors' results: a draft needs the token chosen before it)."""
         return any(s.owner is not None and s.owner.spec is not None and not s.owner.spec.pause for s in running)
 
-    def _find(self, seq: Sequence, st: DraftState, room: int) -> list[int]:
-        """The first source with a draft: the cache's own path, the request's tokens, the index."""
+    def _find(self, seq: Sequence, st: DraftState, room: int) -> tuple[str, list[int]]:
+        """The first source with a draft (the cache's own path, the request's tokens, the shared
+        index) and the draft."""
         for source in self.config.types:
             if source == "cache":
                 draft = self.tree.continuation(seq.tokens, room)
+                source = "tree"
             else:
                 draft = st.lookup.find(seq.tokens, room)
             if draft:
-                return draft
+                return source, draft
         if self.index is not None:
-            return self.index.find(seq.tokens, room)
-        return []
+            return "index", self.index.find(seq.tokens, room)
+        return "", []
 
     @staticmethod
     def _allowed(seq: Sequence, draft: list[int]) -> list[int]:
