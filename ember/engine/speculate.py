@@ -23,7 +23,9 @@ SOURCES = ("cache", "lookup")
 # llama-server's names for the draftless modes, and what they are here
 ALIASES = {"ngram-simple": "lookup", "ngram-map-k": "lookup", "ngram-map-k4v": "lookup", "ngram-mod": "lookup",
            "ngram-cache": "cache", "none": ""}
-FIRST_SIZE = 8  # a sequence's first drafts are at most this long (then they grow with acceptance)
+# a sequence's first drafts are at most this long, then they grow with acceptance (on a CPU a chunk of
+# up to 4 rows still streams the weights once, as a decode does: longer ones cost more per row)
+FIRST_SIZE = 3
 MAX_PAUSE = 32  # longest pause, in steps, after drafts that were mostly rejected
 # a draft of which less than 1/MISS_SHARE is kept is a miss: on a CPU a drafted row costs about a
 # fifth of a decode step, so such a draft costs more than the steps it saves
