@@ -84,6 +84,7 @@ def _add_run(sub, model_help: str) -> None:
     r.add_argument("--system", help="system message for --chat and interactive chat")
     _add_sampling(r)
     _add_runtime(r)
+    _add_speculative(r)
     r.set_defaults(func=cmd_run)
 
 
@@ -215,6 +216,7 @@ def _add_serve(sub, model_help: str) -> None:
                    help="normalization of pooled vectors: -1 none, 0 max-abs (int16 range), 1 taxicab, "
                         "2 euclidean (default), P > 2 p-norm")
     _add_serve_defaults(s)
+    _add_speculative(s)
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
@@ -229,6 +231,31 @@ def _add_serve_defaults(s) -> None:
     g.add_argument("--seed", type=int, default=None, help="default: random")
     g.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="token limit (default -1: until the context is full)")
+
+
+def _add_speculative(s) -> None:
+    g = s.add_argument_group("speculative decoding", "drafts verified in the same step (docs/speculative.md)")
+    g.add_argument("--spec-type", default="none", metavar="TYPE[,TYPE...]",
+                   help="draft sources, tried in order: cache (the prefix cache and an n-gram index over every "
+                        "finished request), lookup (the request's own prompt and output); none (default). "
+                        "llama-server's ngram-* names are read as lookup, ngram-cache as cache")
+    g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
+                   default=16, metavar="N", help="most tokens drafted a step (default 16)")
+    g.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="draft_min", type=int, default=0,
+                   metavar="N", help="no draft shorter than this (default 0)")
+    g.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=float, default=0.75, metavar="P",
+                   help="accepted for llama-server's command lines: a draft model's threshold, which the n-gram "
+                        "sources do not have (default 0.75)")
+    g.add_argument("--spec-index-mb", type=float, default=64.0, metavar="MB",
+                   help="size of the n-gram index shared by all requests (type cache; default 64)")
+
+
+def spec_config(args):
+    """The SpecConfig of the speculative flags (ValueError naming what is wrong)."""
+    from .engine.speculate import DraftParams, SpecConfig, parse_types
+
+    return SpecConfig(parse_types(args.spec_type), DraftParams(args.draft_max, args.draft_min, args.draft_p_min),
+                      args.spec_index_mb)
 
 
 def _byte_size(text: str) -> int:
@@ -259,7 +286,8 @@ def cmd_serve(args) -> int:
                             slots=args.slots, kv_memory=args.kv_memory, batch=args.batch, max_queue=args.max_queue,
                             chat_template_file=args.chat_template_file, embeddings=args.embeddings,
                             reranking=args.reranking, pooling=args.pooling, embd_normalize=args.embd_normalize,
-                            **_cache_types(args), **_cache_tiers(args))
+                            **_cache_types(args), **_cache_tiers(args),
+                            speculative=spec_config(args))
     if args.models_dir or len(paths) > 1:
         return serve_router(served_models(args.models_dir, given, paths), model_cfg, server_config(args),
                             args.models_max, host=args.host, port=args.port, log_level=args.log_level,
@@ -344,16 +372,17 @@ def _cache_types(args) -> dict:
     return {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
 
 
-def _load(args):
+def _load(args, speculative=None):
     from .engine import LLM
 
-    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx, **_cache_types(args))
+    return LLM(args.model, device=args.device, threads=args.threads, ctx=args.ctx, speculative=speculative,
+               **_cache_types(args))
 
 
 def cmd_run(args) -> int:
     from .sampler import SamplingParams
 
-    llm = _load(args)
+    llm = _load(args, spec_config(args))
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed)
     if args.prompt is None:

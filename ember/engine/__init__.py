@@ -5,8 +5,9 @@ from .engine import Engine, EngineClosed, EngineConfig, QueueFull
 from .llm import LLM, Completion, ContextOverflow, GeneratedToken, Generation, Timings
 from .requests import FinishEvent, GrammarSpec, ProgressEvent, PromptEvent, Request, RequestHandle, TokenEvent
 from .scoring import PerplexityResult, TokenScores
+from .speculate import DraftParams, SpecConfig
 
-__all__ = ["LLM", "Completion", "ContextOverflow", "EmbedConfig", "Embedder", "Embeddings", "EmbeddingError", "Engine",
-           "EngineClosed", "EngineConfig", "FinishEvent",
-           "GeneratedToken", "Generation", "GrammarSpec", "PerplexityResult", "ProgressEvent", "PromptEvent",
-           "QueueFull", "Request", "RequestHandle", "Timings", "TokenEvent", "TokenScores"]
+__all__ = ["LLM", "Completion", "ContextOverflow", "DraftParams", "EmbedConfig", "Embedder", "Embeddings",
+           "EmbeddingError", "Engine", "EngineClosed", "EngineConfig", "FinishEvent", "GeneratedToken", "Generation",
+           "GrammarSpec", "PerplexityResult", "ProgressEvent", "PromptEvent", "QueueFull", "Request", "RequestHandle",
+           "SpecConfig", "Timings", "TokenEvent", "TokenScores"]

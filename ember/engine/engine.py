@@ -33,6 +33,7 @@ from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
 from .tiers import TierConfig, TieredCache, identity
+from .speculate import SpecConfig, Speculator
 
 if TYPE_CHECKING:
     import asyncio
@@ -64,6 +65,7 @@ class EngineConfig:
     cache_type_v: str = "f16"
     tiers: TierConfig = TierConfig()  # host-RAM and disk tiers below the pool (tiers.py)
     model_digest: bytes = b""  # the model file's hash: what the disk tier's pages must belong to
+    speculative: SpecConfig = SpecConfig()  # draft sources and limits (speculate.py); off by default
 
     def __post_init__(self):
         kv_type(self.cache_type_k), kv_type(self.cache_type_v)  # ValueError for an unknown name
@@ -94,7 +96,9 @@ class Engine:
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
                                   -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
-        self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k)
+        self.spec = Speculator(config.speculative, self.tree, config.n_ctx)
+        self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k,
+                             speculator=self.spec)
         ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
         self.ahead = DecodeAhead(self.scheduler, self.runner, config.n_ctx, enabled=ahead and caps.top_k)
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
@@ -171,7 +175,9 @@ class Engine:
             if sampler.n_banned >= self.model.n_vocab:
                 raise NoTokenAllowed(f"no token is allowed: logit_bias and ignore_eos ban all {self.model.n_vocab} "
                                      f"tokens of the vocabulary")
-            seq.owner = SeqOutput(handle, i, request, sampler, self.tokenizer.stream_decoder(shown=request.shown_tokens), matcher)
+            decoder = self.tokenizer.stream_decoder(shown=request.shown_tokens)
+            drafting = self.spec.state_for(request.speculative)
+            seq.owner = SeqOutput(handle, i, request, sampler, decoder, matcher, drafting)
             handle.seqs.append(seq)
         return handle
 
@@ -239,6 +245,7 @@ class Engine:
                     seq.cancelled = True
             elif kind == "clear":
                 self.tree.clear()
+                self.spec.clear()
             elif kind == "call":
                 _call(*handle)
 
@@ -258,14 +265,22 @@ class Engine:
     def step(self) -> None:
         """Plan, run, post-process: one batched forward pass."""
         self.output.finish_cancelled()
-        step = self.ahead.take() or self._launch(self.scheduler.schedule())
+        step = self.ahead.take() or self._launch(self._schedule())
         if step is None:  # nothing can run now (waiting on pages): do not spin
             self.output.hand_over()
             self._wake.wait(0.005)
             return
-        self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
+        # a draft needs the token chosen before it: no step launched ahead while some sequence may draft
+        if not (self.spec.enabled and self.spec.would_draft(self.scheduler.running)):
+            self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
         self.output.hand_over()  # the last step's texts and events, while this one runs on the device
         self._postprocess(step, self.runner.wait(step))
+
+    def _schedule(self) -> Plan:
+        """The next step's plan, decoding sequences' drafts in it."""
+        if self.spec.enabled:
+            self.spec.propose(self.scheduler.running)
+        return self.scheduler.schedule()
 
     def _postprocess(self, step: Launched, results) -> None:
         self.scheduler.complete(step.plan)

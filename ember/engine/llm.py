@@ -21,6 +21,7 @@ from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
+from .speculate import SpecConfig, parse_types
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
 from .tiers import TierConfig, file_digest
 
@@ -75,14 +76,16 @@ class LLM:
     raises QueueFull; decode_ahead: see EngineConfig; cache_type_k/_v: the KV cache's storage types
     (f16, bf16, q8_0, q4_0); cache_ram, cache_disk, cache_disk_size: the tiers below the KV pool in
     bytes of host memory and in a folder of files (tiers.py); hash_file: identify the model by its
-    file's hash also without a disk tier (for saved slots)."""
+    file's hash also without a disk tier (for saved slots); speculative: draft sources and limits
+    (SpecConfig, or a `--spec-type` string such as "cache,lookup"; default none)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
                  kv_tokens: int | None = None, kv_memory: int | None = None, max_waiting: int = 1024,
                  prefix_cache: bool = True, decode_ahead: bool | None = None, cache_type_k: str = "f16",
                  cache_type_v: str = "f16", cache_ram: int = 0, cache_disk: str | os.PathLike | None = None,
-                 cache_disk_size: int = 0, hash_file: bool = False):
+                 cache_disk_size: int = 0, hash_file: bool = False,
+                 speculative: SpecConfig | str | None = None):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
@@ -101,7 +104,8 @@ class LLM:
                 max_batch_tokens=batch, max_waiting=max_waiting, prefix_cache=prefix_cache, decode_ahead=decode_ahead,
                 cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                 tiers=TierConfig(cache_ram, None if cache_disk is None else str(cache_disk), cache_disk_size),
-                model_digest=file_digest(self.path) if cache_disk is not None or hash_file else b""))
+                model_digest=file_digest(self.path) if cache_disk is not None or hash_file else b"",
+                speculative=spec_config(speculative)))
         except BaseException:
             self.gguf.close()
             raise
@@ -234,6 +238,12 @@ class Generation:
         """Text held back at the end (incomplete UTF-8, at most a replacement character)."""
         tail, self._tail = self._tail, ""
         return tail
+
+
+def spec_config(spec: SpecConfig | str | None) -> SpecConfig:
+    if isinstance(spec, SpecConfig):
+        return spec
+    return SpecConfig(parse_types(spec or ""))
 
 
 def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:

@@ -34,6 +34,18 @@ class Histogram:
         return data[min(len(data) - 1, int(round(q / 100 * (len(data) - 1))))]
 
 
+DRAFT_SOURCES = ("tree", "index", "lookup")  # the prefix cache's path, the shared n-gram index, the request's own
+
+
+@dataclass(slots=True)
+class DraftStats:
+    """One draft source's record (speculative decoding): drafts verified, their tokens, tokens kept."""
+
+    drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
 @dataclass
 class EngineMetrics:
     prompt_tokens: int = 0  # prompt tokens of admitted sequences
@@ -49,6 +61,9 @@ class EngineMetrics:
     sequence_steps: int = 0  # sequences computed, summed over the steps
     argmax_steps: int = 0  # of which only token ids came back (greedy rows reduced on the device)
     ahead_steps: int = 0  # of which launched before the host had read the step before (decode_ahead)
+    draft_tokens: int = 0  # tokens drafted and verified (speculative decoding)...
+    draft_tokens_accepted: int = 0  # ...of which kept
+    drafts: dict = field(default_factory=lambda: {s: DraftStats() for s in DRAFT_SOURCES})  # by source
     ttft_hit: Histogram = field(default_factory=Histogram)  # half or more of the prompt was cached
     ttft_miss: Histogram = field(default_factory=Histogram)
     inter_token: Histogram = field(default_factory=Histogram)
@@ -58,6 +73,14 @@ class EngineMetrics:
         self.steps += 1
         self.sequence_steps += n_seqs
         self.argmax_steps += best_only
+
+    def count_draft(self, source: str, drafted: int, accepted: int) -> None:
+        self.draft_tokens += drafted
+        self.draft_tokens_accepted += accepted
+        stats = self.drafts[source]
+        stats.drafts += 1
+        stats.drafted += drafted
+        stats.accepted += accepted
 
     @property
     def cache_hit_rate(self) -> float:

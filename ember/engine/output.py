@@ -21,6 +21,7 @@ from .metrics import EngineMetrics
 from .requests import FinishEvent, Outbox, ProgressEvent, PromptEvent, Request, RequestHandle, TokenEvent
 from .scheduler import Chunk, Plan, Scheduler
 from .sequence import Sequence, Status
+from .speculate import DraftState, Speculator
 from .stops import StopMatcher
 
 MAX_DEVICE_BEST = 64  # most best-token candidates per row brought back instead of the whole row
@@ -30,12 +31,14 @@ class SeqOutput:
     """What a sequence needs besides scheduling: its request, sampler, text decoder, stop strings
     and grammar, and its timings."""
 
-    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "matcher", "budget", "started_at",
-                 "first_token_at", "last_token_at", "progress_sent")
+    __slots__ = ("handle", "index", "request", "sampler", "decoder", "stops", "matcher", "budget", "spec",
+                 "started_at", "first_token_at", "last_token_at", "progress_sent")
 
-    def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher):
+    def __init__(self, handle: RequestHandle, index: int, request: Request, sampler: Sampler, decoder, matcher,
+                 spec: DraftState | None = None):
         self.handle, self.index, self.request = handle, index, request
         self.sampler, self.decoder, self.matcher = sampler, decoder, matcher
+        self.spec = spec  # drafting state (speculative decoding), None where the sequence drafts nothing
         # the stop strings' search; it holds back text that may be the start of one
         self.stops = StopMatcher(request.stop) if request.stop else None
         self.budget = BudgetWatch(request.thinking_budget) if request.thinking_budget else None
@@ -54,8 +57,10 @@ class SeqOutput:
 class Output:
     """Turns steps' results into tokens and events, and ends sequences."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, metrics: EngineMetrics, n_ctx: int, device_top_k: bool):
+    def __init__(self, scheduler: Scheduler, tokenizer, metrics: EngineMetrics, n_ctx: int, device_top_k: bool,
+                 speculator: Speculator | None = None):
         self.scheduler, self.metrics, self.n_ctx = scheduler, metrics, n_ctx
+        self.speculator = speculator
         self.eog_ids = tokenizer.eog_ids
         self.device_top_k = device_top_k  # the backend reduces rows to their best ids (top_k)
         self.outbox = Outbox()
@@ -116,10 +121,34 @@ class Output:
                     self.finish(seq, "length")
                 elif not n_rows:
                     raise AssertionError("a sequence to sample from has no row of logits in its step")
+                elif chunk.draft:
+                    first = row - n_rows
+                    if best_only:
+                        self._verify(seq, chunk.draft, lambda i: self._choose_best(seq, best[first + i],
+                                                                                   usable[first + i], later=False))
+                    else:
+                        self._verify(seq, chunk.draft, lambda i: self._sample(seq, logits[first + i]))
                 elif best_only:
                     self._choose_best(seq, best[row - 1], usable[row - 1])
                 else:
                     self._sample(seq, logits[row - 1])
+
+    def _verify(self, seq: Sequence, draft: list[int], choose) -> None:
+        """A drafted chunk's rows in turn: `choose(i)` picks the token after position i of the chunk
+        as without a draft; draft tokens are kept (their KV is computed) while they are the ones picked."""
+        kept = 0
+        for i in range(len(draft) + 1):
+            n = len(seq.tokens)
+            choose(i)
+            if seq.status is not Status.RUNNING or i == len(draft) or len(seq.tokens) != n + 1 \
+                    or seq.tokens[n] != draft[i]:
+                break
+            seq.n_computed += 1
+            kept += 1
+        seq.owner.spec.record(len(draft), kept)
+        self.metrics.count_draft(seq.owner.spec.source, len(draft), kept)
+        if seq.status is Status.RUNNING:
+            self.scheduler.drop_unused_pages(seq)
 
     def _prompt_done(self, seq: Sequence, chunk: Chunk, rows: np.ndarray | None) -> None:
         """A chunk of the prompt is computed: its logits' reduction (scoring), its progress."""
@@ -139,7 +168,7 @@ class Output:
             seconds = time.perf_counter() - st.started_at
             self.outbox.put(st.handle, ProgressEvent(st.index, seq.n_prompt, seq.n_cache_hit, processed, seconds))
 
-    def _choose_best(self, seq: Sequence, ids: list[int], usable: bool) -> None:
+    def _choose_best(self, seq: Sequence, ids: list[int], usable: bool, later: bool = True) -> None:
         """The greedy choice from a row's best ids: none where the row had no finite best logit, or
         fewer comparable logits than banned ids before them (NaN logits come back as id -1)."""
         try:
@@ -150,7 +179,7 @@ class Output:
         if token < 0:
             self._fail_sampling(seq, NonFiniteLogits("the model produced non-finite logits (NaN/inf)"))
             return
-        self._append(seq, token, None, later=True)
+        self._append(seq, token, None, later=later)
 
     def _sample(self, seq: Sequence, row: np.ndarray) -> None:
         st, req = seq.owner, seq.owner.request
@@ -269,10 +298,13 @@ class Output:
                 return
         self.metrics.requests_finished += 1  # counted before anyone can see the sequence gone
         self.scheduler.finish(seq, reason)
+        if self.speculator is not None:
+            self.speculator.finished(seq)
         st = seq.owner
         tail = ((st.stops.flush() if st.stops is not None else "") + st.decoder.flush()) if flush else ""
+        drafted, kept = (st.spec.drafted, st.spec.accepted) if st.spec is not None else (0, 0)
         self.outbox.put(st.handle, FinishEvent(st.index, reason, tail, seq.n_prompt, seq.n_cache_hit,
-                                               seq.n_generated, error, code))
+                                               seq.n_generated, error, code, drafted, kept))
 
     def finish_cancelled(self) -> None:
         sched = self.scheduler

@@ -80,6 +80,26 @@ class RadixCache:
             node, pos = child, pos + k
         return Match(node, pos, self.page_table(node))
 
+    def continuation(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` cached tokens that follow the whole of `tokens` (the most recently used
+        branch where paths part); empty where `tokens` is not all cached (read-only)."""
+        node, pos, out = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                return []
+            k = _common(child.tokens, tokens, pos)
+            pos += k
+            if k < len(child.tokens):
+                if pos < len(tokens):
+                    return []
+                out = child.tokens[k:k + limit]  # the match ends inside this edge
+            node = child
+        while len(out) < limit and node.children:
+            node = max(node.children.values(), key=_last_used)
+            out = out + node.tokens[:limit - len(out)]
+        return out
+
     def path(self, node: Node) -> list[Node]:
         """The nodes from the root's child down to `node` (empty for the root)."""
         path = []
@@ -229,6 +249,10 @@ def _common(edge: list[int], tokens: list[int], pos: int) -> int:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     return _common(a, b, 0)
+
+
+def _last_used(node: Node) -> int:
+    return node.last_used
 
 
 def _insert_sorted(leaves: list[Node], node: Node) -> None:

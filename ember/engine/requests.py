@@ -11,6 +11,7 @@ import numpy as np
 
 from ..sampler import SamplingParams
 from .budget import ThinkingBudget
+from .speculate import DraftParams
 
 if TYPE_CHECKING:
     import asyncio
@@ -43,6 +44,7 @@ class Request:
     progress: bool = False  # a ProgressEvent when the prompt starts and after each step that computes part of it
     shown_tokens: frozenset[int] = frozenset()  # control tokens the output writes as text (a chat format's markers)
     thinking_budget: ThinkingBudget | None = None  # a cap on the reasoning's tokens
+    speculative: DraftParams | None = None  # drafting limits (None: the engine's; n_max 0: no drafts)
 
     def __post_init__(self):
         if not self.prompt:
@@ -93,6 +95,8 @@ class FinishEvent:
     # with reason "error": "no_token_allowed" (the request's grammar, logit_bias and ignore_eos left no
     # token), "non_finite_logits" (the model produced NaN/inf), None (anything else)
     code: str | None = None
+    draft_n: int = 0  # tokens drafted for this sample (speculative decoding)...
+    draft_n_accepted: int = 0  # ...of which kept
 
 
 Event = TokenEvent | PromptEvent | ProgressEvent | FinishEvent

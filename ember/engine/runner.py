@@ -140,7 +140,7 @@ class ModelRunner:
         if ahead is not None:
             self._parity ^= 1
             key += (step.prev_k, self._parity)
-        decode = all(c.n == 1 for c in plan.chunks)
+        decode = all(c.n - len(c.draft) == 1 for c in plan.chunks)  # drafted decodes included
         logits = self._run(step, key, wait, first_sight=decode)
         rows = sum(len(c.logit_rows) for c in plan.chunks)
         if len(step.output_rows) != rows:  # rows past the plan's own are padding (_bucketed, _pad_decode)
@@ -149,7 +149,7 @@ class ModelRunner:
 
     def _run(self, step: Step, key: tuple, wait: bool, first_sight: bool = False):
         """first_sight: record the shape the first time it comes (decode steps: their shapes are
-        few, and every later step of the batch has one of them)."""
+        few, and every later step of the batch has one of them; drafted ones add one a draft length)."""
         store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
             (self._large, MAX_LARGE_RECORDINGS)
         hit = store.get(key)
@@ -184,7 +184,7 @@ class ModelRunner:
         self._table_of[:len(chunks)] = [None] * len(chunks)
         for i, c in enumerate(chunks):
             end = at + c.n
-            inp.tokens[at:end] = c.seq.tokens[c.start:c.start + c.n]
+            inp.tokens[at:end] = c.token_ids()
             inp.positions[at:end] = np.arange(c.start, c.start + c.n, dtype=np.int32)
             inp.seq_rows[at:end] = i
             inp.tables[i, :len(c.seq.pages)] = c.seq.pages

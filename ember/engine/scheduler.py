@@ -46,6 +46,12 @@ class Chunk:
     start: int  # first position computed
     n: int  # positions computed: start .. start + n - 1
     logit_rows: list[int]  # positions whose logits the step returns
+    draft: list[int] = field(default_factory=list)  # the last len(draft) positions' tokens: a draft to verify
+
+    def token_ids(self) -> list[int]:
+        """The tokens the chunk computes: the sequence's, then its draft's."""
+        own = self.seq.tokens[self.start:self.start + self.n - len(self.draft)]
+        return own + self.draft if self.draft else own
 
 
 @dataclass(slots=True)
@@ -144,11 +150,25 @@ class Scheduler:
             return False
         if not self._reserve(seq, start, n, plan, planned if may_preempt else None):
             return False
-        plan.chunks.append(Chunk(seq, start, n, rows))
+        draft = self._draft_room(seq, start, budget) if seq.draft and rows == [start] else []
+        seq.draft = []
+        draft_rows = list(range(start + 1, start + 1 + len(draft)))
+        plan.chunks.append(Chunk(seq, start, n + len(draft), rows + draft_rows, draft))
         planned.add(seq.id)
-        budget.tokens -= n
-        budget.rows -= len(rows)
+        budget.tokens -= n + len(draft)
+        budget.rows -= len(rows) + len(draft)
         return True
+
+    def _draft_room(self, seq: Sequence, start: int, budget: _Budget) -> list[int]:
+        """The part of seq's draft (positions after start) this step has room for: within the
+        budget, on pages seq holds or free ones (a draft never evicts or preempts)."""
+        n = min(len(seq.draft), budget.tokens - 1, budget.rows - 1)
+        P = self.pool.page_size
+        room = len(seq.pages) * P - start - 1  # positions after start on seq's own pages
+        while room < n and self.pool.n_free:
+            seq.pages.append(self.pool.allocate())
+            room += P
+        return seq.draft[:max(0, min(n, room))]
 
     def _chunk(self, seq: Sequence, budget: _Budget) -> tuple[int, list[int]]:
         """How many pending tokens of seq fit this step, and which positions need logits."""
@@ -304,13 +324,21 @@ class Scheduler:
             seq = chunk.seq
             if seq.status is not Status.RUNNING:
                 continue
-            seq.n_computed += chunk.n
+            seq.n_computed += chunk.n - len(chunk.draft)  # a draft's kept tokens count once verified
             if chunk.start < seq.n_prompt and self.config.prefix_cache:
                 self._cache(seq)
 
     def _cache(self, seq: Sequence) -> None:
         node = self.tree.insert(seq.tokens[:seq.n_computed], seq.pages)
         self._pin_used(seq, node, len(seq.pages))
+
+    def drop_unused_pages(self, seq: Sequence) -> None:
+        """After a draft's verification: the pages past seq's next position (they held only
+        rejected tokens; nothing else references them) go back to the pool."""
+        keep = self.pool.pages_for(seq.n_computed + 1)
+        if len(seq.pages) > keep:
+            self.pool.release(seq.pages[keep:])
+            del seq.pages[keep:]
 
     # ---- leaving ----
     def finish(self, seq: Sequence, reason: str) -> None:

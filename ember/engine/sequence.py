@@ -36,6 +36,7 @@ class Sequence:
     admitted_at: int = -1  # engine step of the latest admission (youngest = largest)
     preemptions: int = 0
     cancelled: bool = False
+    draft: list[int] = field(default_factory=list)  # tokens guessed to follow the pending one (speculate.py)
     finish_reason: str | None = None
 
     def __post_init__(self):

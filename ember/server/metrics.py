@@ -73,6 +73,9 @@ def llama_families(view: EngineView, state: ServerState):
     yield _counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", m.generated_tokens)
     yield _counter("llamacpp:tokens_predicted_seconds", "Predict process time", stats.predicted_seconds)
     yield _counter("llamacpp:n_decode", "Total number of engine steps (batched forward passes)", m.steps)
+    yield _counter("llamacpp:n_drafted", "Number of speculative draft tokens verified.", m.draft_tokens)
+    yield _counter("llamacpp:n_drafted_accepted", "Number of speculative draft tokens accepted.",
+                   m.draft_tokens_accepted)
     # llama-server declares this one a counter without the _total suffix; a gauge keeps its name
     yield _gauge("llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation).",
                  stats.n_tokens_max)
@@ -89,6 +92,18 @@ def llama_families(view: EngineView, state: ServerState):
                  (kv.pages_total - kv.pages_free) / kv.pages_total if kv.pages_total else 0.0)
 
 
+def _draft_families(view: EngineView):
+    """Speculative decoding by draft source (tree, index, lookup): drafts, their tokens, kept tokens."""
+    labels = ["source"]
+    families = (CounterMetricFamily("ember:drafts", "Drafts verified, by source.", labels=labels),
+                CounterMetricFamily("ember:draft_tokens", "Draft tokens verified, by source.", labels=labels),
+                CounterMetricFamily("ember:draft_tokens_accepted", "Draft tokens kept, by source.", labels=labels))
+    for source, s in view.metrics.drafts.items():
+        for family, value in zip(families, (s.drafts, s.drafted, s.accepted)):
+            family.add_metric([source], value)
+    yield from families
+
+
 def ember_families(view: EngineView, state: ServerState):
     m = view.metrics
     yield _counter("ember:prompt_tokens", "Prompt tokens of admitted sequences (cached or computed).",
@@ -96,6 +111,7 @@ def ember_families(view: EngineView, state: ServerState):
     yield _counter("ember:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", m.prompt_tokens_cached)
     yield _gauge("ember:prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix cache.",
                  m.cache_hit_rate)
+    yield from _draft_families(view)
     yield _counter("ember:forced_tokens", "Generated tokens a grammar left no choice about (appended unsampled).",
                    m.forced_tokens)
     ttft = HistogramMetricFamily("ember:time_to_first_token_seconds",

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .. import hub
 from ..engine import LLM, Engine, RequestHandle
+from ..engine.speculate import SpecConfig
 from ..sampler import SamplingParams
 from .errors import not_ready
 from .tokenfloor import TokenFloor
@@ -50,6 +51,7 @@ class ModelConfig:
     cache_disk: str | None = None  # folder of page files below that (kept across restarts)
     cache_disk_size: int = 0
     hash_file: bool = False  # identify the model by its file's hash (saved slots carry it)
+    speculative: SpecConfig = SpecConfig()  # draft sources and limits (--spec-type, --draft-max, ...)
 
     def __post_init__(self):
         if self.reranking and self.pooling not in (None, "rank"):
@@ -173,7 +175,7 @@ def load_model(cfg: ModelConfig, aliases: tuple[str, ...] = ()) -> ServerModel:
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, ctx=cfg.ctx, slots=cfg.slots, batch=cfg.batch,
               kv_memory=cfg.kv_memory, max_waiting=cfg.max_queue, cache_type_k=cfg.cache_type_k,
               cache_type_v=cfg.cache_type_v, cache_ram=cfg.cache_ram, cache_disk=cfg.cache_disk,
-              cache_disk_size=cfg.cache_disk_size, hash_file=cfg.hash_file)
+              cache_disk_size=cfg.cache_disk_size, hash_file=cfg.hash_file, speculative=cfg.speculative)
     try:
         template, text = chat_template(llm.gguf.metadata, cfg.chat_template_file)
     except BaseException:

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...engine.engine import GrammarSpec
+from ...engine.speculate import DraftParams
 from ...gbnf.schema import SchemaError, json_object_gbnf, schema_to_gbnf
 from ...sampler import SamplingParams
 from ..errors import invalid
@@ -40,11 +41,12 @@ class Limits:
     max_stop: int = 16  # stop strings
     n_predict: int = -1  # the default token limit; -1: until the context is full
     sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults
+    draft: DraftParams = DraftParams()  # the engine's drafting limits, which a request's `speculative` fields change
 
     @classmethod
     def of(cls, config: ServerConfig, model: ServerModel) -> Limits:
         return cls(model.model.n_vocab, model.n_ctx, config.max_sequences, config.max_stop, config.n_predict,
-                   config.sampling)
+                   config.sampling, model.engine.config.speculative.draft)
 
     def max_tokens(self, given: int | None) -> int:
         """A request's token limit: its own, else the server's default (-1: until the context is full)."""
@@ -268,6 +270,7 @@ class Generation:
     logprobs: int | None = None  # None: none; k: the chosen token's plus the top k
     constraint: Constraint | None = None  # besides the tools' own grammar, never with it
     progress: bool = False  # the engine reports how far the prompt is computed (ProgressEvents)
+    speculative: DraftParams | None = None  # the request's drafting limits (None: the server's)
 
     def __post_init__(self):
         if self.max_tokens < 0 or self.n < 1 or (self.logprobs or 0) < 0 or "" in self.stop:

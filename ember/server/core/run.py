@@ -114,7 +114,7 @@ def _submit(model: ServerModel, prepared: Prepared, gen: Generation, client: str
             handles.append(model.engine.submit_async(Request(
                 ids, gen.max_tokens, gen.sampling, gen.stop, gen.n, gen.logprobs, grammar=prepared.grammar,
                 client=client, progress=gen.progress, shown_tokens=prepared.shown_tokens,
-                thinking_budget=prepared.budget), loop))
+                thinking_budget=prepared.budget, speculative=gen.speculative), loop))
     except BaseException:
         for h in handles:
             h.cancel()
@@ -164,6 +164,8 @@ class Sample:
     first_at: float = 0.0
     last_at: float = 0.0
     reply: Reply | None = None  # the whole reply (content and tool calls), once finished
+    draft_n: int = 0  # tokens drafted (speculative decoding)...
+    draft_n_accepted: int = 0  # ...of which kept
 
     def add(self, ev: TokenEvent, now: float, keep_logprobs: bool) -> None:
         self.text += ev.text
@@ -177,6 +179,7 @@ class Sample:
         self.text += ev.text
         self.finish_reason, self.error, self.error_code = ev.reason, ev.error, ev.code
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        self.draft_n, self.draft_n_accepted = ev.draft_n, ev.draft_n_accepted
 
 
 @dataclass(slots=True)

@@ -141,12 +141,13 @@ def timings(sample: Sample, submitted: float) -> dict:
     predicted_ms = (sample.last_at - sample.first_at) * 1000 if sample.first_at else 0.0
     prompt_n = sample.prompt_tokens - sample.cached_tokens
     predicted_n = len(sample.tokens)
+    drafts = {"draft_n": sample.draft_n, "draft_n_accepted": sample.draft_n_accepted} if sample.draft_n else {}
     return {"cache_n": sample.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
-            "predicted_per_second": (predicted_n - 1) / predicted_ms * 1000 if predicted_ms else 0.0}
+            "predicted_per_second": (predicted_n - 1) / predicted_ms * 1000 if predicted_ms else 0.0, **drafts}
 
 
 # ---- tokens and templates ----

@@ -48,7 +48,8 @@ def parse_completion(body: Fields, limits: Limits, items: list | None = None) ->
         raise invalid("prompt", "streaming takes one prompt per request", "unsupported")
     limits.check_sequences(len(items), 1)
     gen = Generation(fields.prompts(items, limits), limits.max_tokens(n_predict), 1, stop, sampling, n_probs or None,
-                     constraint, progress=stream and options[2])  # progress events stream only
+                     constraint, progress=stream and options[2],  # progress events stream only
+                     speculative=fields.speculative(body, limits))
     return CompletionRequest(gen, stream, *options)
 
 

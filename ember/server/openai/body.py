@@ -7,6 +7,9 @@ in its errors.
 from __future__ import annotations
 
 from dataclasses import fields as dataclass_fields
+from dataclasses import replace
+
+from ...engine.speculate import DraftParams
 
 from ...sampler import SamplingParams
 from ..core.request import Constraint, Limits, Prompts, is_id
@@ -20,6 +23,30 @@ MAX_STOP_CHARS = 1000  # the longest stop string (the count is Limits.max_stop)
 
 def sampling(body: Fields, limits: Limits) -> SamplingParams:
     return limits.sampling_params({k: v for k, v in body.data.items() if k in SAMPLING_KEYS and v is not None})
+
+
+def speculative(body: Fields, limits: Limits) -> DraftParams | None:
+    """llama-server's `speculative.n_max`, `speculative.n_min` and `speculative.p_min` (also as
+    one object, `speculative: {n_max, ...}`) over the server's defaults; None where none is given."""
+    nested = body.object("speculative")
+    given = {}
+    for key in ("n_max", "n_min", "p_min"):
+        for src, name in ((nested, key), (body, f"speculative.{key}")):
+            if src is None or not src.has(name):
+                continue
+            if key == "p_min":
+                value = src.raw(name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise invalid(src.name(name), f"{src.name(name)} must be a number", "invalid_type")
+                given[key] = float(value)
+            else:
+                given[key] = src.int(name, lo=0, hi=256)
+    if not given:
+        return None
+    try:
+        return replace(limits.draft, **given)
+    except ValueError as e:
+        raise invalid("speculative", str(e)) from None
 
 
 def stream(body: Fields) -> tuple[bool, bool]:

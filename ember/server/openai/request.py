@@ -43,7 +43,8 @@ def parse_chat(body: Fields, limits: Limits) -> ChatRequest:
     if constraint is not None and conversation.tools.active:
         raise invalid(constraint.param, f"{constraint.param} cannot be combined with tools (unless tool_choice is "
                                         "\"none\")", "conflicting_fields")
-    gen = Generation(conversation, limits.max_tokens(limit), n, stop, sampling, logprobs, constraint)
+    gen = Generation(conversation, limits.max_tokens(limit), n, stop, sampling, logprobs, constraint,
+                     speculative=fields.speculative(body, limits))
     return ChatRequest(gen, stream, include_usage)
 
 
@@ -69,5 +70,6 @@ def parse_completion(body: Fields, limits: Limits) -> CompletionRequest:
     constraint = fields.constraint(body)
     items = fields.prompt_items(body)
     limits.check_sequences(len(items), n)
-    gen = Generation(fields.prompts(items, limits), limits.max_tokens(limit), n, stop, sampling, logprobs, constraint)
+    gen = Generation(fields.prompts(items, limits), limits.max_tokens(limit), n, stop, sampling, logprobs, constraint,
+                     speculative=fields.speculative(body, limits))
     return CompletionRequest(gen, stream, include_usage)

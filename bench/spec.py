@@ -1,0 +1,252 @@
+"""Speculative decoding on agent-like work: ember with and without drafts, llama-server with and
+without its draftless modes, all over HTTP (/completion, greedy, the same token ids).
+
+Workloads (each repetition uses new content, so nothing is served from an earlier repetition):
+  edit    a code edit: the prompt holds a source file of this repository and asks for it back with
+          one rename; generation tokens/s of the one request (timings.predicted_per_second)
+  agent   8 sessions sharing one system prompt with tool definitions, several turns each, whose
+          earlier turns hold tool calls with their arguments; all sessions at once, generated
+          tokens over the wall time of the whole run (prompts included), and each request's own
+          generation rate (median)
+  free    free text that does not repeat (short stories on assorted topics), one at a time
+
+Engines alternate within each repetition; medians over repetitions. Acceptance: drafted and kept
+tokens from each reply's timings (draft_n, draft_n_accepted). The load average is noted before
+and after. Writes bench/results/spec.json.
+
+    python bench/spec.py [--model smollm2] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
+                         [--workloads edit,agent,free] [--skip-peer] [--peer-poll 0]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer  # noqa: E402
+from agent import _free_port, _when_ready, system_prompt  # noqa: E402
+
+from ember import hub  # noqa: E402
+from ember.tokenizer import Tokenizer  # noqa: E402
+from ember.tokenizer.chat import ChatTemplate  # noqa: E402
+from ember.gguf_loader import GGUFFile  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EDIT_FILES = ("ember/engine/pages.py", "ember/engine/sequence.py", "ember/engine/budget.py",
+              "ember/engine/ahead.py", "ember/server/sse.py")
+TOPICS = ("a lighthouse keeper", "a lost umbrella", "the first snow in a desert town", "a chess tournament",
+          "a bakery at midnight", "a broken clock", "a river that flows uphill", "an old map")
+CTX = 4096
+
+
+# ---- prompts (token ids, from the model's own template) ----
+
+class Prompts:
+    def __init__(self, path: Path):
+        with GGUFFile(path) as f:
+            self.tokenizer = Tokenizer.from_metadata(f.metadata)
+            self.template = ChatTemplate.from_metadata(f.metadata)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        return self.template.encode(self.tokenizer, self.template.render(messages, add_generation_prompt=True))
+
+    def edit(self, rep: int) -> list[int]:
+        source = (ROOT / EDIT_FILES[rep % len(EDIT_FILES)]).read_text()
+        ask = "Rename every `seq` to `sequence` in this file and return the whole file, nothing else."
+        return self.chat([{"role": "user", "content": f"{ask}\n\n```python\n{source}```"}])
+
+    def agent(self, rep: int, sessions: int, turns: int) -> list[list[list[int]]]:
+        """Per session, the prompt of each turn: the shared system prompt, then the session's turns
+        so far, each a user request and the assistant's tool call with the arguments it named."""
+        system = system_prompt(1200, lambda t: self.tokenizer.encode(t))
+        rng = random.Random(rep)
+        out = []
+        for s in range(sessions):
+            city, day = rng.choice(("Lisbon", "Osaka", "Quito", "Tromso", "Accra")), rng.randrange(1, 28)
+            messages = [{"role": "system", "content": system}]
+            prompts = []
+            for t in range(turns):
+                ask = (f"Session {s}, step {t}: look up the weather in {city} on 2025-03-{day:02d} and then "
+                       f"send the report to ops-{s}@example.com with the subject \"{city} report {t}\".")
+                messages.append({"role": "user", "content": ask})
+                prompts.append(self.chat(messages))
+                call = {"name": "get_weather", "arguments": {"city": city, "date": f"2025-03-{day:02d}",
+                                                             "notify": f"ops-{s}@example.com"}}
+                messages.append({"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"})
+                messages.append({"role": "user", "content": f"Tool result: {city} {day} March: 14C, clear."})
+            out.append(prompts)
+        return out
+
+    def free(self, rep: int) -> list[int]:
+        topic = TOPICS[rep % len(TOPICS)]
+        return self.chat([{"role": "user", "content": f"Write a short, original story about {topic}."}])
+
+
+# ---- engines ----
+
+def complete(port: int, ids: list[int], n_predict: int) -> dict:
+    body = json.dumps({"prompt": ids, "n_predict": n_predict, "temperature": 0, "cache_prompt": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as resp:
+        return json.loads(resp.read())
+
+
+def start_ember(model: str, threads: int, slots: int, spec: str) -> tuple[object, int]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "ember", "serve", model, "--port", str(port), "--slots", str(slots),
+           "--threads", str(threads), "--ctx", str(CTX), "--device", "cpu", "--log-level", "warning",
+           "--spec-type", spec]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _when_ready(proc, port, "ember serve"), port
+
+
+def start_llama(path: Path, threads: int, slots: int, spec: str, poll: int | None) -> tuple[object, int]:
+    port = _free_port()
+    args = ["-m", str(path), "-t", str(threads), "-np", str(slots), "-c", str(CTX * slots), "--port", str(port),
+            "--host", "127.0.0.1", "--no-webui", "--spec-type", spec]
+    if poll is not None:  # its threads spin waiting for work by default: on a loaded machine that collapses
+        args += ["--poll", str(poll)]
+    proc = peer.popen("llama-server", args, probe_model=str(path))
+    return _when_ready(proc, port, "llama-server"), port
+
+
+# ---- workloads: one run each -> {"tps": ..., "tokens": ..., "drafted": ..., "accepted": ...} ----
+
+def _drafts(replies: list[dict]) -> dict:
+    drafted = sum(r["timings"].get("draft_n", 0) for r in replies)
+    accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in replies)
+    steps_with_draft = drafted and sum(1 for r in replies if r["timings"].get("draft_n"))
+    return {"tokens": sum(r["timings"]["predicted_n"] for r in replies), "drafted": drafted, "accepted": accepted,
+            "requests_drafting": steps_with_draft}
+
+
+def run_edit(port: int, prompts: Prompts, rep: int, n_predict: int) -> dict:
+    r = complete(port, prompts.edit(rep), n_predict)
+    return {"tps": r["timings"]["predicted_per_second"], **_drafts([r])}
+
+
+def run_free(port: int, prompts: Prompts, rep: int, n_predict: int) -> dict:
+    replies = [complete(port, prompts.free(rep * 2 + i), n_predict) for i in range(2)]
+    tps = statistics.mean(r["timings"]["predicted_per_second"] for r in replies)
+    return {"tps": tps, **_drafts(replies)}
+
+
+def run_agent(port: int, prompts: Prompts, rep: int, n_predict: int, sessions: int = 8, turns: int = 3) -> dict:
+    sessions_prompts = prompts.agent(rep, sessions, turns)
+
+    def session(turn_prompts):
+        return [complete(port, ids, n_predict) for ids in turn_prompts]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(sessions) as pool:
+        replies = [r for rs in pool.map(session, sessions_prompts) for r in rs]
+    wall = time.perf_counter() - t0
+    d = _drafts(replies)
+    per_request = statistics.median(r["timings"]["predicted_per_second"] for r in replies)
+    return {"tps": d["tokens"] / wall, "wall_s": wall, "request_tps_median": per_request, **d}
+
+
+def draft_sources(port: int) -> dict:
+    """ember's drafts by source from its /metrics: drafts, tokens, kept, acceptance, mean kept per draft."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
+        text = resp.read().decode()
+    out: dict = {}
+    for line in text.splitlines():
+        for key, name in (("drafts", "ember:drafts_total"), ("drafted", "ember:draft_tokens_total"),
+                          ("accepted", "ember:draft_tokens_accepted_total")):
+            if line.startswith(name + "{"):
+                source = line.split('source="')[1].split('"')[0]
+                out.setdefault(source, {})[key] = float(line.split()[-1])
+    for s in out.values():
+        s["acceptance"] = s["accepted"] / s["drafted"] if s.get("drafted") else None
+        s["kept_per_draft"] = s["accepted"] / s["drafts"] if s.get("drafts") else None
+    return out
+
+
+WORKLOADS = {"edit": (run_edit, 384), "agent": (run_agent, 64), "free": (run_free, 128)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workloads", default="edit,agent,free")
+    ap.add_argument("--spec-types", default="cache,lookup", help="ember's draft sources when on")
+    ap.add_argument("--peer-types", default="ngram-simple,ngram-mod", help="llama-server's modes besides none")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peer-poll", type=int, default=None, help="llama-server's --poll (default: its own, 50)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spec.json"))
+    args = ap.parse_args()
+    path = hub.resolve(args.model)
+    prompts = Prompts(path)
+    engines = {"ember": ("ember", "none"), "ember+spec": ("ember", args.spec_types)}
+    if not args.skip_peer and peer.available():
+        engines["llama-server"] = ("llama", "none")
+        for t in filter(None, args.peer_types.split(",")):
+            engines[f"llama-server+{t}"] = ("llama", t)
+    load_before = os.getloadavg()
+    runs: dict = {w: {e: [] for e in engines} for w in args.workloads.split(",")}
+    sources: dict = {}
+    for workload in runs:
+        fn, n_predict = WORKLOADS[workload]
+        slots = 8 if workload == "agent" else 1
+        servers = {}
+        try:
+            for name, (kind, spec) in engines.items():
+                servers[name] = (start_ember(args.model, args.threads, slots, spec) if kind == "ember"
+                                 else start_llama(path, args.threads, slots, spec, args.peer_poll))
+            for rep in range(args.reps):
+                for name in (engines if rep % 2 == 0 else list(engines)[::-1]):
+                    result = fn(servers[name][1], prompts, rep, n_predict)
+                    runs[workload][name].append(result)
+                    print(f"{workload} rep {rep} {name}: {result['tps']:.1f} tok/s, {result['tokens']} tokens, "
+                          f"drafted {result['drafted']}, kept {result['accepted']}", flush=True)
+            sources[workload] = draft_sources(servers["ember+spec"][1])
+        finally:
+            for proc, _ in servers.values():
+                proc.kill()
+                proc.wait()
+    summary = summarize(runs)
+    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "peer_poll": args.peer_poll,
+           "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
+           "ember_draft_sources": sources}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps({"load_before": load_before, "load_after": out["load_after"], "summary": summary,
+                      "ember_draft_sources": sources}, indent=1))
+
+
+def summarize(runs: dict) -> dict:
+    out = {}
+    for workload, engines in runs.items():
+        row = {}
+        for name, results in engines.items():
+            if not results:
+                continue
+            drafted = sum(r["drafted"] for r in results)
+            accepted = sum(r["accepted"] for r in results)
+            row[name] = {"tps_median": statistics.median(r["tps"] for r in results),
+                         "acceptance": accepted / drafted if drafted else None,
+                         "drafted": drafted, "accepted": accepted}
+        base = row.get("ember", {}).get("tps_median")
+        for name, r in row.items():
+            r["vs_ember"] = r["tps_median"] / base if base else None
+        peers = [r["tps_median"] for n, r in row.items() if n.startswith("llama-server")]
+        if peers and "ember+spec" in row:
+            row["ember+spec"]["vs_best_peer"] = row["ember+spec"]["tps_median"] / max(peers)
+        out[workload] = row
+    return out
+
+
+if __name__ == "__main__":
+    main()

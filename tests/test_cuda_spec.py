@@ -1,0 +1,53 @@
+"""Speculative decoding on the CUDA backend: a drafted sequence's rows go through the same forward
+as a prompt chunk (causal within the chunk), and greedy rows come back as best ids reduced on the
+device. Greedy streams with drafts give the tokens of streams without them (up to near-ties of the
+random model, checked against the float64 reference as in test_cuda.py), and the KV pool returns
+to empty afterwards.
+
+Skipped without CuPy or an NVIDIA GPU; on the GPU machine:
+    python -m pytest -q -p no:cacheprovider tests/test_cuda_spec.py
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth import Shape, write_model
+from test_cuda import REASON, last_logits
+
+from ember.quant import GGMLType
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def streams(path, prompts, spec: str, repeat: int = 2):
+    """Each prompt `repeat` times (the later runs draft from the earlier ones' cached tokens), all
+    at once per round; the token lists of the last round and the engine's draft counters."""
+    from test_engine import clean_pool
+
+    from ember.engine import LLM, Request, TokenEvent
+    from ember.sampler import SamplingParams
+
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    with LLM(str(path), device="cuda", slots=8, ctx=256, speculative=spec) as llm:
+        eng = llm.engine
+        for _ in range(repeat):
+            handles = [eng.submit(Request(p, 24 + 4 * i, no_eos)) for i, p in enumerate(prompts)]
+            got = [[ev.token for ev in h if isinstance(ev, TokenEvent)] for h in handles]
+        clean_pool(llm)  # every page free again once the cache is cleared
+        return got, eng.metrics.draft_tokens, eng.metrics.draft_tokens_accepted
+
+
+def test_greedy_streams_with_drafts_match_streams_without(tmp_path):
+    path = write_model(tmp_path / "s.gguf", "llama", GGMLType.F16, Shape(n_layer=2), vocab=True, tied=False)
+    rng = np.random.default_rng(11)
+    prompts = [[1] + (rng.integers(3, 300, 4).tolist() * 3) for _ in range(8)]
+    plain, _, _ = streams(path, prompts, "none")
+    drafted, n_draft, n_kept = streams(path, prompts, "cache,lookup")
+    assert n_kept > 100 and n_draft >= n_kept
+    parted = [(p, a, b) for p, a, b in zip(prompts, drafted, plain) if a != b]
+    assert len(parted) <= 1, f"{len(parted)} streams differ"
+    for prompt, a, b in parted:
+        j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        logits = last_logits(path, prompt + b[:j])
+        for tok in (a[j], b[j]):
+            assert (logits.max() - logits[tok]) / np.abs(logits).max() < 1e-3, f"token {tok} at {j} is not a tie"

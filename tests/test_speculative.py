@@ -1,0 +1,308 @@
+"""Speculative decoding: draft sources on their own (device-free), then the engine: greedy output
+token for token the same with and without drafts on the real models, the sampled distribution
+unchanged (chi-square), KV pages and the prefix tree back to baseline after 1,000 requests with
+drafts and cancellations, and the server's fields, timings and counters."""
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+import httpx
+import pytest
+
+from test_engine import clean_pool, collect, event_log
+from test_server_harness import MODEL_CFG, LiveServer
+from ember.app import ServerConfig, create_app, load_model
+from ember.engine import LLM, FinishEvent, GrammarSpec, Request, TokenEvent
+from ember.engine.drafts import BYTES_PER_TOKEN, NgramIndex, PromptLookup
+from ember.engine.pages import PagePool
+from ember.engine.radix import RadixCache
+from ember.engine.speculate import DraftParams, DraftState, SpecConfig, parse_types
+from ember.quant import GGMLType
+from ember.sampler import SamplingParams
+from synth import Shape, write_model
+
+GREEDY = SamplingParams.greedy_params()
+SPEC = "cache,lookup"
+CODE = '''def area(shape, width, height):
+    if shape == "square":
+        return width * width
+    if shape == "rectangle":
+        return width * height
+    if shape == "triangle":
+        return width * height / 2
+    raise ValueError(f"unknown shape {shape}")
+
+
+def perimeter(shape, width, height):
+    if shape == "square":
+        return 4 * width
+    if shape == "rectangle":
+        return 2 * (width + height)
+    raise ValueError(f"unknown shape {shape}")
+'''
+
+
+# ---- the draft sources (no model) ----
+
+def test_prompt_lookup_drafts_what_followed_the_suffix_last():
+    lookup = PromptLookup()
+    tokens = [1, 2, 3, 4, 5, 6, 7, 9, 9, 2, 3, 4]
+    assert lookup.find(tokens, 3) == [5, 6, 7]
+    tokens += [5, 6, 8, 2, 3, 4]  # the same suffix again, followed differently: the latest occurrence wins
+    assert lookup.find(tokens, 2) == [5, 6]
+    assert lookup.find(tokens + [5, 6], 4) == [8, 2, 3, 4]
+    assert lookup.find([1, 2, 3], 4) == []  # nothing repeats
+
+
+def test_ngram_index_is_shared_bounded_and_forgets_whole_documents():
+    index = NgramIndex(max_bytes=100 * BYTES_PER_TOKEN)
+    cap = index.max_tokens
+    index.add(list(range(100, 140)))
+    assert index.find([7, 8, 120, 121, 122], 4) == [123, 124, 125, 126]
+    rng = random.Random(1)
+    for _ in range(50):
+        index.add([rng.randrange(1000, 2000) for _ in range(30)])
+        assert index.n_tokens <= cap
+    assert index.find([120, 121, 122], 4) == []  # the first document was dropped, entries with it
+    assert sum(len(m) for m in index._maps) <= cap * len(index._maps)
+    index.add(list(range(500, 520)), new_from=10)  # only n-grams reaching past position 10 are new
+    assert index.find([508, 509, 510, 511], 3) == [512, 513, 514]
+
+
+def test_the_prefix_tree_continues_a_cached_path():
+    pool = PagePool(16, 4)
+    tree = RadixCache(pool)
+    for tokens in ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9]):
+        pages = [pool.allocate() for _ in range(pool.pages_for(len(tokens)))]
+        tree.insert(tokens, pages)
+        pool.release(pages)
+    assert tree.continuation([1, 2, 3], 3) == [9, 9, 9]  # the branch used last
+    assert tree.continuation([1, 2, 3, 4], 10) == [5, 6, 7, 8]
+    assert tree.continuation([1, 2], 2) == [3, 9]
+    assert tree.continuation([1, 2, 7], 2) == [] and tree.continuation([5], 2) == []
+    assert tree.continuation([1, 2, 3, 4, 5, 6, 7, 8], 4) == []
+
+
+def test_draft_length_follows_acceptance_and_pauses_after_misses():
+    st = DraftState(DraftParams(n_max=16))
+    assert st.room() == 3
+    st.record(3, 3)
+    st.record(6, 6)
+    assert st.room() == 12
+    st.record(12, 5)
+    assert st.room() == 11
+    st.record(11, 2)  # less than a quarter kept: a miss
+    assert st.room() == 0 and st.room() == 5  # one step without drafts
+    st.record(5, 0)
+    assert [st.room() for _ in range(3)] == [0, 0, 1]  # then two
+    st.record(1, 1)
+    assert st.room() == 2
+    assert (st.drafted, st.accepted) == (38, 17)
+
+
+def test_spec_types_take_llama_server_names():
+    assert parse_types("none") == ()
+    assert parse_types("ngram-simple,ngram-cache") == ("lookup", "cache")
+    with pytest.raises(ValueError, match="unknown speculative type"):
+        parse_types("eagle")
+    with pytest.raises(ValueError):
+        DraftParams(n_max=4, n_min=5)
+
+
+# ---- greedy output: the same, token for token ----
+
+@pytest.fixture(scope="module")
+def spec_llms():
+    made: dict = {}
+
+    def get(name: str) -> LLM:
+        if name not in made:
+            made[name] = LLM(name, device="cpu", threads=2, ctx=2048, slots=8, speculative=SPEC)
+        return made[name]
+
+    yield get
+    for m in made.values():
+        m.close()
+
+
+def edit_prompt(m: LLM, variant: int) -> list[int]:
+    ask = f"Rename the function area to area_{variant} and return the whole file unchanged otherwise."
+    return m.chat_ids([{"role": "user", "content": f"{ask}\n\n```python\n{CODE}```"}])
+
+
+def run_all(m: LLM, requests: list[Request]) -> list[list[tuple]]:
+    handles = [m.engine.submit(r) for r in requests]
+    return [event_log(h) for h in handles]
+
+
+def near_tie(m: LLM, prompt: list[int], ids: list[int], at: int, margin: float = 0.25) -> bool:
+    """Whether the model's two best tokens after prompt + ids[:at] are within `margin` nats: there
+    the batch's shape may round either way (the engine's other tests allow for it the same way)."""
+    scores = m.score(prompt + ids[:at + 1], top=2)
+    gap = scores.top_logprobs[-1, 0] - scores.top_logprobs[-1, 1]
+    return gap < margin
+
+
+def assert_same_up_to_near_ties(m: LLM, requests: list[Request], want: list[list[tuple]], got: list[list[tuple]]):
+    n_same = 0
+    for r, a, b in zip(requests, want, got):
+        if a == b:
+            n_same += 1
+            continue
+        at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        assert near_tie(m, r.prompt, [e[1] for e in a], at), f"differs at token {at} without a near tie"
+    assert n_same >= len(requests) - 2
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
+def test_greedy_output_is_the_same_with_drafts(llm, spec_llms, name):
+    """Batch 1 and 8 concurrent requests, plain, with stop strings, with a grammar, with penalties and
+    log-probabilities: the events (tokens, texts, finish) are those of the engine without
+    speculation, and drafts were kept.
+    Verification computes several rows of a sequence at once, as a prompt chunk is computed; where
+    the two best tokens are within rounding of each other a different shape of step may pick the
+    other one, as batching alone does (test_engine), so a difference must start at such a tie."""
+    plain, spec = llm(name), spec_llms(name)
+    grammar = GrammarSpec('root ::= "```python\\n" [^`]* "```"')
+    requests = [Request(edit_prompt(plain, 0), 64, GREEDY)]
+    penalized = SamplingParams(temperature=0.0, repeat_penalty=1.1, frequency_penalty=0.2)
+    requests += [Request(edit_prompt(plain, i), 28, GREEDY if i % 3 else penalized,
+                         stop=("return width * h",) if i % 3 == 1 else (), grammar=grammar if i % 3 == 2 else None,
+                         logprobs=2 if i % 3 == 0 else None) for i in range(1, 9)]
+    want = run_all(plain, requests[:1]) + run_all(plain, requests[1:])
+    before = spec.engine.metrics.draft_tokens_accepted
+    got = run_all(spec, requests[:1]) + run_all(spec, requests[1:])  # alone, then 8 at once
+    assert_same_up_to_near_ties(plain, requests, want, got)
+    assert spec.engine.metrics.draft_tokens_accepted - before > 40
+
+
+# ---- sampled output: the same distribution ----
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", GGMLType.Q8_0,
+                       Shape(n_vocab=384), vocab=True, tied=False)
+
+
+def chi_square_differs(a: dict, b: dict) -> tuple[float, float]:
+    """The two-sample chi-square statistic of two count tables and its 0.1% critical value
+    (Wilson-Hilferty's approximation of the quantile)."""
+    keys = [k for k in set(a) | set(b) if a.get(k, 0) + b.get(k, 0) >= 5]
+    na, nb = sum(a.get(k, 0) for k in keys), sum(b.get(k, 0) for k in keys)
+    stat = 0.0
+    for k in keys:
+        total = a.get(k, 0) + b.get(k, 0)
+        for n, counts in ((na, a), (nb, b)):
+            expected = total * n / (na + nb)
+            stat += (counts.get(k, 0) - expected) ** 2 / expected
+    df = len(keys) - 1
+    z = 3.09
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, critical
+
+
+def collect_logprobs(handle) -> dict[int, list]:
+    out: dict = {}
+    for ev in handle:
+        if isinstance(ev, TokenEvent):
+            out.setdefault(ev.index, []).append(ev.logprob)
+    return out
+
+
+def test_sampled_tokens_keep_their_distribution(tiny):
+    """The first three sampled tokens (top-k 3, temperature 1) over 600 seeds without drafts and 600
+    other seeds with them: the same distribution (chi-square), while drafts were both kept and
+    rejected (a rule that kept every draft, or too few, would shift the counts)."""
+    prompt_text = "a b c d e a b c d e a b c d e a b c"
+    counts = []
+    for spec in ("", SPEC):
+        m = LLM(str(tiny), threads=2, ctx=128, slots=8, speculative=spec)
+        prompt = m.tokenize(prompt_text)
+        collect(m.engine.submit(Request(prompt, 3, GREEDY)))  # a path for the cache to draft from
+        first = 0 if not spec else 10_000
+        params = [SamplingParams(seed=first + s, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0) for s in range(600)]
+        handles = [m.engine.submit(Request(prompt, 3, p)) for p in params]
+        table: dict = {}
+        for h in handles:
+            (ids, _), = collect(h).values()
+            table[tuple(ids)] = table.get(tuple(ids), 0) + 1
+        counts.append(table)
+        metrics = m.engine.metrics
+        if spec:
+            assert metrics.draft_tokens > metrics.draft_tokens_accepted > 100
+            sampled = SamplingParams(seed=1, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True)
+            several = collect_logprobs(m.engine.submit(Request(prompt, 8, sampled, n=3, logprobs=2)))
+            assert sorted(several) == [0, 1, 2] and all(len(lps) == 8 and None not in lps for lps in several.values())
+        m.close()
+    stat, critical = chi_square_differs(*counts)
+    assert stat < critical, (stat, critical)
+
+
+# ---- KV accounting ----
+
+def test_a_thousand_requests_with_drafts_and_cancels_leave_nothing_behind(tiny):
+    """Repeated prompts (so the cache and the prompts draft), a KV budget that forces eviction and
+    preemption, random cancellations: every request ends, greedy ones as without drafts, and once
+    the cache is cleared every page is free."""
+    rng = random.Random(3)
+    plain = LLM(str(tiny), threads=2, ctx=128, slots=8, kv_tokens=192, batch=64)
+    spec = LLM(str(tiny), threads=2, ctx=128, slots=8, kv_tokens=192, batch=64, speculative=SPEC)
+    prompts = [[1] + [rng.randrange(3, 40) for _ in range(rng.randrange(4, 40))] for _ in range(30)]
+    lengths = [rng.randrange(1, 40) for _ in prompts]
+    expected = [collect(plain.engine.submit(Request(p, n, GREEDY)))[0][0] for p, n in zip(prompts, lengths)]
+    plain.close()
+    handles, cancelled = [], set()
+    for i in range(1000):
+        k = rng.randrange(len(prompts))
+        handles.append((k, spec.engine.submit(Request(prompts[k], lengths[k], GREEDY))))
+        if rng.random() < 0.1:
+            cancelled.add(i)
+            handles[-1][1].cancel()
+    n_same = 0
+    for i, (k, h) in enumerate(handles):
+        (ids, reason), = collect(h).values()
+        if reason == "cancelled":
+            assert i in cancelled
+            continue
+        n_same += ids == expected[k]
+    eng = spec.engine
+    assert eng.metrics.draft_tokens_accepted > 1000 and eng.metrics.preemptions > 0
+    assert n_same >= 850 and eng.last_error is None
+    clean_pool(spec)
+    assert eng.tree.n_tokens == 0
+    spec.close()
+
+
+# ---- the server ----
+
+@pytest.fixture(scope="module")
+def spec_server():
+    model = load_model(MODEL_CFG.__class__(MODEL_CFG.model, device="cpu", threads=2, ctx=1024, slots=2,
+                                           speculative=SpecConfig(parse_types("lookup"))))
+    with LiveServer(create_app(ServerConfig(), lambda: model)) as live:
+        live.wait_ready()
+        yield live
+
+
+def test_server_reports_drafts_and_takes_llama_server_fields(spec_server):
+    url = spec_server.url
+    prompt = "Copy the list: 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.\nCopy: 10, 20, 30, 40, 50,"
+    body = {"prompt": prompt, "n_predict": 24, "temperature": 0}
+    on = httpx.post(url + "/completion", json=body, timeout=60).json()
+    off = httpx.post(url + "/completion", json={**body, "speculative.n_max": 0}, timeout=60).json()
+    assert on["content"] == off["content"]
+    assert on["timings"]["draft_n"] >= on["timings"]["draft_n_accepted"] > 0
+    assert "draft_n" not in off["timings"]
+    chat = httpx.post(url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0,
+        "speculative": {"n_max": 4, "n_min": 2}}, timeout=60)
+    assert chat.status_code == 200
+    bad = httpx.post(url + "/completion", json={**body, "speculative.n_max": 4, "speculative.n_min": 9}, timeout=60)
+    assert bad.status_code == 400 and "n_min" in bad.json()["error"]["message"]
+    metrics = httpx.get(url + "/metrics", timeout=60).text
+    drafted = next(line for line in metrics.splitlines() if line.startswith("llamacpp:n_drafted_total"))
+    assert float(drafted.split()[-1]) >= on["timings"]["draft_n"]
+    by_source = next(line for line in metrics.splitlines() if line.startswith('ember:draft_tokens_total{source="lookup"}'))
+    assert float(by_source.split()[-1]) == float(drafted.split()[-1])  # lookup is this server's only source
