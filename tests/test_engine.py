@@ -364,7 +364,7 @@ def test_queue_full_and_bad_requests(tiny):
     for _ in range(200):
         for h in first:
             h.cancel()
-    more = [eng.submit(Request([1, 5, 6], 2)) for _ in range(2)]
+    more = [eng.submit(Request([1, 5, 6], 2, SamplingParams(ignore_eos=True))) for _ in range(2)]
     assert [reason for h in more for _, (_, reason) in collect(h).items()] == ["length", "length"]
     eng.close()
 

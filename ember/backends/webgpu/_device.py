@@ -1,8 +1,12 @@
 """WebGPU adapters through wgpu-py: which are here, which one a device name picks, what each offers."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import os
+import sys
+import tempfile
 
 from ..base import BackendError
 
@@ -39,8 +43,33 @@ def adapters() -> list:
     """This machine's adapters through the native APIs, best first (see TYPE_RANK)."""
     wgpu = import_wgpu()
     _native_apis_only()
-    found = wgpu.gpu.enumerate_adapters_sync()
+    with _without_wsi_noise():
+        found = wgpu.gpu.enumerate_adapters_sync()
     return sorted(found, key=rank)
+
+
+@contextlib.contextmanager
+def _without_wsi_noise():
+    """Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid" to the process's stderr for every
+    adapter of a headless machine (their window-system code, which compute never uses): that line is
+    dropped, anything else the drivers write is passed on."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable stderr: nothing to keep clean
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [ln for ln in caught.read().decode(errors="replace").splitlines(True) if "XDG_RUNTIME_DIR" not in ln]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 @functools.cache

@@ -45,8 +45,9 @@ class Limits:
 
     @classmethod
     def of(cls, config: ServerConfig, model: ServerModel) -> Limits:
+        draft = model.engine.config.speculative.draft if model.engine is not None else DraftParams()  # embeddings mode
         return cls(model.model.n_vocab, model.n_ctx, config.max_sequences, config.max_stop, config.n_predict,
-                   config.sampling, model.engine.config.speculative.draft)
+                   config.sampling, draft)
 
     def max_tokens(self, given: int | None) -> int:
         """A request's token limit: its own, else the server's default (-1: until the context is full)."""
