@@ -69,6 +69,8 @@ class ServerConfig:
     sleep_idle_s: float | None = None  # unload the model after this long without requests
     sampling: tuple[tuple[str, Any], ...] = ()  # server-wide sampling defaults, llama-server's field names
     n_predict: int = -1  # default token limit of a request; -1: until the context is full
+    kv_events_endpoint: str | None = None  # ZeroMQ address to publish KV events on (kv_events.py)
+    kv_events_topic: str = ""
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
@@ -220,6 +222,7 @@ class ServerState:
         self.loaded = threading.Event()
         self._waking: asyncio.Future | None = None
         self._engine_metrics = None  # the engine's counters, carried across sleeps
+        self.kv_events = _kv_publisher(config)
 
     # ---- loading ----
 
@@ -243,6 +246,8 @@ class ServerState:
             model = replace(model, aliases=self.config.aliases)
         if self._engine_metrics is not None:
             model.engine.metrics = self._engine_metrics
+        if self.kv_events is not None:
+            self.kv_events.attach(model.engine.tree)
         self.info, self.model = model.describe(), model
 
     def require_model(self) -> ServerModel:
@@ -341,3 +346,13 @@ class ServerState:
         self.loaded.wait(timeout=60)
         if self.model is not None and self.close_model:
             self.model.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+
+def _kv_publisher(config: ServerConfig):
+    if config.kv_events_endpoint is None:
+        return None
+    from .kv_events import KVEventPublisher
+
+    return KVEventPublisher(config.kv_events_endpoint, config.kv_events_topic)
