@@ -93,10 +93,14 @@ class BlockEvents:
     def follow(self, tree: RadixCache) -> None:
         """Observe `tree` from now on: subscribers drop what they knew, then hear of the blocks
         it holds already (none for a new engine's tree). Call it where the tree does not change."""
-        self._put(["AllBlocksCleared"])
+        self.forget()
         for node in _nodes(tree):  # parents before their children
             self.leaf_added(tree, node)
         tree.observer = self
+
+    def forget(self) -> None:
+        """Tell subscribers that every block they know of is gone."""
+        self._put(["AllBlocksCleared"])
 
     def _put(self, event: list) -> None:
         with self._lock:

@@ -48,6 +48,11 @@ class KVEventPublisher:
         """Publish the events of `tree` (a model just loaded or woken up) from now on."""
         self.events.follow(tree)
 
+    def detach(self, tree: RadixCache) -> None:
+        """The tree is gone with its model (asleep): subscribers drop what they knew."""
+        tree.observer = None
+        self.events.forget()
+
     def close(self) -> None:
         self._stop = True
         self.events.ready.set()

@@ -320,6 +320,8 @@ class ServerState:
         log.info("no requests for %.0f s: unloading the model until the next one", self.config.sleep_idle_s)
         if self.close_model:
             await asyncio.to_thread(model.close)
+        if self.kv_events is not None:
+            self.kv_events.detach(model.engine.tree)
 
     # ---- shutting down ----
 
