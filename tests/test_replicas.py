@@ -1,10 +1,8 @@
 """ember behind SGLang's Model Gateway (deploy/replicas.py), and the vLLM metric names routers read."""
 from __future__ import annotations
 
-import json
 import re
 import sys
-import urllib.request
 from pathlib import Path
 
 import httpx
@@ -75,3 +73,25 @@ def test_a_sessions_turns_keep_hitting_one_replicas_cache(tmp_path):
     for turns in served:
         assert len({i for i, _ in turns}) == 1, served  # one replica for all of a session's turns
         assert all(rate > 0.8 for _, rate in turns[1:]), served  # and its cache for all but the first
+
+
+# Bodies as the gateways forward them (captured from smg 1.13.0 and sglang-router 0.3.2): they
+# re-serialize the request and add their defaults, SGLang's own fields included.
+GATEWAY_BODIES = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "max_tokens": 4,
+                              "stream": False, "temperature": 0.0}),
+    ("/v1/completions", {"prompt": "hi", "echo": False, "max_tokens": 4, "stream": False}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": False,
+                              "max_completion_tokens": 4, "stream": False, "no_stop_trim": False,
+                              "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True,
+                              "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "stream": False, "echo": False, "no_stop_trim": False,
+                         "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False}),
+]
+
+
+@pytest.mark.parametrize("route, body", GATEWAY_BODIES)
+def test_what_the_gateways_forward_is_served(server, route, body):
+    r = httpx.post(server.url + route, json={"model": "smollm2", **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert 1 <= r.json()["usage"]["completion_tokens"] <= 4
