@@ -13,7 +13,7 @@ after (the machine may be shared: compare runs of one invocation, not across inv
 Writes bench/results/cluster.json.
 
     python bench/cluster.py [--replicas 3] [--sessions 12] [--turns 4] [--system-tokens 700] [--gen 16]
-                            [--policies cache_aware round_robin] [--no-single] [--repeat 1]
+                            [--policies cache_aware round_robin] [--no-single] [--repeat 1] [--kv-memory 384M]
 """
 from __future__ import annotations
 
@@ -131,6 +131,7 @@ def main() -> int:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kv-memory", default=None, help="each replica's KV budget (default ctx x slots)")
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -139,7 +140,8 @@ def main() -> int:
     results = []
     for rnd in range(a.repeat):
         for n, policy in (runs if rnd % 2 == 0 else runs[::-1]):
-            with Cluster(n, policy, port=a.port, ctx=a.ctx, slots=a.slots, threads=a.threads) as cluster:
+            with Cluster(n, policy, port=a.port, ctx=a.ctx, slots=a.slots, threads=a.threads,
+                         kv_memory=a.kv_memory) as cluster:
                 res = run(cluster, convs, a.gen)
             res["round"] = rnd
             results.append(res)

@@ -1,7 +1,8 @@
 """N `ember serve` replicas behind SGLang's Model Gateway, on loopback.
 
     python deploy/replicas.py [--replicas 3] [--policy cache_aware|round_robin|...] [--model smollm2]
-                              [--port 8080] [--ctx 2048] [--slots 2] [--threads 1] [--kv-events]
+                              [--port 8080] [--ctx 2048] [--slots 2] [--threads 1] [--kv-memory 512M]
+                              [--kv-events] [--log-dir DIR]
 
 Replica i listens on 127.0.0.1:(port + 1 + i), the gateway on 127.0.0.1:port; clients talk to the
 gateway's OpenAI routes (/v1/chat/completions, /v1/completions, /v1/models). With --kv-events
@@ -47,6 +48,7 @@ class Cluster:
     slots: int = 2
     threads: int = 1
     kv_events: bool = False
+    kv_memory: str | None = None  # each replica's KV budget (`ember serve --kv-memory`; default ctx x slots)
     log_dir: str | None = None  # where each process writes its log (default: discarded)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
@@ -89,6 +91,7 @@ class Cluster:
         cmd = [sys.executable, "-m", "ember", "serve", self.model, "--host", "127.0.0.1",
                "--port", str(self.port + 1 + i), "--ctx", str(self.ctx), "--slots", str(self.slots),
                "--threads", str(self.threads), "--log-level", "warning"]
+        cmd += ["--kv-memory", self.kv_memory] if self.kv_memory else []
         return cmd + (["--kv-events-endpoint", self.kv_endpoint(i)] if self.kv_events else [])
 
     def _gateway_command(self) -> list[str]:
@@ -135,10 +138,12 @@ def main() -> int:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kv-memory", default=None, help="each replica's KV budget, e.g. 512M (default ctx x slots)")
     p.add_argument("--kv-events", action="store_true", help="replicas publish KV events (needs ember[kv-events])")
     p.add_argument("--log-dir", default=None)
     a = p.parse_args()
-    with Cluster(a.replicas, a.policy, a.model, a.port, a.ctx, a.slots, a.threads, a.kv_events, a.log_dir) as c:
+    with Cluster(a.replicas, a.policy, a.model, a.port, a.ctx, a.slots, a.threads, a.kv_events, a.kv_memory,
+                 a.log_dir) as c:
         print(f"gateway {c.url} ({a.policy}) -> {' '.join(c.worker_urls)}", flush=True)
         try:
             while all(proc.poll() is None for proc in c.procs):
