@@ -134,3 +134,11 @@ def test_served_engine_publishes_vllm_format_over_zmq():
     assert seqs == list(range(len(seqs))) and seqs
     assert {"AllBlocksCleared", "BlockStored", "BlockRemoved"} <= kinds, kinds
     assert sub.blocks == expected and expected
+
+
+def test_an_address_zmq_cannot_bind_is_a_clear_error():
+    pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
+    from ember.app import ServerConfig, create_app
+
+    with pytest.raises(ValueError, match="cannot publish KV events on 'bogus://x'"):
+        create_app(ServerConfig(kv_events_endpoint="bogus://x"), lambda: None)
