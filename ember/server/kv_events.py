@@ -37,6 +37,7 @@ class KVEventPublisher:
             self._socket.close(linger=0)
             raise ValueError(f"cannot publish KV events on {endpoint!r}: {e}") from e
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("publishing KV events on %s", self.endpoint)
         self.topic, self.dp_rank = topic.encode(), dp_rank
         self.events = BlockEvents()
         self.seq = 0
