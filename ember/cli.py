@@ -217,6 +217,10 @@ def _add_serve(sub, model_help: str) -> None:
                         "2 euclidean (default), P > 2 p-norm")
     _add_serve_defaults(s)
     _add_speculative(s)
+    s.add_argument("--kv-events-endpoint", default=None, metavar="ADDRESS",
+                   help="publish KV-cache events (vLLM's format) on this ZeroMQ address, e.g. tcp://127.0.0.1:5557 "
+                        "(needs the kv-events extra; docs/replicas.md)")
+    s.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="topic frame of the KV events (default empty)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
@@ -320,6 +324,7 @@ def server_config(args):
         max_sequences=args.max_sequences, shutdown_grace_s=args.shutdown_grace, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, sleep_idle_s=args.sleep_idle_seconds, n_predict=args.n_predict,
         webui=not args.no_webui, slot_save_path=args.slot_save_path,
+        kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
         sampling=tuple((k, v) for k, v in sampling.items() if v is not None))
 
 

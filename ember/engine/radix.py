@@ -8,12 +8,14 @@ from its parent), so sequences that diverge mid-page never overwrite each other.
 Running sequences pin the path they use (lock counts up to the root); unpinned leaves
 are evicted least-recently-used first when pages run out (each shown to `on_evict`, where
 set, before its pages go: a slower tier may keep them). The tree works on ints and
-lists only; the memory behind the pages is someone else's.
+lists only; the memory behind the pages is someone else's. An observer, where one is set,
+hears of every leaf added and removed (what KV-event publishers turn into block events).
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 from .pages import PagePool
 
@@ -40,6 +42,15 @@ class Match:
     pages: list[int]  # page table of the matched prefix
 
 
+class TreeObserver(Protocol):
+    """Told of the tree's changes, on the thread that makes them. Splits change nothing a
+    prefix can tell apart, so only leaves coming and going are reported."""
+
+    def leaf_added(self, tree: "RadixCache", leaf: Node) -> None: ...
+
+    def leaf_removed(self, tree: "RadixCache", leaf: Node) -> None: ...
+
+
 class RadixCache:
     def __init__(self, pool: PagePool):
         self.pool, self.page_size = pool, pool.page_size
@@ -49,6 +60,7 @@ class RadixCache:
         self.n_tokens = 0  # tokens held by the tree
         self.version = 0  # changes whenever tokens are added or evicted
         self.on_evict = None  # called with each leaf about to be evicted (its pages still valid)
+        self.observer: TreeObserver | None = None
 
     # ---- lookup ----
     def match_length(self, tokens: list[int]) -> int:
@@ -109,6 +121,10 @@ class RadixCache:
         path.reverse()
         return path
 
+    def prefix(self, node: Node) -> list[int]:
+        """The tokens of the path root..node (positions 0 .. node.end - 1)."""
+        return [t for n in self.path(node) for t in n.tokens]
+
     def page_table(self, node: Node) -> list[int]:
         """Pages of the path root..node: a later node's boundary page replaces its parent's."""
         table: list[int] = []
@@ -144,6 +160,8 @@ class RadixCache:
         parent.children[tokens[0]] = leaf
         self.n_tokens += len(tokens)
         self.version += 1
+        if self.observer is not None:
+            self.observer.leaf_added(self, leaf)
         return leaf
 
     def _split(self, node: Node, k: int) -> Node:
@@ -201,6 +219,8 @@ class RadixCache:
         return out
 
     def _remove_leaf(self, leaf: Node) -> int:
+        if self.observer is not None:
+            self.observer.leaf_removed(self, leaf)
         del leaf.parent.children[leaf.tokens[0]]
         self.n_tokens -= len(leaf.tokens)
         self.version += 1

@@ -1,6 +1,7 @@
 """GET /metrics: Prometheus text exposition through prometheus_client.
 
-llama-server's counters (`llamacpp:` names) plus what ember's engine measures (`ember:`):
+llama-server's counters (`llamacpp:` names), vLLM's that routers read (`vllm:`, vllm_metrics.py),
+plus what ember's engine measures (`ember:`):
 prefix-cache hit rate, cached prompt tokens, time to first token split by cache hit/miss,
 queue length and KV pages. Values are read from the engine when scraped (the counters outlive
 a sleeping model); the registry belongs to the app, not to the module.
@@ -14,6 +15,7 @@ from starlette.responses import Response
 
 from ..engine.metrics import Histogram, KVUsage
 from .state import ServerState
+from .vllm_metrics import vllm_families
 
 
 class EngineCollector:
@@ -29,6 +31,7 @@ class EngineCollector:
         yield from llama_families(view, self.state)
         yield from ember_families(view, self.state)
         yield from tier_families(view)
+        yield from vllm_families(view, self.state.info.id)
 
 
 class EngineView:

@@ -87,6 +87,8 @@ class ServerConfig:
     n_predict: int = -1  # default token limit of a request; -1: until the context is full
     webui: bool = True  # the chat page at /
     slot_save_path: str | None = None  # folder of POST /slots/{id}?action=save|restore files
+    kv_events_endpoint: str | None = None  # ZeroMQ address to publish KV events on (kv_events.py)
+    kv_events_topic: str = ""
 
     def __post_init__(self):
         if self.max_body_bytes < 1024:
@@ -264,6 +266,7 @@ class ServerState:
         self.loaded = threading.Event()
         self._waking: asyncio.Future | None = None
         self._engine_metrics = None  # the engine's counters, carried across sleeps
+        self.kv_events = _kv_publisher(config)
 
     # ---- loading ----
 
@@ -287,6 +290,8 @@ class ServerState:
             model = replace(model, aliases=self.config.aliases)
         if self._engine_metrics is not None and model.engine is not None:
             model.engine.metrics = self._engine_metrics
+        if self.kv_events is not None:
+            self.kv_events.attach(model.engine.tree)
         self.info, self.model = model.describe(), model
 
     def require_model(self) -> ServerModel:
@@ -360,6 +365,8 @@ class ServerState:
         log.info("no requests for %.0f s: unloading the model until the next one", self.config.sleep_idle_s)
         if self.close_model:
             await asyncio.to_thread(model.close)
+        if self.kv_events is not None:
+            self.kv_events.detach(model.engine.tree)
 
     # ---- shutting down ----
 
@@ -386,3 +393,13 @@ class ServerState:
         self.loaded.wait(timeout=60)
         if self.model is not None and self.close_model:
             self.model.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+
+def _kv_publisher(config: ServerConfig):
+    if config.kv_events_endpoint is None:
+        return None
+    from .kv_events import KVEventPublisher
+
+    return KVEventPublisher(config.kv_events_endpoint, config.kv_events_topic)
