@@ -43,6 +43,9 @@ class Family:
     tied: bool = False
     neox: bool = True
     meta: dict = field(default_factory=dict)  # "<arch>.KEY": value, beyond the common keys
+    n_expert: int = 0  # > 0: a mixture of experts in place of the gated MLP
+    n_used: int = 0
+    d_ff_exp: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -69,8 +72,9 @@ FAMILIES = {
     "granite": Family("granite", tied=True, meta={"embedding_scale": 12.0, "residual_scale": 0.22,
                                                   "attention.scale": 0.015625, "logit_scale": 8.0}),
     "olmo2": Family("olmo2", n_kv_head=4, meta={"rope.freq_base": 5e5, "attention.sliding_window": 16}),
+    "qwen3moe": Family("qwen3moe", head_dim=128, meta={"rope.freq_base": 1e6}, n_expert=16, n_used=4, d_ff_exp=256),
 }
-NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2"}
+NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2", "qwen3moe"}
 
 # The smallest released member of each family (for speed: the widths matter, not the values).
 REAL_SHAPES = {
@@ -82,6 +86,8 @@ REAL_SHAPES = {
     "smollm3": dict(n_layer=36, d_model=2048, d_ff=11008, n_head=16, n_kv_head=4, head_dim=128),  # SmolLM3-3B
     "granite": dict(n_layer=40, d_model=2048, d_ff=8192, n_head=32, n_kv_head=8, head_dim=64),  # Granite-3.x-2B
     "olmo2": dict(n_layer=16, d_model=2048, d_ff=8192, n_head=16, n_kv_head=16, head_dim=128),  # OLMo-2-1B
+    "qwen3moe": dict(n_layer=48, d_model=2048, d_ff=6144, n_head=32, n_kv_head=4, head_dim=128, n_expert=128,
+                     n_used=8, d_ff_exp=768),  # Qwen3-30B-A3B
 }
 
 
@@ -128,15 +134,19 @@ class Writer:
     def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool = False):
         self.w, self.rng, self.f16 = w, np.random.default_rng(seed), f16
 
-    def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K) -> None:
+    def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K, experts: int = 0) -> None:
+        """A (rows, cols) matrix, or `experts` of them stacked (experts, rows, cols)."""
         if self.f16:  # every matrix in F16: the family's structure without activation rounding
             qtype = GGMLType.F16
         if cols % 256 and qtype in FALLBACK:  # rows that are not whole super-blocks, as llama-quantize does
             qtype = FALLBACK[qtype]
+        n = rows * max(experts, 1)
         if qtype in (Q4_K, Q6_K):
-            data = random_blocks(self.rng, qtype, rows, cols, std)
+            data = random_blocks(self.rng, qtype, n, cols, std)
         else:
-            data = quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
+            data = quantize(self.rng.normal(0.0, std, (n, cols)).astype(np.float32), qtype)
+        if experts:
+            data = data.reshape(experts, rows, -1)
         self.w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
 
     def vector(self, name: str, n: int, mean: float = 1.0, spread: float = 0.1) -> None:
@@ -183,6 +193,10 @@ def header(w: gguf.GGUFWriter, f: Family) -> None:
     w.add_rope_dimension_count(f.n_rot or f.head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(15)  # MOSTLY_Q4_K_M
+    if f.n_expert:
+        w.add_expert_count(f.n_expert)
+        w.add_expert_used_count(f.n_used)
+        w.add_expert_feed_forward_length(f.d_ff_exp)
     for key, value in f.meta.items():
         if key != "context_length":
             add_metadata(w, f"{a}.{key}", value)
@@ -227,7 +241,7 @@ def layer(t: Writer, f: Family, i: int) -> None:
     if a == "qwen2":
         for n, size in (("q", f.q_dim), ("k", f.kv_dim), ("v", f.kv_dim)):
             t.vector(p + f"attn_{n}.bias", size, mean=0.0, spread=0.5)
-    if a == "qwen3":
+    if a in ("qwen3", "qwen3moe"):
         t.vector(p + "attn_q_norm.weight", f.head_dim)
         t.vector(p + "attn_k_norm.weight", f.head_dim)
     if a == "olmo2":
@@ -239,12 +253,28 @@ def layer(t: Writer, f: Family, i: int) -> None:
         t.vector(p + "post_ffw_norm.weight", d, mean=block_std)
         block_std = 1.0
     t.matrix(p + "attn_output.weight", d, f.q_dim, block_std / math.sqrt(f.q_dim))
-    if a == "phi3":
+    if f.n_expert:
+        experts(t, f, p, block_std, more_bits)
+    elif a == "phi3":
         t.matrix(p + "ffn_up.weight", 2 * f.d_ff, d, std_in)
     else:
         t.matrix(p + "ffn_gate.weight", f.d_ff, d, std_in)
         t.matrix(p + "ffn_up.weight", f.d_ff, d, std_in)
-    t.matrix(p + "ffn_down.weight", d, f.d_ff, 2 * block_std / math.sqrt(f.d_ff), Q6_K if more_bits else Q4_K)
+    if not f.n_expert:
+        t.matrix(p + "ffn_down.weight", d, f.d_ff, 2 * block_std / math.sqrt(f.d_ff), Q6_K if more_bits else Q4_K)
+
+
+ROUTER_SPREAD = 2.5  # of the router's logits: the chosen experts usually stand clear of the others
+
+
+def experts(t: Writer, f: Family, p: str, block_std: float, more_bits: bool) -> None:
+    """The router (F32, as llama-quantize leaves it) and the stacked experts."""
+    d, n, e = f.d_model, f.d_ff_exp, f.n_expert
+    router = t.rng.normal(0.0, ROUTER_SPREAD / math.sqrt(d), (e, d)).astype(np.float32)
+    t.w.add_tensor(p + "ffn_gate_inp.weight", router)
+    t.matrix(p + "ffn_gate_exps.weight", n, d, 1.0 / math.sqrt(d), experts=e)
+    t.matrix(p + "ffn_up_exps.weight", n, d, 1.0 / math.sqrt(d), experts=e)
+    t.matrix(p + "ffn_down_exps.weight", d, n, 2 * block_std / math.sqrt(n), Q6_K if more_bits else Q4_K, experts=e)
 
 
 def main() -> None:

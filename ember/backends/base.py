@@ -166,3 +166,17 @@ class Backend(Protocol):
         window: int, scale: float, softcap: float = 0.0,
     ) -> None:
         """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v)."""
+
+    # ---- mixture of experts (selections: row t * k + u is token t's u-th expert) ----
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        """ids (n, k) int32 and weights (n, k) = each row's k most probable experts under
+        softmax(logits (n, n_expert)), best first (lower id among equals), with their probabilities,
+        divided by their sum when `norm`. All on the backend's side: no host round trip."""
+
+    def expert_matmuls(self, ws: list[Weight], x, ids, outs: list) -> None:
+        """outs[j] (n * k, rows_j): row t * k + u = ws[j][ids[t, u]] @ x_row, ws[j] stacked experts
+        (n_expert, rows_j, cols) and x_row row t of x (n, cols) (a token's input, shared by its
+        experts) or row t * k + u of x (n * k, cols). Each chosen expert's rows are read once per call."""
+
+    def expert_sum(self, y, weights, out) -> None:
+        """out (n, d) = sum over u of weights[t, u] * y[t * k + u]   (y (n * k, d))."""

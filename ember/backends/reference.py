@@ -132,6 +132,27 @@ class Backend:
                 out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
 
 
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        z = np.asarray(logits, F)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        ids[...] = np.argsort(-p, axis=1, kind="stable")[:, :k]
+        w = np.take_along_axis(p, np.asarray(ids, np.int64), axis=1)
+        weights[...] = w / np.maximum(w.sum(axis=1, keepdims=True), 6.103515625e-5) if norm else w
+
+    def expert_matmuls(self, ws, x, ids, outs) -> None:
+        sel = np.asarray(ids).reshape(-1)
+        rows = np.arange(len(sel)) // (1 if len(x) == len(sel) else ids.shape[1])
+        for e in np.unique(sel):
+            mine = np.flatnonzero(sel == e)
+            for w, out in zip(ws, outs):
+                out[mine] = x[rows[mine]] @ w.data[e].T
+
+    def expert_sum(self, y, weights, out) -> None:
+        n, k = weights.shape
+        out[...] = np.einsum("tu,tud->td", weights, y.reshape(n, k, -1))
+
+
 def token_slots(batch: AttentionBatch, t: int, positions: np.ndarray) -> np.ndarray:
     """Cache slots of `positions` in the sequence of token t."""
     table = batch.block_tables[batch.seq_rows[t]]

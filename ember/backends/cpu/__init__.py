@@ -71,7 +71,8 @@ _OP_NAMES = {
     lib.EMBER_OP_GELU_MUL: "gelu_mul", lib.EMBER_OP_ADD: "add", lib.EMBER_OP_SCALE: "scale",
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
-    lib.EMBER_OP_POS_SCALE: "pos_scale",
+    lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_EXPERTS_MATMUL: "experts matmul",
+    lib.EMBER_OP_EXPERTS_ROUTE: "experts route", lib.EMBER_OP_EXPERTS_SUM: "experts sum",
 }
 
 
@@ -312,6 +313,10 @@ class Backend:
             name = GGMLType(qtype).name if qtype in GGMLType._value2member_map_ else str(qtype)
             raise BackendError(f"cannot multiply by a {name} matrix with {k} columns (unsupported type, "
                                "or rows that are not whole blocks)")
+        return self._scratch_bytes(size)
+
+    def _scratch_bytes(self, size: int) -> np.ndarray:
+        """The shared scratch buffer, grown to at least `size` bytes."""
         if self._scratch.nbytes < max(size, 64):  # recordings keep the old buffer alive
             raw = np.empty(max(size, 2 * self._scratch.nbytes, 64) + 64, np.uint8)
             offset = (-raw.ctypes.data) % 64  # the kernels want 64-byte alignment
@@ -384,3 +389,36 @@ class Backend:
                    v_cache.shape[1] // n_kv_head, tables.shape[1], batch.page_size, window),
                   (scale, softcap))
 
+
+    # ---- mixture of experts ----
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        n, n_expert = logits.shape
+        if not 1 <= k <= n_expert <= lib.EMBER_EXPERTS_MAX:
+            raise BackendError(f"routing needs 1 <= k <= experts <= {lib.EMBER_EXPERTS_MAX}, got k={k} of {n_expert}")
+        self._run(lib.EMBER_OP_EXPERTS_ROUTE, (self._p(logits), self._p(ids), self._p(weights)),
+                  (n, n_expert, k, int(norm)))
+
+    def expert_matmuls(self, ws: list[Weight], x, ids, outs: list) -> None:
+        """Grouped by expert in the kernels (experts.c): each chosen expert's rows read once."""
+        n, k = ids.shape
+        n_expert, _, cols = ws[0].shape
+        if len(ws) > lib.EMBER_EXPERTS_MAX_MATS or any(w.shape[0] != n_expert or w.shape[2] != cols for w in ws):
+            raise BackendError(f"expert products of {[w.shape for w in ws]}: at most {lib.EMBER_EXPERTS_MAX_MATS} "
+                               "stacks of as many experts with as many columns")
+        size = lib.ember_experts_scratch_size(int(ws[0].type), cols, n * k, sum(w.shape[1] for w in ws), len(ws),
+                                              n_expert)
+        if size < 0:
+            raise BackendError(f"cannot multiply by '{ws[0].name}' ({ws[0].type.name}, {n_expert} experts of "
+                               f"{cols} columns)")
+        types = ffi.new("int[]", [int(w.type) for w in ws])
+        mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
+        ms = ffi.new("int64_t[]", [w.shape[1] for w in ws])
+        ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
+        scratch = self._scratch_bytes(size)
+        self._run(lib.EMBER_OP_EXPERTS_MATMUL, (types, mats, ms, self._p(x), self._p(ids), ys, self._p(scratch)),
+                  (len(ws), n_expert, cols, n, k, int(x.shape[0] == n * k and k > 1), self.rounding),
+                  keep=(types, mats, ms, ys))
+
+    def expert_sum(self, y, weights, out) -> None:
+        n, k = weights.shape
+        self._run(lib.EMBER_OP_EXPERTS_SUM, (self._p(y), self._p(weights), self._p(out)), (n, k, out.shape[1]))

@@ -54,3 +54,13 @@ void ember_attention(ember_pool *pool, const float *q, const uint16_t *k_cache, 
                      float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
                      int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap);
+
+/* Mixture-of-experts routing: ids (n_tok, n_used) int32 and weights (n_tok, n_used) = each token's n_used
+ * most probable experts under softmax(logits (n_tok, n_expert)), best first (the lower id among equal
+ * ones), with their probabilities, divided by their sum (kept from 0) when norm. n_used <= n_expert
+ * <= EMBER_EXPERTS_MAX (else nothing is written). */
+void ember_experts_route(const float *logits, int64_t n_tok, int64_t n_expert, int64_t n_used, int norm,
+                         int32_t *ids, float *weights);
+
+/* out (n_tok, d) = sum over u of weights[t, u] * y[t * n_used + u]   (y (n_tok * n_used, d)) */
+void ember_experts_sum(const float *y, const float *weights, float *out, int64_t n_tok, int64_t n_used, int64_t d);

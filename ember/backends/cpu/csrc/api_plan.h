@@ -22,10 +22,16 @@ enum ember_op_kind {
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
     EMBER_OP_TOP_K = 14,       /* p: x, ids, vals; i: n, vocab, k         -- each row's k largest */
     EMBER_OP_SOFTCAP = 15,     /* p: x; i: n; f: cap                      -- x = cap * tanh(x / cap) */
-    EMBER_OP_POS_SCALE = 16    /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_POS_SCALE = 16,   /* p: x, pos; i: n_tok, d, length; f: scale, offset -- attention temperature */
+    EMBER_OP_EXPERTS_MATMUL = 17, /* p: types, ws, ms, x, ids, ys, scratch; i: count, n_expert, k, n_tok, n_used,
+                                     x_per_row, rounding */
+    EMBER_OP_EXPERTS_ROUTE = 18,  /* p: logits, ids, weights; i: n_tok, n_expert, n_used, norm */
+    EMBER_OP_EXPERTS_SUM = 19     /* p: y, weights, out; i: n_tok, n_used, d */
 };
 
 #define EMBER_TOPK_MAX 64
+#define EMBER_EXPERTS_MAX 256     /* experts of one layer */
+#define EMBER_EXPERTS_MAX_MATS 3  /* stacked matrices of one grouped product */
 
 typedef struct ember_op {
     int32_t kind;

@@ -50,3 +50,19 @@ void ember_dequantize(int type, const void *src, float *dst, int64_t count);
  * (the row format of its activation kind, ember_matmul_scratch_size(type, k, 1) bytes): for tests and
  * tools. Returns 0, or -1 for float or unsupported types and k not a multiple of the block size. */
 int ember_matmul_quantize(int type, const float *x, int64_t k, void *dst, int rounding);
+
+/* Grouped products of a mixture-of-experts layer. Each W_i (n_expert, ms[i], k) of type types[i] at ws[i] is
+ * n_expert stacked matrices (expert e's rows start e * ms[i] rows in); ids (n_tok, n_used) the experts each
+ * token chose, in [0, n_expert). Selection s = t * n_used + u gets row s of every y_i (n_tok * n_used, ms[i]):
+ * y_i[s] = W_i[ids[s]] @ x_s, x_s = row t of x (n_tok, k) (x_per_row = 0: a token's input, shared by its
+ * experts) or row s of x (n_tok * n_used, k) (x_per_row = 1). The selections are grouped by expert, so each
+ * chosen expert's rows are read once per call and the others not at all. count <= EMBER_EXPERTS_MAX_MATS
+ * matrices sharing one activation kind; n_expert <= EMBER_EXPERTS_MAX. scratch: ember_experts_scratch_size
+ * bytes, 64-byte aligned. Returns 0, or -1 (nothing written) for a bad type, shape or id. */
+int ember_experts_matmul(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
+                         int64_t n_expert, int64_t k, const float *x, int64_t n_tok, int64_t n_used, int x_per_row,
+                         const int32_t *ids, float *const *ys, void *scratch, int rounding);
+
+/* Bytes of scratch ember_experts_matmul needs for `rows` = n_tok * n_used selections of `count` matrices
+ * whose row counts sum to m_sum; -1 for an unsupported type or shape. */
+int64_t ember_experts_scratch_size(int type, int64_t k, int64_t rows, int64_t m_sum, int count, int64_t n_expert);
