@@ -405,6 +405,9 @@ class Backend:
         if len(ws) > lib.EMBER_EXPERTS_MAX_MATS or any(w.shape[0] != n_expert or w.shape[2] != cols for w in ws):
             raise BackendError(f"expert products of {[w.shape for w in ws]}: at most {lib.EMBER_EXPERTS_MAX_MATS} "
                                "stacks of as many experts with as many columns")
+        for w, out in zip(ws, outs):
+            if x.shape[1] != cols or x.shape[0] not in (n, n * k) or out.shape != (n * k, w.shape[1]):
+                raise BackendError(f"cannot multiply {x.shape} by experts '{w.name}' {w.shape} into {out.shape}")
         size = lib.ember_experts_scratch_size(int(ws[0].type), cols, n * k, sum(w.shape[1] for w in ws), len(ws),
                                               n_expert)
         if size < 0:
