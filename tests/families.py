@@ -154,12 +154,15 @@ class Writer:
 
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
-                 vocab_from: Path | None = None, drop: str = "", f16: bool = False) -> Path:
+                 vocab_from: Path | None = None, drop: str = "", f16: bool = False, n_layer: int = 0) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
-    left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix."""
+    left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix;
+    `n_layer`: that many layers instead of the shape's (a big shape's layers, fewer of them)."""
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
+    if n_layer:
+        f = replace(f, n_layer=n_layer)
     tok = tokenizer_metadata(vocab_from or vocabulary_source())
     n_vocab = len(tok["tokenizer.ggml.tokens"])
     w = gguf.GGUFWriter(str(path), f.arch)

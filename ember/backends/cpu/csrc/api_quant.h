@@ -1,7 +1,7 @@
 /* Products with quantized weights, straight from GGUF blocks (weights are never dequantized into a copy).
  * A weight matrix W (m, k) is m rows of k values of ggml type `type`, rows contiguous, each row
  * k / block_size blocks. Type ids are ggml's (GGMLType in ember/quant/types.py). Supported: F32 F16 BF16
- * Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS.
+ * Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4 (and quant_iq.h's low-bit types).
  * Arguments are checked by the Python caller; the kernels return without writing on a bad type or shape. */
 
 /* 1 if this build computes with ggml type `type`, else 0. */
@@ -11,7 +11,7 @@ int ember_type_supported(int type);
  * or k is not a multiple of its block size. */
 int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n);
 
-/* How the activations of the 32-value block types (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL) are rounded:
+/* How the activations of the 32-value block types (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4) are rounded:
  * EMBER_ROUND_EXACT: to int16 per block of 32, the products of float arithmetic; EMBER_ROUND_LLAMA: to
  * int8 as llama.cpp's Q8_0 / Q8_1 (f16 scales), for models whose other products round as llama.cpp's
  * K-quant ones do (mixing the two drifts from llama.cpp's numbers more than either). The K-quants and
