@@ -163,9 +163,10 @@ class Backend(Protocol):
 
     def attention(
         self, q, cache: tuple[Any, Any], out, batch: AttentionBatch, n_head: int, n_kv_head: int,
-        window: int, scale: float, softcap: float = 0.0,
+        window: int, scale: float, softcap: float = 0.0, sinks: Weight | None = None,
     ) -> None:
-        """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v)."""
+        """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v). sinks
+        (n_head,): a logit per head that joins each softmax's denominator with no value (gpt-oss)."""
 
     # ---- mixture of experts (selections: row t * k + u is token t's u-th expert) ----
     def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
@@ -180,3 +181,10 @@ class Backend(Protocol):
 
     def expert_sum(self, y, weights, out) -> None:
         """out (n, d) = sum over u of weights[t, u] * y[t * k + u]   (y (n * k, d))."""
+
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        """y (n * k, d) += row ids[t, u] of b (n_expert, d) for row t * k + u: the chosen experts' biases."""
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        """out = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit):
+        gpt-oss's clamped SwiGLU (alpha 1.702, limit 7)."""

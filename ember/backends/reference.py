@@ -111,7 +111,8 @@ class Backend:
         cache[0][batch.slots] = k
         cache[1][batch.slots] = v
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks=None):
         k_cache, v_cache = cache
         n = batch.n_tokens
         hd_k = k_cache.shape[1] // n_kv_head
@@ -128,8 +129,10 @@ class Backend:
                 s = keys[:, h // group] @ qt[h] * scale
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
-                p = np.exp(s - s.max())
-                out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+                top = s.max() if sinks is None else max(s.max(), sinks.data[h])
+                p = np.exp(s - top)
+                sink = 0.0 if sinks is None else np.exp(sinks.data[h] - top)
+                out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / (p.sum() + sink)
 
 
     def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
@@ -147,6 +150,13 @@ class Backend:
             mine = np.flatnonzero(sel == e)
             for w, out in zip(ws, outs):
                 out[mine] = x[rows[mine]] @ w.data[e].T
+
+    def expert_bias(self, y, b, ids) -> None:
+        y += b.data[np.asarray(ids).reshape(-1)]
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        g, u = np.minimum(gate, limit), np.clip(up, -limit, limit)
+        out[...] = g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
 
     def expert_sum(self, y, weights, out) -> None:
         n, k = weights.shape

@@ -73,6 +73,7 @@ _OP_NAMES = {
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
     lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_EXPERTS_MATMUL: "experts matmul",
     lib.EMBER_OP_EXPERTS_ROUTE: "experts route", lib.EMBER_OP_EXPERTS_SUM: "experts sum",
+    lib.EMBER_OP_EXPERTS_BIAS: "experts bias", lib.EMBER_OP_SWIGLU_OAI: "swiglu_oai",
 }
 
 
@@ -379,12 +380,14 @@ class Backend:
                                           self._p(self._ints(batch.slots, np.int64))),
                   (batch.n_tokens, k_cache.shape[1], v_cache.shape[1]))
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks: Weight | None = None):
         k_cache, v_cache = cache
         tables = self._ints(batch.block_tables, np.int32)
         self._run(lib.EMBER_OP_ATTENTION,
                   (self._p(q), self._p(k_cache), self._p(v_cache), self._p(out), self._p(self._ints(batch.positions, np.int32)),
-                   self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables)),
+                   self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables),
+                   self._p(sinks.data) if sinks is not None else ffi.NULL),
                   (batch.n_tokens, n_head, n_kv_head, k_cache.shape[1] // n_kv_head,
                    v_cache.shape[1] // n_kv_head, tables.shape[1], batch.page_size, window),
                   (scale, softcap))
@@ -425,3 +428,12 @@ class Backend:
     def expert_sum(self, y, weights, out) -> None:
         n, k = weights.shape
         self._run(lib.EMBER_OP_EXPERTS_SUM, (self._p(y), self._p(weights), self._p(out)), (n, k, out.shape[1]))
+
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        n_expert, d = b.shape
+        if y.shape != (ids.size, d):
+            raise BackendError(f"expert biases '{b.name}' {b.shape} do not fit rows {y.shape} of {ids.size} selections")
+        self._run(lib.EMBER_OP_EXPERTS_BIAS, (self._p(y), self._p(b.data), self._p(ids)), (ids.size, d))
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        self._run(lib.EMBER_OP_SWIGLU_OAI, (self._p(gate), self._p(up), self._p(out)), (gate.size,), (alpha, limit))

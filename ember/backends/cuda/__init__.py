@@ -28,7 +28,8 @@ from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, 
                   Matmul, PosScale, RmsNorm, Rope, RopeArgs, Scale, Softcap, SplitScratch, TopK, quantized,
                   xq_bytes)
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
-from .ops.experts import ROUTE_MAX_EXPERTS, ExpertMatmul, ExpertSum, RouteExperts, experts_module
+from .ops.experts import (EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertSum, RouteExperts, SwigluOai,
+                          experts_module)
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
@@ -167,7 +168,8 @@ class Backend:
         if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
             values = dequantize(tensor.data, tensor.type).astype(np.float32)
             return Weight(tensor.name, tensor.type, shape, self.cp.asarray(values))
-        if tensor.type not in MATRIX_TYPES or len(shape) not in (2, 3):  # 3: stacked experts
+        types = EXPERT_TYPES if len(shape) == 3 else MATRIX_TYPES  # 3: stacked experts (experts.cu)
+        if tensor.type not in types or len(shape) not in (2, 3):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name} and shape {shape}, which the "
                                "CUDA backend cannot compute with")
         if shape[-1] % 32:
@@ -438,6 +440,14 @@ class Backend:
     def expert_sum(self, y, weights, out) -> None:
         self._run(ExpertSum(y, weights, out))
 
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        if tuple(y.shape) != (ids.size, b.shape[1]):
+            raise BackendError(f"expert biases '{b.name}' {b.shape} do not fit rows {y.shape} of {ids.size} selections")
+        self._run(ExpertBias(y, b, ids))
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        self._run(SwigluOai(gate, up, out, float(alpha), float(limit)))
+
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
 
@@ -492,7 +502,10 @@ class Backend:
             raise BackendError(f"KV slot out of range (cache has {k_cache.shape[0]} slots)")
         self._run(KvStore(k, v, k_cache, v_cache, self._input(batch.slots, np.int64)))
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks=None):
+        if sinks is not None:
+            raise BackendError("attention sinks (gpt-oss) are not implemented on the CUDA backend yet; use the CPU")
         k_cache, v_cache = cache
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
         step = attention_step(q, k_cache, v_cache, batch, n_head, n_kv_head)

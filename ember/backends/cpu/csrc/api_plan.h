@@ -15,7 +15,7 @@ enum ember_op_kind {
     EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */
     EMBER_OP_SCALE = 9,        /* p: x; i: n; f: s */
     EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim */
-    EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables;
+    EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables, sinks;
                                   i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
                                   f: scale, softcap */
     EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
@@ -26,7 +26,9 @@ enum ember_op_kind {
     EMBER_OP_EXPERTS_MATMUL = 17, /* p: types, ws, ms, x, ids, ys, scratch; i: count, n_expert, k, n_tok, n_used,
                                      x_per_row, rounding */
     EMBER_OP_EXPERTS_ROUTE = 18,  /* p: logits, ids, weights; i: n_tok, n_expert, n_used, norm */
-    EMBER_OP_EXPERTS_SUM = 19     /* p: y, weights, out; i: n_tok, n_used, d */
+    EMBER_OP_EXPERTS_SUM = 19,    /* p: y, weights, out; i: n_tok, n_used, d */
+    EMBER_OP_EXPERTS_BIAS = 20,   /* p: y, b, ids; i: rows, d */
+    EMBER_OP_SWIGLU_OAI = 21      /* p: gate, up, out; i: n; f: alpha, limit */
 };
 
 #define EMBER_TOPK_MAX 64

@@ -175,3 +175,18 @@ void ember_experts_sum(const float *y, const float *weights, float *out, int64_t
         }
     }
 }
+
+void ember_experts_bias(float *y, const float *b, const int32_t *ids, int64_t rows, int64_t d) {
+    for (int64_t s = 0; s < rows; s++) {
+        const float *bs = b + (int64_t)ids[s] * d;
+        for (int64_t j = 0; j < d; j++) y[s * d + j] += bs[j];
+    }
+}
+
+void ember_swiglu_oai(const float *gate, const float *up, float *out, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        out[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+    }
+}

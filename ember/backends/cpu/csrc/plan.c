@@ -53,7 +53,7 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         return 0;
     case EMBER_OP_ATTENTION:
         ember_attention(pool, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[3], i[4], p[4], p[5], p[6], i[5], i[6],
-                        i[7], f[0], f[1]);
+                        i[7], f[0], f[1], p[7]);
         return 0;
     case EMBER_OP_GATHER_ROWS:
         ember_gather_rows(p[0], p[1], p[2], i[0], i[1]);
@@ -80,6 +80,12 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         return 0;
     case EMBER_OP_EXPERTS_SUM:
         ember_experts_sum(p[0], p[1], p[2], i[0], i[1], i[2]);
+        return 0;
+    case EMBER_OP_EXPERTS_BIAS:
+        ember_experts_bias(p[0], p[1], p[2], i[0], i[1]);
+        return 0;
+    case EMBER_OP_SWIGLU_OAI:
+        ember_swiglu_oai(p[0], p[1], p[2], i[0], f[0], f[1]);
         return 0;
     default:
         return -1;

@@ -357,3 +357,21 @@ extern "C" __global__ void expert_sum(const float *y, const float *weights, floa
     for (int u = 0; u < k; u++) acc += weights[t * k + u] * y[(t * k + u) * d + c];
     out[i] = acc;
 }
+
+// y (rows, d) += b[ids[s]] (b (n_expert, d)) for each row s: the chosen experts' biases
+extern "C" __global__ void expert_bias(float *y, const float *b, const int *ids, int rows, int d) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * d) return;
+    y[i] += b[(i64)ids[i / d] * d + i % d];
+}
+
+// out (n,) = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit)   (gpt-oss)
+extern "C" __global__ void swiglu_oai(const float *gate, const float *up, float *out, i64 n, float alpha,
+                                      float limit) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
+    out[i] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
+}

@@ -7,10 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Launch, i32, i64, ptr
+from ....quant.types import GGMLType
+from .base import MATRIX_TYPES, Launch, f32, i32, i64, ptr
 
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
 ROUTE_MAX_EXPERTS = 256  # route_experts holds 8 experts a lane (ops.cu)
+# Types of stacked experts: every matrix type, and MXFP4 (gpt-oss's experts; unit_q in quant.cuh)
+EXPERT_TYPES = MATRIX_TYPES | {GGMLType.MXFP4}
 
 
 def experts_module(qtype) -> str:
@@ -66,3 +69,33 @@ class ExpertSum:
         d = self.out.shape[1]
         args = (ptr(self.y), ptr(self.weights), ptr(self.out), i32(n), i32(k), i32(d))
         return [Launch(kernels.fn("ops", "expert_sum"), (-(-(n * d) // 256), 1, 1), (256, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class ExpertBias:
+    """y (n_sel, d) += b[ids[s]] for each row s (b: the stacked biases, (n_expert, d) f32)."""
+
+    y: Any
+    b: Any  # Weight (data: DeviceMatrix)
+    ids: Any
+
+    def launches(self, kernels) -> list[Launch]:
+        rows, d = self.y.shape
+        args = (ptr(self.y), ptr(self.b.data.buf), ptr(self.ids), i32(rows), i32(d))
+        return [Launch(kernels.fn("ops", "expert_bias"), (-(-(rows * d) // 256), 1, 1), (256, 1, 1), args)]
+
+
+@dataclass(eq=False)
+class SwigluOai:
+    """out = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit)."""
+
+    gate: Any
+    up: Any
+    out: Any
+    alpha: float
+    limit: float
+
+    def launches(self, kernels) -> list[Launch]:
+        n = self.gate.size
+        args = (ptr(self.gate), ptr(self.up), ptr(self.out), i64(n), f32(self.alpha), f32(self.limit))
+        return [Launch(kernels.fn("ops", "swiglu_oai"), (-(-n // 256), 1, 1), (256, 1, 1), args)]
