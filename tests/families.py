@@ -25,7 +25,7 @@ from synth import random_blocks  # noqa: E402
 from ember.gguf_loader import GGUFFile  # noqa: E402
 from ember.quant import GGMLType, quantize  # noqa: E402
 
-Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
+Q4_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0
 FALLBACK = {Q4_K: GGMLType.Q5_0, Q6_K: GGMLType.Q8_0}
 LOGIT_STD = 6.0  # spread of the logits: the best token usually stands well clear of the next
 
@@ -73,8 +73,13 @@ FAMILIES = {
                                                   "attention.scale": 0.015625, "logit_scale": 8.0}),
     "olmo2": Family("olmo2", n_kv_head=4, meta={"rope.freq_base": 5e5, "attention.sliding_window": 16}),
     "qwen3moe": Family("qwen3moe", head_dim=128, meta={"rope.freq_base": 1e6}, n_expert=16, n_used=4, d_ff_exp=256),
+    "gpt-oss": Family("gpt-oss", meta={"rope.freq_base": 150000.0, "attention.sliding_window": 16,
+                                       "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                       "rope.scaling.original_context_length": 32},
+                      n_expert=16, n_used=4, d_ff_exp=256),
 }
-NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2", "qwen3moe"}
+NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2", "qwen3moe", "gpt-oss"}
+MXFP4 = GGMLType.MXFP4
 
 # The smallest released member of each family (for speed: the widths matter, not the values).
 REAL_SHAPES = {
@@ -88,6 +93,8 @@ REAL_SHAPES = {
     "olmo2": dict(n_layer=16, d_model=2048, d_ff=8192, n_head=16, n_kv_head=16, head_dim=128),  # OLMo-2-1B
     "qwen3moe": dict(n_layer=48, d_model=2048, d_ff=6144, n_head=32, n_kv_head=4, head_dim=128, n_expert=128,
                      n_used=8, d_ff_exp=768),  # Qwen3-30B-A3B
+    "gpt-oss": dict(n_layer=24, d_model=2880, d_ff=2880, n_head=64, n_kv_head=8, head_dim=64, n_expert=32,
+                    n_used=4, d_ff_exp=2880),  # gpt-oss-20b
 }
 
 
@@ -232,16 +239,18 @@ def layer(t: Writer, f: Family, i: int) -> None:
     p, d, a = f"blk.{i}.", f.d_model, f.arch
     more_bits = i % 3 == 0  # as Q4_K_M gives some layers' attn_v and ffn_down 6 bits
     std_in = 1.0 / math.sqrt(d)
+    oss = a == "gpt-oss"
     if a != "olmo2":
         t.vector(p + "attn_norm.weight", d)
-        t.vector(p + "ffn_norm.weight", d)
+        t.vector(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), d)
     if a == "phi3":
         t.matrix(p + "attn_qkv.weight", f.q_dim + 2 * f.kv_dim, d, std_in)
     else:
-        t.matrix(p + "attn_q.weight", f.q_dim, d, std_in)
-        t.matrix(p + "attn_k.weight", f.kv_dim, d, std_in)
-        t.matrix(p + "attn_v.weight", f.kv_dim, d, std_in, Q6_K if more_bits else Q4_K)
-    if a == "qwen2":
+        attn_type = Q8_0 if oss else Q4_K  # gpt-oss's attention is not MXFP4
+        t.matrix(p + "attn_q.weight", f.q_dim, d, std_in, attn_type)
+        t.matrix(p + "attn_k.weight", f.kv_dim, d, std_in, attn_type)
+        t.matrix(p + "attn_v.weight", f.kv_dim, d, std_in, Q8_0 if oss else Q6_K if more_bits else Q4_K)
+    if a in ("qwen2", "gpt-oss"):
         for n, size in (("q", f.q_dim), ("k", f.kv_dim), ("v", f.kv_dim)):
             t.vector(p + f"attn_{n}.bias", size, mean=0.0, spread=0.5)
     if a in ("qwen3", "qwen3moe"):
@@ -255,7 +264,10 @@ def layer(t: Writer, f: Family, i: int) -> None:
         t.vector(p + "post_attention_norm.weight", d, mean=block_std)
         t.vector(p + "post_ffw_norm.weight", d, mean=block_std)
         block_std = 1.0
-    t.matrix(p + "attn_output.weight", d, f.q_dim, block_std / math.sqrt(f.q_dim))
+    t.matrix(p + "attn_output.weight", d, f.q_dim, block_std / math.sqrt(f.q_dim), Q8_0 if oss else Q4_K)
+    if oss:
+        t.vector(p + "attn_output.bias", d, mean=0.0, spread=0.1)
+        t.vector(p + "attn_sinks.weight", f.n_head, mean=0.0, spread=2.0)
     if f.n_expert:
         experts(t, f, p, block_std, more_bits)
     elif a == "phi3":
@@ -271,13 +283,20 @@ ROUTER_SPREAD = 2.5  # of the router's logits: the chosen experts usually stand 
 
 
 def experts(t: Writer, f: Family, p: str, block_std: float, more_bits: bool) -> None:
-    """The router (F32, as llama-quantize leaves it) and the stacked experts."""
+    """The router (F32, as llama-quantize leaves it) and the stacked experts (gpt-oss: MXFP4, with
+    biases on the router and every expert)."""
     d, n, e = f.d_model, f.d_ff_exp, f.n_expert
+    oss = f.arch == "gpt-oss"
     router = t.rng.normal(0.0, ROUTER_SPREAD / math.sqrt(d), (e, d)).astype(np.float32)
     t.w.add_tensor(p + "ffn_gate_inp.weight", router)
-    t.matrix(p + "ffn_gate_exps.weight", n, d, 1.0 / math.sqrt(d), experts=e)
-    t.matrix(p + "ffn_up_exps.weight", n, d, 1.0 / math.sqrt(d), experts=e)
-    t.matrix(p + "ffn_down_exps.weight", d, n, 2 * block_std / math.sqrt(n), Q6_K if more_bits else Q4_K, experts=e)
+    t.matrix(p + "ffn_gate_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
+    t.matrix(p + "ffn_up_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
+    down = MXFP4 if oss else Q6_K if more_bits else Q4_K
+    t.matrix(p + "ffn_down_exps.weight", d, n, 2 * block_std / math.sqrt(n), down, experts=e)
+    if oss:
+        t.vector(p + "ffn_gate_inp.bias", e, mean=0.0, spread=0.5)
+        for name, size in (("gate", n), ("up", n), ("down", d)):
+            t.w.add_tensor(p + f"ffn_{name}_exps.bias", t.rng.uniform(-0.1, 0.1, (e, size)).astype(np.float32))
 
 
 def main() -> None:

@@ -12,10 +12,10 @@ __all__ = ["KVCache", "Model", "ModelError", "Step", "load_model"]
 def load_model(gguf, backend) -> Model:
     """Build the model described by an open GGUF file on `backend`."""
     arch = gguf.metadata.get("general.architecture")
-    if not isinstance(arch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_]*", arch):
+    if not isinstance(arch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", arch):
         raise ModelError(f"general.architecture is missing or invalid: {arch!r}")
-    try:
-        module = importlib.import_module(f"{__name__}.{arch}")
+    try:  # "gpt-oss" lives in gpt_oss.py
+        module = importlib.import_module(f"{__name__}.{arch.replace('-', '_')}")
     except ModuleNotFoundError:
         raise ModelError(f"architecture '{arch}' is not supported (supported: {', '.join(supported())})") from None
     return module.Model(gguf, backend)
@@ -24,5 +24,5 @@ def load_model(gguf, backend) -> Model:
 def supported() -> list[str]:
     from importlib import resources
 
-    return sorted(p.name[:-3] for p in resources.files(__name__).iterdir()
+    return sorted(p.name[:-3].replace("_", "-") for p in resources.files(__name__).iterdir()
                   if p.name.endswith(".py") and not p.name.startswith("_") and p.name != "base.py")

@@ -6,7 +6,7 @@ What a family may change: q/k/v/output biases; per-head or whole-projection QK n
 after, or both ("sandwich"); SiLU or GELU-tanh gate; fused QKV and gate/up tensors; partial rotary
 and rotary frequency factors; layers without rotary; sliding-window layers with their own rotary;
 embedding, residual, attention and logit scales; attention-score and final-logit soft-caps; query
-temperature by position. The feed-forward is one gated MLP per layer, or a mixture of experts
+temperature by position; attention sinks. The feed-forward is one gated MLP per layer, or a mixture of experts
 (`Config.experts`, see _moe.py).
 """
 from __future__ import annotations
@@ -47,6 +47,8 @@ class Config:
     temp_length: int = 0  # > 0: queries *= 1 + temp_scale * log(floor(pos / temp_length) + 1)
     temp_scale: float = 0.0
     experts: Experts | None = None  # a mixture of experts in place of the gated MLP
+    ffn_norm: str = "ffn_norm"  # the pre-norm of the feed-forward (gpt-oss: post_attention_norm)
+    sinks: bool = False  # attn_sinks: a logit per head in each softmax's denominator (gpt-oss)
 
     @property
     def q_dim(self) -> int:
@@ -126,7 +128,8 @@ class Layer:
             self.k_norm = w.vector(p + "attn_k_norm.weight", c.kv_dim if full else c.head_dim)
         self.wo = w.get(p + "attn_output.weight", (d, c.q_dim))
         self.post_attn_norm = w.vector(p + "post_attention_norm.weight", d) if c.post_norm else None
-        self.ffn_norm = w.vector(p + "ffn_norm.weight", d) if c.pre_norm else None
+        self.sinks = w.vector(p + "attn_sinks.weight", c.n_head) if c.sinks else None
+        self.ffn_norm = w.vector(p + f"{c.ffn_norm}.weight", d) if c.pre_norm else None
         self.post_ffn_norm = w.vector(p + "post_ffw_norm.weight", d) if c.post_norm else None
         self.experts = ExpertWeights(w, p, d, c.experts) if c.experts else None
         if not self.experts:
@@ -207,7 +210,7 @@ class Decoder(Model):
             B.pos_scale(q, step.attn, c.temp_length, c.temp_scale)
         att = buf.get("att", n, c.q_dim)
         B.attention(q, kv, att, step.attn, c.n_head, c.n_kv_head, c.window if L.local else 0, c.attn_scale,
-                    c.attn_softcap)
+                    c.attn_softcap, L.sinks)
         B.matmul(L.wo, att, h)
         if L.bo is not None:
             B.add_bias(h, L.bo)
@@ -219,7 +222,7 @@ class Decoder(Model):
         if L.experts:
             if L.ffn_norm is not None:
                 B.rms_norm(x, L.ffn_norm, c.eps, h)
-            moe_feed_forward(B, buf, L.experts, c.experts, h if L.ffn_norm is not None else x, h, c.gelu)
+            moe_feed_forward(B, buf, L.experts, c.experts, h if L.ffn_norm is not None else x, h)
             self.residual(x, h, L.post_ffn_norm)
             return
         gate, up = buf.get("gate", n, c.d_ff), buf.get("up", n, c.d_ff)
