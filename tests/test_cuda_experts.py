@@ -17,7 +17,7 @@ from ember.quant import GGMLType, quantize
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 N_EXPERT, ROWS, COLS = 16, 200, 512
-TYPES = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16, GGMLType.F32]
+TYPES = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16, GGMLType.F32]
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +38,16 @@ def stacks(tmp_path_factory):
         if qtype in (GGMLType.Q4_K, GGMLType.Q6_K):
             data = random_blocks(rng, qtype, N_EXPERT * ROWS, COLS, 0.05).reshape(N_EXPERT, ROWS, -1)
             w.add_tensor(qtype.name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
-        elif qtype == GGMLType.Q8_0:
+        elif qtype in (GGMLType.Q8_0, GGMLType.MXFP4):
             data = quantize(rng.normal(0, 0.05, (N_EXPERT * ROWS, COLS)).astype(np.float32), qtype)
-            w.add_tensor(qtype.name, data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(qtype.name, data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
         else:
             dtype = np.float16 if qtype == GGMLType.F16 else np.float32
             w.add_tensor(qtype.name, rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(dtype))
     nan = rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(np.float32)
     nan[[e for e in range(N_EXPERT) if e not in (0, 3, 5)]] = np.nan
     w.add_tensor("unchosen_nan", nan)
+    w.add_tensor("biases", rng.normal(0, 1, (N_EXPERT, ROWS)).astype(np.float32))
     for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
         step()
     f = GGUFFile(path)
@@ -119,3 +120,19 @@ def test_bad_expert_shapes_are_clear_errors(backends, stacks):
         cuda.expert_matmuls([w], cuda.empty((2, COLS + 32)), cuda.from_numpy(routed(2, 2)), [cuda.empty((4, ROWS))])
     with pytest.raises(BackendError, match="routing needs"):
         cuda.route_experts(cuda.empty((1, 300)), 8, True, cuda.empty((1, 8), np.int32), cuda.empty((1, 8)))
+
+
+def test_expert_bias_and_clamped_swiglu(backends, stacks):
+    cuda, ref = backends
+    rng = np.random.default_rng(6)
+    ids = routed(5, 3)
+    y = rng.normal(0, 1, (15, ROWS)).astype(np.float32)
+    got, want = cuda.from_numpy(y), y.astype(np.float64)
+    cuda.expert_bias(got, cuda.weight(stacks.tensors["biases"]), cuda.from_numpy(ids))
+    ref.expert_bias(want, ref.weight(stacks.tensors["biases"]), ids)
+    np.testing.assert_allclose(cuda.to_numpy(got), want, rtol=1e-6, atol=1e-6)
+    gate, up = (rng.normal(0, 5, 4000).astype(np.float32) for _ in range(2))
+    out, want = poisoned(cuda, (4000,)), np.empty(4000)
+    cuda.swiglu_oai(cuda.from_numpy(gate), cuda.from_numpy(up), out, 1.702, 7.0)
+    ref.swiglu_oai(gate.astype(np.float64), up.astype(np.float64), want, 1.702, 7.0)
+    np.testing.assert_allclose(cuda.to_numpy(out), want, rtol=1e-5, atol=1e-5)

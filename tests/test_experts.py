@@ -131,3 +131,41 @@ def test_bad_expert_products_are_refused(cpu):
         cpu.expert_matmuls([weight(GGMLType.Q4_K, data, ROWS, COLS)], x, np.array([[0, 1], [2, 16]], np.int32), [out])
     with pytest.raises(BackendError, match="routing needs"):
         cpu.route_experts(np.zeros((1, 4), np.float32), 5, True, np.empty((1, 5), np.int32), np.empty((1, 5), np.float32))
+
+
+def test_clamped_swiglu(cpu, ref):
+    """gpt-oss's activation: the gate clamped above at 7, up to [-7, 7], alpha 1.702."""
+    rng = np.random.default_rng(6)
+    gate, up = (rng.normal(0, 5, 4000).astype(np.float32) for _ in range(2))
+    out, want = np.empty(4000, np.float32), np.empty(4000)
+    cpu.swiglu_oai(gate, up, out, 1.702, 7.0)
+    ref.swiglu_oai(gate.astype(np.float64), up.astype(np.float64), want, 1.702, 7.0)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-5)
+    g = np.minimum(gate.astype(np.float64), 7)
+    assert np.allclose(want, g / (1 + np.exp(-1.702 * g)) * (np.clip(up, -7, 7) + 1))
+
+
+def test_expert_biases(cpu, ref):
+    n, k, d = 5, 3, 48
+    rng = np.random.default_rng(7)
+    ids = routed(n, k)
+    b = rng.normal(0, 1, (N_EXPERT, d)).astype(np.float32)
+    y = rng.normal(0, 1, (n * k, d)).astype(np.float32)
+    got, want = y.copy(), y.astype(np.float64)
+    cpu.expert_bias(got, Weight("b", GGMLType.F32, b.shape, b), ids)
+    ref.expert_bias(want, Weight("b", GGMLType.F32, b.shape, b.astype(np.float64)), ids)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.allclose(want, y + b[ids.reshape(-1)])
+
+
+def test_mxfp4_experts(cpu):
+    """gpt-oss's expert type through the grouped product: the same bits as each expert's dense product."""
+    (data, _), ids = stacked(GGMLType.MXFP4, ROWS, COLS), routed(6, 4)
+    x = np.random.default_rng(8).normal(0, 1, (6, COLS)).astype(np.float32)
+    out = np.empty((24, ROWS), np.float32)
+    cpu.expert_matmuls([weight(GGMLType.MXFP4, data, ROWS, COLS)], x, ids, [out])
+    for e in np.unique(ids):
+        mine = np.flatnonzero(ids.reshape(-1) == e)
+        want = np.empty((len(mine), ROWS), np.float32)
+        cpu.matmul(weight(GGMLType.MXFP4, data, ROWS, COLS, e), np.ascontiguousarray(x[mine // 4]), want)
+        assert np.array_equal(out[mine], want)
