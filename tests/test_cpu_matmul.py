@@ -376,10 +376,10 @@ def test_scratch_and_support():
     assert lib.ember_matmul_scratch_size(int(T.F16), 64, 4) == 0  # float weights read x directly
     assert lib.ember_matmul_scratch_size(int(T.Q4_0), 64, 3) % 64 == 0
     assert lib.ember_matmul_scratch_size(int(T.Q4_K), 96, 1) == -1  # k not a whole super-block
-    assert lib.ember_matmul_scratch_size(int(T.MXFP4), 256, 1) == -1
+    assert lib.ember_matmul_scratch_size(int(T.NVFP4), 256, 1) == -1
     for t in ALL_TYPES:
         assert lib.ember_type_supported(int(t)) == 1
-    assert lib.ember_type_supported(int(T.MXFP4)) == 0
+    assert lib.ember_type_supported(int(T.NVFP4)) == 0
     assert lib.ember_type_supported(999) == 0
 
 
