@@ -51,10 +51,11 @@ LADDER = (*REAL, *SHAPES)
 # Rung name -> decoder family of tests/families.py, at its REAL_SHAPES size.
 FAMILIES = {"qwen2-0.5b": "qwen2", "qwen3-0.6b": "qwen3", "olmo2-1b": "olmo2", "granite-2b": "granite",
             "gemma2-2b": "gemma2", "ministral3-3b": "mistral3", "smollm3-3b": "smollm3", "phi4-mini": "phi3",
-            "qwen3-30b-a3b-8l": "qwen3moe"}
+            "qwen3-30b-a3b-8l": "qwen3moe", "gpt-oss-20b-6l": "gpt-oss"}
 # Rungs with fewer layers than their family's model (the layers at its shape, so that the file fits
-# the machine): Qwen3-30B-A3B's 48 layers of 128 experts are 17 GB in Q4_K_M; 8 of them, 2.9 GB.
-FAMILY_LAYERS = {"qwen3-30b-a3b-8l": 8}
+# the machine): Qwen3-30B-A3B's 48 layers of 128 experts are 17 GB in Q4_K_M, 8 of them 2.9 GB;
+# gpt-oss-20b's 24 layers of 32 MXFP4 experts 10 GB, 6 of them 2.6 GB.
+FAMILY_LAYERS = {"qwen3-30b-a3b-8l": 8, "gpt-oss-20b-6l": 6}
 
 # f16 fields of the random blocks (everything else may be any byte) and the scale written there: the
 # values then spread about as a trained layer's do (|w| mostly below 0.1)

@@ -150,8 +150,9 @@ class Writer:
         n = rows * max(experts, 1)
         if qtype in (Q4_K, Q6_K):
             data = random_blocks(self.rng, qtype, n, cols, std)
-        else:
-            data = quantize(self.rng.normal(0.0, std, (n, cols)).astype(np.float32), qtype)
+        else:  # a matrix at a time: the same stream of values, a fraction of the memory
+            data = np.concatenate([quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
+                                   for _ in range(max(experts, 1))])
         if experts:
             data = data.reshape(experts, rows, -1)
         self.w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))

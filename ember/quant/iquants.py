@@ -50,6 +50,7 @@ class IQ4_XS(QuantFormat):
 # MXFP4's E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled to integers; the
 # block's scale is then half its E8M0 power of two.
 MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+MXFP4_CHUNK = 1 << 15  # blocks quantized at a time
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
@@ -76,8 +77,12 @@ class MXFP4(QuantFormat):
         amax = np.abs(x).max(axis=1)
         with np.errstate(divide="ignore"):
             e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
-        err = np.abs(e8m0_half(e)[:, None, None] * MXFP4_LEVELS - x[:, :, None])
-        codes = np.argmin(err, axis=2).astype(np.uint8)
+        d = e8m0_half(e)
+        codes = np.empty(x.shape, np.uint8)
+        for lo in range(0, len(x), MXFP4_CHUNK):  # the errors to all 16 levels: 2 KiB a block
+            hi = lo + MXFP4_CHUNK
+            err = np.abs(d[lo:hi, None, None] * MXFP4_LEVELS - x[lo:hi, :, None])
+            codes[lo:hi] = np.argmin(err, axis=2)
         out = np.zeros(len(x), self.block)
         out["e"], out["qs"] = e, codes[:, :16] | (codes[:, 16:] << np.uint8(4))
         return out
