@@ -130,7 +130,8 @@ def test_bad_expert_products_are_refused(cpu):
     with pytest.raises(BackendError, match="refused"):  # an expert id past the stack
         cpu.expert_matmuls([weight(GGMLType.Q4_K, data, ROWS, COLS)], x, np.array([[0, 1], [2, 16]], np.int32), [out])
     with pytest.raises(BackendError, match="routing needs"):
-        cpu.route_experts(np.zeros((1, 4), np.float32), 5, True, np.empty((1, 5), np.int32), np.empty((1, 5), np.float32))
+        cpu.route_experts(np.zeros((1, 4), np.float32), 5, True, np.empty((1, 5), np.int32),
+                          np.empty((1, 5), np.float32))
 
 
 def test_clamped_swiglu(cpu, ref):

@@ -36,8 +36,8 @@ int64_t ember_experts_scratch_size(int type, int64_t k, int64_t rows, int64_t m_
         n_expert < 1 || n_expert > EMBER_EXPERTS_MAX)
         return -1;
     const int64_t a_stride = t->act == EMBER_ACT_F32 ? k * (int64_t)sizeof(float) : ember_act_row_bytes(t->act, k);
-    return part_bytes(count, n_expert) + ember_align64(rows * (int64_t)sizeof(int32_t)) + ember_align64(rows * a_stride) +
-           rows * m_sum * (int64_t)sizeof(float);
+    return part_bytes(count, n_expert) + ember_align64(rows * (int64_t)sizeof(int32_t)) +
+           ember_align64(rows * a_stride) + rows * m_sum * (int64_t)sizeof(float);
 }
 
 /* Share ith of nth of the sorted rows: activations gathered (and quantized) into expert order. */
