@@ -45,7 +45,8 @@ from ember.sampler import SamplingParams  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 # generated tokens per rung: the big files take fewer (each token reads gigabytes)
 N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16,
-         "olmo2-1b": 64, "granite-2b": 32, "gemma2-2b": 32, "ministral3-3b": 32, "smollm3-3b": 32, "phi4-mini": 32}
+         "olmo2-1b": 64, "granite-2b": 32, "gemma2-2b": 32, "ministral3-3b": 32, "smollm3-3b": 32, "phi4-mini": 32,
+         "qwen3-30b-a3b-8l": 64, "gpt-oss-20b-6l": 64}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
@@ -55,12 +56,15 @@ def ignore(logits, positions):  # the logits are computed, not needed
 
 def step_bytes(path: Path) -> int:
     """Bytes of weights a decode step reads: every layer matrix and the output head (the tied
-    embedding when there is no output.weight); the embedding lookup reads one row."""
+    embedding when there is no output.weight); the embedding lookup reads one row; of stacked
+    experts (3-D), the share of the experts one token takes."""
     with GGUFFile(path) as f:
         tensors = {t.name: t for t in (f.tensors.values() if isinstance(f.tensors, dict) else f.tensors)}
         head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-        return sum(len(t.data) for name, t in tensors.items()
-                   if (name.startswith("blk.") and len(t.shape) == 2) or name == head)
+        arch = f.metadata.get("general.architecture")
+        used = f.metadata.get(f"{arch}.expert_used_count", 0) / max(f.metadata.get(f"{arch}.expert_count", 1), 1)
+        return int(sum(len(t.data) * (used if len(t.shape) == 3 else 1) for name, t in tensors.items()
+                       if (name.startswith("blk.") and len(t.shape) in (2, 3)) or name == head))
 
 
 def speeds(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tuple[dict, dict]:

@@ -26,13 +26,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from synth import weight
 
 from ember.backends.cuda._kernels import low_bit_source
-from ember.quant import GGMLType, dequantize, layout
+from ember.quant import QUANTIZABLE, GGMLType, dequantize, layout, quantize
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
          GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
-         GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0]
+         GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.MXFP4]
 
 HARNESS = r"""
 #define EMBER_HOST_TEST
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
     switch (qt) {
 #define CASE(t) case t: run<t>(in, out, rows, cols, row_bytes); break;
         CASE(0) CASE(1) CASE(2) CASE(3) CASE(6) CASE(7) CASE(8) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14)
-        CASE(20) CASE(23) CASE(30) CASE(16) CASE(17) CASE(18) CASE(19) CASE(21) CASE(22) CASE(29) CASE(34) CASE(35)
+        CASE(20) CASE(23) CASE(30) CASE(16) CASE(17) CASE(18) CASE(19) CASE(21) CASE(22) CASE(29) CASE(34) CASE(35) CASE(39)
         default: return 4;
     }
     fclose(out);
@@ -160,7 +160,10 @@ def build(workdir: Path) -> Path:
 
 
 def check(exe: Path, workdir: Path, qtype: GGMLType, rows: int, cols: int, rng) -> tuple[float, float]:
-    blocks = weight(rng, qtype, rows, cols, 0.05)
+    if qtype in QUANTIZABLE:  # MXFP4 has no scale field to set in random bytes: quantized values
+        blocks = quantize(rng.normal(0.0, 0.05, (rows, cols)).astype(np.float32), qtype)
+    else:
+        blocks = weight(rng, qtype, rows, cols, 0.05)
     raw = blocks.view(np.uint8).reshape(rows, -1)
     row_bytes = layout(qtype).row_bytes(cols)
     assert raw.shape[1] == row_bytes

@@ -10,8 +10,8 @@ repository.
 
 The decoder families (`--models qwen3-0.6b ...`) are written by tests/families.py at the shape of
 each family's smallest released model, with every structural feature of the family (biases, QK-norms,
-soft-caps, fused tensors, partial rotary) and SmolLM2's 49152-token vocabulary in place of the
-family's own (so their output heads are smaller than the real ones).
+soft-caps, fused tensors, partial rotary, experts) and SmolLM2's 49152-token vocabulary in place of
+the family's own (so their output heads are smaller than the real ones).
 """
 from __future__ import annotations
 
@@ -50,7 +50,12 @@ REAL = ("smollm2", "gemma3-270m")
 LADDER = (*REAL, *SHAPES)
 # Rung name -> decoder family of tests/families.py, at its REAL_SHAPES size.
 FAMILIES = {"qwen2-0.5b": "qwen2", "qwen3-0.6b": "qwen3", "olmo2-1b": "olmo2", "granite-2b": "granite",
-            "gemma2-2b": "gemma2", "ministral3-3b": "mistral3", "smollm3-3b": "smollm3", "phi4-mini": "phi3"}
+            "gemma2-2b": "gemma2", "ministral3-3b": "mistral3", "smollm3-3b": "smollm3", "phi4-mini": "phi3",
+            "qwen3-30b-a3b-8l": "qwen3moe", "gpt-oss-20b-6l": "gpt-oss"}
+# Rungs with fewer layers than their family's model (the layers at its shape, so that the file fits
+# the machine): Qwen3-30B-A3B's 48 layers of 128 experts are 17 GB in Q4_K_M, 8 of them 2.9 GB;
+# gpt-oss-20b's 24 layers of 32 MXFP4 experts 10 GB, 6 of them 2.6 GB.
+FAMILY_LAYERS = {"qwen3-30b-a3b-8l": 8, "gpt-oss-20b-6l": 6}
 
 # f16 fields of the random blocks (everything else may be any byte) and the scale written there: the
 # values then spread about as a trained layer's do (|w| mostly below 0.1)
@@ -107,7 +112,7 @@ def ensure(name: str) -> Path:
             import sys
             sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
             from families import write_family
-            write_family(tmp, FAMILIES[name], real_shape=True)
+            write_family(tmp, FAMILIES[name], real_shape=True, n_layer=FAMILY_LAYERS.get(name, 0))
         else:
             write(tmp, SHAPES[name])
         tmp.rename(path)

@@ -25,7 +25,7 @@ from synth import random_blocks  # noqa: E402
 from ember.gguf_loader import GGUFFile  # noqa: E402
 from ember.quant import GGMLType, quantize  # noqa: E402
 
-Q4_K, Q6_K = GGMLType.Q4_K, GGMLType.Q6_K
+Q4_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0
 FALLBACK = {Q4_K: GGMLType.Q5_0, Q6_K: GGMLType.Q8_0}
 LOGIT_STD = 6.0  # spread of the logits: the best token usually stands well clear of the next
 
@@ -43,6 +43,9 @@ class Family:
     tied: bool = False
     neox: bool = True
     meta: dict = field(default_factory=dict)  # "<arch>.KEY": value, beyond the common keys
+    n_expert: int = 0  # > 0: a mixture of experts in place of the gated MLP
+    n_used: int = 0
+    d_ff_exp: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -69,8 +72,14 @@ FAMILIES = {
     "granite": Family("granite", tied=True, meta={"embedding_scale": 12.0, "residual_scale": 0.22,
                                                   "attention.scale": 0.015625, "logit_scale": 8.0}),
     "olmo2": Family("olmo2", n_kv_head=4, meta={"rope.freq_base": 5e5, "attention.sliding_window": 16}),
+    "qwen3moe": Family("qwen3moe", head_dim=128, meta={"rope.freq_base": 1e6}, n_expert=16, n_used=4, d_ff_exp=256),
+    "gpt-oss": Family("gpt-oss", meta={"rope.freq_base": 150000.0, "attention.sliding_window": 16,
+                                       "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                       "rope.scaling.original_context_length": 32},
+                      n_expert=16, n_used=4, d_ff_exp=256),
 }
-NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2"}
+NEOX = {"qwen2", "qwen3", "gemma2", "phi3", "olmo2", "qwen3moe", "gpt-oss"}
+MXFP4 = GGMLType.MXFP4
 
 # The smallest released member of each family (for speed: the widths matter, not the values).
 REAL_SHAPES = {
@@ -82,6 +91,10 @@ REAL_SHAPES = {
     "smollm3": dict(n_layer=36, d_model=2048, d_ff=11008, n_head=16, n_kv_head=4, head_dim=128),  # SmolLM3-3B
     "granite": dict(n_layer=40, d_model=2048, d_ff=8192, n_head=32, n_kv_head=8, head_dim=64),  # Granite-3.x-2B
     "olmo2": dict(n_layer=16, d_model=2048, d_ff=8192, n_head=16, n_kv_head=16, head_dim=128),  # OLMo-2-1B
+    "qwen3moe": dict(n_layer=48, d_model=2048, d_ff=6144, n_head=32, n_kv_head=4, head_dim=128, n_expert=128,
+                     n_used=8, d_ff_exp=768),  # Qwen3-30B-A3B
+    "gpt-oss": dict(n_layer=24, d_model=2880, d_ff=2880, n_head=64, n_kv_head=8, head_dim=64, n_expert=32,
+                    n_used=4, d_ff_exp=2880),  # gpt-oss-20b
 }
 
 
@@ -122,21 +135,44 @@ def add_metadata(w: gguf.GGUFWriter, key: str, value) -> None:
             w.add_array(key, values)
 
 
+# MXFP4 stacks of more values than this (the benchmark shapes: billions, an hour of numpy quantizing)
+# take random codes; the test files' are quantized normal values (better conditioned: random codes
+# put an eighth of the weights at +-12 scale units, and such a small model's greedy path turns on
+# margins finer than the float64 reference and llama.cpp agree on).
+FAST_MXFP4_VALUES = 1 << 26
+
+
+def mxfp4_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> np.ndarray:
+    """(rows, row bytes) of MXFP4 blocks of random codes (the levels' RMS is 5.85 scale units) under the
+    power-of-two scale nearest `std`, a step up or down at random (written fast at any size)."""
+    blocks = rng.integers(0, 256, (rows * cols // 32, 17), dtype=np.uint8)
+    e = round(math.log2(std / 5.85)) + 128 + rng.integers(-1, 2, len(blocks))
+    blocks[:, 0] = np.clip(e, 0, 254)
+    return blocks.reshape(rows, -1)
+
+
 class Writer:
     """Tensors of one file: matrices as random blocks of their type at a chosen spread."""
 
     def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool = False):
         self.w, self.rng, self.f16 = w, np.random.default_rng(seed), f16
 
-    def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K) -> None:
+    def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K, experts: int = 0) -> None:
+        """A (rows, cols) matrix, or `experts` of them stacked (experts, rows, cols)."""
         if self.f16:  # every matrix in F16: the family's structure without activation rounding
             qtype = GGMLType.F16
         if cols % 256 and qtype in FALLBACK:  # rows that are not whole super-blocks, as llama-quantize does
             qtype = FALLBACK[qtype]
+        n = rows * max(experts, 1)
         if qtype in (Q4_K, Q6_K):
-            data = random_blocks(self.rng, qtype, rows, cols, std)
-        else:
-            data = quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
+            data = random_blocks(self.rng, qtype, n, cols, std)
+        elif qtype == MXFP4 and n * cols > FAST_MXFP4_VALUES:
+            data = mxfp4_blocks(self.rng, n, cols, std)
+        else:  # a matrix at a time: the same stream of values, a fraction of the memory
+            data = np.concatenate([quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
+                                   for _ in range(max(experts, 1))])
+        if experts:
+            data = data.reshape(experts, rows, -1)
         self.w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
 
     def vector(self, name: str, n: int, mean: float = 1.0, spread: float = 0.1) -> None:
@@ -145,13 +181,16 @@ class Writer:
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
                  vocab_from: Path | None = None, drop: str = "", f16: bool = False,
-                 extra_metadata: dict | None = None, extra_tensors=None) -> Path:
+                 extra_metadata: dict | None = None, extra_tensors=None, n_layer: int = 0) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
     left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix;
-    extra_metadata: keys added; extra_tensors(writer, Writer, d_model): adds keys and tensors."""
+    extra_metadata: keys added; extra_tensors(writer, Writer, d_model): adds keys and tensors;
+    `n_layer`: that many layers instead of the shape's (a big shape's layers, fewer of them)."""
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
+    if n_layer:
+        f = replace(f, n_layer=n_layer)
     tok = tokenizer_metadata(vocab_from or vocabulary_source())
     n_vocab = len(tok["tokenizer.ggml.tokens"])
     w = gguf.GGUFWriter(str(path), f.arch)
@@ -190,6 +229,10 @@ def header(w: gguf.GGUFWriter, f: Family) -> None:
     w.add_rope_dimension_count(f.n_rot or f.head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(15)  # MOSTLY_Q4_K_M
+    if f.n_expert:
+        w.add_expert_count(f.n_expert)
+        w.add_expert_used_count(f.n_used)
+        w.add_expert_feed_forward_length(f.d_ff_exp)
     for key, value in f.meta.items():
         if key != "context_length":
             add_metadata(w, f"{a}.{key}", value)
@@ -222,19 +265,21 @@ def layer(t: Writer, f: Family, i: int) -> None:
     p, d, a = f"blk.{i}.", f.d_model, f.arch
     more_bits = i % 3 == 0  # as Q4_K_M gives some layers' attn_v and ffn_down 6 bits
     std_in = 1.0 / math.sqrt(d)
+    oss = a == "gpt-oss"
     if a != "olmo2":
         t.vector(p + "attn_norm.weight", d)
-        t.vector(p + "ffn_norm.weight", d)
+        t.vector(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), d)
     if a == "phi3":
         t.matrix(p + "attn_qkv.weight", f.q_dim + 2 * f.kv_dim, d, std_in)
     else:
-        t.matrix(p + "attn_q.weight", f.q_dim, d, std_in)
-        t.matrix(p + "attn_k.weight", f.kv_dim, d, std_in)
-        t.matrix(p + "attn_v.weight", f.kv_dim, d, std_in, Q6_K if more_bits else Q4_K)
-    if a == "qwen2":
+        attn_type = Q8_0 if oss else Q4_K  # gpt-oss's attention is not MXFP4
+        t.matrix(p + "attn_q.weight", f.q_dim, d, std_in, attn_type)
+        t.matrix(p + "attn_k.weight", f.kv_dim, d, std_in, attn_type)
+        t.matrix(p + "attn_v.weight", f.kv_dim, d, std_in, Q8_0 if oss else Q6_K if more_bits else Q4_K)
+    if a in ("qwen2", "gpt-oss"):
         for n, size in (("q", f.q_dim), ("k", f.kv_dim), ("v", f.kv_dim)):
             t.vector(p + f"attn_{n}.bias", size, mean=0.0, spread=0.5)
-    if a == "qwen3":
+    if a in ("qwen3", "qwen3moe"):
         t.vector(p + "attn_q_norm.weight", f.head_dim)
         t.vector(p + "attn_k_norm.weight", f.head_dim)
     if a == "olmo2":
@@ -245,13 +290,39 @@ def layer(t: Writer, f: Family, i: int) -> None:
         t.vector(p + "post_attention_norm.weight", d, mean=block_std)
         t.vector(p + "post_ffw_norm.weight", d, mean=block_std)
         block_std = 1.0
-    t.matrix(p + "attn_output.weight", d, f.q_dim, block_std / math.sqrt(f.q_dim))
-    if a == "phi3":
+    t.matrix(p + "attn_output.weight", d, f.q_dim, block_std / math.sqrt(f.q_dim), Q8_0 if oss else Q4_K)
+    if oss:
+        t.vector(p + "attn_output.bias", d, mean=0.0, spread=0.1)
+        t.vector(p + "attn_sinks.weight", f.n_head, mean=0.0, spread=2.0)
+    if f.n_expert:
+        experts(t, f, p, block_std, more_bits)
+    elif a == "phi3":
         t.matrix(p + "ffn_up.weight", 2 * f.d_ff, d, std_in)
     else:
         t.matrix(p + "ffn_gate.weight", f.d_ff, d, std_in)
         t.matrix(p + "ffn_up.weight", f.d_ff, d, std_in)
-    t.matrix(p + "ffn_down.weight", d, f.d_ff, 2 * block_std / math.sqrt(f.d_ff), Q6_K if more_bits else Q4_K)
+    if not f.n_expert:
+        t.matrix(p + "ffn_down.weight", d, f.d_ff, 2 * block_std / math.sqrt(f.d_ff), Q6_K if more_bits else Q4_K)
+
+
+ROUTER_SPREAD = 2.5  # of the router's logits: the chosen experts usually stand clear of the others
+
+
+def experts(t: Writer, f: Family, p: str, block_std: float, more_bits: bool) -> None:
+    """The router (F32, as llama-quantize leaves it) and the stacked experts (gpt-oss: MXFP4, with
+    biases on the router and every expert)."""
+    d, n, e = f.d_model, f.d_ff_exp, f.n_expert
+    oss = f.arch == "gpt-oss"
+    router = t.rng.normal(0.0, ROUTER_SPREAD / math.sqrt(d), (e, d)).astype(np.float32)
+    t.w.add_tensor(p + "ffn_gate_inp.weight", router)
+    t.matrix(p + "ffn_gate_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
+    t.matrix(p + "ffn_up_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
+    down = MXFP4 if oss else Q6_K if more_bits else Q4_K
+    t.matrix(p + "ffn_down_exps.weight", d, n, 2 * block_std / math.sqrt(n), down, experts=e)
+    if oss:
+        t.vector(p + "ffn_gate_inp.bias", e, mean=0.0, spread=0.5)
+        for name, size in (("gate", n), ("up", n), ("down", d)):
+            t.w.add_tensor(p + f"ffn_{name}_exps.bias", t.rng.uniform(-0.1, 0.1, (e, size)).astype(np.float32))
 
 
 def main() -> None:

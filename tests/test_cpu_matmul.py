@@ -19,7 +19,7 @@ from ember.quant import quantize_q8_K
 from ember.quant.types import QK_K, GGMLType, layout
 
 T = GGMLType
-LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4]
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
 LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
 FLOATS = [T.F32, T.F16, T.BF16]
@@ -376,10 +376,10 @@ def test_scratch_and_support():
     assert lib.ember_matmul_scratch_size(int(T.F16), 64, 4) == 0  # float weights read x directly
     assert lib.ember_matmul_scratch_size(int(T.Q4_0), 64, 3) % 64 == 0
     assert lib.ember_matmul_scratch_size(int(T.Q4_K), 96, 1) == -1  # k not a whole super-block
-    assert lib.ember_matmul_scratch_size(int(T.MXFP4), 256, 1) == -1
+    assert lib.ember_matmul_scratch_size(int(T.NVFP4), 256, 1) == -1
     for t in ALL_TYPES:
         assert lib.ember_type_supported(int(t)) == 1
-    assert lib.ember_type_supported(int(T.MXFP4)) == 0
+    assert lib.ember_type_supported(int(T.NVFP4)) == 0
     assert lib.ember_type_supported(999) == 0
 
 

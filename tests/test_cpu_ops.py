@@ -336,7 +336,7 @@ def make_batch(case: AttnCase, rng) -> PagedBatch:
                       rows[owner].astype(np.int32), owner, tables)
 
 
-def attention_ref(case: AttnCase, b: PagedBatch, scale: float) -> np.ndarray:
+def attention_ref(case: AttnCase, b: PagedBatch, scale: float, sinks=None) -> np.ndarray:
     group = case.n_head // case.n_kv_head
     out = np.empty((len(b.tok_pos), case.n_head, case.hd_v))
     for t, (pos, s) in enumerate(zip(b.tok_pos, b.tok_owner)):
@@ -346,18 +346,21 @@ def attention_ref(case: AttnCase, b: PagedBatch, scale: float) -> np.ndarray:
             scores = k[:, h // group] @ b.q[t, h].astype(F64) * scale
             if case.softcap > 0:
                 scores = case.softcap * np.tanh(scores / case.softcap)
-            p = np.exp(scores - scores.max())
-            out[t, h] = p @ v[:, h // group] / p.sum()
+            top = scores.max() if sinks is None else max(scores.max(), float(sinks[h]))
+            p = np.exp(scores - top)
+            sink = 0.0 if sinks is None else np.exp(float(sinks[h]) - top)
+            out[t, h] = p @ v[:, h // group] / (p.sum() + sink)
     return out
 
 
-def run_attention(pool, case: AttnCase, b: PagedBatch, scale: float) -> np.ndarray:
+def run_attention(pool, case: AttnCase, b: PagedBatch, scale: float, sinks=None) -> np.ndarray:
     n_tok = len(b.tok_pos)
     out = np.full((n_tok, case.n_head, case.hd_v), np.nan, np.float32)
     lib.ember_attention(pool, buf(b.q), buf(b.k_cache, "uint16_t"), buf(b.v_cache, "uint16_t"), buf(out), n_tok,
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(b.tok_pos, "int32_t"),
                         buf(b.tok_seq, "int32_t"), buf(b.block_tables, "int32_t"), b.block_tables.shape[1],
-                        case.page_size, case.window, scale, case.softcap, F16, F16)
+                        case.page_size, case.window, scale, case.softcap, F16, F16,
+                        ffi.NULL if sinks is None else buf(sinks))
     return out
 
 
@@ -376,6 +379,19 @@ def test_attention_sharp_softmax(isa, pool):
     b = make_batch(case, np.random.default_rng(9))
     out = run_attention(pool, case, b, 2.0)
     np.testing.assert_allclose(out, attention_ref(case, b, 2.0), rtol=1e-4, atol=3e-6)
+
+
+@pytest.mark.parametrize("name", ["gqa3_long_decode_window", "hd256_long_decode", "odd_head_dims"])
+def test_attention_with_sinks(isa, pool, name):
+    """gpt-oss's sinks: a score per head with no value, in the denominator; some heads' sinks above
+    every score (the running max must take them), decode key ranges split over threads included."""
+    case = ATTN_CASES[name]
+    b = make_batch(case, np.random.default_rng(len(name) + 1))
+    scale = 1.0 / math.sqrt(case.hd_k)
+    sinks = np.random.default_rng(3).normal(0, 2, case.n_head).astype(np.float32)
+    sinks[::2] = 40.0
+    out = run_attention(pool, case, b, scale, sinks)
+    np.testing.assert_allclose(out, attention_ref(case, b, scale, sinks), rtol=1e-4, atol=3e-6)
 
 
 @pytest.mark.parametrize("n,vocab,k", [(1, 262144, 1), (1, 49152, 3), (5, 1000, 7), (3, 64, 60), (1, 10000, 64),

@@ -106,29 +106,40 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
-def assert_follows_reference(backend, ref, path, f16: bool) -> None:
+def assert_follows_reference(backend, ref, path, f16: bool, moe: bool = False) -> None:
     """Logits of run_script (prefill and decode over a shuffled paged cache) against float64. F16
     weights: only float rounding and the f16 KV cache differ, so the structure must hold to 2e-3.
     The K-quant mix rounds activations to 8 bits as llama.cpp does, and some of these random
     positions are ill-conditioned (they move as llama.cpp's do: tests above), so there the bound is
-    on each row's KL divergence and the argmax."""
+    on each row's KL divergence and the argmax. In a mixture of experts a token whose router logits
+    of two experts lie within that rounding of each other takes the other expert (llama.cpp's
+    does too), which moves its row and the rows after it wholesale: there one row in ten may."""
+    rows = []
     with GGUFFile(path) as f:
         for got, want in zip(run_script(load_model(f, backend)), run_script(load_model(f, ref))):
             if f16:
                 err = np.abs(got - want).max() / np.abs(want).max()
                 assert err < 2e-3, f"relative error {err:.2e}"
-            else:
-                lw, lg = log_softmax(want), log_softmax(got)
-                kld = (np.exp(lw) * (lw - lg)).sum(axis=1)
+                assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+                continue
+            lw, lg = log_softmax(want), log_softmax(got)
+            kld = (np.exp(lw) * (lw - lg)).sum(axis=1)
+            rows.append(np.stack([kld, got.argmax(1) == want.argmax(1)], axis=1))
+            if not moe:
                 assert kld.max() < 0.25 and kld.mean() < 0.05, f"KLD max {kld.max():.3f}, mean {kld.mean():.4f}"
-            assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+                assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+    if moe and not f16:
+        kld, same = np.concatenate(rows).T
+        ok = kld < 0.25
+        assert ok.mean() >= 0.9 and kld[ok].mean() < 0.05, f"KLD per row {kld.round(3).tolist()}"
+        assert same.mean() >= 0.9
 
 
 @pytest.mark.parametrize("f16", [True, False], ids=["F16", "Q4_K_M"])
 @pytest.mark.parametrize("name", NAMES)
 def test_cpu_matches_reference(tmp_path, synthetic, backends, name, f16):
     path = write_family(tmp_path / f"{name}.gguf", name, f16=True) if f16 else synthetic[name]
-    assert_follows_reference(backends[0], backends[1], path, f16)
+    assert_follows_reference(backends[0], backends[1], path, f16, moe=FAMILIES[name].n_expert > 0)
 
 
 def test_unsupported_architecture_lists_the_families(tmp_path, backends):
@@ -151,6 +162,8 @@ def test_unsupported_architecture_lists_the_families(tmp_path, backends):
     ("phi3", "blk.1.attn_qkv.weight", "tensor 'blk.1.attn_q.weight' is missing"),
     ("olmo2", "blk.2.attn_k_norm.weight", "tensor 'blk.2.attn_k_norm.weight' is missing"),
     ("qwen3", "blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' is missing"),
+    ("qwen3moe", "qwen3moe.expert_used_count", "metadata 'qwen3moe.expert_used_count' is missing"),
+    ("qwen3moe", "blk.1.ffn_down_exps.weight", "tensor 'blk.1.ffn_down_exps.weight' is missing"),
 ])
 def test_a_missing_key_or_tensor_is_named(tmp_path, backends, name, drop, expected):
     path = tmp_path / f"{name}.gguf"

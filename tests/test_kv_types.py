@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.backends import KV_TYPES, kv_type
-from ember.backends.cpu._native import lib
+from ember.backends.cpu._native import ffi, lib
 from ember.quant import quantize
 from ember.quant.types import GGMLType
 
@@ -61,7 +61,7 @@ def test_attention_reads_quantized_rows(isa, pool, name, types):
     lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
                         buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
-                        int(types[0]), int(types[1]))
+                        int(types[0]), int(types[1]), ffi.NULL)
     want = attention_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)
 

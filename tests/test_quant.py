@@ -24,6 +24,7 @@ LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 SUPER_BLOCK = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 LOW_BIT = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]
 FLOATS = ["F32", "F16", "BF16"]
+MX = ["MXFP4"]  # E8M0 scale bytes: any byte is a valid scale
 SEEDS = [0, 1, 2]
 ROWS = [1, 3, 17]
 
@@ -68,7 +69,7 @@ def random_blocks(rng: np.random.Generator, name: str, rows: int, blocks_per_row
 # --- dequantization, bit-exact with the oracle -----------------------------------------------------
 
 
-@pytest.mark.parametrize("name", LEGACY)
+@pytest.mark.parametrize("name", LEGACY + MX)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("rows", ROWS)
 def test_legacy_dequantize_of_quantized_weights(name, seed, rows):
@@ -77,7 +78,7 @@ def test_legacy_dequantize_of_quantized_weights(name, seed, rows):
     np.testing.assert_array_equal(bits(dequantize(raw, GGMLType[name])), bits(oracle_dequantize(raw, name)))
 
 
-@pytest.mark.parametrize("name", LEGACY + LOW_BIT + ["F16", "BF16", "F32"])
+@pytest.mark.parametrize("name", LEGACY + LOW_BIT + MX + ["F16", "BF16", "F32"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dequantize_random_raw_bytes(name, seed):
     # Fully random bytes: scales may be inf or NaN, and the results must still agree bit for bit.
@@ -108,15 +109,15 @@ def test_dequantize_large_tensor_spanning_chunks(name):
 
 
 def test_dequantizable_covers_every_type_in_use():
-    wanted = LEGACY + SUPER_BLOCK + LOW_BIT + FLOATS + ["Q8_1", "Q8_K"]
+    wanted = LEGACY + SUPER_BLOCK + LOW_BIT + FLOATS + MX + ["Q8_1", "Q8_K"]
     assert {GGMLType[n] for n in wanted} <= DEQUANTIZABLE
-    assert GGMLType.MXFP4 not in DEQUANTIZABLE
+    assert GGMLType.NVFP4 not in DEQUANTIZABLE
 
 
 # --- quantization, bit-exact with the oracle -------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", LEGACY + FLOATS)
+@pytest.mark.parametrize("name", LEGACY + FLOATS + MX)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("rows", ROWS)
 def test_quantize_matches_oracle(name, seed, rows):
@@ -276,8 +277,8 @@ def test_f32_dequantize_copies():
 
 
 def test_unsupported_types_are_named():
-    with pytest.raises(ValueError, match="MXFP4"):
-        dequantize(np.zeros(17, np.uint8), GGMLType.MXFP4)
+    with pytest.raises(ValueError, match="NVFP4"):
+        dequantize(np.zeros(36, np.uint8), GGMLType.NVFP4)
     with pytest.raises(ValueError, match="Q4_K"):
         quantize(np.zeros(256, np.float32), GGMLType.Q4_K)
     with pytest.raises(ValueError, match="99"):

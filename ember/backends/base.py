@@ -219,6 +219,28 @@ class Backend(Protocol):
 
     def attention(
         self, q, cache: tuple[Any, Any], out, batch: AttentionBatch, n_head: int, n_kv_head: int,
-        window: int, scale: float, softcap: float = 0.0,
+        window: int, scale: float, softcap: float = 0.0, sinks: Weight | None = None,
     ) -> None:
-        """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v)."""
+        """Causal attention of q (n, n_head * hd_k) over the cache; out (n, n_head * hd_v). sinks
+        (n_head,): a logit per head that joins each softmax's denominator with no value (gpt-oss)."""
+
+    # ---- mixture of experts (selections: row t * k + u is token t's u-th expert) ----
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        """ids (n, k) int32 and weights (n, k) = each row's k most probable experts under
+        softmax(logits (n, n_expert)), best first (lower id among equals), with their probabilities,
+        divided by their sum when `norm`. All on the backend's side: no host round trip."""
+
+    def expert_matmuls(self, ws: list[Weight], x, ids, outs: list) -> None:
+        """outs[j] (n * k, rows_j): row t * k + u = ws[j][ids[t, u]] @ x_row, ws[j] stacked experts
+        (n_expert, rows_j, cols) and x_row row t of x (n, cols) (a token's input, shared by its
+        experts) or row t * k + u of x (n * k, cols). Each chosen expert's rows are read once per call."""
+
+    def expert_sum(self, y, weights, out) -> None:
+        """out (n, d) = sum over u of weights[t, u] * y[t * k + u]   (y (n * k, d))."""
+
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        """y (n * k, d) += row ids[t, u] of b (n_expert, d) for row t * k + u: the chosen experts' biases."""
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        """out = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit):
+        gpt-oss's clamped SwiGLU (alpha 1.702, limit 7)."""

@@ -123,7 +123,8 @@ class Backend:
         cache.k[batch.slots] = _stored(hadamard(k, cache.k_rot), cache.k_type)
         cache.v[batch.slots] = _stored(hadamard(v, cache.v_rot), cache.v_type)
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks=None):
         k_cache, v_cache = cache
         if isinstance(cache, KVLayer) and (cache.k_rot or cache.v_rot):
             rotated = np.empty_like(out)
@@ -146,8 +147,38 @@ class Backend:
                 s = keys[:, h // group] @ qt[h] * scale
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
-                p = np.exp(s - s.max())
-                out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / p.sum()
+                top = s.max() if sinks is None else max(s.max(), sinks.data[h])
+                p = np.exp(s - top)
+                sink = 0.0 if sinks is None else np.exp(sinks.data[h] - top)
+                out[t].reshape(n_head, hd_v)[h] = p @ vals[:, h // group] / (p.sum() + sink)
+
+
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        z = np.asarray(logits, F)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        ids[...] = np.argsort(-p, axis=1, kind="stable")[:, :k]
+        w = np.take_along_axis(p, np.asarray(ids, np.int64), axis=1)
+        weights[...] = w / np.maximum(w.sum(axis=1, keepdims=True), 6.103515625e-5) if norm else w
+
+    def expert_matmuls(self, ws, x, ids, outs) -> None:
+        sel = np.asarray(ids).reshape(-1)
+        rows = np.arange(len(sel)) // (1 if len(x) == len(sel) else ids.shape[1])
+        for e in np.unique(sel):
+            mine = np.flatnonzero(sel == e)
+            for w, out in zip(ws, outs):
+                out[mine] = x[rows[mine]] @ w.data[e].T
+
+    def expert_bias(self, y, b, ids) -> None:
+        y += b.data[np.asarray(ids).reshape(-1)]
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        g, u = np.minimum(gate, limit), np.clip(up, -limit, limit)
+        out[...] = g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+
+    def expert_sum(self, y, weights, out) -> None:
+        n, k = weights.shape
+        out[...] = np.einsum("tu,tud->td", weights, y.reshape(n, k, -1))
 
 
 def hadamard(x: np.ndarray, block: int) -> np.ndarray:

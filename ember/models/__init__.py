@@ -14,7 +14,7 @@ def load_model(gguf, backend) -> Model:
     arch = gguf.metadata.get("general.architecture")
     if not isinstance(arch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", arch):
         raise ModelError(f"general.architecture is missing or invalid: {arch!r}")
-    try:  # "nomic-bert" lives in nomic_bert.py
+    try:  # "nomic-bert" lives in nomic_bert.py, "gpt-oss" in gpt_oss.py
         module = importlib.import_module(f"{__name__}.{arch.replace('-', '_')}")
     except ModuleNotFoundError:
         raise ModelError(f"architecture '{arch}' is not supported (supported: {', '.join(supported())})") from None

@@ -6,8 +6,8 @@ What a family may change: q/k/v/output biases; per-head or whole-projection QK n
 after, or both ("sandwich"); SiLU or GELU-tanh gate; fused QKV and gate/up tensors; partial rotary
 and rotary frequency factors; layers without rotary; sliding-window layers with their own rotary;
 embedding, residual, attention and logit scales; attention-score and final-logit soft-caps; query
-temperature by position. (The feed-forward is one gated MLP per layer: a mixture of experts will be
-another `feed_forward`.)
+temperature by position; attention sinks. The feed-forward is one gated MLP per layer, or a mixture of experts
+(`Config.experts`, see _moe.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ..backends import RopeParams
+from ._moe import Experts, ExpertWeights, moe_feed_forward
 from .base import MAX_ROPE_BASE, KVCache, Metadata, Model, Step, check_layers, rope_dims, rope_scaling
 
 
@@ -45,6 +46,9 @@ class Config:
     final_softcap: float = 0.0
     temp_length: int = 0  # > 0: queries *= 1 + temp_scale * log(floor(pos / temp_length) + 1)
     temp_scale: float = 0.0
+    experts: Experts | None = None  # a mixture of experts in place of the gated MLP
+    ffn_norm: str = "ffn_norm"  # the pre-norm of the feed-forward (gpt-oss: post_attention_norm)
+    sinks: bool = False  # attn_sinks: a logit per head in each softmax's denominator (gpt-oss)
 
     @property
     def q_dim(self) -> int:
@@ -124,14 +128,21 @@ class Layer:
             self.k_norm = w.vector(p + "attn_k_norm.weight", c.kv_dim if full else c.head_dim)
         self.wo = w.get(p + "attn_output.weight", (d, c.q_dim))
         self.post_attn_norm = w.vector(p + "post_attention_norm.weight", d) if c.post_norm else None
-        self.ffn_norm = w.vector(p + "ffn_norm.weight", d) if c.pre_norm else None
+        self.sinks = w.vector(p + "attn_sinks.weight", c.n_head) if c.sinks else None
+        self.ffn_norm = w.vector(p + f"{c.ffn_norm}.weight", d) if c.pre_norm else None
+        self.post_ffn_norm = w.vector(p + "post_ffw_norm.weight", d) if c.post_norm else None
+        self.experts = ExpertWeights(w, p, d, c.experts) if c.experts else None
+        if not self.experts:
+            self.mlp(w, p, c)
+
+    def mlp(self, w, p: str, c: Config) -> None:
+        d = c.d_model
         if p + "ffn_gate.weight" in w.gguf.tensors:
             self.w_gate = w.get(p + "ffn_gate.weight", (c.d_ff, d))
             self.w_up = w.get(p + "ffn_up.weight", (c.d_ff, d))
         else:  # gate and up stacked in ffn_up (Phi-3)
             self.w_gate, self.w_up = w.split(p + "ffn_up.weight", [c.d_ff, c.d_ff], d)
         self.w_down = w.get(p + "ffn_down.weight", (d, c.d_ff))
-        self.post_ffn_norm = w.vector(p + "post_ffw_norm.weight", d) if c.post_norm else None
 
 
 class Decoder(Model):
@@ -202,7 +213,7 @@ class Decoder(Model):
             B.pos_scale(q, step.attn, c.temp_length, c.temp_scale)
         att = buf.get("att", n, c.q_dim)
         B.attention(q, kv, att, step.attn, c.n_head, c.n_kv_head, c.window if L.local else 0, c.attn_scale,
-                    c.attn_softcap)
+                    c.attn_softcap, L.sinks)
         B.matmul(L.wo, att, h)
         if L.bo is not None:
             B.add_bias(h, L.bo)
@@ -211,6 +222,12 @@ class Decoder(Model):
     def feed_forward(self, L: Layer, x, n: int) -> None:
         c, B, buf = self.args, self.backend, self.buffers
         h = buf.get("h", n, c.d_model)
+        if L.experts:
+            if L.ffn_norm is not None:
+                B.rms_norm(x, L.ffn_norm, c.eps, h)
+            moe_feed_forward(B, buf, L.experts, c.experts, h if L.ffn_norm is not None else x, h)
+            self.residual(x, h, L.post_ffn_norm)
+            return
         gate, up = buf.get("gate", n, c.d_ff), buf.get("up", n, c.d_ff)
         if L.ffn_norm is not None:
             B.rms_norm(x, L.ffn_norm, c.eps, h)

@@ -45,3 +45,44 @@ class IQ4_XS(QuantFormat):
         dl = field_f32(b, "d") * ls
         np.take(IQ4_LEVELS, unpack_fields(b["qs"], 4, 16).reshape(out.shape), out=out, mode="clip")
         return scale_groups(out, None, dl)
+
+
+# MXFP4's E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled to integers; the
+# block's scale is then half its E8M0 power of two.
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+MXFP4_CHUNK = 1 << 15  # blocks quantized at a time
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) as float32 (e = 0 and 1 are subnormals, exact)."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
+
+
+@register
+class MXFP4(QuantFormat):
+    """17 bytes: u8 e (E8M0 scale) | u8 qs[16]. Codes packed as Q4_0 (low nibbles: values 0..15);
+    bit 3 of a code is the sign. x = 2^(e - 128) * MXFP4_LEVELS[code] (gpt-oss's expert weights)."""
+
+    qtype = GGMLType.MXFP4
+    block = np.dtype([("e", "u1"), ("qs", "u1", 16)])
+    can_quantize = True
+
+    def dequantize(self, b, out):
+        np.take(MXFP4_LEVELS, unpack_fields(b["qs"], 4, 16).reshape(out.shape), out=out, mode="clip")
+        return scale_groups(out, None, e8m0_half(b["e"])[:, None])
+
+    def quantize(self, x):
+        """The scale from the block's largest magnitude (2^(floor(log2 amax) - 2)), then each value's
+        nearest level (the first of equal ones), as ggml's reference quantizer does."""
+        amax = np.abs(x).max(axis=1)
+        with np.errstate(divide="ignore"):
+            e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+        d = e8m0_half(e)
+        codes = np.empty(x.shape, np.uint8)
+        for lo in range(0, len(x), MXFP4_CHUNK):  # the errors to all 16 levels: 2 KiB a block
+            hi = lo + MXFP4_CHUNK
+            err = np.abs(d[lo:hi, None, None] * MXFP4_LEVELS - x[lo:hi, :, None])
+            codes[lo:hi] = np.argmin(err, axis=2)
+        out = np.zeros(len(x), self.block)
+        out["e"], out["qs"] = e, codes[:, :16] | (codes[:, 16:] << np.uint8(4))
+        return out

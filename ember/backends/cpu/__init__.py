@@ -73,7 +73,9 @@ _OP_NAMES = {
     lib.EMBER_OP_KV_STORE: "kv_store", lib.EMBER_OP_ATTENTION: "attention", lib.EMBER_OP_GATHER_ROWS: "gather_rows",
     lib.EMBER_OP_ADD_ROW: "add_row", lib.EMBER_OP_TOP_K: "top_k", lib.EMBER_OP_SOFTCAP: "softcap",
     lib.EMBER_OP_POS_SCALE: "pos_scale", lib.EMBER_OP_LAYER_NORM: "layer_norm", lib.EMBER_OP_GELU: "gelu",
-    lib.EMBER_OP_TANH: "tanh", lib.EMBER_OP_HADAMARD: "hadamard",
+    lib.EMBER_OP_TANH: "tanh", lib.EMBER_OP_HADAMARD: "hadamard", lib.EMBER_OP_EXPERTS_MATMUL: "experts matmul",
+    lib.EMBER_OP_EXPERTS_ROUTE: "experts route", lib.EMBER_OP_EXPERTS_SUM: "experts sum",
+    lib.EMBER_OP_EXPERTS_BIAS: "experts bias", lib.EMBER_OP_SWIGLU_OAI: "swiglu_oai",
 }
 
 
@@ -316,6 +318,10 @@ class Backend:
             name = GGMLType(qtype).name if qtype in GGMLType._value2member_map_ else str(qtype)
             raise BackendError(f"cannot multiply by a {name} matrix with {k} columns (unsupported type, "
                                "or rows that are not whole blocks)")
+        return self._scratch_bytes(size)
+
+    def _scratch_bytes(self, size: int) -> np.ndarray:
+        """The shared scratch buffer, grown to at least `size` bytes."""
         if self._scratch.nbytes < max(size, 64):  # recordings keep the old buffer alive
             raw = np.empty(max(size, 2 * self._scratch.nbytes, 64) + 64, np.uint8)
             offset = (-raw.ctypes.data) % 64  # the kernels want 64-byte alignment
@@ -404,17 +410,65 @@ class Backend:
                                           self._p(self._ints(batch.slots, np.int64))),
                   (batch.n_tokens, k.shape[1], v.shape[1], int(cache.k_type), int(cache.v_type)))
 
-    def attention(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks: Weight | None = None):
         q = self._rotation("q", q, cache.k_rot)
         tables = self._ints(batch.block_tables, np.int32)
         self._run(lib.EMBER_OP_ATTENTION,
                   (self._p(q), self._p(cache.k), self._p(cache.v), self._p(out), self._p(self._ints(batch.positions, np.int32)),
-                   self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables)),
+                   self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables),
+                   self._p(sinks.data) if sinks is not None else ffi.NULL),
                   (batch.n_tokens, n_head, n_kv_head, q.shape[1] // n_head, out.shape[1] // n_head, tables.shape[1],
                    batch.page_size, window, int(cache.k_type), int(cache.v_type)),
                   (scale, softcap))
         if cache.v_rot:
             self.hadamard(out, out, cache.v_rot)  # back from the values' rotation
+
+
+    # ---- mixture of experts ----
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        n, n_expert = logits.shape
+        if not 1 <= k <= n_expert <= lib.EMBER_EXPERTS_MAX:
+            raise BackendError(f"routing needs 1 <= k <= experts <= {lib.EMBER_EXPERTS_MAX}, got k={k} of {n_expert}")
+        self._run(lib.EMBER_OP_EXPERTS_ROUTE, (self._p(logits), self._p(ids), self._p(weights)),
+                  (n, n_expert, k, int(norm)))
+
+    def expert_matmuls(self, ws: list[Weight], x, ids, outs: list) -> None:
+        """Grouped by expert in the kernels (experts.c): each chosen expert's rows read once."""
+        n, k = ids.shape
+        n_expert, _, cols = ws[0].shape
+        if len(ws) > lib.EMBER_EXPERTS_MAX_MATS or any(w.shape[0] != n_expert or w.shape[2] != cols for w in ws):
+            raise BackendError(f"expert products of {[w.shape for w in ws]}: at most {lib.EMBER_EXPERTS_MAX_MATS} "
+                               "stacks of as many experts with as many columns")
+        for w, out in zip(ws, outs):
+            if x.shape[1] != cols or x.shape[0] not in (n, n * k) or out.shape != (n * k, w.shape[1]):
+                raise BackendError(f"cannot multiply {x.shape} by experts '{w.name}' {w.shape} into {out.shape}")
+        size = lib.ember_experts_scratch_size(int(ws[0].type), cols, n * k, sum(w.shape[1] for w in ws), len(ws),
+                                              n_expert)
+        if size < 0:
+            raise BackendError(f"cannot multiply by '{ws[0].name}' ({ws[0].type.name}, {n_expert} experts of "
+                               f"{cols} columns)")
+        types = ffi.new("int[]", [int(w.type) for w in ws])
+        mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
+        ms = ffi.new("int64_t[]", [w.shape[1] for w in ws])
+        ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
+        scratch = self._scratch_bytes(size)
+        self._run(lib.EMBER_OP_EXPERTS_MATMUL, (types, mats, ms, self._p(x), self._p(ids), ys, self._p(scratch)),
+                  (len(ws), n_expert, cols, n, k, int(x.shape[0] == n * k and k > 1), self.rounding),
+                  keep=(types, mats, ms, ys))
+
+    def expert_sum(self, y, weights, out) -> None:
+        n, k = weights.shape
+        self._run(lib.EMBER_OP_EXPERTS_SUM, (self._p(y), self._p(weights), self._p(out)), (n, k, out.shape[1]))
+
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        n_expert, d = b.shape
+        if y.shape != (ids.size, d):
+            raise BackendError(f"expert biases '{b.name}' {b.shape} do not fit rows {y.shape} of {ids.size} selections")
+        self._run(lib.EMBER_OP_EXPERTS_BIAS, (self._p(y), self._p(b.data), self._p(ids)), (ids.size, d))
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        self._run(lib.EMBER_OP_SWIGLU_OAI, (self._p(gate), self._p(up), self._p(out)), (gate.size,), (alpha, limit))
 
 
 def _kv_row_bytes(t: GGMLType, dim: int) -> int:
@@ -423,4 +477,3 @@ def _kv_row_bytes(t: GGMLType, dim: int) -> int:
         raise BackendError(f"a KV cache of type {t.name} cannot hold rows of {dim} values "
                            f"(types: {', '.join(KV_TYPES)}; the block types need heads of a multiple of 32)")
     return n
-

@@ -29,6 +29,8 @@ from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, 
                   quantized, xq_bytes)
 from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
+from .ops.experts import (EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertSum, RouteExperts, SwigluOai,
+                          experts_module)
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
@@ -167,17 +169,21 @@ class Backend:
         if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
             values = dequantize(tensor.data, tensor.type).astype(np.float32)
             return Weight(tensor.name, tensor.type, shape, self.cp.asarray(values))
-        if tensor.type not in MATRIX_TYPES or len(shape) != 2:
+        types = EXPERT_TYPES if len(shape) == 3 else MATRIX_TYPES  # 3: stacked experts (experts.cu)
+        if tensor.type not in types or len(shape) not in (2, 3):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name} and shape {shape}, which the "
                                "CUDA backend cannot compute with")
-        if shape[1] % 32:
-            raise BackendError(f"tensor '{tensor.name}' has rows of {shape[1]} values; the CUDA kernels need a "
+        if shape[-1] % 32:
+            raise BackendError(f"tensor '{tensor.name}' has rows of {shape[-1]} values; the CUDA kernels need a "
                                "multiple of 32")
-        self._prefetch_matrix_modules(tensor.type, shape[0])
+        if len(shape) == 3:
+            self.kernels.prefetch(experts_module(tensor.type))
+        else:
+            self._prefetch_matrix_modules(tensor.type, shape[0])
         raw = np.asarray(tensor.data)
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)
-        row_bytes = layout(tensor.type).row_bytes(shape[1])
+        row_bytes = layout(tensor.type).row_bytes(shape[-1])
         return Weight(tensor.name, tensor.type, shape, DeviceMatrix(buf, row_bytes))
 
     def _prefetch_matrix_modules(self, qtype: GGMLType, rows: int) -> None:
@@ -422,6 +428,34 @@ class Backend:
             copy = w.data.copies[GGMLType.Q8_0] = Weight(w.name, GGMLType.Q8_0, w.shape, DeviceMatrix(buf, row_bytes))
         return copy
 
+    # ---- mixture of experts (ops/experts.py) ----
+    def route_experts(self, logits, k: int, norm: bool, ids, weights) -> None:
+        n, n_expert = logits.shape
+        if not 1 <= k <= n_expert <= ROUTE_MAX_EXPERTS:
+            raise BackendError(f"routing needs 1 <= k <= experts <= {ROUTE_MAX_EXPERTS}, got k={k} of {n_expert}")
+        self._run(RouteExperts(logits, k, bool(norm), ids, weights))
+
+    def expert_matmuls(self, ws: list[Weight], x, ids, outs: list) -> None:
+        n, k = ids.shape
+        for w, out in zip(ws, outs):
+            if len(w.shape) != 3 or w.shape[2] != x.shape[1] or x.shape[0] not in (n, n * k) \
+                    or out.shape != (n * k, w.shape[1]):
+                raise BackendError(f"cannot multiply {x.shape} by experts '{w.name}' {w.shape} into {out.shape}")
+        x_div = 1 if x.shape[0] == n * k else k
+        for w, out in zip(ws, outs):
+            self._run(ExpertMatmul(w, x, x_div, ids, out))
+
+    def expert_sum(self, y, weights, out) -> None:
+        self._run(ExpertSum(y, weights, out))
+
+    def expert_bias(self, y, b: Weight, ids) -> None:
+        if tuple(y.shape) != (ids.size, b.shape[1]):
+            raise BackendError(f"expert biases '{b.name}' {b.shape} do not fit rows {y.shape} of {ids.size} selections")
+        self._run(ExpertBias(y, b, ids))
+
+    def swiglu_oai(self, gate, up, out, alpha: float, limit: float) -> None:
+        self._run(SwigluOai(gate, up, out, float(alpha), float(limit)))
+
     def gather_rows(self, x, rows, out) -> None:
         self._run(GatherRows(x, self._input(rows, np.int32), out))
 
@@ -489,7 +523,10 @@ class Backend:
             return
         self._run(KvStore(k, v, k_cache, v_cache, self._input(batch.slots, np.int64)))
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks=None):
+        if sinks is not None:
+            raise BackendError("attention sinks (gpt-oss) are not implemented on the CUDA backend yet; use the CPU")
         k_cache, v_cache = cache
         if _quantized_kv(cache):
             self._attention_q(q, cache, out, batch, n_head, n_kv_head, window, scale, softcap)

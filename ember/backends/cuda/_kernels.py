@@ -48,7 +48,7 @@ def module_source(module: str) -> str:
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
     rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_store" (mv_n1_store),
-    see matmul.cu."""
+    see matmul.cu; "experts_<ggml type id>" (grouped expert products, experts.cu)."""
     common = kernel_source("common.cuh")
     if module in ("ops", "sample", "kv_quant"):
         return common + kernel_source(f"{module}.cu")
@@ -56,6 +56,9 @@ def module_source(module: str) -> str:
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
+    if parts[0] == "experts" and len(parts) == 2 and parts[1].isdigit():
+        return f"#define QT {int(parts[1])}\n" + common + kernel_source("quant.cuh") + kernel_source("quant_iq.cuh") \
+            + kernel_source("experts.cu")
     variant = parts[2] if len(parts) == 3 else ""
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and variant in MATMUL_VARIANTS:
         defines = f"#define QT {int(parts[1])}\n" + MATMUL_VARIANTS[variant]

@@ -395,7 +395,10 @@ class Backend:
         if self._recording is None:
             self._flush()
 
-    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0):
+    def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
+                  sinks: Weight | None = None):
+        if sinks is not None:
+            raise BackendError("the WebGPU backend has no attention sinks (gpt-oss): use the CPU backend")
         k_cache, v_cache = cache
         check_attention(k_cache, v_cache, batch, n_head, n_kv_head, self._recording is None)
         n = batch.n_tokens

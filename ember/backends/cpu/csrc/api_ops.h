@@ -60,7 +60,8 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
  * block_tables[s][p / page_size] * page_size + p % page_size. Token t at position tok_pos[t] attends
  * to positions max(0, tok_pos[t] - window + 1) .. tok_pos[t] (window <= 0: from 0).
  * Head h reads kv head h / (n_head / n_kv_head). scores = scale * q.k, then, if softcap > 0,
- * softcap * tanh(scores / softcap); softmax; weighted sum of v.
+ * softcap * tanh(scores / softcap); softmax (with sinks (n_head,) not NULL: head h's denominator also
+ * holds exp(sinks[h]), a score with no value, as gpt-oss's attention sinks); weighted sum of v.
  * Caller's contract (checked in Python, not here): n_head % n_kv_head == 0; hd_k, hd_v <= 8192;
  * tok_pos[t] >= 0 and < max_pages * page_size; the page ids used address slots inside the caches.
  * No allocation: each thread uses ~85 KB of stack, the calling thread up to 32 KB more. */
@@ -68,4 +69,21 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
                      float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
                      int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap,
-                     int k_type, int v_type);
+                     int k_type, int v_type, const float *sinks);
+
+/* Mixture-of-experts routing: ids (n_tok, n_used) int32 and weights (n_tok, n_used) = each token's n_used
+ * most probable experts under softmax(logits (n_tok, n_expert)), best first (the lower id among equal
+ * ones), with their probabilities, divided by their sum (kept from 0) when norm. n_used <= n_expert
+ * <= EMBER_EXPERTS_MAX (else nothing is written). */
+void ember_experts_route(const float *logits, int64_t n_tok, int64_t n_expert, int64_t n_used, int norm,
+                         int32_t *ids, float *weights);
+
+/* y (rows, d) += row ids[s] of b (n_expert, d) for each row s: the chosen experts' biases (gpt-oss). */
+void ember_experts_bias(float *y, const float *b, const int32_t *ids, int64_t rows, int64_t d);
+
+/* out (n,) = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit): gpt-oss's
+ * clamped SwiGLU. out may alias gate or up. */
+void ember_swiglu_oai(const float *gate, const float *up, float *out, int64_t n, float alpha, float limit);
+
+/* out (n_tok, d) = sum over u of weights[t, u] * y[t * n_used + u]   (y (n_tok * n_used, d)) */
+void ember_experts_sum(const float *y, const float *weights, float *out, int64_t n_tok, int64_t n_used, int64_t d);

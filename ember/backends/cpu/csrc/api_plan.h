@@ -15,7 +15,7 @@ enum ember_op_kind {
     EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */
     EMBER_OP_SCALE = 9,        /* p: x; i: n; f: s */
     EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim, k_type, v_type */
-    EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables;
+    EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables, sinks;
                                   i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window,
                                      k_type, v_type;
                                   f: scale, softcap */
@@ -27,10 +27,18 @@ enum ember_op_kind {
     EMBER_OP_LAYER_NORM = 17,  /* p: x, w (or NULL), b (or NULL), out; i: n, d; f: eps */
     EMBER_OP_GELU = 18,        /* p: x, out; i: n                         -- out = gelu_tanh(x) */
     EMBER_OP_TANH = 19,        /* p: x; i: n                              -- x = tanh(x) */
-    EMBER_OP_HADAMARD = 20     /* p: x, out; i: n, d, block                -- Walsh-Hadamard rotation */
+    EMBER_OP_HADAMARD = 20,    /* p: x, out; i: n, d, block                -- Walsh-Hadamard rotation */
+    EMBER_OP_EXPERTS_MATMUL = 21, /* p: types, ws, ms, x, ids, ys, scratch; i: count, n_expert, k, n_tok, n_used,
+                                     x_per_row, rounding */
+    EMBER_OP_EXPERTS_ROUTE = 22,  /* p: logits, ids, weights; i: n_tok, n_expert, n_used, norm */
+    EMBER_OP_EXPERTS_SUM = 23,    /* p: y, weights, out; i: n_tok, n_used, d */
+    EMBER_OP_EXPERTS_BIAS = 24,   /* p: y, b, ids; i: rows, d */
+    EMBER_OP_SWIGLU_OAI = 25      /* p: gate, up, out; i: n; f: alpha, limit */
 };
 
 #define EMBER_TOPK_MAX 64
+#define EMBER_EXPERTS_MAX 256     /* experts of one layer */
+#define EMBER_EXPERTS_MAX_MATS 3  /* stacked matrices of one grouped product */
 
 typedef struct ember_op {
     int32_t kind;

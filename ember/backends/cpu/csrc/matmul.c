@@ -14,22 +14,19 @@
  *    counter (about 8 per thread), so one that falls behind leaves its work to the others; runs go to
  *    packed panels (16 rows unpacked and interleaved once, then swept by every token, see
  *    quant_avx512.c) where the ISA has them, else to microtiles over token chunks that fit in L2. */
-#include <stdatomic.h>
 #include <stdint.h>
 
-#include "quant.h"
+#include "matmul.h"
 #include "quant_iq.h"
 
 /* Quantized activations of one token chunk stay within this many bytes (L2 is 1 MiB or more). */
 #define CHUNK_ACT_BYTES (256 * 1024)
 #define EMBER_MATMUL_MAX_PARTS 8
-/* Up to this many activation values the caller quantizes them alone: cheaper than a pass. */
-#define SERIAL_QUANTIZE_VALUES 8192
 /* Runs of rows each thread takes, on average, when the product is bound by compute: enough to even out
  * a thread that falls behind. Up to STREAM_TOKENS tokens it is bound by streaming W from memory: one
- * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding). */
+ * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding); STREAM_TOKENS
+ * is in matmul.h. */
 #define MATMUL_CLAIMS_PER_THREAD 8
-#define STREAM_TOKENS 4
 
 /* ---- dispatch ---- */
 
@@ -81,31 +78,6 @@ int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n) {
     return n * ember_act_row_bytes(t->act, k);
 }
 
-/* One weight matrix of a job: W (m, k) and its output y (n, m), with the kernels chosen for it. */
-typedef struct {
-    int type;
-    ember_tile tile;
-    ember_panel panel;  /* .fn NULL: microtiles */
-    const uint8_t *w;   /* (m, w_stride) */
-    int64_t m, w_stride;
-    float *y;           /* (n, m) */
-    int unit;           /* rows handed out together: a panel, or a microtile's rows */
-    int64_t units;      /* ceil(m / unit) */
-} matmul_part;
-
-typedef struct {
-    matmul_part part[EMBER_MATMUL_MAX_PARTS];
-    int n_parts;
-    int64_t k, n, units;        /* units: the parts' rows in units, all together */
-    int64_t claim;              /* units a thread takes at a time (prompts) */
-    atomic_int_fast64_t next;   /* first unit not yet taken (prompts) */
-    ember_quantize_fn quantize; /* NULL for float weights: x is used as it is */
-    const float *x;             /* (n, k) */
-    const uint8_t *act;         /* (n, a_stride): quantized x, or x itself */
-    uint8_t *scratch;           /* (n, a_stride) when quantizing */
-    int64_t a_stride;
-} matmul_job;
-
 /* Share ith of nth of the activation rows -> scratch. */
 static void quantize_task(void *ctx, int ith, int nth) {
     matmul_job *j = ctx;
@@ -122,7 +94,7 @@ static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0,
         const uint8_t *wr = p->w + r * p->w_stride;
         for (int64_t t = t0; t < t1; t += C) {
             int nc = (int)EMBER_MIN((int64_t)C, t1 - t);
-            p->tile.fn(j->k, wr, p->w_stride, j->act + t * j->a_stride, j->a_stride, p->y + t * p->m + r, p->m, nr, nc);
+            p->tile.fn(j->k, wr, p->w_stride, p->act + t * j->a_stride, j->a_stride, p->y + t * p->m + r, p->m, nr, nc);
         }
         r += nr;
     }
@@ -131,12 +103,12 @@ static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0,
 /* Rows [r0, r1) of part p, all tokens. */
 static void product_rows(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1) {
     if (p->panel.fn) {
-        p->panel.fn(p->type, j->k, p->w + r0 * p->w_stride, p->w_stride, r1 - r0, j->act, j->a_stride, j->n,
+        p->panel.fn(p->type, j->k, p->w + r0 * p->w_stride, p->w_stride, r1 - r0, p->act, j->a_stride, p->n,
                     p->y + r0, p->m);
         return;
     }
     int64_t chunk = EMBER_MAX((int64_t)p->tile.cols, CHUNK_ACT_BYTES / j->a_stride / p->tile.cols * p->tile.cols);
-    for (int64_t t0 = 0; t0 < j->n; t0 += chunk) product_block(j, p, r0, r1, t0, EMBER_MIN(t0 + chunk, j->n));
+    for (int64_t t0 = 0; t0 < p->n; t0 += chunk) product_block(j, p, r0, r1, t0, EMBER_MIN(t0 + chunk, p->n));
 }
 
 /* Units [lo, hi) of the parts' rows, taken one after another (only the end of each part can be ragged). */
@@ -196,51 +168,54 @@ static void stream_task(void *ctx, int ith, int nth) {
     matmul_units(j, share_start(j, ith, nth), share_start(j, ith + 1, nth));
 }
 
-/* The part's kernels for n tokens; 0, or -1 for an unsupported type or shape. */
-static int init_part(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y) {
+int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
+                    const uint8_t *act) {
     const ember_qtype *t = ember_qtype_get(type);
     if (!t || m <= 0 || k % t->block_size) return -1;
     *p = (matmul_part){.type = type, .tile = ember_tile_for(type), .panel = ember_panel_for(type), .w = w, .m = m,
-                       .w_stride = k / t->block_size * t->type_size, .y = y};
+                       .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     if (n < p->panel.min_tokens) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
 }
 
-/* The quantizer of activation kind act with `rounding`. */
-static ember_quantize_fn quantizer(int act, int rounding) {
+ember_quantize_fn ember_quantizer(int act, int rounding) {
     return ember_quantize_for(act == EMBER_ACT_Q16 && rounding == EMBER_ROUND_LLAMA ? EMBER_ACT_Q16_LLAMA : act);
+}
+
+void ember_job_run(ember_pool *pool, matmul_job *j, int stream) {
+    if (stream) {
+        ember_parallel(pool, stream_task, j);
+        return;
+    }
+    j->claim = EMBER_MAX(1, j->units / (ember_pool_threads(pool) * MATMUL_CLAIMS_PER_THREAD));
+    atomic_init(&j->next, 0);
+    ember_parallel(pool, claim_task, j);
 }
 
 int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
                        int64_t k, const float *x, int64_t n, float *const *ys, void *scratch, int rounding) {
     if (count < 1 || count > EMBER_MATMUL_MAX_PARTS || n <= 0 || k <= 0) return -1;
     const int act = ember_qtype_get(types[0]) ? ember_qtype_get(types[0])->act : -1;
-    matmul_job j = {.n_parts = count, .k = k, .n = n, .x = x};
+    const uint8_t *a = act == EMBER_ACT_F32 ? (const uint8_t *)x : scratch;
+    matmul_part parts[EMBER_MATMUL_MAX_PARTS];
+    matmul_job j = {.part = parts, .n_parts = count, .k = k, .n = n, .x = x};
     for (int i = 0; i < count; i++) {
-        if (init_part(&j.part[i], types[i], ws[i], ms[i], k, n, ys[i]) != 0) return -1;
+        if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a) != 0) return -1;
         if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
-        j.units += j.part[i].units;
+        j.units += parts[i].units;
     }
     if (act == EMBER_ACT_F32) {
-        j.act = (const uint8_t *)x;
         j.a_stride = k * (int64_t)sizeof(float);
     } else {
-        j.quantize = quantizer(act, rounding);
+        j.quantize = ember_quantizer(act, rounding);
         j.scratch = scratch;
-        j.act = scratch;
         j.a_stride = ember_act_row_bytes(act, k);
         if (n * k <= SERIAL_QUANTIZE_VALUES) quantize_task(&j, 0, 1);
         else ember_parallel(pool, quantize_task, &j);
     }
-    if (n <= STREAM_TOKENS) {
-        ember_parallel(pool, stream_task, &j);
-        return 0;
-    }
-    j.claim = EMBER_MAX(1, j.units / (ember_pool_threads(pool) * MATMUL_CLAIMS_PER_THREAD));
-    atomic_init(&j.next, 0);
-    ember_parallel(pool, claim_task, &j);
+    ember_job_run(pool, &j, n <= STREAM_TOKENS);
     return 0;
 }
 
@@ -252,6 +227,6 @@ void ember_matmul(ember_pool *pool, int type, const void *w, int64_t m, int64_t 
 int ember_matmul_quantize(int type, const float *x, int64_t k, void *dst, int rounding) {
     const ember_qtype *t = ember_qtype_get(type);
     if (!t || t->act == EMBER_ACT_F32 || k <= 0 || k % t->block_size) return -1;
-    quantizer(t->act, rounding)(x, dst, k);
+    ember_quantizer(t->act, rounding)(x, dst, k);
     return 0;
 }

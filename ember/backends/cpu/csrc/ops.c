@@ -456,6 +456,7 @@ typedef struct {
     int k_type, v_type;      /* storage types of the caches (kv_types.h) */
     int64_t k_head, v_head;  /* bytes of one kv head's keys, values in a cache row */
     float scale, softcap;
+    const float *sinks;      /* (n_head,) or NULL: a logit per head in every softmax's denominator */
     int64_t group;           /* query heads per kv head */
     int64_t item_heads;      /* query heads of one item (<= group) */
     int64_t n_hsub;          /* items per group and block: ceil(group / item_heads) */
@@ -632,6 +633,17 @@ static void attend_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *s
     }
 }
 
+/* 1 / the softmax total of a row of head h whose weights sum to l relative to max m, with the head's
+ * sink (a score no value goes with) in the total; the weighted sums are relative to m too. */
+static float softmax_inverse(const attn_ctx *c, int64_t h, float m, float l) {
+    if (c->sinks) {
+        const float s = c->sinks[h];
+        if (l <= 0 || s > m) return l > 0 ? expf(m - s) / (l * expf(m - s) + 1.0f) : 0.0f;
+        l += expf(s - m);
+    }
+    return l > 0 ? 1.0f / l : 0.0f;
+}
+
 /* A whole item: divide by the softmax total. A piece: keep max and total for combine_pieces. */
 static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scratch *sc, int64_t item) {
     int64_t rows = (w->t1 - w->t0) * w->nh;
@@ -643,7 +655,7 @@ static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scra
     }
     for (int64_t r = 0; r < rows; r++) {
         float *acc = w->acc + (r / w->nh) * w->acc_tstride + (r % w->nh) * c->hd_v;
-        float inv = sc->l[r] > 0 ? 1.0f / sc->l[r] : 0.0f;
+        float inv = softmax_inverse(c, w->g * c->group + w->h0 + r % w->nh, sc->m[r], sc->l[r]);
         for (int64_t i = 0; i < c->hd_v; i++) acc[i] *= inv;
     }
 }
@@ -683,7 +695,7 @@ static void combine_pieces(const attn_ctx *c) {
                 total += wgt * l;
                 for (int64_t i = 0; i < c->hd_v; i++) out[i] += wgt * piece[r * c->hd_v + i];
             }
-            float inv = total > 0 ? 1.0f / total : 0.0f;
+            float inv = softmax_inverse(c, w.g * c->group + w.h0 + r % w.nh, m_all, total);
             for (int64_t i = 0; i < c->hd_v; i++) out[i] *= inv;
         }
     }
@@ -722,7 +734,8 @@ static int64_t choose_split(attn_ctx *c, int nth) {
 void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache, float *out,
                      int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables, int64_t max_pages,
-                     int64_t page_size, int64_t window, float scale, float softcap, int k_type, int v_type) {
+                     int64_t page_size, int64_t window, float scale, float softcap, int k_type, int v_type,
+                     const float *sinks) {
     if (n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || hd_k <= 0 || hd_v <= 0 || page_size <= 0) return;
     if (n_head % n_kv_head != 0 || EMBER_MAX(hd_k, hd_v) > ATTN_CHUNK_FLOATS) return; /* outside the contract */
     int64_t k_head = ember_kv_bytes(k_type, hd_k), v_head = ember_kv_bytes(v_type, hd_v);
@@ -731,7 +744,8 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
         .q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .tok_pos = tok_pos, .tok_seq = tok_seq,
         .block_tables = block_tables, .n_tok = n_tok, .n_head = n_head, .n_kv_head = n_kv_head, .hd_k = hd_k,
         .hd_v = hd_v, .max_pages = max_pages, .page_size = page_size, .window = window, .k_type = k_type,
-        .v_type = v_type, .k_head = k_head, .v_head = v_head, .scale = scale, .softcap = softcap, .kern = kernels(),
+        .v_type = v_type, .k_head = k_head, .v_head = v_head, .scale = scale, .softcap = softcap, .sinks = sinks,
+        .kern = kernels(),
     };
     c.group = n_head / n_kv_head;
     c.item_heads = EMBER_MIN(c.group, ATTN_MAX_ROWS);

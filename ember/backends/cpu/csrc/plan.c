@@ -54,7 +54,7 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         return 0;
     case EMBER_OP_ATTENTION:
         ember_attention(pool, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[3], i[4], p[4], p[5], p[6], i[5], i[6],
-                        i[7], f[0], f[1], (int)i[8], (int)i[9]);
+                        i[7], f[0], f[1], (int)i[8], (int)i[9], p[7]);
         return 0;
     case EMBER_OP_HADAMARD:
         ember_hadamard(pool, p[0], p[1], i[0], i[1], i[2]);
@@ -83,6 +83,22 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         return 0;
     case EMBER_OP_TANH:
         ember_tanh(p[0], i[0]);
+        return 0;
+    case EMBER_OP_EXPERTS_MATMUL:
+        return ember_experts_matmul(pool, (int)i[0], p[0], p[1], p[2], i[1], i[2], p[3], i[3], i[4], (int)i[5], p[4],
+                                    p[5], p[6], (int)i[6]);
+    case EMBER_OP_EXPERTS_ROUTE:
+        if (i[1] > EMBER_EXPERTS_MAX || i[2] < 1 || i[2] > i[1]) return -1;
+        ember_experts_route(p[0], i[0], i[1], i[2], (int)i[3], p[1], p[2]);
+        return 0;
+    case EMBER_OP_EXPERTS_SUM:
+        ember_experts_sum(p[0], p[1], p[2], i[0], i[1], i[2]);
+        return 0;
+    case EMBER_OP_EXPERTS_BIAS:
+        ember_experts_bias(p[0], p[1], p[2], i[0], i[1]);
+        return 0;
+    case EMBER_OP_SWIGLU_OAI:
+        ember_swiglu_oai(p[0], p[1], p[2], i[0], f[0], f[1]);
         return 0;
     default:
         return -1;

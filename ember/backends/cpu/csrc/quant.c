@@ -13,6 +13,8 @@
 const int8_t ember_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                        1,    13,   25,  38,  53,  69,  89,  113};
 
+const int8_t ember_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 static inline float h2f(uint16_t h) { return ember_f16_to_f32(h); }
 
 /* ---- float types ---- */
@@ -97,6 +99,17 @@ static void dequant_iq4_nl(const void *src, float *dst, int64_t nb) {
         for (int l = 0; l < 16; l++) {
             dst[l] = d * (float)ember_iq4nl_values[b->qs[l] & 0xf];
             dst[l + 16] = d * (float)ember_iq4nl_values[b->qs[l] >> 4];
+        }
+    }
+}
+
+static void dequant_mxfp4(const void *src, float *dst, int64_t nb) {
+    const blk_mxfp4 *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, dst += QK) {
+        const float d = ember_e8m0_half(b->e);
+        for (int l = 0; l < 16; l++) {
+            dst[l] = d * (float)ember_mxfp4_values[b->qs[l] & 0xf];
+            dst[l + 16] = d * (float)ember_mxfp4_values[b->qs[l] >> 4];
         }
     }
 }
@@ -204,6 +217,7 @@ static const ember_qtype qtypes[EMBER_T_COUNT] = {
     [EMBER_T_Q5_1] = {QK, sizeof(blk_q5_1), EMBER_ACT_Q16, dequant_q5_1},
     [EMBER_T_Q8_0] = {QK, sizeof(blk_q8_0), EMBER_ACT_Q16, dequant_q8_0},
     [EMBER_T_IQ4_NL] = {QK, sizeof(blk_iq4_nl), EMBER_ACT_Q16, dequant_iq4_nl},
+    [EMBER_T_MXFP4] = {QK, sizeof(blk_mxfp4), EMBER_ACT_Q16, dequant_mxfp4},
     [EMBER_T_Q2_K] = {QK_K, sizeof(blk_q2_k), EMBER_ACT_Q8K, dequant_q2_k},
     [EMBER_T_Q3_K] = {QK_K, sizeof(blk_q3_k), EMBER_ACT_Q8K, dequant_q3_k},
     [EMBER_T_Q4_K] = {QK_K, sizeof(blk_q4_k), EMBER_ACT_Q8K, dequant_q4_k},

@@ -15,7 +15,8 @@ enum {
     /* the low-bit types (quant_iq.h) */
     EMBER_T_IQ2_XXS = 16, EMBER_T_IQ2_XS = 17, EMBER_T_IQ3_XXS = 18, EMBER_T_IQ1_S = 19, EMBER_T_IQ3_S = 21,
     EMBER_T_IQ2_S = 22, EMBER_T_IQ1_M = 29, EMBER_T_TQ1_0 = 34, EMBER_T_TQ2_0 = 35,
-    EMBER_T_COUNT = 36
+    EMBER_T_MXFP4 = 39, /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
+    EMBER_T_COUNT = 40
 };
 
 #define QK 32      /* values per block of the legacy types */
@@ -34,9 +35,11 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_k;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_k;
 typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } blk_iq4_xs;
+typedef struct { uint8_t e; uint8_t qs[16]; } blk_mxfp4;                   /* nibbles index ember_mxfp4_values */
 
 _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q5_0) == 22 &&
-               sizeof(blk_q5_1) == 24 && sizeof(blk_q8_0) == 34 && sizeof(blk_iq4_nl) == 18,
+               sizeof(blk_q5_1) == 24 && sizeof(blk_q8_0) == 34 && sizeof(blk_iq4_nl) == 18 &&
+               sizeof(blk_mxfp4) == 17,
                "legacy block sizes");
 _Static_assert(sizeof(blk_q2_k) == 84 && sizeof(blk_q3_k) == 110 && sizeof(blk_q4_k) == 144 &&
                sizeof(blk_q5_k) == 176 && sizeof(blk_q6_k) == 210 && sizeof(blk_iq4_xs) == 136,
@@ -44,10 +47,20 @@ _Static_assert(sizeof(blk_q2_k) == 84 && sizeof(blk_q3_k) == 110 && sizeof(blk_q
 
 /* The 16 non-linear levels of IQ4_NL / IQ4_XS. */
 extern const int8_t ember_iq4nl_values[16];
+/* MXFP4's 16 E2M1 values, doubled to integers (sign bit 3); a block's scale is then half its E8M0 power. */
+extern const int8_t ember_mxfp4_values[16];
+
+/* 2^(e - 128): half of an E8M0 scale (e = 0 and 1 are float subnormals, exact). */
+static inline float ember_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* ---- quantized activations (caller's scratch; our own planar layout) ----
  * Chosen per weight type by what it costs and what it changes against llama.cpp's reference outputs:
- * EMBER_ACT_Q16 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL), blocks of 32, in int16:
+ * EMBER_ACT_Q16 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4), blocks of 32, in int16:
  *     c int16 (k,) | d f32 (k/32,) | s f32 (k/32,)      (s = d * sum(c), for the mins of Q4_1/Q5_1)
  *     EMBER_ROUND_EXACT: c = round_even(x * 32767 / amax), d = amax / 32767, s in f32: exact to 1/65534
  *     of a block's largest value, the products of float arithmetic. EMBER_ROUND_LLAMA (the quantizer of

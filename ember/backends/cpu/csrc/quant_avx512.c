@@ -293,11 +293,11 @@ static void transpose_chunks16(panel *p, int64_t nch) {
 ALWAYS void pack_row32(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + (b0 + b) * block_bytes(type);
-        uint16_t dm[2]; /* every legacy block starts with d; Q4_1 and Q5_1 then m */
+        uint16_t dm[2]; /* every legacy block starts with d (MXFP4: an E8M0 byte); Q4_1 and Q5_1 then m */
         memcpy(dm, blk, 4);
         const __m512i w16 = _mm512_cvtepi8_epi16(weights32(type, blk));
         _mm512_store_si512((void *)(p->rows + r * PANEL_ROW_BYTES + 64 * b), w16);
-        p->scale[b * PANEL_ROWS + r] = f16_to_f32(dm[0]);
+        p->scale[b * PANEL_ROWS + r] = type == EMBER_T_MXFP4 ? ember_e8m0_half(blk[0]) : f16_to_f32(dm[0]);
         p->mins[b * PANEL_ROWS + r] = has_min(type) ? f16_to_f32(dm[1]) : 0.0f;
     }
 }
@@ -361,6 +361,7 @@ static void pack_row(int type, const uint8_t *row, int64_t b0, int64_t nb, int r
     case EMBER_T_Q5_1: pack_row32(EMBER_T_Q5_1, row, b0, nb, r, p); break;
     case EMBER_T_Q8_0: pack_row32(EMBER_T_Q8_0, row, b0, nb, r, p); break;
     case EMBER_T_IQ4_NL: pack_row32(EMBER_T_IQ4_NL, row, b0, nb, r, p); break;
+    case EMBER_T_MXFP4: pack_row32(EMBER_T_MXFP4, row, b0, nb, r, p); break;
     case EMBER_T_Q4_K: pack_row_k32(EMBER_T_Q4_K, row, b0, nb, r, p); break;
     case EMBER_T_Q5_K: pack_row_k32(EMBER_T_Q5_K, row, b0, nb, r, p); break;
     case EMBER_T_IQ4_XS: pack_row_k32(EMBER_T_IQ4_XS, row, b0, nb, r, p); break;
@@ -540,7 +541,7 @@ const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
         [EMBER_T_Q4_0] = PANEL(6), [EMBER_T_Q4_1] = PANEL(6), [EMBER_T_Q5_0] = PANEL(6),
-        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6),
+        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
         [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
     },

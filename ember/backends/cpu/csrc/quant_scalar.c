@@ -155,6 +155,15 @@ static block32 unpack_block32(int type, const void *p) {
         b.d = h2f(x->d);
         break;
     }
+    case EMBER_T_MXFP4: {
+        const blk_mxfp4 *x = p;
+        for (int l = 0; l < 16; l++) {
+            b.v[l] = ember_mxfp4_values[x->qs[l] & 0xf];
+            b.v[l + 16] = ember_mxfp4_values[x->qs[l] >> 4];
+        }
+        b.d = ember_e8m0_half(x->e);
+        break;
+    }
     default: { /* IQ4_NL */
         const blk_iq4_nl *x = p;
         for (int l = 0; l < 16; l++) {
@@ -335,6 +344,7 @@ QUANT_TILE(q5_0, EMBER_T_Q5_0, dot_legacy)
 QUANT_TILE(q5_1, EMBER_T_Q5_1, dot_legacy)
 QUANT_TILE(q8_0, EMBER_T_Q8_0, dot_legacy)
 QUANT_TILE(iq4_nl, EMBER_T_IQ4_NL, dot_legacy)
+QUANT_TILE(mxfp4, EMBER_T_MXFP4, dot_legacy)
 QUANT_TILE(q2_k, EMBER_T_Q2_K, dot_k)
 QUANT_TILE(q3_k, EMBER_T_Q3_K, dot_k)
 QUANT_TILE(q4_k, EMBER_T_Q4_K, dot_k)
@@ -352,7 +362,7 @@ const ember_kernels ember_kernels_scalar = {
     .tile = {
         [EMBER_T_Q4_0] = T1(q4_0), [EMBER_T_Q4_1] = T1(q4_1), [EMBER_T_Q5_0] = T1(q5_0),
         [EMBER_T_Q5_1] = T1(q5_1), [EMBER_T_Q8_0] = T1(q8_0), [EMBER_T_IQ4_NL] = T1(iq4_nl),
-        [EMBER_T_Q2_K] = T1(q2_k), [EMBER_T_Q3_K] = T1(q3_k), [EMBER_T_Q4_K] = T1(q4_k),
+        [EMBER_T_MXFP4] = T1(mxfp4), [EMBER_T_Q2_K] = T1(q2_k), [EMBER_T_Q3_K] = T1(q3_k), [EMBER_T_Q4_K] = T1(q4_k),
         [EMBER_T_Q5_K] = T1(q5_k), [EMBER_T_Q6_K] = T1(q6_k), [EMBER_T_IQ4_XS] = T1(iq4_xs),
         [EMBER_T_F32] = T1(f32), [EMBER_T_F16] = T1(f16), [EMBER_T_BF16] = T1(bf16),
     },

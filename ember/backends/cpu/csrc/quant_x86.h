@@ -183,7 +183,7 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
         TILE_DISPATCH(BODY, TYPE, 1);                                                                         \
     }
 
-/* ================= 32-value blocks: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL ================= */
+/* ================= 32-value blocks: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4 ================= */
 
 ALWAYS int has_min(int type) { return type == EMBER_T_Q4_1 || type == EMBER_T_Q5_1; }
 
@@ -194,6 +194,7 @@ ALWAYS int block_bytes(int type) {
     case EMBER_T_Q5_0: return sizeof(blk_q5_0);
     case EMBER_T_Q5_1: return sizeof(blk_q5_1);
     case EMBER_T_Q8_0: return sizeof(blk_q8_0);
+    case EMBER_T_MXFP4: return sizeof(blk_mxfp4);
     default: return sizeof(blk_iq4_nl);
     }
 }
@@ -201,6 +202,19 @@ ALWAYS int block_bytes(int type) {
 /* IQ4_NL levels as a pshufb table (signed bytes) */
 ALWAYS __m256i iq4nl_table(void) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ember_iq4nl_values));
+}
+
+/* MXFP4's doubled E2M1 values as a pshufb table */
+ALWAYS __m256i mxfp4_table(void) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ember_mxfp4_values));
+}
+
+/* Half the E8M0 scales of g <= 8 consecutive MXFP4 blocks at p (17 bytes each: no f16 field to gather),
+ * lanes past g 0. */
+ALWAYS __m256 mxfp4_scales8(const uint8_t *p, int g) {
+    _Alignas(32) float d[8] = {0};
+    for (int i = 0; i < g; i++) d[i] = ember_e8m0_half(p[i * sizeof(blk_mxfp4)]);
+    return _mm256_load_ps(d);
 }
 
 ALWAYS uint32_t load_u32(const uint8_t *p) {
@@ -223,6 +237,7 @@ ALWAYS __m256i weights32(int type, const uint8_t *p) {
         return _mm256_or_si256(nibbles32(b->qs), q5_high_bits(load_u32(b->qh)));
     }
     case EMBER_T_Q8_0: return load256(((const blk_q8_0 *)p)->qs);
+    case EMBER_T_MXFP4: return _mm256_shuffle_epi8(mxfp4_table(), nibbles32(((const blk_mxfp4 *)p)->qs));
     default: return _mm256_shuffle_epi8(iq4nl_table(), nibbles32(((const blk_iq4_nl *)p)->qs));
     }
 }
@@ -271,7 +286,8 @@ ALWAYS void group32(const int type, int64_t k, const uint8_t *w, int64_t ws, con
     const int bs = block_bytes(type), last = chain32(nr, nr == 1);
     _Alignas(32) float scale[TILE32_R][TILE_C][8];
     UNROLL for (int r = 0; r < nr; r++) {
-        __m256 mw, dw = block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
+        __m256 mw, dw = type == EMBER_T_MXFP4 ? mxfp4_scales8(w + r * ws + b0 * bs, g)
+                                              : block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
         UNROLL for (int c = 0; c < nc; c++) {
             const float *ad = (const float *)(a + c * as + ember_q16_d_offset(k)); /* d (nb,), s (nb,) */
             _mm256_store_ps(scale[r][c], _mm256_mul_ps(dw, load_floats(ad + b0, g)));
@@ -317,6 +333,7 @@ DEFINE_TILE32(tile_q5_0, EMBER_T_Q5_0)
 DEFINE_TILE32(tile_q5_1, EMBER_T_Q5_1)
 DEFINE_TILE32(tile_q8_0, EMBER_T_Q8_0)
 DEFINE_TILE32(tile_iq4_nl, EMBER_T_IQ4_NL)
+DEFINE_TILE32(tile_mxfp4, EMBER_T_MXFP4)
 
 /* ================= super-blocks with 32-value sub-blocks: Q4_K Q5_K IQ4_XS ================= */
 /* (these and the 16-value ones below multiply int8 weights with the int8 Q8_K activations: maddubs
@@ -581,7 +598,7 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
                  [EMBER_ACT_Q8K] = quantize_q8k},                                                             \
     .tile = {                                                                                                   \
         [EMBER_T_Q4_0] = T32(q4_0), [EMBER_T_Q4_1] = T32(q4_1), [EMBER_T_Q5_0] = T32(q5_0),                    \
-        [EMBER_T_Q5_1] = T32(q5_1), [EMBER_T_IQ4_NL] = T32(iq4_nl),                                              \
+        [EMBER_T_Q5_1] = T32(q5_1), [EMBER_T_IQ4_NL] = T32(iq4_nl), [EMBER_T_MXFP4] = T32(mxfp4),               \
         [EMBER_T_Q8_0] = T32(q8_0),                                                                            \
         [EMBER_T_Q2_K] = TK(q2_k), [EMBER_T_Q3_K] = TK(q3_k), [EMBER_T_Q4_K] = X86_TILE_Q4_K,                  \
         [EMBER_T_Q5_K] = X86_TILE_Q5_K, [EMBER_T_Q6_K] = X86_TILE_Q6_K, [EMBER_T_IQ4_XS] = TK(iq4_xs),         \

@@ -327,3 +327,83 @@ extern "C" __global__ void tanh_inplace(float *x, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i]);
 }
+
+// ---- mixture of experts ----
+
+// Routing, one warp per token: ids (n, k) and weights (n, k) = the k most probable experts of
+// softmax(logits[t]) (n_expert <= 32 * ROUTE_PER_LANE, expert lane + 32 i held by lane), best first,
+// the lower id among equal ones; the weights divided by their sum (kept from 0, as llama.cpp) when norm.
+#define ROUTE_PER_LANE 8
+extern "C" __global__ void route_experts(const float *logits, int *ids, float *weights, int n, int n_expert, int k,
+                                         int norm) {
+    PDL_ENTER();
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float *z = logits + (size_t)t * n_expert;
+    float p[ROUTE_PER_LANE];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n_expert ? z[e] : NEG_INF;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER_LANE; i++) {
+        p[i] = lane + 32 * i < n_expert ? expf(p[i] - mx) : -1.f;  // -1: no expert (never chosen)
+        sum += fmaxf(p[i], 0.f);
+    }
+    sum = warp_sum(sum);
+    float chosen = 0.f;
+    for (int u = 0; u < k; u++) {
+        float best = -1.f;
+        int id = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < ROUTE_PER_LANE; i++)
+            if (p[i] >= 0.f && p[i] / sum > best) best = p[i] / sum, id = lane + 32 * i;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(FULL_MASK, best, o);
+            const int oid = __shfl_xor_sync(FULL_MASK, id, o);
+            if (ob > best || (ob == best && oid < id)) best = ob, id = oid;
+        }
+        if (id == 0x7fffffff) best = 0.f, id = 0;  // NaN logits: no weight
+        else if ((id & 31) == lane) p[id >> 5] = -1.f;  // taken
+        chosen += best;
+        if (lane == 0) ids[(size_t)t * k + u] = id, weights[(size_t)t * k + u] = best;
+    }
+    if (norm && lane == 0) {
+        const float div = fmaxf(chosen, 6.103515625e-5f);
+        for (int u = 0; u < k; u++) weights[(size_t)t * k + u] /= div;
+    }
+}
+
+// out (n, d) = sum over u < k of weights[t, u] * y[t * k + u]   (y (n * k, d))
+extern "C" __global__ void expert_sum(const float *y, const float *weights, float *out, int n, int k, int d) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)n * d) return;
+    const i64 t = i / d, c = i % d;
+    float acc = 0.f;
+    for (int u = 0; u < k; u++) acc += weights[t * k + u] * y[(t * k + u) * d + c];
+    out[i] = acc;
+}
+
+// y (rows, d) += b[ids[s]] (b (n_expert, d)) for each row s: the chosen experts' biases
+extern "C" __global__ void expert_bias(float *y, const float *b, const int *ids, int rows, int d) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * d) return;
+    y[i] += b[(i64)ids[i / d] * d + i % d];
+}
+
+// out (n,) = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit)   (gpt-oss)
+extern "C" __global__ void swiglu_oai(const float *gate, const float *up, float *out, i64 n, float alpha,
+                                      float limit) {
+    PDL_ENTER();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
+    out[i] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
+}

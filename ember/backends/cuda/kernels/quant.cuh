@@ -22,6 +22,7 @@
 #define T_IQ4_NL 20
 #define T_IQ4_XS 23
 #define T_BF16 30
+#define T_MXFP4 39
 // the low-bit types: quant_iq.cuh (concatenated after this file)
 #define T_IQ2_XXS 16
 #define T_IQ2_XS 17
@@ -134,9 +135,34 @@ template <int TT>
 DEVI void lowbit_unit_q(const u8 *__restrict__ row, int u, QUnit &o);
 
 // Unit u (values 32u .. 32u+31) of a quantized row.
+// Four 4-bit codes (one per byte) -> their four int8 MXFP4 levels (E2M1 values doubled; bit 3: sign).
+DEVI u32 mxfp4_levels(u32 codes) {
+    // levels 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12, as bytes
+    const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u32 c = (codes >> (8 * j)) & 15u;
+        const u32 lo = c < 8 ? t0 : t2, hi = c < 8 ? t1 : t3;
+        r |= (bperm(lo, hi, c & 7u) & 0xFFu) << (8 * j);
+    }
+    return r;
+}
+
 template <int TT>
 DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
-    if constexpr (TT == T_Q4_0 || TT == T_IQ4_NL) {  // 18 bytes: f16 d | qs[16]
+    if constexpr (TT == T_MXFP4) {  // 17 bytes: u8 e (E8M0) | qs[16]; read bytewise (no alignment)
+        const u8 *b = row + (size_t)u * 17;
+        const u32 e = b[0];
+        const float d = as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);  // 2^(e - 128)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 w = (u32)b[1 + 4 * i] | (u32)b[2 + 4 * i] << 8 | (u32)b[3 + 4 * i] << 16 | (u32)b[4 + 4 * i] << 24;
+            o.q[i] = (int)mxfp4_levels(w & 0x0F0F0F0Fu);
+            o.q[i + 4] = (int)mxfp4_levels((w >> 4) & 0x0F0F0F0Fu);
+        }
+        set_ab(o, d, 0.f);
+    } else if constexpr (TT == T_Q4_0 || TT == T_IQ4_NL) {  // 18 bytes: f16 d | qs[16]
         const u8 *b = row + (size_t)u * 18;
         const float d = ld_f16(b);
         u32 w[4];
