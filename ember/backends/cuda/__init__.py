@@ -173,7 +173,7 @@ class Backend:
         if tensor.type not in types or len(shape) not in (2, 3):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name} and shape {shape}, which the "
                                "CUDA backend cannot compute with")
-        if shape[-1] % 32:
+        if shape[-1] % 32 and not (tensor.type == GGMLType.F32 and len(shape) == 2):  # f32 rows: expert biases
             raise BackendError(f"tensor '{tensor.name}' has rows of {shape[-1]} values; the CUDA kernels need a "
                                "multiple of 32")
         if len(shape) == 3:
@@ -398,6 +398,8 @@ class Backend:
         for w, out in zip(ws, outs):
             if len(w.shape) != 2 or w.shape[1] != x.shape[1] or out.shape != (x.shape[0], w.shape[0]):
                 raise BackendError(f"cannot multiply {x.shape} by '{w.name}' {w.shape} into {out.shape}")
+            if w.shape[1] % 32:
+                raise BackendError(f"'{w.name}' has rows of {w.shape[1]} values; the CUDA products need a multiple of 32")
         n = x.shape[0]
         ws = self._widened(ws)
         split = self.tensor_cores and n > 8 and all(quantized(w.type) for w in ws)
