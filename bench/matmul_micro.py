@@ -23,7 +23,20 @@ from ember.backends.cpu._native import ffi, lib
 from ember.quant.types import GGMLType, layout
 
 T = GGMLType
-COLD_BYTES = 96 << 20  # copies of W cycled through for n=1, well above the L3
+
+
+def last_level_cache_bytes() -> int:
+    """The L3's size as Linux reports it (0 where it does not)."""
+    try:
+        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+    except OSError:
+        return 0
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * scale[text[-1]] if text[-1] in scale else int(text)
+
+
+# copies of W cycled through for n=1: three times the L3 (some server parts have 480 MB), at least 96 MB
+COLD_BYTES = max(96 << 20, 3 * last_level_cache_bytes())
 
 # Offsets of the f16 scale fields in each block; every other byte may be random.
 SCALE_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.IQ4_NL: [0],
