@@ -68,17 +68,12 @@ class DiskTier:
         if size > self.capacity:
             return False
         self._trim(size)
-        header = HEADER.pack(MAGIC, self.identity, len(payload), hashlib.blake2b(payload, digest_size=32).digest())
+        header = HEADER.pack(MAGIC, self.identity, len(payload), checksum(payload))
         final = self.path(key)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(header)
-                fh.write(payload)
-            os.replace(tmp, final)
+            write_atomic(final, header, payload)
         except OSError as e:
             log.warning("KV disk cache: cannot write %s (%s); the page is dropped", final.name, e.strerror or e)
-            _unlink(tmp)
             return False
         self._files[key] = size
         self.nbytes += size
@@ -134,7 +129,7 @@ def _check(data: bytes, identity: bytes, nbytes: int) -> str:
         return "belongs to another model or KV cache type"
     if length != nbytes or len(data) != HEADER.size + length:
         return "is truncated or of another layout"
-    if hashlib.blake2b(memoryview(data)[HEADER.size:], digest_size=32).digest() != digest:
+    if checksum(memoryview(data)[HEADER.size:]) != digest:
         return "fails its checksum"
     return ""
 
@@ -147,6 +142,25 @@ def _check_writable(folder: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"the KV disk cache folder {str(folder)!r} is not writable: {e.strerror or e}") from None
+
+
+def checksum(body) -> bytes:
+    """The blake2b-256 a file of pages carries of its body."""
+    return hashlib.blake2b(body, digest_size=32).digest()
+
+
+def write_atomic(path: Path, header: bytes, body: bytes) -> None:
+    """path = header + body, written beside it and renamed over it (readers never see half a file);
+    on OSError nothing is left behind and the error propagates."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(header)
+            fh.write(body)
+        os.replace(tmp, path)
+    except OSError:
+        _unlink(tmp)
+        raise
 
 
 def _unlink(path: Path) -> None:

@@ -7,14 +7,13 @@ written to a temporary name and renamed. save_slot and restore_slot run on the e
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .kvdisk import checksum, write_atomic
 from .tiers import place_pages
 
 MAGIC = b"EMBSLOT1"
@@ -34,16 +33,10 @@ class SlotIO:
 def save(path: Path, tokens: list[int], pages: list[int], kv, identity: bytes) -> SlotIO:
     """Write tokens and the pages holding them (page table order) to path."""
     body = np.asarray(tokens, np.int32).tobytes() + kv.read_pages(pages).tobytes() if pages else b""
-    digest = hashlib.blake2b(body, digest_size=32).digest()
-    header = HEADER.pack(MAGIC, identity, len(tokens), len(pages), digest)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    header = HEADER.pack(MAGIC, identity, len(tokens), len(pages), checksum(body))
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(header)
-            fh.write(body)
-        os.replace(tmp, path)
+        write_atomic(path, header, body)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise SlotFileError(f"cannot write {path.name}: {e.strerror or e}") from None
     return SlotIO(len(tokens), len(header) + len(body))
 
@@ -74,7 +67,7 @@ def _parse(data: bytes, identity: bytes, page_nbytes: int, page_size: int) -> tu
     if n_pages != -(-n_tokens // page_size) or len(data) != HEADER.size + 4 * n_tokens + n_pages * page_nbytes:
         raise SlotFileError("the file is truncated or of another layout")
     body = memoryview(data)[HEADER.size:]
-    if hashlib.blake2b(body, digest_size=32).digest() != digest:
+    if checksum(body) != digest:
         raise SlotFileError("the file fails its checksum")
     tokens = np.frombuffer(body, np.int32, n_tokens).tolist()
     pages = np.frombuffer(body, np.uint8, offset=4 * n_tokens).reshape(n_pages, page_nbytes)
