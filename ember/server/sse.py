@@ -23,6 +23,11 @@ def event(data: Any) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
+def named_event(kind: str, data: Any) -> bytes:
+    """One SSE event of type `kind` (an `event:` line, as Anthropic's and the Responses streams use)."""
+    return f"event: {kind}\n".encode() + event(data)
+
+
 DONE = b"data: [DONE]\n\n"
 
 

@@ -9,13 +9,10 @@ import secrets
 from ..core.replies import CallArguments, CallStart, Delta, Reasoning, Text
 from ..core.run import Run, Sample, Step
 from ..errors import APIError
+from ..sse import named_event
 from ..exchange import Format
 from ..state import ServerModel
 from .request import MessagesRequest
-
-
-def named(kind: str, data: dict) -> bytes:
-    return f"event: {kind}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 def stop_reason(s: Sample, stops: tuple[str, ...], tokenizer) -> tuple[str, str | None]:
@@ -72,7 +69,7 @@ class MessagesReply(Format):
     # ---- streaming ----
     def opening(self, run: Run):
         start = {**self._message([]), "usage": {"input_tokens": len(run.prompts[0]), "output_tokens": 0}}
-        yield named("message_start", {"type": "message_start", "message": start})
+        yield named_event("message_start", {"type": "message_start", "message": start})
         for d in run.opening[0]:
             yield from self._delta(d)
 
@@ -86,13 +83,13 @@ class MessagesReply(Format):
         yield from self._close()
         s = step.sample
         reason, sequence = stop_reason(s, self.req.gen.stop, self.tokenizer)
-        yield named("message_delta", {"type": "message_delta",
+        yield named_event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                       "usage": usage(s, s.prompt_tokens)})
-        yield named("message_stop", {"type": "message_stop"})
+        yield named_event("message_stop", {"type": "message_stop"})
 
     def failure(self, error: APIError) -> bytes:
-        return named("error", {"type": "error", "error": {"type": error.type, "message": error.message}})
+        return named_event("error", {"type": "error", "error": {"type": error.type, "message": error.message}})
 
     def _delta(self, d: Delta):
         if isinstance(d, Text):
@@ -112,12 +109,12 @@ class MessagesReply(Format):
             return
         yield from self._close()
         self.block, self.index = kind, self.index + 1
-        yield named("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        yield named_event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
 
     def _close(self):
         if self.block is not None:
-            yield named("content_block_stop", {"type": "content_block_stop", "index": self.index})
+            yield named_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
             self.block = None
 
     def _block_delta(self, delta: dict) -> bytes:
-        return named("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return named_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})

@@ -10,6 +10,7 @@ import time
 from ..core.replies import CallArguments, CallStart, Delta, Reasoning, Text
 from ..core.run import Run, Sample, Step
 from ..errors import APIError
+from ..sse import named_event
 from ..exchange import Format
 from ..state import ServerModel
 from .request import ResponsesRequest
@@ -77,7 +78,7 @@ class ResponsesReply(Format):
     def event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        return named_event(kind, data)
 
     def opening(self, run: Run):
         yield self.event("response.created", response=self.response("in_progress", []))
