@@ -89,10 +89,9 @@ DEVI void align_words(u32 (&w)[N], int off) {
     for (int j = 0; j < N; j++) w[j] = fshr(w[j], j + 1 < N ? w[j + 1] : 0u, sh);
 }
 
-// Four 4-bit codes (one per byte) -> their four int8 levels of ggml's IQ4 table.
-DEVI u32 iq4_levels(u32 codes) {
-    // levels -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113, as bytes
-    const u32 t0 = 0xBFAD9881u, t1 = 0xF6EADDCFu, t2 = 0x26190D01u, t3 = 0x71594535u;
+// Four 4-bit codes (one per byte) -> their four int8 levels of a 16-entry table held as four words
+// of four bytes (t0: levels 0-3 ... t3: levels 12-15).
+DEVI u32 levels16(u32 codes, u32 t0, u32 t1, u32 t2, u32 t3) {
     u32 r = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -102,6 +101,12 @@ DEVI u32 iq4_levels(u32 codes) {
     }
     return r;
 }
+
+// ggml's IQ4 levels -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+DEVI u32 iq4_levels(u32 codes) { return levels16(codes, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u); }
+
+// MXFP4's levels, E2M1 values doubled (bit 3: sign): 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12
+DEVI u32 mxfp4_levels(u32 codes) { return levels16(codes, 0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu); }
 
 // Bits 0..3 of x -> bit 4 of bytes 0..3 (the fifth bit of four 5-bit values).
 DEVI u32 spread4_to_bit4(u32 x) {
@@ -135,20 +140,6 @@ template <int TT>
 DEVI void lowbit_unit_q(const u8 *__restrict__ row, int u, QUnit &o);
 
 // Unit u (values 32u .. 32u+31) of a quantized row.
-// Four 4-bit codes (one per byte) -> their four int8 MXFP4 levels (E2M1 values doubled; bit 3: sign).
-DEVI u32 mxfp4_levels(u32 codes) {
-    // levels 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12, as bytes
-    const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
-    u32 r = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const u32 c = (codes >> (8 * j)) & 15u;
-        const u32 lo = c < 8 ? t0 : t2, hi = c < 8 ? t1 : t3;
-        r |= (bperm(lo, hi, c & 7u) & 0xFFu) << (8 * j);
-    }
-    return r;
-}
-
 template <int TT>
 DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
     if constexpr (TT == T_MXFP4) {  // 17 bytes: u8 e (E8M0) | qs[16]; read bytewise (no alignment)
