@@ -543,3 +543,26 @@ def test_oversubscribed_pool_runs_each_share_once():
             np.testing.assert_array_equal(run_matmul(many, T.Q4_K, w, m, k, xs[i % 20]), want_y[i % 20])
     finally:
         lib.ember_pool_destroy(many)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_subnormal_scale_products_flush_to_zero_and_python_keeps_its_mode(qtype, pools):
+    """Activations near 1e-34 (a saturated silu gives them) make the products of block scales
+    subnormal: the kernels flush those to zero rather than compute on them (slowly), so outputs
+    stay finite and within |W| |x| of zero; activations that keep the products normal
+    scale the output exactly as before. The caller's thread gets its floating-point mode back:
+    numpy's subnormal arithmetic after a product is untouched."""
+    rng = np.random.default_rng(7)
+    m, k = 64, 512
+    w = make_weight(qtype, m, k, rng)
+    x = rng.standard_normal((1, k), dtype=np.float32)
+    size = np.abs(dequant_ref(w, qtype, k)).astype(np.float64) @ np.abs(x[0]).astype(np.float64)  # |W| |x|
+    for pool in pools:
+        base = run_matmul(pool, qtype, w, m, k, x).astype(np.float64)
+        small = run_matmul(pool, qtype, w, m, k, (x * np.float32(1e-20)).astype(np.float32)).astype(np.float64)
+        assert np.all(np.abs(small - base * 1e-20) <= 1e-6 * size * 1e-20)
+        tiny = run_matmul(pool, qtype, w, m, k, (x * np.float32(1e-34)).astype(np.float32)).astype(np.float64)
+        assert np.isfinite(tiny).all()
+        assert np.all(np.abs(tiny) <= 1.1 * size * 1e-34)
+        assert np.float32(1e-38) * np.float32(1e-3) > 0  # subnormal result, not flushed
+        assert np.float32(1e-40) > 0  # a subnormal operand still counts

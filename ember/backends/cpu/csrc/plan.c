@@ -106,10 +106,13 @@ static int run_op(ember_pool *pool, const ember_op *o) {
 }
 
 int64_t ember_run_ops(ember_pool *pool, const ember_op *ops, int64_t n_ops) {
-    for (int64_t k = 0; k < n_ops; k++)
-        if (run_op(pool, &ops[k]) != 0) return k;
+    const ember_fp_state fp = ember_fp_enter(); /* for the ops' serial parts on this thread */
+    int64_t failed = -1;
+    for (int64_t k = 0; k < n_ops && failed < 0; k++)
+        if (run_op(pool, &ops[k]) != 0) failed = k;
     if (n_ops > 1) ember_pool_rest(pool); /* a whole step: the caller's Python work comes next */
-    return -1;
+    ember_fp_leave(fp);
+    return failed;
 }
 
 static int64_t now_ns(void) {
@@ -119,11 +122,14 @@ static int64_t now_ns(void) {
 }
 
 int64_t ember_run_ops_timed(ember_pool *pool, const ember_op *ops, int64_t n_ops, int64_t *ns) {
-    for (int64_t k = 0; k < n_ops; k++) {
+    const ember_fp_state fp = ember_fp_enter();
+    int64_t failed = -1;
+    for (int64_t k = 0; k < n_ops && failed < 0; k++) {
         int64_t t0 = now_ns();
-        if (run_op(pool, &ops[k]) != 0) return k;
-        ns[k] += now_ns() - t0;
+        if (run_op(pool, &ops[k]) != 0) failed = k;
+        else ns[k] += now_ns() - t0;
     }
     if (n_ops > 1) ember_pool_rest(pool);
-    return -1;
+    ember_fp_leave(fp);
+    return failed;
 }

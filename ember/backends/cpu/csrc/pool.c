@@ -65,6 +65,7 @@ static void *worker_main(void *p) {
     struct worker_arg arg = *(struct worker_arg *)p;
     free(p);
     ember_pool *pool = arg.pool;
+    (void)ember_fp_enter(); /* for the thread's life */
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = atomic_load(&pool->gen);
@@ -147,8 +148,10 @@ void ember_pool_rest(ember_pool *pool) {
 }
 
 void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
+    const ember_fp_state fp = ember_fp_enter();
     if (!pool || pool->n_threads == 1) {
         fn(ctx, 0, 1);
+        ember_fp_leave(fp);
         return;
     }
     pthread_mutex_lock(&pool->run_lock);
@@ -175,4 +178,5 @@ void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
         else sched_yield();
     }
     pthread_mutex_unlock(&pool->run_lock);
+    ember_fp_leave(fp);
 }
