@@ -151,8 +151,15 @@ class Backend(Protocol):
     n_threads: int
     capabilities: Capabilities
 
-    def weight(self, tensor) -> Weight:
-        """Make a GGUF tensor (gguf_loader.TensorInfo) usable by the ops."""
+    def weight(self, tensor, streamed: bool = True) -> Weight:
+        """Make a GGUF tensor (gguf_loader.TensorInfo) usable by the ops. streamed: each token reads
+        all of it (a matrix of the products); False for a table whose rows are looked up (an
+        embedding that is not also the output head), which a backend may leave in the file's
+        mapping."""
+
+    def settle(self) -> None:
+        """Every weight of the model has been made: the backend may now move them where it reads
+        them fastest, in the background (nothing to do for a backend that copied them already)."""
 
     def empty(self, shape: tuple[int, ...], dtype=np.float32) -> Any: ...
 

@@ -41,6 +41,12 @@ class Mapping:
             raise GGUFError("file is closed")
         return np.frombuffer(self._mm, dtype, count, offset)
 
+    def whole(self) -> np.ndarray:
+        """The whole mapping as read-only bytes."""
+        if self._mm is None:
+            raise GGUFError("file is closed")
+        return np.frombuffer(self._mm, np.uint8)
+
     def close(self) -> None:
         mm, self._mm = self._mm, None
         if mm is None:
@@ -77,6 +83,10 @@ class TensorInfo:
     def data(self) -> np.ndarray:
         """The tensor's bytes: 1-D read-only uint8 view into the file's mmap."""
         return self._mapping.view(np.dtype(np.uint8), self.nbytes, self.offset)
+
+    def mapped_file(self) -> np.ndarray:
+        """The whole file's mapping as bytes; this tensor's lie at `offset`."""
+        return self._mapping.whole()
 
     def rows(self, lo: int, hi: int) -> "TensorInfo":
         """Rows lo..hi of a matrix as a tensor of its own (the parts of a fused projection):

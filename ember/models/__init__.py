@@ -18,7 +18,9 @@ def load_model(gguf, backend) -> Model:
         module = importlib.import_module(f"{__name__}.{arch.replace('-', '_')}")
     except ModuleNotFoundError:
         raise ModelError(f"architecture '{arch}' is not supported (supported: {', '.join(supported())})") from None
-    return module.Model(gguf, backend)
+    model = module.Model(gguf, backend)
+    backend.settle()
+    return model
 
 
 def supported() -> list[str]:

@@ -134,7 +134,8 @@ class Weights:
     def __init__(self, gguf, backend: Backend):
         self.gguf, self.backend = gguf, backend
 
-    def get(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False) -> Weight | None:
+    def get(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False,
+            streamed: bool = True) -> Weight | None:
         tensor = self.gguf.tensors.get(name)
         if tensor is None:
             if optional:
@@ -142,7 +143,7 @@ class Weights:
             raise ModelError(f"tensor '{name}' is missing from the file")
         if shape is not None and tuple(tensor.shape) != shape:
             raise ModelError(f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}")
-        return self.backend.weight(tensor)
+        return self.backend.weight(tensor, streamed)
 
     def split(self, name: str, sizes: list[int], cols: int) -> list[Weight]:
         """A fused projection (rows of several matrices stacked, e.g. attn_qkv) as one weight per
@@ -362,7 +363,8 @@ class Model:
             n_tokens = n
         embd = gguf.tensors.get("token_embd.weight")
         n_vocab = n_tokens or (embd.shape[0] if embd is not None and len(embd.shape) == 2 else 0)
-        self.tok_embd = self.weights.get("token_embd.weight", (n_vocab, d_model))
+        tied = "output.weight" not in gguf.tensors  # then every token reads the table whole, as the head
+        self.tok_embd = self.weights.get("token_embd.weight", (n_vocab, d_model), streamed=tied)
         self.head = self.weights.get("output.weight", (n_vocab, d_model), optional=True) or self.tok_embd
         self.n_vocab = n_vocab
 

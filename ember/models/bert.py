@@ -91,10 +91,10 @@ class BertModel(Model):
         if embd is None:
             raise ModelError("tensor 'token_embd.weight' is missing from the file")
         self.n_vocab = embd.shape[0]
-        self.tok_embd = w.get("token_embd.weight", (self.n_vocab, c.d_model))
+        self.tok_embd = w.get("token_embd.weight", (self.n_vocab, c.d_model), streamed=False)
         types = gguf.tensors.get("token_types.weight")
-        self.type_embd = w.get("token_types.weight", (types.shape[0], c.d_model)) if types is not None else None
-        self.pos_embd = w.get("position_embd.weight", (c.n_ctx_train, c.d_model)) if c.rope is None else None
+        self.type_embd = w.get("token_types.weight", (types.shape[0], c.d_model), streamed=False) if types is not None else None
+        self.pos_embd = w.get("position_embd.weight", (c.n_ctx_train, c.d_model), streamed=False) if c.rope is None else None
         self.embd_norm = w.vector("token_embd_norm.weight", c.d_model)
         self.embd_norm_b = w.vector("token_embd_norm.bias", c.d_model)
         self.layers = [Layer(w, i, c) for i in range(c.n_layer)]

@@ -20,6 +20,7 @@ import numpy as np
 from ...quant.types import GGMLType, layout
 from ..base import KV_TYPES, AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
 from ._native import ffi, lib
+from .resident import Settler
 
 F32 = np.float32
 MAX_MULTI = 8  # matrices one ember_matmul_multi call takes
@@ -177,6 +178,7 @@ class Backend:
         self.profile: Profile | None = None  # set to a Profile to time every op
         self._weight_types: set[int] = set()  # of every weight handed to this backend (one model's)
         self._rotated: dict[str, np.ndarray] = {}  # rotated queries, keys, values of a quantized KV cache
+        self._settler = Settler() if Settler.usable() else None  # moves weight matrices onto huge pages
 
     @property
     def isa(self) -> str:
@@ -185,13 +187,21 @@ class Backend:
     def supports(self, qtype: GGMLType) -> bool:
         return bool(lib.ember_type_supported(int(qtype)))
 
-    def weight(self, tensor) -> Weight:
+    def weight(self, tensor, streamed: bool = True) -> Weight:
         self._weight_types.add(int(tensor.type))
         if tensor.type == GGMLType.F32 and len(tensor.shape) == 1:
             return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.array())
         if not self.supports(tensor.type):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name}, which the CPU backend cannot compute with")
+        if self._settler is not None and streamed and len(tensor.shape) == 2:  # not stacked experts: read in part
+            self._settler.add(tensor)
         return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.data)
+
+    def settle(self) -> None:
+        """The matrices every token reads move onto huge pages, in place, in the background
+        (resident.py)."""
+        if self._settler is not None:
+            self._settler.start()
 
     def empty(self, shape, dtype=F32):
         return np.empty(shape, dtype)

@@ -164,7 +164,7 @@ class Backend:
         return qtype in MATRIX_TYPES
 
     # ---- memory ----
-    def weight(self, tensor) -> Weight:
+    def weight(self, tensor, streamed: bool = True) -> Weight:
         shape = tuple(tensor.shape)
         if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
             values = dequantize(tensor.data, tensor.type).astype(np.float32)
@@ -193,6 +193,9 @@ class Backend:
             self.kernels.prefetch(matmul_module(qtype, "mv_n1_occ"))
         self.kernels.prefetch(matmul_module(qtype, "mv_n1_store"))  # products storing y alone
         self.kernels.prefetch_later(matmul_module(qtype, "mv_n8"))  # batched decode: after the rest
+
+    def settle(self) -> None:  # the weights were copied to the device as they came
+        pass
 
     def empty(self, shape, dtype=np.float32):
         return self.cp.empty(shape, dtype)

@@ -115,7 +115,7 @@ class Backend:
                 self.device.queue.write_buffer(buf, whole, np.pad(raw[whole:], (0, 4 - raw.size + whole)))
         return buf
 
-    def weight(self, tensor) -> Weight:
+    def weight(self, tensor, streamed: bool = True) -> Weight:
         shape = tuple(tensor.shape)
         if len(shape) == 1:  # norm weights, biases, rope factors: small, kept as f32
             values = dequantize(tensor.data, tensor.type).astype(F32)
@@ -137,6 +137,9 @@ class Backend:
             chunk = raw[row0 * row_bytes:(row0 + rows) * row_bytes]
             parts.append((row0, rows, self._buffer(chunk.nbytes + WEIGHT_PADDING, chunk)))
         return MatrixData(parts, row_bytes)
+
+    def settle(self) -> None:  # the weights were copied to the adapter as they came
+        pass
 
     def empty(self, shape, dtype=F32):
         shape = tuple(int(s) for s in shape)
