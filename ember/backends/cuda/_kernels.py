@@ -40,7 +40,7 @@ def low_bit_source() -> str:
 
 
 MATMUL_VARIANTS = {"": "", "batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
-                   "store": "#define MV_STORE 1\n"}
+                   "store": "#define MV_STORE 1\n", "xs": "#define MV_XS 1\n"}
 
 
 def module_source(module: str) -> str:
@@ -69,7 +69,7 @@ def module_source(module: str) -> str:
 def matmul_module(qtype: int, kernel: str = "") -> str:
     """The module holding one of matmul.cu's kernels for a weight type."""
     variant = {"mv_n2": "batch", "mv_n4": "batch", "mv_n8": "batch", "mv_n1_occ": "occ",
-               "mv_n1_store": "store"}.get(kernel)
+               "mv_n1_store": "store", "mv_xs": "xs"}.get(kernel)
     return f"matmul_{int(qtype)}_{variant}" if variant else f"matmul_{int(qtype)}"
 
 
