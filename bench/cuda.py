@@ -365,7 +365,7 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
     qtype = GGMLType[qtype_name]
     lay = layout(qtype)
     scale_fields = {GGMLType.Q4_K: ((0, 0.002), (2, 0.001)), GGMLType.Q8_0: ((0, 0.002),),
-                    GGMLType.Q6_K: ((208, 0.0002),)}[qtype]
+                    GGMLType.Q5_K: ((0, 0.002), (2, 0.001)), GGMLType.Q6_K: ((208, 0.0002),)}[qtype]
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 256, size=(64 << 20) // lay.type_size * lay.type_size, dtype=np.uint8)
     blocks = pool.reshape(-1, lay.type_size)

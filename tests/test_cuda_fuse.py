@@ -553,7 +553,7 @@ def test_large_gated_products_take_the_x_stationary_kernel():
     from ember.backends.cuda.ops.matmul import MODE_SILU
 
     x = Addr(1, 4096)
-    for qtype, block in ((GGMLType.Q4_K, 128), (GGMLType.Q8_0, 128), (GGMLType.Q6_K, 128)):
+    for qtype, block in ((GGMLType.Q4_K, 128), (GGMLType.Q8_0, 128), (GGMLType.Q5_K, 128)):
         gate, up = mat(14336, 4096, qtype), mat(14336, 4096, qtype)
         op = Matmul([gate, up], x, [Addr(1, 14336), Addr(1, 14336)], xq=Addr(xq_bytes(1, 4096), dtype=np.uint8),
                     quant_in=False, mode=MODE_SILU, aux=Addr(1, 14336),
@@ -565,6 +565,7 @@ def test_large_gated_products_take_the_x_stationary_kernel():
         assert replace(op, ws=[mat(256, 4096, qtype)] * 2).launches(FakeKernels())[0].fn[1] != "mv_xs"  # 2 MiB
         assert replace(op, mode=MODE_RESIDUAL, ws=[gate]).launches(FakeKernels())[0].fn[1] != "mv_xs"
     assert not replace(op, ws=[mat(14336, 4096, GGMLType.Q4_1)] * 2).takes_xs()
+    assert not replace(op, ws=[mat(14336, 4096, GGMLType.Q6_K)] * 2).takes_xs()
     long_x = Addr(1, 32768)  # 1024 Q8_0 blocks a row: more lanes than a team takes
     assert not replace(op, x=long_x, ws=[mat(512, 32768, GGMLType.Q8_0)] * 2).takes_xs()
     assert not replace(op, x=Addr(2, 4096)).takes_xs()

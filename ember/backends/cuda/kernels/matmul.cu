@@ -790,7 +790,8 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS
 
 // A lane step's raw bytes, loaded apart from its decode so that the next rows' loads are in
 // flight while the current ones are used: Q4_K/Q5_K as RawK; Q8_0 as the three aligned 16-byte
-// chunks covering its block; other types load as they decode.
+// chunks covering its block. (Q6_K, whose slices load as they decode, was slower here than on
+// mv_n1 within a step: bench/NOTES.md.)
 struct XsRaw {
     RawK r;
     int off;
@@ -819,7 +820,7 @@ __device__ __forceinline__ void xs_decode(const XsRaw &x, const u8 *__restrict__
         for (int i = 0; i < 8; i++) q[0].q[i] = (int)fshr(w[i], w[i + 1], 16);
         q[0].a[0] = q[0].a[1] = d, q[0].b[0] = q[0].b[1] = 0.f;
     } else {
-        slice_q<TT>(row, p, q[0]);
+        static_assert(TT == T_Q4_K || TT == T_Q5_K || TT == T_Q8_0, "mv_xs takes Q4_K, Q5_K and Q8_0");
     }
 }
 

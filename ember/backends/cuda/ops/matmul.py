@@ -32,7 +32,7 @@ BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
 
 # mv_xs (matmul.cu): gate and up of one activation row over large matrices of these types, a team
 # of lanes per row holding its slices of x in registers while it streams rows
-XS_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+XS_TYPES = (GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K)  # those whose slices load apart from their decode
 XS_MIN_BYTES = 4 << 20  # weight bytes (gate and up) from which a one-row gated product takes mv_xs
 XS_MAX_TEAM = 512  # lanes of a team (one lane step of a row each): longer rows take mv_n1
 
