@@ -1,7 +1,8 @@
 """Batch-1 decode of a Llama-3.1-8B-shaped synthetic model on the GPU machine: the step's time,
 weight bytes read per token against the device copy bandwidth, and each launch of one layer timed
-alone (graph-replayed) beside the per-kernel totals. The files are written here (write_big_model,
-about 30 s each) and deleted after.
+alone (graph-replayed) beside the per-kernel totals. The files are written here (bench/cuda.py's
+write_big_model, 5-7 s each on the H200 machine) and deleted after. No llama.cpp build runs here:
+its figures for this shape are issue 28's (tg128 294 tok/s in Q4_K, 254 in Q8_0, H200).
 
     python bench/cuda_8b.py [--types Q4_K Q8_0] [--steps 200] [--out cuda_8b.json]
 """
@@ -17,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import importlib.util  # noqa: E402
 
+# bench/cuda.py by path: a module named `cuda` on sys.path would shadow NVIDIA's package CuPy imports
 _spec = importlib.util.spec_from_file_location("ember_bench_cuda", ROOT / "bench" / "cuda.py")
 bc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bc)

@@ -15,6 +15,8 @@
 //   run by the block that finishes last (a counter) does the row-wide work that needs every
 //   output: optional norm of y added into the residual, then the next RMS norm of the residual,
 //   quantized for the next product -- so a layer's norms cost no launch of their own.
+// mv_xs: gate and up of one activation row over large matrices (Q8_0, Q4_K, Q5_K): x-stationary
+//   teams, a lane per lane step of a row, streaming gate/up pairs (see its comment below).
 // mm_tile, mm_tile64: prefill / batched. 64 tokens x 128 (64) rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
 // mm_split: batched decode (9..64 rows, quantized types): mm_tile64's tiles with k split over
@@ -768,7 +770,7 @@ struct MvArgs {
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
 // defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
-// matmul_<type>_store (MV_STORE) mv_n1_store alone. Each mv_body instance is most of a module's
+// matmul_<type>_store (MV_STORE) mv_n1_store alone, matmul_<type>_xs (MV_XS) mv_xs alone. Each mv_body instance is most of a module's
 // compile time: a first token waits for the modules it needs, which compile side by side, and the
 // batch module compiles later.
 #if defined(MV_OCC)
