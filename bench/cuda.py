@@ -364,7 +364,8 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
 
     qtype = GGMLType[qtype_name]
     lay = layout(qtype)
-    scale_fields = {GGMLType.Q4_K: ((0, 0.002), (2, 0.001)), GGMLType.Q8_0: ((0, 0.002),)}[qtype]
+    scale_fields = {GGMLType.Q4_K: ((0, 0.002), (2, 0.001)), GGMLType.Q8_0: ((0, 0.002),),
+                    GGMLType.Q5_K: ((0, 0.002), (2, 0.001)), GGMLType.Q6_K: ((208, 0.0002),)}[qtype]
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 256, size=(64 << 20) // lay.type_size * lay.type_size, dtype=np.uint8)
     blocks = pool.reshape(-1, lay.type_size)
@@ -408,9 +409,10 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
     return step_bytes
 
 
-def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int) -> dict:
+def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int, listed: int = 0) -> dict:
     """Batch-1 decode steps of the model alone (recorded once, replayed as a graph), as the engine's
-    runner runs them, at a context of about 100 tokens."""
+    runner runs them, at a context of about 100 tokens; the first `listed` launches are also
+    listed one by one (name, grid, block, us alone)."""
     import ember.backends as backends
     from ember.backends import AttentionBatch
     from ember.gguf_loader import GGUFFile
@@ -448,7 +450,9 @@ def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int)
         gpu_ms = backend.cp.cuda.get_elapsed_time(e0, e1) / 20
         return {"step_ms": 1000 * t, "gpu_step_ms": gpu_ms, "weight_gb": step_bytes / 1e9, "weight_gbs": gbs,
                 "copy_gbs": copy_gbs, "fraction_of_copy": gbs / copy_gbs, "tokens_per_s": 1 / t,
-                "launches_per_step": len(rec.launches), "profile": launch_profile(backend, rec)}
+                "launches_per_step": len(rec.launches), "profile": launch_profile(backend, rec),
+                "listed": [(backend.kernels.name_of(x.fn), x.grid[0], x.block[0], round(graph_us(backend.cp, [x], 20), 2))
+                           for x in rec.launches[:listed] if hasattr(x, "fn")]}
 
 
 # ---- single kernels ----

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember.backends.cuda._kernels import ATT_TILE_DIMS, build_cubin  # noqa: E402
 from ember.backends.cuda.ops import MATRIX_TYPES  # noqa: E402
+from ember.backends.cuda.ops.matmul import XS_TYPES  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +31,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     modules = (["ops", "attention", "sample"] + [f"attention_tile{hd}" for hd in ATT_TILE_DIMS]
-               + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_store")])
+               + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_store")]
+               + [f"matmul_{int(t)}_xs" for t in sorted(XS_TYPES)])
     t0 = time.perf_counter()
     build = lambda m: build_cubin(m, args.arch, args.out)  # noqa: E731
     # the first alone: NVRTC loads its builtins library on first use, which failed here when two

@@ -168,7 +168,7 @@ def with_args(launch, **changes):
     from dataclasses import replace as dc_replace
 
     names = ["w0", "w1", "w2", "w3", "y0", "y1", "y2", "y3", "rows0", "rows1", "rows2", "rows3", "n_mat", "row_bytes",
-             "k", "n", "x", "xq", "team_log2", "n_tblocks", "pre_dec"]
+             "k", "n", "x", "xq", "team_log2", "n_tblocks", "pre_dec", "pf_row"]
     args = list(launch.args)
     for name, value in changes.items():
         args[names.index(name)] = type(args[names.index(name)])(value)
@@ -283,6 +283,56 @@ def test_matmul_grid_walking_its_blocks(cuda, matrices, qtype):
     assert all(a < b for a, b in zip(grids, full)), (grids, full)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)  # each row summed by one team the same way
+
+
+XS_TYPES = [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K]
+
+
+@pytest.mark.parametrize("cols", [COLS, 4608], ids=["warp", "wide"])  # teams of one warp; of 3-5 warps
+@pytest.mark.parametrize("qtype", XS_TYPES, ids=lambda t: t.name)
+def test_large_gated_products_take_the_x_stationary_kernel(cuda, qtype, cols, monkeypatch):
+    """Gate and up of one activation row over large matrices (every size here: XS_MIN_BYTES 0) take
+    mv_xs, teams that hold x in registers and stream rows: against mv_n1 and the dense product,
+    with the activation quantized (the bytes quant_x makes of it) and without."""
+    from types import SimpleNamespace
+
+    import ember.backends.cuda.ops.matmul as mm
+    from ember.backends.cuda.ops.matmul import MODE_GELU, MODE_SILU, Matmul, xq_bytes
+
+    rng = np.random.default_rng(31)
+    rows = 288  # whole blocks of 32 gate/up rows
+    data = {nm: weight(rng, qtype, rows, cols, 0.05) for nm in "gu"}
+    ws = {nm: cuda.weight(SimpleNamespace(name=nm, type=qtype, shape=(rows, cols), data=d.reshape(-1)))
+          for nm, d in data.items()}
+    x = cuda.from_numpy(rng.normal(0, 1, (1, cols)).astype(np.float32))
+    x64 = cuda.to_numpy(x).astype(np.float64)
+    want = {nm: x64 @ dequantize(d.reshape(-1), qtype).reshape(rows, cols).astype(np.float64).T
+            for nm, d in data.items()}
+    xq = cuda.cp.empty(xq_bytes(1, cols), np.uint8)
+    Matmul([], x, [], xq=xq)._quant_x(cuda.kernels).run()
+    acts = {MODE_SILU: lambda g: g / (1 + np.exp(-g)),
+            MODE_GELU: lambda g: 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))}
+
+    def run(xs: bool, mode: int, quantize: bool):
+        monkeypatch.setattr(mm, "XS_MIN_BYTES", 0 if xs else 1 << 60)
+        g, u, act = (poisoned(cuda, (1, rows)) for _ in range(3))
+        aq = cuda.cp.zeros(xq_bytes(1, rows), np.uint8) if quantize else None
+        (launch,) = Matmul([ws["g"], ws["u"]], x, [g, u], xq=xq, quant_in=False, mode=mode, aux=act,
+                           act_q=aq).launches(cuda.kernels)
+        assert cuda.kernels.name_of(launch.fn).endswith(".mv_xs") == xs
+        launch.run()
+        return [cuda.to_numpy(o) for o in (g, u, act)] + ([cuda.to_numpy(aq)] if quantize else [])
+
+    for mode, quantize in ((MODE_SILU, True), (MODE_SILU, False), (MODE_GELU, True)):
+        got, base = run(True, mode, quantize), run(False, mode, quantize)
+        for a, b in zip(got[:3], base[:3]):
+            assert rel_err(a, b) < 1e-5
+        assert rel_err(got[0], want["g"]) < 2e-2 and rel_err(got[1], want["u"]) < 2e-2
+        assert rel_err(got[2], acts[mode](want["g"]) * want["u"]) < 3e-2
+        if quantize:
+            again = cuda.cp.zeros(xq_bytes(1, rows), np.uint8)
+            Matmul([], cuda.from_numpy(got[2]), [], xq=again)._quant_x(cuda.kernels).run()
+            np.testing.assert_array_equal(got[3], cuda.to_numpy(again))
 
 
 def matmul_module_of(qtype) -> str:

@@ -545,6 +545,75 @@ def test_attention_in_clusters_takes_whole_clusters_of_splits(cluster):
         replace(split, n_split=12, part=Addr(1, 4, 12, 66)).launches(FakeKernels())
 
 
+def test_large_gated_products_take_the_x_stationary_kernel():
+    """Llama-3.1-8B's gate and up (14336 x 4096, one activation row, activation quantized) take
+    mv_xs: a block per 32 pairs, teams of a lane per lane step (64 lanes in Q4_K, 128 in Q8_0),
+    arguments as wide as the kernel's; smaller products, rows past a team of 512 lanes, stores and
+    batched steps keep mv_n*."""
+    from ember.backends.cuda.ops.matmul import MODE_SILU
+
+    x = Addr(1, 4096)
+    for qtype, block in ((GGMLType.Q4_K, 128), (GGMLType.Q8_0, 128), (GGMLType.Q5_K, 128)):
+        gate, up = mat(14336, 4096, qtype), mat(14336, 4096, qtype)
+        op = Matmul([gate, up], x, [Addr(1, 14336), Addr(1, 14336)], xq=Addr(xq_bytes(1, 4096), dtype=np.uint8),
+                    quant_in=False, mode=MODE_SILU, aux=Addr(1, 14336),
+                    act_q=Addr(xq_bytes(1, 14336), dtype=np.uint8))
+        (launch,) = op.launches(FakeKernels())
+        assert launch.fn == (f"matmul_{int(qtype)}_xs", "mv_xs") and launch.grid == (448, 1, 1), launch
+        assert launch.block[0] == block
+        assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params("mv_xs")]
+        assert replace(op, ws=[mat(256, 4096, qtype)] * 2).launches(FakeKernels())[0].fn[1] != "mv_xs"  # 2 MiB
+        assert replace(op, mode=MODE_RESIDUAL, ws=[gate]).launches(FakeKernels())[0].fn[1] != "mv_xs"
+    assert not replace(op, ws=[mat(14336, 4096, GGMLType.Q4_1)] * 2).takes_xs()
+    assert not replace(op, ws=[mat(14336, 4096, GGMLType.Q6_K)] * 2).takes_xs()
+    long_x = Addr(1, 32768)  # 1024 Q8_0 blocks a row: more lanes than a team takes
+    assert not replace(op, x=long_x, ws=[mat(512, 32768, GGMLType.Q8_0)] * 2).takes_xs()
+    assert not replace(op, x=Addr(2, 4096)).takes_xs()
+
+
+def test_gated_products_of_more_blocks_than_fit_take_narrower_teams():
+    """A gated product quantizing its activation takes blocks of 32 rows: teams of 8 lanes (256
+    threads), of 4 (128 threads) where the blocks of 256 would not all be resident at once."""
+    from ember.backends.cuda.ops.matmul import MODE_SILU
+
+    for rows, threads in ((8960, 256), (14336, 128)):
+        op = Matmul([mat(rows, 1536, GGMLType.Q4_1)] * 2, Addr(1, 1536), [Addr(1, rows)] * 2,
+                    xq=Addr(xq_bytes(1, 1536), dtype=np.uint8), quant_in=False, mode=MODE_SILU, aux=Addr(1, rows),
+                    act_q=Addr(xq_bytes(1, rows), dtype=np.uint8), n_sm=132)
+        (launch,) = op.launches(FakeKernels())
+        assert launch.block[0] == threads and launch.grid[0] == rows // 32, (rows, launch)
+
+
+def test_decode_products_prefetch_what_fits_in_l2():
+    """A decode product's teams prefetch their whole rows into L2 while the resident blocks' rows fit
+    in L2_PREFETCH_BYTES, else that budget shared out in whole 128-byte lines."""
+    from ember.backends.cuda.ops.matmul import L2_PREFETCH_BYTES
+
+    def pf_row(rows, k):
+        op = Matmul([mat(rows, k, GGMLType.Q8_0)], Addr(1, k), [Addr(1, rows)],
+                    xq=Addr(xq_bytes(1, k), dtype=np.uint8), quant_in=False, n_sm=132)
+        (launch,) = op.launches(FakeKernels())
+        return int(launch.args[21]), op.ws[0].data.row_bytes, launch
+
+    got, row_bytes, _ = pf_row(576, 576)
+    assert got == row_bytes
+    got, row_bytes, launch = pf_row(128256, 4096)
+    teams = launch.grid[0] * launch.block[0] >> int(launch.args[18])
+    assert 0 < got < row_bytes and got % 128 == 0 and got * 2 * teams <= L2_PREFETCH_BYTES
+
+
+def test_attention_clusters_of_16_only_where_they_fit():
+    """Decode attention at head size 128 takes clusters of 16 splits while 16 blocks per (token,
+    head) piece fit the GPU's slots (Llama-3.1-8B's 32 query heads do not: 8)."""
+    from ember.backends.cuda.ops.attention import AttentionStep, AttentionTarget, plan_attention
+
+    t = AttentionTarget(n_sm=132, tiles=True, clusters=True)
+    for n_head, n_kv, cluster in ((12, 2, 16), (32, 8, 8), (4, 1, 16)):
+        s = AttentionStep(1, 1, 4096, n_head, n_kv, 128, 128, True, True)
+        plan = plan_attention(t, s)
+        assert plan.cluster == cluster and plan.n_split % cluster == 0, (n_head, plan)
+
+
 def test_products_of_more_blocks_than_fit_take_the_lean_kernel():
     """mv_n1_occ where mv_n1's blocks would not all be resident at once (two of 256 threads or
     four of 128 a multiprocessor), mv_n1_store otherwise for a product that only stores y, and

@@ -31,7 +31,7 @@ from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.experts import (EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertSum, RouteExperts, SwigluOai,
                           experts_module)
-from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, mv_rows_for
+from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
 __all__ = ["Backend", "CudaConfig", "check_attention"]
@@ -191,6 +191,8 @@ class Backend:
         self.kernels.prefetch(matmul_module(qtype))
         if rows > 4096:  # a one-row product of so many rows likely takes mv_n1_occ (MvGeometry.occ)
             self.kernels.prefetch(matmul_module(qtype, "mv_n1_occ"))
+        if rows >= 2048 and qtype in XS_TYPES:  # or mv_xs, on large matrices
+            self.kernels.prefetch(matmul_module(qtype, "mv_xs"))
         self.kernels.prefetch(matmul_module(qtype, "mv_n1_store"))  # products storing y alone
         self.kernels.prefetch_later(matmul_module(qtype, "mv_n8"))  # batched decode: after the rest
 

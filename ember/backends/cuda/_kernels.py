@@ -40,15 +40,15 @@ def low_bit_source() -> str:
 
 
 MATMUL_VARIANTS = {"": "", "batch": "#define MV_BATCH 1\n", "occ": "#define MV_OCC 1\n",
-                   "store": "#define MV_STORE 1\n"}
+                   "store": "#define MV_STORE 1\n", "xs": "#define MV_XS 1\n"}
 
 
 def module_source(module: str) -> str:
     """The full source of one compiled module: "ops", "kv_quant" (the KV cache in BF16, Q8_0, Q4_0), "attention" (decode attention and the split
     merges), "attention_tile<64|128|256>" (one head size's tensor-core attention), "sample",
     "matmul_<ggml type id>", "matmul_<ggml type id>_batch" (the matrix-vector kernels of 2 to 8
-    rows), "matmul_<ggml type id>_occ" (mv_n1_occ) or "matmul_<ggml type id>_store" (mv_n1_store),
-    see matmul.cu; "experts_<ggml type id>" (grouped expert products, experts.cu)."""
+    rows), "matmul_<ggml type id>_occ" (mv_n1_occ), "matmul_<ggml type id>_store" (mv_n1_store) or
+    "matmul_<ggml type id>_xs" (mv_xs: Q8_0, Q4_K and Q5_K only), see matmul.cu; "experts_<ggml type id>" (grouped expert products, experts.cu)."""
     common = kernel_source("common.cuh")
     if module in ("ops", "sample", "kv_quant"):
         return common + kernel_source(f"{module}.cu")
@@ -69,7 +69,7 @@ def module_source(module: str) -> str:
 def matmul_module(qtype: int, kernel: str = "") -> str:
     """The module holding one of matmul.cu's kernels for a weight type."""
     variant = {"mv_n2": "batch", "mv_n4": "batch", "mv_n8": "batch", "mv_n1_occ": "occ",
-               "mv_n1_store": "store"}.get(kernel)
+               "mv_n1_store": "store", "mv_xs": "xs"}.get(kernel)
     return f"matmul_{int(qtype)}_{variant}" if variant else f"matmul_{int(qtype)}"
 
 

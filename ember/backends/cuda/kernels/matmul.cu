@@ -15,6 +15,8 @@
 //   run by the block that finishes last (a counter) does the row-wide work that needs every
 //   output: optional norm of y added into the residual, then the next RMS norm of the residual,
 //   quantized for the next product -- so a layer's norms cost no launch of their own.
+// mv_xs: gate and up of one activation row over large matrices (Q8_0, Q4_K, Q5_K): x-stationary
+//   teams, a lane per lane step of a row, streaming gate/up pairs (see its comment below).
 // mm_tile, mm_tile64: prefill / batched. 64 tokens x 128 (64) rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
 // mm_split: batched decode (9..64 rows, quantized types): mm_tile64's tiles with k split over
@@ -49,6 +51,8 @@ struct MvRun {  // the activation rows and the teams' layout
     int team_log2;
     int n_tblocks;   // blocks of teams: gridDim.x / groups of them, or more (the grid walks them)
     int pre_dec;     // one activation row: a lane's first pre_dec steps of slices decoded before the wait
+    i64 pf_row;      // bytes at the start of each of a team's rows prefetched into L2 (whole rows where
+                     // the resident blocks' rows fit in L2; past that, a prefetch would evict itself)
 };
 struct MvEpi {  // what the product does with y beside storing it
     int mode;
@@ -547,6 +551,7 @@ __device__ __forceinline__ void mv_team_rows(MvTeamRows &t, const MvMats &mt, bo
 }
 
 __device__ __forceinline__ void mv_prefetch_rows(const MvTeamRows &t, i64 row_bytes, int lane, int T) {
+    if (row_bytes <= 0) return;
     if (t.ok[0]) prefetch_range_l2(t.w0, row_bytes, lane, T);
     if (t.ok[1]) prefetch_range_l2(t.w1, row_bytes, lane, T);
 }
@@ -694,7 +699,7 @@ __device__ __forceinline__ void mv_body(const MvMats &mt, const MvRun &run, cons
     // The weights depend on no earlier kernel: the team's two rows go into L2 while the kernel
     // before this one still runs (launched early inside a captured step), then wait for x.
     pdl_launch_next();
-    mv_prefetch_rows(t, mt.row_bytes, lane, T);
+    mv_prefetch_rows(t, run.pf_row, lane, T);
     MvPre pre;
     int use_pre = mv_load_pre<NMAX>(run, t, lane, T, pre);
     pdl_wait();
@@ -719,7 +724,7 @@ __device__ __forceinline__ void mv_body(const MvMats &mt, const MvRun &run, cons
             for (int j = 0; j < NMAX; j++) acc[jb][j] = 0.f;
         if (next < run.n_tblocks) {  // this block's next rows go into L2 while it works on these
             mv_team_rows(t, mt, gated, next, tl, tb);
-            mv_prefetch_rows(t, mt.row_bytes, lane, T);
+            mv_prefetch_rows(t, run.pf_row, lane, T);
             mv_team_rows(t, mt, gated, tblock, tl, tb);
         }
         mv_dot_rows<NMAX>(run, t.w0, t.w1, t.ok[0], t.ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
@@ -750,14 +755,14 @@ struct MvArgs {
 #define MV_PARAMS                                                                                                  \
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,        \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,        \
-        const u8 *xq, int team_log2, int n_tblocks, int pre_dec, int mode, float *aux, u8 *act_q,                  \
+        const u8 *xq, int team_log2, int n_tblocks, int pre_dec, i64 pf_row, int mode, float *aux, u8 *act_q,      \
         const float *pro_src, const int *pro_idx, const float *pro_w, float pro_eps, float *pro_h,                 \
         const float *pro_y, float *pro_yout, const float *pro_post_w, float pro_post_eps, unsigned *pro_counter,    \
         unsigned *counter, float *res, int tail_add, const float *post_w, float post_eps, const float *pre_w,      \
         float pre_eps, float *pre_h, u8 *pre_q
 #define MV_ARGS                                                                                                    \
     MvArgs a = {{{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes},             \
-                {k, n, x, xq, team_log2, n_tblocks, pre_dec},                                                      \
+                {k, n, x, xq, team_log2, n_tblocks, pre_dec, pf_row},                                              \
                 {mode, aux, act_q},                                                                                \
                 {pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout, pro_post_w, pro_post_eps, pro_counter}, \
                 {counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}}
@@ -765,7 +770,7 @@ struct MvArgs {
 
 // The module matmul_<type> holds mv_n1 and the other kernels below; matmul_<type>_batch (MV_BATCH
 // defined) holds mv_n2, mv_n4 and mv_n8 alone, matmul_<type>_occ (MV_OCC) mv_n1_occ alone,
-// matmul_<type>_store (MV_STORE) mv_n1_store alone. Each mv_body instance is most of a module's
+// matmul_<type>_store (MV_STORE) mv_n1_store alone, matmul_<type>_xs (MV_XS) mv_xs alone. Each mv_body instance is most of a module's
 // compile time: a first token waits for the modules it needs, which compile side by side, and the
 // batch module compiles later.
 #if defined(MV_OCC)
@@ -774,6 +779,147 @@ struct MvArgs {
 extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS) {
     MV_ARGS;
     MV_BODY(1);
+}
+#elif defined(MV_XS)
+// mv_xs: gate and up of one activation row over large matrices (matmul_<type>_xs), the gated
+// activation optionally quantized. x-stationary: a team of T lanes (whole warps) covers a whole
+// row, lane l taking lane step l (SPL slices) of every row, so that each lane loads its slices of x
+// once, into registers, and then streams rows, a gate/up pair per iteration, the next pair's
+// loads issued before the current pair's dot products (their addresses run on from lane to lane).
+// mv_n1's teams of a few lanes read x again for every pair of rows; at Llama-3.1-8B's size (448
+// blocks of 32 rows) this kernel reads gate and up 1.3-1.45x as fast (bench/NOTES.md). A block
+// takes 32 pairs (teams of a block share them) and quantizes its 32 activations at the end.
+
+// A lane step's raw bytes, loaded apart from its decode so that the next rows' loads are in
+// flight while the current ones are used: Q4_K/Q5_K as RawK; Q8_0 as the three aligned 16-byte
+// chunks covering its block. (Q6_K, whose slices load as they decode, was slower here than on
+// mv_n1 within a step: bench/NOTES.md.)
+struct XsRaw {
+    RawK r;
+    int off;
+};
+template <int TT>
+__device__ __forceinline__ void xs_load(const u8 *__restrict__ row, int p, XsRaw &x) {
+    if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        slice2_raw<TT>(row, p, x.r);
+    } else if constexpr (TT == T_Q8_0) {
+        const u8 *b = row + (size_t)p * 34;
+        const uint4 *base = (const uint4 *)((size_t)b & ~(size_t)15);
+        x.r.hd = base[0], x.r.qa = base[1], x.r.qb = base[2];
+        x.off = (int)((size_t)b & 15);
+    }
+}
+template <int TT>
+__device__ __forceinline__ void xs_decode(const XsRaw &x, const u8 *__restrict__ row, int p, QSlice (&q)[SPL]) {
+    if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        slice2_decode<TT>(x.r, p, q[0], q[SPL - 1]);
+    } else if constexpr (TT == T_Q8_0) {  // as slice_q: the block's words aligned, then its levels
+        u32 w[12] = {x.r.hd.x, x.r.hd.y, x.r.hd.z, x.r.hd.w, x.r.qa.x, x.r.qa.y,
+                     x.r.qa.z, x.r.qa.w, x.r.qb.x, x.r.qb.y, x.r.qb.z, x.r.qb.w};
+        align_words(w, x.off);
+        const float d = h2f((u16)(w[0] & 0xFFFFu));
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[0].q[i] = (int)fshr(w[i], w[i + 1], 16);
+        q[0].a[0] = q[0].a[1] = d, q[0].b[0] = q[0].b[1] = 0.f;
+    } else {
+        static_assert(TT == T_Q4_K || TT == T_Q5_K || TT == T_Q8_0, "mv_xs takes Q4_K, Q5_K and Q8_0");
+    }
+}
+
+// One iteration's pair: gate and up row `job` (ok: job < the block's end) and their raw bytes.
+struct XsPair {
+    int job;
+    bool ok;
+    const u8 *w[2];
+    XsRaw raw[2];
+};
+__device__ __forceinline__ void xs_pair(XsPair &x, const MvMats &mt, int job, int j_end, bool has, int lane) {
+    x.job = job, x.ok = job < j_end;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        x.w[q] = mt.w[q] + (size_t)job * mt.row_bytes;
+        if (x.ok && has) xs_load<QT>(x.w[q], lane, x.raw[q]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512) mv_xs(const u8 *w0, const u8 *w1, float *y0, float *y1, int rows,
+                                                        i64 row_bytes, int k, const u8 *xq, int team, int mode,
+                                                        float *aux, u8 *act_q) {
+    __shared__ float part_s[2][16][2];  // a team of several warps: per-warp sums (by iteration parity)
+    __shared__ float act_s[32];
+    const MvMats mt = {{w0, w1, nullptr, nullptr}, {y0, y1, nullptr, nullptr}, {rows, rows, 0, 0}, 2, row_bytes};
+    const int T = team, lane = threadIdx.x % T, tb = threadIdx.x / T, nt = blockDim.x / T;
+    const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
+    const bool has = lane < k / 32 / SPL;  // lane steps of a row: lane `lane` takes step `lane`
+    const int u0 = blockIdx.x * 32, u_end = min(rows, u0 + 32), iters = (32 + nt - 1) / nt;
+    XsPair cur, nxt;
+    pdl_launch_next();
+    xs_pair(nxt, mt, u0 + tb, u_end, has, lane);  // weights: loaded while the kernel before still runs
+    pdl_wait();
+    int4 xv[SPL][2];
+    float xd[SPL][2], xs[SPL][2];
+    if (has) {
+        const float4 *meta = (const float4 *)(xq + (size_t)k);
+#pragma unroll
+        for (int e = 0; e < SPL; e++) {
+            int xo[2];
+            slice_offsets<QT>(SPL * lane + e, xo);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                xv[e][h] = *(const int4 *)(xq + xo[h]);
+                const float4 m = meta[xo[h] >> 5];
+                xd[e][h] = m.x;
+                xs[e][h] = (xo[h] & 16) ? m.z : m.y;
+            }
+        }
+    }
+    for (int it = 0; it < iters; it++) {
+        cur = nxt;
+        if (it + 1 < iters) xs_pair(nxt, mt, u0 + tb + nt * (it + 1), u_end, has, lane);
+        float acc[2] = {0.f, 0.f};
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            if (!cur.ok || !has) continue;
+            QSlice wq[SPL];
+            xs_decode<QT>(cur.raw[q], cur.w[q], lane, wq);
+#pragma unroll
+            for (int e = 0; e < SPL; e++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int d = dp4a(wq[e].q[4 * h], xv[e][h].x, 0);
+                    d = dp4a(wq[e].q[4 * h + 1], xv[e][h].y, d);
+                    d = dp4a(wq[e].q[4 * h + 2], xv[e][h].z, d);
+                    d = dp4a(wq[e].q[4 * h + 3], xv[e][h].w, d);
+                    acc[q] += xd[e][h] * wq[e].a[h] * (float)d + wq[e].b[h] * xs[e][h];
+                }
+        }
+        acc[0] = warp_sum(acc[0]), acc[1] = warp_sum(acc[1]);
+        if (T > 32) {  // one team a block: the warps' sums through shared memory
+            if (wl == 0) part_s[it & 1][warp][0] = acc[0], part_s[it & 1][warp][1] = acc[1];
+            __syncthreads();
+            if (warp == 0) {
+                acc[0] = acc[1] = 0.f;
+                for (int w = 0; w < T / 32; w++) acc[0] += part_s[it & 1][w][0], acc[1] += part_s[it & 1][w][1];
+            }
+        }
+        if (wl == 0 && (T == 32 || warp == 0)) {  // the team's first lane: the epilogue
+            const float g = acc[0], up = acc[1];
+            const float act = (mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
+            if (cur.ok) {
+                y0[cur.job] = g;
+                y1[cur.job] = up;
+                aux[cur.job] = act;
+            }
+            if (cur.job - u0 < 32) act_s[cur.job - u0] = cur.ok ? act : 0.f;
+        }
+    }
+    if (act_q) {  // the block's 32 activations quantized by its first warp
+        __syncthreads();
+        if (warp == 0) {
+            const int c = u0 + wl;
+            q8_store_warp(c < rows ? act_s[wl] : 0.f, (size_t)c, act_q, (float4 *)(act_q + (size_t)rows));
+        }
+    }
 }
 #elif defined(MV_STORE)
 // mv_n1 for products that only store y (no prologue, epilogue or tail), those paths left out: a
@@ -807,7 +953,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) {
     MV_BODY(8);
 }
 #endif
-#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE)
+#if !defined(MV_BATCH) && !defined(MV_OCC) && !defined(MV_STORE) && !defined(MV_XS)
 
 // ---- prefill: tensor-core tiles ----
 

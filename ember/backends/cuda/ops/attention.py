@@ -25,10 +25,12 @@ def att_min_keys(hd_v: int) -> int:
     return min(32, groups * ATT_VPRE)
 
 
-def att_cluster_size(min_keys: int) -> int:
+def att_cluster_size(min_keys: int, blocks: int = 1, slots: int = 1 << 30) -> int:
     """Blocks of a decode attention cluster (attn_cluster<8|16>): 8 where they cover 256 positions
-    in splits of min_keys, else 16."""
-    return 8 if 8 * min_keys >= 256 else 16
+    in splits of min_keys, or where 16 splits of each of the step's `blocks` (token, head) pieces
+    would be more blocks than `slots` (multiprocessors times waves: Llama-3.1-8B's 32 heads), else
+    16."""
+    return 8 if 8 * min_keys >= 256 or 16 * blocks > slots else 16
 
 
 def attn_tile_smem(hd: int) -> int:
@@ -134,7 +136,8 @@ def plan_attention(t: AttentionTarget, s: AttentionStep) -> AttentionPlan:
     hpb = 1 if s.n <= DECODE_TOKENS else ATT_HEADS
     n_split = split_count(s.n, s.n_kv, s.group, s.max_ctx, t.n_sm, t.waves, hpb)
     merge = n_split > 1
-    cluster = att_cluster_size(min_keys) if merge and t.clusters and s.hd_v % 32 == 0 else 0
+    blocks = s.n * s.n_kv * -(-s.group // hpb)
+    cluster = att_cluster_size(min_keys, blocks, t.waves * t.n_sm) if merge and t.clusters and s.hd_v % 32 == 0 else 0
     if cluster:  # whole clusters of splits
         n_split = -(-n_split // cluster) * cluster
     return AttentionPlan(False, n_split, hpb, merge, min_keys, cluster)

@@ -30,10 +30,20 @@ MV_PRE_STEPS = 2  # lane steps a prologue product holds before the wait (matmul.
 # the others decode too much per slice and take the tiles past 8 rows.
 BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
 
+# mv_xs (matmul.cu): gate and up of one activation row over large matrices of these types, a team
+# of lanes per row holding its slices of x in registers while it streams rows
+XS_TYPES = (GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K)  # those whose slices load apart from their decode
+XS_MIN_BYTES = 4 << 20  # weight bytes (gate and up) from which a one-row gated product takes mv_xs
+XS_MAX_TEAM = 512  # lanes of a team (one lane step of a row each): longer rows take mv_n1
+
 QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
 PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
 TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
 MV_FILL_MIN_BYTES = 1 << 20  # one-row products of at least these weight bytes widen teams to fill the GPU
+# Weight bytes the resident blocks of a decode product prefetch into L2 at most (before they wait for
+# x, and their next rows while they work): a product's rows past that are prefetched only in part
+# (whole rows of a 66 MB product would evict each other from the 50 MB L2 before they are read).
+L2_PREFETCH_BYTES = 8 << 20
 
 # mm_split (matmul.cu): products of 9..64 activation rows, quantized weights, k split over blocks
 MS_ROWS, MS_TOK, MS_CH, MS_THREADS = 64, 64, 8, 256
@@ -263,7 +273,38 @@ class Matmul:
         groups = self.groups()
         if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
             raise AssertionError("fused epilogues need one launch")
+        if self.takes_xs():
+            return out + [self._xs(kernels)]
         return out + [self._matvec(kernels, g) for g in groups]
+
+    def takes_xs(self) -> bool:
+        """Whether the product takes mv_xs: gate and up of one activation row (no prologue), rows in
+        whole blocks of 32, at least XS_MIN_BYTES of a type in XS_TYPES, rows of at most
+        XS_MAX_TEAM lane steps."""
+        if self.n != 1 or self.mode not in GATED or len(self.ws) != 2 or self.in_prologue():
+            return False
+        qtype, rows = self.ws[0].type, self.ws[0].shape[0]
+        if qtype not in XS_TYPES or self.ws[1].type != qtype or self.ws[1].shape[0] != rows or rows % 32:
+            return False
+        spl = 2 if qtype in PAIRED_SLICES else 1
+        if self.k % (32 * spl) or self.k // 32 // spl > XS_MAX_TEAM or self.tail is not None:
+            return False
+        return 2 * rows * self.ws[0].data.row_bytes >= XS_MIN_BYTES
+
+    def xs_geometry(self) -> tuple[int, int, int]:
+        """(team lanes, threads, blocks) of mv_xs: a lane per lane step of a row (whole warps),
+        blocks of at least 128 threads where teams are narrower, 32 gate/up pairs a block."""
+        spl = 2 if self.ws[0].type in PAIRED_SLICES else 1
+        team = -(-(self.k // 32 // spl) // 32) * 32
+        threads = MV_THREADS if team < MV_THREADS and MV_THREADS % team == 0 else team
+        return team, threads, self.ws[0].shape[0] // 32
+
+    def _xs(self, kernels) -> Launch:
+        team, threads, blocks = self.xs_geometry()
+        (g, u), (yg, yu) = self.ws, self.outs
+        args = (ptr(g.data.buf), ptr(u.data.buf), ptr(yg), ptr(yu), i32(g.shape[0]), i64(g.data.row_bytes),
+                i32(self.k), ptr(self.xq), i32(team), i32(self.mode), ptr(self.aux), ptr(self.act_q))
+        return Launch(kernels.fn(matmul_module(g.type, "mv_xs"), "mv_xs"), (blocks, 1, 1), (threads, 1, 1), args)
 
     def in_prologue(self) -> bool:
         """Whether the product's blocks normalise and quantize x themselves (into shared memory)
@@ -302,7 +343,8 @@ class Matmul:
         ws = [self.ws[j] for j in group]
         geo = self.mv_geometry(ws)
         name = "mv_n1_occ" if geo.occ else "mv_n1_store" if geo.nmax == 1 and self.stores_only() else f"mv_n{geo.nmax}"
-        args = (*self._mats_args(group), *self._run_args(geo, self._pre_steps(ws[0].type, geo, name)),
+        args = (*self._mats_args(group), *self._run_args(geo, self._pre_steps(ws[0].type, geo, name),
+                                                          self._prefetch_row(ws, geo)),
                 *self._epilogue_args(), *self._prologue_args(),
                 *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(ws[0].type, name), name)
@@ -314,8 +356,12 @@ class Matmul:
         nmax = 1 if n == 1 else 2 if n == 2 else 4 if n <= 4 else 8
         n_groups = -(-n // 8)  # more than 8 rows: groups of 8, each block of teams once per group
         spl = 2 if ws[0].type in PAIRED_SLICES else 1  # K-quant lanes step two slices at a time
-        if self.mode in GATED and self.act_q is not None:  # blocks of 32 output rows, teams of 8 lanes
-            tl, threads, tblocks = 3, MVQ_THREADS, ws[0].shape[0] // 32
+        if self.mode in GATED and self.act_q is not None:
+            # blocks of 32 output rows, teams of 8 lanes; of 4 where the blocks of 256 threads would
+            # not all be resident at once (the walking grid's second round then costs a whole one)
+            tblocks = ws[0].shape[0] // 32
+            tl = 3 if tblocks <= 3 * self.n_sm else 2
+            threads = 32 << tl
         else:
             teams = ws[0].shape[0] if self.mode in GATED else -(-sum(w.shape[0] for w in ws) // 2)
             tl = team_log2(k // spl, teams * n_groups)
@@ -346,8 +392,18 @@ class Matmul:
         return (*pad4([ptr(w.data.buf) for w in ws], u64(0)), *pad4([ptr(o) for o in outs], u64(0)),
                 *pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes))
 
-    def _run_args(self, geo: MvGeometry, pre_dec: int) -> tuple:
-        return (i32(self.k), i32(self.n), ptr(self.x), ptr(self.xq), i32(geo.tl), i32(geo.tblocks), i32(pre_dec))
+    def _run_args(self, geo: MvGeometry, pre_dec: int, pf_row: int) -> tuple:
+        return (i32(self.k), i32(self.n), ptr(self.x), ptr(self.xq), i32(geo.tl), i32(geo.tblocks), i32(pre_dec),
+                i64(pf_row))
+
+    def _prefetch_row(self, ws: list, geo: MvGeometry) -> int:
+        """Bytes at the start of each row that a team prefetches into L2: whole rows while the rows
+        of the blocks resident at once fit in L2_PREFETCH_BYTES, else that budget shared out
+        (whole 128-byte lines)."""
+        row_bytes = ws[0].data.row_bytes
+        rows = geo.grid * (geo.threads >> geo.tl) * 2  # two rows a team
+        share = L2_PREFETCH_BYTES // max(1, rows) // 128 * 128
+        return min(row_bytes, share)
 
     def _epilogue_args(self) -> tuple:
         return (i32(self.mode), ptr(self.aux), ptr(self.act_q))
