@@ -84,16 +84,6 @@ ALWAYS __m512i pick4_words(int g0) {
 /* 32 bytes at p in both halves of a vector */
 ALWAYS __m512i both_halves(const uint8_t *p) { return _mm512_broadcast_i64x4(load256(p)); }
 
-/* Decode products stream each thread's rows front to back; on the Xeon the CI runs on, the hardware
- * prefetchers alone kept a 2-thread Q4_K decode at a quarter of the read bandwidth. Each super-block
- * asks for the lines 1 KB ahead (llama-1b tg 8.6 -> 10.0 tok/s, gemma2-2b 6.3 -> 11.5, prompts
- * unchanged: bench/NOTES.md). */
-#define PF_BYTES 1024
-
-ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
-    for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
-}
-
 /* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys] */
 ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
                              int64_t ys, const int nc) {

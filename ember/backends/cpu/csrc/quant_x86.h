@@ -150,6 +150,16 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
     ember_q8k_sums(dst, k);
 }
 
+/* Decode products stream each thread's rows front to back; on the Xeon the CI runs on, the hardware
+ * prefetchers alone keep a 2-thread decode far below the read bandwidth (llama-1b 14.7 tok/s, gemma2-2b
+ * 7.5). Each super-block asks for the lines 2 KB ahead: with the weights on huge pages, 27.7 / 16.8
+ * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). */
+#define PF_BYTES 2048
+
+ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
+    for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
+}
+
 /* ---- microtiles: W rows x up to TILE_C activation rows ----
  * Mostly one row, walked from start to end: rows walked side by side defeat the hardware
  * prefetchers once rows pass ~450 bytes (measured here: one core streams 26 GB/s along one row,
@@ -407,6 +417,7 @@ ALWAYS void tilek32_body(const int type, int64_t k, const uint8_t *w, int64_t ws
     __m256 acc[TILE_C][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_ahead(w + b * k_block_bytes(type), (k_block_bytes(type) + 63) / 64);
         const ksuper32 s = prepare_k32(type, w + b * k_block_bytes(type));
         __m256i iacc[TILE_C][2];
         UNROLL for (int c = 0; c < nc; c++) iacc[c][0] = iacc[c][1] = _mm256_setzero_si256();
@@ -508,6 +519,7 @@ ALWAYS void tilek16_body(const int type, int64_t k, const uint8_t *w, int64_t ws
     __m256 acc[TILE_C][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_ahead(w + b * k_block_bytes(type), (k_block_bytes(type) + 63) / 64);
         const ksuper16 s = prepare_k16(type, w + b * k_block_bytes(type));
         __m256i iacc[TILE_C][2];
         UNROLL for (int c = 0; c < nc; c++) iacc[c][0] = iacc[c][1] = _mm256_setzero_si256();
