@@ -1,19 +1,25 @@
-"""ember replicas behind SGLang's Model Gateway: cache_aware against round_robin routing.
+"""ember replicas behind SGLang's Model Gateway: routing policies against one replica.
 
 The agent workload of agent.py, sent through the gateway's /v1/chat/completions: S sessions run
 concurrently, each T turns one after another; every turn re-sends the shared system prompt (tool
-definitions), the session's conversation so far (fixed assistant replies) and a new user message.
+definitions), the session's conversation so far (fixed assistant replies) and a new user message,
+and names its session in smg's routing-key header (policies that read no keys ignore it).
 Runs, each on freshly started replicas (deploy/replicas.py): one replica (the ceiling: every
-prefix lands where it was cached), then R replicas under each policy.
+prefix lands where it was cached), then R replicas under each policy; `POLICY+sticky` adds the
+gateway's sticky sessions (deploy/replicas.py's default), plain `POLICY` routes without them.
 
 Reports per run: prefix-cache hit rate summed over the replicas and per replica (from their
-vllm:prefix_cache_queries / _hits), prompt tokens computed (llamacpp:prompt_tokens), time to
-first token p50/p99 as the client sees it (streamed), total time, and the load average before and
-after (the machine may be shared: compare runs of one invocation, not across invocations).
+vllm:prefix_cache_queries / _hits), prompt tokens computed (llamacpp:prompt_tokens), each
+replica's share of the queried tokens and of the sessions, where the computed tokens went
+(sessions' first turns, turns that stayed on the previous turn's replica, turns that moved: from
+the gateway's x-smg-routed-worker-id and each response's usage), time to first token p50/p99 as
+the client sees it (streamed), total time, and the load average before and after (the machine
+may be shared: compare runs of one invocation, not across invocations).
 Writes bench/results/cluster.json.
 
-    python bench/cluster.py [--replicas 3] [--sessions 12] [--turns 4] [--system-tokens 700] [--gen 16]
-                            [--policies cache_aware round_robin] [--no-single] [--repeat 1] [--kv-memory 384M]
+    python bench/cluster.py [--replicas 3] [--sessions 24] [--turns 6] [--system-tokens 700] [--gen 16]
+                            [--policies round_robin cache_aware cache_aware+sticky] [--no-single]
+                            [--repeat 1] [--kv-memory 768M] [--out PATH]
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,17 +56,35 @@ def conversations(sessions: int, turns: int, system_tokens: int, seed: int) -> l
     return out
 
 
-def ask(url: str, model: str, messages: list[dict], gen: int) -> float:
-    """Time to the first streamed chunk with text of one chat completion (read to its end)."""
+@dataclass
+class Turn:
+    session: int
+    turn: int
+    worker: str  # the replica that served it, as the gateway names it (x-smg-routed-worker-id)
+    prompt: int
+    cached: int
+    ttft: float
+
+
+def ask(url: str, model: str, messages: list[dict], gen: int, key: str) -> tuple[str, dict, float]:
+    """One streamed chat completion, read to its end: (worker, usage, time to the first chunk with
+    text). The conversation's key rides in smg's routing-key header; policies that do not read
+    keys ignore it."""
     body = json.dumps({"model": model, "messages": messages, "max_tokens": gen, "temperature": 0,
-                       "stream": True}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
-    t0, ttft = time.perf_counter(), None
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    headers = {"Content-Type": "application/json", "x-smg-routing-key": key}
+    req = urllib.request.Request(url + "/v1/chat/completions", body, headers)
+    t0, ttft, usage = time.perf_counter(), None, {}
     with urllib.request.urlopen(req, timeout=600) as r:
+        worker = r.headers.get("x-smg-routed-worker-id", "")
         for line in r:
-            if ttft is None and line.startswith(b"data: {") and _has_text(json.loads(line[6:])):
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            if ttft is None and _has_text(chunk):
                 ttft = time.perf_counter() - t0
-    return ttft if ttft is not None else float("nan")
+    return worker, usage, ttft if ttft is not None else float("nan")
 
 
 def _has_text(chunk: dict) -> bool:
@@ -80,18 +105,19 @@ def scrape(url: str) -> dict[str, float]:
 def run(cluster: Cluster, convs: list[list[list[dict]]], gen: int) -> dict:
     with urllib.request.urlopen(cluster.url + "/v1/models") as r:
         model = json.loads(r.read())["data"][0]["id"]
-    ttfts: list[float] = []
+    turns: list[Turn] = []
     lock = threading.Lock()
 
-    def session(turns: list[list[dict]]) -> None:
-        for messages in turns:
-            t = ask(cluster.url, model, messages, gen)
+    def session(s: int) -> None:
+        for t, messages in enumerate(convs[s]):
+            worker, usage, ttft = ask(cluster.url, model, messages, gen, f"session-{s}")
+            cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
             with lock:
-                ttfts.append(t)
+                turns.append(Turn(s, t, worker, usage.get("prompt_tokens", 0), cached, ttft))
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=session, args=(turns,)) for turns in convs]
+    threads = [threading.Thread(target=session, args=(s,)) for s in range(len(convs))]
     for th in threads:
         th.start()
     for th in threads:
@@ -100,17 +126,41 @@ def run(cluster: Cluster, convs: list[list[list[dict]]], gen: int) -> dict:
     per = [scrape(u) for u in cluster.worker_urls]
     queries = sum(p["vllm:prefix_cache_queries_total"] for p in per)
     hits = sum(p["vllm:prefix_cache_hits_total"] for p in per)
+    ttfts = [t.ttft for t in turns]
     return {
-        "policy": cluster.policy if cluster.replicas > 1 else "single", "replicas": cluster.replicas,
-        "requests": len(ttfts), "wall_s": round(wall, 2),
+        "policy": label(cluster), "replicas": cluster.replicas, "requests": len(turns), "wall_s": round(wall, 2),
         "hit_rate": hits / queries if queries else 0.0, "prompt_tokens": queries,
         "computed_prompt_tokens": sum(p["llamacpp:prompt_tokens_total"] for p in per),
-        "per_replica": [{"queries": p["vllm:prefix_cache_queries_total"], "hits": p["vllm:prefix_cache_hits_total"],
-                         "hit_rate": (p["vllm:prefix_cache_hits_total"] / p["vllm:prefix_cache_queries_total"]
-                                      if p["vllm:prefix_cache_queries_total"] else 0.0)} for p in per],
+        "per_replica": [_replica(cluster.worker_urls[i], p, queries, turns) for i, p in enumerate(per)],
+        "routing": routing(turns),
         "ttft_p50_s": _pct(ttfts, 50), "ttft_p99_s": _pct(ttfts, 99),
         "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def label(cluster: Cluster) -> str:
+    if cluster.replicas == 1:
+        return "single"
+    return cluster.policy + ("+sticky" if cluster.sticky else "")
+
+
+def _replica(url: str, p: dict[str, float], queries: float, turns: list[Turn]) -> dict:
+    q, h = p["vllm:prefix_cache_queries_total"], p["vllm:prefix_cache_hits_total"]
+    return {"url": url, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0,
+            "share": q / queries if queries else 0.0, "requests": sum(t.worker == url for t in turns),
+            "sessions": len({t.session for t in turns if t.worker == url and t.turn == 0})}
+
+
+def routing(turns: list[Turn]) -> dict:
+    """Where the prompt tokens computed went (from each response's usage): a session's first turn,
+    a later turn on the replica of the turn before it, or a later turn that moved to another."""
+    prev = {(t.session, t.turn): t.worker for t in turns}
+    out = {"first": [0, 0], "stayed": [0, 0], "moved": [0, 0]}  # [requests, prompt tokens computed]
+    for t in turns:
+        kind = "first" if t.turn == 0 else "stayed" if prev[(t.session, t.turn - 1)] == t.worker else "moved"
+        out[kind][0] += 1
+        out[kind][1] += t.prompt - t.cached
+    return {k: {"requests": n, "computed": c} for k, (n, c) in out.items()}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -121,11 +171,12 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--sessions", type=int, default=24)
+    p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=700)
     p.add_argument("--gen", type=int, default=16, help="tokens generated per turn")
-    p.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"])
+    p.add_argument("--policies", nargs="+", default=["round_robin", "cache_aware", "cache_aware+sticky"],
+                   help="the gateway's policies; +sticky: with sticky sessions (deploy/replicas.py's default)")
     p.add_argument("--no-single", action="store_true", help="skip the one-replica ceiling run")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all runs (order reversed every other round)")
     p.add_argument("--ctx", type=int, default=2048)
@@ -134,21 +185,23 @@ def main() -> int:
     p.add_argument("--kv-memory", default=None, help="each replica's KV budget (default ctx x slots)")
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "cluster.json")
     a = p.parse_args()
     convs = conversations(a.sessions, a.turns, a.system_tokens, a.seed)
     runs = ([(1, "round_robin")] if not a.no_single else []) + [(a.replicas, pol) for pol in a.policies]
     results = []
     for rnd in range(a.repeat):
-        for n, policy in (runs if rnd % 2 == 0 else runs[::-1]):
-            with Cluster(n, policy, port=a.port, ctx=a.ctx, slots=a.slots, threads=a.threads,
+        for n, spec in (runs if rnd % 2 == 0 else runs[::-1]):
+            policy, sticky = spec.removesuffix("+sticky"), spec.endswith("+sticky")
+            with Cluster(n, policy, port=a.port, ctx=a.ctx, slots=a.slots, threads=a.threads, sticky=sticky,
                          kv_memory=a.kv_memory) as cluster:
                 res = run(cluster, convs, a.gen)
             res["round"] = rnd
             results.append(res)
             print(json.dumps(res), flush=True)
     out = {"config": vars(a), "cpu_count": os.cpu_count(), "runs": results}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "cluster.json").write_text(json.dumps(out, indent=1))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1, default=str))
     return 0
 
 
