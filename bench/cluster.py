@@ -2,7 +2,7 @@
 
 The agent workload of agent.py, sent through the gateway's /v1/chat/completions: S sessions run
 concurrently, each T turns one after another; every turn re-sends the shared system prompt (tool
-definitions), the session's conversation so far (fixed assistant replies) and a new user message,
+definitions), the session's conversation so far and a new user message,
 and names its session in smg's routing-key header (policies that read no keys ignore it).
 Runs, each on freshly started replicas (deploy/replicas.py): one replica (the ceiling: every
 prefix lands where it was cached), then R replicas under each policy; `POLICY+sticky` adds the
@@ -17,9 +17,14 @@ the client sees it (streamed), total time, and the load average before and after
 may be shared: compare runs of one invocation, not across invocations).
 Writes bench/results/cluster.json.
 
+The history's assistant turns are fixed replies by default (every run sends identical prompts);
+they differ from what the replica generated and cached, so every later turn recomputes the
+previous reply wherever it lands. `--history generated` sends back what the model said, as an
+agent does: those tokens are cached where they were generated.
+
     python bench/cluster.py [--replicas 3] [--sessions 24] [--turns 6] [--system-tokens 700] [--gen 16]
                             [--policies round_robin cache_aware cache_aware+sticky] [--no-single]
-                            [--repeat 1] [--kv-memory 768M] [--out PATH]
+                            [--repeat 1] [--kv-memory 768M] [--history fixed|generated] [--out PATH]
 """
 from __future__ import annotations
 
@@ -41,18 +46,25 @@ from agent import system_prompt, user_text  # noqa: E402
 from replicas import Cluster  # noqa: E402
 
 
-def conversations(sessions: int, turns: int, system_tokens: int, seed: int) -> list[list[list[dict]]]:
-    """messages[session][turn]: what each request sends."""
+@dataclass
+class Script:
+    """One session: the system prompt, each turn's user message, and the assistant replies its
+    history carries when it does not carry what was generated."""
+    system: str
+    users: list[str]
+    replies: list[str]
+
+
+def conversations(sessions: int, turns: int, system_tokens: int, seed: int) -> list[Script]:
     rng = random.Random(seed)
     system = system_prompt(system_tokens, lambda text: range(len(text) // 4))  # about 4 characters a token
     out = []
     for _ in range(sessions):
-        msgs, turns_out = [{"role": "system", "content": system}], []
+        users, replies = [], []
         for _ in range(turns):
-            msgs.append({"role": "user", "content": user_text(rng, rng.randrange(40, 80))})
-            turns_out.append(list(msgs))
-            msgs.append({"role": "assistant", "content": user_text(rng, 24)})
-        out.append(turns_out)
+            users.append(user_text(rng, rng.randrange(40, 80)))
+            replies.append(user_text(rng, 24))
+        out.append(Script(system, users, replies))
     return out
 
 
@@ -66,15 +78,15 @@ class Turn:
     ttft: float
 
 
-def ask(url: str, model: str, messages: list[dict], gen: int, key: str) -> tuple[str, dict, float]:
-    """One streamed chat completion, read to its end: (worker, usage, time to the first chunk with
-    text). The conversation's key rides in smg's routing-key header; policies that do not read
-    keys ignore it."""
+def ask(url: str, model: str, messages: list[dict], gen: int, key: str) -> tuple[str, str, dict, float]:
+    """One streamed chat completion, read to its end: (worker, text, usage, time to the first chunk
+    with text). The conversation's key rides in smg's routing-key header; policies that do not
+    read keys ignore it."""
     body = json.dumps({"model": model, "messages": messages, "max_tokens": gen, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     headers = {"Content-Type": "application/json", "x-smg-routing-key": key}
     req = urllib.request.Request(url + "/v1/chat/completions", body, headers)
-    t0, ttft, usage = time.perf_counter(), None, {}
+    t0, ttft, usage, text = time.perf_counter(), None, {}, []
     with urllib.request.urlopen(req, timeout=600) as r:
         worker = r.headers.get("x-smg-routed-worker-id", "")
         for line in r:
@@ -82,13 +94,10 @@ def ask(url: str, model: str, messages: list[dict], gen: int, key: str) -> tuple
                 continue
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
-            if ttft is None and _has_text(chunk):
+            text += [c["delta"]["content"] for c in chunk.get("choices", []) if c.get("delta", {}).get("content")]
+            if ttft is None and text:
                 ttft = time.perf_counter() - t0
-    return worker, usage, ttft if ttft is not None else float("nan")
-
-
-def _has_text(chunk: dict) -> bool:
-    return any(c.get("delta", {}).get("content") for c in chunk.get("choices", []))
+    return worker, "".join(text), usage, ttft if ttft is not None else float("nan")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -102,15 +111,21 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def run(cluster: Cluster, convs: list[list[list[dict]]], gen: int) -> dict:
+def run(cluster: Cluster, convs: list[Script], gen: int, generated: bool) -> dict:
+    """All sessions at once; with `generated` each turn's history carries the replies the model
+    gave (as an agent does), else the script's fixed replies (identical prompts in every run)."""
     with urllib.request.urlopen(cluster.url + "/v1/models") as r:
         model = json.loads(r.read())["data"][0]["id"]
     turns: list[Turn] = []
     lock = threading.Lock()
 
     def session(s: int) -> None:
-        for t, messages in enumerate(convs[s]):
-            worker, usage, ttft = ask(cluster.url, model, messages, gen, f"session-{s}")
+        script = convs[s]
+        messages = [{"role": "system", "content": script.system}]
+        for t, (user, fixed) in enumerate(zip(script.users, script.replies)):
+            messages.append({"role": "user", "content": user})
+            worker, reply, usage, ttft = ask(cluster.url, model, messages, gen, f"session-{s}")
+            messages.append({"role": "assistant", "content": reply if generated else fixed})
             cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
             with lock:
                 turns.append(Turn(s, t, worker, usage.get("prompt_tokens", 0), cached, ttft))
@@ -168,6 +183,20 @@ def _pct(values: list[float], q: float) -> float:
     return round(data[min(len(data) - 1, int(round(q / 100 * (len(data) - 1))))], 4) if data else 0.0
 
 
+def report(results: list[dict]) -> None:
+    """One line a run: against the single replica's hit rate and round_robin's tokens computed."""
+    ceiling = next((r["hit_rate"] for r in results if r["policy"] == "single"), None)
+    rr = next((r["computed_prompt_tokens"] for r in results if r["policy"] == "round_robin"), None)
+    print(f"{'run':24}{'hit rate':>10}{'/single':>9}{'computed':>10}{'/rr':>7}  {'shares':18}{'moved':>6}"
+          f"{'ttft p50':>10}{'p99':>8}{'wall':>8}")
+    for r in results:
+        shares = "/".join(f"{x['share']:.0%}" for x in r["per_replica"])
+        print(f"{r['policy']:24}{r['hit_rate']:>10.1%}{r['hit_rate'] / ceiling if ceiling else 0:>9.1%}"
+              f"{r['computed_prompt_tokens']:>10.0f}{r['computed_prompt_tokens'] / rr if rr else 0:>7.2f}  "
+              f"{shares:18}{r['routing']['moved']['requests']:>6}{r['ttft_p50_s']:>10.1f}{r['ttft_p99_s']:>8.1f}"
+              f"{r['wall_s']:>8.0f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=3)
@@ -185,6 +214,8 @@ def main() -> int:
     p.add_argument("--kv-memory", default=None, help="each replica's KV budget (default ctx x slots)")
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--history", choices=("fixed", "generated"), default="fixed",
+                   help="the assistant turns each request re-sends: the script's fixed replies, or what was generated")
     p.add_argument("--out", type=Path, default=HERE / "results" / "cluster.json")
     a = p.parse_args()
     convs = conversations(a.sessions, a.turns, a.system_tokens, a.seed)
@@ -195,10 +226,11 @@ def main() -> int:
             policy, sticky = spec.removesuffix("+sticky"), spec.endswith("+sticky")
             with Cluster(n, policy, port=a.port, ctx=a.ctx, slots=a.slots, threads=a.threads, sticky=sticky,
                          kv_memory=a.kv_memory) as cluster:
-                res = run(cluster, convs, a.gen)
+                res = run(cluster, convs, a.gen, a.history == "generated")
             res["round"] = rnd
             results.append(res)
             print(json.dumps(res), flush=True)
+    report(results)
     out = {"config": vars(a), "cpu_count": os.cpu_count(), "runs": results}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1, default=str))
