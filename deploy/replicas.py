@@ -112,7 +112,7 @@ class Cluster:
                "--worker-urls", *self.worker_urls, "--policy", self.policy,
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.port + 200),
                "--log-level", "warn"]
-        return cmd + list(STICKY_FLAGS) if self.sticky and module in STICKY_GATEWAYS else cmd
+        return cmd + (list(STICKY_FLAGS) if self.sticky and module in STICKY_GATEWAYS else [])
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
         out = open(os.path.join(self.log_dir, name + ".log"), "wb") if self.log_dir else subprocess.DEVNULL
