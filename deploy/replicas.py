@@ -2,11 +2,16 @@
 
     python deploy/replicas.py [--replicas 3] [--policy cache_aware|round_robin|...] [--model smollm2]
                               [--port 8080] [--ctx 2048] [--slots 2] [--threads 1] [--kv-memory 512M]
-                              [--kv-events] [--log-dir DIR]
+                              [--no-sticky] [--kv-events] [--log-dir DIR]
 
 Replica i listens on 127.0.0.1:(port + 1 + i), the gateway on 127.0.0.1:port; clients talk to the
 gateway's OpenAI routes (/v1/chat/completions, /v1/completions, /v1/models). With --kv-events
 replica i also publishes KV events on tcp://127.0.0.1:(port + 101 + i). Ctrl-C stops everything.
+
+Sticky sessions (on by default, `smg` only): a request that names its conversation, with the header
+`x-smg-routing-key: CONVERSATION` or a body `rid` of `CONVERSATION_t3` (turn suffix stripped), goes
+where the conversation's first request went; a new conversation goes to the replica with the fewest
+conversations in flight. Requests without a key are placed by --policy alone.
 
 The gateway is `smg` (pip install smg), the successor of `sglang-router`, which works too
 (pip install sglang-router; its module is sglang_router.launch_router). Both register ember as a
@@ -26,6 +31,10 @@ import urllib.request
 from dataclasses import dataclass, field
 
 GATEWAYS = ("smg.launch_router", "sglang_router.launch_router")  # newest first
+# smg's routing-key override pins keyed requests on any policy; `min_group` starts a new key on the
+# worker with the fewest keys in flight, so conversations that share a system prompt still spread.
+STICKY_FLAGS = ("--routing-key-override", "--assignment-mode", "min_group")
+STICKY_GATEWAYS = ("smg.launch_router",)
 
 
 def gateway_module() -> str | None:
@@ -48,6 +57,7 @@ class Cluster:
     slots: int = 2
     threads: int = 1
     kv_events: bool = False
+    sticky: bool = True  # keyed conversations stay on one replica (smg; sglang-router has no override)
     kv_memory: str | None = None  # each replica's KV budget (`ember serve --kv-memory`; default ctx x slots)
     log_dir: str | None = None  # where each process writes its log (default: discarded)
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -98,10 +108,11 @@ class Cluster:
         module = gateway_module()
         if module is None:
             raise RuntimeError("no gateway installed: pip install smg (or sglang-router)")
-        return [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
-                "--worker-urls", *self.worker_urls, "--policy", self.policy,
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.port + 200),
-                "--log-level", "warn"]
+        cmd = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
+               "--worker-urls", *self.worker_urls, "--policy", self.policy,
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.port + 200),
+               "--log-level", "warn"]
+        return cmd + (list(STICKY_FLAGS) if self.sticky and module in STICKY_GATEWAYS else [])
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
         out = open(os.path.join(self.log_dir, name + ".log"), "wb") if self.log_dir else subprocess.DEVNULL
@@ -139,12 +150,15 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--kv-memory", default=None, help="each replica's KV budget, e.g. 512M (default ctx x slots)")
+    p.add_argument("--no-sticky", dest="sticky", action="store_false",
+                   help="ignore conversation keys (x-smg-routing-key, rid): every request placed by --policy")
     p.add_argument("--kv-events", action="store_true", help="replicas publish KV events (needs ember[kv-events])")
     p.add_argument("--log-dir", default=None)
     a = p.parse_args()
-    with Cluster(a.replicas, a.policy, a.model, a.port, a.ctx, a.slots, a.threads, a.kv_events, a.kv_memory,
-                 a.log_dir) as c:
-        print(f"gateway {c.url} ({a.policy}) -> {' '.join(c.worker_urls)}", flush=True)
+    with Cluster(a.replicas, a.policy, a.model, a.port, a.ctx, a.slots, a.threads, a.kv_events, a.sticky,
+                 a.kv_memory, a.log_dir) as c:
+        sticky = ", sticky sessions" if a.sticky and gateway_module() in STICKY_GATEWAYS else ""
+        print(f"gateway {c.url} ({a.policy}{sticky}) -> {' '.join(c.worker_urls)}", flush=True)
         try:
             while all(proc.poll() is None for proc in c.procs):
                 time.sleep(1)

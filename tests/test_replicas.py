@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
-from replicas import Cluster, gateway_module  # noqa: E402
+from replicas import STICKY_GATEWAYS, Cluster, gateway_module  # noqa: E402
 from test_server_harness import free_port, server, smollm, wait_idle  # noqa: E402,F401
 
 
@@ -73,6 +74,38 @@ def test_a_sessions_turns_keep_hitting_one_replicas_cache(tmp_path):
     for turns in served:
         assert len({i for i, _ in turns}) == 1, served  # one replica for all of a session's turns
         assert all(rate > 0.8 for _, rate in turns[1:]), served  # and its cache for all but the first
+
+
+@pytest.mark.skipif(gateway_module() not in STICKY_GATEWAYS, reason="sticky sessions need smg (pip install smg)")
+def test_keyed_conversations_sharing_a_system_prompt_spread_and_stick(tmp_path):
+    """Text alone would send both to the replica holding the shared system prompt; the conversations'
+    keys (a header for one, a body rid with turn suffixes for the other) spread them and keep them."""
+    port = free_port()
+    system = {"role": "system", "content": "You answer questions about tides and old maps. " * 40}
+    with Cluster(replicas=2, policy="cache_aware", port=port, ctx=1024, slots=1, log_dir=str(tmp_path)) as cluster:
+        model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
+        convs = {"a": [system], "b": [system]}
+
+        def turn(name: str, t: int) -> tuple[str, dict]:
+            msgs = convs[name]
+            msgs.append({"role": "user", "content": f"Conversation {name}, question {t}: one fact."})
+            body = {"model": model, "messages": msgs, "max_tokens": 4, "temperature": 0}
+            headers = {"x-smg-routing-key": "conv-a"} if name == "a" else {}
+            if name == "b":
+                body["rid"] = f"conv-b_t{t}"
+            r = httpx.post(cluster.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+            assert r.status_code == 200, r.text
+            msgs.append({"role": "assistant", "content": "One fact."})
+            return r.headers["x-smg-routed-worker-id"], r.json()["usage"]
+
+        with ThreadPoolExecutor(2) as pool:  # both first turns in flight at once
+            first = dict(zip("ab", pool.map(turn, "ab", (0, 0))))
+        later = {name: [turn(name, t) for t in (1, 2)] for name in "ab"}
+    assert first["a"][0] != first["b"][0], first  # spread, though both share the system prompt
+    for name in "ab":
+        assert {w for w, _ in later[name]} == {first[name][0]}, (name, first, later)
+        for _, usage in later[name]:
+            assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"], later
 
 
 # Bodies as the gateways forward them (captured from smg 1.13.0 and sglang-router 0.3.2): they
