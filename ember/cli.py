@@ -252,12 +252,12 @@ def _add_speculative(s) -> None:
                    help="the draft model stops drafting at a token it gives less than this probability (default 0.75)")
     g.add_argument("--spec-index-mb", type=float, default=64.0, metavar="MB",
                    help="size of the n-gram index shared by all requests (type cache; default 64)")
-    g.add_argument("-md", "--model-draft", default=None, metavar="FILE",
+    g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None, metavar="FILE",
                    help="a draft model: a smaller GGUF model of the same vocabulary (file or known name); drafts "
                         "first unless --spec-type places draft elsewhere")
-    g.add_argument("-devd", "--device-draft", default=None, metavar="DEVICE",
+    g.add_argument("-devd", "--device-draft", "--spec-draft-device", dest="device_draft", default=None, metavar="DEVICE",
                    help="the draft model's backend (default: the model's; --device's names)")
-    g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="gpu_layers_draft", default="auto",
+    g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="gpu_layers_draft", default="auto",
                    type=_gpu_layers, metavar="N",
                    help="0: the draft model runs on the CPU; any other number, auto or all: on its device, whole "
                         "(a model is not split between devices)")

@@ -137,6 +137,11 @@ class DraftState:
         if accepted * MISS_SHARE >= drafted:
             self.misses = 0
             return
+        self.missed()
+
+    def missed(self) -> None:
+        """A draft mostly rejected, or a draft model's step that drafted nothing (it was not sure
+        enough of even the first token): the pause doubles while such steps go on."""
         self.misses += 1
         self.pause = min(MAX_PAUSE, 1 << (self.misses - 1))
 
@@ -198,6 +203,8 @@ class Speculator:
             for i, (seq, st, room) in enumerate(wants):
                 if not found[i][1]:
                     draft = drafts.get(seq.id)
+                    if not draft:  # the draft model's step cost as much as a drafted one: a miss
+                        st.missed()
                     found[i] = ("draft", draft) if draft else self._find(seq, st, room, types[cut + 1:])
         if self.index is not None:
             for i, (seq, _, room) in enumerate(wants):
