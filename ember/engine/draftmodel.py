@@ -84,8 +84,11 @@ class _Shadow:
 class DraftModel:
     """Greedy drafts from a second model for any number of sequences at once (see the module's doc)."""
 
-    def __init__(self, model: Model, n_ctx: int, max_seqs: int, page_size: int, max_batch_tokens: int):
+    def __init__(self, model: Model, n_ctx: int, max_seqs: int, page_size: int, max_batch_tokens: int,
+                 n_vocab: int | None = None):
+        """n_vocab: the model's vocabulary size; a draft's larger one (by a few tokens) drafts none of the rest."""
         self.model, self.n_ctx = model, n_ctx
+        self.n_vocab = min(n_vocab or model.n_vocab, model.n_vocab)
         n_pages = -(-n_ctx * max_seqs // page_size)
         self.pool = PagePool(n_pages, page_size)
         cache = model.new_kv_cache(n_pages + 1, page_size)  # the extra page: the runner's padding
@@ -170,12 +173,11 @@ class DraftModel:
                 self._take(seq.owner, logits[row - 1])
         return True
 
-    @staticmethod
-    def _take(shadow: _Shadow, row: np.ndarray) -> None:
+    def _take(self, shadow: _Shadow, row: np.ndarray) -> None:
         """The shadow's next draft token from its row: the greedy one, if likely enough."""
         if shadow.done:
             return
-        token = int(np.argmax(row))
+        token = int(np.argmax(row[:self.n_vocab]))
         top = float(row[token])
         p = 1.0 / float(np.exp(row.astype(np.float64) - top).sum())
         if not p >= shadow.ask.p_min:  # (NaN logits draft nothing)

@@ -98,7 +98,8 @@ class Engine:
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
                                   -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
-        self.spec = Speculator(config.speculative, self.tree, config.n_ctx, self._drafter(draft_model, config))
+        drafter = self._drafter(draft_model, config, model.n_vocab)
+        self.spec = Speculator(config.speculative, self.tree, config.n_ctx, drafter)
         self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k,
                              speculator=self.spec)
         ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
@@ -121,12 +122,12 @@ class Engine:
         return identity(c.model_digest, c.cache_type_k, c.cache_type_v, c.page_size, self.cache.page_nbytes)
 
     @staticmethod
-    def _drafter(model: Model | None, config: EngineConfig) -> DraftModel | None:
+    def _drafter(model: Model | None, config: EngineConfig, target_vocab: int) -> DraftModel | None:
         if model is None:
             return None
         spec = config.speculative.model
         n_ctx = min(spec.n_ctx or config.n_ctx, config.n_ctx) if spec is not None else config.n_ctx
-        return DraftModel(model, n_ctx, config.max_seqs, config.page_size, config.max_batch_tokens)
+        return DraftModel(model, n_ctx, config.max_seqs, config.page_size, config.max_batch_tokens, target_vocab)
 
     def _tiers(self, config: EngineConfig) -> TieredCache | None:
         if not (config.tiers.enabled and config.prefix_cache):
