@@ -126,10 +126,14 @@ class DraftState:
         return self.size
 
     def record(self, drafted: int, accepted: int) -> None:
-        """A verified draft: longer drafts after wholly kept ones, shorter after partly kept ones,
-        and after one that was mostly rejected a pause (doubling while such drafts go on)."""
+        """A verified draft: counted, then adapt()."""
         self.drafted += drafted
         self.accepted += accepted
+        self.adapt(drafted, accepted)
+
+    def adapt(self, drafted: int, accepted: int) -> None:
+        """Longer drafts after wholly kept ones, shorter after partly kept ones, and after one that
+        was mostly rejected a pause (doubling while such drafts go on)."""
         if accepted == drafted:
             self.size = min(self.params.n_max, 2 * self.size)
         else:
