@@ -255,10 +255,10 @@ def _add_speculative(s) -> None:
     g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None, metavar="FILE",
                    help="a draft model: a smaller GGUF model of the same vocabulary (file or known name); drafts "
                         "first unless --spec-type places draft elsewhere")
-    g.add_argument("-devd", "--device-draft", "--spec-draft-device", dest="device_draft", default=None, metavar="DEVICE",
-                   help="the draft model's backend (default: the model's; --device's names)")
-    g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="gpu_layers_draft", default="auto",
-                   type=_gpu_layers, metavar="N",
+    g.add_argument("-devd", "--device-draft", "--spec-draft-device", dest="device_draft", default=None,
+                   metavar="DEVICE", help="the draft model's backend (default: the model's; --device's names)")
+    g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="gpu_layers_draft",
+                   default="auto", type=_gpu_layers, metavar="N",
                    help="0: the draft model runs on the CPU; any other number, auto or all: on its device, whole "
                         "(a model is not split between devices)")
     g.add_argument("-cd", "--ctx-size-draft", type=int, default=None, metavar="N",

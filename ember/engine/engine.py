@@ -83,7 +83,8 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(), draft_model: Model | None = None):
+    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(),
+                 draft_model: Model | None = None):
         """draft_model: the speculative source `draft`'s model (config.speculative.model describes it)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         caps = model.backend.capabilities

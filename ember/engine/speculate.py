@@ -4,10 +4,10 @@ tokens after it, and keeps as many of the drafted ones as the model itself would
 Drafts come from what was written before (drafts.py): the prefix cache's path past the whole
 context (`cache`), the shared n-gram index over every finished sequence (`cache`), the request's
 own prompt and output (`lookup`); or from a second, smaller model of the same vocabulary (`draft`,
-draftmodel.py), which drafts for all sequences at once. The scheduler puts a draft into the sequence's chunk of the
-step (scheduler.py), the model computes every position causally as it does a prompt chunk, and
-output.py chooses a token from each row in turn exactly as without a draft, keeping draft tokens
-while they match: greedy requests get exactly greedy output, sampled ones the same distribution
+draftmodel.py), which drafts for all sequences at once. The scheduler puts a draft into the
+sequence's chunk of the step (scheduler.py), the model computes every position causally as it
+does a prompt chunk, and output.py chooses a token from each row in turn exactly as without a
+draft, keeping draft tokens while they match: greedy requests get exactly greedy output, sampled ones the same distribution
 (a draft is a point distribution: accepting it with probability p(token) and otherwise drawing
 from p without it is drawing from p). Each sequence's draft length adapts to how much of its
 drafts is kept, and it stops drafting for a while after drafts that were mostly rejected.
