@@ -1,6 +1,12 @@
 """Speculative decoding on agent-like work: ember with and without drafts, llama-server with and
 without its draftless modes, all over HTTP (/completion, greedy, the same token ids).
 
+Source `draft` (a draft model) needs a larger model of the same vocabulary than the one drafting:
+the model's own weights requantized (--draft-target, default f16, written once into
+bench/results/) are the model there, and the model file (--model) drafts for it. Those engines
+(`ember:f16`, `ember:f16+draft`, and llama-server's `llama-server:f16`, `llama-server:f16+draft`)
+are compared with each other; their ratio is against `ember:f16`.
+
 Workloads (each repetition uses new content, so nothing is served from an earlier repetition):
   edit    a code edit: the prompt holds a source file of this repository and asks for it back with
           one rename; generation tokens/s of the one request (timings.predicted_per_second)
@@ -15,7 +21,8 @@ tokens from each reply's timings (draft_n, draft_n_accepted). The load average i
 and after. Writes bench/results/spec.json.
 
     python bench/spec.py [--model smollm2] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
-                         [--workloads edit,agent,free] [--skip-peer] [--peer-poll 0]
+                         [--workloads edit,agent,free] [--sources spec,draft] [--draft-target f16] [--draft-p-min P]
+                         [--skip-peer] [--peer-poll 0]
 """
 from __future__ import annotations
 
@@ -32,13 +39,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import peer  # noqa: E402
 from agent import _free_port, _when_ready, system_prompt  # noqa: E402
+from gguf_edit import requantized  # noqa: E402
 
 from ember import hub  # noqa: E402
 from ember.tokenizer import Tokenizer  # noqa: E402
 from ember.tokenizer.chat import ChatTemplate  # noqa: E402
 from ember.gguf_loader import GGUFFile  # noqa: E402
+from ember.quant import GGMLType  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EDIT_FILES = ("ember/engine/pages.py", "ember/engine/sequence.py", "ember/engine/budget.py",
@@ -100,19 +110,27 @@ def complete(port: int, ids: list[int], n_predict: int) -> dict:
         return json.loads(resp.read())
 
 
-def start_ember(model: str, threads: int, slots: int, spec: str) -> tuple[object, int]:
+def start_ember(model: str, threads: int, slots: int, spec: str, draft: str | None = None,
+                p_min: float | None = None) -> tuple[object, int]:
     port = _free_port()
     cmd = [sys.executable, "-m", "ember", "serve", model, "--port", str(port), "--slots", str(slots),
            "--threads", str(threads), "--ctx", str(CTX), "--device", "cpu", "--log-level", "warning",
-           "--spec-type", spec]
+           "--spec-type", spec] + (["--model-draft", draft] if draft else [])
+    if draft and p_min is not None:
+        cmd += ["--draft-p-min", str(p_min)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return _when_ready(proc, port, "ember serve"), port
 
 
-def start_llama(path: Path, threads: int, slots: int, spec: str, poll: int | None) -> tuple[object, int]:
+def start_llama(path: Path, threads: int, slots: int, spec: str, poll: int | None,
+                draft: str | None = None, p_min: float | None = None) -> tuple[object, int]:
     port = _free_port()
     args = ["-m", str(path), "-t", str(threads), "-np", str(slots), "-c", str(CTX * slots), "--port", str(port),
             "--host", "127.0.0.1", "--no-webui", "--spec-type", spec]
+    if draft:  # its draft-model defaults otherwise (3 tokens a draft, no probability floor)
+        args += ["--model-draft", draft, "--threads-draft", str(threads)]
+        if p_min is not None:
+            args += ["--spec-draft-p-min", str(p_min)]
     if poll is not None:  # its threads spin waiting for work by default: on a loaded machine that collapses
         args += ["--poll", str(poll)]
     proc = peer.popen("llama-server", args, probe_model=str(path))
@@ -183,17 +201,19 @@ def main() -> None:
     ap.add_argument("--workloads", default="edit,agent,free")
     ap.add_argument("--spec-types", default="cache,lookup", help="ember's draft sources when on")
     ap.add_argument("--peer-types", default="ngram-simple,ngram-mod", help="llama-server's modes besides none")
+    ap.add_argument("--sources", default="spec,draft",
+                    help="spec: ember with --spec-types against none; draft: a draft model (see above)")
+    ap.add_argument("--draft-target", default="f16", choices=["f16", "q8_0"],
+                    help="the model's weights at this type are the model the model file drafts for")
+    ap.add_argument("--draft-p-min", type=float, default=None,
+                    help="both engines' draft-model probability floor (default: each its own, 0.75 and 0)")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-poll", type=int, default=None, help="llama-server's --poll (default: its own, 50)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spec.json"))
     args = ap.parse_args()
     path = hub.resolve(args.model)
     prompts = Prompts(path)
-    engines = {"ember": ("ember", "none"), "ember+spec": ("ember", args.spec_types)}
-    if not args.skip_peer and peer.available():
-        engines["llama-server"] = ("llama", "none")
-        for t in filter(None, args.peer_types.split(",")):
-            engines[f"llama-server+{t}"] = ("llama", t)
+    engines = engine_table(args, path)
     load_before = os.getloadavg()
     runs: dict = {w: {e: [] for e in engines} for w in args.workloads.split(",")}
     sources: dict = {}
@@ -202,28 +222,68 @@ def main() -> None:
         slots = 8 if workload == "agent" else 1
         servers = {}
         try:
-            for name, (kind, spec) in engines.items():
-                servers[name] = (start_ember(args.model, args.threads, slots, spec) if kind == "ember"
-                                 else start_llama(path, args.threads, slots, spec, args.peer_poll))
+            for name, (kind, spec, model, draft) in engines.items():
+                servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min)
+                                 if kind == "ember" else
+                                 start_llama(model, args.threads, slots, spec, args.peer_poll, draft, args.draft_p_min))
             for rep in range(args.reps):
                 for name in (engines if rep % 2 == 0 else list(engines)[::-1]):
                     result = fn(servers[name][1], prompts, rep, n_predict)
                     runs[workload][name].append(result)
                     print(f"{workload} rep {rep} {name}: {result['tps']:.1f} tok/s, {result['tokens']} tokens, "
                           f"drafted {result['drafted']}, kept {result['accepted']}", flush=True)
-            sources[workload] = draft_sources(servers["ember+spec"][1])
+            sources[workload] = {name: draft_sources(servers[name][1]) for name in servers
+                                 if name.startswith("ember") and "+" in name}
         finally:
             for proc, _ in servers.values():
                 proc.kill()
                 proc.wait()
     summary = summarize(runs)
     out = {"model": args.model, "threads": args.threads, "reps": args.reps, "peer_poll": args.peer_poll,
+           "draft_target": args.draft_target, "draft_p_min": args.draft_p_min,
            "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
            "ember_draft_sources": sources}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({"load_before": load_before, "load_after": out["load_after"], "summary": summary,
                       "ember_draft_sources": sources}, indent=1))
+
+
+def engine_table(args, path: Path) -> dict:
+    """name -> (kind, spec types, model file, draft model file or None)."""
+    groups = args.sources.split(",")
+    peers = not args.skip_peer and peer.available()
+    engines: dict = {}
+    if "spec" in groups:
+        engines["ember"] = ("ember", "none", path, None)
+        engines["ember+spec"] = ("ember", args.spec_types, path, None)
+        if peers:
+            engines["llama-server"] = ("llama", "none", path, None)
+            for t in filter(None, args.peer_types.split(",")):
+                engines[f"llama-server+{t}"] = ("llama", t, path, None)
+    if "draft" in groups:
+        kind = args.draft_target
+        target = draft_target(path, kind)
+        engines[f"ember:{kind}"] = ("ember", "none", target, None)
+        engines[f"ember:{kind}+draft"] = ("ember", "draft", target, str(path))
+        if peers:
+            engines[f"llama-server:{kind}"] = ("llama", "none", target, None)
+            engines[f"llama-server:{kind}+draft"] = ("llama", "draft-simple", target, str(path))
+    return engines
+
+
+def draft_target(path: Path, kind: str) -> Path:
+    """The model's weights requantized to `kind`, written once beside the results."""
+    out = Path(__file__).resolve().parent / "results" / f"{path.stem}.as-{kind}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        requantized(path, out, int(GGMLType[kind.upper()]))
+    return out
+
+
+def _baseline(name: str) -> str:
+    """The engine a ratio is taken against: ember on the same model without speculation."""
+    return name.split("+")[0] if name.startswith("ember:") else "ember"
 
 
 def summarize(runs: dict) -> dict:
@@ -238,12 +298,16 @@ def summarize(runs: dict) -> dict:
             row[name] = {"tps_median": statistics.median(r["tps"] for r in results),
                          "acceptance": accepted / drafted if drafted else None,
                          "drafted": drafted, "accepted": accepted}
-        base = row.get("ember", {}).get("tps_median")
         for name, r in row.items():
+            base = row.get(_baseline(name), {}).get("tps_median")
             r["vs_ember"] = r["tps_median"] / base if base else None
-        peers = [r["tps_median"] for n, r in row.items() if n.startswith("llama-server")]
+        peers = [r["tps_median"] for n, r in row.items() if n.startswith("llama-server") and ":" not in n]
         if peers and "ember+spec" in row:
             row["ember+spec"]["vs_best_peer"] = row["ember+spec"]["tps_median"] / max(peers)
+        for name in [n for n in row if n.startswith("ember:") and n.endswith("+draft")]:
+            peer_name = "llama-server:" + name.split(":", 1)[1]
+            if peer_name in row:
+                row[name]["vs_peer"] = row[name]["tps_median"] / row[peer_name]["tps_median"]
         out[workload] = row
     return out
 

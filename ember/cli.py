@@ -241,25 +241,46 @@ def _add_speculative(s) -> None:
     g = s.add_argument_group("speculative decoding", "drafts verified in the same step (docs/speculative.md)")
     g.add_argument("--spec-type", default="none", metavar="TYPE[,TYPE...]",
                    help="draft sources, tried in order: cache (the prefix cache and an n-gram index over every "
-                        "finished request), lookup (the request's own prompt and output); none (default). "
-                        "llama-server's ngram-* names are read as lookup, ngram-cache as cache")
+                        "finished request), lookup (the request's own prompt and output), draft (the draft model, "
+                        "--model-draft); none (default). llama-server's ngram-* names are read as lookup, "
+                        "ngram-cache as cache, draft-simple as draft")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
                    default=16, metavar="N", help="most tokens drafted a step (default 16)")
     g.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="draft_min", type=int, default=0,
                    metavar="N", help="no draft shorter than this (default 0)")
     g.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=float, default=0.75, metavar="P",
-                   help="accepted for llama-server's command lines: a draft model's threshold, which the n-gram "
-                        "sources do not have (default 0.75)")
+                   help="the draft model stops drafting at a token it gives less than this probability (default 0.75)")
     g.add_argument("--spec-index-mb", type=float, default=64.0, metavar="MB",
                    help="size of the n-gram index shared by all requests (type cache; default 64)")
+    g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None, metavar="FILE",
+                   help="a draft model: a smaller GGUF model of the same vocabulary (file or known name); drafts "
+                        "first unless --spec-type places draft elsewhere")
+    g.add_argument("-devd", "--device-draft", "--spec-draft-device", dest="device_draft", default=None,
+                   metavar="DEVICE", help="the draft model's backend (default: the model's; --device's names)")
+    g.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="gpu_layers_draft",
+                   default="auto", type=_gpu_layers, metavar="N",
+                   help="0: the draft model runs on the CPU; any other number, auto or all: on its device, whole "
+                        "(a model is not split between devices)")
+    g.add_argument("-cd", "--ctx-size-draft", type=int, default=None, metavar="N",
+                   help="the longest sequence the draft model drafts for (default: --ctx)")
+
+
+def _gpu_layers(text: str) -> str:
+    if text in ("auto", "all") or (text.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"not a number of layers: {text!r} (a number, auto or all)")
 
 
 def spec_config(args):
     """The SpecConfig of the speculative flags (ValueError naming what is wrong)."""
-    from .engine.speculate import DraftParams, SpecConfig, parse_types
+    from .engine.speculate import DraftModelConfig, DraftParams, SpecConfig, parse_types
 
-    return SpecConfig(parse_types(args.spec_type), DraftParams(args.draft_max, args.draft_min, args.draft_p_min),
-                      args.spec_index_mb)
+    types, model = parse_types(args.spec_type), None
+    if args.model_draft is not None:
+        device = args.device_draft or ("cpu" if args.gpu_layers_draft == "0" else None)
+        model = DraftModelConfig(str(hub.resolve(args.model_draft)), device, args.ctx_size_draft)
+        types = types if "draft" in types else ("draft",) + types
+    return SpecConfig(types, DraftParams(args.draft_max, args.draft_min, args.draft_p_min), args.spec_index_mb, model)
 
 
 def _byte_size(text: str) -> int:

@@ -139,3 +139,21 @@ def _add_value(w: gguf.GGUFWriter, key: str, value: Any, type_name: str) -> None
         w.add_key_value(key, value, vt.STRING)
     else:
         w.add_key_value(key, value.item() if hasattr(value, "item") else value, vt(int(SCALAR[type_name][0])))
+
+
+def requantized(src: Path, dst: Path, qtype: int, only: int | None = None) -> Path:
+    """A copy of src whose quantized 2-D weights (those of type `only`, or all) are requantized to
+    `qtype` through float32 (ember's quantizers): the same model at another precision, with the
+    same vocabulary (a target and draft pair)."""
+    from ember.quant import GGMLType
+    from ember.quant.codec import dequantize, quantize
+
+    tensors, raw_types = {}, {}
+    with GGUFFile(src) as f:
+        for name, t in f.tensors.items():
+            kind = int(t.type)
+            if len(t.shape) != 2 or kind in (int(GGMLType.F32), qtype) or only not in (None, kind):
+                continue
+            values = dequantize(t.array(), kind, (t.shape[0], t.shape[1]))
+            tensors[name], raw_types[name] = quantize(values, qtype), qtype
+    return rewrite(src, dst, tensors=tensors, raw_types=raw_types)

@@ -33,6 +33,7 @@ from .runner import Launched, ModelRunner
 from .scheduler import Plan, Scheduler, SchedulerConfig
 from .sequence import Sequence, Status
 from .tiers import TierConfig, TieredCache, identity
+from .draftmodel import DraftModel
 from .speculate import SpecConfig, Speculator
 
 if TYPE_CHECKING:
@@ -82,7 +83,9 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig()):
+    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(),
+                 draft_model: Model | None = None):
+        """draft_model: the speculative source `draft`'s model (config.speculative.model describes it)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         caps = model.backend.capabilities
         self.pool = PagePool(config.n_pages, config.page_size)
@@ -96,7 +99,8 @@ class Engine:
             max_logit_rows=min(model.max_output_rows, 1024), prefix_cache=config.prefix_cache))
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
                                   -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
-        self.spec = Speculator(config.speculative, self.tree, config.n_ctx)
+        drafter = self._drafter(draft_model, config, model.n_vocab)
+        self.spec = Speculator(config.speculative, self.tree, config.n_ctx, drafter)
         self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k,
                              speculator=self.spec)
         ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
@@ -117,6 +121,14 @@ class Engine:
         """What pages saved by this engine must match to be used by another: the model file, the KV layout."""
         c = self.config
         return identity(c.model_digest, c.cache_type_k, c.cache_type_v, c.page_size, self.cache.page_nbytes)
+
+    @staticmethod
+    def _drafter(model: Model | None, config: EngineConfig, target_vocab: int) -> DraftModel | None:
+        if model is None:
+            return None
+        spec = config.speculative.model
+        n_ctx = min(spec.n_ctx or config.n_ctx, config.n_ctx) if spec is not None else config.n_ctx
+        return DraftModel(model, n_ctx, config.max_seqs, config.page_size, config.max_batch_tokens, target_vocab)
 
     def _tiers(self, config: EngineConfig) -> TieredCache | None:
         if not (config.tiers.enabled and config.prefix_cache):

@@ -21,7 +21,8 @@ from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
-from .speculate import SpecConfig, parse_types
+from .draftmodel import check_vocab
+from .speculate import DraftModelConfig, SpecConfig, parse_types
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
 from .tiers import TierConfig, file_digest
 
@@ -77,7 +78,8 @@ class LLM:
     (f16, bf16, q8_0, q4_0); cache_ram, cache_disk, cache_disk_size: the tiers below the KV pool in
     bytes of host memory and in a folder of files (tiers.py); hash_file: identify the model by its
     file's hash also without a disk tier (for saved slots); speculative: draft sources and limits
-    (SpecConfig, or a `--spec-type` string such as "cache,lookup"; default none)."""
+    (SpecConfig, or a `--spec-type` string such as "cache,lookup"; default none); model_draft: a
+    draft model's file or name (same vocabulary; drafts first, docs/speculative.md)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
                  threads: int | None = None, ctx: int | None = None, slots: int = 4, batch: int = 512,
@@ -85,10 +87,12 @@ class LLM:
                  prefix_cache: bool = True, decode_ahead: bool | None = None, cache_type_k: str = "f16",
                  cache_type_v: str = "f16", cache_ram: int = 0, cache_disk: str | os.PathLike | None = None,
                  cache_disk_size: int = 0, hash_file: bool = False,
-                 speculative: SpecConfig | str | None = None):
+                 speculative: SpecConfig | str | None = None, model_draft: str | os.PathLike | None = None):
         t0 = time.perf_counter()
         self.path = hub.resolve(model)
         self.gguf = GGUFFile(self.path)
+        self.draft_gguf = None
+        spec = spec_config(speculative, model_draft)
         try:
             self.backend = get_backend(device, threads=threads)
             self.model = load_model(self.gguf, self.backend)
@@ -98,6 +102,7 @@ class LLM:
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_ctx = ctx or min(4096, self.model.n_ctx_train or 4096)
             self.model.set_context(self.n_ctx)
+            draft = self._load_draft(spec.model, device, threads) if spec.model is not None else None
             self.engine = Engine(self.model, self.tokenizer, EngineConfig(
                 n_ctx=self.n_ctx, max_seqs=slots,
                 kv_tokens=kv_tokens or kv_tokens_in(kv_memory, self.model, self.n_ctx, cache_type_k, cache_type_v),
@@ -105,11 +110,28 @@ class LLM:
                 cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                 tiers=TierConfig(cache_ram, None if cache_disk is None else str(cache_disk), cache_disk_size),
                 model_digest=file_digest(self.path) if cache_disk is not None or hash_file else b"",
-                speculative=spec_config(speculative)))
+                speculative=spec), draft)
         except BaseException:
-            self.gguf.close()
+            self._close_files()
             raise
         self.load_s = time.perf_counter() - t0
+
+    def _load_draft(self, cfg: DraftModelConfig, device: str, threads: int | None):
+        """The draft model, on the model's backend unless it names another device; ModelError
+        unless it has the model's vocabulary."""
+        self.draft_gguf = GGUFFile(hub.resolve(cfg.path))
+        backend = self.backend if cfg.device in (None, device) else get_backend(cfg.device, threads=threads)
+        draft = load_model(self.draft_gguf, backend)
+        if not draft.generates:
+            raise ModelError(f"the draft model '{draft.arch}' is an encoder: it has no tokens to draft")
+        check_vocab(self.gguf.metadata, self.draft_gguf.metadata, self.model.n_vocab, draft.n_vocab)
+        draft.set_context(min(cfg.n_ctx or self.n_ctx, self.n_ctx))
+        return draft
+
+    def _close_files(self) -> None:
+        self.gguf.close()
+        if self.draft_gguf is not None:
+            self.draft_gguf.close()
 
     @cached_property
     def chat_template(self):
@@ -190,7 +212,7 @@ class LLM:
 
     def close(self) -> None:
         self.engine.close()
-        self.gguf.close()
+        self._close_files()
 
     def __enter__(self):
         return self
@@ -240,10 +262,15 @@ class Generation:
         return tail
 
 
-def spec_config(spec: SpecConfig | str | None) -> SpecConfig:
+def spec_config(spec: SpecConfig | str | None, model_draft: str | os.PathLike | None = None) -> SpecConfig:
+    """The speculative config of LLM's arguments: a draft model given on its own drafts first."""
+    model = DraftModelConfig(str(model_draft)) if model_draft is not None else None
     if isinstance(spec, SpecConfig):
-        return spec
-    return SpecConfig(parse_types(spec or ""))
+        return spec.with_model(model)
+    types = parse_types(spec or "")
+    if model is not None and "draft" not in types:
+        types = ("draft",) + types
+    return SpecConfig(types, model=model)
 
 
 def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:

@@ -34,7 +34,8 @@ class Histogram:
         return data[min(len(data) - 1, int(round(q / 100 * (len(data) - 1))))]
 
 
-DRAFT_SOURCES = ("tree", "index", "lookup")  # the prefix cache's path, the shared n-gram index, the request's own
+# the prefix cache's path, the shared n-gram index, the request's own tokens, the draft model
+DRAFT_SOURCES = ("tree", "index", "lookup", "draft")
 
 
 @dataclass(slots=True)

@@ -136,7 +136,8 @@ class Output:
     def _verify(self, seq: Sequence, draft: list[int], choose) -> None:
         """A drafted chunk's rows in turn: `choose(i)` picks the token after position i of the chunk
         as without a draft; draft tokens are kept (their KV is computed) while they are the ones picked."""
-        kept = 0
+        st, kept = seq.owner.spec, 0
+        st.drafted += len(draft)  # counted first: the sequence may end on one of the rows (its timings)
         for i in range(len(draft) + 1):
             n = len(seq.tokens)
             choose(i)
@@ -145,8 +146,9 @@ class Output:
                 break
             seq.n_computed += 1
             kept += 1
-        seq.owner.spec.record(len(draft), kept)
-        self.metrics.count_draft(seq.owner.spec.source, len(draft), kept)
+            st.accepted += 1
+        st.adapt(len(draft), kept)
+        self.metrics.count_draft(st.source, len(draft), kept)
         if seq.status is Status.RUNNING:
             self.scheduler.drop_unused_pages(seq)
 

@@ -111,9 +111,10 @@ class Scheduler:
         plan = Plan()
         budget = _Budget(self.config.max_batch_tokens, self.config.max_logit_rows)
         planned: set[int] = set()
-        # decodes first (one token each), oldest first; then prefill continuations
+        # decodes first (one token each), oldest first; then prefill continuations. A sequence with
+        # nothing pending (a draft model's between its drafts, draftmodel.py) sits the step out
         for seq in sorted(self.running, key=_running_order):
-            if seq.status is Status.RUNNING and budget.tokens > 0:
+            if seq.status is Status.RUNNING and seq.n_pending and budget.tokens > 0:
                 self._plan(seq, plan, budget, planned)
         while self.waiting and len(self.running) < self.config.max_seqs and budget.tokens > 0:
             seq = self._pick_waiting()

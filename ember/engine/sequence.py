@@ -50,7 +50,8 @@ class Sequence:
 
     @property
     def n_pending(self) -> int:
-        """Tokens not yet computed (a running sequence always has at least one)."""
+        """Tokens not yet computed (a running sequence always has at least one, but a draft model's
+        between its drafts: draftmodel.py)."""
         return len(self.tokens) - self.n_computed
 
     @property
