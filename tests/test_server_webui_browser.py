@@ -1,0 +1,126 @@
+"""The chat page in a real browser (headless Chromium over the DevTools protocol, tests/browser.py)
+against the live server on SmolLM2: a message typed and sent with Enter streams its reply into the
+page token by token, and the reply is the one the server gives whole to the request the page sent;
+the second turn carries the first; Stop cancels a generation on the server; a reload finds the
+conversation and the settings in the browser's storage; with --api-key the page asks for the key.
+Skipped where no Chromium is installed (.ci/run installs Debian's chromium-headless-shell)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import browser
+from test_server_harness import serve_model, server, smollm, wait_for  # noqa: F401 (fixtures)
+
+BROWSER = browser.find()
+pytestmark = pytest.mark.skipif(BROWSER is None, reason="needs Chromium (apt-get install chromium-headless-shell)")
+
+ASSISTANT = "[...document.querySelectorAll('#messages .message.assistant')]"
+BUSY = "!document.getElementById('stop').hidden"
+STORED = "JSON.parse(localStorage.getItem('ember.conversations'))"
+
+
+def answered(n: int) -> str:
+    """The page shows n replies and is not busy."""
+    return f"{ASSISTANT}.length === {n} && !({BUSY})"
+# Records the length of the last reply's text at each change of the messages, to see it grow.
+WATCH = """window.seen = []; new MutationObserver(() => {
+  const m = document.querySelector('#messages .message.assistant:last-child');
+  if (m) window.seen.push(m.textContent.length);
+}).observe(document.getElementById('messages'), { childList: true, subtree: true, characterData: true }); true"""
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with browser.Browser(BROWSER) as b:
+        yield b
+
+
+def settle(page, settings: dict) -> None:
+    """Sets the page's sampling settings as a user would (the page saves them on change)."""
+    page.evaluate(f"""for (const [id, v] of Object.entries({json.dumps(settings)})) {{
+      const e = document.getElementById(id); e.value = v; e.dispatchEvent(new Event('change')); }}""")
+
+
+def send(page, text: str) -> None:
+    """Types `text` in the composer and presses Enter."""
+    page.evaluate("document.getElementById('input').focus()")
+    page.type(text)
+    page.press("Enter", 13)
+
+
+def sent_bodies(page) -> list[dict]:
+    """The bodies of the chat requests the page has sent, from the browser's network events."""
+    return [json.loads(e["params"]["request"]["postData"]) for e in page.pipe.events
+            if e["method"] == "Network.requestWillBeSent" and e.get("sessionId") == page.session
+            and e["params"]["request"]["url"].endswith("/v1/chat/completions")]
+
+
+def whole_reply(url: str, body: dict) -> str:
+    r = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False}, timeout=120)
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_chat_streams_keeps_history_stops_and_persists(chromium, server):
+    page = chromium.page()
+    page.goto(server.url + "/")
+    page.wait("document.getElementById('model').options.length > 0")
+    settle(page, {"temperature": "0", "max_tokens": "32"})
+
+    page.evaluate(WATCH)
+    send(page, "What is the capital of France?")
+    page.wait(answered(1))
+    first = sent_bodies(page)[-1]
+    assert first["stream"] and first["temperature"] == 0 and first["max_tokens"] == 32
+    assert first["messages"] == [{"role": "user", "content": "What is the capital of France?"}]
+    reply = page.evaluate(STORED)[0]["messages"][1]
+    assert reply["content"] == whole_reply(server.url, first) and reply["finish_reason"]
+    growing = sorted(set(page.evaluate("window.seen")))
+    assert len(growing) >= 4, growing  # the reply appeared piece by piece, not at once
+    shown = page.evaluate(f"{ASSISTANT}[0].innerHTML")
+    rendered = page.evaluate(f"import('/webui/render.js').then((r) => r.markdown({json.dumps(reply['content'])}))")
+    assert shown == '<div class="role">assistant</div>' + rendered
+
+    send(page, "And of Italy?")
+    page.wait(answered(2))
+    second = sent_bodies(page)[-1]
+    assert second["messages"] == [first["messages"][0], {"role": "assistant", "content": reply["content"]},
+                                  {"role": "user", "content": "And of Italy?"}]
+    assert page.evaluate(STORED)[0]["messages"][3]["content"] == whole_reply(server.url, second)
+
+    settle(page, {"max_tokens": "600"})
+    send(page, "Write a long story about a lighthouse keeper.")
+    page.wait(f"{ASSISTANT}.length === 3 && {ASSISTANT}[2].textContent.length > 40")
+    page.click("#stop")
+    page.wait(answered(3) + " && !document.getElementById('send').hidden", timeout=10)
+    stopped = page.evaluate(STORED)[0]["messages"][5]
+    assert stopped["content"] and "finish_reason" not in stopped and "error" not in stopped
+    wait_for(lambda: not server.state.active)  # the server cancelled the generation
+
+    page.reload()
+    page.wait(f"{ASSISTANT}.length === 3")
+    assert page.evaluate("[...document.querySelectorAll('#conversations li span')].map((s) => s.textContent)") == [
+        "What is the capital of France?"]
+    assert page.evaluate(f"{ASSISTANT}.map((m) => m.textContent.length)")[2] > 40
+    assert page.evaluate("[document.getElementById('temperature').value, document.getElementById('max_tokens').value]") == [
+        "0", "600"]
+
+
+def test_the_page_asks_for_the_api_key(chromium, smollm):  # noqa: F811
+    with serve_model(smollm, api_keys=("sesame",)) as live:
+        live.wait_ready()
+        page = chromium.page()
+        start = len(page.pipe.events)
+        page.call("Page.navigate", url=live.url + "/")
+        dialog = page.pipe.event("Page.javascriptDialogOpening", 30, start)
+        assert dialog["type"] == "prompt" and "API key" in dialog["message"]
+        page.call("Page.handleJavaScriptDialog", accept=True, promptText="sesame")
+        page.wait("document.getElementById('model').options.length > 0")
+        assert page.evaluate("localStorage.getItem('ember.apiKey')") == "sesame"
+        settle(page, {"temperature": "0", "max_tokens": "4"})
+        send(page, "Hi")
+        page.wait(answered(1))
+        reply = page.evaluate(STORED)[0]["messages"][1]
+        assert reply["content"] and "error" not in reply
