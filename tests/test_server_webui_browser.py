@@ -63,7 +63,7 @@ def whole_reply(url: str, body: dict) -> str:
     return r.json()["choices"][0]["message"]["content"]
 
 
-def test_chat_streams_keeps_history_stops_and_persists(chromium, server):
+def test_chat_streams_keeps_history_stops_and_persists(chromium, server):  # noqa: F811
     page = chromium.page()
     page.goto(server.url + "/")
     page.wait("document.getElementById('model').options.length > 0")
