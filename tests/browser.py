@@ -128,6 +128,17 @@ class Page:
         self.call("Page.reload")
         self.pipe.event("Page.loadEventFired", timeout, start)
 
+    def fill(self, values: dict[str, str]) -> None:
+        """Sets form fields by id as a user would (each gets a change event)."""
+        self.evaluate(f"""for (const [id, v] of Object.entries({json.dumps(values)})) {{
+          const e = document.getElementById(id); e.value = v; e.dispatchEvent(new Event('change')); }}""")
+
+    def enter(self, element_id: str, text: str) -> None:
+        """Types `text` into the element and presses Enter."""
+        self.evaluate(f"document.getElementById({json.dumps(element_id)}).focus()")
+        self.type(text)
+        self.press("Enter", 13)
+
     def type(self, text: str) -> None:
         """Text typed into the focused element."""
         self.call("Input.insertText", text=text)
@@ -200,3 +211,28 @@ class Browser:
         for fd in (self.pipe.read_fd, self.pipe.write_fd):
             os.close(fd)
         self.profile.cleanup()
+
+
+def screenshot(path: Path, question: str = "Write a Python function that reverses a string.") -> None:
+    """The chat page on SmolLM2 after one question, as a PNG."""
+    from test_server_harness import MODEL_CFG, serve_model
+
+    from ember.app import load_model
+
+    model = load_model(MODEL_CFG)
+    try:
+        with serve_model(model) as live, Browser(find() or sys.exit("no Chromium on PATH"), (960, 600)) as chromium:
+            live.wait_ready()
+            page = chromium.page()
+            page.goto(live.url + "/")
+            page.wait("document.getElementById('model').options.length > 0")
+            page.fill({"temperature": "0", "max_tokens": "160"})
+            page.enter("input", question)
+            page.wait("document.querySelectorAll('.message.assistant').length && document.getElementById('stop').hidden", 120)
+            page.screenshot(path)
+    finally:
+        model.close()
+
+
+if __name__ == "__main__":
+    screenshot(Path(sys.argv[1]))

@@ -38,19 +38,6 @@ def chromium():
         yield b
 
 
-def settle(page, settings: dict) -> None:
-    """Sets the page's sampling settings as a user would (the page saves them on change)."""
-    page.evaluate(f"""for (const [id, v] of Object.entries({json.dumps(settings)})) {{
-      const e = document.getElementById(id); e.value = v; e.dispatchEvent(new Event('change')); }}""")
-
-
-def send(page, text: str) -> None:
-    """Types `text` in the composer and presses Enter."""
-    page.evaluate("document.getElementById('input').focus()")
-    page.type(text)
-    page.press("Enter", 13)
-
-
 def sent_bodies(page) -> list[dict]:
     """The bodies of the chat requests the page has sent, from the browser's network events."""
     return [json.loads(e["params"]["request"]["postData"]) for e in page.pipe.events
@@ -67,10 +54,10 @@ def test_chat_streams_keeps_history_stops_and_persists(chromium, server):  # noq
     page = chromium.page()
     page.goto(server.url + "/")
     page.wait("document.getElementById('model').options.length > 0")
-    settle(page, {"temperature": "0", "max_tokens": "32"})
+    page.fill({"temperature": "0", "max_tokens": "32"})
 
     page.evaluate(WATCH)
-    send(page, "What is the capital of France?")
+    page.enter("input", "What is the capital of France?")
     page.wait(answered(1))
     first = sent_bodies(page)[-1]
     assert first["stream"] and first["temperature"] == 0 and first["max_tokens"] == 32
@@ -83,15 +70,15 @@ def test_chat_streams_keeps_history_stops_and_persists(chromium, server):  # noq
     rendered = page.evaluate(f"import('/webui/render.js').then((r) => r.markdown({json.dumps(reply['content'])}))")
     assert shown == '<div class="role">assistant</div>' + rendered
 
-    send(page, "And of Italy?")
+    page.enter("input", "And of Italy?")
     page.wait(answered(2))
     second = sent_bodies(page)[-1]
     assert second["messages"] == [first["messages"][0], {"role": "assistant", "content": reply["content"]},
                                   {"role": "user", "content": "And of Italy?"}]
     assert page.evaluate(STORED)[0]["messages"][3]["content"] == whole_reply(server.url, second)
 
-    settle(page, {"max_tokens": "600"})
-    send(page, "Write a long story about a lighthouse keeper.")
+    page.fill({"max_tokens": "600"})
+    page.enter("input", "Write a long story about a lighthouse keeper.")
     page.wait(f"{ASSISTANT}.length === 3 && {ASSISTANT}[2].textContent.length > 40")
     page.click("#stop")
     page.wait(answered(3) + " && !document.getElementById('send').hidden", timeout=10)
@@ -119,8 +106,8 @@ def test_the_page_asks_for_the_api_key(chromium, smollm):  # noqa: F811
         page.call("Page.handleJavaScriptDialog", accept=True, promptText="sesame")
         page.wait("document.getElementById('model').options.length > 0")
         assert page.evaluate("localStorage.getItem('ember.apiKey')") == "sesame"
-        settle(page, {"temperature": "0", "max_tokens": "4"})
-        send(page, "Hi")
+        page.fill({"temperature": "0", "max_tokens": "4"})
+        page.enter("input", "Hi")
         page.wait(answered(1))
         reply = page.evaluate(STORED)[0]["messages"][1]
         assert reply["content"] and "error" not in reply
