@@ -65,10 +65,12 @@ class Pipe:
             raise ProtocolError(f"{method}: {reply['error']}")
         return reply.get("result", {})
 
-    def event(self, method: str, timeout: float = 30, start: int = 0) -> dict:
-        """The params of the first event `method` at or after index `start` of `events`."""
+    def event(self, method: str, timeout: float = 30, start: int = 0, session: str | None = None) -> dict:
+        """The params of the first event `method` (of the session, if given) at or after index
+        `start` of `events`."""
         def found():
-            return next((e for e in self.events[start:] if e["method"] == method), None)
+            return next((e for e in self.events[start:] if e["method"] == method
+                         and (session is None or e.get("sessionId") == session)), None)
         self.read_until(lambda: found() is not None, timeout, method)
         return found()["params"]
 
@@ -120,13 +122,16 @@ class Page:
         return value
 
     def goto(self, url: str, timeout: float = 30) -> None:
-        self.call("Page.navigate", url=url)
-        self.wait("document.readyState === 'complete'", timeout)
+        self.load("Page.navigate", timeout, url=url)
 
     def reload(self, timeout: float = 30) -> None:
+        self.load("Page.reload", timeout)
+
+    def load(self, method: str, timeout: float, **params) -> None:
+        """Runs a command and waits for the page's load event that follows it."""
         start = len(self.pipe.events)
-        self.call("Page.reload")
-        self.pipe.event("Page.loadEventFired", timeout, start)
+        self.call(method, **params)
+        self.pipe.event("Page.loadEventFired", timeout, start, self.session)
 
     def fill(self, values: dict[str, str]) -> None:
         """Sets form fields by id as a user would (each gets a change event)."""

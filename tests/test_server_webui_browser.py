@@ -107,7 +107,7 @@ def test_the_page_asks_for_the_api_key(chromium, smollm):  # noqa: F811
         page = chromium.page()
         start = len(page.pipe.events)
         page.call("Page.navigate", url=live.url + "/")
-        dialog = page.pipe.event("Page.javascriptDialogOpening", 30, start)
+        dialog = page.pipe.event("Page.javascriptDialogOpening", 30, start, page.session)
         assert dialog["type"] == "prompt" and "API key" in dialog["message"]
         page.call("Page.handleJavaScriptDialog", accept=True, promptText="sesame")
         page.wait("document.getElementById('model').options.length > 0")
