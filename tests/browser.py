@@ -65,11 +65,12 @@ class Pipe:
             raise ProtocolError(f"{method}: {reply['error']}")
         return reply.get("result", {})
 
-    def event(self, method: str, timeout: float = 30, start: int = 0, session: str | None = None) -> dict:
-        """The params of the first event `method` (of the session, if given) at or after index
-        `start` of `events`."""
+    def event(self, method: str, timeout: float = 30, start: int = 0, session: str | None = None,
+              where=lambda params: True) -> dict:
+        """The params of the first event `method` (of the session, if given; for which `where` holds)
+        at or after index `start` of `events`."""
         def found():
-            return next((e for e in self.events[start:] if e["method"] == method
+            return next((e for e in self.events[start:] if e["method"] == method and where(e["params"])
                          and (session is None or e.get("sessionId") == session)), None)
         self.read_until(lambda: found() is not None, timeout, method)
         return found()["params"]

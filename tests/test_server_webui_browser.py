@@ -2,7 +2,9 @@
 against the live server on SmolLM2: a message typed and sent with Enter streams its reply into the
 page token by token, and the reply is the one the server gives whole to the request the page sent;
 the second turn carries the first; Stop cancels a generation on the server; a reload finds the
-conversation and the settings in the browser's storage; with --api-key the page asks for the key.
+conversation and the settings in the browser's storage; with --api-key the page asks for the key;
+reasoning is shown collapsed and tool calls shown; Export downloads the conversations and Import
+brings them back.
 Skipped where no Chromium is installed (.ci/run installs Debian's chromium-headless-shell)."""
 from __future__ import annotations
 
@@ -117,3 +119,38 @@ def test_the_page_asks_for_the_api_key(chromium, smollm):  # noqa: F811
         page.wait(answered(1))
         reply = page.evaluate(STORED)[0]["messages"][1]
         assert reply["content"] and "error" not in reply
+
+
+SAVED = [{"id": 1, "title": "Saved", "messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "Calling it:\n```py\nget_weather('Paris')\n```", "reasoning": "The user wants **weather**.",
+     "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Paris"}'}], "finish_reason": "tool_calls"}]}]
+
+
+def test_rendering_export_and_import(chromium, server, tmp_path):  # noqa: F811
+    page = chromium.page()
+    page.goto(server.url + "/")
+    page.evaluate(f"localStorage.setItem('ember.conversations', {json.dumps(json.dumps(SAVED))})")
+    page.reload()
+    reply = f"{ASSISTANT}[0]"
+    assert page.evaluate(f"{reply}.querySelector('details').open") is False  # reasoning shown collapsed
+    assert page.evaluate(f"{reply}.querySelector('details strong').textContent") == "weather"
+    assert page.evaluate(f"{reply}.querySelector('pre code').textContent") == "get_weather('Paris')"
+    assert page.evaluate(f"{reply}.querySelector('.tool code').textContent") == "get_weather"
+
+    chromium.pipe.call("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path),
+                                                       "eventsEnabled": True})
+    start = len(chromium.pipe.events)
+    page.click("#export")
+    chromium.pipe.event("Browser.downloadProgress", 30, start, where=lambda p: p["state"] == "completed")
+    exported = tmp_path / "ember-conversations.json"
+    assert json.loads(exported.read_text()) == SAVED
+
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    assert page.evaluate(f"{ASSISTANT}.length") == 0
+    document = page.call("DOM.getDocument")["root"]["nodeId"]
+    node = page.call("DOM.querySelector", nodeId=document, selector="#import")["nodeId"]
+    page.call("DOM.setFileInputFiles", files=[str(exported)], nodeId=node)
+    page.wait(f"{ASSISTANT}.length === 1")
+    assert page.evaluate(STORED) == SAVED
