@@ -2,7 +2,7 @@
 without an API key while the API is not, left out with --no-webui; and its streaming code
 (render.js: the event parser, the delta accumulation, the request body, markdown) run in Node
 against the live server on SmolLM2: the streamed reply equals the whole one, and stopping cancels
-the request. (No browser here: the DOM glue in app.js is checked for syntax only.)"""
+the request. (The whole page in a browser: test_server_webui_browser.py.)"""
 from __future__ import annotations
 
 import json
