@@ -94,6 +94,19 @@ def test_gated_activations(isa, pool, op, n):
     np.testing.assert_allclose(out, ref(g, u), rtol=2e-6 if op == "silu" else 1e-5, atol=1e-35)
 
 
+@pytest.mark.parametrize("n", [1, 255, 257, 70000])
+def test_gelu_alone_is_the_gated_form_against_ones(isa, pool, n):
+    """The encoders' GELU (no gate) runs the vectorized gated kernel in 256-value runs: any length,
+    split over threads, in place too."""
+    rng = np.random.default_rng(n)
+    g = gate_values(rng, n)
+    out = np.full(n, np.nan, np.float32)
+    lib.ember_gelu(pool, buf(g), buf(out), n)
+    np.testing.assert_allclose(out, gelu_tanh_ref(g, np.ones(n, np.float32)), rtol=1e-5, atol=1e-35)
+    lib.ember_gelu(pool, buf(g), buf(g), n)
+    np.testing.assert_array_equal(g, out)
+
+
 def test_gated_activation_may_write_over_its_gate(isa, pool):
     rng = np.random.default_rng(5)
     g, u = gate_values(rng, 999), rng.standard_normal(999).astype(np.float32)

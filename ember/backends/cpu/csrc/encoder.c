@@ -48,32 +48,6 @@ void ember_layer_norm(ember_pool *pool, const float *x, const float *w, const fl
     ember_parallel(pool, layer_norm_share, &j);
 }
 
-typedef struct {
-    const float *x;
-    float *out;
-    int64_t n;
-} gelu_job;
-
-static void gelu_share(void *p, int ith, int nth) {
-    const gelu_job *j = p;
-    int64_t lo, hi;
-    ember_split(j->n, ith, nth, &lo, &hi);
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int64_t i = lo; i < hi; i++) {
-        const float v = j->x[i];
-        j->out[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
-    }
-}
-
-void ember_gelu(ember_pool *pool, const float *x, float *out, int64_t n) {
-    gelu_job j = {x, out, n};
-    if (n < ROWS_PER_SHARE_MIN || ember_pool_threads(pool) == 1) {
-        gelu_share(&j, 0, 1);
-        return;
-    }
-    ember_parallel(pool, gelu_share, &j);
-}
-
 void ember_tanh(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = tanhf(x[i]);
 }

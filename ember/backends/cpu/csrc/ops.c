@@ -7,6 +7,7 @@
 #include "ops_kernels.h"
 #include "kv_types.h"
 #include "api_ops.h"
+#include "api_encoder.h"
 
 /* Below this many elements touched, waking the other threads costs more than it saves. */
 #define PARALLEL_MIN_WORK 32768
@@ -198,6 +199,19 @@ void ember_silu_mul(ember_pool *pool, const float *gate, const float *up, float 
 void ember_gelu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n) {
     binary_ctx c = {gate, up, out, 0, kernels()};
     parallel_range(pool, gelu_mul_range, &c, n, 64, 4 * n);
+}
+
+/* gelu_tanh(x) alone (the encoders' FFN): the gated kernel against a run of ones */
+static void gelu_range(void *p, int64_t lo, int64_t hi) {
+    const binary_ctx *c = p;
+    float ones[256];
+    for (int i = 0; i < 256; i++) ones[i] = 1.0f;
+    for (int64_t i = lo; i < hi; i += 256) c->k->gelu_mul(c->a + i, ones, c->out + i, EMBER_MIN(256, hi - i));
+}
+
+void ember_gelu(ember_pool *pool, const float *x, float *out, int64_t n) {
+    binary_ctx c = {x, NULL, out, 0, kernels()};
+    parallel_range(pool, gelu_range, &c, n, 64, 4 * n);
 }
 
 void ember_add(ember_pool *pool, const float *a, const float *b, float *out, int64_t n) {
