@@ -131,8 +131,11 @@ def test_served_engine_publishes_vllm_format_over_zmq():
                 kinds.add(ev[0])
                 sub.apply(ev)
     sub_socket.close(linger=0)
-    assert seqs == list(range(len(seqs))) and seqs
-    assert {"AllBlocksCleared", "BlockStored", "BlockRemoved"} <= kinds, kinds
+    # A subscriber that connects while the server starts can miss the first message, the loaded
+    # model's AllBlocksCleared (ZeroMQ drops what a PUB sends before the connection is up; it says
+    # nothing about an empty tree): from the first one heard, none may be missing.
+    assert seqs and seqs[0] <= 1 and seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs[:4]
+    assert {"BlockStored", "BlockRemoved"} <= kinds and (seqs[0] == 1 or "AllBlocksCleared" in kinds), kinds
     assert sub.blocks == expected and expected
 
 
