@@ -22,6 +22,7 @@ class AttnCase:
     window: int
     softcap: float
     seqs: tuple  # (context length, query tokens at its end) per sequence
+    interleave: bool = False  # tokens of different sequences interleaved in the batch
 
 
 CASES = {

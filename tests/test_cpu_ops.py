@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ember.backends.cpu._native import ffi, lib
+from kv_cases import AttnCase
 
 F64 = np.float64
 
@@ -269,19 +270,6 @@ def test_kv_store_rounds_like_numpy_float16(isa, pool, k_dim, v_dim, n_tok):
 
 
 # ---- paged attention ----
-
-
-@dataclass(frozen=True)
-class AttnCase:
-    n_head: int
-    n_kv_head: int
-    hd_k: int
-    hd_v: int
-    page_size: int
-    window: int
-    softcap: float
-    seqs: tuple  # (context length, query tokens at its end) per sequence
-    interleave: bool = False  # tokens of different sequences interleaved in the batch
 
 
 ATTN_CASES = {
