@@ -128,8 +128,7 @@ class Settler:
             pass
         budget = memory_available() // 2
         libc = _libc()
-        views = [whole for whole, _ in self._files.values()]  # held: the mappings cannot close meanwhile
-        try:
+        try:  # self._files holds a view of each mapping: none can close meanwhile
             for lo, hi in self.runs():
                 if self.moved + (hi - lo) > budget:
                     self.error = "stopped at half of the available memory"
@@ -138,8 +137,6 @@ class Settler:
                 self.moved += hi - lo
         except OSError as e:
             self.error = str(e)
-        finally:
-            del views
 
     @staticmethod
     def _move(libc, addr: int, n: int) -> None:
