@@ -117,3 +117,17 @@ def test_refusals_and_one_model(models_dir):
     with RouterServer({"qwen2": models_dir / "qwen2.gguf"}, models_max=1) as s:
         assert complete(s.url, "gpt-4o").status_code == 200  # one model: any name is it
         assert complete(s.url, None).status_code == 200
+
+
+def test_draft_model_only_for_models_of_its_vocabulary(models_dir, tmp_path):
+    """One --model-draft with several models: the models of its vocabulary get it, another loads
+    without it (its own special tokens differ here) instead of failing."""
+    from dataclasses import replace
+
+    from ember.engine.speculate import DraftModelConfig, SpecConfig
+
+    other = write_family(tmp_path / "other.gguf", "qwen2", drop="tokenizer.ggml.eos_token_id")
+    spec = SpecConfig(("cache", "draft"), model=DraftModelConfig(str(models_dir / "qwen2.gguf")))
+    router = Router({**models_in(models_dir), "other": other}, replace(MODEL_CFG, speculative=spec), ServerConfig())
+    assert router._speculative_for(router.entries["smollm3"]) == spec
+    assert router._speculative_for(router.entries["other"]) == SpecConfig(("cache",))

@@ -210,7 +210,7 @@ class ModelRunner:
     def _ahead_step(self, chunks, ahead: Ahead) -> Step:
         """_decode_step for an ahead step: its tokens named by their rows of the step before
         (chains) or chosen here from that step's results."""
-        n, k = len(chunks), ahead.k
+        k = ahead.k
         if not 0 < k <= MAX_AHEAD_K:
             raise ValueError(f"an ahead step chooses from 1 to {MAX_AHEAD_K} best ids a row, not {k}")
         if self.chains:

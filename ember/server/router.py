@@ -96,7 +96,7 @@ class Router:
             from ..app import create_app
             from .state import load_model
 
-            cfg = replace(self.model_cfg, model=str(e.path))
+            cfg = replace(self.model_cfg, model=str(e.path), speculative=self._speculative_for(e))
             app = create_app(replace(self.app_config, aliases=(e.name,)), lambda: load_model(cfg, (e.name,)))
             e.status, e.stack, t0 = "loading", AsyncExitStack(), time.perf_counter()
             await e.stack.enter_async_context(app.router.lifespan_context(app))
@@ -109,6 +109,26 @@ class Router:
             e.app, e.status, e.error = app, "loaded", None
             log.info("model %s loaded in %.2f s", e.name, time.perf_counter() - t0)
             return app
+
+    def _speculative_for(self, e: Entry):
+        """The speculative settings for model e: the server's, less the draft model where its
+        vocabulary is not e's (one --model-draft serves the models it fits; the others load
+        without it rather than fail)."""
+        spec = self.model_cfg.speculative
+        if spec.model is None:
+            return spec
+        from ..engine.draftmodel import check_vocab
+        from ..models import ModelError
+        from ..gguf_loader import GGUFFile
+
+        try:
+            with GGUFFile(e.path) as target, GGUFFile(spec.model.path) as draft:
+                a, b = target.metadata, draft.metadata
+                check_vocab(a, b, len(a.get("tokenizer.ggml.tokens") or ()), len(b.get("tokenizer.ggml.tokens") or ()))
+        except ModelError as err:
+            log.warning("model %s loads without the draft model: %s", e.name, err)
+            return replace(spec, types=tuple(t for t in spec.types if t != "draft"), model=None)
+        return spec
 
     async def _make_room(self, coming: Entry) -> None:
         loaded = sorted((e for e in self.entries.values() if e.status == "loaded" and e is not coming),
