@@ -74,6 +74,7 @@ def speeds(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tu
     vocab = min(llm.model.n_vocab, 32000)
     llm.evaluate(rng.integers(0, vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
     llm.generate([1], 4, GREEDY)
+    llm.backend.settled()  # time the weights where they stay, not during their move onto huge pages
     e_pp, e_tg, p_pp, p_tg, variant = [], [], [], [], "?"
     for _ in range(reps):
         prompt, first = rng.integers(0, vocab, n_prompt).tolist(), int(rng.integers(0, vocab))

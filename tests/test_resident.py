@@ -62,7 +62,7 @@ def test_greedy_tokens_are_the_same_before_and_after_the_move(model_path):
     llm = LLM(model_path("smollm2"), device="cpu", threads=2, ctx=256)
     try:
         before = llm.generate("The capital of France is", 24, greedy).token_ids
-        assert llm.backend._settler.wait(120) and llm.backend._settler.moved > 0
+        assert llm.backend.settled(120) and llm.backend._settler.moved > 0
         assert llm.generate("The capital of France is", 24, greedy).token_ids == before
     finally:
         llm.close()

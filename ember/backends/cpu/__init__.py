@@ -203,6 +203,11 @@ class Backend:
         if self._settler is not None:
             self._settler.start()
 
+    def settled(self, timeout: float | None = None) -> bool:
+        """Whether settle()'s move has finished (waiting up to timeout seconds; benchmarks wait
+        so that they time the steady state)."""
+        return self._settler is None or self._settler.wait(timeout)
+
     def empty(self, shape, dtype=F32):
         return np.empty(shape, dtype)
 
