@@ -181,16 +181,20 @@ class Writer:
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
                  vocab_from: Path | None = None, drop: str = "", f16: bool = False,
-                 extra_metadata: dict | None = None, extra_tensors=None, n_layer: int = 0) -> Path:
+                 extra_metadata: dict | None = None, extra_tensors=None, n_layer: int = 0,
+                 sizes: dict | None = None) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
     left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix;
     extra_metadata: keys added; extra_tensors(writer, Writer, d_model): adds keys and tensors;
-    `n_layer`: that many layers instead of the shape's (a big shape's layers, fewer of them)."""
+    `n_layer`: that many layers instead of the shape's (a big shape's layers, fewer of them); `sizes`:
+    other Family fields replaced (e.g. wider experts)."""
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
     if n_layer:
         f = replace(f, n_layer=n_layer)
+    if sizes:
+        f = replace(f, **sizes)
     tok = tokenizer_metadata(vocab_from or vocabulary_source())
     n_vocab = len(tok["tokenizer.ggml.tokens"])
     w = gguf.GGUFWriter(str(path), f.arch)

@@ -179,6 +179,7 @@ class Backend:
         self._weight_types: set[int] = set()  # of every weight handed to this backend (one model's)
         self._rotated: dict[str, np.ndarray] = {}  # rotated queries, keys, values of a quantized KV cache
         self._settler = Settler() if Settler.usable() else None  # moves weight matrices onto huge pages
+        self._expert_maps: dict[int, np.ndarray] = {}  # by a stack's address: its experts the kernels used
 
     @property
     def isa(self) -> str:
@@ -193,19 +194,23 @@ class Backend:
             return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.array())
         if not self.supports(tensor.type):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name}, which the CPU backend cannot compute with")
-        if self._settler is not None and streamed and len(tensor.shape) == 2:  # not stacked experts: read in part
+        data = tensor.data
+        if self._settler is not None and streamed and len(tensor.shape) == 2:
             self._settler.add(tensor)
-        return Weight(tensor.name, tensor.type, tuple(tensor.shape), tensor.data)
+        elif self._settler is not None and len(tensor.shape) == 3:  # stacked experts: moved as they are used
+            self._expert_maps[data.ctypes.data] = self._settler.add_stack(tensor, data)
+        return Weight(tensor.name, tensor.type, tuple(tensor.shape), data)
 
     def settle(self) -> None:
-        """The matrices every token reads move onto huge pages, in place, in the background
-        (resident.py)."""
+        """The matrices every token reads move onto huge pages, in place, in the background, and
+        stacked experts follow as the kernels first use them (resident.py)."""
         if self._settler is not None:
             self._settler.start()
 
     def settled(self, timeout: float | None = None) -> bool:
-        """Whether settle()'s move has finished (waiting up to timeout seconds; benchmarks wait
-        so that they time the steady state)."""
+        """Whether settle()'s move has caught up: the matrices and every expert used so far are
+        on huge pages (waiting up to timeout seconds; benchmarks wait so that they time the steady
+        state)."""
         return self._settler is None or self._settler.wait(timeout)
 
     def empty(self, shape, dtype=F32):
@@ -467,10 +472,13 @@ class Backend:
         mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
         ms = ffi.new("int64_t[]", [w.shape[1] for w in ws])
         ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
+        maps = [self._expert_maps.get(w.data.ctypes.data) for w in ws]
+        used = ffi.new("uint8_t *[]", [ffi.NULL if m is None else ffi.cast("uint8_t *", self._p(m)) for m in maps])
         scratch = self._scratch_bytes(size)
-        self._run(lib.EMBER_OP_EXPERTS_MATMUL, (types, mats, ms, self._p(x), self._p(ids), ys, self._p(scratch)),
+        self._run(lib.EMBER_OP_EXPERTS_MATMUL,
+                  (types, mats, ms, self._p(x), self._p(ids), ys, self._p(scratch), used),
                   (len(ws), n_expert, cols, n, k, int(x.shape[0] == n * k and k > 1), self.rounding),
-                  keep=(types, mats, ms, ys))
+                  keep=(types, mats, ms, ys, used))
 
     def expert_sum(self, y, weights, out) -> None:
         n, k = weights.shape

@@ -16,11 +16,21 @@ priority, after the model is loaded, so start-up does not wait for it (faulting 
 can cost seconds a gigabyte on a virtual machine) and decoding runs from the mapping until it is
 done. The page cache keeps the file's pages, which the kernel reclaims as it needs.
 
-Moved: stretches that overlap a matrix of at least MIN_BYTES that every token reads. Left mapped:
-what a token reads only in part (an embedding table that is not also the output head, stacked
-experts), and everything once the copies would pass half of the memory available at the start,
-so that a model larger than RAM still runs from its mapping. Nothing moves where the kernel has
-no huge pages (`transparent_hugepage` set to never) or no mremap (Linux only).
+Moved: stretches that overlap a matrix of at least MIN_BYTES that every token reads, and the
+stretches of stacked experts once the kernels have read them. A token reads a few experts of each
+stack, so moving whole stacks would make the resident memory the whole file: instead the expert
+products mark, in a byte map per stack, each expert they read (experts.c), and the thread looks at
+the maps every POLL_S seconds (or when asked: `wait`) and moves the 2 MB stretches of the experts
+newly marked. The resident memory stays what the model has read, rounded out to 2 MB. Left mapped:
+what a token reads only in part otherwise (an embedding table that is not also the output head), and
+everything once the copies would pass half of the memory available at the start, so that a model
+larger than RAM still runs from its mapping. Nothing moves where the kernel has no huge pages
+(`transparent_hugepage` set to never) or no mremap (Linux only).
+
+The thread holds a mapping only while it moves part of it: the matrices' mapping until they are
+moved, and an expert stack's only during a pass (it keeps a weak reference to the stack's view
+otherwise). Once a model's weights are dropped its file can unmap, and the thread ends when no
+stack of it is left alive with experts still to move.
 """
 from __future__ import annotations
 
@@ -28,6 +38,8 @@ import ctypes
 import os
 import sys
 import threading
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -73,14 +85,44 @@ def _libc():
     return libc
 
 
+@dataclass(eq=False)
+class _Stack:
+    """One stacked expert tensor: where its experts lie, which the kernels marked, which are handled."""
+
+    ref: weakref.ref  # the stack's view of the mapping (alive while the model is)
+    addr: int  # of expert 0
+    expert_bytes: int
+    first: int  # the mapping's 2 MB-aligned addresses: [first, end)
+    end: int
+    used: np.ndarray  # (n_expert,) uint8, set by the kernels
+    done: np.ndarray  # (n_expert,) bool: its stretches moved (or found moved)
+
+    def chunks(self, experts) -> set[int]:
+        """The 2 MB stretches inside the mapping that hold bytes of these experts."""
+        out = set()
+        for e in experts:
+            lo, hi = self.addr + int(e) * self.expert_bytes, self.addr + (int(e) + 1) * self.expert_bytes
+            out.update(range(max(self.first, lo // HUGE * HUGE), min(self.end, hi), HUGE))
+        return out
+
+
 class Settler:
-    """Collects the file-mapped matrices a backend hands out (`add`), then moves the stretches
-    that hold them onto huge pages on a background thread (`start`)."""
+    """Collects the file-mapped matrices (`add`) and expert stacks (`add_stack`) a backend hands out,
+    then moves the matrices' stretches onto huge pages on a background thread (`start`), which goes on
+    to move experts as the kernels mark them used."""
+
+    POLL_S = 0.5  # between looks at the experts' maps
 
     def __init__(self):
-        self._files: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}  # by mapping address
+        self._files: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # by mapping address: size, spans
+        self._hold: list[np.ndarray] = []  # the mappings of the matrices, until they are moved
+        self._stacks: list[_Stack] = []
+        self._on_huge: set[int] = set()  # 2 MB stretches moved
         self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._asked = self._served = 0  # passes over the maps asked for by `wait`, and the last one served
         self.moved = 0  # bytes now on huge pages
+        self.moved_experts = 0  # of them, bytes moved for experts
         self.error: str | None = None  # why it stopped early, if it did
 
     @staticmethod
@@ -91,52 +133,107 @@ class Settler:
         if tensor.nbytes < MIN_BYTES:
             return
         whole = tensor.mapped_file()
-        entry = self._files.setdefault(whole.ctypes.data, (whole, []))
-        entry[1].append((tensor.offset, tensor.offset + tensor.nbytes))
+        if whole.ctypes.data not in self._files:
+            self._files[whole.ctypes.data] = (whole.nbytes, [])
+            self._hold.append(whole)
+        self._files[whole.ctypes.data][1].append((tensor.offset, tensor.offset + tensor.nbytes))
+
+    def add_stack(self, tensor, data: np.ndarray) -> np.ndarray:
+        """An expert stack (n_expert, rows, cols) whose view `data` the model keeps: returns the byte
+        map the expert products mark."""
+        whole = tensor.mapped_file()
+        base, n_expert = whole.ctypes.data, tensor.shape[0]
+        used = np.zeros(n_expert, np.uint8)
+        self._stacks.append(_Stack(weakref.ref(data), data.ctypes.data, data.nbytes // n_expert,
+                                   -(-base // HUGE) * HUGE, (base + whole.nbytes) // HUGE * HUGE, used,
+                                   np.zeros(n_expert, bool)))
+        return used
 
     def runs(self) -> list[tuple[int, int]]:
-        """Address ranges to move: 2 MB-aligned, inside a mapping, overlapping a matrix; at most RUN
-        bytes each."""
-        out = []
-        for base, (whole, spans) in self._files.items():
-            first, end = -(-base // HUGE) * HUGE, (base + whole.nbytes) // HUGE * HUGE
-            chunks = sorted({c for lo, hi in spans
-                             for c in range(max(first, (base + lo) // HUGE * HUGE), min(end, base + hi), HUGE)})
-            for c in chunks:
-                if out and out[-1][1] == c and out[-1][1] - out[-1][0] < RUN:
-                    out[-1] = (out[-1][0], c + HUGE)
-                else:
-                    out.append((c, c + HUGE))
-        return out
+        """The matrices' address ranges to move: 2 MB-aligned, inside a mapping, overlapping a
+        matrix; at most RUN bytes each."""
+        chunks = set()
+        for base, (size, spans) in self._files.items():
+            first, end = -(-base // HUGE) * HUGE, (base + size) // HUGE * HUGE
+            chunks.update(c for lo, hi in spans
+                          for c in range(max(first, (base + lo) // HUGE * HUGE), min(end, base + hi), HUGE))
+        return _runs(chunks)
 
     def start(self) -> None:
         """Move the collected stretches on a daemon thread (once)."""
-        if self._thread is None and self._files:
-            self._thread = threading.Thread(target=self._move_all, name="ember-settle", daemon=True)
+        if self._thread is None and (self._files or self._stacks):
+            self._thread = threading.Thread(target=self._main, name="ember-settle", daemon=True)
             self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Whether the move has finished (waiting up to timeout seconds for it)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self._thread is None or not self._thread.is_alive()
+        """Whether the move has caught up (waiting up to timeout seconds for it): the matrices and
+        every expert marked before this call are moved, or the thread has ended."""
+        if self._thread is None:
+            return True
+        with self._cond:
+            self._asked += 1
+            want = self._asked
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._served >= want, timeout)
 
-    def _move_all(self) -> None:
+    def running(self) -> bool:
+        """Whether the thread is still there (watching expert maps, or moving)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _main(self) -> None:
         try:  # the lowest priority: decoding goes first
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (OSError, AttributeError):
             pass
         budget = memory_available() // 2
         libc = _libc()
-        try:  # self._files holds a view of each mapping: none can close meanwhile
-            for lo, hi in self.runs():
-                if self.moved + (hi - lo) > budget:
-                    self.error = "stopped at half of the available memory"
-                    return
-                self._move(libc, lo, hi - lo)
-                self.moved += hi - lo
+        try:
+            self._move_runs(libc, self.runs(), budget)  # self._hold keeps the mappings meanwhile
+            self._hold.clear()
+            while True:
+                with self._cond:
+                    asked = self._asked
+                more = self._move_experts(libc, budget)
+                with self._cond:
+                    self._served = asked
+                    self._cond.notify_all()
+                    if not more:
+                        return
+                    self._cond.wait_for(lambda: self._asked > asked, self.POLL_S)
         except OSError as e:
             self.error = str(e)
+        finally:
+            self._hold.clear()
+            with self._cond:
+                self._served = 1 << 62
+                self._cond.notify_all()
+
+    def _move_experts(self, libc, budget: int) -> bool:
+        """Moves the stretches of the experts marked since the last pass; whether any stack is left
+        alive with experts still to move."""
+        alive, chunks, more = [], set(), False
+        for s in self._stacks:
+            data = s.ref()
+            if data is None:
+                continue
+            new = np.flatnonzero(s.used.astype(bool) & ~s.done)
+            s.done[new] = True
+            chunks |= s.chunks(new)
+            alive.append(data)  # the mapping stays while its stretches move
+            more = more or not s.done.all()
+        before = self.moved
+        self._move_runs(libc, _runs(chunks - self._on_huge), budget)
+        self.moved_experts += self.moved - before
+        return more and self.error is None
+
+    def _move_runs(self, libc, runs: list[tuple[int, int]], budget: int) -> None:
+        for lo, hi in runs:
+            if self.moved + (hi - lo) > budget:
+                self.error = "stopped at half of the available memory"
+                return
+            self._move(libc, lo, hi - lo)
+            self.moved += hi - lo
+            self._on_huge.update(range(lo, hi, HUGE))
 
     @staticmethod
     def _move(libc, addr: int, n: int) -> None:
@@ -155,3 +252,14 @@ class Settler:
             err = ctypes.get_errno()
             libc.munmap(start, n)
             raise OSError(err, f"mremap onto the mapping failed: {os.strerror(err)}")
+
+
+def _runs(chunks) -> list[tuple[int, int]]:
+    """2 MB stretches joined into address ranges of at most RUN bytes each."""
+    out = []
+    for c in sorted(chunks):
+        if out and out[-1][1] == c and out[-1][1] - out[-1][0] < RUN:
+            out[-1] = (out[-1][0], c + HUGE)
+        else:
+            out.append((c, c + HUGE))
+    return out

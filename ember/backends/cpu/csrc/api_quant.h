@@ -58,10 +58,11 @@ int ember_matmul_quantize(int type, const float *x, int64_t k, void *dst, int ro
  * experts) or row s of x (n_tok * n_used, k) (x_per_row = 1). The selections are grouped by expert, so each
  * chosen expert's rows are read once per call and the others not at all. count <= EMBER_EXPERTS_MAX_MATS
  * matrices sharing one activation kind; n_expert <= EMBER_EXPERTS_MAX. scratch: ember_experts_scratch_size
- * bytes, 64-byte aligned. Returns 0, or -1 (nothing written) for a bad type, shape or id. */
+ * bytes, 64-byte aligned. used: NULL, or per matrix NULL or a byte per expert, set to 1 for each expert read
+ * (marks for the move onto huge pages). Returns 0, or -1 (nothing written) for a bad type, shape or id. */
 int ember_experts_matmul(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
                          int64_t n_expert, int64_t k, const float *x, int64_t n_tok, int64_t n_used, int x_per_row,
-                         const int32_t *ids, float *const *ys, void *scratch, int rounding);
+                         const int32_t *ids, float *const *ys, void *scratch, int rounding, uint8_t *const *used);
 
 /* Bytes of scratch ember_experts_matmul needs for `rows` = n_tok * n_used selections of `count` matrices
  * whose row counts sum to m_sum; -1 for an unsupported type or shape. */

@@ -5,7 +5,9 @@
  * product job (matmul.h) over its own contiguous run of rows: each expert's weights are read once per
  * step whatever the number of its tokens, and the experts nobody chose are never touched (their pages
  * of the mapped file stay out of memory). The outputs come back in expert order and are scattered to
- * the selections' rows. */
+ * the selections' rows. Each stack may come with a byte map of its experts, where a call marks the ones it
+ * reads (0 -> 1, never cleared here): the backend moves those experts' bytes onto huge pages
+ * (resident.py) without learning the ids on the host. */
 #include <math.h>
 
 #include "matmul.h"
@@ -81,7 +83,7 @@ static int sort_by_expert(experts_job *e, const int32_t *ids, int64_t n_expert) 
 
 int ember_experts_matmul(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
                          int64_t n_expert, int64_t k, const float *x, int64_t n_tok, int64_t n_used, int x_per_row,
-                         const int32_t *ids, float *const *ys, void *scratch, int rounding) {
+                         const int32_t *ids, float *const *ys, void *scratch, int rounding, uint8_t *const *used) {
     if (count < 1 || count > EMBER_EXPERTS_MAX_MATS || n_expert < 1 || n_expert > EMBER_EXPERTS_MAX || n_tok <= 0 ||
         n_used < 1 || n_used > n_expert || k <= 0 || !ember_qtype_get(types[0]))
         return -1;
@@ -108,6 +110,7 @@ int ember_experts_matmul(ember_pool *pool, int count, const int *types, const vo
         const int64_t lo = e.off[x_id], n = e.off[x_id + 1] - lo;
         if (n == 0) continue;
         for (int i = 0; i < count; i++) {
+            if (used && used[i] && !used[i][x_id]) used[i][x_id] = 1;
             const int64_t w_stride = k / ember_qtype_get(types[i])->block_size * ember_qtype_get(types[i])->type_size;
             const uint8_t *w = (const uint8_t *)ws[i] + x_id * ms[i] * w_stride;
             matmul_part *p = &parts[j.n_parts++];

@@ -86,7 +86,7 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         return 0;
     case EMBER_OP_EXPERTS_MATMUL:
         return ember_experts_matmul(pool, (int)i[0], p[0], p[1], p[2], i[1], i[2], p[3], i[3], i[4], (int)i[5], p[4],
-                                    p[5], p[6], (int)i[6]);
+                                    p[5], p[6], (int)i[6], p[7]);
     case EMBER_OP_EXPERTS_ROUTE:
         if (i[1] > EMBER_EXPERTS_MAX || i[2] < 1 || i[2] > i[1]) return -1;
         ember_experts_route(p[0], i[0], i[1], i[2], (int)i[3], p[1], p[2]);
