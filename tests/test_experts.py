@@ -170,3 +170,21 @@ def test_mxfp4_experts(cpu):
         want = np.empty((len(mine), ROWS), np.float32)
         cpu.matmul(weight(GGMLType.MXFP4, data, ROWS, COLS, e), np.ascontiguousarray(x[mine // 4]), want)
         assert np.array_equal(out[mine], want)
+
+
+def test_products_mark_the_experts_they_read(cpu):
+    """The byte map of each stack (which the backend's move onto huge pages reads) gets a 1 for every
+    expert a product read, and only for those."""
+    (a, _), (b, _) = stacked(GGMLType.Q8_0, ROWS, COLS, 0), stacked(GGMLType.Q8_0, ROWS + 32, COLS, 5)
+    maps = [np.zeros(N_EXPERT, np.uint8), np.zeros(N_EXPERT, np.uint8)]
+    cpu._expert_maps.update({a.ctypes.data: maps[0], b.ctypes.data: maps[1]})
+    try:
+        ids = routed(3, 2)
+        x = np.ones((3, COLS), np.float32)
+        outs = [np.empty((6, ROWS), np.float32), np.empty((6, ROWS + 32), np.float32)]
+        cpu.expert_matmuls([weight(GGMLType.Q8_0, a, ROWS, COLS), weight(GGMLType.Q8_0, b, ROWS + 32, COLS)],
+                           x, ids, outs)
+        want = np.isin(np.arange(N_EXPERT), ids).astype(np.uint8)
+        assert 0 < want.sum() < N_EXPERT and np.array_equal(maps[0], want) and np.array_equal(maps[1], want)
+    finally:
+        cpu._expert_maps.pop(a.ctypes.data), cpu._expert_maps.pop(b.ctypes.data)
