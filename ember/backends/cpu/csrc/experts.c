@@ -110,7 +110,6 @@ int ember_experts_matmul(ember_pool *pool, int count, const int *types, const vo
         const int64_t lo = e.off[x_id], n = e.off[x_id + 1] - lo;
         if (n == 0) continue;
         for (int i = 0; i < count; i++) {
-            if (used && used[i] && !used[i][x_id]) used[i][x_id] = 1;
             const int64_t w_stride = k / ember_qtype_get(types[i])->block_size * ember_qtype_get(types[i])->type_size;
             const uint8_t *w = (const uint8_t *)ws[i] + x_id * ms[i] * w_stride;
             matmul_part *p = &parts[j.n_parts++];
@@ -119,6 +118,9 @@ int ember_experts_matmul(ember_pool *pool, int count, const int *types, const vo
             j.units += p->units;
         }
     }
+    for (int i = 0; used && i < count; i++) /* marked only once the call is sure to run */
+        for (int64_t x_id = 0; used[i] && x_id < n_expert; x_id++)
+            if (e.off[x_id + 1] > e.off[x_id] && !used[i][x_id]) used[i][x_id] = 1;
     const int big = e.rows * k > SERIAL_QUANTIZE_VALUES;
     if (big) ember_parallel(pool, gather_task, &e);
     else gather_task(&e, 0, 1);
