@@ -341,8 +341,9 @@ def test_x_stationary_products_normalising_x_themselves(cuda, qtype, monkeypatch
     """mv_xs with the norm in its blocks (xs_prologue: each lane normalises and quantizes its own
     slices of x): products that only store y (three matrices, their rows paired across the
     matrices' ends; and one of many rows, more pairs a block) and gate and up. Against the
-    product after a quant_x launch (CudaConfig(prologue_k=0)) and the dense product of the
-    normalised row; h written whole."""
+    product after a quant_x launch (CudaConfig(prologue_k=0)), on mv_n1 and (past
+    XS_STORE_ALONE_MIN_BYTES, an output head) on mv_xs, and the dense product of the normalised
+    row; h written whole."""
     from types import SimpleNamespace
 
     import ember.backends.cuda.ops.matmul as mm
@@ -351,6 +352,7 @@ def test_x_stationary_products_normalising_x_themselves(cuda, qtype, monkeypatch
 
     monkeypatch.setattr(mm, "XS_STORE_MIN_BYTES", 0)
     monkeypatch.setattr(mm, "XS_MIN_BYTES", 0)
+    monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 1 << 60)
     rng = np.random.default_rng(43)
     cols = 4096 if qtype == GGMLType.Q8_0 else 2304  # teams of 4 warps; of 2, lanes past the row idle
     x = rng.normal(0, 1, (1, cols)).astype(np.float32)
@@ -384,9 +386,13 @@ def test_x_stationary_products_normalising_x_themselves(cuda, qtype, monkeypatch
             assert op.xs_geometry()[2] > mm.XS_STORE_UNIT
         base_names, base, _, _ = run(ws, rows_list, False)
         assert "quant_x" in base_names and "mv_xs" not in base_names, base_names
+        monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 0)  # mv_xs after a quant_x launch (an output head)
+        alone_names, alone, _, _ = run(ws, rows_list, False)
+        monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 1 << 60)
+        assert alone_names == ["quant_x", "mv_xs"], alone_names
         assert rel_err(h, xn) < 1e-5
-        for g, b, W in zip(got, base, dense_ws):
-            assert rel_err(g, b) < 1e-3
+        for g, b, a, W in zip(got, base, alone, dense_ws):
+            assert rel_err(g, b) < 1e-3 and rel_err(a, b) < 1e-5
             assert rel_err(g, xn @ W.T) < 2e-2
     rows = 96
     ws, dense_ws = mats([rows, rows])
@@ -1251,7 +1257,7 @@ def test_model_of_long_rows_normalising_in_the_x_stationary_kernel(tmp_path_fact
     assert_logits_close(got[16384], want, qtype)
     for i, (a, b) in enumerate(zip(got[16384], got[2048])):
         err = np.abs(a - b).max() / np.abs(b).max()
-        assert err < 5e-3, f"step {i}: mv_xs's own norm differs from quant_x's by {err:.2e}"
+        assert err < 1e-2, f"step {i}: mv_xs's own norm differs from quant_x's by {err:.2e}"  # int8 roundings flip
 
 
 @pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_1), ("gemma3", GGMLType.Q4_K)])

@@ -575,7 +575,8 @@ def test_llama_8b_layers_normalise_inside_the_x_stationary_kernel():
     """At Llama-3.1-8B's shape (d 4096, past mv_n1's norm prologue) a layer's two norms and the
     head's are done by mv_xs's own blocks: q/k/v in one launch (pairs of rows across q, k and v),
     gate and up in one, the head in one (more pairs a block); no quant_x launch. Q4_K_M's q/k/v
-    (v in Q6_K) and CudaConfig(prologue_k=2048) keep the quant_x launches."""
+    (v in Q6_K) and CudaConfig(prologue_k=2048) keep the quant_x launches (the head, past
+    XS_STORE_ALONE_MIN_BYTES, still on mv_xs)."""
     from ember.backends.cuda import CudaConfig
 
     d, ff, kv = 4096, 14336, 1024
@@ -598,7 +599,8 @@ def test_llama_8b_layers_normalise_inside_the_x_stationary_kernel():
     assert unit == -(-128256 // 2 // (4 * 132)) and blocks == -(-128256 // 2 // unit)
     old = [replace(op, cfg=CudaConfig(prologue_k=2048)) for op in (qkv, ffn, out)]
     assert [[launch.fn[1] for launch in op.launches(FakeKernels())] for op in old] == [
-        ["quant_x", "mv_n1_occ"], ["quant_x", "mv_xs"], ["quant_x", "mv_n1_occ"]]
+        ["quant_x", "mv_n1_occ"], ["quant_x", "mv_xs"], ["quant_x", "mv_xs"]]  # the head: 525 MB
+    assert out.launches(FakeKernels())[0].smem == 4 * d and old[2].launches(FakeKernels())[1].smem == 0
     mixed = replace(qkv, ws=[qkv.ws[0], qkv.ws[1], mat(kv, d, GGMLType.Q6_K)])
     names = [launch.fn[1] for launch in mixed.launches(FakeKernels())]
     assert names[0] == "quant_x" and len(names) == 3 and "mv_xs" not in names, names
@@ -622,15 +624,15 @@ def test_decode_products_prefetch_what_fits_in_l2():
     in L2_PREFETCH_BYTES, else that budget shared out in whole 128-byte lines."""
     from ember.backends.cuda.ops.matmul import L2_PREFETCH_BYTES
 
-    def pf_row(rows, k):
-        op = Matmul([mat(rows, k, GGMLType.Q8_0)], Addr(1, k), [Addr(1, rows)],
+    def pf_row(rows, k, qtype=GGMLType.Q8_0):
+        op = Matmul([mat(rows, k, qtype)], Addr(1, k), [Addr(1, rows)],
                     xq=Addr(xq_bytes(1, k), dtype=np.uint8), quant_in=False, n_sm=132)
         (launch,) = op.launches(FakeKernels())
         return int(launch.args[21]), op.ws[0].data.row_bytes, launch
 
     got, row_bytes, _ = pf_row(576, 576)
     assert got == row_bytes
-    got, row_bytes, launch = pf_row(128256, 4096)
+    got, row_bytes, launch = pf_row(128256, 4096, GGMLType.Q6_K)  # a head of a type mv_xs does not take
     teams = launch.grid[0] * launch.block[0] >> int(launch.args[18])
     assert 0 < got < row_bytes and got % 128 == 0 and got * 2 * teams <= L2_PREFETCH_BYTES
 

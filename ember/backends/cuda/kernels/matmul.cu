@@ -853,37 +853,53 @@ __device__ __forceinline__ void xs_pair(XsPair &x, const MvMats &mt, bool gated,
 }
 
 // The prologue of mv_xs (nw set): x = RMS norm of src by nw, quantized (q8_store_warp's values,
-// scales and half-sums) straight into the lane's registers. Lane `lane` holds the values
-// [32 SPL lane, 32 SPL (lane + 1)) of the row -- whole 32-value blocks, so it quantizes them
-// alone; the row's sum of squares is the first team's, over the block. In slice e, half hh of
-// the product's lane step: Q8_0 (one block) half hh of it; Q4_K/Q5_K (two blocks, see
-// slice_offsets) half e of block hh. write_h: the lane's values of x also stored to h.
-__device__ __forceinline__ void xs_prologue(const float *__restrict__ src, const float *__restrict__ nw, float eps,
-                                            float *h, int k, bool has, bool first_team, bool write_h, int lane,
-                                            float *red, int4 (&xv)[SPL][2], float (&xd)[SPL][2],
-                                            float (&xs)[SPL][2]) {
-    const int c0 = 32 * SPL * lane;
+// scales and half-sums) straight into the lane's registers. The block holds the row in shared
+// memory row_s (k floats): the norm weights, copied before the kernel waits (constants), then
+// x * w, every thread loading its share of src at once (one round trip to L2 after the wait) and
+// summing its squares. Lane `lane` then takes the values [32 SPL lane, 32 SPL (lane + 1)) of the
+// row -- whole 32-value blocks, so it quantizes them alone. In slice e, half hh of the product's
+// lane step: Q8_0 (one block) half hh of it; Q4_K/Q5_K (two blocks, see slice_offsets) half e of
+// block hh. write_h: the lane's values of x also stored to h.
+#define XS_PRO_BATCH 8  // float4 loads of src in flight a thread
+
+__device__ __forceinline__ void xs_norm_weights(const float *__restrict__ nw, int k, float *row_s) {
+    for (int i = threadIdx.x; i < k / 4; i += blockDim.x) ((float4 *)row_s)[i] = ((const float4 *)nw)[i];
+}
+
+__device__ __forceinline__ void xs_prologue(const float *__restrict__ src, float eps, float *h, int k, bool has,
+                                            bool write_h, int lane, float *row_s, float *red, int4 (&xv)[SPL][2],
+                                            float (&xd)[SPL][2], float (&xs)[SPL][2]) {
+    const int n4 = k / 4;
     float ss = 0.f;
-    if (has && first_team) {
-        const float4 *p = (const float4 *)(src + c0);
+    float4 *r4 = (float4 *)row_s;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += XS_PRO_BATCH * blockDim.x) {
+        float4 v[XS_PRO_BATCH];
 #pragma unroll
-        for (int i = 0; i < 8 * SPL; i++) {
-            const float4 v = p[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        for (int j = 0; j < XS_PRO_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            v[j] = i < n4 ? ((const float4 *)src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < XS_PRO_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            if (i >= n4) break;
+            const float4 w = r4[i];
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            r4[i] = make_float4(v[j].x * w.x, v[j].y * w.y, v[j].z * w.z, v[j].w * w.w);
         }
     }
-    const float sc = rsqrtf(block_sum(ss, red) / (float)k + eps);
+    const float sc = rsqrtf(block_sum(ss, red) / (float)k + eps);  // its barriers order row_s
     if (!has) return;
+    const int c0 = 32 * SPL * lane;
 #pragma unroll
     for (int b = 0; b < SPL; b++) {
-        const float4 *p = (const float4 *)(src + c0 + 32 * b), *wp = (const float4 *)(nw + c0 + 32 * b);
+        const float4 *p = (const float4 *)(row_s + c0 + 32 * b);
         float t[32];
         float amax = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const float4 v = p[i], w = wp[i];
-            t[4 * i] = v.x * sc * w.x, t[4 * i + 1] = v.y * sc * w.y;
-            t[4 * i + 2] = v.z * sc * w.z, t[4 * i + 3] = v.w * sc * w.w;
+            const float4 v = p[i];
+            t[4 * i] = v.x * sc, t[4 * i + 1] = v.y * sc, t[4 * i + 2] = v.z * sc, t[4 * i + 3] = v.w * sc;
             if (write_h)
                 *(float4 *)(h + c0 + 32 * b + 4 * i) = make_float4(t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
         }
@@ -915,7 +931,8 @@ __device__ __forceinline__ void xs_prologue(const float *__restrict__ src, const
 // gated (mode SILU/GELU): gate w0 and up w1, y0 = gate, y1 = up, aux = act(gate) * up (quantized
 // into act_q when set), 32 pairs a block (unit). Storing (mode STORE): y_m = W_m x for up to four
 // matrices, their rows taken in pairs (an even count in all), `unit` pairs a block.
-// nw set: the block makes x itself (xs_prologue) from src, block 0 writing it to h; else it reads xq.
+// nw set: the block makes x itself (xs_prologue) from src, block 0 writing it to h, in k floats of
+// dynamic shared memory; else it reads xq.
 extern "C" __global__ void __launch_bounds__(512)
     mv_xs(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
           int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, const u8 *xq, int team,
@@ -923,6 +940,7 @@ extern "C" __global__ void __launch_bounds__(512)
     __shared__ float part_s[2][16][2];  // a team of several warps: per-warp sums (by iteration parity)
     __shared__ float act_s[32];
     __shared__ float red[32];
+    extern __shared__ __align__(16) float row_s[];  // the prologue's row (k floats)
     const MvMats mt = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes};
     const bool gated = mode == MODE_SILU || mode == MODE_GELU;
     const int pairs = gated ? rows0 : (rows0 + rows1 + rows2 + rows3) / 2;
@@ -933,11 +951,13 @@ extern "C" __global__ void __launch_bounds__(512)
     XsPair cur, nxt;
     pdl_launch_next();
     xs_pair(nxt, mt, gated, u0 + tb, u_end, has, lane);  // weights: loaded while the kernel before still runs
+    if (nw) xs_norm_weights(nw, k, row_s);
     pdl_wait();
     int4 xv[SPL][2];
     float xd[SPL][2], xs[SPL][2];
     if (nw) {
-        xs_prologue(src, nw, eps, h, k, has, tb == 0, h && blockIdx.x == 0 && tb == 0, lane, red, xv, xd, xs);
+        __syncthreads();  // the norm weights
+        xs_prologue(src, eps, h, k, has, h && blockIdx.x == 0 && tb == 0, lane, row_s, red, xv, xd, xs);
     } else if (has) {
         const float4 *meta = (const float4 *)(xq + (size_t)k);
 #pragma unroll

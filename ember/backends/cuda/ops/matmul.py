@@ -39,6 +39,7 @@ XS_MAX_TEAM = 512  # lanes of a team (one lane step of a row each): longer rows 
 # from these weight bytes, pairs of rows XS_STORE_UNIT a block at least, more where that would make
 # over XS_STORE_BLOCKS_PER_SM blocks a multiprocessor (each block repeats the norm)
 XS_STORE_MIN_BYTES = 8 << 20
+XS_STORE_ALONE_MIN_BYTES = 256 << 20  # without that norm (a quant_x launch before): an 8B-class output head
 XS_STORE_UNIT = 8
 XS_STORE_BLOCKS_PER_SM = 4
 
@@ -288,9 +289,9 @@ class Matmul:
     def takes_xs(self) -> bool:
         """Whether the product takes mv_xs (one activation row, a type in XS_TYPES, rows of at most
         XS_MAX_TEAM lane steps): gate and up (rows in whole blocks of 32) of at least XS_MIN_BYTES;
-        or up to four matrices that only store y, of at least XS_STORE_MIN_BYTES and an even count
-        of rows, where the kernel normalises x itself (xs_prologue). Rows short enough for mv_n1's
-        norm prologue keep that."""
+        or up to four matrices that only store y, an even count of rows, of at least
+        XS_STORE_MIN_BYTES where the kernel normalises x itself (xs_prologue), of at least
+        XS_STORE_ALONE_MIN_BYTES otherwise. Rows short enough for mv_n1's norm prologue keep that."""
         if self.n != 1 or self.tail is not None or self.pro_res is not None:
             return False
         if self.norm_w is not None and self.k <= min(self.cfg.prologue_k, MV_PROLOGUE_MAX_K):
@@ -305,14 +306,17 @@ class Matmul:
         if self.mode in GATED:
             rows = self.ws[0].shape[0]
             return len(self.ws) == 2 and self.ws[1].shape[0] == rows and rows % 32 == 0 and nbytes >= XS_MIN_BYTES
-        if self.mode != MODE_STORE or self.act_q is not None or len(self.ws) > 4:
+        if self.mode != MODE_STORE or self.act_q is not None or len(self.ws) > 4 or sum(w.shape[0] for w in self.ws) % 2:
             return False
-        return sum(w.shape[0] for w in self.ws) % 2 == 0 and nbytes >= XS_STORE_MIN_BYTES and self.xs_prologue()
+        return nbytes >= (XS_STORE_MIN_BYTES if self.xs_prologue() else XS_STORE_ALONE_MIN_BYTES)
 
     def xs_prologue(self) -> bool:
         """Whether mv_xs's blocks normalise x themselves (a norm fused in, rows of at most
-        cfg.prologue_k values, 16-byte aligned rows): no quant_x launch before it."""
+        cfg.prologue_k values that fit in PROLOGUE_SMEM as f32, 16-byte aligned): no quant_x launch
+        before it."""
         if self.norm_w is None or self.n != 1 or self.idx is not None or self.k > self.cfg.prologue_k:
+            return False
+        if 4 * self.k > PROLOGUE_SMEM:
             return False
         if any(a.data.ptr % 16 for a in (self.src, self.norm_w, self.x)):
             return False
@@ -340,7 +344,7 @@ class Matmul:
                 i32(unit), i32(self.mode), ptr(self.aux), ptr(self.act_q), ptr(self.src if pro else None),
                 ptr(self.norm_w if pro else None), f32(self.eps), ptr(self.x if pro else None))
         fn = kernels.fn(matmul_module(self.ws[0].type, "mv_xs"), "mv_xs")
-        return Launch(fn, (blocks, 1, 1), (threads, 1, 1), args)
+        return Launch(fn, (blocks, 1, 1), (threads, 1, 1), args, smem=4 * self.k if pro else 0)
 
     def in_prologue(self) -> bool:
         """Whether the product's blocks normalise and quantize x themselves (into shared memory)
