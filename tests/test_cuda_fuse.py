@@ -593,7 +593,7 @@ def test_llama_8b_layers_normalise_inside_the_x_stationary_kernel():
         assert op.xs_prologue() and [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params("mv_xs")]
         assert int(launch.args[-4]) == op.src.data.ptr and int(launch.args[-1]) == op.x.data.ptr  # src, h
         assert int(launch.args[15]) == 0  # no xq read
-    assert qkv.xs_geometry() == (64, 128, 8, (4096 + 2 * kv) // 16)
+    assert qkv.xs_geometry() == (64, 128, 6, 512)  # 3072 pairs: 4 a block would be over 4 blocks an SM
     assert ffn.xs_geometry() == (64, 128, 32, ff // 32)
     team, threads, unit, blocks = out.xs_geometry()
     assert unit == -(-128256 // 2 // (4 * 132)) and blocks == -(-128256 // 2 // unit)

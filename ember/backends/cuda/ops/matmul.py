@@ -40,7 +40,7 @@ XS_MAX_TEAM = 512  # lanes of a team (one lane step of a row each): longer rows 
 # over XS_STORE_BLOCKS_PER_SM blocks a multiprocessor (each block repeats the norm)
 XS_STORE_MIN_BYTES = 8 << 20
 XS_STORE_ALONE_MIN_BYTES = 256 << 20  # without that norm (a quant_x launch before): an 8B-class output head
-XS_STORE_UNIT = 8
+XS_STORE_UNIT = 4
 XS_STORE_BLOCKS_PER_SM = 4
 
 QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
