@@ -355,22 +355,41 @@ ROOFLINE_VARIANTS = [
 LLAMA_1_5B = {"n_layer": 28, "d_model": 1536, "d_ff": 8960, "n_head": 12, "n_kv_head": 2, "head_dim": 128, "n_vocab": 151936}
 
 
+def q4_k_m_type(name: str, layer: int, n_layer: int) -> str:
+    """The type llama.cpp's Q4_K_M mix gives a llama tensor: Q6_K for the output head, and for
+    attn_v and ffn_down on the layers it gives more bits (the first and last eighth, and every
+    third between), Q4_K for the rest."""
+    more = layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+    if name == "output" or (name in ("attn_v", "ffn_down") and more):
+        return "Q6_K"
+    return "Q4_K"
+
+
 def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
-    """A llama-shaped GGUF with random blocks of one type (valid small scales); returns the bytes of
-    the matrices one decode step reads (every layer matrix and the tied output head)."""
+    """A llama-shaped GGUF with random blocks of one type (valid small scales), or of the Q4_K_M
+    mix (qtype_name "Q4_K_M": q4_k_m_type, with an output head of its own); returns the bytes of
+    the matrices one decode step reads (every layer matrix and the output head, the tied
+    embedding where there is none)."""
     import gguf
 
     from ember.quant import GGMLType, layout
 
-    qtype = GGMLType[qtype_name]
-    lay = layout(qtype)
     scale_fields = {GGMLType.Q4_K: ((0, 0.002), (2, 0.001)), GGMLType.Q8_0: ((0, 0.002),),
-                    GGMLType.Q5_K: ((0, 0.002), (2, 0.001)), GGMLType.Q6_K: ((208, 0.0002),)}[qtype]
-    rng = np.random.default_rng(0)
-    pool = rng.integers(0, 256, size=(64 << 20) // lay.type_size * lay.type_size, dtype=np.uint8)
-    blocks = pool.reshape(-1, lay.type_size)
-    for off, value in scale_fields:
-        blocks[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+                    GGMLType.Q5_K: ((0, 0.002), (2, 0.001)), GGMLType.Q6_K: ((208, 0.0002),)}
+    mix = qtype_name == "Q4_K_M"
+    pools: dict = {}
+
+    def pool_of(qtype):
+        if qtype not in pools:
+            lay = layout(qtype)
+            rng = np.random.default_rng(0)
+            pool = rng.integers(0, 256, size=(64 << 20) // lay.type_size * lay.type_size, dtype=np.uint8)
+            blocks = pool.reshape(-1, lay.type_size)
+            for off, value in scale_fields[qtype]:
+                blocks[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+            pools[qtype] = pool
+        return pools[qtype]
+
     s = shape
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(s["n_layer"])
@@ -381,18 +400,20 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
     w.add_head_count_kv(s["n_kv_head"])
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
-    step_bytes = 0
 
-    def matrix(name: str, rows: int, cols: int) -> int:
-        nbytes = rows * lay.row_bytes(cols)
-        w.add_tensor(name, np.resize(pool, nbytes).reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+    def matrix(name: str, rows: int, cols: int, layer: int = 0) -> int:
+        qtype = GGMLType[q4_k_m_type(name.split(".")[-2], layer, s["n_layer"]) if mix else qtype_name]
+        nbytes = rows * layout(qtype).row_bytes(cols)
+        w.add_tensor(name, np.resize(pool_of(qtype), nbytes).reshape(rows, -1),
+                     raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
         return nbytes
 
     def norm(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, np.float32))
 
     d, q_dim, kv_dim = s["d_model"], s["n_head"] * s["head_dim"], s["n_kv_head"] * s["head_dim"]
-    step_bytes += matrix("token_embd.weight", s["n_vocab"], d)  # tied: the output head reads all of it
+    embd = matrix("token_embd.weight", s["n_vocab"], d)
+    step_bytes = matrix("output.weight", s["n_vocab"], d) if mix else embd  # tied: the head reads all of it
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", d)
@@ -400,7 +421,7 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
         for name, rows, cols in (("attn_q", q_dim, d), ("attn_k", kv_dim, d), ("attn_v", kv_dim, d),
                                  ("attn_output", d, q_dim), ("ffn_gate", s["d_ff"], d), ("ffn_up", s["d_ff"], d),
                                  ("ffn_down", d, s["d_ff"])):
-            step_bytes += matrix(p + name + ".weight", rows, cols)
+            step_bytes += matrix(p + name + ".weight", rows, cols, i)
     norm("output_norm.weight", d)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -409,10 +430,11 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
     return step_bytes
 
 
-def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int, listed: int = 0) -> dict:
+def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int, listed: int = 0,
+                     profile: bool = True) -> dict:
     """Batch-1 decode steps of the model alone (recorded once, replayed as a graph), as the engine's
-    runner runs them, at a context of about 100 tokens; the first `listed` launches are also
-    listed one by one (name, grid, block, us alone)."""
+    runner runs them, at a context of about 100 tokens; with profile, each launch also timed alone
+    and the first `listed` launches listed one by one (name, grid, block, us alone)."""
     import ember.backends as backends
     from ember.backends import AttentionBatch
     from ember.gguf_loader import GGUFFile
@@ -450,9 +472,9 @@ def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int,
         gpu_ms = backend.cp.cuda.get_elapsed_time(e0, e1) / 20
         return {"step_ms": 1000 * t, "gpu_step_ms": gpu_ms, "weight_gb": step_bytes / 1e9, "weight_gbs": gbs,
                 "copy_gbs": copy_gbs, "fraction_of_copy": gbs / copy_gbs, "tokens_per_s": 1 / t,
-                "launches_per_step": len(rec.launches), "profile": launch_profile(backend, rec),
+                "launches_per_step": len(rec.launches), "profile": launch_profile(backend, rec) if profile else {},
                 "listed": [(backend.kernels.name_of(x.fn), x.grid[0], x.block[0], round(graph_us(backend.cp, [x], 20), 2))
-                           for x in rec.launches[:listed] if hasattr(x, "fn")]}
+                           for x in rec.launches[:listed] if hasattr(x, "fn")] if profile else []}
 
 
 # ---- single kernels ----

@@ -288,7 +288,8 @@ def test_matmul_grid_walking_its_blocks(cuda, matrices, qtype):
 XS_TYPES = [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K]
 
 
-@pytest.mark.parametrize("cols", [COLS, 4608], ids=["warp", "wide"])  # teams of one warp; of 3-5 warps
+# teams of one warp; of 3-5 warps, one a block; of 2 (Q4_K, Q5_K: two teams a block) or 4 (Q8_0) warps
+@pytest.mark.parametrize("cols", [COLS, 4608, 4096], ids=["warp", "wide", "two_teams"])
 @pytest.mark.parametrize("qtype", XS_TYPES, ids=lambda t: t.name)
 def test_large_gated_products_take_the_x_stationary_kernel(cuda, qtype, cols, monkeypatch):
     """Gate and up of one activation row over large matrices (every size here: XS_MIN_BYTES 0) take
@@ -333,6 +334,84 @@ def test_large_gated_products_take_the_x_stationary_kernel(cuda, qtype, cols, mo
             again = cuda.cp.zeros(xq_bytes(1, rows), np.uint8)
             Matmul([], cuda.from_numpy(got[2]), [], xq=again)._quant_x(cuda.kernels).run()
             np.testing.assert_array_equal(got[3], cuda.to_numpy(again))
+
+
+@pytest.mark.parametrize("qtype", XS_TYPES, ids=lambda t: t.name)
+def test_x_stationary_products_normalising_x_themselves(cuda, qtype, monkeypatch):
+    """mv_xs with the norm in its blocks (xs_prologue: each lane normalises and quantizes its own
+    slices of x): products that only store y (three matrices, their rows paired across the
+    matrices' ends; and one of many rows, more pairs a block) and gate and up. Against the
+    product after a quant_x launch (CudaConfig(prologue_k=0)), on mv_n1 and (past
+    XS_STORE_ALONE_MIN_BYTES, an output head) on mv_xs, and the dense product of the normalised
+    row; h written whole."""
+    from types import SimpleNamespace
+
+    import ember.backends.cuda.ops.matmul as mm
+    from ember.backends.cuda import CudaConfig
+    from ember.backends.cuda.ops.matmul import MODE_SILU, Matmul, xq_bytes
+
+    monkeypatch.setattr(mm, "XS_STORE_MIN_BYTES", 0)
+    monkeypatch.setattr(mm, "XS_MIN_BYTES", 0)
+    monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 1 << 60)
+    rng = np.random.default_rng(43)
+    cols = 4096 if qtype == GGMLType.Q8_0 else 2304  # teams of 4 warps; of 2, lanes past the row idle
+    x = rng.normal(0, 1, (1, cols)).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    xn = rms(x.astype(np.float64), nw.astype(np.float64), 1e-5)
+
+    def mats(rows_list):
+        raws = [weight(rng, qtype, r, cols, 0.05) for r in rows_list]
+        ws = [cuda.weight(SimpleNamespace(name=f"w{i}", type=qtype, shape=(r, cols), data=raw.reshape(-1)))
+              for i, (r, raw) in enumerate(zip(rows_list, raws))]
+        dense_ws = [dequantize(raw.reshape(-1), qtype).reshape(r, cols).astype(np.float64)
+                    for r, raw in zip(rows_list, raws)]
+        return ws, dense_ws
+
+    def run(ws, rows_list, prologue: bool, **kw):
+        h, outs = poisoned(cuda, (1, cols)), [poisoned(cuda, (1, r)) for r in rows_list]
+        op = Matmul(ws, h, outs, xq=cuda.cp.empty(xq_bytes(1, cols), np.uint8), src=cuda.from_numpy(x),
+                    norm_w=cuda.from_numpy(nw), eps=1e-5, n_sm=cuda.n_sm,
+                    cfg=CudaConfig() if prologue else CudaConfig(prologue_k=0), **kw)
+        launches = op.launches(cuda.kernels)
+        names = [cuda.kernels.name_of(launch.fn).rsplit(".", 1)[-1] for launch in launches]
+        for launch in launches:
+            launch.run()
+        return names, [cuda.to_numpy(o) for o in outs], cuda.to_numpy(h), op
+
+    for rows_list in ([97, 33, 32], [9000]):  # a pair of rows across two matrices; 1125+ pairs a block
+        ws, dense_ws = mats(rows_list)
+        names, got, h, op = run(ws, rows_list, True)
+        assert names == ["mv_xs"], names
+        if len(rows_list) == 1:
+            assert op.xs_geometry()[2] > mm.XS_STORE_UNIT
+        base_names, base, _, _ = run(ws, rows_list, False)
+        assert "quant_x" in base_names and "mv_xs" not in base_names, base_names
+        monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 0)  # mv_xs after a quant_x launch (an output head)
+        alone_names, alone, _, _ = run(ws, rows_list, False)
+        monkeypatch.setattr(mm, "XS_STORE_ALONE_MIN_BYTES", 1 << 60)
+        assert alone_names == ["quant_x", "mv_xs"], alone_names
+        assert rel_err(h, xn) < 1e-5
+        for g, b, a, W in zip(got, base, alone, dense_ws):
+            assert rel_err(g, b) < 1e-3 and rel_err(a, b) < 1e-5
+            assert rel_err(g, xn @ W.T) < 2e-2
+    rows = 96
+    ws, dense_ws = mats([rows, rows])
+    act = poisoned(cuda, (1, rows))
+    aq = cuda.cp.zeros(xq_bytes(1, rows), np.uint8)
+    names, got, h, _ = run(ws, [rows, rows], True, mode=MODE_SILU, aux=act, act_q=aq)
+    assert names == ["mv_xs"], names
+    want_act = cuda.to_numpy(act)
+    base_names, base, _, _ = run(ws, [rows, rows], False, mode=MODE_SILU, aux=act,
+                                 act_q=cuda.cp.zeros(xq_bytes(1, rows), np.uint8))
+    assert base_names == ["quant_x", "mv_xs"], base_names
+    assert rel_err(h, xn) < 1e-5
+    g, u = (xn @ W.T for W in dense_ws)
+    for a, b, want in zip(got, base, (g, u)):
+        assert rel_err(a, b) < 1e-3 and rel_err(a, want) < 2e-2
+    assert rel_err(want_act, g / (1 + np.exp(-g)) * u) < 3e-2
+    again = cuda.cp.zeros(xq_bytes(1, rows), np.uint8)
+    Matmul([], cuda.from_numpy(want_act), [], xq=again)._quant_x(cuda.kernels).run()
+    np.testing.assert_array_equal(cuda.to_numpy(aq), cuda.to_numpy(again))
 
 
 def matmul_module_of(qtype) -> str:
@@ -1149,6 +1228,36 @@ def test_replay_matches_direct(tmp_path_factory, arch, qtype, graphs, fuse, n_se
         err = np.abs(a - b).max() / np.abs(b).max()
         # fused norms sum in another order: an int8 rounding of an activation may flip
         assert err < (1e-4 if qtype in FLOAT_TYPES else 5e-3), f"step {i}: replay differs from direct by {err:.2e}"
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_model_of_long_rows_normalising_in_the_x_stationary_kernel(tmp_path_factory, ref, qtype, monkeypatch):
+    """A llama of d_model 2304 (past mv_n1's norm prologue), mv_xs's size thresholds at 0: its
+    recorded decode steps normalise x inside mv_xs (q/k/v, gate and up, the head) instead of
+    quant_x launches, and give the reference's logits and those of the steps with quant_x
+    launches (CudaConfig(prologue_k=2048))."""
+    import ember.backends.cuda.ops.matmul as mm
+    from ember.backends.cuda import CudaConfig
+
+    monkeypatch.setattr(mm, "XS_MIN_BYTES", 0)
+    monkeypatch.setattr(mm, "XS_STORE_MIN_BYTES", 0)
+    path = tmp_path_factory.mktemp(f"wide_{qtype.name}") / "m.gguf"
+    write_model(path, "llama", qtype, Shape(d_model=2304), tied=True)
+    got, names = {}, {}
+    for prologue_k in (16384, 2048):
+        backend, keep = get_backend("cuda", config=CudaConfig(prologue_k=prologue_k)), []
+        with GGUFFile(path) as f:
+            got[prologue_k] = script(load_model(f, backend), 1, record=True, keep=keep)
+        rec = keep[0].recordings[1][0]  # the decode step
+        names[prologue_k] = [backend.kernels.name_of(x.fn).rsplit(".", 1)[-1] for x in rec.launches if hasattr(x, "fn")]
+    with GGUFFile(path) as f:
+        want = script(load_model(f, ref), 1)
+    xs, old = names[16384], names[2048]
+    assert xs.count("mv_xs") >= 2 * 2 and xs.count("quant_x") < old.count("quant_x"), (xs, old)
+    assert_logits_close(got[16384], want, qtype)
+    for i, (a, b) in enumerate(zip(got[16384], got[2048])):
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert err < 1e-2, f"step {i}: mv_xs's own norm differs from quant_x's by {err:.2e}"  # int8 roundings flip
 
 
 @pytest.mark.parametrize("arch,qtype", [("llama", GGMLType.Q4_1), ("gemma3", GGMLType.Q4_K)])

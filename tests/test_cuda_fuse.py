@@ -48,7 +48,7 @@ class Addr:
         self.size = math.prod(shape)
         self.nbytes = self.size * self.dtype.itemsize
         if at is None:
-            at, Addr._next = Addr._next, Addr._next + self.nbytes + 4096
+            at, Addr._next = Addr._next, -(-(Addr._next + self.nbytes + 4096) // 256) * 256  # aligned as CuPy's
         self.data = type("Ptr", (), {"ptr": at})()
 
     def rows(self, n: int) -> Addr:
@@ -571,6 +571,41 @@ def test_large_gated_products_take_the_x_stationary_kernel():
     assert not replace(op, x=Addr(2, 4096)).takes_xs()
 
 
+def test_llama_8b_layers_normalise_inside_the_x_stationary_kernel():
+    """At Llama-3.1-8B's shape (d 4096, past mv_n1's norm prologue) a layer's two norms and the
+    head's are done by mv_xs's own blocks: q/k/v in one launch (pairs of rows across q, k and v),
+    gate and up in one, the head in one (more pairs a block); no quant_x launch. Q4_K_M's q/k/v
+    (v in Q6_K) and CudaConfig(prologue_k=2048) keep the quant_x launches (the head, past
+    XS_STORE_ALONE_MIN_BYTES, still on mv_xs)."""
+    from ember.backends.cuda import CudaConfig
+
+    d, ff, kv = 4096, 14336, 1024
+    x, h = Addr(1, d), Addr(1, d)
+    ops, a = llama_layer(1, x, h, d=d, ff=ff, heads=32, kv_heads=8, hd=128, single=True)
+    head = matmul([mat(128256, d)], h, [Addr(1, 128256)])
+    fused = fuse(ops + [RmsNorm(x, Addr(d), 1e-5, h, d), head], counter)
+    mms = [op for op in fused if isinstance(op, Matmul)]
+    qkv, wo, ffn, down, out = mms
+    names = [[launch.fn[1] for launch in op.launches(FakeKernels())] for op in mms]
+    assert names == [["mv_xs"], ["mv_n1"], ["mv_xs"], ["mv_n1"], ["mv_xs"]], names
+    for op in (qkv, ffn, out):
+        (launch,) = op.launches(FakeKernels())
+        assert op.xs_prologue() and [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params("mv_xs")]
+        assert int(launch.args[-4]) == op.src.data.ptr and int(launch.args[-1]) == op.x.data.ptr  # src, h
+        assert int(launch.args[15]) == 0  # no xq read
+    assert qkv.xs_geometry() == (64, 128, 6, 512)  # 3072 pairs: 4 a block would be over 4 blocks an SM
+    assert ffn.xs_geometry() == (64, 128, 32, ff // 32)
+    team, threads, unit, blocks = out.xs_geometry()
+    assert unit == -(-128256 // 2 // (4 * 132)) and blocks == -(-128256 // 2 // unit)
+    old = [replace(op, cfg=CudaConfig(prologue_k=2048)) for op in (qkv, ffn, out)]
+    assert [[launch.fn[1] for launch in op.launches(FakeKernels())] for op in old] == [
+        ["quant_x", "mv_n1_occ"], ["quant_x", "mv_xs"], ["quant_x", "mv_xs"]]  # the head: 525 MB
+    assert out.launches(FakeKernels())[0].smem == 4 * d and old[2].launches(FakeKernels())[1].smem == 0
+    mixed = replace(qkv, ws=[qkv.ws[0], qkv.ws[1], mat(kv, d, GGMLType.Q6_K)])
+    names = [launch.fn[1] for launch in mixed.launches(FakeKernels())]
+    assert names[0] == "quant_x" and len(names) == 3 and "mv_xs" not in names, names
+
+
 def test_gated_products_of_more_blocks_than_fit_take_narrower_teams():
     """A gated product quantizing its activation takes blocks of 32 rows: teams of 8 lanes (256
     threads), of 4 (128 threads) where the blocks of 256 would not all be resident at once."""
@@ -589,15 +624,15 @@ def test_decode_products_prefetch_what_fits_in_l2():
     in L2_PREFETCH_BYTES, else that budget shared out in whole 128-byte lines."""
     from ember.backends.cuda.ops.matmul import L2_PREFETCH_BYTES
 
-    def pf_row(rows, k):
-        op = Matmul([mat(rows, k, GGMLType.Q8_0)], Addr(1, k), [Addr(1, rows)],
+    def pf_row(rows, k, qtype=GGMLType.Q8_0):
+        op = Matmul([mat(rows, k, qtype)], Addr(1, k), [Addr(1, rows)],
                     xq=Addr(xq_bytes(1, k), dtype=np.uint8), quant_in=False, n_sm=132)
         (launch,) = op.launches(FakeKernels())
         return int(launch.args[21]), op.ws[0].data.row_bytes, launch
 
     got, row_bytes, _ = pf_row(576, 576)
     assert got == row_bytes
-    got, row_bytes, launch = pf_row(128256, 4096)
+    got, row_bytes, launch = pf_row(128256, 4096, GGMLType.Q6_K)  # a head of a type mv_xs does not take
     teams = launch.grid[0] * launch.block[0] >> int(launch.args[18])
     assert 0 < got < row_bytes and got % 128 == 0 and got * 2 * teams <= L2_PREFETCH_BYTES
 
@@ -638,11 +673,13 @@ def test_one_row_products_of_few_blocks_widen_their_teams():
     step: a 1.5 B model's q, k and v (2048 rows of 1536 Q4_K values, 256 threads a block for the
     norm prologue) on 128 blocks instead of 64. Products of enough blocks, of rows too short to
     share, of more activation rows, or of fewer bytes (SmolLM2's q, k and v) keep theirs."""
+    from ember.backends.cuda import CudaConfig
+    from ember.backends.cuda.config import MV_PROLOGUE_MAX_K
     from ember.backends.cuda.ops.matmul import fill_team_log2, team_log2
 
-    def geometry(rows, k, qtype, n=1):
+    def geometry(rows, k, qtype, n=1):  # a norm prologue; past mv_n1's, a quant_x launch (not mv_xs's own)
         op = Matmul([mat(rows, k, qtype)], Addr(n, k), [Addr(n, rows)], xq=Addr(xq_bytes(n, k), dtype=np.uint8),
-                    src=Addr(n, k), norm_w=Addr(k), eps=1e-5, n_sm=132)  # a norm prologue
+                    src=Addr(n, k), norm_w=Addr(k), eps=1e-5, n_sm=132, cfg=CudaConfig(prologue_k=MV_PROLOGUE_MAX_K))
         (*_, launch) = op.launches(FakeKernels())
         return launch.grid[0], int(launch.args[18])  # blocks, team_log2
 
@@ -842,9 +879,9 @@ def test_batch_modules_compile_after_the_first_token_needs():
 def test_config_checks_its_fields():
     from ember.backends.cuda import CudaConfig
 
-    assert CudaConfig() == CudaConfig(graphs=True, fuse=True, pdl=True, mv_rows=64, prologue_k=2048, tile_rows=0,
+    assert CudaConfig() == CudaConfig(graphs=True, fuse=True, pdl=True, mv_rows=64, prologue_k=16384, tile_rows=0,
                                       att_waves=2)
-    for bad in (dict(mv_rows=0), dict(mv_rows=65), dict(prologue_k=4096), dict(tile_rows=32), dict(att_waves=0)):
+    for bad in (dict(mv_rows=0), dict(mv_rows=65), dict(prologue_k=16385), dict(tile_rows=32), dict(att_waves=0)):
         with pytest.raises(ValueError):
             CudaConfig(**bad)
     with pytest.raises(AttributeError):

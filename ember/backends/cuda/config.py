@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MV_MAX_ROWS = 64  # activation rows up to which products can take the matrix-vector kernels (groups of 8)
-PROLOGUE_MAX_K = 2048  # longest rows a product's own blocks can normalise: 8 values a lane (matmul.cu PRO_REG)
+# Longest rows a product's own blocks can normalise: mv_n1 holds 8 values a lane (matmul.cu PRO_REG);
+# mv_xs's lanes each hold their own slices, so its rows are bounded by its teams (XS_MAX_TEAM).
+MV_PROLOGUE_MAX_K = 2048
+PROLOGUE_MAX_K = 16384
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@
 //   run by the block that finishes last (a counter) does the row-wide work that needs every
 //   output: optional norm of y added into the residual, then the next RMS norm of the residual,
 //   quantized for the next product -- so a layer's norms cost no launch of their own.
-// mv_xs: gate and up of one activation row over large matrices (Q8_0, Q4_K, Q5_K): x-stationary
-//   teams, a lane per lane step of a row, streaming gate/up pairs (see its comment below).
+// mv_xs: one activation row over large matrices (Q8_0, Q4_K, Q5_K): gate and up, or products that
+//   normalise x themselves (q/k/v, the output head). x-stationary teams, a lane per lane step of
+//   a row, streaming pairs of rows (see its comment below).
 // mm_tile, mm_tile64: prefill / batched. 64 tokens x 128 (64) rows per block; units dequantized to
 //   f16 tiles in shared memory; tensor-core mma.sync m16n8k16 with f32 accumulation.
 // mm_split: batched decode (9..64 rows, quantized types): mm_tile64's tiles with k split over
@@ -789,6 +790,9 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 3) mv_n1_occ(MV_PARAMS
 // mv_n1's teams of a few lanes read x again for every pair of rows; at Llama-3.1-8B's size (448
 // blocks of 32 rows) this kernel reads gate and up 1.3-1.45x as fast (bench/NOTES.md). A block
 // takes 32 pairs (teams of a block share them) and quantizes its 32 activations at the end.
+// Products that only store y take it too where they normalise x themselves: each lane quantizes
+// its own slices of x (whole 32-value blocks) in registers, so the norm needs no launch of its
+// own and no shared memory, the row's sum of squares a block reduction (xs_prologue).
 
 // A lane step's raw bytes, loaded apart from its decode so that the next rows' loads are in
 // flight while the current ones are used: Q4_K/Q5_K as RawK; Q8_0 as the three aligned 16-byte
@@ -826,56 +830,152 @@ __device__ __forceinline__ void xs_decode(const XsRaw &x, const u8 *__restrict__
     }
 }
 
-// One iteration's pair: gate and up row `job` (ok: job < the block's end) and their raw bytes.
+// One iteration's pair (ok: job < the block's end) and its raw bytes: gated, gate and up row
+// `job`; storing, rows 2 job and 2 job + 1 of the matrices' rows taken one after the other.
 struct XsPair {
     int job;
     bool ok;
     const u8 *w[2];
+    float *y[2];
     XsRaw raw[2];
 };
-__device__ __forceinline__ void xs_pair(XsPair &x, const MvMats &mt, int job, int j_end, bool has, int lane) {
+__device__ __forceinline__ void xs_pair(XsPair &x, const MvMats &mt, bool gated, int job, int j_end, bool has,
+                                        int lane) {
     x.job = job, x.ok = job < j_end;
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-        x.w[q] = mt.w[q] + (size_t)job * mt.row_bytes;
+        int m = q, r = job;
+        if (!gated) mv_job(mt, 2 * job + q, m, r);
+        x.w[q] = pick4(mt.w, m) + (size_t)r * mt.row_bytes;
+        x.y[q] = pick4(mt.y, m) + r;
         if (x.ok && has) xs_load<QT>(x.w[q], lane, x.raw[q]);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) mv_xs(const u8 *w0, const u8 *w1, float *y0, float *y1, int rows,
-                                                        i64 row_bytes, int k, const u8 *xq, int team, int mode,
-                                                        float *aux, u8 *act_q) {
+// The prologue of mv_xs (nw set): x = RMS norm of src by nw, quantized (q8_store_warp's values,
+// scales and half-sums) straight into the lane's registers. The block holds the row in shared
+// memory row_s (k floats): the norm weights, copied before the kernel waits (constants), then
+// x * w, every thread loading its share of src at once (one round trip to L2 after the wait) and
+// summing its squares. Lane `lane` then takes the values [32 SPL lane, 32 SPL (lane + 1)) of the
+// row -- whole 32-value blocks, so it quantizes them alone. In slice e, half hh of the product's
+// lane step: Q8_0 (one block) half hh of it; Q4_K/Q5_K (two blocks, see slice_offsets) half e of
+// block hh. write_h: the lane's values of x also stored to h.
+#define XS_PRO_BATCH 8  // float4 loads of src in flight a thread
+
+__device__ __forceinline__ void xs_norm_weights(const float *__restrict__ nw, int k, float *row_s) {
+    for (int i = threadIdx.x; i < k / 4; i += blockDim.x) ((float4 *)row_s)[i] = ((const float4 *)nw)[i];
+}
+
+__device__ __forceinline__ void xs_prologue(const float *__restrict__ src, float eps, float *h, int k, bool has,
+                                            bool write_h, int lane, float *row_s, float *red, int4 (&xv)[SPL][2],
+                                            float (&xd)[SPL][2], float (&xs)[SPL][2]) {
+    const int n4 = k / 4;
+    float ss = 0.f;
+    float4 *r4 = (float4 *)row_s;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += XS_PRO_BATCH * blockDim.x) {
+        float4 v[XS_PRO_BATCH];
+#pragma unroll
+        for (int j = 0; j < XS_PRO_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            v[j] = i < n4 ? ((const float4 *)src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < XS_PRO_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            if (i >= n4) break;
+            const float4 w = r4[i];
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            r4[i] = make_float4(v[j].x * w.x, v[j].y * w.y, v[j].z * w.z, v[j].w * w.w);
+        }
+    }
+    const float sc = rsqrtf(block_sum(ss, red) / (float)k + eps);  // its barriers order row_s
+    if (!has) return;
+    const int c0 = 32 * SPL * lane;
+#pragma unroll
+    for (int b = 0; b < SPL; b++) {
+        const float4 *p = (const float4 *)(row_s + c0 + 32 * b);
+        float t[32];
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = p[i];
+            t[4 * i] = v.x * sc, t[4 * i + 1] = v.y * sc, t[4 * i + 2] = v.z * sc, t[4 * i + 3] = v.w * sc;
+            if (write_h)
+                *(float4 *)(h + c0 + 32 * b + 4 * i) = make_float4(t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(t[i]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int q[8], s[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 word = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int v = __float2int_rn(t[4 * i + j] * id);
+                s[i >> 2] += v;
+                word |= (u32)(v & 0xFF) << (8 * j);
+            }
+            q[i] = (int)word;
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int e = SPL == 2 ? half : 0, hh = SPL == 2 ? b : half;
+            xv[e][hh] = make_int4(q[4 * half], q[4 * half + 1], q[4 * half + 2], q[4 * half + 3]);
+            xd[e][hh] = d;
+            xs[e][hh] = d * (float)s[half];
+        }
+    }
+}
+
+// gated (mode SILU/GELU): gate w0 and up w1, y0 = gate, y1 = up, aux = act(gate) * up (quantized
+// into act_q when set), 32 pairs a block (unit). Storing (mode STORE): y_m = W_m x for up to four
+// matrices, their rows taken in pairs (an even count in all), `unit` pairs a block.
+// nw set: the block makes x itself (xs_prologue) from src, block 0 writing it to h, in k floats of
+// dynamic shared memory; else it reads xq.
+extern "C" __global__ void __launch_bounds__(512)
+    mv_xs(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
+          int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, const u8 *xq, int team,
+          int unit, int mode, float *aux, u8 *act_q, const float *src, const float *nw, float eps, float *h) {
     __shared__ float part_s[2][16][2];  // a team of several warps: per-warp sums (by iteration parity)
     __shared__ float act_s[32];
-    const MvMats mt = {{w0, w1, nullptr, nullptr}, {y0, y1, nullptr, nullptr}, {rows, rows, 0, 0}, 2, row_bytes};
+    __shared__ float red[32];
+    extern __shared__ __align__(16) float row_s[];  // the prologue's row (k floats)
+    const MvMats mt = {{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes};
+    const bool gated = mode == MODE_SILU || mode == MODE_GELU;
+    const int pairs = gated ? rows0 : (rows0 + rows1 + rows2 + rows3) / 2;
     const int T = team, lane = threadIdx.x % T, tb = threadIdx.x / T, nt = blockDim.x / T;
     const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
     const bool has = lane < k / 32 / SPL;  // lane steps of a row: lane `lane` takes step `lane`
-    const int u0 = blockIdx.x * 32, u_end = min(rows, u0 + 32), iters = (32 + nt - 1) / nt;
+    const int u0 = blockIdx.x * unit, u_end = min(pairs, u0 + unit), iters = (unit + nt - 1) / nt;
     XsPair cur, nxt;
     pdl_launch_next();
-    xs_pair(nxt, mt, u0 + tb, u_end, has, lane);  // weights: loaded while the kernel before still runs
+    xs_pair(nxt, mt, gated, u0 + tb, u_end, has, lane);  // weights: loaded while the kernel before still runs
+    if (nw) xs_norm_weights(nw, k, row_s);
     pdl_wait();
     int4 xv[SPL][2];
     float xd[SPL][2], xs[SPL][2];
-    if (has) {
+    if (nw) {
+        __syncthreads();  // the norm weights
+        xs_prologue(src, eps, h, k, has, h && blockIdx.x == 0 && tb == 0, lane, row_s, red, xv, xd, xs);
+    } else if (has) {
         const float4 *meta = (const float4 *)(xq + (size_t)k);
 #pragma unroll
         for (int e = 0; e < SPL; e++) {
             int xo[2];
             slice_offsets<QT>(SPL * lane + e, xo);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                xv[e][h] = *(const int4 *)(xq + xo[h]);
-                const float4 m = meta[xo[h] >> 5];
-                xd[e][h] = m.x;
-                xs[e][h] = (xo[h] & 16) ? m.z : m.y;
+            for (int hh = 0; hh < 2; hh++) {
+                xv[e][hh] = *(const int4 *)(xq + xo[hh]);
+                const float4 m = meta[xo[hh] >> 5];
+                xd[e][hh] = m.x;
+                xs[e][hh] = (xo[hh] & 16) ? m.z : m.y;
             }
         }
     }
     for (int it = 0; it < iters; it++) {
         cur = nxt;
-        if (it + 1 < iters) xs_pair(nxt, mt, u0 + tb + nt * (it + 1), u_end, has, lane);
+        if (it + 1 < iters) xs_pair(nxt, mt, gated, u0 + tb + nt * (it + 1), u_end, has, lane);
         float acc[2] = {0.f, 0.f};
 #pragma unroll
         for (int q = 0; q < 2; q++) {
@@ -885,39 +985,44 @@ extern "C" __global__ void __launch_bounds__(512) mv_xs(const u8 *w0, const u8 *
 #pragma unroll
             for (int e = 0; e < SPL; e++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int d = dp4a(wq[e].q[4 * h], xv[e][h].x, 0);
-                    d = dp4a(wq[e].q[4 * h + 1], xv[e][h].y, d);
-                    d = dp4a(wq[e].q[4 * h + 2], xv[e][h].z, d);
-                    d = dp4a(wq[e].q[4 * h + 3], xv[e][h].w, d);
-                    acc[q] += xd[e][h] * wq[e].a[h] * (float)d + wq[e].b[h] * xs[e][h];
+                for (int hh = 0; hh < 2; hh++) {
+                    int d = dp4a(wq[e].q[4 * hh], xv[e][hh].x, 0);
+                    d = dp4a(wq[e].q[4 * hh + 1], xv[e][hh].y, d);
+                    d = dp4a(wq[e].q[4 * hh + 2], xv[e][hh].z, d);
+                    d = dp4a(wq[e].q[4 * hh + 3], xv[e][hh].w, d);
+                    acc[q] += xd[e][hh] * wq[e].a[hh] * (float)d + wq[e].b[hh] * xs[e][hh];
                 }
         }
         acc[0] = warp_sum(acc[0]), acc[1] = warp_sum(acc[1]);
-        if (T > 32) {  // one team a block: the warps' sums through shared memory
+        if (T > 32) {  // teams of several warps: their sums through shared memory, to each team's first warp
             if (wl == 0) part_s[it & 1][warp][0] = acc[0], part_s[it & 1][warp][1] = acc[1];
             __syncthreads();
-            if (warp == 0) {
+            if (lane < 32) {
                 acc[0] = acc[1] = 0.f;
-                for (int w = 0; w < T / 32; w++) acc[0] += part_s[it & 1][w][0], acc[1] += part_s[it & 1][w][1];
+                for (int w = 0; w < T / 32; w++)
+                    acc[0] += part_s[it & 1][warp + w][0], acc[1] += part_s[it & 1][warp + w][1];
             }
         }
-        if (wl == 0 && (T == 32 || warp == 0)) {  // the team's first lane: the epilogue
+        if (lane == 0) {  // the team's first lane: the epilogue
+            if (!gated) {
+                if (cur.ok) *cur.y[0] = acc[0], *cur.y[1] = acc[1];
+                continue;
+            }
             const float g = acc[0], up = acc[1];
             const float act = (mode == MODE_SILU ? silu_f(g) : gelu_tanh_f(g)) * up;
             if (cur.ok) {
-                y0[cur.job] = g;
-                y1[cur.job] = up;
+                *cur.y[0] = g;
+                *cur.y[1] = up;
                 aux[cur.job] = act;
             }
             if (cur.job - u0 < 32) act_s[cur.job - u0] = cur.ok ? act : 0.f;
         }
     }
-    if (act_q) {  // the block's 32 activations quantized by its first warp
+    if (gated && act_q) {  // the block's 32 activations quantized by its first warp
         __syncthreads();
         if (warp == 0) {
             const int c = u0 + wl;
-            q8_store_warp(c < rows ? act_s[wl] : 0.f, (size_t)c, act_q, (float4 *)(act_q + (size_t)rows));
+            q8_store_warp(c < rows0 ? act_s[wl] : 0.f, (size_t)c, act_q, (float4 *)(act_q + (size_t)rows0));
         }
     }
 }

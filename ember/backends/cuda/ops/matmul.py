@@ -14,7 +14,7 @@ from typing import Any
 
 from ....quant.types import GGMLType, layout
 from .._kernels import matmul_module
-from ..config import MV_MAX_ROWS, PROLOGUE_MAX_K, CudaConfig
+from ..config import MV_MAX_ROWS, MV_PROLOGUE_MAX_K, CudaConfig
 from .base import Launch, allow_smem, disjoint, f32, i32, i64, pad4, ptr, quantized, u64, xq_bytes
 
 MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
@@ -35,6 +35,13 @@ BATCH_MV_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
 XS_TYPES = (GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K)  # those whose slices load apart from their decode
 XS_MIN_BYTES = 4 << 20  # weight bytes (gate and up) from which a one-row gated product takes mv_xs
 XS_MAX_TEAM = 512  # lanes of a team (one lane step of a row each): longer rows take mv_n1
+# Products that only store y take mv_xs where its blocks normalise x themselves (no quant_x launch):
+# from these weight bytes, pairs of rows XS_STORE_UNIT a block at least, more where that would make
+# over XS_STORE_BLOCKS_PER_SM blocks a multiprocessor (each block repeats the norm)
+XS_STORE_MIN_BYTES = 8 << 20
+XS_STORE_ALONE_MIN_BYTES = 256 << 20  # without that norm (a quant_x launch before): an 8B-class output head
+XS_STORE_UNIT = 4
+XS_STORE_BLOCKS_PER_SM = 4
 
 QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
 PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
@@ -268,52 +275,85 @@ class Matmul:
     # ---- matrix-vector kernels ----
     def _matvec_launches(self, kernels) -> list[Launch]:
         out = []
-        if not self.in_prologue() and (self.norm_w is not None or (self.quant_in and self.needs_xq)):
+        xs = self.takes_xs()
+        own_norm = self.in_prologue() or (xs and self.xs_prologue())
+        if not own_norm and (self.norm_w is not None or (self.quant_in and self.needs_xq)):
             out.append(self._quant_x(kernels))
         groups = self.groups()
         if len(groups) > 1 and (self.mode != MODE_STORE or self.tail is not None or self.act_q is not None):
             raise AssertionError("fused epilogues need one launch")
-        if self.takes_xs():
+        if xs:
             return out + [self._xs(kernels)]
         return out + [self._matvec(kernels, g) for g in groups]
 
     def takes_xs(self) -> bool:
-        """Whether the product takes mv_xs: gate and up of one activation row (no prologue), rows in
-        whole blocks of 32, at least XS_MIN_BYTES of a type in XS_TYPES, rows of at most
-        XS_MAX_TEAM lane steps."""
-        if self.n != 1 or self.mode not in GATED or len(self.ws) != 2 or self.in_prologue():
+        """Whether the product takes mv_xs (one activation row, a type in XS_TYPES, rows of at most
+        XS_MAX_TEAM lane steps): gate and up (rows in whole blocks of 32) of at least XS_MIN_BYTES;
+        or up to four matrices that only store y, an even count of rows, of at least
+        XS_STORE_MIN_BYTES where the kernel normalises x itself (xs_prologue), of at least
+        XS_STORE_ALONE_MIN_BYTES otherwise. Rows short enough for mv_n1's norm prologue keep that."""
+        if self.n != 1 or self.tail is not None or self.pro_res is not None:
             return False
-        qtype, rows = self.ws[0].type, self.ws[0].shape[0]
-        if qtype not in XS_TYPES or self.ws[1].type != qtype or self.ws[1].shape[0] != rows or rows % 32:
+        if self.norm_w is not None and self.k <= min(self.cfg.prologue_k, MV_PROLOGUE_MAX_K):
+            return False
+        qtype = self.ws[0].type if self.ws else None
+        if qtype not in XS_TYPES or any(w.type != qtype for w in self.ws):
             return False
         spl = 2 if qtype in PAIRED_SLICES else 1
-        if self.k % (32 * spl) or self.k // 32 // spl > XS_MAX_TEAM or self.tail is not None:
+        if self.k % (32 * spl) or self.k // 32 // spl > XS_MAX_TEAM:
             return False
-        return 2 * rows * self.ws[0].data.row_bytes >= XS_MIN_BYTES
+        nbytes = sum(w.shape[0] * w.data.row_bytes for w in self.ws)
+        if self.mode in GATED:
+            rows = self.ws[0].shape[0]
+            return len(self.ws) == 2 and self.ws[1].shape[0] == rows and rows % 32 == 0 and nbytes >= XS_MIN_BYTES
+        if self.mode != MODE_STORE or self.act_q is not None or len(self.ws) > 4 or sum(w.shape[0] for w in self.ws) % 2:
+            return False
+        return nbytes >= (XS_STORE_MIN_BYTES if self.xs_prologue() else XS_STORE_ALONE_MIN_BYTES)
 
-    def xs_geometry(self) -> tuple[int, int, int]:
-        """(team lanes, threads, blocks) of mv_xs: a lane per lane step of a row (whole warps),
-        blocks of at least 128 threads where teams are narrower, 32 gate/up pairs a block."""
+    def xs_prologue(self) -> bool:
+        """Whether mv_xs's blocks normalise x themselves (a norm fused in, rows of at most
+        cfg.prologue_k values that fit in PROLOGUE_SMEM as f32, 16-byte aligned): no quant_x launch
+        before it."""
+        if self.norm_w is None or self.n != 1 or self.idx is not None or self.k > self.cfg.prologue_k:
+            return False
+        if 4 * self.k > PROLOGUE_SMEM:
+            return False
+        if any(a.data.ptr % 16 for a in (self.src, self.norm_w, self.x)):
+            return False
+        return disjoint(self.x, self.src)
+
+    def xs_geometry(self) -> tuple[int, int, int, int]:
+        """(team lanes, threads, pairs a block, blocks) of mv_xs: a lane per lane step of a row
+        (whole warps), blocks of at least 128 threads where teams are narrower; 32 gate/up pairs a
+        block, or XS_STORE_UNIT pairs of stored rows (more for products of many)."""
         spl = 2 if self.ws[0].type in PAIRED_SLICES else 1
         team = -(-(self.k // 32 // spl) // 32) * 32
         threads = MV_THREADS if team < MV_THREADS and MV_THREADS % team == 0 else team
-        return team, threads, self.ws[0].shape[0] // 32
+        if self.mode in GATED:
+            return team, threads, 32, self.ws[0].shape[0] // 32
+        pairs = sum(w.shape[0] for w in self.ws) // 2
+        unit = max(XS_STORE_UNIT, -(-pairs // (XS_STORE_BLOCKS_PER_SM * self.n_sm)))
+        return team, threads, unit, -(-pairs // unit)
 
     def _xs(self, kernels) -> Launch:
-        team, threads, blocks = self.xs_geometry()
-        (g, u), (yg, yu) = self.ws, self.outs
-        args = (ptr(g.data.buf), ptr(u.data.buf), ptr(yg), ptr(yu), i32(g.shape[0]), i64(g.data.row_bytes),
-                i32(self.k), ptr(self.xq), i32(team), i32(self.mode), ptr(self.aux), ptr(self.act_q))
-        return Launch(kernels.fn(matmul_module(g.type, "mv_xs"), "mv_xs"), (blocks, 1, 1), (threads, 1, 1), args)
+        team, threads, unit, blocks = self.xs_geometry()
+        pro = self.xs_prologue()
+        if not pro and self.xq is None:
+            raise AssertionError("a decode product of quantized weights needs its xq buffer")
+        args = (*self._mats_args(list(range(len(self.ws)))), i32(self.k), ptr(None if pro else self.xq), i32(team),
+                i32(unit), i32(self.mode), ptr(self.aux), ptr(self.act_q), ptr(self.src if pro else None),
+                ptr(self.norm_w if pro else None), f32(self.eps), ptr(self.x if pro else None))
+        fn = kernels.fn(matmul_module(self.ws[0].type, "mv_xs"), "mv_xs")
+        return Launch(fn, (blocks, 1, 1), (threads, 1, 1), args, smem=4 * self.k if pro else 0)
 
     def in_prologue(self) -> bool:
         """Whether the product's blocks normalise and quantize x themselves (into shared memory)
         instead of a quant_x launch before: one launch fewer, but every block repeats the work,
         so only for rows of up to cfg.prologue_k values and one group of at most 8 rows."""
-        if self.norm_w is None or not self.matvec() or self.n > 8 or len(self.groups()) != 1:
+        if self.norm_w is None or not self.matvec() or self.n > 8 or len(self.groups()) != 1 or self.takes_xs():
             return False
         if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > min(self.cfg.prologue_k,
-                                                                                       PROLOGUE_MAX_K):
+                                                                                       MV_PROLOGUE_MAX_K):
             return False
         if self.pro_res is not None and self.idx is not None:
             return False
