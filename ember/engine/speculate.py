@@ -11,11 +11,13 @@ draft, keeping draft tokens while they match: greedy requests get exactly greedy
 (a draft is a point distribution: accepting it with probability p(token) and otherwise drawing
 from p without it is drawing from p).
 
-How long a draft is: each sequence estimates the chance that its next drafted token is kept
-(`Acceptance`, from its drafts so far), the engine measures what a decode step of n rows costs
-(`StepCosts`), and a step's drafts are cut to the length that gives the most expected tokens per
-second of the step; none where that is not GAIN_MARGIN better than no draft (free text that does
-not repeat). Within that, a draft is at most twice as long as the last one kept, plus one.
+How long a draft is: each sequence estimates the chances that a draft's first token and its later
+ones are kept (`Acceptance`, from its drafts so far, every sequence's before it has any), the
+engine measures what drafted rows add to a decode step (`StepCosts`), and a step's drafts are cut
+to the length that gives (nearly) the most expected tokens per second of the step; none where that
+is not GAIN_MARGIN better than no draft (free text that does not repeat). Within that, a draft is
+at most twice as long as the last one wholly kept, and one more than twice what was kept of one
+partly kept.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def parse_types(text: str) -> tuple[str, ...]:
     for name in (s.strip() for s in text.split(",") if s.strip()):
         name = ALIASES.get(name, name)
         if name and name not in SOURCES:
-            known = ", ".join(("none",) + SOURCES + tuple(k for k in ALIASES if k != "none"))
+            known = ", ".join(("none", "auto") + SOURCES + tuple(k for k in ALIASES if k != "none"))
             raise ValueError(f"unknown speculative type {name!r} (known: {known})")
         if name and name not in out:
             out.append(name)
