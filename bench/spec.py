@@ -22,7 +22,10 @@ and after. Writes bench/results/spec.json.
 
     python bench/spec.py [--model smollm2] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
                          [--workloads edit,agent,free] [--sources spec,draft] [--draft-target f16] [--draft-p-min P]
-                         [--skip-peer] [--peer-poll 0]
+                         [--skip-peer] [--peer-poll 0] [--first-rep 0] [--engines ember,ember+spec]
+
+Under a time limit (a quiet run), run one workload and a few repetitions a call: --first-rep picks
+which repetitions (each has its own content), --engines which engines of the table run.
 """
 from __future__ import annotations
 
@@ -209,11 +212,19 @@ def main() -> None:
                     help="both engines' draft-model probability floor (default: each its own, 0.75 and 0)")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-poll", type=int, default=None, help="llama-server's --poll (default: its own, 50)")
+    ap.add_argument("--first-rep", type=int, default=0, help="the first repetition's number (its content)")
+    ap.add_argument("--engines", default="", help="only these engines of the table (comma-separated names)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spec.json"))
     args = ap.parse_args()
     path = hub.resolve(args.model)
     prompts = Prompts(path)
     engines = engine_table(args, path)
+    if args.engines:
+        wanted = args.engines.split(",")
+        unknown = [e for e in wanted if e not in engines]
+        if unknown:
+            ap.error(f"unknown engines {unknown} (known: {', '.join(engines)})")
+        engines = {e: engines[e] for e in wanted}
     load_before = os.getloadavg()
     runs: dict = {w: {e: [] for e in engines} for w in args.workloads.split(",")}
     sources: dict = {}
@@ -226,7 +237,7 @@ def main() -> None:
                 servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min)
                                  if kind == "ember" else
                                  start_llama(model, args.threads, slots, spec, args.peer_poll, draft, args.draft_p_min))
-            for rep in range(args.reps):
+            for rep in range(args.first_rep, args.first_rep + args.reps):
                 for name in (engines if rep % 2 == 0 else list(engines)[::-1]):
                     result = fn(servers[name][1], prompts, rep, n_predict)
                     runs[workload][name].append(result)
@@ -239,7 +250,7 @@ def main() -> None:
                 proc.kill()
                 proc.wait()
     summary = summarize(runs)
-    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "peer_poll": args.peer_poll,
+    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "first_rep": args.first_rep, "peer_poll": args.peer_poll,
            "draft_target": args.draft_target, "draft_p_min": args.draft_p_min,
            "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
            "ember_draft_sources": sources}

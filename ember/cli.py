@@ -239,11 +239,12 @@ def _add_serve_defaults(s) -> None:
 
 def _add_speculative(s) -> None:
     g = s.add_argument_group("speculative decoding", "drafts verified in the same step (docs/speculative.md)")
-    g.add_argument("--spec-type", default="none", metavar="TYPE[,TYPE...]",
+    g.add_argument("--spec-type", default="auto", metavar="TYPE[,TYPE...]",
                    help="draft sources, tried in order: cache (the prefix cache and an n-gram index over every "
                         "finished request), lookup (the request's own prompt and output), draft (the draft model, "
-                        "--model-draft); none (default). llama-server's ngram-* names are read as lookup, "
-                        "ngram-cache as cache, draft-simple as draft")
+                        "--model-draft); none; auto (default): cache,lookup where the engine runs a step at a "
+                        "time (CPU), none where it launches decode steps ahead (CUDA). llama-server's ngram-* "
+                        "names are read as lookup, ngram-cache as cache, draft-simple as draft")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
                    default=16, metavar="N", help="most tokens drafted a step (default 16)")
     g.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="draft_min", type=int, default=0,
@@ -280,7 +281,8 @@ def spec_config(args):
         device = args.device_draft or ("cpu" if args.gpu_layers_draft == "0" else None)
         model = DraftModelConfig(str(hub.resolve(args.model_draft)), device, args.ctx_size_draft)
         types = types if "draft" in types else ("draft",) + types
-    return SpecConfig(types, DraftParams(args.draft_max, args.draft_min, args.draft_p_min), args.spec_index_mb, model)
+    return SpecConfig(types, DraftParams(args.draft_max, args.draft_min, args.draft_p_min), args.spec_index_mb, model,
+                      auto=args.spec_type.strip() == "auto")
 
 
 def _byte_size(text: str) -> int:

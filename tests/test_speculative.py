@@ -18,7 +18,7 @@ from ember.engine import LLM, FinishEvent, GrammarSpec, Request, TokenEvent
 from ember.engine.drafts import BYTES_PER_TOKEN, NgramIndex, PromptLookup
 from ember.engine.pages import PagePool
 from ember.engine.radix import RadixCache
-from ember.engine.speculate import DraftParams, DraftState, SpecConfig, parse_types
+from ember.engine.speculate import DraftParams, DraftState, SpecConfig, StepCosts, draft_lengths, parse_types
 from ember.quant import GGMLType
 from ember.sampler import SamplingParams
 from synth import Shape, write_model
@@ -85,21 +85,70 @@ def test_the_prefix_tree_continues_a_cached_path():
     assert tree.continuation([1, 2, 3, 4, 5, 6, 7, 8], 4) == []
 
 
-def test_draft_length_follows_acceptance_and_pauses_after_misses():
+def test_draft_length_follows_acceptance():
     st = DraftState(DraftParams(n_max=16))
     assert st.room() == 3
     st.record(3, 3)
     st.record(6, 6)
     assert st.room() == 12
     st.record(12, 5)
-    assert st.room() == 11
-    st.record(11, 2)  # less than a quarter kept: a miss
-    assert st.room() == 0 and st.room() == 5  # one step without drafts
-    st.record(5, 0)
-    assert [st.room() for _ in range(3)] == [0, 0, 1]  # then two
+    assert st.room() == 11  # twice what was kept, plus one
+    st.record(11, 0)
+    assert st.room() == 1
     st.record(1, 1)
     assert st.room() == 2
-    assert (st.drafted, st.accepted) == (38, 17)
+    assert (st.drafted, st.accepted) == (33, 15)
+
+
+def test_keep_chances_come_from_first_and_later_tokens_and_fade_when_idle():
+    st = DraftState(DraftParams(n_max=16))
+    assert st.keep_rate() == (0.5, 0.5) and st.probing()  # the prior; no evidence of its own
+    for _ in range(8):
+        st.record(8, 8)
+    first, later = st.keep_rate()
+    assert first > 0.8 and later > 0.95 and not st.probing()
+    for _ in range(8):
+        st.record(4, 0)  # the first token rejected: the later chance is not touched
+    first2, later2 = st.keep_rate()
+    assert first2 < 0.6 and later2 == later
+    for _ in range(200):
+        st.idle()
+    assert st.probing()  # the evidence faded: back near every sequence's rate
+    assert abs(st.keep_rate()[1] - st.shared.rate((0.5, 0.5))[1]) < 0.01
+    fresh = DraftState(DraftParams(n_max=16), st.shared)
+    assert fresh.keep_rate()[1] > 0.9  # a new sequence starts from what every sequence's drafts kept
+
+
+def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
+    costs = StepCosts()
+    assert draft_lengths([(0.3, 0.3)], [8], 1, costs) == [0]  # free text: a rejected row costs more than it saves
+    assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([1], [2])
+    assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [16]  # a copy: as long as found
+    assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [5]
+    # two sequences: the likelier one's tokens first, the other's at most its likeliest
+    two = draft_lengths([(0.95, 0.95), (0.35, 0.35)], [8, 8], 2, costs)
+    assert two[0] == 8 and two[1] <= 1
+    # measured steps: cheaper rows (a GPU) allow what the prior does not; dearer ones never stop
+    # drafting that the prior allows (a loaded machine's slow steps)
+    for _ in range(5):
+        costs.measured(1, 0, 0.010)
+        costs.measured(1, 1, 0.0102)
+    assert costs.relative(1, 1) == pytest.approx(1.02)
+    assert draft_lengths([(0.3, 0.3)], [1], 1, costs) == [1]
+    slow = StepCosts()
+    slow.measured(1, 0, 0.010)
+    for _ in range(20):
+        slow.measured(1, 1, 0.030)
+    assert slow.relative(1, 1) == pytest.approx(1.27)
+    assert slow.relative(1, 3) == pytest.approx(1.79)  # not measured: the prior
+
+
+def test_auto_spec_type_is_draftless_where_steps_run_one_at_a_time():
+    cfg = SpecConfig(parse_types("auto"), auto=True)
+    assert cfg.types == ("cache", "lookup")
+    assert cfg.for_engine(decodes_ahead=False).types == ("cache", "lookup")
+    assert cfg.for_engine(decodes_ahead=True).types == ()
+    assert SpecConfig(("lookup",)).for_engine(decodes_ahead=True).types == ("lookup",)  # asked for: kept
 
 
 def test_spec_types_take_llama_server_names():

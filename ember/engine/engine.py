@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -100,10 +101,10 @@ class Engine:
         self.runner = ModelRunner(model, self.cache, config.max_batch_tokens, config.max_seqs,
                                   -(-config.n_ctx // config.page_size), pad_page=config.n_pages)
         drafter = self._drafter(draft_model, config, model.n_vocab)
-        self.spec = Speculator(config.speculative, self.tree, config.n_ctx, drafter)
+        ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
+        self.spec = Speculator(config.speculative.for_engine(ahead and caps.top_k), self.tree, config.n_ctx, drafter)
         self.output = Output(self.scheduler, tokenizer, EngineMetrics(), config.n_ctx, device_top_k=caps.top_k,
                              speculator=self.spec)
-        ahead = caps.chain_tokens if config.decode_ahead is None else config.decode_ahead
         self.ahead = DecodeAhead(self.scheduler, self.runner, config.n_ctx, enabled=ahead and caps.top_k)
         self.sampler_vocab = SamplerVocab.from_tokenizer(tokenizer)
         self.last_error: str | None = None
@@ -277,6 +278,7 @@ class Engine:
     def step(self) -> None:
         """Plan, run, post-process: one batched forward pass."""
         self.output.finish_cancelled()
+        t0 = time.perf_counter()
         step = self.ahead.take() or self._launch(self._schedule())
         if step is None:  # nothing can run now (waiting on pages): do not spin
             self.output.hand_over()
@@ -287,6 +289,7 @@ class Engine:
             self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
         self.output.hand_over()  # the last step's texts and events, while this one runs on the device
         self._postprocess(step, self.runner.wait(step))
+        self.spec.measured(step.plan, time.perf_counter() - t0)  # what drafted rows cost, as steps run
 
     def _schedule(self) -> Plan:
         """The next step's plan, decoding sequences' drafts in it."""

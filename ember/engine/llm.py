@@ -78,7 +78,7 @@ class LLM:
     (f16, bf16, q8_0, q4_0); cache_ram, cache_disk, cache_disk_size: the tiers below the KV pool in
     bytes of host memory and in a folder of files (tiers.py); hash_file: identify the model by its
     file's hash also without a disk tier (for saved slots); speculative: draft sources and limits
-    (SpecConfig, or a `--spec-type` string such as "cache,lookup"; default none); model_draft: a
+    (SpecConfig, or a `--spec-type` string such as "cache,lookup" or "auto"; default none); model_draft: a
     draft model's file or name (same vocabulary; drafts first, docs/speculative.md)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, *, device: str = "auto",
@@ -270,7 +270,7 @@ def spec_config(spec: SpecConfig | str | None, model_draft: str | os.PathLike | 
     types = parse_types(spec or "")
     if model is not None and "draft" not in types:
         types = ("draft",) + types
-    return SpecConfig(types, model=model)
+    return SpecConfig(types, model=model, auto=(spec or "").strip() == "auto")
 
 
 def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:

@@ -1,0 +1,158 @@
+"""Where a speculative run's time goes, in process: each step's rows and compute time, the host's
+time around it, and a step's cost against its rows for one sequence.
+
+    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free] [--reps 2]
+                               [--sweep 1,2,3,4,5,6,8,12,17] [--profile]
+
+For each workload prompt (bench/spec.py's), ember without and with `--spec-type cache,lookup`:
+generation tokens/s, steps, the steps' compute time (the runner's run, as the device is waited
+for on a CPU) and the rest of the engine's step (planning, drafting, choosing, bookkeeping) per
+generated token. --sweep: after a prompt, the median time of a step of one sequence with that
+many rows (its pending token and drafted ones that are rejected), against a plain decode step.
+--profile: cProfile of the engine thread's host work in the speculative run (top functions).
+No peer: what it measures is ember's own split, which the HTTP benchmark (bench/spec.py) has not.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from spec import Prompts  # noqa: E402
+
+from ember import hub  # noqa: E402
+from ember.engine.llm import LLM  # noqa: E402
+from ember.sampler import SamplingParams  # noqa: E402
+
+N_PREDICT = {"edit": 384, "free": 128}
+
+
+class StepClock:
+    """Wraps the engine's step and the runner's run: per step, rows and compute seconds; the
+    engine step's whole time (host + compute)."""
+
+    def __init__(self, llm: LLM):
+        self.engine, self.runner = llm.engine, llm.engine.runner
+        self.steps: list[tuple[int, float, float]] = []  # (rows, compute s, whole step s)
+        self._compute = 0.0
+        run, step = self.runner.run, self.engine.step
+
+        def timed_run(plan, *a, **kw):
+            t0 = time.perf_counter()
+            out = run(plan, *a, **kw)
+            self._compute += time.perf_counter() - t0
+            self._rows = sum(c.n for c in plan.chunks)
+            return out
+
+        def timed_step():
+            self._compute, self._rows = 0.0, 0
+            t0 = time.perf_counter()
+            step()
+            if self._rows:
+                self.steps.append((self._rows, self._compute, time.perf_counter() - t0))
+
+        self.runner.run, self.engine.step = timed_run, timed_step
+
+    def reset(self) -> None:
+        self.steps = []
+
+
+def generate(llm: LLM, ids: list[int], n: int) -> tuple[float, int]:
+    """Generation tokens/s (first token to last) and tokens."""
+    out = llm.generate(ids, max_tokens=n, sampling=SamplingParams(temperature=0.0))
+    return out.timings.generation_tps, out.timings.generated_tokens
+
+
+def sweep(llm: LLM, ids: list[int], rows: list[int], reps: int = 15) -> dict[int, float]:
+    """Median ms of a one-sequence step of each row count, timed by drafting a token that is
+    rejected (the step's cost without its gain), one token generated per step."""
+    from ember.engine.sequence import Status
+    spec, engine = llm.engine.spec, llm.engine
+    propose, run = spec.propose, engine.runner.run
+    out = {}
+    for n in rows:
+        times: list[tuple[int, float]] = []
+
+        def wrong(running, n=n):
+            for seq in running:
+                ok = seq.status is Status.RUNNING and seq.n_pending == 1 and seq.n_generated > 0
+                seq.draft = [seq.tokens[-1] ^ 1] * (n - 1) if ok else []  # not what the model picks
+                seq.owner.spec.source = "lookup"
+            return n > 1
+
+        def timed(plan, *a, **kw):
+            t0 = time.perf_counter()
+            r = run(plan, *a, **kw)
+            times.append((sum(c.n for c in plan.chunks), time.perf_counter() - t0))
+            return r
+
+        spec.propose, engine.runner.run = wrong, timed
+        try:
+            llm.generate(ids, max_tokens=reps + 2, sampling=SamplingParams(temperature=0.0))
+        finally:
+            spec.propose, engine.runner.run = propose, run
+        same = [t for r, t in times[1:] if r == n]  # the first (prompt) step left out
+        out[n] = 1e3 * statistics.median(same) if same else float("nan")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="edit,free")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--spec-types", default="cache,lookup")
+    ap.add_argument("--sweep", default="", help="row counts to time a step of (e.g. 1,2,3,4,5,8,12,17)")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    path = hub.resolve(args.model)
+    prompts = Prompts(path)
+    print(f"load {__import__('os').getloadavg()[0]:.2f}")
+    for spec in ("none", args.spec_types):
+        llm = LLM(path, device="cpu", threads=args.threads, slots=1, ctx=4096, speculative=spec)
+        try:
+            if args.sweep and spec != "none":
+                ms = sweep(llm, prompts.edit(0), [int(x) for x in args.sweep.split(",")])
+                print("step ms by rows: " + ", ".join(f"{k}: {v:.1f}" for k, v in ms.items()) +
+                      "  (relative: " + ", ".join(f"{k}: {v / ms[min(ms)]:.2f}" for k, v in ms.items()) + ")")
+            clock = StepClock(llm)
+            prof = cProfile.Profile() if args.profile and spec != "none" else None
+            for workload in args.workloads.split(","):
+                for rep in range(args.reps):
+                    ids = getattr(prompts, workload)(rep)
+                    clock.reset()
+                    if prof is not None:
+                        step = llm.engine.step
+
+                        def profiled(step=step):
+                            prof.runcall(step)
+                        llm.engine.step = profiled
+                    tps, n = generate(llm, ids, N_PREDICT[workload])
+                    if prof is not None:
+                        llm.engine.step = step
+                    gen = [s for s in clock.steps[1:] if s[0] < 32]  # the prompt's steps left out
+                    compute = sum(s[1] for s in gen)
+                    whole = sum(s[2] for s in gen)
+                    rows = sum(s[0] for s in gen)
+                    print(f"{workload} rep {rep} spec={spec}: {tps:.1f} tok/s, {n} tokens, {len(gen)} steps, "
+                          f"{rows} rows, compute {1e3 * compute / max(n, 1):.2f} ms/token, host "
+                          f"{1e3 * (whole - compute) / max(n, 1):.2f} ms/token "
+                          f"({100 * (whole - compute) / max(whole, 1e-9):.1f}% of steps)", flush=True)
+            if prof is not None:
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+                print(s.getvalue())
+        finally:
+            llm.close()
+
+
+if __name__ == "__main__":
+    main()
