@@ -60,18 +60,35 @@ INPUTS = object()  # a binding of the step's host-ints buffer
 
 
 @functools.cache
-def native_pass_calls():
-    """wgpu-native's C functions behind a compute pass's set_pipeline, set_bind_group and
-    dispatch_workgroups, called directly on a step's handles: wgpu-py's methods check and convert
-    their arguments on every call, half a replayed step's host time. None where this wgpu does not
-    lay them out so (its methods are used then)."""
+def native_encoder():
+    """(encode, address of) where a replayed step's dispatches can be encoded in one native call
+    (csrc/encode.c calling wgpu-native's set_pipeline, set_bind_group and dispatch_workgroups on the
+    step's handles: wgpu-py's methods check and convert their arguments on every call, which made
+    most of a step's host time). None where the extension is not built or this wgpu does not lay
+    its binding out so: the step is then encoded through wgpu-py's methods."""
     try:
-        from wgpu.backends.wgpu_native._api import ffi, libf
+        from wgpu.backends.wgpu_native._api import ffi, lib
 
-        return (libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
-                libf.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
-    except (ImportError, AttributeError):
+        from ._ember_webgpu import lib as native
+    except ImportError:
         return None
+
+    def address(cdata) -> int:
+        return int(ffi.cast("uintptr_t", cdata))
+
+    try:
+        fns = tuple(address(ffi.addressof(lib, f"wgpuComputePassEncoder{name}"))
+                    for name in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
+    except (AttributeError, TypeError, ffi.error):
+        return None
+
+    def encode(cpass, handles) -> None:
+        pipelines, groups, sizes = handles
+        native.encode_dispatches(address(cpass._internal), *fns, ffi.from_buffer("uint64_t[]", pipelines),
+                                 ffi.from_buffer("uint64_t[]", groups), ffi.from_buffer("uint32_t[]", sizes),
+                                 len(pipelines))
+
+    return encode, address
 
 
 @dataclass(slots=True)
@@ -97,7 +114,7 @@ class Step:
     arena: object = None
     readback: object = None
     host_ints: np.ndarray | None = None
-    handles: list | None = None  # (pipeline, bind group, x, y, z) of wgpu-native, for native_pass_calls
+    handles: tuple | None = None  # wgpu-native's pipelines, bind groups and workgroup counts (native_encoder)
     encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
     wait_s: float = 0.0
 
@@ -124,9 +141,12 @@ class Step:
         uniforms = device.create_buffer_with_data(data=params.tobytes(), usage=usage.UNIFORM)
         self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT)
                             for i, d in enumerate(self.dispatches)]
-        if native_pass_calls() is not None:
-            self.handles = [(d.pipeline._internal, bg._internal, *d.groups)
-                            for d, bg in zip(self.dispatches, self.bind_groups)]
+        native = native_encoder()
+        if native is not None:
+            address = native[1]
+            self.handles = (np.array([address(d.pipeline._internal) for d in self.dispatches], np.uint64),
+                            np.array([address(bg._internal) for bg in self.bind_groups], np.uint64),
+                            np.array([d.groups for d in self.dispatches], np.uint32).reshape(-1))
         size = sum(_padded(a.nbytes) for a, _ in self.downloads)
         if size:
             self.readback = device.create_buffer(size=size, usage=usage.MAP_READ | usage.COPY_DST)
@@ -164,21 +184,17 @@ class Step:
 
     def _encode(self, cpass) -> None:
         """The dispatches into a compute pass (a pipeline set only where it changes)."""
-        native = native_pass_calls()
-        if native is None or self.handles is None:
-            for d, bg in zip(self.dispatches, self.bind_groups):
-                cpass.set_pipeline(d.pipeline)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*d.groups)
+        native = native_encoder()
+        if native is not None and self.handles is not None:
+            native[0](cpass, self.handles)  # the step holds the objects these handles are of
             return
-        set_pipeline, set_bind_group, dispatch, null = native
-        h, current = cpass._internal, None
-        for pipeline, bg, x, y, z in self.handles:  # the step holds the objects these handles are of
-            if pipeline != current:
-                set_pipeline(h, pipeline)
-                current = pipeline
-            set_bind_group(h, 0, bg, 0, null)
-            dispatch(h, x, y, z)
+        current = None
+        for d, bg in zip(self.dispatches, self.bind_groups):
+            if d.pipeline is not current:
+                cpass.set_pipeline(d.pipeline)
+                current = d.pipeline
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*d.groups)
 
     def gpu_times(self, device, wgpu) -> np.ndarray:
         """Nanoseconds each dispatch takes on the adapter (a compute pass each, timestamps at its
