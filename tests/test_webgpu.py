@@ -93,6 +93,25 @@ def test_both_product_plans(gpu, plan, qtype):
         close(product(gpu, w, x[:n]), x[:n] @ ref.T)
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
+    """Queries, keys and values (and gate and up) of one buffer: one dispatch whose rows run over
+    the matrices back to back (tiles and workgroups straddling them), each into its own output."""
+    sizes = (45, 13, 20)
+    mats = [matrix(gpu, qtype, rows, 256, seed=10 + i) for i, rows in enumerate(sizes)]
+    x = np.random.default_rng(4).standard_normal((40, 256))
+    for count in (2, 3):
+        ws, refs = zip(*mats[:count])
+        for n in (1, 8, 40):
+            outs = [gpu.empty((n, w.shape[0])) for w in ws]
+            before = len(gpu._step().dispatches)
+            gpu.matmuls(list(ws), gpu.from_numpy(x[:n].astype(np.float32)), outs)
+            assert len(gpu._step().dispatches) == before + 1
+            for out, r in zip(outs, refs):
+                close(gpu.to_numpy(out), x[:n] @ r.T)
+
+
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
     before = gpu.max_binding
     gpu.max_binding = 20 * 272 + 16  # 20 rows of Q8_0 x 256 (8 blocks of 34 bytes) a buffer
