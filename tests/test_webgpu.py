@@ -275,6 +275,28 @@ def test_recorded_steps_read_new_inputs_on_replay(gpu):
     assert rec.encode_s > 0 and rec.wait_s > 0
 
 
+def test_replays_encode_alike_through_the_python_loop(gpu, monkeypatch):
+    """Where the native encoding helper is not built, replays loop over wgpu-native's functions in
+    Python: the same results."""
+    from wgpu.backends.wgpu_native._api import ffi, lib
+    from ember.backends.webgpu import _step
+
+    w, ref = matrix(gpu, T.Q4_0, 40, 64)
+    ids = np.array([3, 4], np.int32)
+    x, y = gpu.empty((2, 64)), gpu.empty((2, 40))
+    ops = ("SetPipeline", "SetBindGroup", "DispatchWorkgroups")
+    loop = _step._python_encoder(tuple(getattr(lib, f"wgpuComputePassEncoder{op}") for op in ops), ffi.NULL)
+    address = _step.native_encoder()[1]
+    monkeypatch.setattr(_step, "native_encoder", lambda: (loop, address))
+    with gpu.record() as rec:
+        gpu.get_rows(w, ids, x)
+        gpu.matmul(w, x, y)
+        host = gpu.to_numpy(y)
+    ids[:] = [39, 0]
+    gpu.replay(rec)
+    close(host, ref[[39, 0]] @ ref.T)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("webgpu") / "tiny.gguf", "llama", T.Q4_K, Shape(n_vocab=384),

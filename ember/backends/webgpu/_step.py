@@ -61,34 +61,50 @@ INPUTS = object()  # a binding of the step's host-ints buffer
 
 @functools.cache
 def native_encoder():
-    """(encode, address of) where a replayed step's dispatches can be encoded in one native call
-    (csrc/encode.c calling wgpu-native's set_pipeline, set_bind_group and dispatch_workgroups on the
-    step's handles: wgpu-py's methods check and convert their arguments on every call, which made
-    most of a step's host time). None where the extension is not built or this wgpu does not lay
-    its binding out so: the step is then encoded through wgpu-py's methods."""
+    """(encode, address of) where a replayed step's dispatches can be encoded through wgpu-native's
+    own set_pipeline, set_bind_group and dispatch_workgroups on the step's handles (wgpu-py's
+    methods check and convert their arguments on every call, most of a step's host time then):
+    in one call of csrc/encode.c, or where that extension is not built, a Python loop over the raw
+    functions. None where this wgpu does not lay its binding out so (wgpu-py's methods then)."""
     try:
         from wgpu.backends.wgpu_native._api import ffi, lib
 
-        from ._ember_webgpu import lib as native
-    except ImportError:
+        names = tuple(f"wgpuComputePassEncoder{op}" for op in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
+        fns = tuple(getattr(lib, name) for name in names)
+    except (ImportError, AttributeError):
         return None
 
     def address(cdata) -> int:
         return int(ffi.cast("uintptr_t", cdata))
 
     try:
-        fns = tuple(address(ffi.addressof(lib, f"wgpuComputePassEncoder{name}"))
-                    for name in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
-    except (AttributeError, TypeError, ffi.error):
-        return None
+        from ._ember_webgpu import lib as native
+    except ImportError:
+        return _python_encoder(fns, ffi.NULL), address
+    addresses = tuple(address(ffi.addressof(lib, name)) for name in names)
 
     def encode(cpass, handles) -> None:
-        pipelines, groups, sizes = handles
-        native.encode_dispatches(address(cpass._internal), *fns, ffi.from_buffer("uint64_t[]", pipelines),
+        pipelines, groups, sizes, _ = handles
+        native.encode_dispatches(address(cpass._internal), *addresses, ffi.from_buffer("uint64_t[]", pipelines),
                                  ffi.from_buffer("uint64_t[]", groups), ffi.from_buffer("uint32_t[]", sizes),
                                  len(pipelines))
 
     return encode, address
+
+
+def _python_encoder(fns, null):
+    set_pipeline, set_bind_group, dispatch = fns
+
+    def encode(cpass, handles) -> None:
+        h, current = cpass._internal, None
+        for pipeline, bg, x, y, z in handles[3]:
+            if pipeline != current:
+                set_pipeline(h, pipeline)
+                current = pipeline
+            set_bind_group(h, 0, bg, 0, null)
+            dispatch(h, x, y, z)
+
+    return encode
 
 
 @dataclass(slots=True)
@@ -114,7 +130,8 @@ class Step:
     arena: object = None
     readback: object = None
     host_ints: np.ndarray | None = None
-    handles: tuple | None = None  # wgpu-native's pipelines, bind groups and workgroup counts (native_encoder)
+    # wgpu-native's pipelines, bind groups and workgroup counts as arrays and as tuples (native_encoder)
+    handles: tuple | None = None
     encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
     wait_s: float = 0.0
 
@@ -146,7 +163,9 @@ class Step:
             address = native[1]
             self.handles = (np.array([address(d.pipeline._internal) for d in self.dispatches], np.uint64),
                             np.array([address(bg._internal) for bg in self.bind_groups], np.uint64),
-                            np.array([d.groups for d in self.dispatches], np.uint32).reshape(-1))
+                            np.array([d.groups for d in self.dispatches], np.uint32).reshape(-1),
+                            [(d.pipeline._internal, bg._internal, *d.groups)
+                             for d, bg in zip(self.dispatches, self.bind_groups)])
         size = sum(_padded(a.nbytes) for a, _ in self.downloads)
         if size:
             self.readback = device.create_buffer(size=size, usage=usage.MAP_READ | usage.COPY_DST)
@@ -215,6 +234,23 @@ class Step:
         device.queue.submit([encoder.finish()])
         stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).reshape(n, 2).astype(np.int64)
         return stamps[:, 1] - stamps[:, 0]  # wgpu converts ticks to nanoseconds
+
+    def gpu_time(self, device, wgpu) -> float:
+        """Seconds the adapter takes for the whole step as replays run it (one compute pass, a
+        timestamp at each end; needs the device's timestamp-query feature). Inputs as the last run
+        left them; nothing is read back."""
+        queries = device.create_query_set(type="timestamp", count=2)
+        usage = wgpu.BufferUsage
+        resolved = device.create_buffer(size=16, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+        encoder = device.create_command_encoder()
+        cpass = encoder.begin_compute_pass(timestamp_writes={
+            "query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        self._encode(cpass)
+        cpass.end()
+        encoder.resolve_query_set(queries, 0, 2, resolved, 0)
+        device.queue.submit([encoder.finish()])
+        stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).astype(np.int64)
+        return 1e-9 * float(stamps[1] - stamps[0])  # wgpu converts ticks to nanoseconds
 
     def _read(self, wgpu) -> None:
         self.readback.map_sync(wgpu.MapMode.READ)
