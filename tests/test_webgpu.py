@@ -110,6 +110,14 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
             assert len(gpu._step().dispatches) == before + 1
             for out, r in zip(outs, refs):
                 close(gpu.to_numpy(out), x[:n] @ r.T)
+    other = T.Q6_K if qtype != T.Q6_K else T.Q8_0  # a matrix of another type: a dispatch of its own
+    (w0, r0), (w1, r1), (w2, r2) = mats[0], matrix(gpu, other, 7, 256, seed=20), mats[1]
+    outs = [gpu.empty((8, w.shape[0])) for w in (w0, w1, w2)]
+    before = len(gpu._step().dispatches)
+    gpu.matmuls([w0, w1, w2], gpu.from_numpy(x[:8].astype(np.float32)), outs)
+    assert len(gpu._step().dispatches) == before + 2
+    for out, r in zip(outs, (r0, r1, r2)):
+        close(gpu.to_numpy(out), x[:8] @ r.T)
 
 
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu):

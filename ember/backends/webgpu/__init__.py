@@ -294,35 +294,41 @@ class Backend:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
-        """outs[i] = x @ ws[i].T: one dispatch where the matrices are of one type and width, whole in
-        one buffer, and the outputs distinct whole arrays; else one product each."""
+        """outs[i] = x @ ws[i].T: the matrices of one type and width, whole in one buffer, one
+        dispatch together (where their outputs are distinct whole arrays); the others one each."""
         if self._unplaced:
             self.settle()
-        if not self._fusable(ws, x, outs):
-            for w, out in zip(ws, outs):
-                self.matmul(w, x, out)
-            return
+        groups: dict = {}
+        for w, out in zip(ws, outs):
+            key = (w.type, w.shape[1], id(w.data.parts[0][2])) if len(w.data.parts) == 1 else id(w)
+            groups.setdefault(key, []).append((w, out))
+        for group in groups.values():
+            if len(group) > 1 and self._fusable(group, x):
+                self._fused_product(group, x)
+            else:
+                for w, out in group:
+                    self.matmul(w, x, out)
+
+    def _fused_product(self, group: list, x) -> None:
+        """One product dispatch for two or three matrices of a buffer (matmul.wgsl's rows r1 ..,
+        r2 .. and outputs Y2, Y3)."""
         if not x.shape[0]:
             return
-        (w0, w1, *rest), parts = ws, [w.data.parts[0] for w in ws]
+        (w0, _), (w1, _), *rest = group
+        bases = [w.data.parts[0][3] for w, _ in group] + [0]
         r1 = w0.shape[0]
         r2 = r1 + w1.shape[0]
-        total = r2 + (rest[0].shape[0] if rest else 0)
-        params = _params(total, w0.shape[1], x.shape[0], w0.data.row_bytes, r1, 0, parts[0][3], r1, r2,
-                         parts[1][3], parts[2][3] if rest else 0, w1.shape[0], rest[0].shape[0] if rest else 0)
-        self._product(w0.type, parts[0][2], x, dict(zip((3, 5, 6), outs)), params, total)
+        r3 = rest[0][0].shape[0] if rest else 0
+        params = _params(r2 + r3, w0.shape[1], x.shape[0], w0.data.row_bytes, r1, 0, bases[0], r1, r2,
+                         bases[1], bases[2], w1.shape[0], r3)
+        outs = dict(zip((3, 5, 6), (out for _, out in group)))
+        self._product(w0.type, w0.data.parts[0][2], x, outs, params, r2 + r3)
 
     @staticmethod
-    def _fusable(ws: list[Weight], x, outs: list) -> bool:
-        if not 2 <= len(ws) <= MAX_FUSED or len(outs) != len(ws):
-            return False
-        w0 = ws[0]
-        if any(w.type != w0.type or w.shape[1] != w0.shape[1] or len(w.data.parts) != 1
-               or w.data.parts[0][2] is not w0.data.parts[0][2] for w in ws):
-            return False
-        bufs = [o.buf for o in outs]
-        return (len(set(map(id, bufs))) == len(bufs) and x.buf not in bufs
-                and all(o.offset == 0 and tuple(o.shape) == (x.shape[0], w.shape[0]) for o, w in zip(outs, ws)))
+    def _fusable(group: list, x) -> bool:
+        bufs = [out.buf for _, out in group]
+        return (len(group) <= MAX_FUSED and len(set(map(id, bufs))) == len(bufs) and x.buf not in bufs
+                and all(o.offset == 0 and tuple(o.shape) == (x.shape[0], w.shape[0]) for w, o in group))
 
     def gather_rows(self, x, rows, out) -> None:
         rows = np.asarray(rows)
