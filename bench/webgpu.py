@@ -83,10 +83,20 @@ def host_share(runner: Runner, reps: int) -> dict:
         wait.append(step.wait_s)
         if timed:
             gpu.append(step.gpu_time(backend.device, backend.wgpu))
-    return {"dispatches": len(step.dispatches), "host_ms": 1e3 * statistics.median(encode),
+    return {"dispatches": len(step.dispatches), "encoder": encoder_kind(), "host_ms": 1e3 * statistics.median(encode),
             "host_ms_min": 1e3 * min(encode), "wait_ms": 1e3 * statistics.median(wait),
             "gpu_ms": 1e3 * statistics.median(gpu) if gpu else None,
             "host_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
+
+
+def encoder_kind() -> str:
+    """How replays encode their dispatches: csrc/encode.c, a Python loop, or wgpu-py's methods."""
+    from ember.backends.webgpu import _step
+
+    native = _step.native_encoder()
+    if native is None:
+        return "wgpu-py methods"
+    return "a Python loop" if native[0].__qualname__.startswith("_python_encoder") else "native"
 
 
 def bench_model(spec: str, args) -> dict:
@@ -124,7 +134,7 @@ def report(name: str, r: dict, args) -> None:
             print(f"  {key:10s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
-    print(f"  decode step: {h['dispatches']} dispatches, host {h['host_ms']:.3f} ms (min {h['host_ms_min']:.3f}; "
+    print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms (min {h['host_ms_min']:.3f}; "
           f"{h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
 
