@@ -134,8 +134,9 @@ def report(name: str, r: dict, args) -> None:
             print(f"  {key:10s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
-    print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms (min {h['host_ms_min']:.3f}; "
-          f"{h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, wait for the ids {h['wait_ms']:.2f} ms, "
+    print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
+          f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
+          f"wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
 
 
