@@ -281,6 +281,8 @@ def test_recorded_steps_read_new_inputs_on_replay(gpu):
     gpu.replay(rec)
     close(host, ref[[39, 0]] @ ref.T)
     assert rec.encode_s > 0 and rec.wait_s > 0
+    if "timestamp-query" in gpu.device.features:  # the adapter's time for the step (bench/webgpu.py)
+        assert 0 < rec.gpu_time(gpu.device, gpu.wgpu) < 10
 
 
 def test_replays_encode_alike_through_the_python_loop(gpu, monkeypatch):
