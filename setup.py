@@ -3,5 +3,6 @@
 from setuptools import setup
 
 setup(cffi_modules=["ember/backends/cpu/_build.py:ffibuilder",
-                    "ember/gbnf/_build.py:ffibuilder"],
+                    "ember/gbnf/_build.py:ffibuilder",
+                    "ember/backends/webgpu/_build.py:ffibuilder"],
       options={"bdist_wheel": {"py_limited_api": "cp310"}})

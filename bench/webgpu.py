@@ -4,9 +4,10 @@
 For each model: prompt processing (ppN: N tokens in one batch from an empty context) and generation
 (tgN: N greedy tokens one at a time), the three runs alternating --reps times so that all see the
 same machine; medians. Then a recorded decode step of the WebGPU backend replayed --reps times:
-the host time to write its inputs and encode its command buffer, against the time it then waits
-for the adapter (the GPU time plus a readback of the best ids). On lavapipe (Mesa's software Vulkan
-driver) the "GPU" is this machine's cores: the figures say how the backend behaves, not how a GPU
+the host time to write its inputs, encode its command buffer and submit it; the adapter's own time
+for the step's compute pass (timestamp queries, where the adapter has them); and the host's wait
+from submit to the best ids in hand. On lavapipe (Mesa's software Vulkan driver) the "GPU" is this
+machine's cores: the figures say how the backend behaves, not how a GPU
 would run it. Writes JSON (default bench/results/webgpu.json).
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
@@ -67,18 +68,35 @@ class Runner:
 
 
 def host_share(runner: Runner, reps: int) -> dict:
-    """A recorded decode step replayed: host encode time and the wait for the adapter, medians."""
+    """A recorded decode step replayed: the host's time to write its inputs, encode its command
+    buffer and submit it (host_ms), the adapter's time for the step's compute pass (gpu_ms, by
+    timestamp queries where the adapter has them), and the host's wait from submit to the best ids
+    in hand (wait_ms: the GPU time, the readback and the driver's latency); medians."""
     backend = runner.llm.backend
     runner.llm.generate([1], 2, GREEDY)  # the last step run is then a recorded decode step
     step = backend.last_step
-    encode, wait = [], []
+    timed = "timestamp-query" in backend.device.features
+    encode, wait, gpu = [], [], []
     for _ in range(max(reps, 5)):
         backend.replay(step)
         encode.append(step.encode_s)
         wait.append(step.wait_s)
-    return {"dispatches": len(step.dispatches), "encode_ms": 1e3 * statistics.median(encode),
-            "wait_ms": 1e3 * statistics.median(wait),
-            "encode_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
+        if timed:
+            gpu.append(step.gpu_time(backend.device, backend.wgpu))
+    return {"dispatches": len(step.dispatches), "encoder": encoder_kind(), "host_ms": 1e3 * statistics.median(encode),
+            "host_ms_min": 1e3 * min(encode), "wait_ms": 1e3 * statistics.median(wait),
+            "gpu_ms": 1e3 * statistics.median(gpu) if gpu else None,
+            "host_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
+
+
+def encoder_kind() -> str:
+    """How replays encode their dispatches: csrc/encode.c, a Python loop, or wgpu-py's methods."""
+    from ember.backends.webgpu import _step
+
+    native = _step.native_encoder()
+    if native is None:
+        return "wgpu-py methods"
+    return "a Python loop" if native[0].__qualname__.startswith("_python_encoder") else "native"
 
 
 def bench_model(spec: str, args) -> dict:
@@ -115,8 +133,11 @@ def report(name: str, r: dict, args) -> None:
         if key in r:
             print(f"  {key:10s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
-    print(f"  decode step: {h['dispatches']} dispatches, host encode {h['encode_ms']:.2f} ms "
-          f"({h['encode_us_per_dispatch']:.1f} us each), wait for the adapter {h['wait_ms']:.1f} ms")
+    gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
+    print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
+          f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
+          f"wait for the ids {h['wait_ms']:.2f} ms, "
+          f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
 
 
 def main() -> None:

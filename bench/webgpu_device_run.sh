@@ -36,6 +36,8 @@ for whl in .devcarry/wheels/*.whl; do
     "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
 done
 export PYTHONPATH="$PWD:/tmp/ember_site${PYTHONPATH:+:$PYTHONPATH}"
+# the WebGPU backend's encoding helper first (seconds), then the rest (the CPU kernels take longer)
+timeout 60 $PY ember/backends/webgpu/_build.py >>"$SETUP" 2>&1 || echo "WebGPU encoding helper not built (see setup.log)"
 timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1 || echo "CPU extension not built (see setup.log)"
 $PY -m ember info --system 2>&1 | grep -v XDG_RUNTIME_DIR | tee -a "$SETUP"
 mkdir -p /tmp/ember_models

@@ -93,6 +93,33 @@ def test_both_product_plans(gpu, plan, qtype):
         close(product(gpu, w, x[:n]), x[:n] @ ref.T)
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
+    """Queries, keys and values (and gate and up) of one buffer: one dispatch whose rows run over
+    the matrices back to back (tiles and workgroups straddling them), each into its own output."""
+    sizes = (45, 13, 20)
+    mats = [matrix(gpu, qtype, rows, 256, seed=10 + i) for i, rows in enumerate(sizes)]
+    x = np.random.default_rng(4).standard_normal((40, 256))
+    for count in (2, 3):
+        ws, refs = zip(*mats[:count])
+        for n in (1, 8, 40):
+            outs = [gpu.empty((n, w.shape[0])) for w in ws]
+            before = len(gpu._step().dispatches)
+            gpu.matmuls(list(ws), gpu.from_numpy(x[:n].astype(np.float32)), outs)
+            assert len(gpu._step().dispatches) == before + 1
+            for out, r in zip(outs, refs):
+                close(gpu.to_numpy(out), x[:n] @ r.T)
+    other = T.Q6_K if qtype != T.Q6_K else T.Q8_0  # a matrix of another type: a dispatch of its own
+    (w0, r0), (w1, r1), (w2, r2) = mats[0], matrix(gpu, other, 7, 256, seed=20), mats[1]
+    outs = [gpu.empty((8, w.shape[0])) for w in (w0, w1, w2)]
+    before = len(gpu._step().dispatches)
+    gpu.matmuls([w0, w1, w2], gpu.from_numpy(x[:8].astype(np.float32)), outs)
+    assert len(gpu._step().dispatches) == before + 2
+    for out, r in zip(outs, (r0, r1, r2)):
+        close(gpu.to_numpy(out), x[:8] @ r.T)
+
+
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
     before = gpu.max_binding
     gpu.max_binding = 20 * 272 + 16  # 20 rows of Q8_0 x 256 (8 blocks of 34 bytes) a buffer
@@ -254,6 +281,30 @@ def test_recorded_steps_read_new_inputs_on_replay(gpu):
     gpu.replay(rec)
     close(host, ref[[39, 0]] @ ref.T)
     assert rec.encode_s > 0 and rec.wait_s > 0
+    if "timestamp-query" in gpu.device.features:  # the adapter's time for the step (bench/webgpu.py)
+        assert 0 < rec.gpu_time(gpu.device, gpu.wgpu) < 10
+
+
+def test_replays_encode_alike_through_the_python_loop(gpu, monkeypatch):
+    """Where the native encoding helper is not built, replays loop over wgpu-native's functions in
+    Python: the same results."""
+    from wgpu.backends.wgpu_native._api import ffi, lib
+    from ember.backends.webgpu import _step
+
+    w, ref = matrix(gpu, T.Q4_0, 40, 64)
+    ids = np.array([3, 4], np.int32)
+    x, y = gpu.empty((2, 64)), gpu.empty((2, 40))
+    ops = ("SetPipeline", "SetBindGroup", "DispatchWorkgroups")
+    loop = _step._python_encoder(tuple(getattr(lib, f"wgpuComputePassEncoder{op}") for op in ops), ffi.NULL)
+    address = _step.native_encoder()[1]
+    monkeypatch.setattr(_step, "native_encoder", lambda: (loop, address))
+    with gpu.record() as rec:
+        gpu.get_rows(w, ids, x)
+        gpu.matmul(w, x, y)
+        host = gpu.to_numpy(y)
+    ids[:] = [39, 0]
+    gpu.replay(rec)
+    close(host, ref[[39, 0]] @ ref.T)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 """WebGPU backend: one set of WGSL kernels through wgpu-py, on Vulkan, Metal or D3D12 (on a machine
 without a GPU, Mesa's software Vulkan driver lavapipe runs them).
 
-Weights stay in their GGUF block layout on the device (a matrix larger than the adapter's largest
-storage binding is split by rows into several buffers); 1-D tensors are kept as f32; activations
+Weights stay in their GGUF block layout on the device, packed back to back into buffers of up to
+the adapter's largest storage binding (a matrix larger than that is split by rows): the products
+of several matrices of one buffer and type on the same activations (queries, keys and values; gate
+and up) run as one dispatch. 1-D tensors are kept as f32; activations
 are f32; the paged KV cache is f16 (pairs of halves a 32-bit word, which every WGSL implementation
 has). A step's ops are collected and submitted as one command buffer; a recorded step keeps its
 pipelines, bind groups and parameters and is encoded again from them on each replay.
@@ -35,6 +37,7 @@ TOPK_MAX = 256
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
+MAX_FUSED = 3  # matrices one product dispatch may run (matmul.wgsl's Y, Y2, Y3)
 F32 = np.float32
 SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave unused
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
@@ -65,9 +68,9 @@ def _params(*values) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class MatrixData:
-    """A matrix in GGUF blocks: parts of whole rows, each a buffer of its own."""
+    """A matrix in GGUF blocks: parts of whole rows, each within one buffer (settle places them)."""
 
-    parts: list  # (first row, rows, GPUBuffer)
+    parts: list  # (first row, rows, GPUBuffer, byte offset in it)
     row_bytes: int
 
 
@@ -92,6 +95,8 @@ class Backend:
         self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
+        self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
+        self._unplaced: list = []  # (MatrixData, part index, bytes) not on the device yet (settle)
         self.last_step: Step | None = None  # the last step run (its host encode and wait times)
 
     # ---- description ----
@@ -107,13 +112,17 @@ class Backend:
         size = max(16, -(-nbytes // 16) * 16)
         buf = self.device.create_buffer(size=size, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST)
         if data is not None and data.nbytes:
-            raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            whole = raw.size // 4 * 4
-            if whole:
-                self.device.queue.write_buffer(buf, 0, raw[:whole])
-            if whole < raw.size:
-                self.device.queue.write_buffer(buf, whole, np.pad(raw[whole:], (0, 4 - raw.size + whole)))
+            self._write(buf, 0, data)
         return buf
+
+    def _write(self, buf, at: int, data: np.ndarray) -> None:
+        """data's bytes into buf from byte `at` (a multiple of 4), the last word zero-padded."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        whole = raw.size // 4 * 4
+        if whole:
+            self.device.queue.write_buffer(buf, at, raw[:whole])
+        if whole < raw.size:
+            self.device.queue.write_buffer(buf, at + whole, np.pad(raw[whole:], (0, 4 - raw.size + whole)))
 
     def weight(self, tensor, streamed: bool = True) -> Weight:
         shape = tuple(tensor.shape)
@@ -128,18 +137,38 @@ class Backend:
         return Weight(tensor.name, tensor.type, shape, self._matrix(np.asarray(tensor.data), shape, tensor.type))
 
     def _matrix(self, raw: np.ndarray, shape: tuple, qtype: GGMLType) -> MatrixData:
+        """The matrix's parts, placed on the device by the next settle (held as the host's bytes
+        until then: a file's mapping, not a copy)."""
         row_bytes = layout(qtype).row_bytes(shape[1])
         raw = raw.reshape(-1).view(np.uint8)
         per_part = max(1, (self.max_binding - WEIGHT_PADDING) // row_bytes)
-        parts = []
+        data = MatrixData([], row_bytes)
         for row0 in range(0, shape[0], per_part):
             rows = min(per_part, shape[0] - row0)
-            chunk = raw[row0 * row_bytes:(row0 + rows) * row_bytes]
-            parts.append((row0, rows, self._buffer(chunk.nbytes + WEIGHT_PADDING, chunk)))
-        return MatrixData(parts, row_bytes)
+            self._unplaced.append((data, len(data.parts), raw[row0 * row_bytes:(row0 + rows) * row_bytes]))
+            data.parts.append((row0, rows, None, 0))
+        return data
 
-    def settle(self) -> None:  # the weights were copied to the adapter as they came
-        pass
+    def settle(self) -> None:
+        """The matrices made since the last settle packed back to back (16-byte aligned, in the order
+        they came) into buffers of up to the largest binding, and copied there."""
+        todo, self._unplaced = self._unplaced, []
+        limit = min(self.max_binding, int(self.device.limits["max-buffer-size"])) - WEIGHT_PADDING
+        start = 0
+        while start < len(todo):
+            end, size = start, 0
+            while end < len(todo) and (end == start or _align(size) + todo[end][2].nbytes <= limit):
+                size = _align(size) + todo[end][2].nbytes
+                end += 1
+            buf = self._buffer(size + WEIGHT_PADDING)
+            at = 0
+            for data, i, chunk in todo[start:end]:
+                at = _align(at)
+                self._write(buf, at, chunk)
+                row0, rows, _, _ = data.parts[i]
+                data.parts[i] = (row0, rows, buf, at)
+                at += chunk.nbytes
+            start = end
 
     def empty(self, shape, dtype=F32):
         shape = tuple(int(s) for s in shape)
@@ -202,6 +231,8 @@ class Backend:
             self.last_step = step
 
     def _dispatch(self, module: str, entry: str, bindings: dict, params: np.ndarray, groups) -> None:
+        if self._unplaced:  # weights made outside a model's load (which settles them)
+            self.settle()
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
@@ -231,33 +262,73 @@ class Backend:
         if self._recording is None and len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= rows):
             raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
         off = self._input(ids)
-        for row0, n_rows, buf in w.data.parts:
+        if self._unplaced:
+            self.settle()
+        for row0, n_rows, buf, base in w.data.parts:
             self._dispatch(MATRIX_TYPES[w.type], "get_rows", {1: buf, 3: out, 4: INPUTS},
-                           _params(n_rows, cols, len(ids), w.data.row_bytes, row0, off),
+                           _params(n_rows, cols, len(ids), w.data.row_bytes, row0, off, base),
                            (-(-cols // 32 // 64), max(len(ids), 1), 1))
 
     def matmul(self, w: Weight, x, out) -> None:
         """out (n, rows) = x (n, cols) @ w.T, a dispatch for each part of w."""
         rows, cols = w.shape
-        n = x.shape[0]
-        if not n:
+        if not x.shape[0]:
             return
-        for row0, n_rows, buf in w.data.parts:
-            params = _params(n_rows, cols, n, w.data.row_bytes, rows, row0)
-            if self.row_products:
-                self._dispatch(MATRIX_TYPES[w.type], "mv_row", {1: buf, 2: x, 3: out}, params,
-                               (-(-n_rows // 64), -(-n // 8), 1))
-            elif n <= MV_MAX_ROWS and self.subgroups:
-                self._dispatch(MATRIX_TYPES[w.type] + "+sg", "mv_sg", {1: buf, 2: x, 3: out}, params, _groups(n_rows))
-            elif n <= MV_MAX_ROWS:
-                self._dispatch(MATRIX_TYPES[w.type], "mv", {1: buf, 2: x, 3: out}, params, _groups(-(-n_rows // 2)))
-            else:
-                self._dispatch(MATRIX_TYPES[w.type], "mm", {1: buf, 2: x, 3: out}, params,
-                               (-(-n_rows // 32), -(-n // 32), 1))
+        if self._unplaced:
+            self.settle()
+        for row0, n_rows, buf, base in w.data.parts:
+            params = _params(n_rows, cols, x.shape[0], w.data.row_bytes, rows, row0, base, n_rows, n_rows)
+            self._product(w.type, buf, x, {3: out}, params, n_rows)
+
+    def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int) -> None:
+        """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
+        n = x.shape[0]
+        bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
+        if self.row_products:
+            self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
+        elif n <= MV_MAX_ROWS and self.subgroups:
+            self._dispatch(MATRIX_TYPES[qtype] + "+sg", "mv_sg", bindings, params, _groups(rows))
+        elif n <= MV_MAX_ROWS:
+            self._dispatch(MATRIX_TYPES[qtype], "mv", bindings, params, _groups(-(-rows // 2)))
+        else:
+            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
+        """outs[i] = x @ ws[i].T: the matrices of one type and width, whole in one buffer, one
+        dispatch together (where their outputs are distinct whole arrays); the others one each."""
+        if self._unplaced:
+            self.settle()
+        groups: dict = {}
         for w, out in zip(ws, outs):
-            self.matmul(w, x, out)
+            key = (w.type, w.shape[1], id(w.data.parts[0][2])) if len(w.data.parts) == 1 else id(w)
+            groups.setdefault(key, []).append((w, out))
+        for group in groups.values():
+            if len(group) > 1 and self._fusable(group, x):
+                self._fused_product(group, x)
+            else:
+                for w, out in group:
+                    self.matmul(w, x, out)
+
+    def _fused_product(self, group: list, x) -> None:
+        """One product dispatch for two or three matrices of a buffer (matmul.wgsl's rows r1 ..,
+        r2 .. and outputs Y2, Y3)."""
+        if not x.shape[0]:
+            return
+        (w0, _), (w1, _), *rest = group
+        bases = [w.data.parts[0][3] for w, _ in group] + [0]
+        r1 = w0.shape[0]
+        r2 = r1 + w1.shape[0]
+        r3 = rest[0][0].shape[0] if rest else 0
+        params = _params(r2 + r3, w0.shape[1], x.shape[0], w0.data.row_bytes, r1, 0, bases[0], r1, r2,
+                         bases[1], bases[2], w1.shape[0], r3)
+        outs = dict(zip((3, 5, 6), (out for _, out in group)))
+        self._product(w0.type, w0.data.parts[0][2], x, outs, params, r2 + r3)
+
+    @staticmethod
+    def _fusable(group: list, x) -> bool:
+        bufs = [out.buf for _, out in group]
+        return (len(group) <= MAX_FUSED and len(set(map(id, bufs))) == len(bufs) and x.buf not in bufs
+                and all(o.offset == 0 and tuple(o.shape) == (x.shape[0], w.shape[0]) for w, o in group))
 
     def gather_rows(self, x, rows, out) -> None:
         rows = np.asarray(rows)
@@ -412,6 +483,10 @@ class Backend:
                          tables.shape[1], batch.page_size, int(window), float(scale), float(softcap),
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params, (n_head, n, 1))
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
 
 
 def check_attention(k_cache, v_cache, batch: AttentionBatch, n_head: int, n_kv: int, positions: bool) -> None:

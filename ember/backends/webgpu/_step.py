@@ -60,18 +60,51 @@ INPUTS = object()  # a binding of the step's host-ints buffer
 
 
 @functools.cache
-def native_pass_calls():
-    """wgpu-native's C functions behind a compute pass's set_pipeline, set_bind_group and
-    dispatch_workgroups, called directly on a step's handles: wgpu-py's methods check and convert
-    their arguments on every call, half a replayed step's host time. None where this wgpu does not
-    lay them out so (its methods are used then)."""
+def native_encoder():
+    """(encode, address of) where a replayed step's dispatches can be encoded through wgpu-native's
+    own set_pipeline, set_bind_group and dispatch_workgroups on the step's handles (wgpu-py's
+    methods check and convert their arguments on every call, most of a step's host time then):
+    in one call of csrc/encode.c, or where that extension is not built, a Python loop over the raw
+    functions. None where this wgpu does not lay its binding out so (wgpu-py's methods then)."""
     try:
-        from wgpu.backends.wgpu_native._api import ffi, libf
+        from wgpu.backends.wgpu_native._api import ffi, lib
 
-        return (libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
-                libf.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+        names = tuple(f"wgpuComputePassEncoder{op}" for op in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
+        fns = tuple(getattr(lib, name) for name in names)
     except (ImportError, AttributeError):
         return None
+
+    def address(cdata) -> int:
+        return int(ffi.cast("uintptr_t", cdata))
+
+    try:
+        from ._ember_webgpu import lib as native
+    except ImportError:
+        return _python_encoder(fns, ffi.NULL), address
+    addresses = tuple(address(ffi.addressof(lib, name)) for name in names)
+
+    def encode(cpass, handles) -> None:
+        pipelines, groups, sizes, _ = handles
+        native.encode_dispatches(address(cpass._internal), *addresses, ffi.from_buffer("uint64_t[]", pipelines),
+                                 ffi.from_buffer("uint64_t[]", groups), ffi.from_buffer("uint32_t[]", sizes),
+                                 len(pipelines))
+
+    return encode, address
+
+
+def _python_encoder(fns, null):
+    set_pipeline, set_bind_group, dispatch = fns
+
+    def encode(cpass, handles) -> None:
+        h, current = cpass._internal, None
+        for pipeline, bg, x, y, z in handles[3]:
+            if pipeline != current:
+                set_pipeline(h, pipeline)
+                current = pipeline
+            set_bind_group(h, 0, bg, 0, null)
+            dispatch(h, x, y, z)
+
+    return encode
 
 
 @dataclass(slots=True)
@@ -97,7 +130,8 @@ class Step:
     arena: object = None
     readback: object = None
     host_ints: np.ndarray | None = None
-    handles: list | None = None  # (pipeline, bind group, x, y, z) of wgpu-native, for native_pass_calls
+    # wgpu-native's pipelines, bind groups and workgroup counts as arrays and as tuples (native_encoder)
+    handles: tuple | None = None
     encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
     wait_s: float = 0.0
 
@@ -124,9 +158,14 @@ class Step:
         uniforms = device.create_buffer_with_data(data=params.tobytes(), usage=usage.UNIFORM)
         self.bind_groups = [self._bind_group(device, d, uniforms, i * PARAM_SLOT)
                             for i, d in enumerate(self.dispatches)]
-        if native_pass_calls() is not None:
-            self.handles = [(d.pipeline._internal, bg._internal, *d.groups)
-                            for d, bg in zip(self.dispatches, self.bind_groups)]
+        native = native_encoder()
+        if native is not None:
+            address = native[1]
+            self.handles = (np.array([address(d.pipeline._internal) for d in self.dispatches], np.uint64),
+                            np.array([address(bg._internal) for bg in self.bind_groups], np.uint64),
+                            np.array([d.groups for d in self.dispatches], np.uint32).reshape(-1),
+                            [(d.pipeline._internal, bg._internal, *d.groups)
+                             for d, bg in zip(self.dispatches, self.bind_groups)])
         size = sum(_padded(a.nbytes) for a, _ in self.downloads)
         if size:
             self.readback = device.create_buffer(size=size, usage=usage.MAP_READ | usage.COPY_DST)
@@ -164,21 +203,17 @@ class Step:
 
     def _encode(self, cpass) -> None:
         """The dispatches into a compute pass (a pipeline set only where it changes)."""
-        native = native_pass_calls()
-        if native is None or self.handles is None:
-            for d, bg in zip(self.dispatches, self.bind_groups):
-                cpass.set_pipeline(d.pipeline)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*d.groups)
+        native = native_encoder()
+        if native is not None and self.handles is not None:
+            native[0](cpass, self.handles)  # the step holds the objects these handles are of
             return
-        set_pipeline, set_bind_group, dispatch, null = native
-        h, current = cpass._internal, None
-        for pipeline, bg, x, y, z in self.handles:  # the step holds the objects these handles are of
-            if pipeline != current:
-                set_pipeline(h, pipeline)
-                current = pipeline
-            set_bind_group(h, 0, bg, 0, null)
-            dispatch(h, x, y, z)
+        current = None
+        for d, bg in zip(self.dispatches, self.bind_groups):
+            if d.pipeline is not current:
+                cpass.set_pipeline(d.pipeline)
+                current = d.pipeline
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*d.groups)
 
     def gpu_times(self, device, wgpu) -> np.ndarray:
         """Nanoseconds each dispatch takes on the adapter (a compute pass each, timestamps at its
@@ -199,6 +234,23 @@ class Step:
         device.queue.submit([encoder.finish()])
         stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).reshape(n, 2).astype(np.int64)
         return stamps[:, 1] - stamps[:, 0]  # wgpu converts ticks to nanoseconds
+
+    def gpu_time(self, device, wgpu) -> float:
+        """Seconds the adapter takes for the whole step as replays run it (one compute pass, a
+        timestamp at each end; needs the device's timestamp-query feature). Inputs as the last run
+        left them; nothing is read back."""
+        queries = device.create_query_set(type="timestamp", count=2)
+        usage = wgpu.BufferUsage
+        resolved = device.create_buffer(size=16, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+        encoder = device.create_command_encoder()
+        cpass = encoder.begin_compute_pass(timestamp_writes={
+            "query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        self._encode(cpass)
+        cpass.end()
+        encoder.resolve_query_set(queries, 0, 2, resolved, 0)
+        device.queue.submit([encoder.finish()])
+        stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).astype(np.int64)
+        return 1e-9 * float(stamps[1] - stamps[0])  # wgpu converts ticks to nanoseconds
 
     def _read(self, wgpu) -> None:
         self.readback.map_sync(wgpu.MapMode.READ)

@@ -1,10 +1,33 @@
 // Products with one weight type's GGUF blocks (DEQ is that type's decoder, dequant.wgsl), and
-// rows of it looked up (embeddings). W (rows, k) in blocks, X (n, k) f32, Y (n, y_stride) f32:
-// Y[j, y_col0 + r] = X[j] . W[r] for the rows r of this part of a matrix.
-// params: 0 rows, 1 k, 2 n, 3 row bytes, 4 y_stride, 5 y_col0
+// rows of it looked up (embeddings). W holds the blocks of up to three matrices of the type (rows
+// of k values each, at byte bases in W); a product runs over their rows back to back (rows r1 ..
+// are the second matrix's, r2 .. the third's) into outputs of their own: X (n, k) f32,
+// Y[j, y_col0 + r] = X[j] . W[r] (row stride y_stride), Y2 and Y3 the others' (strides ys2, ys3).
+// params: 0 rows (all), 1 k, 2 n, 3 row bytes, 4 y_stride, 5 y_col0, 6 base, 7 r1, 8 r2,
+// 9 base2, 10 base3, 11 ys2, 12 ys3
 @group(0) @binding(2) var<storage, read> X4: array<vec4<f32>>;  // X, 4 values an element (k: 32s)
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> IDS: array<i32>;
+@group(0) @binding(5) var<storage, read_write> Y2: array<f32>;
+@group(0) @binding(6) var<storage, read_write> Y3: array<f32>;
+
+// the byte where (virtual) row r's blocks start
+fn row_base(r: u32) -> u32 {
+    if (r < pu(7u)) { return pu(6u) + r * pu(3u); }
+    if (r < pu(8u)) { return pu(9u) + (r - pu(7u)) * pu(3u); }
+    return pu(10u) + (r - pu(8u)) * pu(3u);
+}
+
+// Y[j, r] of (virtual) row r, into its matrix's output
+fn store(j: u32, r: u32, v: f32) {
+    if (r < pu(7u)) {
+        Y[j * pu(4u) + pu(5u) + r] = v;
+    } else if (r < pu(8u)) {
+        Y2[j * pu(11u) + r - pu(7u)] = v;
+    } else {
+        Y3[j * pu(12u) + r - pu(8u)] = v;
+    }
+}
 
 const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
 const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
@@ -23,7 +46,7 @@ fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     if (row < rows) {
         var o: array<f32, 32>;
         for (var c = lane; c < k / 32u; c += MV_LANES) {
-            DEQ(row * pu(3u), c, &o);
+            DEQ(row_base(row), c, &o);
             for (var j = 0u; j < n; j++) {
                 let xb = (j * k + c * 32u) / 4u;
                 var s = 0.0;
@@ -43,7 +66,7 @@ fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
         workgroupBarrier();
     }
     if (lane == 0u && row < rows) {
-        for (var j = 0u; j < n; j++) { Y[j * pu(4u) + pu(5u) + row] = red[t][j]; }
+        for (var j = 0u; j < n; j++) { store(j, row, red[t][j]); }
     }
 }
 
@@ -67,7 +90,7 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     for (var c = 0u; c < k / 32u; c++) {
         if (t < 32u) {
             if (r0 + t < rows) {
-                DEQ((r0 + t) * pu(3u), c, &o);
+                DEQ(row_base(r0 + t), c, &o);
             } else {
                 o = array<f32, 32>();
             }
@@ -99,13 +122,13 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
         for (var b = 0u; b < 4u; b++) {
             let r = r0 + tr + a;
             let j = n0 + tn + b;
-            if (r < rows && j < n) { Y[j * pu(4u) + pu(5u) + r] = acc[a * 4u + b]; }
+            if (r < rows && j < n) { store(j, r, acc[a * 4u + b]); }
         }
     }
 }
 
 // Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).
-// params: 0 rows, 1 k, 2 n, 3 row bytes, 4 row0, 5 ids_off; a thread a 32-value slice
+// params: 0 rows, 1 k, 2 n, 3 row bytes, 4 row0, 5 ids_off, 6 base; a thread a 32-value slice
 @compute @workgroup_size(64)
 fn get_rows(@builtin(global_invocation_id) g: vec3<u32>) {
     let k = pu(1u);
@@ -115,7 +138,7 @@ fn get_rows(@builtin(global_invocation_id) g: vec3<u32>) {
     let id = IDS[pu(5u) + j] - pi(4u);
     if (id < 0 || u32(id) >= pu(0u)) { return; }
     var o: array<f32, 32>;
-    DEQ(u32(id) * pu(3u), c, &o);
+    DEQ(pu(6u) + u32(id) * pu(3u), c, &o);
     for (var i = 0u; i < 32u; i++) { Y[j * k + c * 32u + i] = o[i]; }
 }
 
@@ -131,7 +154,7 @@ fn mv_row(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (row >= rows) { return; }
     var acc: array<f32, 8>;
     var o: array<f32, 32>;
-    let base = row * pu(3u);
+    let base = row_base(row);
     for (var c = 0u; c < k / 32u; c++) {
         DEQ(base, c, &o);
         for (var j = 0u; j < 8u; j++) {
@@ -146,6 +169,6 @@ fn mv_row(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
     }
     for (var j = 0u; j < 8u; j++) {
-        if (j0 + j < n) { Y[(j0 + j) * pu(4u) + pu(5u) + row] = acc[j]; }
+        if (j0 + j < n) { store(j0 + j, row, acc[j]); }
     }
 }

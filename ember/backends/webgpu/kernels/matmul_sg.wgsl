@@ -16,7 +16,7 @@ fn mv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (row < rows) {
         var o: array<f32, 32>;
         for (var c = t; c < k / 32u; c += 64u) {
-            DEQ(row * pu(3u), c, &o);
+            DEQ(row_base(row), c, &o);
             for (var j = 0u; j < n; j++) {
                 let xb = (j * k + c * 32u) / 4u;
                 var s = 0.0;
@@ -36,7 +36,7 @@ fn mv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         for (var j = 0u; j < n; j++) {
             var s = 0.0;
             for (var g = 0u; g < (64u + sg_size - 1u) / sg_size; g++) { s += sg_part[g][j]; }
-            Y[j * pu(4u) + pu(5u) + row] = s;
+            store(j, row, s);
         }
     }
 }
