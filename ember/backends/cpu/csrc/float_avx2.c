@@ -27,6 +27,25 @@ typedef __m256 fvec;
 #define fv_f16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define fv_bf16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 
+/* 8 x 8: pairs of rows interleaved, then quadruples, then the 128-bit halves swapped across them. */
+static inline __attribute__((always_inline)) void fv_transpose(__m256 v[8]) {
+    __m256 t[8], q[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) { /* q[g + j], 128-bit half h: rows g..g+3, value 4 h + j */
+        q[g + 0] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+        q[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xee);
+        q[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        q[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xee);
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2f128_ps(q[j], q[4 + j], 0x20);
+        v[4 + j] = _mm256_permute2f128_ps(q[j], q[4 + j], 0x31);
+    }
+}
+
 #include "float_x86.h"
 
 FLOAT_PANEL_FN(ember_float_panel_avx2)

@@ -4,6 +4,7 @@
  *   FP_VECS, FP_TOKENS        vectors of rows and tokens in a tile (FP_VECS * FP_TOKENS accumulators)
  *   fv_load(p), fv_loadu(p), fv_storeu(p, v), fv_set1(f), fv_fma(a, b, c), fv_add(a, b), fv_zero()
  *   fv_f16(p), fv_bf16(p)     FP_LANES halves (F16, BF16) at p widened to floats
+ *   fv_transpose(v)           v[FP_LANES] transposed in place (v[j] lane i <- v[i] lane j)
  *
  * A panel of FP_ROWS rows is converted to floats once and stored transposed (p[i * FP_ROWS + r]: the
  * rows' value i side by side), so a tile is outer products: per value i, FP_VECS loads of the panel,
@@ -36,23 +37,26 @@ ALWAYS fvec fp_widen(const int type, const uint8_t *row, int64_t i) {
     return fv_bf16((const uint16_t *)row + i);
 }
 
+/* One row's values [k0, k0 + kc) from i on -> column r of p (kc, FP_ROWS), zeros for a row past nr. */
+ALWAYS void fp_pack_row(const int type, const uint8_t *row, int live, int64_t k0, int i, int kc, float *p, int r) {
+    for (; i < kc; i++) p[i * FP_ROWS + r] = live ? fp_scalar(type, row, k0 + i) : 0.0f;
+}
+
 /* Values [k0, k0 + kc) of W's rows [0, nr) (w: rows of ws bytes) -> p (kc, FP_ROWS) floats, zeros in
- * the rows from nr. */
+ * the rows from nr: FP_LANES x FP_LANES blocks transposed in registers, the edges one value at a time. */
 ALWAYS void fp_pack(const int type, const uint8_t *w, int64_t ws, int nr, int64_t k0, int kc, float *p) {
-    for (int r = 0; r < FP_ROWS; r++) {
-        const uint8_t *row = w + r * ws;
+    int r = 0;
+    for (; r + FP_LANES <= nr; r += FP_LANES) {
         int i = 0;
-        if (r >= nr) {
-            for (; i < kc; i++) p[i * FP_ROWS + r] = 0.0f;
-            continue;
-        }
         for (; i + FP_LANES <= kc; i += FP_LANES) {
-            float v[FP_LANES];
-            fv_storeu(v, fp_widen(type, row, k0 + i));
-            FP_UNROLL for (int j = 0; j < FP_LANES; j++) p[(i + j) * FP_ROWS + r] = v[j];
+            fvec v[FP_LANES];
+            FP_UNROLL for (int j = 0; j < FP_LANES; j++) v[j] = fp_widen(type, w + (r + j) * ws, k0 + i);
+            fv_transpose(v);
+            FP_UNROLL for (int j = 0; j < FP_LANES; j++) fv_storeu(p + (i + j) * FP_ROWS + r, v[j]);
         }
-        for (; i < kc; i++) p[i * FP_ROWS + r] = fp_scalar(type, row, k0 + i);
+        for (int j = 0; j < FP_LANES; j++) fp_pack_row(type, w + (r + j) * ws, 1, k0, i, kc, p, r + j);
     }
+    for (; r < FP_ROWS; r++) fp_pack_row(type, w + r * ws, r < nr, k0, 0, kc, p, r);
 }
 
 /* y (nt, FP_ROWS) = x (nt, kc) @ p^T, plus y where add: FP_VECS x NT accumulators over the panel. */

@@ -50,7 +50,7 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 
 const ember_kernels ember_kernels_avx2 = {
     X86_QUANTIZE_AND_TILES,
-    .panel = {[EMBER_T_F16] = PANEL_F(16), [EMBER_T_BF16] = PANEL_F(16), [EMBER_T_F32] = PANEL_F(16)},
+    .panel = {[EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8)},
 };
 
 #if defined(__clang__)

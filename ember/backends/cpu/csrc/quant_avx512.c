@@ -540,7 +540,7 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
 
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
-/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; float weights on a Xeon). */
+/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
@@ -548,7 +548,7 @@ const ember_kernels ember_kernels_avx512 = {
         [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
         [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
-        [EMBER_T_F16] = PANEL_F(32), [EMBER_T_BF16] = PANEL_F(32), [EMBER_T_F32] = PANEL_F(32),
+        [EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8),
     },
 };
 
