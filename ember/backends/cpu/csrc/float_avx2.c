@@ -48,6 +48,7 @@ static inline __attribute__((always_inline)) void fv_transpose(__m256 v[8]) {
 
 #include "float_x86.h"
 
+_Static_assert(FP_ROWS == FLOAT_PANEL_ROWS_AVX2, "the kernel table hands out runs of FLOAT_PANEL_ROWS_AVX2 rows");
 FLOAT_PANEL_FN(ember_float_panel_avx2)
 
 #if defined(__clang__)

@@ -51,6 +51,7 @@ static inline __attribute__((always_inline)) void fv_transpose(__m512 v[16]) {
 
 #include "float_x86.h"
 
+_Static_assert(FP_ROWS == FLOAT_PANEL_ROWS_AVX512, "the kernel table hands out runs of FLOAT_PANEL_ROWS_AVX512 rows");
 FLOAT_PANEL_FN(ember_float_panel_avx512)
 
 #if defined(__clang__)
