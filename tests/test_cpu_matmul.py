@@ -268,8 +268,8 @@ def test_long_rows_are_split_in_k(qtype, pools, isa_guard):
 
 @pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
 def test_float_weights_take_any_k(qtype, pools, isa_guard):
-    """Float rows have no blocks: k = 37 leaves a tail after the 16-wide vector loop; 21 tokens take
-    the prompt kernels where the ISA has them (4 rows x 4 tokens, a ragged last group of each)."""
+    """Float rows have no blocks: k = 37 leaves a tail after the vector loop; 21 tokens take the
+    prompt kernels where the ISA has them (a panel cut short at 11 rows, a ragged last tile of tokens)."""
     k = 37
     for n in (5, 21):
         c = case(qtype, k, m=11, n=n)  # float weights multiply x itself, whatever the activation precision
@@ -278,6 +278,21 @@ def test_float_weights_take_any_k(qtype, pools, isa_guard):
             for pool in pools:
                 y = run_matmul(pool, qtype, c.w, 11, k, c.x)
                 assert np.all(np.abs(y - c.y_rounded) <= FLOAT_SUM_RTOL * c.mag), (isa, n)
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+def test_float_prompt_kernels_block_k_rows_and_tokens(qtype, pools, isa_guard):
+    """The float prompt kernels pack 512 values of k at a time (k = 1100: two partial sums added in
+    y, then a short slice), pack several panels of the rows a thread claims together (600 rows on
+    one thread: runs of 64 rows, a short panel at the end) and sweep them with chunks of 128 tokens
+    (150 tokens: a short chunk, a ragged last tile)."""
+    k, m, n = 1100, 600, 150
+    c = case(qtype, k, m=m, n=n)
+    for isa in ISAS:
+        assert lib.ember_cpu_set_isa(isa.encode()) == 0
+        for pool in pools:
+            y = run_matmul(pool, qtype, c.w, m, k, c.x)
+            assert np.all(np.abs(y - c.y_rounded) <= FLOAT_SUM_RTOL * c.mag), isa
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"])

@@ -173,6 +173,15 @@ extern const ember_kernels ember_kernels_avx2;
 extern const ember_kernels ember_kernels_avx512;
 extern const ember_kernels ember_kernels_neon;
 
+/* Prompt kernels for float weights (F16, BF16, F32), ember_panel_fn (float_avx2.c, float_avx512.c;
+ * x86 only): panels of FLOAT_PANEL_ROWS_* rows. */
+void ember_float_panel_avx2(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
+                            int64_t a_stride, int64_t n, float *y, int64_t y_stride);
+void ember_float_panel_avx512(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
+                              int64_t a_stride, int64_t n, float *y, int64_t y_stride);
+#define FLOAT_PANEL_ROWS_AVX2 16
+#define FLOAT_PANEL_ROWS_AVX512 32
+
 /* The tile kernel and activation quantizer for `type` on the active ISA, falling back
  * to narrower ISAs (avx512 -> avx2 -> scalar, neon -> scalar) where one is missing. */
 ember_tile ember_tile_for(int type);

@@ -46,7 +46,12 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 
 #include "quant_x86.h"
 
-const ember_kernels ember_kernels_avx2 = {X86_QUANTIZE_AND_TILES};
+#define PANEL_F(min_tokens) {ember_float_panel_avx2, FLOAT_PANEL_ROWS_AVX2, min_tokens}
+
+const ember_kernels ember_kernels_avx2 = {
+    X86_QUANTIZE_AND_TILES,
+    .panel = {[EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8)},
+};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -536,79 +536,11 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
     }
 }
 
-/* ================= float weights (F16, BF16, F32) for prompts ================= */
-/* 4 rows x 4 tokens of 512-bit FMAs: each weight vector serves 4 tokens and each activation vector 4
- * rows (the microtile does 1 row against 4 tokens in 256 bits), over token chunks that stay in L2. */
-#define FLOAT_CHUNK 32 /* tokens */
-
-ALWAYS __m512 load_wf(const int type, const uint8_t *row, int64_t i, __mmask16 m) {
-    if (type == EMBER_T_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-    if (type == EMBER_T_F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
-}
-
-ALWAYS void float_tile(const int type, int64_t k, const uint8_t *w, int64_t ws, const float *x, int64_t xs, float *y,
-                       int64_t ys, const int NR, const int NC) {
-    __m512 acc[4][4];
-    UNROLL for (int r = 0; r < NR; r++) UNROLL for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += 16) {
-        const __mmask16 m = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);
-        __m512 wv[4];
-        UNROLL for (int r = 0; r < NR; r++) wv[r] = load_wf(type, w + r * ws, i, m);
-        UNROLL for (int c = 0; c < NC; c++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * xs + i);
-            UNROLL for (int r = 0; r < NR; r++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) UNROLL for (int r = 0; r < NR; r++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-#define FLOAT_TILE_NC(TYPE, NR)                                                             \
-    switch (nc) {                                                                           \
-    case 1: float_tile(TYPE, k, wr, ws, xt, xs, yt, ys, NR, 1); break;                      \
-    case 2: float_tile(TYPE, k, wr, ws, xt, xs, yt, ys, NR, 2); break;                      \
-    case 3: float_tile(TYPE, k, wr, ws, xt, xs, yt, ys, NR, 3); break;                      \
-    default: float_tile(TYPE, k, wr, ws, xt, xs, yt, ys, NR, 4); break;                     \
-    }
-
-ALWAYS void panel_float_body(const int type, int64_t k, const uint8_t *w, int64_t ws, int64_t nrows, const float *x,
-                             int64_t xs, int64_t n, float *y, int64_t ys) {
-    for (int64_t t0 = 0; t0 < n; t0 += FLOAT_CHUNK) {
-        const int64_t t1 = EMBER_MIN(n, t0 + FLOAT_CHUNK);
-        for (int64_t r = 0; r < nrows;) {
-            const int four = nrows - r >= 4;
-            const uint8_t *wr = w + r * ws;
-            for (int64_t t = t0; t < t1; t += 4) {
-                const int nc = (int)EMBER_MIN(4, t1 - t);
-                const float *xt = x + t * xs;
-                float *yt = y + t * ys + r;
-                if (four) {
-                    FLOAT_TILE_NC(type, 4)
-                } else {
-                    FLOAT_TILE_NC(type, 1)
-                }
-            }
-            r += four ? 4 : 1;
-        }
-    }
-}
-
-static void panel_float_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
-                               int64_t as, int64_t n, float *y, int64_t ys) {
-    const int64_t xs = as / (int64_t)sizeof(float);
-    switch (type) {
-    case EMBER_T_F16: panel_float_body(EMBER_T_F16, k, w, ws, nrows, a, xs, n, y, ys); return;
-    case EMBER_T_BF16: panel_float_body(EMBER_T_BF16, k, w, ws, nrows, a, xs, n, y, ys); return;
-    default: panel_float_body(EMBER_T_F32, k, w, ws, nrows, a, xs, n, y, ys); return;
-    }
-}
-
-#define PANEL_F(min_tokens) {panel_float_matmul, PANEL_ROWS, min_tokens}
+#define PANEL_F(min_tokens) {ember_float_panel_avx512, FLOAT_PANEL_ROWS_AVX512, min_tokens}
 
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
-/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048). */
+/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
