@@ -43,7 +43,10 @@ def test_greedy_streams_with_drafts_match_streams_without(tmp_path):
     prompts = [[1] + (rng.integers(3, 300, 4).tolist() * 3) for _ in range(8)]
     plain, _, _ = streams(path, prompts, "none")
     drafted, n_draft, n_kept = streams(path, prompts, "cache,lookup")
-    assert n_kept > 100 and n_draft >= n_kept
+    # drafts join steps only while their rows pay for themselves (measured as steps run): on the
+    # H200 a drafted step of this 2-layer model costs 1.1-4x a plain one, so drafting stays sparse
+    # (71 of 77 kept there, 189 of 195 on the CPU), still enough rows to check verification by
+    assert n_kept >= 40 and n_draft >= n_kept
     parted = [(p, a, b) for p, a, b in zip(prompts, drafted, plain) if a != b]
     assert len(parted) <= 1, f"{len(parted)} streams differ"
     for prompt, a, b in parted:
