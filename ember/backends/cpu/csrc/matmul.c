@@ -53,6 +53,13 @@ ember_tile ember_tile_for(int type) {
     return (ember_tile){NULL, 0, 0, 0};
 }
 
+ember_tile ember_tile_rounded(int type, int rounding) {
+    if (rounding == EMBER_ROUND_LLAMA && ember_qtype_get(type)->act == EMBER_ACT_Q16)
+        for (const ember_kernels *const *k = kernel_order(); *k; k++)
+            if ((*k)->tile8[type].fn) return (*k)->tile8[type];
+    return ember_tile_for(type);
+}
+
 ember_panel ember_panel_for(int type) {
     for (const ember_kernels *const *k = kernel_order(); *k; k++)
         if ((*k)->panel[type].fn) return (*k)->panel[type];
@@ -169,10 +176,10 @@ static void stream_task(void *ctx, int ith, int nth) {
 }
 
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
-                    const uint8_t *act) {
+                    const uint8_t *act, int rounding) {
     const ember_qtype *t = ember_qtype_get(type);
     if (!t || m <= 0 || k % t->block_size) return -1;
-    *p = (matmul_part){.type = type, .tile = ember_tile_for(type), .panel = ember_panel_for(type), .w = w, .m = m,
+    *p = (matmul_part){.type = type, .tile = ember_tile_rounded(type, rounding), .panel = ember_panel_for(type), .w = w, .m = m,
                        .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     if (n < p->panel.min_tokens) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
@@ -202,7 +209,7 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
     matmul_part parts[EMBER_MATMUL_MAX_PARTS];
     matmul_job j = {.part = parts, .n_parts = count, .k = k, .n = n, .x = x};
     for (int i = 0; i < count; i++) {
-        if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a) != 0) return -1;
+        if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a, rounding) != 0) return -1;
         if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
         j.units += parts[i].units;
     }
