@@ -530,6 +530,16 @@ def test_backend_refuses_bad_shapes():
         be._scratch_for(int(T.Q4_K), 96, 1)
 
 
+def test_rounding_follows_the_weight_types():
+    """int8 activations (llama.cpp's rounding) for the 4- and 5-bit 32-value types; Q8_0 exact unless
+    the model holds K-quants, and a product sharing x with a Q8_0 matrix rounds as Q8_0 needs."""
+    be = Backend(threads=1)
+    assert be.rounding([T.Q4_1]) == be.rounding([T.Q5_0, T.IQ4_NL]) == LLAMA
+    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_0, T.Q8_0]) == EXACT
+    be._weight_types.add(int(T.Q6_K))
+    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_1]) == LLAMA
+
+
 def test_oversubscribed_pool_runs_each_share_once():
     """A pool of more threads than cores: workers are descheduled mid-job, the caller takes their
     shares over, and late workers wake into later jobs. Over many short jobs each share must run

@@ -160,7 +160,8 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
 /* Decode products stream each thread's rows front to back; on the Xeon the CI runs on, the hardware
  * prefetchers alone keep a 2-thread decode far below the read bandwidth (llama-1b 14.7 tok/s, gemma2-2b
  * 7.5). Each super-block asks for the lines 2 KB ahead: with the weights on huge pages, 27.7 / 16.8
- * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). */
+ * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). The 32-value
+ * types ask per group of 8 blocks of each row (with int8 activations: SmolLM2 136 -> 166-183 tok/s). */
 #define PF_BYTES 2048
 
 ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
