@@ -3,6 +3,7 @@
  *   dot2w_acc(acc, a, b)      acc + per int32 lane, the sum of 2 products i16 * i16
  *   dot_u8_s8(u, s)           per int32 lane of 8, the sum of 4 products of the unsigned bytes u with the
  *                             signed bytes s (|u| <= 128, |s| <= 127: no saturation)
+ *   dot_u8_s8_acc(acc, u, s)  acc + dot_u8_s8(u, s)
  *   dot_w8_c16(w, c)          per int32 lane of 8, the sum of 4 products of the signed bytes w (32)
  *                             widened to int16 with the int16 c[0..32) (lane j: values 4j .. 4j + 3, or
  *                             any other grouping: only the total of the lanes counts)
@@ -28,9 +29,9 @@ ALWAYS __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
 
 /* 16 bytes of nibbles -> 32 values: the low nibbles, then the high nibbles (the legacy block order). */
 ALWAYS __m256i nibbles32(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, bytes(0x0f));
+    /* the 16 bytes in both halves (a load), the high half shifted by 4: no lane insert */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), bytes(0x0f));
 }
 
 /* Each byte of v shifted by s bits (left when s > 0, right when s < 0) and masked: the shifts are
@@ -279,10 +280,27 @@ ALWAYS __m256 load_floats(const float *p, int g) {
  * latency, several rows one. */
 ALWAYS int chain32(const int nr, int p) { return nr == 1 ? p : 0; }
 
-/* Per int32 lane, the sum of 4 products of the weights w (32 bytes, weights32) with the int8
- * activations q; aw: the weights' magnitudes (the types without a min: their signs go to q). */
-ALWAYS __m256i dot_w8_q8(int type, __m256i w, __m256i aw, __m256i q) {
-    return has_min(type) ? dot_u8_s8(w, q) : dot_u8_s8(aw, _mm256_sign_epi8(q, w));
+/* Q4_0 and Q5_0 against int8 activations: their unsigned values u = w + offset (the nibbles as stored),
+ * the offset taken back once per block and token for all the tile's rows (-offset * sum(q), the
+ * starting value of the rows' integer sums); 0 for the other types. */
+ALWAYS int u8_offset(int type) { return type == EMBER_T_Q4_0 ? 8 : type == EMBER_T_Q5_0 ? 16 : 0; }
+
+/* The 32 weights of a block as bytes that dpbusd can take unsigned: u8_offset's u, the raw values of
+ * the types with a min, else weights32's signed ones (whose signs then go to the activations). */
+ALWAYS __m256i weights32_i8(int type, const uint8_t *p) {
+    if (type == EMBER_T_Q4_0) return nibbles32(((const blk_q4_0 *)p)->qs);
+    if (type == EMBER_T_Q5_0) {
+        const blk_q5_0 *b = (const blk_q5_0 *)p;
+        return _mm256_or_si256(nibbles32(b->qs), q5_high_bits(load_u32(b->qh)));
+    }
+    return weights32(type, p);
+}
+
+/* Per int32 lane, base plus the sum of 4 products of the weights w (weights32_i8) with the int8
+ * activations q; aw: the magnitudes of signed weights (their signs go to q). */
+ALWAYS __m256i dot_w8_q8(int type, __m256i base, __m256i w, __m256i aw, __m256i q) {
+    if (has_min(type) || u8_offset(type)) return dot_u8_s8_acc(base, w, q);
+    return dot_u8_s8_acc(base, aw, _mm256_sign_epi8(q, w));
 }
 
 /* Block b of nr rows against nc tokens: the integer sum of w * c scaled by scale[j] = d_w * d_a of the
@@ -293,15 +311,18 @@ ALWAYS void block32(const int type, const int i8, const uint8_t *w, int64_t ws, 
                     const int p) {
     __m256i u[TILE32_R], au[TILE32_R];
     UNROLL for (int r = 0; r < nr; r++) {
-        u[r] = weights32(type, w + r * ws + b * block_bytes(type));
-        au[r] = i8 && !has_min(type) ? _mm256_abs_epi8(u[r]) : u[r];
+        u[r] = i8 ? weights32_i8(type, w + r * ws + b * block_bytes(type)) : weights32(type, w + r * ws + b * block_bytes(type));
+        au[r] = i8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
     }
     UNROLL for (int c = 0; c < nc; c++) {
         const int16_t *ca = (const int16_t *)(a + c * as) + b * QK;
         const __m256i qa = i8 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
+        const __m256i base = i8 && u8_offset(type)
+                                 ? _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8_s8(bytes(u8_offset(type)), qa))
+                                 : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < nr; r++) {
             __m256 sc = _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c));
-            __m256 isum = _mm256_cvtepi32_ps(i8 ? dot_w8_q8(type, u[r], au[r], qa) : dot_w8_c16(u[r], ca));
+            __m256 isum = _mm256_cvtepi32_ps(i8 ? dot_w8_q8(type, base, u[r], au[r], qa) : dot_w8_c16(u[r], ca));
             acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(isum, sc, acc[r][c][chain32(nr, p)]);
         }
     }
