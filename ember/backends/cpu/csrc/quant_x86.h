@@ -162,8 +162,10 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
  * prefetchers alone keep a 2-thread decode far below the read bandwidth (llama-1b 14.7 tok/s, gemma2-2b
  * 7.5). Each super-block asks for the lines 2 KB ahead: with the weights on huge pages, 27.7 / 16.8
  * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). The 32-value
- * types ask per group of 8 blocks of each row (with int8 activations: SmolLM2 136 -> 166-183 tok/s). */
+ * types ask per group of 8 blocks of each row, PF32_BYTES ahead (with int8 activations, SmolLM2 / Gemma 3
+ * tg: none 136 / -, 2 KB 188 / 89, 4 KB 204-217 / 95, 6 KB 209-212 / 92 tok/s). */
 #define PF_BYTES 2048
+#define PF32_BYTES 4096
 
 ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
     for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
@@ -337,7 +339,7 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     const int64_t nb = k / QK;
     const int bs = block_bytes(type), last = chain32(nr, nr == 1);
     _Alignas(32) float scale[TILE32_R][TILE_C][8];
-    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs, g * bs / 64 + 1);
+    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (PF32_BYTES - PF_BYTES), g * bs / 64 + 1);
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = type == EMBER_T_MXFP4 ? mxfp4_scales8(w + r * ws + b0 * bs, g)
                                               : block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
