@@ -27,6 +27,8 @@
  * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding); STREAM_TOKENS
  * is in matmul.h. */
 #define MATMUL_CLAIMS_PER_THREAD 8
+/* Products of fewer tokens than this go to the int8 microtiles where they apply (ember_part_init). */
+#define INT8_TILE_TOKENS 12
 
 /* ---- dispatch ---- */
 
@@ -181,7 +183,11 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     if (!t || m <= 0 || k % t->block_size) return -1;
     *p = (matmul_part){.type = type, .tile = ember_tile_rounded(type, rounding), .panel = ember_panel_for(type), .w = w, .m = m,
                        .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
-    if (n < p->panel.min_tokens) p->panel.fn = NULL;
+    /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
+     * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
+     * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
+    const int int8_tiles = p->tile.fn != ember_tile_for(type).fn;
+    if (n < (int8_tiles ? EMBER_MAX(p->panel.min_tokens, INT8_TILE_TOKENS) : p->panel.min_tokens)) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
