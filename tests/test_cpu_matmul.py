@@ -243,11 +243,13 @@ def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_llama_rounding_of_32_value_types(qtype, isa, pools, isa_guard):
     """The 32-value block types with activations rounded as llama.cpp's Q8_0 / Q8_1 (the products
-    of models that also hold K-quants), through microtiles (n <= 4) and panels."""
+    of models that also hold K-quants, and of the 4- and 5-bit types everywhere), through microtiles
+    (below 12 tokens; their int8 values: short rows several at a time, and 1536-value rows one at a
+    time) and panels."""
     assert lib.ember_cpu_set_isa(isa.encode()) == 0
-    for k in (512, 576):
+    for k in (512, 576, 1536):
         c = case(qtype, k, rounding=LLAMA)
-        for n in (1, 3, 33):
+        for n in (1, 3, 7, 33):
             y = run_matmul(pools[1], qtype, c.w, M, k, c.x[:n], LLAMA)
             err = np.abs(y - c.y_rounded[:n])
             assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (k, n, float((err / c.mag[:n]).max()))
@@ -447,11 +449,12 @@ def test_kernels_see_the_reference_activations(qtype, pools, isa_guard):
 
 
 def test_scratch_size():
-    """One row per token: int16 c, then per block of 32 d and s (Q16); int8 q, per 256 d, then bsums
-    and the panels' sums per 16 and 32 (Q8K); each row a multiple of 64 bytes."""
+    """One row per token: int16 c, then per block of 32 d and s, then from the next 64-byte boundary
+    the values again as int8 (Q16); int8 q, per 256 d, then bsums and the panels' sums per 16 and 32
+    (Q8K); each row a multiple of 64 bytes."""
     for t, k in ((T.Q4_0, 576), (T.Q4_K, 1024)):
         assert lib.ember_matmul_scratch_size(int(t), k, 5) == 5 * lib.ember_matmul_scratch_size(int(t), k, 1)
-    assert lib.ember_matmul_scratch_size(int(T.Q4_0), 576, 1) == -(-(2 * 576 + 8 * 18) // 64) * 64
+    assert lib.ember_matmul_scratch_size(int(T.Q4_0), 576, 1) == -(-(2 * 576 + 8 * 18) // 64) * 64 + 576
     q8k = 1024 + 4 * 4 + 2 * 64 + 4 * 64 + 4 * 32 + 4 * 64 + 4 * 32
     assert lib.ember_matmul_scratch_size(int(T.Q6_K), 1024, 1) == -(-q8k // 64) * 64
 
@@ -485,7 +488,7 @@ def activation_inputs(k: int) -> np.ndarray:
                          ids=["Q4_0-exact", "Q4_1-llama", "Q4_K", "Q6_K"])
 def test_quantizers_write_the_reference_rows(qtype, rounding, isa_guard):
     """The activation rows every path writes: int16 values for the 32-value types, exact or as
-    llama.cpp's Q8_0/Q8_1 (its AVX2 code's rounding), and Q8_K byte for byte as ggml's reference
+    llama.cpp's Q8_0/Q8_1 (its AVX2 code's rounding; then also as int8), and Q8_K byte for byte as ggml's reference
     (ember.quant) whatever the rounding asked, with the sums the kernels read."""
     k = 1536 if qtype in KQUANTS else 576
     x = activation_inputs(k)
@@ -511,6 +514,9 @@ def test_quantizers_write_the_reference_rows(qtype, rounding, isa_guard):
             np.testing.assert_array_equal(rows[:, :2 * k].view(np.int16), want.q, err_msg=isa)
             np.testing.assert_array_equal(rows[:, 2 * k:2 * k + 4 * nb].view(np.float32), want.d, err_msg=isa)
             np.testing.assert_array_equal(rows[:, 2 * k + 4 * nb:2 * k + 8 * nb].view(np.float32), want.s, err_msg=isa)
+            if rounding == LLAMA:  # the same values as int8, for the decode kernels
+                q8 = -(-(2 * k + 8 * nb) // 64) * 64
+                np.testing.assert_array_equal(rows[:, q8:q8 + k].view(np.int8), want.q, err_msg=isa)
 
 
 @pytest.mark.parametrize("qtype", [T.Q5_1, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
@@ -537,6 +543,16 @@ def test_backend_refuses_bad_shapes():
     be = Backend(threads=1)
     with pytest.raises(BackendError, match="Q4_K"):
         be._scratch_for(int(T.Q4_K), 96, 1)
+
+
+def test_rounding_follows_the_weight_types():
+    """int8 activations (llama.cpp's rounding) for the 4- and 5-bit 32-value types; Q8_0 exact unless
+    the model holds K-quants, and a product sharing x with a Q8_0 matrix rounds as Q8_0 needs."""
+    be = Backend(threads=1)
+    assert be.rounding([T.Q4_1]) == be.rounding([T.Q5_0, T.IQ4_NL]) == LLAMA
+    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_0, T.Q8_0]) == EXACT
+    be._weight_types.add(int(T.Q6_K))
+    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_1]) == LLAMA
 
 
 def test_oversubscribed_pool_runs_each_share_once():

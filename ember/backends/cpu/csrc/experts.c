@@ -113,7 +113,7 @@ int ember_experts_matmul(ember_pool *pool, int count, const int *types, const vo
             const int64_t w_stride = k / ember_qtype_get(types[i])->block_size * ember_qtype_get(types[i])->type_size;
             const uint8_t *w = (const uint8_t *)ws[i] + x_id * ms[i] * w_stride;
             matmul_part *p = &parts[j.n_parts++];
-            if (ember_part_init(p, types[i], w, ms[i], k, n, e.grouped[i] + lo * ms[i], e.act + lo * e.a_stride) != 0)
+            if (ember_part_init(p, types[i], w, ms[i], k, n, e.grouped[i] + lo * ms[i], e.act + lo * e.a_stride, rounding) != 0)
                 return -1;
             j.units += p->units;
         }

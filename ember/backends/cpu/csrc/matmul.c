@@ -27,6 +27,8 @@
  * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding); STREAM_TOKENS
  * is in matmul.h. */
 #define MATMUL_CLAIMS_PER_THREAD 8
+/* Products of fewer tokens than this go to the int8 microtiles where they apply (ember_part_init). */
+#define INT8_TILE_TOKENS 12
 
 /* ---- dispatch ---- */
 
@@ -51,6 +53,13 @@ ember_tile ember_tile_for(int type) {
     for (const ember_kernels *const *k = kernel_order(); *k; k++)
         if ((*k)->tile[type].fn) return (*k)->tile[type];
     return (ember_tile){NULL, 0, 0, 0};
+}
+
+ember_tile ember_tile_rounded(int type, int rounding) {
+    if (rounding == EMBER_ROUND_LLAMA && ember_qtype_get(type)->act == EMBER_ACT_Q16)
+        for (const ember_kernels *const *k = kernel_order(); *k; k++)
+            if ((*k)->tile8[type].fn) return (*k)->tile8[type];
+    return ember_tile_for(type);
 }
 
 ember_panel ember_panel_for(int type) {
@@ -169,12 +178,16 @@ static void stream_task(void *ctx, int ith, int nth) {
 }
 
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
-                    const uint8_t *act) {
+                    const uint8_t *act, int rounding) {
     const ember_qtype *t = ember_qtype_get(type);
     if (!t || m <= 0 || k % t->block_size) return -1;
-    *p = (matmul_part){.type = type, .tile = ember_tile_for(type), .panel = ember_panel_for(type), .w = w, .m = m,
+    *p = (matmul_part){.type = type, .tile = ember_tile_rounded(type, rounding), .panel = ember_panel_for(type), .w = w, .m = m,
                        .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
-    if (n < p->panel.min_tokens) p->panel.fn = NULL;
+    /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
+     * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
+     * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
+    const int int8_tiles = p->tile.fn != ember_tile_for(type).fn;
+    if (n < (int8_tiles ? EMBER_MAX(p->panel.min_tokens, INT8_TILE_TOKENS) : p->panel.min_tokens)) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
@@ -202,7 +215,7 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
     matmul_part parts[EMBER_MATMUL_MAX_PARTS];
     matmul_job j = {.part = parts, .n_parts = count, .k = k, .n = n, .x = x};
     for (int i = 0; i < count; i++) {
-        if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a) != 0) return -1;
+        if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a, rounding) != 0) return -1;
         if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
         j.units += parts[i].units;
     }

@@ -39,9 +39,10 @@ typedef struct {
     int64_t a_stride;
 } matmul_job;
 
-/* The part's kernels for n tokens of activations at act; 0, or -1 for an unsupported type or shape. */
+/* The part's kernels for n tokens of activations at act (quantized with `rounding`); 0, or -1 for an
+ * unsupported type or shape. */
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
-                    const uint8_t *act);
+                    const uint8_t *act, int rounding);
 
 /* Runs every part of the job: decoding-sized parts (stream = 1) in fixed shares of the bytes, else in
  * runs claimed from a counter. j->units must be the sum of the parts' units. */

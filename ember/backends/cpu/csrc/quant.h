@@ -66,9 +66,13 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     of a block's largest value, the products of float arithmetic. EMBER_ROUND_LLAMA (the quantizer of
  *     kind EMBER_ACT_Q16_LLAMA, same rows): c = round_even(x * 127 / amax), d = f16(amax / 127),
  *     s = f16(amax / 127 * sum(c)), llama.cpp's Q8_0 / Q8_1. The weights widen to int16 and meet c in
- *     16-bit multiply-adds either way. (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
+ *     16-bit multiply-adds in the panels. Rows rounded as llama.cpp also carry their values as int8
+ *     after the sums, q int8 (k,) at ember_q16_q8_offset(k), which the decode microtiles multiply 4 at a
+ *     time (vpdpbusd; the int16 values take twice the instructions, and a decode step of SmolLM2 or
+ *     Gemma 3 was bound by them). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
  *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
- *     allow; exact ones stay within 0.21. In a file with K-quants, exact 32-value products beside the
+ *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24: the caller rounds the 4-
+ *     and 5-bit types as llama.cpp and Q8_0 exactly. In a file with K-quants, exact 32-value products beside the
  *     K-quants' llama.cpp rounding drifted further (Gemma 3: 0.53) than llama.cpp's rounding throughout
  *     (0.25), so there every product rounds as llama.cpp does; see api_quant.h.)
  * EMBER_ACT_Q8K (the K-quants and IQ4_XS: llama.cpp's Q8_K, rounded as it rounds them), super-blocks of 256:
@@ -88,6 +92,7 @@ static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63;
 /* Byte offsets of the fields after the values in a row of k values. */
 static inline int64_t ember_q16_d_offset(int64_t k) { return 2 * k; }
 static inline int64_t ember_q16_s_offset(int64_t k) { return 2 * k + 4 * (k / QK); }
+static inline int64_t ember_q16_q8_offset(int64_t k) { return ember_align64(2 * k + 8 * (k / QK)); }
 static inline int64_t ember_q8k_d_offset(int64_t k) { return k; }
 static inline int64_t ember_q8k_bsums_offset(int64_t k) { return k + 4 * (k / QK_K); }
 static inline int64_t ember_q8k_sum16_offset(int64_t k) { return ember_q8k_bsums_offset(k) + 2 * (k / 16); }
@@ -97,7 +102,7 @@ static inline int64_t ember_q8k_off32_offset(int64_t k) { return ember_q8k_off16
 
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
-    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(2 * k + 8 * (k / QK));
+    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(ember_q16_q8_offset(k) + k);
     if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_off32_offset(k) + 4 * (k / 32));
     return 0;
 }
@@ -164,6 +169,7 @@ typedef struct {
 typedef struct {
     ember_quantize_fn quantize[EMBER_ACT_KINDS]; /* by EMBER_ACT_*; [EMBER_ACT_F32] unused */
     ember_tile tile[EMBER_T_COUNT];
+    ember_tile tile8[EMBER_T_COUNT]; /* the 32-value types against rows rounded as llama.cpp (their int8 q) */
     ember_panel panel[EMBER_T_COUNT];
 } ember_kernels;
 
@@ -185,6 +191,9 @@ void ember_float_panel_avx512(int type, int64_t k, const void *w, int64_t w_stri
 /* The tile kernel and activation quantizer for `type` on the active ISA, falling back
  * to narrower ISAs (avx512 -> avx2 -> scalar, neon -> scalar) where one is missing. */
 ember_tile ember_tile_for(int type);
+/* The microtile for `type` with activations rounded as `rounding` (api_quant.h): the int8 tile8 where
+ * one exists for rows rounded as llama.cpp, else ember_tile_for's (the int16 values are the same). */
+ember_tile ember_tile_rounded(int type, int rounding);
 ember_panel ember_panel_for(int type);
 ember_quantize_fn ember_quantize_for(int act);
 

@@ -19,6 +19,10 @@ ALWAYS __m256i dot_w8_c16(__m256i w, const int16_t *c) {
     return _mm256_add_epi32(lo, hi);
 }
 
+ALWAYS __m256i dot_u8_s8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+ALWAYS __m256i dot_u8_s8_acc(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi32(acc, dot_u8_s8(u, s)); }
+
 ALWAYS __m256i dot2w_acc(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 
 ALWAYS __m256i q5_high_bits(uint32_t qh) {

@@ -24,6 +24,10 @@ ALWAYS __m256i dot_w8_c16(__m256i w, const int16_t *c) {
     return _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
 }
 
+ALWAYS __m256i dot_u8_s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+
+ALWAYS __m256i dot_u8_s8_acc(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+
 ALWAYS __m256i dot2w_acc(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 
 ALWAYS __m256i q5_high_bits(uint32_t qh) { return _mm256_maskz_set1_epi8((__mmask32)qh, 0x10); }

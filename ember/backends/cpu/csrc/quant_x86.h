@@ -1,6 +1,9 @@
 /* Body of the x86 kernels, compiled twice: by quant_avx2.c and by quant_avx512.c (with 256-bit VNNI).
  * The includer enables its instruction set, then defines:
  *   dot2w_acc(acc, a, b)      acc + per int32 lane, the sum of 2 products i16 * i16
+ *   dot_u8_s8(u, s)           per int32 lane of 8, the sum of 4 products of the unsigned bytes u with the
+ *                             signed bytes s (|u| <= 128, |s| <= 127: no saturation)
+ *   dot_u8_s8_acc(acc, u, s)  acc + dot_u8_s8(u, s)
  *   dot_w8_c16(w, c)          per int32 lane of 8, the sum of 4 products of the signed bytes w (32)
  *                             widened to int16 with the int16 c[0..32) (lane j: values 4j .. 4j + 3, or
  *                             any other grouping: only the total of the lanes counts)
@@ -26,9 +29,9 @@ ALWAYS __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
 
 /* 16 bytes of nibbles -> 32 values: the low nibbles, then the high nibbles (the legacy block order). */
 ALWAYS __m256i nibbles32(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, bytes(0x0f));
+    /* the 16 bytes in both halves (a load), the high half shifted by 4: no lane insert */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), bytes(0x0f));
 }
 
 /* Each byte of v shifted by s bits (left when s > 0, right when s < 0) and masked: the shifts are
@@ -86,11 +89,12 @@ ALWAYS __m256i sums4(__m256i q) { return _mm256_madd_epi16(_mm256_maddubs_epi16(
 ALWAYS float f16_round(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); }
 
 /* x (k,) -> EMBER_ACT_Q16 row: c (k,) | d (k/32,) | s (k/32,), with `top` steps up to amax: 32767 (exact),
- * or 127 with f16 scales (llama.cpp's Q8_0 / Q8_1) */
+ * or 127 with f16 scales (llama.cpp's Q8_0 / Q8_1), then also q (k,) int8 */
 ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int top) {
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
-    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK) {
+    int8_t *q = (int8_t *)dst + ember_q16_q8_offset(k);
+    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK, q += QK) {
         const float amax = absmax(x, 4);
         const __m256 f = _mm256_set1_ps(amax != 0.0f ? (float)top / amax : 0.0f);
         __m256i i[4];
@@ -98,6 +102,10 @@ ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int t
         for (int j = 0; j < 4; j += 2) /* packs interleaves the 128-bit halves; the permute undoes it */
             _mm256_storeu_si256((__m256i *)(c + 8 * j),
                                 _mm256_permute4x64_epi64(_mm256_packs_epi32(i[j], i[j + 1]), 0xd8));
+        if (top == 127) {
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        }
         const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
         const float step = amax / (float)top;
         d[b] = top == 127 ? f16_round(step) : step;
@@ -153,8 +161,11 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
 /* Decode products stream each thread's rows front to back; on the Xeon the CI runs on, the hardware
  * prefetchers alone keep a 2-thread decode far below the read bandwidth (llama-1b 14.7 tok/s, gemma2-2b
  * 7.5). Each super-block asks for the lines 2 KB ahead: with the weights on huge pages, 27.7 / 16.8
- * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). */
+ * at 1 KB, 29.1 / 17.7 at 2 KB, 29.7 / 17.9 at 3 KB, 26.4 / 16.1 at 4 KB (bench/NOTES.md). The 32-value
+ * types ask per group of 8 blocks of each row, PF32_BYTES ahead (with int8 activations, SmolLM2 / Gemma 3
+ * tg: none 136 / -, 2 KB 188 / 89, 4 KB 204-217 / 95, 6 KB 209-212 / 92 tok/s). */
 #define PF_BYTES 2048
+#define PF32_BYTES 4096
 
 ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
     for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
@@ -271,17 +282,49 @@ ALWAYS __m256 load_floats(const float *p, int g) {
  * latency, several rows one. */
 ALWAYS int chain32(const int nr, int p) { return nr == 1 ? p : 0; }
 
+/* Q4_0 and Q5_0 against int8 activations: their unsigned values u = w + offset (the nibbles as stored),
+ * the offset taken back once per block and token for all the tile's rows (-offset * sum(q), the
+ * starting value of the rows' integer sums); 0 for the other types. */
+ALWAYS int u8_offset(int type) { return type == EMBER_T_Q4_0 ? 8 : type == EMBER_T_Q5_0 ? 16 : 0; }
+
+/* The 32 weights of a block as bytes that dpbusd can take unsigned: u8_offset's u, the raw values of
+ * the types with a min, else weights32's signed ones (whose signs then go to the activations). */
+ALWAYS __m256i weights32_i8(int type, const uint8_t *p) {
+    if (type == EMBER_T_Q4_0) return nibbles32(((const blk_q4_0 *)p)->qs);
+    if (type == EMBER_T_Q5_0) {
+        const blk_q5_0 *b = (const blk_q5_0 *)p;
+        return _mm256_or_si256(nibbles32(b->qs), q5_high_bits(load_u32(b->qh)));
+    }
+    return weights32(type, p);
+}
+
+/* Per int32 lane, base plus the sum of 4 products of the weights w (weights32_i8) with the int8
+ * activations q; aw: the magnitudes of signed weights (their signs go to q). */
+ALWAYS __m256i dot_w8_q8(int type, __m256i base, __m256i w, __m256i aw, __m256i q) {
+    if (has_min(type) || u8_offset(type)) return dot_u8_s8_acc(base, w, q);
+    return dot_u8_s8_acc(base, aw, _mm256_sign_epi8(q, w));
+}
+
 /* Block b of nr rows against nc tokens: the integer sum of w * c scaled by scale[j] = d_w * d_a of the
- * row and token, into acc[r][c][chain32(nr, p)]. */
-ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as, int64_t b,
-                    const float *scale, const int nr, const int nc, __m256 acc[][TILE_C][2], const int p) {
-    __m256i u[TILE32_R];
-    UNROLL for (int r = 0; r < nr; r++) u[r] = weights32(type, w + r * ws + b * block_bytes(type));
+ * row and token, into acc[r][c][chain32(nr, p)]. i8: the tokens' int8 values q (q8 bytes into each
+ * row), else their int16 values c. */
+ALWAYS void block32(const int type, const int i8, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
+                    int64_t q8, int64_t b, const float *scale, const int nr, const int nc, __m256 acc[][TILE_C][2],
+                    const int p) {
+    __m256i u[TILE32_R], au[TILE32_R];
+    UNROLL for (int r = 0; r < nr; r++) {
+        u[r] = i8 ? weights32_i8(type, w + r * ws + b * block_bytes(type)) : weights32(type, w + r * ws + b * block_bytes(type));
+        au[r] = i8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
+    }
     UNROLL for (int c = 0; c < nc; c++) {
         const int16_t *ca = (const int16_t *)(a + c * as) + b * QK;
+        const __m256i qa = i8 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
+        const __m256i base = i8 && u8_offset(type)
+                                 ? _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8_s8(bytes(u8_offset(type)), qa))
+                                 : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < nr; r++) {
             __m256 sc = _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c));
-            __m256 isum = _mm256_cvtepi32_ps(dot_w8_c16(u[r], ca));
+            __m256 isum = _mm256_cvtepi32_ps(i8 ? dot_w8_q8(type, base, u[r], au[r], qa) : dot_w8_c16(u[r], ca));
             acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(isum, sc, acc[r][c][chain32(nr, p)]);
         }
     }
@@ -290,11 +333,13 @@ ALWAYS void block32(const int type, const uint8_t *w, int64_t ws, const uint8_t 
 /* Blocks [b0, b0 + g) of the rows (g <= 8): the products d_w * d_a of the group are formed 8 at a
  * time and read back as broadcast operands; the Q4_1/Q5_1 terms m * s take one FMA per group. Called
  * with g = 8 as a constant for all but the last group, so masks fold away. */
-ALWAYS void group32(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
-                    int64_t b0, const int g, const int nr, const int nc, __m256 acc[][TILE_C][2]) {
+ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a,
+                    int64_t as, int64_t b0, const int g, const int nr, const int nc, __m256 acc[][TILE_C][2]) {
+    const int64_t q8 = ember_q16_q8_offset(k);
     const int64_t nb = k / QK;
     const int bs = block_bytes(type), last = chain32(nr, nr == 1);
     _Alignas(32) float scale[TILE32_R][TILE_C][8];
+    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (PF32_BYTES - PF_BYTES), g * bs / 64 + 1);
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = type == EMBER_T_MXFP4 ? mxfp4_scales8(w + r * ws + b0 * bs, g)
                                               : block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
@@ -306,22 +351,22 @@ ALWAYS void group32(const int type, int64_t k, const uint8_t *w, int64_t ws, con
     }
     int j = 0;
     for (; j + 2 <= g; j += 2) { /* rolled: unrolled, GCC hoists every scale address into a register */
-        block32(type, w, ws, a, as, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
-        block32(type, w, ws, a, as, b0 + j + 1, &scale[0][0][j + 1], nr, nc, acc, 1);
+        block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
+        block32(type, i8, w, ws, a, as, q8, b0 + j + 1, &scale[0][0][j + 1], nr, nc, acc, 1);
     }
-    if (j < g) block32(type, w, ws, a, as, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
+    if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
-/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16) -> y[c * ys + r] */
-ALWAYS void tile32_body(const int type, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
+/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16; i8: their int8 values) -> y[c * ys + r] */
+ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         float *y, int64_t ys, const int nr, const int nc) {
     const int64_t nb = k / QK, chains = nr == 1 ? 2 : 1;
     __m256 acc[TILE32_R][TILE_C][2];
     UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) UNROLL for (int h = 0; h < chains; h++)
         acc[r][c][h] = _mm256_setzero_ps();
     int64_t b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8) group32(type, k, w, ws, a, as, b0, 8, nr, nc, acc);
-    if (b0 < nb) group32(type, k, w, ws, a, as, b0, (int)(nb - b0), nr, nc, acc);
+    for (; b0 + 8 <= nb; b0 += 8) group32(type, i8, k, w, ws, a, as, b0, 8, nr, nc, acc);
+    if (b0 < nb) group32(type, i8, k, w, ws, a, as, b0, (int)(nb - b0), nr, nc, acc);
     UNROLL for (int c = 0; c < nc; c++) UNROLL for (int r = 0; r < nr; r++) {
         __m256 sum = acc[r][c][0];
         UNROLL for (int h = 1; h < chains; h++) sum = _mm256_add_ps(sum, acc[r][c][h]);
@@ -329,21 +374,31 @@ ALWAYS void tile32_body(const int type, int64_t k, const uint8_t *w, int64_t ws,
     }
 }
 
-/* nr is 1 or TILE32_R */
-#define DEFINE_TILE32(fname, TYPE)                                                                            \
+#define TILE32_INT16(type, ...) tile32_body(type, 0, __VA_ARGS__)
+#define TILE32_INT8(type, ...) tile32_body(type, 1, __VA_ARGS__)
+
+/* nr is 1 or TILE32_R; BODY TILE32_INT16 or TILE32_INT8 */
+#define DEFINE_TILE32(fname, BODY, TYPE)                                                                      \
     static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys,  \
                       int nr, int nc) {                                                                       \
-        if (nr == TILE32_R) TILE_DISPATCH(tile32_body, TYPE, TILE32_R);                                       \
-        TILE_DISPATCH(tile32_body, TYPE, 1);                                                                  \
+        if (nr == TILE32_R) TILE_DISPATCH(BODY, TYPE, TILE32_R);                                              \
+        TILE_DISPATCH(BODY, TYPE, 1);                                                                         \
     }
 
-DEFINE_TILE32(tile_q4_0, EMBER_T_Q4_0)
-DEFINE_TILE32(tile_q4_1, EMBER_T_Q4_1)
-DEFINE_TILE32(tile_q5_0, EMBER_T_Q5_0)
-DEFINE_TILE32(tile_q5_1, EMBER_T_Q5_1)
-DEFINE_TILE32(tile_q8_0, EMBER_T_Q8_0)
-DEFINE_TILE32(tile_iq4_nl, EMBER_T_IQ4_NL)
-DEFINE_TILE32(tile_mxfp4, EMBER_T_MXFP4)
+DEFINE_TILE32(tile_q4_0, TILE32_INT16, EMBER_T_Q4_0)
+DEFINE_TILE32(tile_q4_1, TILE32_INT16, EMBER_T_Q4_1)
+DEFINE_TILE32(tile_q5_0, TILE32_INT16, EMBER_T_Q5_0)
+DEFINE_TILE32(tile_q5_1, TILE32_INT16, EMBER_T_Q5_1)
+DEFINE_TILE32(tile_q8_0, TILE32_INT16, EMBER_T_Q8_0)
+DEFINE_TILE32(tile_iq4_nl, TILE32_INT16, EMBER_T_IQ4_NL)
+DEFINE_TILE32(tile_mxfp4, TILE32_INT16, EMBER_T_MXFP4)
+DEFINE_TILE32(tile_q4_0_8, TILE32_INT8, EMBER_T_Q4_0)
+DEFINE_TILE32(tile_q4_1_8, TILE32_INT8, EMBER_T_Q4_1)
+DEFINE_TILE32(tile_q5_0_8, TILE32_INT8, EMBER_T_Q5_0)
+DEFINE_TILE32(tile_q5_1_8, TILE32_INT8, EMBER_T_Q5_1)
+DEFINE_TILE32(tile_q8_0_8, TILE32_INT8, EMBER_T_Q8_0)
+DEFINE_TILE32(tile_iq4_nl_8, TILE32_INT8, EMBER_T_IQ4_NL)
+DEFINE_TILE32(tile_mxfp4_8, TILE32_INT8, EMBER_T_MXFP4)
 
 /* ================= super-blocks with 32-value sub-blocks: Q4_K Q5_K IQ4_XS ================= */
 /* (these and the 16-value ones below multiply int8 weights with the int8 Q8_K activations: maddubs
@@ -615,4 +670,9 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
         [EMBER_T_Q2_K] = TK(q2_k), [EMBER_T_Q3_K] = TK(q3_k), [EMBER_T_Q4_K] = X86_TILE_Q4_K,                  \
         [EMBER_T_Q5_K] = X86_TILE_Q5_K, [EMBER_T_Q6_K] = X86_TILE_Q6_K, [EMBER_T_IQ4_XS] = TK(iq4_xs),         \
         [EMBER_T_F32] = TF(f32), [EMBER_T_F16] = TF(f16), [EMBER_T_BF16] = TF(bf16),                           \
+    },                                                                                                          \
+    .tile8 = {                                                                                                  \
+        [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8), [EMBER_T_Q5_0] = T32(q5_0_8),              \
+        [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
+        [EMBER_T_Q8_0] = T32(q8_0_8),                                                                          \
     }
