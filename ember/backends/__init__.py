@@ -4,6 +4,7 @@ calls only the ops, the engine asks the declaration. `device="<name>"` finds a n
 no edit here; AUTO lists those `device="auto"` tries."""
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 import sys
@@ -25,10 +26,20 @@ def _gpu_driver_present() -> bool:
 
 def _discrete_webgpu_present() -> bool:
     """Whether wgpu is installed and sees a discrete GPU (a software adapter such as lavapipe, or an
-    integrated GPU sharing the CPU's memory, is left to `--device webgpu`)."""
+    integrated GPU sharing the CPU's memory, is left to `--device webgpu`). On Linux a GPU driver
+    shows device files first: without any, wgpu is not imported (its import and adapter listing
+    cost 0.3-0.9 s of every start)."""
+    if sys.platform.startswith("linux") and not _linux_gpu_device_files():
+        return False
     from .webgpu import _device
 
     return _device.discrete_present()
+
+
+def _linux_gpu_device_files() -> bool:
+    """Whether a GPU's device files are here: a DRM render node (Mesa's, AMD's and Intel's drivers,
+    NVIDIA's with nvidia-drm) or NVIDIA's own control file."""
+    return bool(glob.glob("/dev/dri/renderD*")) or os.path.exists("/dev/nvidiactl")
 
 
 # What device="auto" tries, best first: each backend with a cheap check that its device may be
