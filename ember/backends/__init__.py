@@ -4,6 +4,7 @@ calls only the ops, the engine asks the declaration. `device="<name>"` finds a n
 no edit here; AUTO lists those `device="auto"` tries."""
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 import sys
@@ -25,10 +26,20 @@ def _gpu_driver_present() -> bool:
 
 def _discrete_webgpu_present() -> bool:
     """Whether wgpu is installed and sees a discrete GPU (a software adapter such as lavapipe, or an
-    integrated GPU sharing the CPU's memory, is left to `--device webgpu`)."""
+    integrated GPU sharing the CPU's memory, is left to `--device webgpu`). On Linux a GPU driver
+    shows device files first: without any, wgpu is not imported (its import and adapter listing
+    cost 0.3-0.9 s of every start)."""
+    if sys.platform.startswith("linux") and not _linux_gpu_device_files():
+        return False
     from .webgpu import _device
 
     return _device.discrete_present()
+
+
+def _linux_gpu_device_files() -> bool:
+    """Whether a GPU's device files are here: a DRM render node (Mesa's, AMD's and Intel's drivers,
+    NVIDIA's with nvidia-drm) or NVIDIA's own control file."""
+    return bool(glob.glob("/dev/dri/renderD*")) or os.path.exists("/dev/nvidiactl")
 
 
 # What device="auto" tries, best first: each backend with a cheap check that its device may be
@@ -53,9 +64,16 @@ def get_backend(device: str = "auto", **options) -> Backend:
 
 
 def _module(name: str):
-    if name not in available():
+    """The backend module `name`; the shipped ones are listed (importlib.resources, ~25 ms) only
+    when it is not one of them."""
+    if not name.isidentifier() or name.startswith("_") or name == "base":
         raise BackendError(f"no backend named '{name}' (have: {', '.join(available())})")
-    return importlib.import_module(f"{__name__}.{name}")
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":  # the backend is here; something it imports is not
+            raise
+        raise BackendError(f"no backend named '{name}' (have: {', '.join(available())})") from None
 
 
 def available() -> list[str]:
