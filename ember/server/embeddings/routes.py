@@ -1,6 +1,6 @@
 """Routes: /v1/embeddings (OpenAI), /embedding and /embeddings (llama-server), /v1/rerank, /rerank,
-/reranking, /v1/reranking. Each reads its body, tokenizes its inputs off the loop, awaits the
-embedder (which batches them with other requests' inputs) and writes the reply."""
+/reranking, /v1/reranking. Each reads its body, tokenizes its inputs (off the loop unless the body
+is small), awaits the embedder (which batches them with other requests' inputs) and writes the reply."""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +12,9 @@ from starlette.responses import JSONResponse, Response
 
 from ...engine.embed import EmbeddingError, rank_ids
 from ..errors import APIError, context_exceeded, invalid
-from ..exchange import json_reply, read
+from ..exchange import SMALL_BODY, parsed, read, read_body
 from ..state import ServerModel, ServerState
-from .reply import embedding_reply, rerank_reply, truncated
+from .reply import embedding_json, rerank_reply, truncated
 from .request import EmbeddingRequest, RerankRequest, parse_embedding, parse_rerank
 
 
@@ -30,17 +30,22 @@ async def _embeddings(request: Request, openai: bool) -> Response:
     state: ServerState = request.app.state.ember
     async with state.using_model() as model:
         embedder = require_embedder(model)
-        req = await read(request, parse_embedding, openai)
+        raw = await request.body()
+        small = len(raw) <= SMALL_BODY  # read, tokenized and written on the loop: a thread hop costs more
+        req = await read_body(raw, parse_embedding, openai) if not small else parsed(raw, parse_embedding, (openai,))
         check_pooling(req, embedder)
-        seqs = await off_loop(tokenized, model, req)
+        seqs = tokenized(model, req) if small else await off_loop(tokenized, model, req)
         results = await run(partial(embedder.submit, seqs, normalize=req.normalize), req.param, embedder)
-    return await json_reply(_reply, req, results, [len(s) for s in seqs], model.id)
+    n_tokens = [len(s) for s in seqs]
+    body = _reply(req, results, n_tokens, model.id) if small else await off_loop(_reply, req, results, n_tokens,
+                                                                                   model.id)
+    return Response(body, media_type="application/json")
 
 
-def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str):
-    """The reply (off the loop: a thousand vectors take a while to write)."""
+def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str) -> bytes:
+    """The reply's JSON text (off the loop for a big request: a thousand vectors take a while to write)."""
     results = [truncated(r, req.dimensions) if r.ndim == 1 else r for r in results]
-    return embedding_reply(req, results, n_tokens, model_id)
+    return embedding_json(req, results, n_tokens, model_id)
 
 
 async def rerank(request: Request) -> Response:
