@@ -54,14 +54,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, model: Path, threads: int, port: int, pooling: str | None):
+def start(kind: str, model: Path, threads: int, port: int, pooling: str | None, clients: int = 64):
     pool = ["--pooling", pooling] if pooling else []
     if kind == "ember":
         return subprocess.Popen([sys.executable, "-m", "ember", "serve", str(model), "--embeddings", "-t", str(threads),
                                  "--port", str(port), "--batch", "2048", "--log-level", "warning", *pool],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return peer.popen("llama-server", ["-m", str(model), "--embeddings", "-t", str(threads), "--port", str(port),
-                                       "-c", "8192", "-np", "16", "-b", "2048", "-ub", "2048", *pool])
+                                       "-c", "8192", "-np", "16", "-b", "2048", "-ub", "2048", *pool,
+                                       # an HTTP thread per client: with fewer, a kept-alive connection
+                                       # holds its thread and the other clients wait
+                                       "--threads-http", str(max(clients, 8))])
 
 
 def wait_ready(url: str, timeout: float = 120) -> None:
@@ -122,7 +125,7 @@ def main() -> None:
         for rep in range(args.reps):
             for kind in ("ember", "llama.cpp"):
                 port = free_port()
-                proc = start(kind, model, args.threads, port, pooling)
+                proc = start(kind, model, args.threads, port, pooling, args.clients)
                 try:
                     url = f"http://127.0.0.1:{port}"
                     wait_ready(url)
