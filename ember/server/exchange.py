@@ -25,11 +25,7 @@ SMALL_BODY = 16384  # bytes: a body a route may parse on the loop (a thread-pool
 async def read(request: Request, parse: Callable[..., T], *args) -> T:
     """`parse(body, *args)` of the request's JSON body, off the loop (a big body takes long to
     decode and check); 400 for a body that is not a JSON object or has a field wrong."""
-    return await read_body(await request.body(), parse, *args)
-
-
-async def read_body(raw: bytes, parse: Callable[..., T], *args) -> T:
-    return await off_loop(parsed, raw, parse, args)
+    return await off_loop(parsed, await request.body(), parse, args)
 
 
 def parsed(raw: bytes, parse: Callable[..., T], args: tuple) -> T:

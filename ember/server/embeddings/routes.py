@@ -1,6 +1,7 @@
 """Routes: /v1/embeddings (OpenAI), /embedding and /embeddings (llama-server), /v1/rerank, /rerank,
-/reranking, /v1/reranking. Each reads its body, tokenizes its inputs (off the loop unless the body
-is small), awaits the embedder (which batches them with other requests' inputs) and writes the reply."""
+/reranking, /v1/reranking. Each reads its body, tokenizes its inputs, awaits the embedder (which
+batches them with other requests' inputs) and writes the reply; off the event loop for a big body,
+on it for a small one (one or a few texts: the thread-pool hops cost more than the work)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from ...engine.embed import EmbeddingError, rank_ids
 from ..errors import APIError, context_exceeded, invalid
-from ..exchange import SMALL_BODY, parsed, read, read_body
+from ..exchange import SMALL_BODY, parsed
 from ..state import ServerModel, ServerState
 from .reply import embedding_json, rerank_reply, truncated
 from .request import EmbeddingRequest, RerankRequest, parse_embedding, parse_rerank
@@ -31,15 +32,19 @@ async def _embeddings(request: Request, openai: bool) -> Response:
     async with state.using_model() as model:
         embedder = require_embedder(model)
         raw = await request.body()
-        small = len(raw) <= SMALL_BODY  # read, tokenized and written on the loop: a thread hop costs more
-        req = await read_body(raw, parse_embedding, openai) if not small else parsed(raw, parse_embedding, (openai,))
+        small = len(raw) <= SMALL_BODY
+        req = await here_or_off(small, parsed, raw, parse_embedding, (openai,))
         check_pooling(req, embedder)
-        seqs = tokenized(model, req) if small else await off_loop(tokenized, model, req)
+        seqs = await here_or_off(small, tokenized, model, req)
         results = await run(partial(embedder.submit, seqs, normalize=req.normalize), req.param, embedder)
-    n_tokens = [len(s) for s in seqs]
-    body = _reply(req, results, n_tokens, model.id) if small else await off_loop(_reply, req, results, n_tokens,
-                                                                                   model.id)
+    body = await here_or_off(small, _reply, req, results, [len(s) for s in seqs], model.id)
     return Response(body, media_type="application/json")
+
+
+async def here_or_off(small: bool, fn, *args):
+    """fn(*args) on the event loop for a small request (a thread-pool hop costs more than reading,
+    tokenizing or writing a few texts), else off it."""
+    return fn(*args) if small else await off_loop(fn, *args)
 
 
 def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str) -> bytes:
@@ -55,8 +60,10 @@ async def rerank(request: Request) -> Response:
         if embedder.pooling != "rank":
             raise APIError(501, "This server does not support reranking. Start it with --reranking",
                            type="not_supported_error", code="not_supported")
-        req = await read(request, parse_rerank)
-        seqs = await off_loop(_rank_ids, model, req)
+        raw = await request.body()
+        small = len(raw) <= SMALL_BODY
+        req = await here_or_off(small, parsed, raw, parse_rerank, ())
+        seqs = await here_or_off(small, _rank_ids, model, req)
         scores = await run(partial(embedder.submit, seqs, rank=True), "documents", embedder)
     return JSONResponse(rerank_reply(req, scores, sum(len(s) for s in seqs), model.id))
 
