@@ -19,7 +19,7 @@ from .sse import ClientGone, EventStream, until_disconnect
 T = TypeVar("T")
 
 
-SMALL_BODY = 16384  # bytes: a body a route may parse on the loop (a thread-pool hop costs more)
+SMALL_BODY = 4096  # bytes: a body a route may parse on the loop (a thread-pool hop costs more)
 
 
 async def read(request: Request, parse: Callable[..., T], *args) -> T:

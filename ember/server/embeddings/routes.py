@@ -1,7 +1,8 @@
 """Routes: /v1/embeddings (OpenAI), /embedding and /embeddings (llama-server), /v1/rerank, /rerank,
 /reranking, /v1/reranking. Each reads its body, tokenizes its inputs, awaits the embedder (which
 batches them with other requests' inputs) and writes the reply; off the event loop for a big body,
-on it for a small one (one or a few texts: the thread-pool hops cost more than the work)."""
+on it for a small one (one or a few texts: the thread-pool hops cost more than the work), and
+likewise for the reply by the values it holds."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,8 @@ from ..exchange import SMALL_BODY, parsed
 from ..state import ServerModel, ServerState
 from .reply import embedding_json, rerank_reply, truncated
 from .request import EmbeddingRequest, RerankRequest, parse_embedding, parse_rerank
+
+SMALL_REPLY = 4096  # float values a reply may write on the loop (~1.5 ms)
 
 
 async def embeddings_openai(request: Request) -> Response:
@@ -37,6 +40,7 @@ async def _embeddings(request: Request, openai: bool) -> Response:
         check_pooling(req, embedder)
         seqs = await here_or_off(small, tokenized, model, req)
         results = await run(partial(embedder.submit, seqs, normalize=req.normalize), req.param, embedder)
+    small = sum(r.size for r in results) <= SMALL_REPLY
     body = await here_or_off(small, _reply, req, results, [len(s) for s in seqs], model.id)
     return Response(body, media_type="application/json")
 
