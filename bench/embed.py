@@ -54,14 +54,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, model: Path, threads: int, port: int, pooling: str | None):
+def start(kind: str, model: Path, threads: int, port: int, pooling: str | None, clients: int = 64):
     pool = ["--pooling", pooling] if pooling else []
     if kind == "ember":
         return subprocess.Popen([sys.executable, "-m", "ember", "serve", str(model), "--embeddings", "-t", str(threads),
                                  "--port", str(port), "--batch", "2048", "--log-level", "warning", *pool],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return peer.popen("llama-server", ["-m", str(model), "--embeddings", "-t", str(threads), "--port", str(port),
-                                       "-c", "8192", "-np", "16", "-b", "2048", "-ub", "2048", *pool])
+                                       "-c", "8192", "-np", "16", "-b", "2048", "-ub", "2048", *pool,
+                                       # an HTTP thread per client: with fewer, a kept-alive connection
+                                       # holds its thread and the other clients wait
+                                       "--threads-http", str(max(clients, 8))])
 
 
 def wait_ready(url: str, timeout: float = 120) -> None:
@@ -93,10 +96,16 @@ async def clients(url: str, items: list[str], n_clients: int) -> float:
             r = await http.post(url + "/v1/embeddings", json={"input": text, "model": "m"})
             r.raise_for_status()
 
+    # each client its own connection pool: one shared pool of 64 connections scans all of them
+    # for each idle one whenever a request comes or goes, which costs the benchmark's own process
+    # more than either server once replies come in bunches
+    https = [httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1)) for _ in range(n_clients)]
     t0 = time.perf_counter()
-    limits = httpx.Limits(max_connections=n_clients)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await asyncio.gather(*(client(http) for _ in range(n_clients)))
+    try:
+        await asyncio.gather(*(client(http) for http in https))
+    finally:
+        for http in https:
+            await http.aclose()
     return len(items) / (time.perf_counter() - t0)
 
 
@@ -116,7 +125,7 @@ def main() -> None:
         for rep in range(args.reps):
             for kind in ("ember", "llama.cpp"):
                 port = free_port()
-                proc = start(kind, model, args.threads, port, pooling)
+                proc = start(kind, model, args.threads, port, pooling, args.clients)
                 try:
                     url = f"http://127.0.0.1:{port}"
                     wait_ready(url)

@@ -17,6 +17,7 @@ from encoders import write_bert
 from test_server_harness import LiveServer, assert_error, server, smollm, wait_for  # noqa: F401 (fixtures)
 
 from ember.app import ModelConfig, ServerConfig, create_app, load_model
+from ember.server.exchange import SMALL_BODY
 
 MIN_COSINE = 0.9999
 
@@ -85,6 +86,23 @@ def test_token_ids_and_dimensions(bert_server):
     raw = httpx.post(url + "/v1/embeddings", json={"input": ids[0], "encoding_format": "base64"}).json()
     decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), "<f4")
     np.testing.assert_allclose(decoded, by_text, atol=1e-7)
+
+
+def test_values_are_float32_and_big_bodies_agree(bert_server):
+    """Each value reads back as exactly the float32 the base64 form holds, and a body too big to be
+    parsed on the event loop (over SMALL_BODY) gives the same vectors as small ones."""
+    url = bert_server.url
+    text = "The cat sat on the mat."
+    floats = httpx.post(url + "/v1/embeddings", json={"input": text}).json()["data"][0]["embedding"]
+    raw = httpx.post(url + "/v1/embeddings", json={"input": text, "encoding_format": "base64"}).json()
+    exact = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), "<f4")
+    assert np.array_equal(np.asarray(floats, np.float32), exact)
+    texts = [text, "A dog ran in the park."] * 100
+    assert len(json.dumps({"input": texts})) > SMALL_BODY
+    big = httpx.post(url + "/v1/embeddings", json={"input": texts}, timeout=120).json()["data"]
+    assert [d["index"] for d in big] == list(range(len(texts)))
+    np.testing.assert_allclose(big[0]["embedding"], exact, atol=1e-6)  # a step of other sizes may round otherwise
+    np.testing.assert_allclose(big[2]["embedding"], big[0]["embedding"], atol=1e-6)
 
 
 def test_llama_server_shape(bert_server):

@@ -19,14 +19,16 @@ from .sse import ClientGone, EventStream, until_disconnect
 T = TypeVar("T")
 
 
+SMALL_BODY = 4096  # bytes: a body a route may parse on the loop (a thread-pool hop costs more)
+
+
 async def read(request: Request, parse: Callable[..., T], *args) -> T:
     """`parse(body, *args)` of the request's JSON body, off the loop (a big body takes long to
     decode and check); 400 for a body that is not a JSON object or has a field wrong."""
-    raw = await request.body()
-    return await off_loop(_parsed, raw, parse, args)
+    return await off_loop(parsed, await request.body(), parse, args)
 
 
-def _parsed(raw: bytes, parse: Callable[..., T], args: tuple) -> T:
+def parsed(raw: bytes, parse: Callable[..., T], args: tuple) -> T:
     return parse(Fields(parse_json_object(raw)), *args)
 
 

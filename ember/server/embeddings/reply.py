@@ -2,26 +2,47 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 
 from .request import EmbeddingRequest, RerankRequest
 
 
-def embedding_reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str):
-    """OpenAI's list of embedding objects, or llama-server's list of {index, embedding: [rows]}."""
+def embedding_json(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str) -> bytes:
+    """The JSON text of OpenAI's list of embedding objects, or of llama-server's list of {index,
+    embedding: [rows]}. Values are written as float32 (9 significant digits, as many as float32
+    needs to read back the same), the way the vectors are computed."""
     if not req.openai:
-        return [{"index": i, "embedding": (r if r.ndim == 2 else r[None, :]).tolist()} for i, r in enumerate(results)]
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(r, req.base64)} for i, r in enumerate(results)]
+        items = [f'{{"index":{i},"embedding":{_rows(r)}}}' for i, r in enumerate(results)]
+        return f"[{','.join(items)}]".encode()
+    data = ",".join(f'{{"object":"embedding","index":{i},"embedding":{_encoded(r, req.base64)}}}'
+                    for i, r in enumerate(results))
     total = sum(n_tokens)
-    return {"object": "list", "data": data, "model": req.model or model_id,
-            "usage": {"prompt_tokens": total, "total_tokens": total}}
+    return (f'{{"object":"list","data":[{data}],"model":{json.dumps(req.model or model_id, ensure_ascii=False)},'
+            f'"usage":{{"prompt_tokens":{total},"total_tokens":{total}}}}}').encode()
 
 
-def _encoded(v: np.ndarray, b64: bool):
+def _rows(r: np.ndarray) -> str:
+    return f"[{','.join(floats_json(row) for row in (r if r.ndim == 2 else r[None, :]))}]"
+
+
+def _encoded(v: np.ndarray, b64: bool) -> str:
     if b64:  # little-endian float32 bytes, as OpenAI's clients decode them
-        return base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode()
-    return v.tolist()
+        return f'"{base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode()}"'
+    return floats_json(v)
+
+
+def floats_json(v: np.ndarray) -> str:
+    """A JSON array of float32 values: '%.9g' reads back as the same float32 (and costs half of
+    json's 17-digit float64 form); NaN and infinities as Python's json writes them."""
+    values = v.astype(np.float32, copy=False).tolist()
+    if not np.isfinite(v).all():
+        return json.dumps(values)
+    return f"[{','.join(map(_FLOAT.__mod__, values))}]"
+
+
+_FLOAT = "%.9g"
 
 
 def truncated(v: np.ndarray, dimensions: int | None) -> np.ndarray:

@@ -1,6 +1,8 @@
 """Routes: /v1/embeddings (OpenAI), /embedding and /embeddings (llama-server), /v1/rerank, /rerank,
-/reranking, /v1/reranking. Each reads its body, tokenizes its inputs off the loop, awaits the
-embedder (which batches them with other requests' inputs) and writes the reply."""
+/reranking, /v1/reranking. Each reads its body, tokenizes its inputs, awaits the embedder (which
+batches them with other requests' inputs) and writes the reply; off the event loop for a big body,
+on it for a small one (one or a few texts: the thread-pool hops cost more than the work), and
+likewise for the reply by the values it holds."""
 from __future__ import annotations
 
 import asyncio
@@ -12,10 +14,12 @@ from starlette.responses import JSONResponse, Response
 
 from ...engine.embed import EmbeddingError, rank_ids
 from ..errors import APIError, context_exceeded, invalid
-from ..exchange import json_reply, read
+from ..exchange import SMALL_BODY, parsed
 from ..state import ServerModel, ServerState
-from .reply import embedding_reply, rerank_reply, truncated
+from .reply import embedding_json, rerank_reply, truncated
 from .request import EmbeddingRequest, RerankRequest, parse_embedding, parse_rerank
+
+SMALL_REPLY = 4096  # float values a reply may write on the loop (~1.5 ms)
 
 
 async def embeddings_openai(request: Request) -> Response:
@@ -30,17 +34,27 @@ async def _embeddings(request: Request, openai: bool) -> Response:
     state: ServerState = request.app.state.ember
     async with state.using_model() as model:
         embedder = require_embedder(model)
-        req = await read(request, parse_embedding, openai)
+        raw = await request.body()
+        small = len(raw) <= SMALL_BODY
+        req = await here_or_off(small, parsed, raw, parse_embedding, (openai,))
         check_pooling(req, embedder)
-        seqs = await off_loop(tokenized, model, req)
+        seqs = await here_or_off(small, tokenized, model, req)
         results = await run(partial(embedder.submit, seqs, normalize=req.normalize), req.param, embedder)
-    return await json_reply(_reply, req, results, [len(s) for s in seqs], model.id)
+    small = sum(r.size for r in results) <= SMALL_REPLY
+    body = await here_or_off(small, _reply, req, results, [len(s) for s in seqs], model.id)
+    return Response(body, media_type="application/json")
 
 
-def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str):
-    """The reply (off the loop: a thousand vectors take a while to write)."""
+async def here_or_off(small: bool, fn, *args):
+    """fn(*args) on the event loop for a small request (a thread-pool hop costs more than reading,
+    tokenizing or writing a few texts), else off it."""
+    return fn(*args) if small else await off_loop(fn, *args)
+
+
+def _reply(req: EmbeddingRequest, results: list, n_tokens: list[int], model_id: str) -> bytes:
+    """The reply's JSON text (off the loop for a big request: a thousand vectors take a while to write)."""
     results = [truncated(r, req.dimensions) if r.ndim == 1 else r for r in results]
-    return embedding_reply(req, results, n_tokens, model_id)
+    return embedding_json(req, results, n_tokens, model_id)
 
 
 async def rerank(request: Request) -> Response:
@@ -50,8 +64,10 @@ async def rerank(request: Request) -> Response:
         if embedder.pooling != "rank":
             raise APIError(501, "This server does not support reranking. Start it with --reranking",
                            type="not_supported_error", code="not_supported")
-        req = await read(request, parse_rerank)
-        seqs = await off_loop(_rank_ids, model, req)
+        raw = await request.body()
+        small = len(raw) <= SMALL_BODY
+        req = await here_or_off(small, parsed, raw, parse_rerank, ())
+        seqs = await here_or_off(small, _rank_ids, model, req)
         scores = await run(partial(embedder.submit, seqs, rank=True), "documents", embedder)
     return JSONResponse(rerank_reply(req, scores, sum(len(s) for s in seqs), model.id))
 
