@@ -546,10 +546,10 @@ def test_backend_refuses_bad_shapes():
 
 
 def test_rounding_follows_the_weight_types():
-    """int8 activations (llama.cpp's rounding) for the 4- and 5-bit 32-value types; Q8_0 exact unless
-    the model holds K-quants, and a product sharing x with a Q8_0 matrix rounds as Q8_0 needs."""
+    """int8 activations (llama.cpp's rounding) for the 32-value types in models that hold K-quants;
+    exact ones otherwise (a cached prompt's continuation stays the uncached one's)."""
     be = Backend(threads=1)
-    assert be.rounding([T.Q4_1]) == be.rounding([T.Q5_0, T.IQ4_NL]) == LLAMA
+    assert be.rounding([T.Q4_1]) == be.rounding([T.Q5_0, T.IQ4_NL]) == EXACT
     assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_0, T.Q8_0]) == EXACT
     be._weight_types.add(int(T.Q6_K))
     assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_1]) == LLAMA

@@ -25,9 +25,6 @@ from .resident import Settler
 F32 = np.float32
 MAX_MULTI = 8  # matrices one ember_matmul_multi call takes
 # 32-value block types whose products keep exact activations in files without K-quants (Backend.rounding)
-EXACT_ROUNDED = frozenset({int(GGMLType.Q8_0)})
-
-
 def default_threads() -> int:
     """Cores this process may run on."""
     try:
@@ -304,18 +301,17 @@ class Backend:
                   (rows, cols, len(ids)), qtype=int(w.type))
 
     def rounding(self, types) -> int:
-        """How a product with W of these types (one quantization of x shared by all) rounds the
-        activations of the 32-value block types (api_quant.h): as llama.cpp does (int8, the fast decode
-        kernels) when the model also has K-quant matrices, whose products always round as llama.cpp's
-        (measured against llama.cpp's outputs, mixing exact and llama.cpp-rounded products drifts
-        furthest); else as llama.cpp for the 4- and 5-bit types, whose own rounding is far coarser than
-        the activations', and exactly for Q8_0, whose 8-bit weights int8 activations would match in
-        error (SmolLM2 against llama.cpp's log-probabilities, worst step: exact 0.20, Q4_1 rounded as
-        llama.cpp 0.24, its Q8_0 head too 0.30, past the 0.3 the golden tests allow)."""
+        """How a product with W of these types rounds the activations of the 32-value block types
+        (api_quant.h): as llama.cpp does (int8, the fast decode kernels) when the model also has
+        K-quant matrices, whose products always round as llama.cpp's (measured against llama.cpp's
+        outputs, mixing exact and llama.cpp-rounded products drifts furthest); else exactly (int16).
+        Exact activations keep a cached prompt's continuation equal to the uncached one's: int8
+        rounding turns the last-bit differences between a prompt chunk and a decode step into
+        whole steps of 1/127 where a value sits at a rounding boundary, and on SmolLM2 that parted
+        a repeated greedy request from the first within 16 tokens; the int8 kernels were within
+        3% of the exact ones there (bench/NOTES.md). `types` is kept for the products' signature."""
         k_quants = any(lib.ember_matmul_act_kind(t) == lib.EMBER_ACT_KIND_Q8K for t in self._weight_types)
-        if k_quants or all(int(t) not in EXACT_ROUNDED for t in types):
-            return lib.EMBER_ROUND_LLAMA
-        return lib.EMBER_ROUND_EXACT
+        return lib.EMBER_ROUND_LLAMA if k_quants else lib.EMBER_ROUND_EXACT
 
     def matmul(self, w: Weight, x, out) -> None:
         rows, cols = w.shape
