@@ -4,7 +4,7 @@ page token by token, and the reply is the one the server gives whole to the requ
 the second turn carries the first; Stop cancels a generation on the server; a reload finds the
 conversation and the settings in the browser's storage; with --api-key the page asks for the key;
 reasoning is shown collapsed and tool calls shown; Export downloads the conversations and Import
-brings them back.
+brings them back; with several models (the router) the picker lists them and the one picked answers.
 Skipped where no Chromium is installed (.ci/run installs Debian's chromium-headless-shell)."""
 from __future__ import annotations
 
@@ -154,3 +154,30 @@ def test_rendering_export_and_import(chromium, server, tmp_path):  # noqa: F811
     page.call("DOM.setFileInputFiles", files=[str(exported)], nodeId=node)
     page.wait(f"{ASSISTANT}.length === 1")
     assert page.evaluate(STORED) == SAVED
+
+
+def test_model_picker_lists_and_picks_the_router_models(chromium, tmp_path):
+    """Several models (--models-dir): the picker lists every model, and the one picked serves the
+    conversation (loaded on that first use) while the other stays unloaded."""
+    from families import write_family
+    from test_server_router import RouterServer
+
+    from ember.server.router import models_in
+
+    write_family(tmp_path / "qwen2.gguf", "qwen2")
+    write_family(tmp_path / "smollm3.gguf", "smollm3")
+    with RouterServer(models_in(tmp_path), models_max=2) as s:
+        page = chromium.page()
+        page.goto(s.url + "/")
+        page.wait("document.getElementById('model').options.length === 2")
+        listed = page.evaluate("[...document.getElementById('model').options].map((o) => o.value)")
+        assert sorted(listed) == ["qwen2", "smollm3"]
+        page.fill({"model": "smollm3", "temperature": "0", "max_tokens": "8"})
+        page.enter("input", "Hello")
+        page.wait(answered(1))
+        body = sent_bodies(page)[-1]
+        assert body["model"] == "smollm3"
+        reply = page.evaluate(STORED)[0]["messages"][1]
+        r = httpx.post(s.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=120)
+        assert reply["content"] == r.json()["choices"][0]["message"]["content"]
+        assert s.statuses() == {"qwen2": "unloaded", "smollm3": "loaded"}
