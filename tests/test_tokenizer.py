@@ -4,9 +4,8 @@ for the parts the real models do not reach."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -26,7 +25,10 @@ MODES = {  # golden field -> encode() arguments (llama-server used add_special=F
     "ids_add_special": dict(add_special=True, parse_special=False),
     "ids_parse_special": dict(add_special=False, parse_special=True),
 }
-LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import peer  # noqa: E402  (LLAMA_CPP_DIR, or shared/llama.cpp beside the checkout)
+
+LLAMA_CPP = peer.llama_cpp_dir()
 needs_llama_cpp = pytest.mark.skipif(not (LLAMA_CPP / "lib" / "llama-tokenize.real").exists(),
                                      reason="no llama.cpp beside the project")
 
@@ -154,14 +156,10 @@ def test_stream_decoder_invalid_bytes_are_not_held(tok):
 # --- llama-tokenize itself, on text made to be hard
 
 def llama_tokenize(model_file: Path, text_file: Path, parse_special: bool) -> list[int]:
-    lib = LLAMA_CPP / "lib"
-    with open("/proc/cpuinfo") as f:
-        libs = str(lib) if "avx512_vnni" in f.read() else f"{LLAMA_CPP / 'lib-avx2'}:{lib}"
-    args = [str(lib / "llama-tokenize.real"), "-m", str(model_file), "-f", str(text_file), "--ids",
-            "--no-bos", "--no-escape", "--log-disable"] + ([] if parse_special else ["--no-parse-special"])
-    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": libs},
-                         timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    args = ["-m", str(model_file), "-f", str(text_file), "--ids", "--no-bos", "--no-escape", "--log-disable"]
+    proc, _ = peer.run("llama-tokenize", args + ([] if parse_special else ["--no-parse-special"]), timeout=120,
+                       check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def hard_text(t: Tokenizer, seed: int) -> str:
