@@ -549,10 +549,10 @@ def test_rounding_follows_the_weight_types():
     """int8 activations (llama.cpp's rounding) for the 32-value types in models that hold K-quants;
     exact ones otherwise (a cached prompt's continuation stays the uncached one's)."""
     be = Backend(threads=1)
-    assert be.rounding([T.Q4_1]) == be.rounding([T.Q5_0, T.IQ4_NL]) == EXACT
-    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_0, T.Q8_0]) == EXACT
+    be._weight_types.update(int(t) for t in (T.Q4_1, T.Q5_0, T.IQ4_NL, T.Q8_0, T.Q4_0))
+    assert be.rounding == EXACT
     be._weight_types.add(int(T.Q6_K))
-    assert be.rounding([T.Q8_0]) == be.rounding([T.Q4_1]) == LLAMA
+    assert be.rounding == LLAMA
 
 
 def test_oversubscribed_pool_runs_each_share_once():

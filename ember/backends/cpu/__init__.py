@@ -24,7 +24,8 @@ from .resident import Settler
 
 F32 = np.float32
 MAX_MULTI = 8  # matrices one ember_matmul_multi call takes
-# 32-value block types whose products keep exact activations in files without K-quants (Backend.rounding)
+
+
 def default_threads() -> int:
     """Cores this process may run on."""
     try:
@@ -300,16 +301,17 @@ class Backend:
         self._run(lib.EMBER_OP_GET_ROWS, (self._p(w.data), self._p(self._ints(ids, np.int32)), self._p(out)),
                   (rows, cols, len(ids)), qtype=int(w.type))
 
-    def rounding(self, types) -> int:
-        """How a product with W of these types rounds the activations of the 32-value block types
-        (api_quant.h): as llama.cpp does (int8, the fast decode kernels) when the model also has
-        K-quant matrices, whose products always round as llama.cpp's (measured against llama.cpp's
-        outputs, mixing exact and llama.cpp-rounded products drifts furthest); else exactly (int16).
-        Exact activations keep a cached prompt's continuation equal to the uncached one's: int8
-        rounding turns the last-bit differences between a prompt chunk and a decode step into
-        whole steps of 1/127 where a value sits at a rounding boundary, and on SmolLM2 that parted
-        a repeated greedy request from the first within 16 tokens; the int8 kernels were within
-        3% of the exact ones there (bench/NOTES.md). `types` is kept for the products' signature."""
+    @property
+    def rounding(self) -> int:
+        """How the products round the activations of the 32-value block types (api_quant.h): as
+        llama.cpp does (int8, the fast decode kernels) when the model also has K-quant matrices,
+        whose products always round as llama.cpp's (measured against llama.cpp's outputs, mixing
+        exact and llama.cpp-rounded products drifts furthest); else exactly (int16). Exact
+        activations keep a cached prompt's continuation equal to the uncached one's: int8 rounding
+        turns the last-bit differences between a prompt chunk and a decode step into whole steps of
+        1/127 where a value sits at a rounding boundary, and on SmolLM2 that parted a repeated
+        greedy request from the first within 16 tokens; the int8 kernels were within 3% of the
+        exact ones there (bench/NOTES.md)."""
         k_quants = any(lib.ember_matmul_act_kind(t) == lib.EMBER_ACT_KIND_Q8K for t in self._weight_types)
         return lib.EMBER_ROUND_LLAMA if k_quants else lib.EMBER_ROUND_EXACT
 
@@ -317,7 +319,7 @@ class Backend:
         rows, cols = w.shape
         scratch = self._scratch_for(int(w.type), cols, x.shape[0])
         self._run(lib.EMBER_OP_MATMUL, (self._p(w.data), self._p(x), self._p(out), self._p(scratch)),
-                  (rows, cols, x.shape[0], self.rounding([w.type])), qtype=int(w.type))
+                  (rows, cols, x.shape[0], self.rounding), qtype=int(w.type))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[j] = x @ ws[j].T for matrices that share x: x is quantized once when their types allow."""
@@ -333,7 +335,7 @@ class Backend:
         ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
         scratch = self._scratch_for(int(ws[0].type), k, n)
         self._run(lib.EMBER_OP_MATMUL_MULTI, (types, mats, ms, self._p(x), ys, self._p(scratch)),
-                  (len(ws), k, n, self.rounding([w.type for w in ws])), keep=(types, mats, ms, ys))
+                  (len(ws), k, n, self.rounding), keep=(types, mats, ms, ys))
 
     def _scratch_for(self, qtype: int, k: int, n: int) -> np.ndarray:
         size = lib.ember_matmul_scratch_size(qtype, k, n)
@@ -480,7 +482,7 @@ class Backend:
         scratch = self._scratch_bytes(size)
         self._run(lib.EMBER_OP_EXPERTS_MATMUL,
                   (types, mats, ms, self._p(x), self._p(ids), ys, self._p(scratch), used),
-                  (len(ws), n_expert, cols, n, k, int(x.shape[0] == n * k and k > 1), self.rounding([w.type for w in ws])),
+                  (len(ws), n_expert, cols, n, k, int(x.shape[0] == n * k and k > 1), self.rounding),
                   keep=(types, mats, ms, ys, used))
 
     def expert_sum(self, y, weights, out) -> None:
