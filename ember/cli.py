@@ -274,7 +274,7 @@ def _gpu_layers(text: str) -> str:
 
 def spec_config(args):
     """The SpecConfig of the speculative flags (ValueError naming what is wrong)."""
-    from .engine.speculate import DraftModelConfig, DraftParams, SpecConfig, parse_types
+    from .engine.speculate import DraftModelConfig, DraftParams, SpecConfig, is_auto, parse_types
 
     types, model = parse_types(args.spec_type), None
     if args.model_draft is not None:
@@ -282,7 +282,7 @@ def spec_config(args):
         model = DraftModelConfig(str(hub.resolve(args.model_draft)), device, args.ctx_size_draft)
         types = types if "draft" in types else ("draft",) + types
     return SpecConfig(types, DraftParams(args.draft_max, args.draft_min, args.draft_p_min), args.spec_index_mb, model,
-                      auto=args.spec_type.strip() == "auto")
+                      auto=is_auto(args.spec_type))
 
 
 def _byte_size(text: str) -> int:

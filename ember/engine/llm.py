@@ -22,7 +22,7 @@ from ..tokenizer import Tokenizer
 from .engine import Engine, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
 from .draftmodel import check_vocab
-from .speculate import DraftModelConfig, SpecConfig, parse_types
+from .speculate import DraftModelConfig, SpecConfig, is_auto, parse_types
 from .scoring import PerplexityResult, TokenScores, collect_reduced, perplexity, scores_of, token_scores
 from .tiers import TierConfig, file_digest
 
@@ -270,7 +270,7 @@ def spec_config(spec: SpecConfig | str | None, model_draft: str | os.PathLike | 
     types = parse_types(spec or "")
     if model is not None and "draft" not in types:
         types = ("draft",) + types
-    return SpecConfig(types, model=model, auto=(spec or "").strip() == "auto")
+    return SpecConfig(types, model=model, auto=is_auto(spec or ""))
 
 
 def kv_bytes_per_token(model, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:

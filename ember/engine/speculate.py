@@ -21,7 +21,7 @@ partly kept.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .draftmodel import DraftAsk, DraftModel
 from .drafts import NgramIndex, PromptLookup
@@ -60,10 +60,15 @@ COST_EMA = 0.2  # weight of a new measurement of a step size's time
 AUTO = ("cache", "lookup")  # `--spec-type auto` (the command line's default): these, where steps run one at a time
 
 
+def is_auto(text: str) -> bool:
+    """Whether a `--spec-type` text asks for `auto`."""
+    return text.strip() == "auto"
+
+
 def parse_types(text: str) -> tuple[str, ...]:
     """`--spec-type`: a comma-separated list of sources (llama-server's names accepted); `auto`
     is AUTO (SpecConfig.auto says where it holds)."""
-    if text.strip() == "auto":
+    if is_auto(text):
         return AUTO
     out = []
     for name in (s.strip() for s in text.split(",") if s.strip()):
@@ -133,7 +138,7 @@ class SpecConfig:
         if model is None:
             return self
         types = self.types if "draft" in self.types else ("draft",) + self.types
-        return SpecConfig(types, self.draft, self.index_mb, model, self.auto)
+        return replace(self, types=types, model=model)
 
     def for_engine(self, decodes_ahead: bool) -> "SpecConfig":
         """The config an engine uses: an `auto` one keeps only `draft` where decode steps are
@@ -141,7 +146,7 @@ class SpecConfig:
         only where steps run one at a time, bench/NOTES.md)."""
         if not (self.auto and decodes_ahead):
             return self
-        return SpecConfig(tuple(t for t in self.types if t == "draft"), self.draft, self.index_mb, self.model)
+        return replace(self, types=tuple(t for t in self.types if t == "draft"))
 
 
 class Acceptance:
@@ -157,6 +162,11 @@ class Acceptance:
         self.first = [0.0, 0.0]  # kept, tried
         self.later = [0.0, 0.0]
         self.drafts, self.tokens = drafts, tokens
+
+    @classmethod
+    def of_all(cls) -> "Acceptance":
+        """Counts of every sequence's drafts: four times one sequence's evidence."""
+        return cls(4 * EVIDENCE_DRAFTS, 4 * EVIDENCE)
 
     @property
     def tried(self) -> float:
@@ -199,7 +209,7 @@ class DraftState:
         self.misses = 0  # such steps in a row
         self.drafted = self.accepted = 0  # llama-server's timings: draft_n, draft_n_accepted
         self.own = Acceptance()  # this sequence's drafts
-        self.shared = shared if shared is not None else Acceptance(4 * EVIDENCE_DRAFTS, 4 * EVIDENCE)  # every sequence's
+        self.shared = shared if shared is not None else Acceptance.of_all()  # every sequence's
         self.lookup = PromptLookup()
         self.source = ""  # where the draft being verified came from (metrics.DRAFT_SOURCES)
 
@@ -333,7 +343,7 @@ class Speculator:
         self.config, self.tree, self.n_ctx, self.drafter = config, tree, n_ctx, drafter
         self.index = NgramIndex(int(config.index_mb * 2**20)) if "cache" in config.types else None
         self.costs = StepCosts()
-        self.kept = Acceptance(4 * EVIDENCE_DRAFTS, 4 * EVIDENCE)  # every sequence's drafts: a new sequence's first estimate
+        self.kept = Acceptance.of_all()  # every sequence's drafts: a new sequence's first estimate
 
     @property
     def enabled(self) -> bool:
