@@ -101,8 +101,8 @@ class _Stack:
         """The 2 MB stretches inside the mapping that hold bytes of these experts."""
         out = set()
         for e in experts:
-            lo, hi = self.addr + int(e) * self.expert_bytes, self.addr + (int(e) + 1) * self.expert_bytes
-            out.update(range(max(self.first, lo // HUGE * HUGE), min(self.end, hi), HUGE))
+            lo = self.addr + int(e) * self.expert_bytes
+            out.update(_stretches(self.first, self.end, lo, lo + self.expert_bytes))
         return out
 
 
@@ -145,8 +145,7 @@ class Settler:
         base, n_expert = whole.ctypes.data, tensor.shape[0]
         used = np.zeros(n_expert, np.uint8)
         self._stacks.append(_Stack(weakref.ref(data), data.ctypes.data, data.nbytes // n_expert,
-                                   -(-base // HUGE) * HUGE, (base + whole.nbytes) // HUGE * HUGE, used,
-                                   np.zeros(n_expert, bool)))
+                                   *_inside(base, whole.nbytes), used, np.zeros(n_expert, bool)))
         return used
 
     def runs(self) -> list[tuple[int, int]]:
@@ -154,9 +153,9 @@ class Settler:
         matrix; at most RUN bytes each."""
         chunks = set()
         for base, (size, spans) in self._files.items():
-            first, end = -(-base // HUGE) * HUGE, (base + size) // HUGE * HUGE
-            chunks.update(c for lo, hi in spans
-                          for c in range(max(first, (base + lo) // HUGE * HUGE), min(end, base + hi), HUGE))
+            first, end = _inside(base, size)
+            for lo, hi in spans:
+                chunks.update(_stretches(first, end, base + lo, base + hi))
         return _runs(chunks)
 
     def start(self) -> None:
@@ -252,6 +251,16 @@ class Settler:
             err = ctypes.get_errno()
             libc.munmap(start, n)
             raise OSError(err, f"mremap onto the mapping failed: {os.strerror(err)}")
+
+
+def _inside(base: int, size: int) -> tuple[int, int]:
+    """The 2 MB-aligned addresses [first, end) inside a mapping of `size` bytes at `base`."""
+    return -(-base // HUGE) * HUGE, (base + size) // HUGE * HUGE
+
+
+def _stretches(first: int, end: int, lo: int, hi: int) -> range:
+    """The 2 MB stretches in [first, end) that hold bytes of the addresses [lo, hi)."""
+    return range(max(first, lo // HUGE * HUGE), min(end, hi), HUGE)
 
 
 def _runs(chunks) -> list[tuple[int, int]]:
