@@ -55,11 +55,11 @@ ember_tile ember_tile_for(int type) {
     return (ember_tile){NULL, 0, 0, 0};
 }
 
-ember_tile ember_tile_rounded(int type, int rounding) {
+ember_tile ember_tile8_for(int type, int rounding) {
     if (rounding == EMBER_ROUND_LLAMA && ember_qtype_get(type)->act == EMBER_ACT_Q16)
         for (const ember_kernels *const *k = kernel_order(); *k; k++)
             if ((*k)->tile8[type].fn) return (*k)->tile8[type];
-    return ember_tile_for(type);
+    return (ember_tile){NULL, 0, 0, 0};
 }
 
 ember_panel ember_panel_for(int type) {
@@ -181,12 +181,13 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
                     const uint8_t *act, int rounding) {
     const ember_qtype *t = ember_qtype_get(type);
     if (!t || m <= 0 || k % t->block_size) return -1;
-    *p = (matmul_part){.type = type, .tile = ember_tile_rounded(type, rounding), .panel = ember_panel_for(type), .w = w, .m = m,
-                       .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
+    const ember_tile tile8 = ember_tile8_for(type, rounding);
+    const int int8_tiles = tile8.fn != NULL;
+    *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type), .panel = ember_panel_for(type),
+                       .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
      * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
-    const int int8_tiles = p->tile.fn != ember_tile_for(type).fn;
     if (n < (int8_tiles ? EMBER_MAX(p->panel.min_tokens, INT8_TILE_TOKENS) : p->panel.min_tokens)) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;

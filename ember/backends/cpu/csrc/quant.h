@@ -71,8 +71,8 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     time (vpdpbusd; the int16 values take twice the instructions, and a decode step of SmolLM2 or
  *     Gemma 3 was bound by them). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
  *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
- *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24: the caller rounds the 4-
- *     and 5-bit types as llama.cpp and Q8_0 exactly. In a file with K-quants, exact 32-value products beside the
+ *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24; and a cached prompt's
+ *     continuation parted from the uncached one's: files without K-quants round exactly. In a file with K-quants, exact 32-value products beside the
  *     K-quants' llama.cpp rounding drifted further (Gemma 3: 0.53) than llama.cpp's rounding throughout
  *     (0.25), so there every product rounds as llama.cpp does; see api_quant.h.)
  * EMBER_ACT_Q8K (the K-quants and IQ4_XS: llama.cpp's Q8_K, rounded as it rounds them), super-blocks of 256:
@@ -191,9 +191,9 @@ void ember_float_panel_avx512(int type, int64_t k, const void *w, int64_t w_stri
 /* The tile kernel and activation quantizer for `type` on the active ISA, falling back
  * to narrower ISAs (avx512 -> avx2 -> scalar, neon -> scalar) where one is missing. */
 ember_tile ember_tile_for(int type);
-/* The microtile for `type` with activations rounded as `rounding` (api_quant.h): the int8 tile8 where
- * one exists for rows rounded as llama.cpp, else ember_tile_for's (the int16 values are the same). */
-ember_tile ember_tile_rounded(int type, int rounding);
+/* The int8 microtile (tile8) for `type` against rows rounded as `rounding` (api_quant.h) where one
+ * exists for rows rounded as llama.cpp; else a tile without fn (ember_tile_for's takes the int16 values). */
+ember_tile ember_tile8_for(int type, int rounding);
 ember_panel ember_panel_for(int type);
 ember_quantize_fn ember_quantize_for(int act);
 
