@@ -454,8 +454,10 @@ def test_slow_bodies_are_cut_off_with_408(smollm):
 def test_sigterm_keeps_answering_503_during_the_grace_period():
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # a context long enough that the stream outlasts the grace period also where drafts speed a
+    # repetitive story up (512 tokens could finish within it, ending the stream without the cancel)
     proc = subprocess.Popen([sys.executable, "-m", "ember", "serve", "smollm2", "--port", str(port), "--threads", "1",
-                             "--ctx", "512", "--slots", "2", "--shutdown-grace", "4", "--device", "cpu"],
+                             "--ctx", "8192", "--slots", "2", "--shutdown-grace", "4", "--device", "cpu"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
