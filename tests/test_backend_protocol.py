@@ -131,3 +131,33 @@ def test_the_engine_uses_only_what_a_backend_declares(tiny):
     plain, engine = run_engine(tiny, Plain(threads=1), decode_ahead=True)
     assert engine.metrics.argmax_steps == engine.metrics.ahead_steps == 0 and not engine.runner._recordings
     assert plain == full and engine.last_error is None
+
+
+def _fake_render_node(drm, name, driver, slot):
+    """A sysfs render node as Linux shows it: device/driver links to the driver, device/uevent
+    names the PCI slot."""
+    device = drm / "devices" / slot
+    device.mkdir(parents=True)
+    drivers = drm / "drivers" / driver
+    drivers.mkdir(parents=True, exist_ok=True)
+    (device / "driver").symlink_to(drivers)
+    (device / "uevent").write_text(f"DRIVER={driver}\nPCI_CLASS=30000\nPCI_SLOT_NAME={slot}\n")
+    (drm / name).mkdir()
+    (drm / name / "device").symlink_to(device)
+
+
+@pytest.mark.parametrize("nodes, possible", [
+    ([("i915", "0000:00:02.0")], False),                           # a laptop's Intel integrated GPU
+    ([("virtio_gpu", "0000:00:01.0")], False),                      # a VM's virtual GPU
+    ([("msm", "0000:00:00.0"), ("ast", "0000:02:00.0")], False),    # an Arm SoC's, a server's display chip
+    ([("i915", "0000:00:02.0"), ("nvidia", "0000:01:00.0")], True),  # a laptop with an NVIDIA card
+    ([("xe", "0000:03:00.0")], True),                               # an Intel Arc card
+    ([("amdgpu", "0000:0c:00.0")], True),                           # AMD's: an APU or a card, wgpu tells
+    ([], True),                                                     # sysfs says nothing: wgpu finds out
+])
+def test_auto_asks_wgpu_only_where_a_render_node_may_be_discrete(tmp_path, nodes, possible):
+    from ember.backends import _render_nodes_discrete_possible
+
+    for i, (driver, slot) in enumerate(nodes):
+        _fake_render_node(tmp_path, f"renderD{128 + i}", driver, slot)
+    assert _render_nodes_discrete_possible(str(tmp_path)) is possible

@@ -26,10 +26,10 @@ def _gpu_driver_present() -> bool:
 
 def _discrete_webgpu_present() -> bool:
     """Whether wgpu is installed and sees a discrete GPU (a software adapter such as lavapipe, or an
-    integrated GPU sharing the CPU's memory, is left to `--device webgpu`). On Linux a GPU driver
-    shows device files first: without any, wgpu is not imported (its import and adapter listing
-    cost 0.3-0.9 s of every start)."""
-    if sys.platform.startswith("linux") and not _linux_gpu_device_files():
+    integrated GPU sharing the CPU's memory, is left to `--device webgpu`). On Linux the kernel
+    tells first: without GPU device files, or when every render node is a GPU that cannot be
+    discrete, wgpu is not imported (its import and adapter listing cost 0.3-0.9 s of every start)."""
+    if sys.platform.startswith("linux") and not (_linux_gpu_device_files() and _linux_discrete_possible()):
         return False
     from .webgpu import _device
 
@@ -40,6 +40,48 @@ def _linux_gpu_device_files() -> bool:
     """Whether a GPU's device files are here: a DRM render node (Mesa's, AMD's and Intel's drivers,
     NVIDIA's with nvidia-drm) or NVIDIA's own control file."""
     return bool(glob.glob("/dev/dri/renderD*")) or os.path.exists("/dev/nvidiactl")
+
+
+# Kernel drivers of GPUs that can be discrete. The others behind render nodes are integrated
+# (Arm SoCs: msm, panfrost, v3d, asahi, ...), virtual (virtio_gpu, vmwgfx) or a server's display
+# chip (ast, mgag200): wgpu would report none of them as a discrete adapter.
+_DISCRETE_DRIVERS = frozenset({"nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe"})
+_INTEL_INTEGRATED_SLOT = "00:02.0"  # Intel's integrated GPUs sit at PCI device 2 of bus 0
+
+
+def _linux_discrete_possible() -> bool:
+    """Whether this Linux machine may hold a discrete GPU: NVIDIA's control file, or a render node
+    that may be one (see _render_nodes_discrete_possible)."""
+    return os.path.exists("/dev/nvidiactl") or _render_nodes_discrete_possible("/sys/class/drm")
+
+
+def _render_nodes_discrete_possible(drm: str) -> bool:
+    """Whether a render node under `drm` (sysfs) may be a discrete GPU, from its kernel driver and,
+    for Intel's, its PCI slot. Where sysfs does not say: True (wgpu then finds out)."""
+    nodes = glob.glob(os.path.join(drm, "renderD*"))
+    if not nodes:
+        return True
+    for node in nodes:
+        device = os.path.join(node, "device")
+        try:
+            driver = os.path.basename(os.readlink(os.path.join(device, "driver")))
+        except OSError:
+            return True
+        if driver not in _DISCRETE_DRIVERS:
+            continue
+        if driver in ("i915", "xe") and _pci_slot(device).endswith(_INTEL_INTEGRATED_SLOT):
+            continue
+        return True
+    return False
+
+
+def _pci_slot(device: str) -> str:
+    """The PCI slot name ("0000:00:02.0") in a sysfs device's uevent, "" when it has none."""
+    try:
+        with open(os.path.join(device, "uevent")) as f:
+            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("PCI_SLOT_NAME=")), "")
+    except OSError:
+        return ""
 
 
 # What device="auto" tries, best first: each backend with a cheap check that its device may be
