@@ -32,6 +32,7 @@ STAGES=${*:-tests quick}
 SETUP="$OUT/setup.log"
 
 stage() { echo; echo "=== $1 ($(date +%H:%M:%S))"; }
+. bench/device_setup.sh
 
 stage setup
 {
@@ -39,11 +40,7 @@ stage setup
   $PY -c 'import sys, numpy, cupy; print(sys.version); print("numpy", numpy.__version__, "cupy", cupy.__version__,
 "runtime", cupy.cuda.runtime.runtimeGetVersion(), "nvrtc", cupy.cuda.nvrtc.getVersion())' 2>&1
 } | tee "$SETUP"
-for whl in .devcarry/wheels/*.whl; do  # one at a time: a wheel that does not fit must not stop the others
-  [ -f "$whl" ] || { echo "no .devcarry/wheels: gguf (tests, roofline) and cffi (CPU extension) may be missing"; break; }
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ember_site \
-    "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
-done
+install_wheels "gguf (tests, roofline) and cffi (CPU extension) may be missing"
 [ -d /tmp/ember_site ] && export PYTHONPATH=/tmp/ember_site
 # Kernels compiled ahead here (bench/cuda_kernel_cache.py --arch 90 --out .devcarry/kernels): a fresh
 # machine then compiles only what they miss (the cold-start section still uses an empty cache).
@@ -58,16 +55,7 @@ if timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1; then
 else
   echo "CPU extension not built (see setup.log): CPU comparisons fall back to the reference backend"
 fi
-mkdir -p /tmp/ember_models
-MODELS=()
-for m in smollm2 gemma3; do
-  if [ -f ".devcarry/$m.skel" ] && $PY bench/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
-    name=$m; [ "$m" = gemma3 ] && name=gemma3-270m
-    MODELS+=("$name=/tmp/ember_models/$m.gguf")
-  else
-    echo "skeleton $m missing or broken: its benchmarks are skipped"
-  fi
-done
+unpack_skeletons
 $PY -c 'import ember.backends.cuda as c; b = c.Backend(); print(b.describe())' 2>&1 | tail -3
 
 for s in $STAGES; do

@@ -23,6 +23,7 @@ STAGES=${*:-tests bench}
 SETUP="$OUT/setup.log"
 
 stage() { echo; echo "=== $1 ($(date +%H:%M:%S))"; }
+. bench/device_setup.sh
 
 stage setup
 for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
@@ -30,26 +31,13 @@ ldconfig
 ldconfig -p | grep -q libvulkan || echo "no libvulkan: carry .gl (the device README says how)"
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-for whl in .devcarry/wheels/*.whl; do
-  [ -f "$whl" ] || { echo "no .devcarry/wheels: wgpu is missing, the tests will skip"; break; }
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ember_site \
-    "$whl" >>"$SETUP" 2>&1 || echo "wheel $(basename "$whl") did not install (see setup.log)"
-done
+install_wheels "wgpu is missing, the tests will skip"
 export PYTHONPATH="$PWD:/tmp/ember_site${PYTHONPATH:+:$PYTHONPATH}"
 # the WebGPU backend's encoding helper first (seconds), then the rest (the CPU kernels take longer)
 timeout 60 $PY ember/backends/webgpu/_build.py >>"$SETUP" 2>&1 || echo "WebGPU encoding helper not built (see setup.log)"
 timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1 || echo "CPU extension not built (see setup.log)"
 $PY -m ember info --system 2>&1 | grep -v XDG_RUNTIME_DIR | tee -a "$SETUP"
-mkdir -p /tmp/ember_models
-MODELS=()
-for m in smollm2 gemma3; do
-  if [ -f ".devcarry/$m.skel" ] && $PY bench/gguf_skeleton.py unpack ".devcarry/$m.skel" "/tmp/ember_models/$m.gguf"; then
-    name=$m; [ "$m" = gemma3 ] && name=gemma3-270m
-    MODELS+=("$name=/tmp/ember_models/$m.gguf")
-  else
-    echo "skeleton $m missing or broken: its benchmark is skipped"
-  fi
-done
+unpack_skeletons
 
 for s in $STAGES; do
   case $s in
