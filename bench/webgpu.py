@@ -5,8 +5,8 @@ For each model: prompt processing (ppN: N tokens in one batch from an empty cont
 (tgN: N greedy tokens one at a time), the three runs alternating --reps times so that all see the
 same machine; medians. Then a recorded decode step of the WebGPU backend replayed --reps times:
 the host time to write its inputs, encode its command buffer and submit it; the adapter's own time
-for the step's compute pass (timestamp queries, where the adapter has them); and the host's wait
-from submit to the best ids in hand. On lavapipe (Mesa's software Vulkan driver) the "GPU" is this
+for the step's compute pass (timestamp queries, where the adapter has them), and each dispatch
+timed alone, summed by kernel; and the host's wait from submit to the best ids in hand. On lavapipe (Mesa's software Vulkan driver) the "GPU" is this
 machine's cores: the figures say how the backend behaves, not how a GPU
 would run it. Writes JSON (default bench/results/webgpu.json).
 
@@ -86,7 +86,25 @@ def host_share(runner: Runner, reps: int) -> dict:
     return {"dispatches": len(step.dispatches), "encoder": encoder_kind(), "host_ms": 1e3 * statistics.median(encode),
             "host_ms_min": 1e3 * min(encode), "wait_ms": 1e3 * statistics.median(wait),
             "gpu_ms": 1e3 * statistics.median(gpu) if gpu else None,
-            "host_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches))}
+            "host_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches)),
+            "kernels": kernel_profile(backend, step, reps) if timed else None}
+
+
+def kernel_profile(backend, step, reps: int) -> list[dict]:
+    """Where the adapter's time in a decode step goes: each dispatch timed alone (a compute pass of
+    its own, timestamps at its ends; median of the reps), summed by kernel (its module and entry
+    point), largest first. The sum against the whole step's gpu_ms tells the kernels from what the
+    step's one pass adds or hides between them (barriers, idle units, overlap)."""
+    names = backend.kernels.names()
+    runs = np.median([step.gpu_times(backend.device, backend.wgpu) for _ in range(max(reps, 3))], axis=0)
+    by_kernel: dict[str, list] = {}
+    for d, ns in zip(step.dispatches, runs):
+        module, entry = names.get(id(d.pipeline), ("?", "?"))
+        entry_ = by_kernel.setdefault(f"{module}:{entry}", [0, 0.0])
+        entry_[0] += 1
+        entry_[1] += float(ns)
+    rows = [{"kernel": k, "dispatches": n, "ms": 1e-6 * ns} for k, (n, ns) in by_kernel.items()]
+    return sorted(rows, key=lambda r: -r["ms"])
 
 
 def encoder_kind() -> str:
@@ -138,6 +156,11 @@ def report(name: str, r: dict, args) -> None:
           f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
           f"wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
+    if h["kernels"]:
+        total = sum(k["ms"] for k in h["kernels"])
+        print(f"  decode step's dispatches timed alone: {total:.2f} ms in all (the step's one pass: {h['gpu_ms']:.2f} ms)")
+        for k in h["kernels"][:12]:
+            print(f"    {k['kernel']:40s} {k['dispatches']:4d} x  {k['ms']:7.3f} ms  {100 * k['ms'] / total:5.1f}%")
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ for s in $STAGES; do
       timeout 500 $PY bench/webgpu.py --models "${MODELS[@]}" --n-prompt 512 --n-gen 128 --reps 3 \
         --out "$OUT/bench.json" >"$OUT/bench.log" 2>&1
       echo "bench exit $?"
-      grep -v XDG_RUNTIME_DIR "$OUT/bench.log" | tail -n 20
+      grep -v XDG_RUNTIME_DIR "$OUT/bench.log" | tail -n 45
       ;;
     *) echo "unknown stage '$s' (tests, bench)" ;;
   esac
