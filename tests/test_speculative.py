@@ -56,6 +56,16 @@ def test_prompt_lookup_drafts_what_followed_the_suffix_last():
     assert lookup.find([1, 2, 3], 4) == []  # nothing repeats
 
 
+
+def test_prompt_lookup_tells_the_branches_of_a_repeated_cycle_apart():
+    # text cycling through two sentences that end alike and branch after: the latest occurrence of
+    # the last 8 tokens is followed by the other branch; a 16-token suffix holds the branch before
+    sentence = list(range(10, 24))
+    cycle = sentence + [100] + sentence + [200]
+    tokens = cycle * 3 + sentence + [100] + sentence
+    assert PromptLookup().find(tokens, 4) == [200] + sentence[:3]
+    assert PromptLookup().find(tokens + [200] + sentence, 2) == [100] + sentence[:1]
+
 def test_ngram_index_is_shared_bounded_and_forgets_whole_documents():
     index = NgramIndex(max_bytes=100 * BYTES_PER_TOKEN)
     cap = index.max_tokens

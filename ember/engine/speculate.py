@@ -86,7 +86,7 @@ def parse_types(text: str) -> tuple[str, ...]:
 class DraftParams:
     """A request's own limits (llama-server's `speculative.n_max`, `n_min`, `p_min`)."""
 
-    n_max: int = 16  # most tokens drafted a step (0: never)
+    n_max: int = 32  # most tokens drafted a step (0: never)
     n_min: int = 0  # a shorter draft is not worth a step's extra rows: none then
     p_min: float = 0.75  # the draft model's least probability for a drafted token (the n-gram sources have none)
 
