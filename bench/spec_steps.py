@@ -1,14 +1,16 @@
 """Where a speculative run's time goes, in process: each step's rows and compute time, the host's
 time around it, and a step's cost against its rows for one sequence.
 
-    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free] [--reps 2]
+    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free,agent] [--reps 2]
                                [--sweep 1,2,3,4,5,6,8,12,17] [--profile]
 
 For each workload prompt (bench/spec.py's), ember without and with `--spec-type cache,lookup`:
 generation tokens/s, steps, the steps' compute time (the runner's run, as the device is waited
 for on a CPU) and the rest of the engine's step (planning, drafting, choosing, bookkeeping) per
-generated token. --sweep: after a prompt, the median time of a step of one sequence with that
-many rows (its pending token and drafted ones that are rejected), against a plain decode step.
+generated token; `agent` (8 sessions at once, 8 slots): the whole run's time split by kind of
+step (with prompt rows; decode only, by decoding sequences, with or without drafts). --sweep: after
+a prompt, the median time of a step of one sequence with that many rows (its pending token and
+drafted ones that are rejected), against a plain decode step.
 --profile: cProfile of the engine thread's host work in the speculative run (top functions).
 No peer: what it measures is ember's own split, which the HTTP benchmark (bench/spec.py) has not.
 """
@@ -90,7 +92,7 @@ def agent_split(llm: LLM, prompts: Prompts, rep: int, clock: StepClock, sessions
     tokens = sum(o.timings.generated_tokens for o in outs)
     kinds: dict[str, list[float]] = {}
     for (rows, _, whole), (dec, drafted, prompt) in zip(clock.steps, clock.shapes):
-        kind = f"prompt {'+decode' if dec else ''}" if prompt else f"decode x{dec}{' +draft' if drafted else ''}"
+        kind = ("prompt" + (" +decode" if dec else "")) if prompt else f"decode x{dec}" + (" +draft" if drafted else "")
         k = kinds.setdefault(kind, [0, 0.0, 0, 0, 0])
         k[0] += 1
         k[1] += whole
