@@ -1,14 +1,16 @@
 """Where a speculative run's time goes, in process: each step's rows and compute time, the host's
 time around it, and a step's cost against its rows for one sequence.
 
-    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free] [--reps 2]
+    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free,agent] [--reps 2]
                                [--sweep 1,2,3,4,5,6,8,12,17] [--profile]
 
 For each workload prompt (bench/spec.py's), ember without and with `--spec-type cache,lookup`:
 generation tokens/s, steps, the steps' compute time (the runner's run, as the device is waited
 for on a CPU) and the rest of the engine's step (planning, drafting, choosing, bookkeeping) per
-generated token. --sweep: after a prompt, the median time of a step of one sequence with that
-many rows (its pending token and drafted ones that are rejected), against a plain decode step.
+generated token; `agent` (8 sessions at once, 8 slots): the whole run's time split by kind of
+step (with prompt rows; decode only, by decoding sequences, with or without drafts). --sweep: after
+a prompt, the median time of a step of one sequence with that many rows (its pending token and
+drafted ones that are rejected), against a plain decode step.
 --profile: cProfile of the engine thread's host work in the speculative run (top functions).
 No peer: what it measures is ember's own split, which the HTTP benchmark (bench/spec.py) has not.
 """
@@ -41,6 +43,7 @@ class StepClock:
     def __init__(self, llm: LLM):
         self.engine, self.runner = llm.engine, llm.engine.runner
         self.steps: list[tuple[int, float, float]] = []  # (rows, compute s, whole step s)
+        self.shapes: list[tuple[int, int, int]] = []  # per step: (decoding sequences, drafted rows, prompt rows)
         self._compute = 0.0
         run, step = self.runner.run, self.engine.step
 
@@ -49,6 +52,7 @@ class StepClock:
             out = run(plan, *a, **kw)
             self._compute += time.perf_counter() - t0
             self._rows = sum(c.n for c in plan.chunks)
+            self._shape = step_shape(plan)
             return out
 
         def timed_step():
@@ -57,11 +61,51 @@ class StepClock:
             step()
             if self._rows:
                 self.steps.append((self._rows, self._compute, time.perf_counter() - t0))
+                self.shapes.append(self._shape)
 
         self.runner.run, self.engine.step = timed_run, timed_step
 
     def reset(self) -> None:
-        self.steps = []
+        self.steps, self.shapes = [], []
+
+
+def step_shape(plan) -> tuple[int, int, int]:
+    """A step's decoding sequences, drafted rows and prompt rows."""
+    decodes = [c for c in plan.chunks if c.n - len(c.draft) == 1]
+    drafted = sum(len(c.draft) for c in plan.chunks)
+    return len(decodes), drafted, sum(c.n for c in plan.chunks) - len(decodes) - drafted
+
+
+def agent_split(llm: LLM, prompts: Prompts, rep: int, clock: StepClock, sessions: int = 8, turns: int = 3,
+                n_predict: int = 64) -> None:
+    """bench/spec.py's agent workload in process: the run's wall time and its steps' time by kind
+    (with prompt rows; decode only, by decoding sequences, with and without drafts)."""
+    from concurrent.futures import ThreadPoolExecutor
+    params = SamplingParams(temperature=0.0)
+    per_session = prompts.agent(rep, sessions, turns)
+    clock.reset()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(sessions) as pool:
+        outs = [o for os_ in pool.map(lambda ps: [llm.generate(ids, max_tokens=n_predict, sampling=params)
+                                                  for ids in ps], per_session) for o in os_]
+    wall = time.perf_counter() - t0
+    tokens = sum(o.timings.generated_tokens for o in outs)
+    kinds: dict[str, list[float]] = {}
+    for (rows, _, whole), (dec, drafted, prompt) in zip(clock.steps, clock.shapes):
+        kind = ("prompt" + (" +decode" if dec else "")) if prompt else f"decode x{dec}" + (" +draft" if drafted else "")
+        k = kinds.setdefault(kind, [0, 0.0, 0, 0, 0])
+        k[0] += 1
+        k[1] += whole
+        k[2] += rows
+        k[3] += drafted
+        k[4] += dec
+    stepped = sum(s[2] for s in clock.steps)
+    print(f"agent rep {rep}: {tokens} tokens in {wall:.2f} s ({tokens / wall:.1f} tok/s), steps {len(clock.steps)} "
+          f"taking {stepped:.2f} s, outside steps {wall - stepped:.2f} s; request tps median "
+          f"{statistics.median(o.timings.generation_tps for o in outs):.1f}")
+    for kind, (n, secs, rows, drafted, dec) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {kind:20s} {n:5d} steps {secs:6.2f} s ({1e3 * secs / n:5.1f} ms a step) rows {rows:6d} "
+              f"drafted {drafted:5d} decode tokens {dec:5d}")
 
 
 def generate(llm: LLM, ids: list[int], n: int) -> tuple[float, int]:
@@ -117,7 +161,8 @@ def main() -> None:
     prompts = Prompts(path)
     print(f"load {__import__('os').getloadavg()[0]:.2f}")
     for spec in ("none", args.spec_types):
-        llm = LLM(path, device="cpu", threads=args.threads, slots=1, ctx=4096, speculative=spec)
+        slots = 8 if "agent" in args.workloads else 1
+        llm = LLM(path, device="cpu", threads=args.threads, slots=slots, ctx=4096, speculative=spec)
         try:
             if args.sweep and spec != "none":
                 ms = sweep(llm, prompts.edit(0), [int(x) for x in args.sweep.split(",")])
@@ -127,6 +172,9 @@ def main() -> None:
             prof = cProfile.Profile() if args.profile and spec != "none" else None
             for workload in args.workloads.split(","):
                 for rep in range(args.reps):
+                    if workload == "agent":
+                        agent_split(llm, prompts, rep, clock)
+                        continue
                     ids = getattr(prompts, workload)(rep)
                     clock.reset()
                     if prof is not None:

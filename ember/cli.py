@@ -246,7 +246,7 @@ def _add_speculative(s) -> None:
                         "time (CPU), none where it launches decode steps ahead (CUDA). llama-server's ngram-* "
                         "names are read as lookup, ngram-cache as cache, draft-simple as draft")
     g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
-                   default=16, metavar="N", help="most tokens drafted a step (default 16)")
+                   default=32, metavar="N", help="most tokens drafted a step (default 32)")
     g.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="draft_min", type=int, default=0,
                    metavar="N", help="no draft shorter than this (default 0)")
     g.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=float, default=0.75, metavar="P",

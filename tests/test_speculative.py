@@ -56,6 +56,16 @@ def test_prompt_lookup_drafts_what_followed_the_suffix_last():
     assert lookup.find([1, 2, 3], 4) == []  # nothing repeats
 
 
+
+def test_prompt_lookup_tells_the_branches_of_a_repeated_cycle_apart():
+    # text cycling through two sentences that end alike and branch after: the latest occurrence of
+    # the last 8 tokens is followed by the other branch; a 16-token suffix holds the branch before
+    sentence = list(range(10, 24))
+    cycle = sentence + [100] + sentence + [200]
+    tokens = cycle * 3 + sentence + [100] + sentence
+    assert PromptLookup().find(tokens, 4) == [200] + sentence[:3]
+    assert PromptLookup().find(tokens + [200] + sentence, 2) == [100] + sentence[:1]
+
 def test_ngram_index_is_shared_bounded_and_forgets_whole_documents():
     index = NgramIndex(max_bytes=100 * BYTES_PER_TOKEN)
     cap = index.max_tokens
@@ -124,10 +134,12 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     assert draft_lengths([(0.3, 0.3)], [8], 1, costs) == [0]  # free text: a rejected row costs more than it saves
     assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([1], [2])
     assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [16]  # a copy: as long as found
-    assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [5]
+    # 5 found: 3 (4 rows stream the weights once; 5 to 7 take the prompt path and cost more a token)
+    assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [3]
+    assert draft_lengths([(0.99, 0.99)], [11], 1, costs) == [11]
     # two sequences: the likelier one's tokens first, the other's at most its likeliest
-    two = draft_lengths([(0.95, 0.95), (0.35, 0.35)], [8, 8], 2, costs)
-    assert two[0] == 8 and two[1] <= 1
+    two = draft_lengths([(0.99, 0.99), (0.35, 0.35)], [14, 8], 2, costs)
+    assert two[0] == 14 and two[1] <= 1
     # measured steps: cheaper rows (a GPU) allow what the prior does not; dearer ones never stop
     # drafting that the prior allows (a loaded machine's slow steps)
     for _ in range(5):
@@ -139,8 +151,8 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     slow.measured(1, 0, 0.010)
     for _ in range(20):
         slow.measured(1, 1, 0.030)
-    assert slow.relative(1, 1) == pytest.approx(1.27)
-    assert slow.relative(1, 3) == pytest.approx(1.79)  # not measured: the prior
+    assert slow.relative(1, 1) == pytest.approx(1.35)
+    assert slow.relative(1, 3) == pytest.approx(2.08)  # not measured: the prior
 
 
 def test_auto_spec_type_is_draftless_where_steps_run_one_at_a_time():

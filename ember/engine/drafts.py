@@ -13,7 +13,10 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 
-NGRAM_SIZES = (8, 4, 3)  # suffix lengths tried, longest first: a longer match drafts more reliably
+# suffix lengths tried, longest first: a longer match drafts more reliably (text that repeats a cycle
+# of sentences parts from its earlier copies where the cycle branches; 8 tokens back do not tell which
+# branch follows, 16 or 32 do)
+NGRAM_SIZES = (32, 16, 8, 4, 3)
 DRAFT_PER_MATCHED = 2  # tokens drafted per token of the matched suffix, at most (a short match is a weak guess)
 # what one indexed token costs: 4 bytes of token, and per n-gram size a dict entry (key, value tuple)
 BYTES_PER_TOKEN = 4 + 120 * len(NGRAM_SIZES)

@@ -45,11 +45,12 @@ IDLE_DECAY = 0.97  # a step without a draft: the evidence fades, so that draftin
 # 23 steps of text that does not repeat (a rejected token costs ~a quarter of a step there)
 PROBE_BELOW = 0.5
 # a decode step of n rows (one sequence and n - 1 drafted tokens) over one of one row, where steps
-# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet: up to 4 rows the
-# products stream the weights once, past that they take the prompt path); past the table, a row
-# adds PRIOR_ROW_COST
-PRIOR_STEP = (1.0, 1.27, 1.49, 1.79, 2.33, 2.65, 2.92, 3.11, 3.41, 3.66, 3.87, 4.07, 4.43, 4.79, 4.95, 5.11, 5.27)
-PRIOR_ROW_COST = 0.26
+# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 6.4 ms a row at an
+# 800-token context: up to 4 rows the products stream the weights once, past that they take the
+# prompt path); past the table, a row adds PRIOR_ROW_COST
+PRIOR_STEP = (1.0, 1.35, 1.72, 2.08, 2.87, 3.71, 4.22, 4.56, 4.99, 5.15, 5.49, 5.78, 6.08, 6.33, 6.41, 6.82, 7.02,
+              7.33, 7.72, 7.75, 8.01, 8.09, 8.33, 8.82, 9.32, 9.35, 9.38, 9.74, 10.23, 10.24, 10.90, 10.94, 11.28)
+PRIOR_ROW_COST = 0.32
 # a step is drafted only where its expected tokens per second beat the undrafted step's by this much
 # (what the estimates may be off by, and the host's work on drafts)
 GAIN_MARGIN = 1.1
@@ -85,7 +86,7 @@ def parse_types(text: str) -> tuple[str, ...]:
 class DraftParams:
     """A request's own limits (llama-server's `speculative.n_max`, `n_min`, `p_min`)."""
 
-    n_max: int = 16  # most tokens drafted a step (0: never)
+    n_max: int = 32  # most tokens drafted a step (0: never)
     n_min: int = 0  # a shorter draft is not worth a step's extra rows: none then
     p_min: float = 0.75  # the draft model's least probability for a drafted token (the n-gram sources have none)
 
