@@ -69,10 +69,7 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     16-bit multiply-adds in the panels. Rows rounded as llama.cpp also carry their values as int8
  *     after the sums, q int8 (k,) at ember_q16_q8_offset(k), which the decode microtiles multiply 4 at a
  *     time (vpdpbusd; the int16 values take twice the instructions, and a decode step of SmolLM2 or
- *     Gemma 3 was bound by them). Exact rows carry their values split into bytes there instead,
- *     c = 256 hi + lo: hi int8 (k,) at ember_q16_q8_offset(k), lo uint8 (k,) at ember_q16_lo_offset(k),
- *     so that the decode microtiles of the unsigned-nibble types take them in two byte dots (w * hi,
- *     lo * w) with the same integer sums as the int16 ones, without widening the weights. (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
+ *     Gemma 3 was bound by them). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
  *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
  *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24; and a cached prompt's
  *     continuation parted from the uncached one's: files without K-quants round exactly. In a file with K-quants, exact 32-value products beside the
@@ -96,7 +93,6 @@ static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63;
 static inline int64_t ember_q16_d_offset(int64_t k) { return 2 * k; }
 static inline int64_t ember_q16_s_offset(int64_t k) { return 2 * k + 4 * (k / QK); }
 static inline int64_t ember_q16_q8_offset(int64_t k) { return ember_align64(2 * k + 8 * (k / QK)); }
-static inline int64_t ember_q16_lo_offset(int64_t k) { return ember_q16_q8_offset(k) + k; }
 static inline int64_t ember_q8k_d_offset(int64_t k) { return k; }
 static inline int64_t ember_q8k_bsums_offset(int64_t k) { return k + 4 * (k / QK_K); }
 static inline int64_t ember_q8k_sum16_offset(int64_t k) { return ember_q8k_bsums_offset(k) + 2 * (k / 16); }
@@ -106,7 +102,7 @@ static inline int64_t ember_q8k_off32_offset(int64_t k) { return ember_q8k_off16
 
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
-    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(ember_q16_q8_offset(k) + 2 * k);
+    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(ember_q16_q8_offset(k) + k);
     if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_off32_offset(k) + 4 * (k / 32));
     return 0;
 }

@@ -8,21 +8,16 @@
 
 /* ---- activation quantizers (see quant.h) ---- */
 
-/* x (k,) -> EMBER_ACT_Q16 row: c (k,) | d (k/32,) | s (k/32,), and c split into bytes hi | lo */
+/* x (k,) -> EMBER_ACT_Q16 row: c (k,) | d (k/32,) | s (k/32,) */
 static void quantize_q16(const float *x, void *dst, int64_t k) {
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
-    int8_t *hi = (int8_t *)dst + ember_q16_q8_offset(k);
-    uint8_t *lo = (uint8_t *)dst + ember_q16_lo_offset(k);
-    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK, hi += QK, lo += QK) {
+    for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK) {
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
         int sum = 0;
-        for (int i = 0; i < QK; i++) {
-            sum += c[i] = (int16_t)nearbyintf(x[i] * id);
-            hi[i] = (int8_t)(c[i] >> 8), lo[i] = (uint8_t)(c[i] & 255);
-        }
+        for (int i = 0; i < QK; i++) sum += c[i] = (int16_t)nearbyintf(x[i] * id);
         d[b] = amax / 32767.0f;
         s[b] = d[b] * (float)sum;
     }

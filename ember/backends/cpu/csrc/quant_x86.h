@@ -102,17 +102,9 @@ ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int t
         for (int j = 0; j < 4; j += 2) /* packs interleaves the 128-bit halves; the permute undoes it */
             _mm256_storeu_si256((__m256i *)(c + 8 * j),
                                 _mm256_permute4x64_epi64(_mm256_packs_epi32(i[j], i[j + 1]), 0xd8));
-        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         if (top == 127) {
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, order));
-        } else { /* c = 256 hi + lo: hi = c >> 8 in [-128, 127], lo = c & 255 */
-            __m256i h[4], l[4];
-            for (int j = 0; j < 4; j++) h[j] = _mm256_srai_epi32(i[j], 8), l[j] = _mm256_and_si256(i[j], _mm256_set1_epi32(255));
-            __m256i ph = _mm256_packs_epi16(_mm256_packs_epi32(h[0], h[1]), _mm256_packs_epi32(h[2], h[3]));
-            __m256i pl = _mm256_packus_epi16(_mm256_packs_epi32(l[0], l[1]), _mm256_packs_epi32(l[2], l[3]));
-            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(ph, order));
-            _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(pl, order));
+            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
         const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
         const float step = amax / (float)top;
@@ -313,43 +305,47 @@ ALWAYS __m256i dot_w8_q8(int type, __m256i base, __m256i w, __m256i aw, __m256i 
     return dot_u8_s8_acc(base, aw, _mm256_sign_epi8(q, w));
 }
 
-/* How a microtile takes the activations (its i8 argument): their int16 values c, their int8 values q
- * (rows rounded as llama.cpp), or exact rows' c split into bytes, 256 hi + lo: w * c = 256 (w * hi) +
- * lo * w, two byte dots on the unsigned nibbles of Q4_0 and Q4_1 instead of the weights widened to
- * int16 (SmolLM2's Q4_1 decode products were bound by vector instructions; bench/NOTES.md). The
- * 5-bit types keep the int16 values (their scales take 512-bit permutes, see block_scales8). */
-enum { ACT_C16 = 0, ACT_Q8 = 1, ACT_SPLIT = 2 };
+/* How a microtile takes the activations (its i8 argument): their int16 values c against the weights
+ * as bytes widened in 512-bit multiply-adds (dot_w8_c16), their int8 values q (rows rounded as
+ * llama.cpp), or c against Q4_0 / Q4_1 nibbles zero-extended to 16-bit words in 256-bit multiply-adds
+ * (one widening load per block, the high nibbles a shift away): SmolLM2's exact Q4_1 decode products
+ * were bound by vector instructions, and any 512-bit one closes a vector port to the whole loop on
+ * Intel cores (bench/NOTES.md). */
+enum { ACT_C16 = 0, ACT_Q8 = 1, ACT_W16 = 2 };
 
-/* Per int32 lane, base plus the sum of 4 products of the unsigned weights u with the exact values whose
- * bytes are hi and lo */
-ALWAYS __m256i dot_w8_split(__m256i base, __m256i u, __m256i hi, __m256i lo) {
-    const __m256i h = _mm256_slli_epi32(dot_u8_s8(u, hi), 8);
-    return _mm256_add_epi32(dot_u8_s8_acc(h, lo, u), base);
+/* A Q4_0 / Q4_1 block's weights as 16-bit words: values 0-15 in lo, 16-31 in hi (Q4_0 less its 8) */
+ALWAYS void nibble_words(int type, const uint8_t *blk, __m256i *lo, __m256i *hi) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + block_bytes(type) - 16)));
+    const __m256i off = _mm256_set1_epi16(type == EMBER_T_Q4_0 ? 8 : 0);
+    *lo = _mm256_sub_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x0f)), off);
+    *hi = _mm256_sub_epi16(_mm256_srli_epi16(v, 4), off);
 }
 
 /* Block b of nr rows against nc tokens: the integer sum of w * c scaled by scale[j] = d_w * d_a of the
- * row and token, into acc[r][c][chain32(nr, p)]. The tokens' int8 values q or split bytes hi start q8
- * bytes into each row, the split bytes lo k bytes after hi. */
+ * row and token, into acc[r][c][chain32(nr, p)]. i8 (ACT_*): how the tokens' values are taken; their
+ * int8 values q start q8 bytes into each row. */
 ALWAYS void block32(const int type, const int i8, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
-                    int64_t q8, int64_t k, int64_t b, const float *scale, const int nr, const int nc,
-                    __m256 acc[][TILE_C][2], const int p) {
-    __m256i u[TILE32_R], au[TILE32_R];
+                    int64_t q8, int64_t b, const float *scale, const int nr, const int nc, __m256 acc[][TILE_C][2],
+                    const int p) {
+    __m256i u[TILE32_R], au[TILE32_R], wl[TILE32_R], wh[TILE32_R];
     UNROLL for (int r = 0; r < nr; r++) {
         const uint8_t *blk = w + r * ws + b * block_bytes(type);
-        u[r] = i8 != ACT_C16 ? weights32_i8(type, blk) : weights32(type, blk);
-        au[r] = i8 == ACT_Q8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
+        if (i8 == ACT_W16) {
+            nibble_words(type, blk, &wl[r], &wh[r]);
+        } else {
+            u[r] = i8 == ACT_Q8 ? weights32_i8(type, blk) : weights32(type, blk);
+            au[r] = i8 == ACT_Q8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
+        }
     }
     UNROLL for (int c = 0; c < nc; c++) {
         const int16_t *ca = (const int16_t *)(a + c * as) + b * QK;
-        const __m256i qa = i8 != ACT_C16 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
-        const __m256i la = i8 == ACT_SPLIT ? load256(a + c * as + q8 + k + b * QK) : _mm256_setzero_si256();
-        __m256i base = _mm256_setzero_si256();
-        if (i8 == ACT_Q8 && u8_offset(type)) base = _mm256_sub_epi32(base, dot_u8_s8(bytes(u8_offset(type)), qa));
-        if (i8 == ACT_SPLIT && u8_offset(type)) /* -offset * sum(c) */
-            base = _mm256_sub_epi32(base, dot_w8_split(base, bytes(u8_offset(type)), qa, la));
+        const __m256i qa = i8 == ACT_Q8 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
+        const __m256i base = i8 == ACT_Q8 && u8_offset(type)
+                                 ? _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8_s8(bytes(u8_offset(type)), qa))
+                                 : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < nr; r++) {
             __m256 sc = _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c));
-            __m256i dot = i8 == ACT_SPLIT ? dot_w8_split(base, u[r], qa, la)
+            __m256i dot = i8 == ACT_W16   ? dot2w_acc(_mm256_madd_epi16(wl[r], load256(ca)), wh[r], load256(ca + 16))
                           : i8 == ACT_Q8  ? dot_w8_q8(type, base, u[r], au[r], qa)
                                           : dot_w8_c16(u[r], ca);
             acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[r][c][chain32(nr, p)]);
@@ -378,10 +374,10 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     }
     int j = 0;
     for (; j + 2 <= g; j += 2) { /* rolled: unrolled, GCC hoists every scale address into a register */
-        block32(type, i8, w, ws, a, as, q8, k, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
-        block32(type, i8, w, ws, a, as, q8, k, b0 + j + 1, &scale[0][0][j + 1], nr, nc, acc, 1);
+        block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
+        block32(type, i8, w, ws, a, as, q8, b0 + j + 1, &scale[0][0][j + 1], nr, nc, acc, 1);
     }
-    if (j < g) block32(type, i8, w, ws, a, as, q8, k, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
+    if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
@@ -403,9 +399,9 @@ ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *
 
 #define TILE32_INT16(type, ...) tile32_body(type, ACT_C16, __VA_ARGS__)
 #define TILE32_INT8(type, ...) tile32_body(type, ACT_Q8, __VA_ARGS__)
-#define TILE32_SPLIT(type, ...) tile32_body(type, ACT_SPLIT, __VA_ARGS__)
+#define TILE32_W16(type, ...) tile32_body(type, ACT_W16, __VA_ARGS__)
 
-/* nr is 1 or TILE32_R; BODY TILE32_INT16, TILE32_INT8 or TILE32_SPLIT */
+/* nr is 1 or TILE32_R; BODY TILE32_INT16, TILE32_INT8 or TILE32_W16 */
 #define DEFINE_TILE32(fname, BODY, TYPE)                                                                      \
     static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys,  \
                       int nr, int nc) {                                                                       \
@@ -413,8 +409,8 @@ ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *
         TILE_DISPATCH(BODY, TYPE, 1);                                                                         \
     }
 
-/* The exact Q4_0 / Q4_1 tiles: split bytes where the includer says so (AVX-512: 20% faster decode
- * products; with AVX2's maddubs no faster than the int16 values) */
+/* The exact Q4_0 / Q4_1 tiles: the nibbles as words where the includer says so (AVX-512, where the
+ * int16 tiles widen in 512-bit instructions) */
 #ifndef TILE32_Q4
 #define TILE32_Q4 TILE32_INT16
 #endif
