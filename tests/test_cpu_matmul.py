@@ -521,7 +521,7 @@ def test_quantizers_write_the_reference_rows(qtype, rounding, isa_guard):
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
 def test_exact_q4_decode_tiles_at_the_extremes(qtype, pools, isa_guard):
-    """The exact Q4_0 / Q4_1 decode tiles (their nibbles as 16-bit words on AVX-512): values at +-32767,
+    """The exact Q4_0 / Q4_1 decode tiles (their nibbles as 16-bit words on x86): values at +-32767,
     every nibble 0 or 15, short rows 4 at a time and a lone long row, the last group of blocks ragged,
     1-4 tokens: the reference's products to within float32 noise."""
     rng = np.random.default_rng(12)

@@ -88,7 +88,6 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
-#define TILE32_Q4 TILE32_W16 /* exact Q4_0 / Q4_1 rows: their nibbles as 16-bit words (quant_x86.h) */
 #define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0}
 #define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0}
 #define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0}

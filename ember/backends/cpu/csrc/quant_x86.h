@@ -306,10 +306,10 @@ ALWAYS __m256i dot_w8_q8(int type, __m256i base, __m256i w, __m256i aw, __m256i 
 }
 
 /* How a microtile takes the activations (its i8 argument): their int16 values c against the weights
- * as bytes widened in 512-bit multiply-adds (dot_w8_c16), their int8 values q (rows rounded as
- * llama.cpp), or c against Q4_0 / Q4_1 nibbles zero-extended to 16-bit words in 256-bit multiply-adds
- * (one widening load per block, the high nibbles a shift away): SmolLM2's exact Q4_1 decode products
- * were bound by vector instructions, and any 512-bit one closes a vector port to the whole loop on
+ * as signed bytes widened by dot_w8_c16, their int8 values q (rows rounded as llama.cpp), or c against
+ * Q4_0 / Q4_1 nibbles zero-extended to 16-bit words (one widening load per block, the high nibbles a
+ * shift away) in 256-bit multiply-adds: SmolLM2's exact Q4_1 decode products were bound by vector
+ * instructions, and on AVX-512 dot_w8_c16's 512-bit ones close a vector port to the whole loop on
  * Intel cores (bench/NOTES.md). */
 enum { ACT_C16 = 0, ACT_Q8 = 1, ACT_W16 = 2 };
 
@@ -409,13 +409,8 @@ ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *
         TILE_DISPATCH(BODY, TYPE, 1);                                                                         \
     }
 
-/* The exact Q4_0 / Q4_1 tiles: the nibbles as words where the includer says so (AVX-512, where the
- * int16 tiles widen in 512-bit instructions) */
-#ifndef TILE32_Q4
-#define TILE32_Q4 TILE32_INT16
-#endif
-DEFINE_TILE32(tile_q4_0, TILE32_Q4, EMBER_T_Q4_0)
-DEFINE_TILE32(tile_q4_1, TILE32_Q4, EMBER_T_Q4_1)
+DEFINE_TILE32(tile_q4_0, TILE32_W16, EMBER_T_Q4_0)
+DEFINE_TILE32(tile_q4_1, TILE32_W16, EMBER_T_Q4_1)
 DEFINE_TILE32(tile_q5_0, TILE32_INT16, EMBER_T_Q5_0)
 DEFINE_TILE32(tile_q5_1, TILE32_INT16, EMBER_T_Q5_1)
 DEFINE_TILE32(tile_q8_0, TILE32_INT16, EMBER_T_Q8_0)
