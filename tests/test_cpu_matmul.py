@@ -519,6 +519,33 @@ def test_quantizers_write_the_reference_rows(qtype, rounding, isa_guard):
                 np.testing.assert_array_equal(rows[:, q8:q8 + k].view(np.int8), want.q, err_msg=isa)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+def test_exact_q4_decode_tiles_at_the_extremes(qtype, pools, isa_guard):
+    """The exact Q4_0 / Q4_1 decode tiles (their nibbles as 16-bit words on x86): values at +-32767,
+    every nibble 0 or 15, short rows 4 at a time and a lone long row, the last group of blocks ragged,
+    1-4 tokens: the reference's products to within float32 noise."""
+    rng = np.random.default_rng(12)
+    for k, m in ((576, 9), (1536, 3)):
+        w = make_weight(qtype, m, k, rng)
+        blocks = w.reshape(m, k // 32, -1)
+        blocks[0, :, -16:] = 0xFF  # every nibble 15: the largest products
+        blocks[1, :, -16:] = 0x00  # every nibble 0: Q4_0's most negative weight
+        wf = dequant_ref(w, qtype, k).astype(np.float64)
+        x = rng.standard_normal((4, k), dtype=np.float32)
+        x[0, :] = np.tile([1.0, -1.0], k // 2)          # c = +-32767 everywhere
+        x[1, :32] = np.linspace(-1, 1, 32, dtype=np.float32)
+        x[2, -32:] = -1.0                               # the ragged last group at its largest
+        x[3] = 0.0
+        acts = acts_ref(x, qtype)
+        want = product_ref(w, wf, qtype, x, acts)
+        mag = np.abs(acts.xq) @ np.abs(wf).T
+        for isa in ISAS:
+            assert lib.ember_cpu_set_isa(isa.encode()) == 0
+            for n in (1, 2, 3, 4):
+                y = run_matmul(pools[1], qtype, w, m, k, x[:n])
+                assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, k, n)
+
+
 @pytest.mark.parametrize("qtype", [T.Q5_1, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 def test_kernels_stay_inside_scratch(qtype, pools, isa_guard):
     """Bytes after the scratch size are never written, on any path (panels too: n = 40)."""

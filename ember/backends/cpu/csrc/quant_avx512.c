@@ -40,9 +40,38 @@ ALWAYS __m512i load64_upto(const uint8_t *p, int i, int n) {
     return _mm512_maskz_loadu_epi8(k, p + 64 * i);
 }
 
+/* bytes [0, n) at p, zeros past n (masked: never reads past n) */
+ALWAYS __m256i load32_upto(const uint8_t *p, int n) {
+    if (n <= 0) return _mm256_setzero_si256();
+    return n >= 32 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi8(((__mmask32)1 << n) - 1, p);
+}
+
+/* block_scales8 for blocks of at most 20 bytes (Q4_0, Q4_1, IQ4_NL) in 256-bit vectors only: 512-bit
+ * instructions close a vector port to the rest of the loop on Intel cores, and the decode microtiles
+ * of those types are bound by vector instructions. Blocks 0-3 lie in the first 64 bytes, 4-7 in the
+ * 64 from block 4; word lane j < 8 takes block j's first word (d), lane 8 + j the next (m). */
+ALWAYS __m256 block_scales8_ymm(int bs, int mn, const uint8_t *p, int g, __m256 *m) {
+    const int head = mn ? 4 : 2;
+    const __m256i lane = _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i blk = _mm256_and_si256(lane, _mm256_set1_epi16(3));
+    const __m256i idx = _mm256_add_epi16(_mm256_mullo_epi16(blk, _mm256_set1_epi16((short)(bs / 2))),
+                                         _mm256_srli_epi16(lane, 3));
+    const int na = (EMBER_MIN(g, 4) - 1) * bs + head, nb = (g - 5) * bs + head;
+    __m256i v = _mm256_permutex2var_epi16(load32_upto(p, na), idx, load32_upto(p + 32, na - 32));
+    if (g > 4) {
+        const uint8_t *q = p + 4 * bs;
+        v = _mm256_mask_blend_epi16(0xf0f0, v, _mm256_permutex2var_epi16(load32_upto(q, nb), idx, load32_upto(q + 32, nb - 32)));
+    }
+    const __mmask16 valid = (__mmask16)(((1u << g) - 1) | ((1u << g) - 1) << 8);
+    v = _mm256_maskz_mov_epi16(valid, v);
+    if (mn) *m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+}
+
 /* The blocks' first words picked out of the loaded bytes with word permutes (gathers are slow on
  * AMD): word lane j < 8 takes word j * bs/2 (d), lane 8 + j the word after it (m). */
 ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) {
+    if (bs <= 20) return block_scales8_ymm(bs, mn, p, g, m);
     const int n = (g - 1) * bs + (mn ? 4 : 2), last_word = 7 * bs / 2 + (mn ? 1 : 0);
     const __m512i lane = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x000f000e, 0x000d000c, 0x000b000a, 0x00090008,
                                           0x00070006, 0x00050004, 0x00030002, 0x00010000);

@@ -305,27 +305,50 @@ ALWAYS __m256i dot_w8_q8(int type, __m256i base, __m256i w, __m256i aw, __m256i 
     return dot_u8_s8_acc(base, aw, _mm256_sign_epi8(q, w));
 }
 
+/* How a microtile takes the activations (its i8 argument): their int16 values c against the weights
+ * as signed bytes widened by dot_w8_c16, their int8 values q (rows rounded as llama.cpp), or c against
+ * Q4_0 / Q4_1 nibbles zero-extended to 16-bit words (one widening load per block, the high nibbles a
+ * shift away) in 256-bit multiply-adds: SmolLM2's exact Q4_1 decode products were bound by vector
+ * instructions, and on AVX-512 dot_w8_c16's 512-bit ones close a vector port to the whole loop on
+ * Intel cores (bench/NOTES.md). */
+enum { ACT_C16 = 0, ACT_Q8 = 1, ACT_W16 = 2 };
+
+/* A Q4_0 / Q4_1 block's weights as 16-bit words: values 0-15 in lo, 16-31 in hi (Q4_0 less its 8) */
+ALWAYS void nibble_words(int type, const uint8_t *blk, __m256i *lo, __m256i *hi) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + block_bytes(type) - 16)));
+    const __m256i off = _mm256_set1_epi16(type == EMBER_T_Q4_0 ? 8 : 0);
+    *lo = _mm256_sub_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x0f)), off);
+    *hi = _mm256_sub_epi16(_mm256_srli_epi16(v, 4), off);
+}
+
 /* Block b of nr rows against nc tokens: the integer sum of w * c scaled by scale[j] = d_w * d_a of the
- * row and token, into acc[r][c][chain32(nr, p)]. i8: the tokens' int8 values q (q8 bytes into each
- * row), else their int16 values c. */
+ * row and token, into acc[r][c][chain32(nr, p)]. i8 (ACT_*): how the tokens' values are taken; their
+ * int8 values q start q8 bytes into each row. */
 ALWAYS void block32(const int type, const int i8, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                     int64_t q8, int64_t b, const float *scale, const int nr, const int nc, __m256 acc[][TILE_C][2],
                     const int p) {
-    __m256i u[TILE32_R], au[TILE32_R];
+    __m256i u[TILE32_R], au[TILE32_R], wl[TILE32_R], wh[TILE32_R];
     UNROLL for (int r = 0; r < nr; r++) {
-        u[r] = i8 ? weights32_i8(type, w + r * ws + b * block_bytes(type)) : weights32(type, w + r * ws + b * block_bytes(type));
-        au[r] = i8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
+        const uint8_t *blk = w + r * ws + b * block_bytes(type);
+        if (i8 == ACT_W16) {
+            nibble_words(type, blk, &wl[r], &wh[r]);
+        } else {
+            u[r] = i8 == ACT_Q8 ? weights32_i8(type, blk) : weights32(type, blk);
+            au[r] = i8 == ACT_Q8 && !has_min(type) && !u8_offset(type) ? _mm256_abs_epi8(u[r]) : u[r];
+        }
     }
     UNROLL for (int c = 0; c < nc; c++) {
         const int16_t *ca = (const int16_t *)(a + c * as) + b * QK;
-        const __m256i qa = i8 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
-        const __m256i base = i8 && u8_offset(type)
+        const __m256i qa = i8 == ACT_Q8 ? load256(a + c * as + q8 + b * QK) : _mm256_setzero_si256();
+        const __m256i base = i8 == ACT_Q8 && u8_offset(type)
                                  ? _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8_s8(bytes(u8_offset(type)), qa))
                                  : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < nr; r++) {
             __m256 sc = _mm256_broadcast_ss(scale + 8 * (r * TILE_C + c));
-            __m256 isum = _mm256_cvtepi32_ps(i8 ? dot_w8_q8(type, base, u[r], au[r], qa) : dot_w8_c16(u[r], ca));
-            acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(isum, sc, acc[r][c][chain32(nr, p)]);
+            __m256i dot = i8 == ACT_W16   ? dot2w_acc(_mm256_madd_epi16(wl[r], load256(ca)), wh[r], load256(ca + 16))
+                          : i8 == ACT_Q8  ? dot_w8_q8(type, base, u[r], au[r], qa)
+                                          : dot_w8_c16(u[r], ca);
+            acc[r][c][chain32(nr, p)] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[r][c][chain32(nr, p)]);
         }
     }
 }
@@ -357,7 +380,7 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
-/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16; i8: their int8 values) -> y[c * ys + r] */
+/* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         float *y, int64_t ys, const int nr, const int nc) {
     const int64_t nb = k / QK, chains = nr == 1 ? 2 : 1;
@@ -374,10 +397,11 @@ ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *
     }
 }
 
-#define TILE32_INT16(type, ...) tile32_body(type, 0, __VA_ARGS__)
-#define TILE32_INT8(type, ...) tile32_body(type, 1, __VA_ARGS__)
+#define TILE32_INT16(type, ...) tile32_body(type, ACT_C16, __VA_ARGS__)
+#define TILE32_INT8(type, ...) tile32_body(type, ACT_Q8, __VA_ARGS__)
+#define TILE32_W16(type, ...) tile32_body(type, ACT_W16, __VA_ARGS__)
 
-/* nr is 1 or TILE32_R; BODY TILE32_INT16 or TILE32_INT8 */
+/* nr is 1 or TILE32_R; BODY TILE32_INT16, TILE32_INT8 or TILE32_W16 */
 #define DEFINE_TILE32(fname, BODY, TYPE)                                                                      \
     static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys,  \
                       int nr, int nc) {                                                                       \
@@ -385,8 +409,8 @@ ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *
         TILE_DISPATCH(BODY, TYPE, 1);                                                                         \
     }
 
-DEFINE_TILE32(tile_q4_0, TILE32_INT16, EMBER_T_Q4_0)
-DEFINE_TILE32(tile_q4_1, TILE32_INT16, EMBER_T_Q4_1)
+DEFINE_TILE32(tile_q4_0, TILE32_W16, EMBER_T_Q4_0)
+DEFINE_TILE32(tile_q4_1, TILE32_W16, EMBER_T_Q4_1)
 DEFINE_TILE32(tile_q5_0, TILE32_INT16, EMBER_T_Q5_0)
 DEFINE_TILE32(tile_q5_1, TILE32_INT16, EMBER_T_Q5_1)
 DEFINE_TILE32(tile_q8_0, TILE32_INT16, EMBER_T_Q8_0)
