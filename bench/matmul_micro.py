@@ -6,7 +6,9 @@ through enough copies of the matrix to defeat the 32 MB L3, as a real decode ste
 does) and n=512 (a prompt batch: compute bound). Prints the best time per call of several (other
 processes only ever add time), GFLOP/s and the effective weight bandwidth (bytes of W / time), then
 what the products alone would allow per token for each model: matmul-only tg and pp512 rates (the
-output head runs for the last prompt token only, as in llama.cpp). Note the machine's load alongside.
+output head runs for the last prompt token only, as in llama.cpp). The activations are rounded as the
+model's file makes the backend round them: as llama.cpp does (int8 for the 32-value types too) in the
+files that hold K-quants, exactly (int16) in the others. Note the machine's load alongside.
 
     python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3 llama-1b] [--ns 1 512] [--isa avx2]
 """
@@ -70,6 +72,15 @@ MODELS = {
         Shape("down 8192->2048", T.Q6_K, 2048, 8192, 8),
         Shape("output 2048->128256", T.Q6_K, 128256, 2048, 1, head=True),
     ],
+    "llama-8b": [  # 32 layers, d 4096, ffn 14336, Q4_K_M: Q6_K attn_v and ffn_down in 16 of 32 layers, Q6_K head
+        Shape("q/o 4096->4096", T.Q4_K, 4096, 4096, 64),
+        Shape("k 4096->1024", T.Q4_K, 1024, 4096, 32 + 16),
+        Shape("v 4096->1024", T.Q6_K, 1024, 4096, 16),
+        Shape("gate/up 4096->14336", T.Q4_K, 14336, 4096, 64),
+        Shape("down 14336->4096", T.Q4_K, 4096, 14336, 16),
+        Shape("down 14336->4096", T.Q6_K, 4096, 14336, 16),
+        Shape("output 4096->128256", T.Q6_K, 128256, 4096, 1, head=True),
+    ],
     "gemma3": [  # 18 layers, d 640, ffn 2048; tied Q8_0 output head
         Shape("q 640->1024", T.Q5_0, 1024, 640, 18),
         Shape("k 640->256", T.Q5_0, 256, 640, 18),
@@ -80,6 +91,10 @@ MODELS = {
         Shape("output 640->262144", T.Q8_0, 262144, 640, 1, head=True),
     ],
 }
+
+
+# Models whose files hold no K-quants: their 32-value types keep exact (int16) activations.
+EXACT_MODELS = {"smollm2"}
 
 
 def random_weight(qtype: GGMLType, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -94,9 +109,11 @@ class Runner:
     def __init__(self, threads: int):
         self.pool = ffi.gc(lib.ember_pool_create(threads), lib.ember_pool_destroy)
 
-    def time_call(self, s: Shape, ws: list[np.ndarray], n: int, min_time: float = 0.3) -> float:
-        """Best seconds of one ember_matmul over `ws` in turn (several copies: cold weights): the
-        minimum, since other processes on a 2-core machine only ever add time."""
+    def time_call(self, s: Shape, ws: list[np.ndarray], n: int, rounding: int,
+                  min_time: float = 0.3) -> tuple[float, float]:
+        """Best and median seconds of one ember_matmul over `ws` in turn (several copies: cold weights):
+        the minimum, since other processes on a 2-core machine only ever add time, and the median, the
+        figure a decode step sees."""
         x = np.random.default_rng(1).standard_normal((n, s.k), dtype=np.float32)
         y = np.empty((n, s.m), np.float32)
         size = lib.ember_matmul_scratch_size(int(s.qtype), s.k, n)
@@ -108,7 +125,7 @@ class Runner:
 
         def call(i: int) -> None:
             lib.ember_matmul(self.pool, int(s.qtype), ptrs[i % len(ptrs)], s.m, s.k, args[0], args[1], args[2],
-                             args[3], 0)
+                             args[3], rounding)
 
         call(0)
         times, i, t_end = [], 0, time.perf_counter() + min_time
@@ -117,25 +134,26 @@ class Runner:
             call(i)
             times.append(time.perf_counter() - t0)
             i += 1
-        return float(np.min(times))
+        return float(np.min(times)), float(np.median(times))
 
 
 def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -> None:
     rng = np.random.default_rng(0)
-    print(f"\n{name}")
-    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s}")
+    rounding = lib.EMBER_ROUND_EXACT if name in EXACT_MODELS else lib.EMBER_ROUND_LLAMA
+    print(f"\n{name} ({'exact' if name in EXACT_MODELS else 'llama.cpp'} rounding of the activations)")
+    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}")
     totals = {n: 0.0 for n in ns}
     for s in shapes:
         w = random_weight(s.qtype, s.m, s.k, rng)
         copies = [w] + [w.copy() for _ in range(max(0, COLD_BYTES // w.nbytes - 1))]
         for n in ns:
-            t = runner.time_call(s, copies if n == 1 else [w], n)
+            t, t_med = runner.time_call(s, copies if n == 1 else [w], n, rounding)
             # per token of the model: prompt tokens need the head once per batch only
             totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
             gflops = 2.0 * s.m * s.k * n / t / 1e9
-            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f}")
+            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f} {w.nbytes / t_med / 1e9:7.2f}")
         if any(n > 1 for n in ns) and 1 in ns and s.head:
-            head_1 = runner.time_call(s, copies, 1)
+            head_1 = runner.time_call(s, copies, 1, rounding)[0]
             for n in ns:
                 if n > 1:
                     totals[n] += head_1
