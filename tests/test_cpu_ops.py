@@ -284,9 +284,8 @@ ATTN_CASES = {
     "tiny_head_dims_softcap": AttnCase(3, 1, 20, 12, 16, 0, 5.0, ((33, 4), (3, 3)), interleave=True),
     "wide_group": AttnCase(72, 1, 16, 16, 16, 0, 0.0, ((40, 3),)),
     "window_1": AttnCase(2, 1, 64, 64, 16, 1, 0.0, ((20, 20),)),
-    # decode items take several kv heads: 2 of 4 here (3 tokens of 8 heads each), and 2 of 2 at head dim 256
-    "kv_heads_per_item_2_of_4": AttnCase(32, 4, 64, 64, 16, 0, 0.0, ((90, 3), (40, 1), (17, 1))),
-    "kv_heads_per_item_hd256": AttnCase(4, 2, 256, 256, 16, 0, 0.0, ((300, 1), (50, 1))),
+    "gqa8_short_runs": AttnCase(32, 4, 64, 64, 16, 0, 0.0, ((90, 3), (40, 1), (17, 1))),
+    "hd256_decode_two_kv_heads": AttnCase(4, 2, 256, 256, 16, 0, 0.0, ((300, 1), (50, 1))),
 }
 
 F16_NAN = 0x7E00

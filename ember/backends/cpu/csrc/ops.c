@@ -449,8 +449,7 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 
 /* ---- paged attention ----
  * Work item: a block of consecutive query tokens of one sequence x one kv head (x a range of its query
- * heads when a group is very large; all kv heads that fit when the call has few tokens a sequence) x,
- * for decode-like calls with few items, a piece of the key range.
+ * heads when a group is very large) x, for decode-like calls with few items, a piece of the key range.
  * An item walks its keys in chunks: the chunk's K and V are converted to f32 once and used by all the
  * item's rows (tokens x heads sharing the kv head), with an online softmax per row. Items are claimed
  * from a shared counter, last tokens (the longest causal ranges) first. */
@@ -473,12 +472,11 @@ typedef struct {
     float scale, softcap;
     const float *sinks;      /* (n_head,) or NULL: a logit per head in every softmax's denominator */
     int64_t group;           /* query heads per kv head */
-    int64_t item_kv;         /* kv heads of one item: > 1 only for calls of few tokens a sequence (decode) */
-    int64_t item_heads;      /* query heads of one item per kv head (<= group; all of them when item_kv > 1) */
+    int64_t item_heads;      /* query heads of one item (<= group) */
     int64_t n_hsub;          /* items per group and block: ceil(group / item_heads) */
-    int64_t block_tokens;    /* most tokens per block: block_tokens * item_kv * item_heads <= ATTN_MAX_ROWS */
+    int64_t block_tokens;    /* most tokens per block: block_tokens * item_heads <= ATTN_MAX_ROWS */
     int64_t n_split;         /* pieces of each item's key range */
-    int64_t items_per_block; /* n_kv_head / item_kv * n_hsub * n_split */
+    int64_t items_per_block; /* n_kv_head * n_hsub * n_split */
     int64_t n_chunk;         /* keys per chunk */
     float *partial;          /* n_split > 1: piece i at partial + i * piece_floats */
     int64_t piece_floats;    /* sums (piece_rows, hd_v), then maxima (piece_rows,), then totals (piece_rows,) */
@@ -488,18 +486,17 @@ typedef struct {
 } attn_ctx;
 
 typedef struct {
-    float k[ATTN_CHUNK_FLOATS];               /* (item_kv, n_chunk, hd_k) keys of the chunk */
-    float v[ATTN_CHUNK_FLOATS];               /* (item_kv, n_chunk, hd_v) values of the chunk */
+    float k[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_k) keys of the chunk */
+    float v[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_v) values of the chunk */
     float s[ATTN_MAX_ROWS * ATTN_MAX_CHUNK];  /* (rows, n_chunk) scores, then weights */
     float m[ATTN_MAX_ROWS], l[ATTN_MAX_ROWS]; /* (rows,) running max and sum of weights */
     int64_t k_off[2][ATTN_MAX_CHUNK], v_off[2][ATTN_MAX_CHUNK]; /* (n_chunk,) byte offsets: this chunk, next */
 } attn_scratch;
 
-/* Heads [h0, h0 + nh) of each of kv heads [g, g + ng) for tokens [t0, t1), over keys [k_lo, k_hi) of their
- * sequence (ng > 1 only with h0 = 0 and nh = group: the item's heads are then consecutive too).
- * Row (t, i), i < ng * nh, accumulates at acc + (t - t0) * acc_tstride + i * hd_v. */
+/* Heads [h0, h0 + nh) of kv head g for tokens [t0, t1), over keys [k_lo, k_hi) of their sequence.
+ * Row (t, i) accumulates at acc + (t - t0) * acc_tstride + i * hd_v. */
 typedef struct {
-    int64_t t0, t1, g, ng, h0, nh, k_lo, k_hi;
+    int64_t t0, t1, g, h0, nh, k_lo, k_hi;
     float *acc;
     int64_t acc_tstride;
 } attn_piece;
@@ -541,8 +538,7 @@ static attn_block first_block_cursor(const attn_ctx *c) {
 static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece *w) {
     if (!seek_block(c, b, item / c->items_per_block)) return 0;
     int64_t rest = item % c->items_per_block;
-    int64_t split = rest % c->n_split, hs = (rest / c->n_split) % c->n_hsub;
-    int64_t g = rest / c->n_split / c->n_hsub * c->item_kv;
+    int64_t split = rest % c->n_split, hs = (rest / c->n_split) % c->n_hsub, g = rest / c->n_split / c->n_hsub;
     int64_t lo = INT64_MAX, hi = 0;
     for (int64_t t = b->t0; t < b->t1; t++) {
         int64_t tl, th;
@@ -553,7 +549,6 @@ static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece
     w->t0 = b->t0;
     w->t1 = b->t1;
     w->g = g;
-    w->ng = c->item_kv;
     w->h0 = hs * c->item_heads;
     w->nh = EMBER_MIN(c->item_heads, c->group - w->h0);
     w->k_lo = lo + (hi - lo) * split / c->n_split;
@@ -563,7 +558,7 @@ static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece
         w->acc_tstride = c->n_head * c->hd_v;
     } else {
         w->acc = c->partial + item * c->piece_floats;
-        w->acc_tstride = w->ng * w->nh * c->hd_v;
+        w->acc_tstride = w->nh * c->hd_v;
     }
     return 1;
 }
@@ -583,7 +578,7 @@ static void softmax_update(const attn_ctx *c, float *s, int64_t n, float *m, flo
     *l += c->kern->exp_sum(s, n, *m);
 }
 
-/* Byte offsets of the K and V rows (kv head w->g; the piece's next kv heads follow each) of keys [p0, p1) of the piece's sequence. */
+/* Byte offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence. */
 static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, int64_t p1, int64_t *k_off,
                           int64_t *v_off) {
     const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[w->t0] * c->max_pages; /* (max_pages,) */
@@ -600,10 +595,8 @@ static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, in
 }
 
 /* Ask for rows ahead of use: a kv head's rows are strided by the other heads and scattered over pages,
- * which the hardware prefetchers follow poorly (~10% on decode from DRAM). Items of several kv heads
- * read whole rows, a page's keys in one run, which the hardware follows better unasked (bench/NOTES.md). */
+ * which the hardware prefetchers follow poorly (~10% on decode from DRAM). */
 static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t *v_off, int64_t n) {
-    if (c->item_kv > 1) return;
     for (int64_t j = 0; j < n; j++) {
         const char *k = c->k_cache + k_off[j], *v = c->v_cache + v_off[j];
         for (int64_t b = 0; b < c->k_head; b += 64) __builtin_prefetch(k + b);
@@ -614,40 +607,33 @@ static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t
 /* Keys [p0, p1) (rows at k_off, v_off): convert them once, then update every row of the piece that sees some. */
 static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *sc, int64_t p0, int64_t p1,
                          const int64_t *k_off, const int64_t *v_off) {
-    const int64_t n = p1 - p0, kp = c->n_chunk * c->hd_k, vp = c->n_chunk * c->hd_v; /* floats of a head's plane */
-    for (int64_t gi = 0; gi < w->ng; gi++) {
-        ember_kv_gather_rows(c->k_type, c->kern, c->k_cache + gi * c->k_head, k_off, n, c->hd_k, sc->k + gi * kp);
-        ember_kv_gather_rows(c->v_type, c->kern, c->v_cache + gi * c->v_head, v_off, n, c->hd_v, sc->v + gi * vp);
-    }
-    const int64_t rows = w->ng * w->nh; /* of one token */
+    ember_kv_gather_rows(c->k_type, c->kern, c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
+    ember_kv_gather_rows(c->v_type, c->kern, c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
     for (int64_t t = w->t0; t < w->t1; t++) {
         int64_t lo, hi;
         token_keys(c, t, &lo, &hi);
         lo = EMBER_MAX(lo, p0);
         hi = EMBER_MIN(hi, p1);
         if (lo >= hi) continue;
-        for (int64_t gi = 0; gi < w->ng; gi++) {
-            int64_t r0 = (t - w->t0) * rows + gi * w->nh;                                  /* first row */
-            const float *q = c->q + (t * c->n_head + w->g * c->group + w->h0) * c->hd_k + gi * w->nh * c->hd_k;
-            float *s = sc->s + r0 * c->n_chunk;                                            /* (nh, n_chunk) */
-            float *acc = w->acc + (t - w->t0) * w->acc_tstride + gi * w->nh * c->hd_v;     /* (nh, hd_v) */
-            c->kern->dot_rows(q, c->hd_k, w->nh, sc->k + gi * kp + (lo - p0) * c->hd_k, hi - lo, c->hd_k, c->scale,
-                              s, c->n_chunk);
-            for (int64_t i = 0; i < w->nh; i++)
-                softmax_update(c, s + i * c->n_chunk, hi - lo, &sc->m[r0 + i], &sc->l[r0 + i], acc + i * c->hd_v);
-            c->kern->weighted_sum(s, c->n_chunk, w->nh, sc->v + gi * vp + (lo - p0) * c->hd_v, hi - lo, c->hd_v, acc,
-                                  c->hd_v);
-        }
+        int64_t r0 = (t - w->t0) * w->nh;                                                /* first row of t */
+        const float *q = c->q + (t * c->n_head + w->g * c->group + w->h0) * c->hd_k;      /* (nh, hd_k) */
+        float *s = sc->s + r0 * c->n_chunk;                                              /* (nh, n_chunk) */
+        float *acc = w->acc + (t - w->t0) * w->acc_tstride;                              /* (nh, hd_v) */
+        c->kern->dot_rows(q, c->hd_k, w->nh, sc->k + (lo - p0) * c->hd_k, hi - lo, c->hd_k, c->scale, s,
+                          c->n_chunk);
+        for (int64_t i = 0; i < w->nh; i++)
+            softmax_update(c, s + i * c->n_chunk, hi - lo, &sc->m[r0 + i], &sc->l[r0 + i], acc + i * c->hd_v);
+        c->kern->weighted_sum(s, c->n_chunk, w->nh, sc->v + (lo - p0) * c->hd_v, hi - lo, c->hd_v, acc, c->hd_v);
     }
 }
 
 static void attend_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *sc) {
-    int64_t n_tok = w->t1 - w->t0, rows = w->ng * w->nh;
-    for (int64_t r = 0; r < n_tok * rows; r++) {
+    int64_t n_tok = w->t1 - w->t0;
+    for (int64_t r = 0; r < n_tok * w->nh; r++) {
         sc->m[r] = -INFINITY;
         sc->l[r] = 0;
     }
-    for (int64_t t = 0; t < n_tok; t++) memset(w->acc + t * w->acc_tstride, 0, sizeof(float) * rows * c->hd_v);
+    for (int64_t t = 0; t < n_tok; t++) memset(w->acc + t * w->acc_tstride, 0, sizeof(float) * w->nh * c->hd_v);
     int cur = 0; /* offsets of the chunk being attended; the other buffer holds the next chunk's */
     if (w->k_lo < w->k_hi)
         chunk_offsets(c, w, w->k_lo, EMBER_MIN(w->k_lo + c->n_chunk, w->k_hi), sc->k_off[0], sc->v_off[0]);
@@ -674,7 +660,7 @@ static float softmax_inverse(const attn_ctx *c, int64_t h, float m, float l) {
 
 /* A whole item: divide by the softmax total. A piece: keep max and total for combine_pieces. */
 static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scratch *sc, int64_t item) {
-    int64_t per_tok = w->ng * w->nh, rows = (w->t1 - w->t0) * per_tok;
+    int64_t rows = (w->t1 - w->t0) * w->nh;
     if (c->n_split > 1) {
         float *m = c->partial + item * c->piece_floats + c->piece_rows * c->hd_v, *l = m + c->piece_rows;
         memcpy(m, sc->m, sizeof(float) * rows);
@@ -682,8 +668,8 @@ static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scra
         return;
     }
     for (int64_t r = 0; r < rows; r++) {
-        float *acc = w->acc + (r / per_tok) * w->acc_tstride + (r % per_tok) * c->hd_v;
-        float inv = softmax_inverse(c, w->g * c->group + w->h0 + r % per_tok, sc->m[r], sc->l[r]);
+        float *acc = w->acc + (r / w->nh) * w->acc_tstride + (r % w->nh) * c->hd_v;
+        float inv = softmax_inverse(c, w->g * c->group + w->h0 + r % w->nh, sc->m[r], sc->l[r]);
         for (int64_t i = 0; i < c->hd_v; i++) acc[i] *= inv;
     }
 }
@@ -708,10 +694,9 @@ static void combine_pieces(const attn_ctx *c) {
     attn_block b = first_block_cursor(c);
     attn_piece w;
     for (int64_t base = 0; item_piece(c, &b, base, &w); base += c->n_split) {
-        int64_t per_tok = w.ng * w.nh;
-        for (int64_t r = 0; r < (w.t1 - w.t0) * per_tok; r++) {
-            int64_t t = w.t0 + r / per_tok;
-            float *out = c->out + (t * c->n_head + w.g * c->group + w.h0 + r % per_tok) * c->hd_v; /* (hd_v,) */
+        for (int64_t r = 0; r < (w.t1 - w.t0) * w.nh; r++) {
+            int64_t t = w.t0 + r / w.nh;
+            float *out = c->out + (t * c->n_head + w.g * c->group + w.h0 + r % w.nh) * c->hd_v; /* (hd_v,) */
             float m_all = -INFINITY, total = 0;
             for (int64_t s = 0; s < c->n_split; s++)
                 m_all = EMBER_MAX(m_all, c->partial[(base + s) * c->piece_floats + c->piece_rows * c->hd_v + r]);
@@ -724,26 +709,10 @@ static void combine_pieces(const attn_ctx *c) {
                 total += wgt * l;
                 for (int64_t i = 0; i < c->hd_v; i++) out[i] += wgt * piece[r * c->hd_v + i];
             }
-            float inv = softmax_inverse(c, w.g * c->group + w.h0 + r % per_tok, m_all, total);
+            float inv = softmax_inverse(c, w.g * c->group + w.h0 + r % w.nh, m_all, total);
             for (int64_t i = 0; i < c->hd_v; i++) out[i] *= inv;
         }
     }
-}
-
-/* KV heads one item takes: with few tokens a sequence (decode), all of a sequence's kv heads that fit, so
- * that an item reads its cache rows whole and in order (a page's keys are one contiguous run) rather than a
- * head's slice of each row, which decode reads 5-10% faster (bench/NOTES.md, 2026-12-05). */
-static int64_t item_kv_heads(const attn_ctx *c, int64_t widest) {
-    if (c->n_hsub > 1) return 1;
-    int64_t run = 1, most = 1; /* longest run of consecutive tokens of one sequence */
-    for (int64_t t = 1; t < c->n_tok; t++) {
-        run = c->tok_seq[t] == c->tok_seq[t - 1] ? run + 1 : 1;
-        most = EMBER_MAX(most, run);
-    }
-    for (int64_t ng = c->n_kv_head; ng > 1; ng--)
-        if (c->n_kv_head % ng == 0 && ng * c->group * most <= ATTN_MAX_ROWS && ng * widest * 16 <= ATTN_CHUNK_FLOATS)
-            return ng;
-    return 1;
 }
 
 /* Blocks this call forms, and the most tokens in one of them. */
@@ -758,7 +727,7 @@ static int64_t count_blocks(const attn_ctx *c, int64_t *most_tokens) {
  * with long enough ranges, and as many as the partial-result buffer holds. */
 static int64_t choose_split(attn_ctx *c, int nth) {
     int64_t most_tokens;
-    int64_t items = count_blocks(c, &most_tokens) * (c->n_kv_head / c->item_kv) * c->n_hsub;
+    int64_t items = count_blocks(c, &most_tokens) * c->n_kv_head * c->n_hsub;
     if (nth <= 1 || items >= 4 * nth) return 1;
     int64_t max_keys = 0;
     for (int64_t t = 0; t < c->n_tok; t++) {
@@ -766,7 +735,7 @@ static int64_t choose_split(attn_ctx *c, int nth) {
         token_keys(c, t, &lo, &hi);
         max_keys = EMBER_MAX(max_keys, hi - lo);
     }
-    c->piece_rows = most_tokens * c->item_kv * c->item_heads;
+    c->piece_rows = most_tokens * c->item_heads;
     c->piece_floats = c->piece_rows * (c->hd_v + 2);
     int64_t want = (4 * nth + items - 1) / items; /* a few pieces per thread absorb a late-starting thread */
     int64_t by_keys = max_keys / ATTN_MIN_SPLIT_KEYS, by_room = ATTN_PARTIAL_FLOATS / (items * c->piece_floats);
@@ -795,14 +764,12 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
     c.group = n_head / n_kv_head;
     c.item_heads = EMBER_MIN(c.group, ATTN_MAX_ROWS);
     c.n_hsub = (c.group + c.item_heads - 1) / c.item_heads;
-    int64_t widest = EMBER_MAX(hd_k, hd_v);
-    c.item_kv = item_kv_heads(&c, widest);
-    c.block_tokens = EMBER_MAX(1, ATTN_MAX_ROWS / (c.item_kv * c.item_heads));
-    int64_t n_chunk = EMBER_MIN(ATTN_MAX_CHUNK, ATTN_CHUNK_FLOATS / (c.item_kv * widest));
+    c.block_tokens = EMBER_MAX(1, ATTN_MAX_ROWS / c.item_heads);
+    int64_t widest = EMBER_MAX(hd_k, hd_v), n_chunk = EMBER_MIN(ATTN_MAX_CHUNK, ATTN_CHUNK_FLOATS / widest);
     c.n_chunk = n_chunk >= 16 ? n_chunk & ~(int64_t)15 : EMBER_MAX(1, n_chunk);
     int nth = ember_pool_threads(pool);
     c.n_split = choose_split(&c, nth);
-    c.items_per_block = n_kv_head / c.item_kv * c.n_hsub * c.n_split;
+    c.items_per_block = n_kv_head * c.n_hsub * c.n_split;
     atomic_init(&c.next_item, 0);
     float partial[c.n_split > 1 ? ATTN_PARTIAL_FLOATS : 1]; /* (items, piece_floats) */
     c.partial = partial;
