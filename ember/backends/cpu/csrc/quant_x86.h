@@ -166,6 +166,13 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
  * tg: none 136 / -, 2 KB 188 / 89, 4 KB 204-217 / 95, 6 KB 209-212 / 92 tok/s). */
 #define PF_BYTES 2048
 #define PF32_BYTES 4096
+#define PF32_ROW_BYTES 1024
+
+/* How far ahead a microtile of the 32-value types prefetches: PF32_BYTES where short rows go side by
+ * side, PF32_ROW_BYTES along a lone row (Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4; Q4_0 / Q4_1 keep PF32_BYTES). */
+ALWAYS int64_t pf32_bytes(int type, int nr) {
+    return nr == 1 && type != EMBER_T_Q4_0 && type != EMBER_T_Q4_1 ? PF32_ROW_BYTES : PF32_BYTES;
+}
 
 ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
     for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
@@ -362,7 +369,7 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     const int64_t nb = k / QK;
     const int bs = block_bytes(type), last = chain32(nr, nr == 1);
     _Alignas(32) float scale[TILE32_R][TILE_C][8];
-    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (PF32_BYTES - PF_BYTES), g * bs / 64 + 1);
+    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (pf32_bytes(type, nr) - PF_BYTES), g * bs / 64 + 1);
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = type == EMBER_T_MXFP4 ? mxfp4_scales8(w + r * ws + b0 * bs, g)
                                               : block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
