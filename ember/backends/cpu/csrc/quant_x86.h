@@ -419,6 +419,10 @@ ALWAYS void q8_0_row_q8(int64_t k, const uint8_t *w, const uint8_t *a, float *y)
     *y = hsum8(_mm256_add_ps(f0, f1));
 }
 
+static void rows_q8_0_8(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r);
+}
+
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         float *y, int64_t ys, const int nr, const int nc) {
@@ -741,5 +745,5 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     .tile8 = {                                                                                                  \
         [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8), [EMBER_T_Q5_0] = T32(q5_0_8),              \
         [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
-        [EMBER_T_Q8_0] = T32(q8_0_8),                                                                          \
+        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                                                                          \
     }
