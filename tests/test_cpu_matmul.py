@@ -240,6 +240,20 @@ def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_q8_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
+    """One token against lone Q8_0 rows with int8 activations (the output heads' decode path, two
+    blocks a step): an odd block count leaves a last block alone; 640 is Gemma 3's width."""
+    assert lib.ember_cpu_set_isa(isa.encode()) == 0
+    for k in (544, 640, 1056):
+        c = case(T.Q8_0, k, rounding=LLAMA)
+        for n in (1, 2):
+            y = run_matmul(pools[1], T.Q8_0, c.w, M, k, c.x[:n], LLAMA)
+            err = np.abs(y - c.y_rounded[:n])
+            assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (k, n, float((err / c.mag[:n]).max()))
+            assert np.all(np.abs(y - c.y_exact[:n]) <= c.bound[:n]), (k, n)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_llama_rounding_of_32_value_types(qtype, isa, pools, isa_guard):
     """The 32-value block types with activations rounded as llama.cpp's Q8_0 / Q8_1 (the products

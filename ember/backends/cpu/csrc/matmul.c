@@ -52,14 +52,14 @@ static const ember_kernels *const *kernel_order(void) {
 ember_tile ember_tile_for(int type) {
     for (const ember_kernels *const *k = kernel_order(); *k; k++)
         if ((*k)->tile[type].fn) return (*k)->tile[type];
-    return (ember_tile){NULL, 0, 0, 0};
+    return (ember_tile){NULL, 0, 0, 0, NULL};
 }
 
 ember_tile ember_tile8_for(int type, int rounding) {
     if (rounding == EMBER_ROUND_LLAMA && ember_qtype_get(type)->act == EMBER_ACT_Q16)
         for (const ember_kernels *const *k = kernel_order(); *k; k++)
             if ((*k)->tile8[type].fn) return (*k)->tile8[type];
-    return (ember_tile){NULL, 0, 0, 0};
+    return (ember_tile){NULL, 0, 0, 0, NULL};
 }
 
 ember_panel ember_panel_for(int type) {
@@ -98,6 +98,10 @@ static void quantize_task(void *ctx, int ith, int nth) {
 /* W rows [r0, r1) of part p against tokens [t0, t1): microtiles of p->unit rows x tile.cols tokens. */
 static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
     const int R = p->unit, C = p->tile.cols;
+    if (R == 1 && t1 - t0 == 1 && p->tile.run) {
+        p->tile.run(j->k, p->w + r0 * p->w_stride, p->w_stride, p->act + t0 * j->a_stride, p->y + t0 * p->m + r0, r1 - r0);
+        return;
+    }
     for (int64_t r = r0; r < r1;) {
         int nr = r1 - r >= R ? R : 1;
         const uint8_t *wr = p->w + r * p->w_stride;

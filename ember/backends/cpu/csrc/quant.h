@@ -147,10 +147,15 @@ typedef void (*ember_quantize_fn)(const float *x, void *dst, int64_t k);
 typedef void (*ember_tile_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, int64_t a_stride,
                               float *y, int64_t y_stride, int nr, int nc);
 
+/* n_rows consecutive rows of W against one activation row -> y[r]: a thread's run of long rows in one
+ * call when decoding (a call per row costs a row loop ~10% of its read rate, bench/NOTES.md). */
+typedef void (*ember_rows_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, float *y, int64_t n_rows);
+
 typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
     int rows, cols;   /* largest tile it computes */
     int short_row;    /* rows of at most this many bytes go `rows` at a time */
+    ember_rows_fn run; /* NULL, or lone rows (longer than short_row) against one token */
 } ember_tile;
 
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel

@@ -166,6 +166,13 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
  * tg: none 136 / -, 2 KB 188 / 89, 4 KB 204-217 / 95, 6 KB 209-212 / 92 tok/s). */
 #define PF_BYTES 2048
 #define PF32_BYTES 4096
+#define PF32_ROW_BYTES 1024
+
+/* How far ahead a microtile of the 32-value types prefetches: PF32_BYTES where short rows go side by
+ * side, PF32_ROW_BYTES along a lone row (Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4; Q4_0 / Q4_1 keep PF32_BYTES). */
+ALWAYS int64_t pf32_bytes(int type, int nr) {
+    return nr == 1 && type != EMBER_T_Q4_0 && type != EMBER_T_Q4_1 ? PF32_ROW_BYTES : PF32_BYTES;
+}
 
 ALWAYS void prefetch_ahead(const uint8_t *p, int lines) {
     for (int l = 0; l < lines; l++) __builtin_prefetch(p + PF_BYTES + 64 * l);
@@ -236,6 +243,12 @@ ALWAYS __m256 mxfp4_scales8(const uint8_t *p, int g) {
     _Alignas(32) float d[8] = {0};
     for (int i = 0; i < g; i++) d[i] = ember_e8m0_half(p[i * sizeof(blk_mxfp4)]);
     return _mm256_load_ps(d);
+}
+
+ALWAYS uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
 }
 
 ALWAYS uint32_t load_u32(const uint8_t *p) {
@@ -362,7 +375,7 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     const int64_t nb = k / QK;
     const int bs = block_bytes(type), last = chain32(nr, nr == 1);
     _Alignas(32) float scale[TILE32_R][TILE_C][8];
-    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (PF32_BYTES - PF_BYTES), g * bs / 64 + 1);
+    UNROLL for (int r = 0; r < nr; r++) prefetch_ahead(w + r * ws + b0 * bs + (pf32_bytes(type, nr) - PF_BYTES), g * bs / 64 + 1);
     UNROLL for (int r = 0; r < nr; r++) {
         __m256 mw, dw = type == EMBER_T_MXFP4 ? mxfp4_scales8(w + r * ws + b0 * bs, g)
                                               : block_scales8(bs, has_min(type), w + r * ws + b0 * bs, g, &mw);
@@ -380,9 +393,43 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
+/* One Q8_0 row against one token's int8 activations: two blocks a step, each block's d_w * d_a formed
+ * as a scalar and broadcast, the row's lines asked for PF32_ROW_BYTES ahead at its start. */
+ALWAYS void q8_0_row_q8(int64_t k, const uint8_t *w, const uint8_t *a, float *y) {
+    const int64_t nb = k / QK, q8 = ember_q16_q8_offset(k), bs = sizeof(blk_q8_0);
+    const float *ad = (const float *)(a + ember_q16_d_offset(k));
+    for (int64_t o = 0; o < nb * bs; o += 64) __builtin_prefetch(w + PF32_ROW_BYTES + o);
+    const __m256i zero = _mm256_setzero_si256();
+    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *p = w + b * bs;
+        const __m256i w0 = load256(p + 2), w1 = load256(p + bs + 2);
+        const __m256i d0 = dot_w8_q8(EMBER_T_Q8_0, zero, w0, _mm256_abs_epi8(w0), load256(a + q8 + b * QK));
+        const __m256i d1 = dot_w8_q8(EMBER_T_Q8_0, zero, w1, _mm256_abs_epi8(w1), load256(a + q8 + (b + 1) * QK));
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(f16_to_f32(load_u16(p)) * ad[b]), f0);
+        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(f16_to_f32(load_u16(p + bs)) * ad[b + 1]), f1);
+    }
+    if (b < nb) {
+        const uint8_t *p = w + b * bs;
+        const __m256i w0 = load256(p + 2);
+        const __m256i d0 = dot_w8_q8(EMBER_T_Q8_0, zero, w0, _mm256_abs_epi8(w0), load256(a + q8 + b * QK));
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(f16_to_f32(load_u16(p)) * ad[b]), f0);
+    }
+    *y = hsum8(_mm256_add_ps(f0, f1));
+}
+
+static void rows_q8_0_8(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r);
+}
+
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         float *y, int64_t ys, const int nr, const int nc) {
+    if (type == EMBER_T_Q8_0 && i8 == ACT_Q8 && nr == 1 && nc == 1) {
+        q8_0_row_q8(k, w, a, y);
+        return;
+    }
     const int64_t nb = k / QK, chains = nr == 1 ? 2 : 1;
     __m256 acc[TILE32_R][TILE_C][2];
     UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) UNROLL for (int h = 0; h < chains; h++)
@@ -698,5 +745,5 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     .tile8 = {                                                                                                  \
         [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8), [EMBER_T_Q5_0] = T32(q5_0_8),              \
         [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
-        [EMBER_T_Q8_0] = T32(q8_0_8),                                                                          \
+        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                                                                          \
     }
