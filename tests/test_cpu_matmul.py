@@ -27,6 +27,22 @@ ALL_TYPES = FLOATS + LEGACY + KQUANTS + LOW_BIT
 Q8K_TYPES = KQUANTS + LOW_BIT  # activations rounded as llama.cpp's Q8_K
 WITH_MIN = (T.Q4_1, T.Q5_1)  # legacy types whose blocks add m * (the activations' sum, s)
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+def test_exact_q4_tiles_up_to_the_panel_threshold(qtype, pools, isa_guard):
+    """Speculative steps of 5-21 rows: the exact Q4_0 / Q4_1 products run on microtiles in several
+    4-token passes (streamed on 2 threads) below 20 tokens and on panels from 20; every ISA matches the
+    reference, and 1 and 2 threads agree bit for bit."""
+    for isa in ISAS:
+        assert lib.ember_cpu_set_isa(isa.encode()) == 0
+        for k in (576, 1536):
+            c = case(qtype, k, n=21)
+            for n in (5, 6, 9, 12, 19, 20, 21):
+                y = run_matmul(pools[1], qtype, c.w, M, k, c.x[:n])
+                err = np.abs(y - c.y_rounded[:n])
+                assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (isa, k, n, float((err / c.mag[:n]).max()))
+                np.testing.assert_array_equal(run_matmul(pools[0], qtype, c.w, M, k, c.x[:n]), y, err_msg=f"{isa} {k} {n}")
+
+
 # Byte offsets of the f16 scale fields of block types gguf cannot quantize: random bytes elsewhere.
 SCALE_FIELDS = {T.IQ4_NL: [0], T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2],
                 T.Q6_K: [208], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0],

@@ -134,8 +134,8 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     assert draft_lengths([(0.3, 0.3)], [8], 1, costs) == [0]  # free text: a rejected row costs more than it saves
     assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([1], [2])
     assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [16]  # a copy: as long as found
-    # 5 found: 3 (4 rows stream the weights once; 5 to 7 take the prompt path and cost more a token)
-    assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [3]
+    # 5 found: all 5 (up to 19 rows the products stream the weights once: 6 rows cost 2.9 one-row steps)
+    assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [5]
     assert draft_lengths([(0.99, 0.99)], [11], 1, costs) == [11]
     # two sequences: the likelier one's tokens first, the other's at most its likeliest
     two = draft_lengths([(0.99, 0.99), (0.35, 0.35)], [14, 8], 2, costs)
@@ -236,7 +236,8 @@ def test_greedy_output_is_the_same_with_drafts(llm, spec_llms, name):
     before = spec.engine.metrics.draft_tokens_accepted
     got = run_all(spec, requests[:1]) + run_all(spec, requests[1:])  # alone, then 8 at once
     assert_same_up_to_near_ties(plain, requests, want, got)
-    assert spec.engine.metrics.draft_tokens_accepted - before > 40
+    # (37 on SmolLM2: with 8 sequences, 8-row steps now cost less than the rows that drafts add to them)
+    assert spec.engine.metrics.draft_tokens_accepted - before > 30
 
 
 # ---- sampled output: the same distribution ----

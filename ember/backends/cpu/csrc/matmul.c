@@ -24,8 +24,8 @@
 #define EMBER_MATMUL_MAX_PARTS 8
 /* Runs of rows each thread takes, on average, when the product is bound by compute: enough to even out
  * a thread that falls behind. Up to STREAM_TOKENS tokens it is bound by streaming W from memory: one
- * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding); STREAM_TOKENS
- * is in matmul.h. */
+ * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding), and so are
+ * products of fewer than STREAM_TILE_TOKENS on microtiles (speculative steps); both are in matmul.h. */
 #define MATMUL_CLAIMS_PER_THREAD 8
 /* Products of fewer tokens than this go to the int8 microtiles where they apply (ember_part_init). */
 #define INT8_TILE_TOKENS 12
@@ -192,7 +192,7 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
      * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
-    if (n < (int8_tiles ? EMBER_MAX(p->panel.min_tokens, INT8_TILE_TOKENS) : p->panel.min_tokens)) p->panel.fn = NULL;
+    if (n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
@@ -233,7 +233,9 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
         if (n * k <= SERIAL_QUANTIZE_VALUES) quantize_task(&j, 0, 1);
         else ember_parallel(pool, quantize_task, &j);
     }
-    ember_job_run(pool, &j, n <= STREAM_TOKENS);
+    int panels = 0;
+    for (int i = 0; i < count; i++) panels |= parts[i].panel.fn != NULL;
+    ember_job_run(pool, &j, n <= STREAM_TOKENS || (!panels && n < STREAM_TILE_TOKENS));
     return 0;
 }
 

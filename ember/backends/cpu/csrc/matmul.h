@@ -10,6 +10,10 @@
 
 /* Up to this many tokens a product streams W from memory (one fixed run of rows per share). */
 #define STREAM_TOKENS 4
+/* Products of fewer tokens than this that run on microtiles (no panel) stream too: each run of rows is
+ * reread from L1 for every 4 tokens, so W still comes from memory once (SmolLM2's Q4_1 576 x 576 at 5-6
+ * tokens: 25-29 us instead of 32-36 with claimed runs; bench/NOTES.md). */
+#define STREAM_TILE_TOKENS 20
 /* Up to this many activation values the caller quantizes them alone: cheaper than a pass. */
 #define SERIAL_QUANTIZE_VALUES 8192
 

@@ -573,11 +573,15 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
 
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
-/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon). */
+/* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon).
+ * Q4_0 / Q4_1 against exact activations: their 16-bit-word microtiles stay ahead of the panels up to about
+ * 20 tokens (SmolLM2's Q4_1 shapes, 2 threads: 6 tokens 36 / 81 / 77 us vs 50 / 125 / 135 in panels for
+ * 576 x 576, 1536 x 576, 576 x 1536; 17 tokens 80 / 200 / 218 vs 88 / 224 / 226; 24: 106 / 270 / 302 vs
+ * 110 / 279 / 276; bench/NOTES.md). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
-        [EMBER_T_Q4_0] = PANEL(6), [EMBER_T_Q4_1] = PANEL(6), [EMBER_T_Q5_0] = PANEL(6),
+        [EMBER_T_Q4_0] = PANEL(20), [EMBER_T_Q4_1] = PANEL(20), [EMBER_T_Q5_0] = PANEL(6),
         [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
         [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
