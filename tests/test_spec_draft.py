@@ -104,7 +104,9 @@ def test_greedy_output_is_the_same_with_a_draft_model(pair):
                                                              [spec.engine.submit(r) for r in requests[1:]]]
         assert got == want
         by_source = spec.engine.metrics.drafts["draft"]
-        assert by_source.drafted == spec.engine.metrics.draft_tokens > 40
+        # (28 on SmolLM2 at the prior step costs: 5-19-row steps cost less, so the rows drafts add to
+        # 8 sequences' steps weigh more; measured costs only ever lower the prior)
+        assert by_source.drafted == spec.engine.metrics.draft_tokens > 20
         assert by_source.accepted >= 0.8 * by_source.drafted  # the two precisions agree
         drafter = spec.engine.spec.drafter
         assert not drafter.scheduler.running and not drafter.scheduler.waiting  # every shadow left with its sequence
