@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ember.backends.cpu import rounding_for
 from ember.backends.cpu._native import ffi, lib
 from ember.quant.types import GGMLType, layout
 
@@ -55,6 +56,21 @@ class Shape:
     head: bool = False  # the output projection: only the last prompt token needs it
 
 
+def llama_q4_k_m(d: int, d_kv: int, ffn: int, layers: int, vocab: int) -> list[Shape]:
+    """A llama's matrices in llama.cpp's Q4_K_M mix: Q4_K, with Q6_K attn_v and ffn_down in half the
+    layers and a Q6_K head."""
+    half = layers // 2
+    return [
+        Shape(f"q/o {d}->{d}", T.Q4_K, d, d, 2 * layers),
+        Shape(f"k {d}->{d_kv}", T.Q4_K, d_kv, d, layers + half),
+        Shape(f"v {d}->{d_kv}", T.Q6_K, d_kv, d, half),
+        Shape(f"gate/up {d}->{ffn}", T.Q4_K, ffn, d, 2 * layers),
+        Shape(f"down {ffn}->{d}", T.Q4_K, d, ffn, half),
+        Shape(f"down {ffn}->{d}", T.Q6_K, d, ffn, half),
+        Shape(f"output {d}->{vocab}", T.Q6_K, vocab, d, 1, head=True),
+    ]
+
+
 MODELS = {
     "smollm2": [  # 30 layers, d 576, ffn 1536, all Q4_1; tied Q8_0 output head
         Shape("q/o 576->576", T.Q4_1, 576, 576, 60),
@@ -63,24 +79,8 @@ MODELS = {
         Shape("down 1536->576", T.Q4_1, 576, 1536, 30),
         Shape("output 576->49152", T.Q8_0, 49152, 576, 1, head=True),
     ],
-    "llama-1b": [  # 16 layers, d 2048, ffn 8192, Q4_K_M: Q6_K attn_v and ffn_down in 8 of 16 layers, Q6_K head
-        Shape("q/o 2048->2048", T.Q4_K, 2048, 2048, 32),
-        Shape("k 2048->512", T.Q4_K, 512, 2048, 16 + 8),
-        Shape("v 2048->512", T.Q6_K, 512, 2048, 8),
-        Shape("gate/up 2048->8192", T.Q4_K, 8192, 2048, 32),
-        Shape("down 8192->2048", T.Q4_K, 2048, 8192, 8),
-        Shape("down 8192->2048", T.Q6_K, 2048, 8192, 8),
-        Shape("output 2048->128256", T.Q6_K, 128256, 2048, 1, head=True),
-    ],
-    "llama-8b": [  # 32 layers, d 4096, ffn 14336, Q4_K_M: Q6_K attn_v and ffn_down in 16 of 32 layers, Q6_K head
-        Shape("q/o 4096->4096", T.Q4_K, 4096, 4096, 64),
-        Shape("k 4096->1024", T.Q4_K, 1024, 4096, 32 + 16),
-        Shape("v 4096->1024", T.Q6_K, 1024, 4096, 16),
-        Shape("gate/up 4096->14336", T.Q4_K, 14336, 4096, 64),
-        Shape("down 14336->4096", T.Q4_K, 4096, 14336, 16),
-        Shape("down 14336->4096", T.Q6_K, 4096, 14336, 16),
-        Shape("output 4096->128256", T.Q6_K, 128256, 4096, 1, head=True),
-    ],
+    "llama-1b": llama_q4_k_m(2048, 512, 8192, 16, 128256),
+    "llama-8b": llama_q4_k_m(4096, 1024, 14336, 32, 128256),
     "gemma3": [  # 18 layers, d 640, ffn 2048; tied Q8_0 output head
         Shape("q 640->1024", T.Q5_0, 1024, 640, 18),
         Shape("k 640->256", T.Q5_0, 256, 640, 18),
@@ -91,10 +91,6 @@ MODELS = {
         Shape("output 640->262144", T.Q8_0, 262144, 640, 1, head=True),
     ],
 }
-
-
-# Models whose files hold no K-quants: their 32-value types keep exact (int16) activations.
-EXACT_MODELS = {"smollm2"}
 
 
 def random_weight(qtype: GGMLType, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -139,8 +135,8 @@ class Runner:
 
 def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -> None:
     rng = np.random.default_rng(0)
-    rounding = lib.EMBER_ROUND_EXACT if name in EXACT_MODELS else lib.EMBER_ROUND_LLAMA
-    print(f"\n{name} ({'exact' if name in EXACT_MODELS else 'llama.cpp'} rounding of the activations)")
+    rounding = rounding_for(s.qtype for s in shapes)
+    print(f"\n{name} ({'exact' if rounding == lib.EMBER_ROUND_EXACT else 'llama.cpp'} rounding of the activations)")
     print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}")
     totals = {n: 0.0 for n in ns}
     for s in shapes:

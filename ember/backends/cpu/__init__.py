@@ -164,6 +164,13 @@ class Recording:
             self.array[i] = op[0]
 
 
+def rounding_for(types) -> int:
+    """How a model whose matrices have these ggml types rounds its 32-value types' activations
+    (Backend.rounding): as llama.cpp where a type rounds as llama.cpp's Q8_K (the K-quants), else exactly."""
+    k_quants = any(lib.ember_matmul_act_kind(int(t)) == lib.EMBER_ACT_KIND_Q8K for t in types)
+    return lib.EMBER_ROUND_LLAMA if k_quants else lib.EMBER_ROUND_EXACT
+
+
 class Backend:
     name = "cpu"
     capabilities = Capabilities(top_k=True, record=True, kv_types=frozenset(KV_TYPES.values()))
@@ -312,8 +319,7 @@ class Backend:
         1/127 where a value sits at a rounding boundary, and on SmolLM2 that parted a repeated
         greedy request from the first within 16 tokens; the int8 kernels were within 3% of the
         exact ones there (bench/NOTES.md)."""
-        k_quants = any(lib.ember_matmul_act_kind(t) == lib.EMBER_ACT_KIND_Q8K for t in self._weight_types)
-        return lib.EMBER_ROUND_LLAMA if k_quants else lib.EMBER_ROUND_EXACT
+        return rounding_for(self._weight_types)
 
     def matmul(self, w: Weight, x, out) -> None:
         rows, cols = w.shape
