@@ -15,8 +15,8 @@ int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n);
  * EMBER_ROUND_EXACT: to int16 per block of 32, the products of float arithmetic; EMBER_ROUND_LLAMA: to
  * int8 as llama.cpp's Q8_0 / Q8_1 (f16 scales), which the decode kernels multiply twice as fast: for
  * models whose other products round as llama.cpp's K-quant ones do (mixing the two drifts from
- * llama.cpp's numbers more than either), and for the 4- and 5-bit types (the caller chooses: see
- * Backend.rounding). The K-quants and IQ4_XS always round as llama.cpp's Q8_K. */
+ * llama.cpp's numbers more than either; the caller chooses: see Backend.rounding). The K-quants and
+ * IQ4_XS always round as llama.cpp's Q8_K. */
 enum { EMBER_ROUND_EXACT = 0, EMBER_ROUND_LLAMA = 1 };
 
 /* y (n, m) = x (n, k) @ W^T.  x (n, k) f32 rows contiguous; y (n, m) f32 rows contiguous.

@@ -219,10 +219,12 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
     const uint8_t *a = act == EMBER_ACT_F32 ? (const uint8_t *)x : scratch;
     matmul_part parts[EMBER_MATMUL_MAX_PARTS];
     matmul_job j = {.part = parts, .n_parts = count, .k = k, .n = n, .x = x};
+    int panels = 0;
     for (int i = 0; i < count; i++) {
         if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a, rounding) != 0) return -1;
         if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
         j.units += parts[i].units;
+        panels |= parts[i].panel.fn != NULL;
     }
     if (act == EMBER_ACT_F32) {
         j.a_stride = k * (int64_t)sizeof(float);
@@ -233,8 +235,6 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
         if (n * k <= SERIAL_QUANTIZE_VALUES) quantize_task(&j, 0, 1);
         else ember_parallel(pool, quantize_task, &j);
     }
-    int panels = 0;
-    for (int i = 0; i < count; i++) panels |= parts[i].panel.fn != NULL;
     ember_job_run(pool, &j, n <= STREAM_TOKENS || (!panels && n < STREAM_TILE_TOKENS));
     return 0;
 }

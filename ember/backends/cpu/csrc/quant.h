@@ -72,9 +72,10 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     Gemma 3 was bound by them). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
  *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
  *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24; and a cached prompt's
- *     continuation parted from the uncached one's: files without K-quants round exactly. In a file with K-quants, exact 32-value products beside the
- *     K-quants' llama.cpp rounding drifted further (Gemma 3: 0.53) than llama.cpp's rounding throughout
- *     (0.25), so there every product rounds as llama.cpp does; see api_quant.h.)
+ *     continuation parted from the uncached one's: files without K-quants round exactly. In a file
+ *     with K-quants, exact 32-value products beside the K-quants' llama.cpp rounding drifted further
+ *     (Gemma 3: 0.53) than llama.cpp's rounding throughout (0.25), so there every product rounds as
+ *     llama.cpp does; see api_quant.h.)
  * EMBER_ACT_Q8K (the K-quants and IQ4_XS: llama.cpp's Q8_K, rounded as it rounds them), super-blocks of 256:
  *     q int8 (k,) | d f32 (k/256,) | bsums int16 (k/16,) | sum16 f32 (k/16,) | sum32 f32 (k/32,)
  *     | off16 int32 (k/16,) | off32 int32 (k/32,)

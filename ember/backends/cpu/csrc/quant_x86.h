@@ -745,5 +745,5 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     .tile8 = {                                                                                                  \
         [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8), [EMBER_T_Q5_0] = T32(q5_0_8),              \
         [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
-        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                                                                          \
+        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                         \
     }
