@@ -1,10 +1,12 @@
-"""Decode attention of the CPU kernel alone: n sequences x one query token at a context of `ctx`
-tokens, through `layers` separate f16 caches (as a decode step walks its layers), SmolLM2-135M's
-heads (9 query heads, 3 kv heads, head dim 64) by default. Prints one JSON object: milliseconds per
-step (all layers; median of reps), the KV bytes read per step and the rate.
+"""Decode attention of the CPU kernel alone: n sequences x `rows` query tokens (1, or a drafted step's
+rows) at a context of `ctx` tokens, through `layers` separate f16 caches (as a decode step walks its
+layers), SmolLM2-135M's heads (9 query heads, 3 kv heads, head dim 64) by default. With --shared N the
+sequences' first N keys are on the same pages (one system prompt in the prefix cache), which the kernel
+reads once for all of them. Prints one JSON object: milliseconds per step (all layers; median of reps),
+the KV bytes a step would read sequence by sequence, and that over the time.
 
-    python bench/attn_micro.py [--seqs 8] [--ctx 1400] [--layers 30] [--threads 1 2] [--reps 15]
-                               [--in-order] [--huge]
+    python bench/attn_micro.py [--seqs 8] [--rows 1] [--ctx 1400] [--shared 0] [--layers 30]
+                               [--threads 1 2] [--reps 15] [--in-order] [--huge]
 
 Findings: bench/NOTES.md, "Decode attention of 8 sequences at 1,400 tokens on the CPU".
 """
@@ -36,15 +38,17 @@ def cache_array(shape, huge: bool) -> np.ndarray:
     return np.frombuffer(m, np.uint16).reshape(shape)
 
 
-def make_layer(rng, n_seq: int, ctx: int, n_kv: int, hd: int, ps: int, huge: bool, in_order: bool):
-    pages = math.ceil(ctx / ps)
-    total = n_seq * pages
+def make_layer(rng, n_seq: int, ctx: int, shared: int, n_kv: int, hd: int, ps: int, huge: bool, in_order: bool):
+    pages, common = math.ceil(ctx / ps), shared // ps
+    total = common + n_seq * (pages - common)
     # each sequence's pages in order (as a fresh cache hands them out), or scattered over the cache
     perm = (np.arange(total) if in_order else rng.permutation(total)).astype(np.int32)
+    own = perm[common:].reshape(n_seq, pages - common)
+    tables = np.concatenate([np.broadcast_to(perm[:common], (n_seq, common)), own], axis=1)
     k, v = cache_array((total * ps, n_kv, hd), huge), cache_array((total * ps, n_kv, hd), huge)
     k[:] = rng.standard_normal(k.shape).astype(np.float16).view(np.uint16)
     v[:] = rng.standard_normal(v.shape).astype(np.float16).view(np.uint16)
-    return k, v, perm.reshape(n_seq, pages)
+    return k, v, np.ascontiguousarray(tables)
 
 
 def time_step(pool, layers, q, out, pos, seq, n_head, n_kv, hd, ps, reps: int) -> float:
@@ -62,7 +66,9 @@ def time_step(pool, layers, q, out, pos, seq, n_head, n_kv, hd, ps, reps: int) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=1, help="query tokens a sequence (drafted rows)")
     ap.add_argument("--ctx", type=int, default=1400)
+    ap.add_argument("--shared", type=int, default=0, help="keys on pages every sequence shares")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--heads", type=int, default=9)
     ap.add_argument("--kv-heads", type=int, default=3)
@@ -74,14 +80,16 @@ def main() -> None:
     ap.add_argument("--huge", action="store_true", help="caches on memory advised for huge pages")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
-    layers = [make_layer(rng, a.seqs, a.ctx, a.kv_heads, a.head_dim, a.page_size, a.huge, a.in_order) for _ in range(a.layers)]
-    q = rng.standard_normal((a.seqs, a.heads, a.head_dim)).astype(np.float32)
-    out = np.empty((a.seqs, a.heads, a.head_dim), np.float32)
-    pos = np.full(a.seqs, a.ctx - 1, np.int32)
-    seq = np.arange(a.seqs, dtype=np.int32)
+    layers = [make_layer(rng, a.seqs, a.ctx, a.shared, a.kv_heads, a.head_dim, a.page_size, a.huge, a.in_order)
+              for _ in range(a.layers)]
+    n_tok = a.seqs * a.rows
+    q = rng.standard_normal((n_tok, a.heads, a.head_dim)).astype(np.float32)
+    out = np.empty((n_tok, a.heads, a.head_dim), np.float32)
+    pos = np.tile(np.arange(a.ctx - a.rows, a.ctx, dtype=np.int32), a.seqs)
+    seq = np.repeat(np.arange(a.seqs, dtype=np.int32), a.rows)
     kv_bytes = a.layers * a.seqs * a.ctx * a.kv_heads * a.head_dim * 2 * 2
-    result = {"isa": ffi.string(lib.ember_cpu_isa()).decode(), "huge": a.huge, "in_order": a.in_order, "seqs": a.seqs, "ctx": a.ctx, "layers": a.layers,
-              "kv_mb_per_step": round(kv_bytes / 1e6, 1)}
+    result = {"isa": ffi.string(lib.ember_cpu_isa()).decode(), "huge": a.huge, "in_order": a.in_order, "seqs": a.seqs,
+              "rows": a.rows, "ctx": a.ctx, "shared": a.shared, "layers": a.layers, "kv_mb_per_step": round(kv_bytes / 1e6, 1)}
     for n in a.threads:
         pool = lib.ember_pool_create(n)
         s = time_step(pool, layers, q, out, pos, seq, a.heads, a.kv_heads, a.head_dim, a.page_size, a.reps)

@@ -448,17 +448,36 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 }
 
 /* ---- paged attention ----
- * Work item: a block of consecutive query tokens of one sequence x one kv head (x a range of its query
- * heads when a group is very large) x, for decode-like calls with few items, a piece of the key range.
- * An item walks its keys in chunks: the chunk's K and V are converted to f32 once and used by all the
- * item's rows (tokens x heads sharing the kv head), with an online softmax per row. Items are claimed
- * from a shared counter, last tokens (the longest causal ranges) first. */
+ * Work item: a block of query tokens x one kv head (x a range of its query heads when a group is very
+ * large) x, for calls with few items, a piece of the key range. An item walks its keys in chunks: the
+ * chunk's K and V are converted to f32 once and used by all the item's rows (tokens x heads sharing the
+ * kv head), with an online softmax per row. Items are claimed from a shared counter, last blocks (the
+ * longest causal ranges) first.
+ *
+ * Shared prefixes: sequences whose page tables begin with the same pages (the prefix cache hands one
+ * system prompt's pages to many sequences) read those keys once for all their tokens. A first pass
+ * attends the tokens of each such group, in blocks that mix its sequences, to the shared keys only,
+ * leaving every row's unnormalized sums in out and its max and total aside; the second pass attends
+ * each sequence's blocks to the keys after the shared ones, starting each row's online softmax from the
+ * first pass's state (the log-sum-exp merge of the two ranges). Decode steps of many sequences read
+ * their common prefix once a step instead of once a sequence. */
 
 #define ATTN_MAX_ROWS 64          /* query rows (tokens x heads) of one item */
 #define ATTN_MAX_CHUNK 64         /* keys per chunk */
 #define ATTN_CHUNK_FLOATS 8192    /* f32 staging of one key chunk, and of one value chunk */
-#define ATTN_PARTIAL_FLOATS 8192  /* results of key-range pieces, combined after the parallel pass */
+#define ATTN_PARTIAL_FLOATS 16384 /* results of key-range pieces, combined after the parallel pass */
 #define ATTN_MIN_SPLIT_KEYS 256   /* key ranges are split only into pieces at least this long */
+#define ATTN_SHARED_TOKENS 512    /* calls of more tokens (prompts, whose blocks already share reads) */
+#define ATTN_SHARED_ROWS 4096     /* or more rows (tokens x heads) read shared prefixes per sequence */
+#define ATTN_MIN_SHARED_KEYS 64   /* a common prefix shorter than one chunk is read per sequence */
+
+typedef struct {
+    int64_t n_list;                         /* tokens in groups */
+    int32_t list[ATTN_SHARED_TOKENS];       /* (n_list,) those tokens, group after group */
+    int32_t list_group[ATTN_SHARED_TOKENS]; /* (n_list,) the group of each */
+    int32_t keys[ATTN_SHARED_TOKENS];       /* (n_tok,) token t's keys [0, keys[t]) are shared; 0: none */
+    float m[ATTN_SHARED_ROWS], l[ATTN_SHARED_ROWS]; /* (n_tok, n_head) first pass's running max and total */
+} attn_shared;
 
 typedef struct {
     const float *q;                    /* (n_tok, n_head, hd_k) */
@@ -475,9 +494,13 @@ typedef struct {
     int64_t item_heads;      /* query heads of one item (<= group) */
     int64_t n_hsub;          /* items per group and block: ceil(group / item_heads) */
     int64_t block_tokens;    /* most tokens per block: block_tokens * item_heads <= ATTN_MAX_ROWS */
+    int64_t n_chunk;         /* keys per chunk */
+    attn_shared *shared;     /* NULL: no shared prefixes */
+    /* per pass */
+    int64_t n_entry;         /* the pass's tokens: 0..n_tok, or the first pass's shared->list */
+    int first_pass;          /* shared keys of the groups' tokens, results left unnormalized */
     int64_t n_split;         /* pieces of each item's key range */
     int64_t items_per_block; /* n_kv_head * n_hsub * n_split */
-    int64_t n_chunk;         /* keys per chunk */
     float *partial;          /* n_split > 1: piece i at partial + i * piece_floats */
     int64_t piece_floats;    /* sums (piece_rows, hd_v), then maxima (piece_rows,), then totals (piece_rows,) */
     int64_t piece_rows;
@@ -493,17 +516,25 @@ typedef struct {
     int64_t k_off[2][ATTN_MAX_CHUNK], v_off[2][ATTN_MAX_CHUNK]; /* (n_chunk,) byte offsets: this chunk, next */
 } attn_scratch;
 
-/* Heads [h0, h0 + nh) of kv head g for tokens [t0, t1), over keys [k_lo, k_hi) of their sequence.
- * Row (t, i) accumulates at acc + (t - t0) * acc_tstride + i * hd_v. */
+/* Heads [h0, h0 + nh) of kv head g for entries [t0, t1) of the pass, over keys [k_lo, k_hi); piece
+ * `split` of the item's key range. Rows accumulate in out, or from acc (rows, hd_v) when split. */
 typedef struct {
-    int64_t t0, t1, g, h0, nh, k_lo, k_hi;
+    int64_t t0, t1, g, h0, nh, k_lo, k_hi, split;
     float *acc;
-    int64_t acc_tstride;
 } attn_piece;
 
 typedef struct {
-    int64_t index, t0, t1; /* block number `index` (counted from the last token) is tokens [t0, t1) */
+    int64_t index, t0, t1; /* block number `index` (counted from the last entry) is entries [t0, t1) */
 } attn_block;
+
+static int64_t entry_token(const attn_ctx *c, int64_t e) {
+    return c->first_pass ? c->shared->list[e] : e;
+}
+
+/* Entries of one block share this: their sequence, or in the first pass their group. */
+static int32_t entry_run(const attn_ctx *c, int64_t e) {
+    return c->first_pass ? c->shared->list_group[e] : c->tok_seq[e];
+}
 
 static void token_keys(const attn_ctx *c, int64_t t, int64_t *lo, int64_t *hi) {
     int64_t pos = c->tok_pos[t];
@@ -511,14 +542,25 @@ static void token_keys(const attn_ctx *c, int64_t t, int64_t *lo, int64_t *hi) {
     *lo = c->window > 0 ? EMBER_MAX(0, pos - c->window + 1) : 0;
 }
 
-/* First token of the block ending at t1: up to block_tokens tokens of one sequence. */
+/* The keys of entry e that this pass attends: the shared ones in the first pass, the rest in the second. */
+static void entry_keys(const attn_ctx *c, int64_t e, int64_t *lo, int64_t *hi) {
+    int64_t t = entry_token(c, e);
+    token_keys(c, t, lo, hi);
+    if (!c->shared) return;
+    if (c->first_pass)
+        *hi = EMBER_MIN(*hi, c->shared->keys[t]);
+    else
+        *lo = EMBER_MAX(*lo, c->shared->keys[t]);
+}
+
+/* First entry of the block ending at t1: up to block_tokens entries of one run. */
 static int64_t block_start(const attn_ctx *c, int64_t t1) {
     int64_t t0 = t1 - 1;
-    while (t0 > 0 && t1 - t0 < c->block_tokens && c->tok_seq[t0 - 1] == c->tok_seq[t1 - 1]) t0--;
+    while (t0 > 0 && t1 - t0 < c->block_tokens && entry_run(c, t0 - 1) == entry_run(c, t1 - 1)) t0--;
     return t0;
 }
 
-/* Move b forward to block number `index`; 0 when the tokens run out first. */
+/* Move b forward to block number `index`; 0 when the entries run out first. */
 static int seek_block(const attn_ctx *c, attn_block *b, int64_t index) {
     while (b->index < index) {
         if (b->t0 == 0) return 0;
@@ -530,8 +572,21 @@ static int seek_block(const attn_ctx *c, attn_block *b, int64_t index) {
 }
 
 static attn_block first_block_cursor(const attn_ctx *c) {
-    attn_block b = {-1, c->n_tok, c->n_tok};
+    attn_block b = {-1, c->n_entry, c->n_entry};
     return b;
+}
+
+/* The keys any entry of the block attends in this pass: [lo, hi), empty when lo == hi. */
+static void block_keys(const attn_ctx *c, const attn_block *b, int64_t *lo, int64_t *hi) {
+    *lo = INT64_MAX;
+    *hi = 0;
+    for (int64_t e = b->t0; e < b->t1; e++) {
+        int64_t el, eh;
+        entry_keys(c, e, &el, &eh);
+        *lo = EMBER_MIN(*lo, el);
+        *hi = EMBER_MAX(*hi, eh);
+    }
+    *hi = EMBER_MAX(*hi, *lo);
 }
 
 /* Fills w with work item `item`; 0 when there is no such item. */
@@ -539,13 +594,8 @@ static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece
     if (!seek_block(c, b, item / c->items_per_block)) return 0;
     int64_t rest = item % c->items_per_block;
     int64_t split = rest % c->n_split, hs = (rest / c->n_split) % c->n_hsub, g = rest / c->n_split / c->n_hsub;
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = b->t0; t < b->t1; t++) {
-        int64_t tl, th;
-        token_keys(c, t, &tl, &th);
-        lo = EMBER_MIN(lo, tl);
-        hi = EMBER_MAX(hi, th);
-    }
+    int64_t lo, hi;
+    block_keys(c, b, &lo, &hi);
     w->t0 = b->t0;
     w->t1 = b->t1;
     w->g = g;
@@ -553,14 +603,15 @@ static int item_piece(const attn_ctx *c, attn_block *b, int64_t item, attn_piece
     w->nh = EMBER_MIN(c->item_heads, c->group - w->h0);
     w->k_lo = lo + (hi - lo) * split / c->n_split;
     w->k_hi = lo + (hi - lo) * (split + 1) / c->n_split;
-    if (c->n_split == 1) {
-        w->acc = c->out + (w->t0 * c->n_head + g * c->group + w->h0) * c->hd_v;
-        w->acc_tstride = c->n_head * c->hd_v;
-    } else {
-        w->acc = c->partial + item * c->piece_floats;
-        w->acc_tstride = w->nh * c->hd_v;
-    }
+    w->split = split;
+    w->acc = c->n_split == 1 ? NULL : c->partial + item * c->piece_floats;
     return 1;
+}
+
+/* Accumulators (nh, hd_v) of the piece's j-th entry: its rows of out, or of the piece's partial result. */
+static float *piece_acc(const attn_ctx *c, const attn_piece *w, int64_t j) {
+    if (w->acc) return w->acc + j * w->nh * c->hd_v;
+    return c->out + (entry_token(c, w->t0 + j) * c->n_head + w->g * c->group + w->h0) * c->hd_v;
 }
 
 /* Online softmax: fold n new scores s into a row's running max m and sum l, rescaling its sums acc. */
@@ -578,10 +629,11 @@ static void softmax_update(const attn_ctx *c, float *s, int64_t n, float *m, flo
     *l += c->kern->exp_sum(s, n, *m);
 }
 
-/* Byte offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence. */
+/* Byte offsets of the K and V rows (kv head w->g) of keys [p0, p1) of the piece's sequence (in the first
+ * pass, of any sequence of the group: the shared keys are on the same pages in all of them). */
 static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, int64_t p1, int64_t *k_off,
                           int64_t *v_off) {
-    const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[w->t0] * c->max_pages; /* (max_pages,) */
+    const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[entry_token(c, w->t0)] * c->max_pages;
     int64_t page = p0 / c->page_size, in_page = p0 % c->page_size; /* walked, not divided, per key */
     for (int64_t j = 0; j < p1 - p0; j++) {
         int64_t slot = (int64_t)pages[page] * c->page_size + in_page;
@@ -609,16 +661,16 @@ static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *s
                          const int64_t *k_off, const int64_t *v_off) {
     ember_kv_gather_rows(c->k_type, c->kern, c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
     ember_kv_gather_rows(c->v_type, c->kern, c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
-    for (int64_t t = w->t0; t < w->t1; t++) {
+    for (int64_t j = 0; j < w->t1 - w->t0; j++) {
         int64_t lo, hi;
-        token_keys(c, t, &lo, &hi);
+        entry_keys(c, w->t0 + j, &lo, &hi);
         lo = EMBER_MAX(lo, p0);
         hi = EMBER_MIN(hi, p1);
         if (lo >= hi) continue;
-        int64_t r0 = (t - w->t0) * w->nh;                                                /* first row of t */
+        int64_t r0 = j * w->nh, t = entry_token(c, w->t0 + j);                           /* first row of t */
         const float *q = c->q + (t * c->n_head + w->g * c->group + w->h0) * c->hd_k;      /* (nh, hd_k) */
         float *s = sc->s + r0 * c->n_chunk;                                              /* (nh, n_chunk) */
-        float *acc = w->acc + (t - w->t0) * w->acc_tstride;                              /* (nh, hd_v) */
+        float *acc = piece_acc(c, w, j);                                                 /* (nh, hd_v) */
         c->kern->dot_rows(q, c->hd_k, w->nh, sc->k + (lo - p0) * c->hd_k, hi - lo, c->hd_k, c->scale, s,
                           c->n_chunk);
         for (int64_t i = 0; i < w->nh; i++)
@@ -627,13 +679,26 @@ static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *s
     }
 }
 
-static void attend_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *sc) {
-    int64_t n_tok = w->t1 - w->t0;
-    for (int64_t r = 0; r < n_tok * w->nh; r++) {
-        sc->m[r] = -INFINITY;
-        sc->l[r] = 0;
+/* Every row of the piece starts empty, except (second pass, first piece) a token's with a shared prefix:
+ * from the first pass's sums (in out) and its max and total. */
+static void start_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *sc) {
+    for (int64_t j = 0; j < w->t1 - w->t0; j++) {
+        int64_t t = entry_token(c, w->t0 + j), h = t * c->n_head + w->g * c->group + w->h0;
+        int seeded = c->shared && !c->first_pass && w->split == 0 && c->shared->keys[t] > 0;
+        for (int64_t i = 0; i < w->nh; i++) {
+            sc->m[j * w->nh + i] = seeded ? c->shared->m[h + i] : -INFINITY;
+            sc->l[j * w->nh + i] = seeded ? c->shared->l[h + i] : 0;
+        }
+        float *acc = piece_acc(c, w, j);
+        if (!seeded)
+            memset(acc, 0, sizeof(float) * w->nh * c->hd_v);
+        else if (w->acc)
+            memcpy(acc, c->out + h * c->hd_v, sizeof(float) * w->nh * c->hd_v);
     }
-    for (int64_t t = 0; t < n_tok; t++) memset(w->acc + t * w->acc_tstride, 0, sizeof(float) * w->nh * c->hd_v);
+}
+
+static void attend_piece(const attn_ctx *c, const attn_piece *w, attn_scratch *sc) {
+    start_piece(c, w, sc);
     int cur = 0; /* offsets of the chunk being attended; the other buffer holds the next chunk's */
     if (w->k_lo < w->k_hi)
         chunk_offsets(c, w, w->k_lo, EMBER_MIN(w->k_lo + c->n_chunk, w->k_hi), sc->k_off[0], sc->v_off[0]);
@@ -658,7 +723,19 @@ static float softmax_inverse(const attn_ctx *c, int64_t h, float m, float l) {
     return l > 0 ? 1.0f / l : 0.0f;
 }
 
-/* A whole item: divide by the softmax total. A piece: keep max and total for combine_pieces. */
+/* Row (token t, head h) of out holds sums relative to max m with total l: divide by the softmax total,
+ * or in the first pass keep m and l for the second. */
+static void finish_row(const attn_ctx *c, int64_t t, int64_t h, float m, float l) {
+    if (c->first_pass) {
+        c->shared->m[t * c->n_head + h] = m;
+        c->shared->l[t * c->n_head + h] = l;
+        return;
+    }
+    float *out = c->out + (t * c->n_head + h) * c->hd_v, inv = softmax_inverse(c, h, m, l);
+    for (int64_t i = 0; i < c->hd_v; i++) out[i] *= inv;
+}
+
+/* A whole item: finish its rows. A piece: keep max and total for combine_pieces. */
 static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scratch *sc, int64_t item) {
     int64_t rows = (w->t1 - w->t0) * w->nh;
     if (c->n_split > 1) {
@@ -667,11 +744,8 @@ static void finish_piece(const attn_ctx *c, const attn_piece *w, const attn_scra
         memcpy(l, sc->l, sizeof(float) * rows);
         return;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float *acc = w->acc + (r / w->nh) * w->acc_tstride + (r % w->nh) * c->hd_v;
-        float inv = softmax_inverse(c, w->g * c->group + w->h0 + r % w->nh, sc->m[r], sc->l[r]);
-        for (int64_t i = 0; i < c->hd_v; i++) acc[i] *= inv;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        finish_row(c, entry_token(c, w->t0 + r / w->nh), w->g * c->group + w->h0 + r % w->nh, sc->m[r], sc->l[r]);
 }
 
 static void attention_task(void *p, int ith, int nth) {
@@ -695,8 +769,8 @@ static void combine_pieces(const attn_ctx *c) {
     attn_piece w;
     for (int64_t base = 0; item_piece(c, &b, base, &w); base += c->n_split) {
         for (int64_t r = 0; r < (w.t1 - w.t0) * w.nh; r++) {
-            int64_t t = w.t0 + r / w.nh;
-            float *out = c->out + (t * c->n_head + w.g * c->group + w.h0 + r % w.nh) * c->hd_v; /* (hd_v,) */
+            int64_t t = entry_token(c, w.t0 + r / w.nh), h = w.g * c->group + w.h0 + r % w.nh;
+            float *out = c->out + (t * c->n_head + h) * c->hd_v; /* (hd_v,) */
             float m_all = -INFINITY, total = 0;
             for (int64_t s = 0; s < c->n_split; s++)
                 m_all = EMBER_MAX(m_all, c->partial[(base + s) * c->piece_floats + c->piece_rows * c->hd_v + r]);
@@ -709,32 +783,30 @@ static void combine_pieces(const attn_ctx *c) {
                 total += wgt * l;
                 for (int64_t i = 0; i < c->hd_v; i++) out[i] += wgt * piece[r * c->hd_v + i];
             }
-            float inv = softmax_inverse(c, w.g * c->group + w.h0 + r % w.nh, m_all, total);
-            for (int64_t i = 0; i < c->hd_v; i++) out[i] *= inv;
+            finish_row(c, t, h, m_all, total);
         }
     }
 }
 
-/* Blocks this call forms, and the most tokens in one of them. */
-static int64_t count_blocks(const attn_ctx *c, int64_t *most_tokens) {
+/* Blocks this pass forms, the most entries in one of them and the longest key range of one. */
+static int64_t count_blocks(const attn_ctx *c, int64_t *most_tokens, int64_t *most_keys) {
     attn_block b = first_block_cursor(c);
-    *most_tokens = 0;
-    while (seek_block(c, &b, b.index + 1)) *most_tokens = EMBER_MAX(*most_tokens, b.t1 - b.t0);
+    *most_tokens = *most_keys = 0;
+    while (seek_block(c, &b, b.index + 1)) {
+        int64_t lo, hi;
+        block_keys(c, &b, &lo, &hi);
+        *most_tokens = EMBER_MAX(*most_tokens, b.t1 - b.t0);
+        *most_keys = EMBER_MAX(*most_keys, hi - lo);
+    }
     return b.index + 1;
 }
 
 /* Key-range pieces per item: only when there are too few items to keep every thread busy (decode),
  * with long enough ranges, and as many as the partial-result buffer holds. */
 static int64_t choose_split(attn_ctx *c, int nth) {
-    int64_t most_tokens;
-    int64_t items = count_blocks(c, &most_tokens) * c->n_kv_head * c->n_hsub;
-    if (nth <= 1 || items >= 4 * nth) return 1;
-    int64_t max_keys = 0;
-    for (int64_t t = 0; t < c->n_tok; t++) {
-        int64_t lo, hi;
-        token_keys(c, t, &lo, &hi);
-        max_keys = EMBER_MAX(max_keys, hi - lo);
-    }
+    int64_t most_tokens, max_keys;
+    int64_t items = count_blocks(c, &most_tokens, &max_keys) * c->n_kv_head * c->n_hsub;
+    if (nth <= 1 || items >= 4 * nth || items == 0) return 1;
     c->piece_rows = most_tokens * c->item_heads;
     c->piece_floats = c->piece_rows * (c->hd_v + 2);
     int64_t want = (4 * nth + items - 1) / items; /* a few pieces per thread absorb a late-starting thread */
@@ -743,6 +815,105 @@ static int64_t choose_split(attn_ctx *c, int nth) {
     for (int64_t fewer = n - 1; fewer >= (n + 1) / 2; fewer--) /* prefer an even share per thread */
         if ((n * items) % nth != 0 && (fewer * items) % nth == 0) n = fewer;
     return EMBER_MAX(1, n);
+}
+
+static void attention_pass(ember_pool *pool, attn_ctx *c, int nth, float *partial) {
+    c->n_split = choose_split(c, nth);
+    c->items_per_block = c->n_kv_head * c->n_hsub * c->n_split;
+    c->partial = partial;
+    atomic_store(&c->next_item, 0);
+    if (nth == 1)
+        attention_task(c, 0, 1);
+    else
+        ember_parallel(pool, attention_task, c);
+    if (c->n_split > 1) combine_pieces(c);
+}
+
+/* ---- finding shared prefixes ---- */
+
+typedef struct {
+    int32_t row;              /* row of block_tables */
+    int64_t lo, hi, n_tok;    /* its tokens' keys span [lo, hi); how many tokens */
+    int32_t group;            /* -1: none yet */
+} attn_seq;
+
+/* The sequences of the call's tokens in order of appearance; tok_index[t] = t's. Returns how many. */
+static int64_t list_sequences(const attn_ctx *c, attn_seq *seqs, int32_t *tok_index) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < c->n_tok; t++) {
+        int64_t i = n > 0 && seqs[n - 1].row == c->tok_seq[t] ? n - 1 : 0;
+        while (i < n && seqs[i].row != c->tok_seq[t]) i++;
+        if (i == n) seqs[n++] = (attn_seq){c->tok_seq[t], INT64_MAX, 0, 0, -1};
+        int64_t lo, hi;
+        token_keys(c, t, &lo, &hi);
+        seqs[i].lo = EMBER_MIN(seqs[i].lo, lo);
+        seqs[i].hi = EMBER_MAX(seqs[i].hi, hi);
+        seqs[i].n_tok++;
+        tok_index[t] = (int32_t)i;
+    }
+    return n;
+}
+
+/* Keys on the same pages in rows a and b among the first `keys` (whole pages). */
+static int64_t common_keys(const attn_ctx *c, int32_t a, int32_t b, int64_t keys) {
+    const int32_t *pa = c->block_tables + (int64_t)a * c->max_pages, *pb = c->block_tables + (int64_t)b * c->max_pages;
+    int64_t pages = EMBER_MIN(c->max_pages, (keys + c->page_size - 1) / c->page_size), p = 0;
+    while (p < pages && pa[p] == pb[p]) p++;
+    return p * c->page_size;
+}
+
+/* Sequences joining seqs[lead]'s group: their common prefix with it, and its keys; worth it when the
+ * group's blocks read the prefix fewer times than its sequences' own blocks would. */
+static int64_t form_group(const attn_ctx *c, attn_seq *seqs, int64_t n_seq, int64_t lead, int32_t id) {
+    int64_t keys = INT64_MAX, lo = seqs[lead].lo, hi = seqs[lead].hi, n_tok = seqs[lead].n_tok;
+    int64_t own_blocks = (n_tok + c->block_tokens - 1) / c->block_tokens;
+    seqs[lead].group = id;
+    for (int64_t i = lead + 1; i < n_seq; i++) {
+        if (seqs[i].group >= 0) continue;
+        int64_t k = common_keys(c, seqs[lead].row, seqs[i].row, EMBER_MAX(hi, seqs[i].hi));
+        if (k < ATTN_MIN_SHARED_KEYS) continue;
+        seqs[i].group = id;
+        keys = EMBER_MIN(keys, k);
+        lo = EMBER_MIN(lo, seqs[i].lo);
+        hi = EMBER_MAX(hi, seqs[i].hi);
+        n_tok += seqs[i].n_tok;
+        own_blocks += (seqs[i].n_tok + c->block_tokens - 1) / c->block_tokens;
+    }
+    keys = EMBER_MIN(keys, hi);
+    int worth = keys != INT64_MAX && keys - lo >= ATTN_MIN_SHARED_KEYS &&
+                own_blocks > (n_tok + c->block_tokens - 1) / c->block_tokens;
+    if (!worth)
+        for (int64_t i = lead; i < n_seq; i++)
+            if (seqs[i].group == id) seqs[i].group = -2; /* read per sequence */
+    return worth ? keys : 0;
+}
+
+/* Fills sh with the groups of sequences whose tables begin with the same pages; 0 when there are none
+ * (or the call is too large for sh). */
+static int find_shared(const attn_ctx *c, attn_shared *sh) {
+    if (c->n_tok > ATTN_SHARED_TOKENS || c->n_tok * c->n_head > ATTN_SHARED_ROWS) return 0;
+    attn_seq seqs[ATTN_SHARED_TOKENS];
+    int32_t tok_index[ATTN_SHARED_TOKENS];
+    int64_t group_keys[ATTN_SHARED_TOKENS];
+    int64_t n_seq = list_sequences(c, seqs, tok_index);
+    int32_t n_group = 0;
+    for (int64_t i = 0; i < n_seq; i++) {
+        if (seqs[i].group != -1) continue;
+        int64_t keys = form_group(c, seqs, n_seq, i, n_group);
+        if (keys > 0) group_keys[n_group++] = keys;
+    }
+    sh->n_list = 0;
+    for (int64_t t = 0; t < c->n_tok; t++) {
+        int32_t g = seqs[tok_index[t]].group;
+        sh->keys[t] = g >= 0 ? (int32_t)group_keys[g] : 0;
+    }
+    for (int32_t g = 0; g < n_group; g++)
+        for (int64_t t = 0; t < c->n_tok; t++)
+            if (seqs[tok_index[t]].group == g) {
+                sh->list[sh->n_list] = (int32_t)t;
+                sh->list_group[sh->n_list++] = g;
+            }
+    return n_group > 0;
 }
 
 void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache, float *out,
@@ -767,15 +938,17 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
     c.block_tokens = EMBER_MAX(1, ATTN_MAX_ROWS / c.item_heads);
     int64_t widest = EMBER_MAX(hd_k, hd_v), n_chunk = EMBER_MIN(ATTN_MAX_CHUNK, ATTN_CHUNK_FLOATS / widest);
     c.n_chunk = n_chunk >= 16 ? n_chunk & ~(int64_t)15 : EMBER_MAX(1, n_chunk);
-    int nth = ember_pool_threads(pool);
-    c.n_split = choose_split(&c, nth);
-    c.items_per_block = n_kv_head * c.n_hsub * c.n_split;
     atomic_init(&c.next_item, 0);
-    float partial[c.n_split > 1 ? ATTN_PARTIAL_FLOATS : 1]; /* (items, piece_floats) */
-    c.partial = partial;
-    if (nth == 1)
-        attention_task(&c, 0, 1);
-    else
-        ember_parallel(pool, attention_task, &c);
-    if (c.n_split > 1) combine_pieces(&c);
+    int nth = ember_pool_threads(pool);
+    float partial[ATTN_PARTIAL_FLOATS]; /* (items, piece_floats) of a pass that splits key ranges */
+    attn_shared shared;
+    if (find_shared(&c, &shared)) {
+        c.shared = &shared;
+        c.first_pass = 1;
+        c.n_entry = shared.n_list;
+        attention_pass(pool, &c, nth, partial);
+    }
+    c.first_pass = 0;
+    c.n_entry = n_tok;
+    attention_pass(pool, &c, nth, partial);
 }
