@@ -66,7 +66,7 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
  * read once for all their tokens (up to 512 tokens a call), each row's result merged with its own keys'.
  * Caller's contract (checked in Python, not here): n_head % n_kv_head == 0; hd_k, hd_v <= 8192;
  * tok_pos[t] >= 0 and < max_pages * page_size; the page ids used address slots inside the caches.
- * No allocation: each thread uses ~85 KB of stack, the calling thread up to 130 KB more. */
+ * No allocation: each thread uses ~150 KB of stack, the calling thread up to 130 KB more. */
 void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache,
                      float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
