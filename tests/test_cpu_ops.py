@@ -416,3 +416,29 @@ def test_top_k_matches_a_stable_sort(pool, n, vocab, k):
         assert ids[r, :valid].tolist() == order[r, :valid].tolist()
         np.testing.assert_array_equal(vals[r, :valid], x[r, order[r, :valid]])
         assert (ids[r, valid:] == -1).all() and (vals[r, valid:] == -np.inf).all()
+
+
+@pytest.mark.parametrize("pattern", ["rising", "falling", "best_at_block_ends", "mostly_nan", "ties_across_blocks"])
+def test_top_k_block_skipping(pool, pattern):
+    """The scan skips blocks holding nothing above the current k-th: rows whose best values come last,
+    first, at the last slot of blocks, among NaN, or tied across blocks give a stable sort's choice."""
+    vocab, k = 4099, 5  # blocks of 64 and a ragged end, split over the threads
+    rng = np.random.default_rng(len(pattern))
+    x = {"rising": np.arange(vocab, dtype=np.float32),
+         "falling": -np.arange(vocab, dtype=np.float32),
+         "best_at_block_ends": rng.standard_normal(vocab).astype(np.float32),
+         "mostly_nan": np.full(vocab, np.nan, np.float32),
+         "ties_across_blocks": np.zeros(vocab, np.float32)}[pattern]
+    if pattern == "best_at_block_ends":
+        x[63::64] = 10 + np.arange(len(x[63::64]), dtype=np.float32) % 3
+    if pattern == "mostly_nan":
+        x[[5, 700, 2048, 4098]] = [1.0, 3.0, 2.0, 3.0]  # fewer than k values: the row ends in -1
+    if pattern == "ties_across_blocks":
+        x[[10, 200, 1000, 3000, 4000, 4098]] = 1.0
+    x = x[None, :]
+    ids, vals = np.empty((1, k), np.int32), np.empty((1, k), np.float32)
+    lib.ember_top_k(pool, buf(x), 1, vocab, k, buf(ids, "int32_t"), buf(vals))
+    order = np.argsort(-x[0], kind="stable")
+    valid = min(k, int((~np.isnan(x)).sum()))
+    assert ids[0, :valid].tolist() == order[:valid].tolist()
+    assert (ids[0, valid:] == -1).all()
