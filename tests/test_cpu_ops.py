@@ -244,6 +244,65 @@ def test_rope(pool, name, shape):
     np.testing.assert_array_equal(x[..., p.n_rot :], want[..., p.n_rot :].astype(np.float32))
 
 
+def _rope_call(pool, p, x, pos, ff, x2=None):
+    """ember_rope_pair on x (and x2, at the same positions)."""
+    n_tok, n_head, head_dim = x.shape
+    lib.ember_rope_pair(pool, buf(x), n_head, buf(x2) if x2 is not None else ffi.NULL,
+                        x2.shape[1] if x2 is not None else 0, n_tok, head_dim, buf(pos, "int32_t"), p.n_rot,
+                        int(p.neox), p.freq_base, p.freq_scale, buf(ff) if ff is not None else ffi.NULL,
+                        p.ext_factor, p.attn_factor, p.beta_fast, p.beta_slow, p.n_ctx_orig)
+
+
+@pytest.mark.parametrize("name", ["neox", "yarn_norm", "freq_factors"])
+@pytest.mark.parametrize("n_tok,n_head,n_head2", [(1, 9, 3), (40, 9, 3), (3, 4, 1)])
+def test_rope_pair_is_two_ropes(pool, name, n_tok, n_head, n_head2):
+    """Queries and keys rotated in one call (a recorded step's fused pair) come out bit for bit as
+    rotated one tensor at a time, threaded (40 tokens) or not."""
+    p = ROPES[name]
+    rng = np.random.default_rng(n_tok + n_head)
+    head_dim = max(p.n_rot, 64)
+    q = rng.standard_normal((n_tok, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_tok, n_head2, head_dim)).astype(np.float32)
+    pos = rng.integers(0, 130000, n_tok).astype(np.int32)
+    ff = rng.uniform(1.0, 8.0, p.n_rot // 2).astype(np.float32) if p.with_freq_factors else None
+    q1, k1 = q.copy(), k.copy()
+    _rope_call(pool, p, q1, pos, ff)
+    _rope_call(pool, p, k1, pos, ff)
+    _rope_call(pool, p, q, pos, ff, k)
+    np.testing.assert_array_equal(q, q1)
+    np.testing.assert_array_equal(k, k1)
+
+
+def test_recorded_ropes_of_queries_and_keys_fuse():
+    """A recorded step makes a rope followed by one of the same positions and parameters one op over
+    both tensors, which replays as the two ropes computed; not a rope of other parameters, nor a
+    second rope of the same tensor."""
+    from ember.backends.base import AttentionBatch, RopeParams
+    from ember.backends.cpu import Backend
+
+    rng, be = np.random.default_rng(5), Backend(threads=2)
+    pos = np.array([3, 70000], np.int32)
+    batch = AttentionBatch(pos, np.zeros(2, np.int32), np.zeros((1, 1), np.int32), np.zeros(2, np.int64), 16)
+    p, other = RopeParams(64, False), RopeParams(64, False, freq_base=5e5)
+    q, k, v, twice = (rng.standard_normal((2, h * 64)).astype(np.float32) for h in (4, 2, 2, 8))
+    want = [a.copy() for a in (q, k, v, twice)]
+    for a, h, params in zip(want, (4, 2, 2, 8), (p, p, other, p)):  # unrecorded: one op at a time
+        be.rope(a, h, batch, params)
+    be.rope(want[3], 8, batch, p)
+    with be.record() as rec:
+        be.rope(q, 4, batch, p)
+        be.rope(k, 2, batch, p)
+        be.rope(v, 2, batch, other)
+    assert [op.kind for op in rec.ops] == [lib.EMBER_OP_ROPE] * 2
+    assert rec.ops[0].i[6] == 2 and rec.ops[1].p[3] == ffi.NULL
+    with be.record() as rec2:
+        be.rope(twice, 8, batch, p)
+        be.rope(twice, 8, batch, p)
+    assert len(rec2.ops) == 2
+    for got, expected in zip((q, k, v, twice), want):
+        np.testing.assert_array_equal(got, expected)
+
+
 # ---- KV cache ----
 
 
@@ -416,3 +475,29 @@ def test_top_k_matches_a_stable_sort(pool, n, vocab, k):
         assert ids[r, :valid].tolist() == order[r, :valid].tolist()
         np.testing.assert_array_equal(vals[r, :valid], x[r, order[r, :valid]])
         assert (ids[r, valid:] == -1).all() and (vals[r, valid:] == -np.inf).all()
+
+
+@pytest.mark.parametrize("pattern", ["rising", "falling", "best_at_block_ends", "mostly_nan", "ties_across_blocks"])
+def test_top_k_block_skipping(pool, pattern):
+    """The scan skips blocks holding nothing above the current k-th: rows whose best values come last,
+    first, at the last slot of blocks, among NaN, or tied across blocks give a stable sort's choice."""
+    vocab, k = 4099, 5  # blocks of 64 and a ragged end, split over the threads
+    rng = np.random.default_rng(len(pattern))
+    x = {"rising": np.arange(vocab, dtype=np.float32),
+         "falling": -np.arange(vocab, dtype=np.float32),
+         "best_at_block_ends": rng.standard_normal(vocab).astype(np.float32),
+         "mostly_nan": np.full(vocab, np.nan, np.float32),
+         "ties_across_blocks": np.zeros(vocab, np.float32)}[pattern]
+    if pattern == "best_at_block_ends":
+        x[63::64] = 10 + np.arange(len(x[63::64]), dtype=np.float32) % 3
+    if pattern == "mostly_nan":
+        x[[5, 700, 2048, 4098]] = [1.0, 3.0, 2.0, 3.0]  # fewer than k values: the row ends in -1
+    if pattern == "ties_across_blocks":
+        x[[10, 200, 1000, 3000, 4000, 4098]] = 1.0
+    x = x[None, :]
+    ids, vals = np.empty((1, k), np.int32), np.empty((1, k), np.float32)
+    lib.ember_top_k(pool, buf(x), 1, vocab, k, buf(ids, "int32_t"), buf(vals))
+    order = np.argsort(-x[0], kind="stable")
+    valid = min(k, int((~np.isnan(x)).sum()))
+    assert ids[0, :valid].tolist() == order[:valid].tolist()
+    assert (ids[0, valid:] == -1).all()

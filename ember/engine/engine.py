@@ -268,12 +268,10 @@ class Engine:
             self.tiers.restore(seq.tokens[:-1])
 
     def _inbox_items(self):
-        """What callers sent since the last look: (kind, handle) pairs."""
-        while True:
-            try:
-                yield self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        """What callers sent since the last look: (kind, handle) pairs (this thread alone takes from the
+        inbox: what empty() says is there stays there)."""
+        while not self._inbox.empty():
+            yield self._inbox.get_nowait()
 
     def step(self) -> None:
         """Plan, run, post-process: one batched forward pass."""

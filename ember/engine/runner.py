@@ -91,6 +91,7 @@ class ModelRunner:
         self._recordings: OrderedDict = OrderedDict()  # shape -> (recording, logits array)
         self._large: OrderedDict = OrderedDict()  # the same, for steps of more than MAX_RECORDED_TOKENS
         self._seen: OrderedDict = OrderedDict()  # shapes run once, not recorded (yet)
+        self._view_cache: dict = {}  # (tokens, table rows, logit rows) -> views of the inputs (_views)
         self.max_out = model.max_output_rows
         # a device that runs a replayed step while the host goes on (replay(wait=False), mark, wait_mark)
         self.overlaps = caps.overlap
@@ -232,13 +233,15 @@ class ModelRunner:
         return step
 
     def _decode_step(self, chunks, tokens: list[int] | None = None) -> Step:
-        """step() for chunks of one token each (decode): whole-array writes from Python lists, and
+        """step() for chunks of one token each (decode): whole-array writes from Python lists, the
+        cache slots computed here (numpy's per-call cost exceeds the arithmetic of a few rows), and
         a page-table row rewritten only when its pages changed (entries past a sequence's pages
         are never read: attention reads the pages of the positions it attends)."""
-        inp, n = self.inputs, len(chunks)
+        inp, n, P = self.inputs, len(chunks), self.page_size
         inp.tokens[:n] = [c.seq.tokens[c.start] for c in chunks] if tokens is None else tokens
         inp.positions[:n] = [c.start for c in chunks]
         inp.seq_rows[:n] = self._arange[:n]
+        inp.slots[:n] = [c.seq.pages[c.start // P] * P + c.start % P for c in chunks]
         n_rows = 0
         for i, c in enumerate(chunks):
             pages = c.seq.pages
@@ -251,7 +254,7 @@ class ModelRunner:
         size = decode_bucket(n)
         if (self.pad_page is None or size == n or size > len(inp.tokens) or size > len(inp.tables)
                 or n_rows + size - n > self.max_out):
-            return self._written(n, n, n_rows)
+            return self._views(n, n, n_rows)
         return self._pad_decode(n, size, n_rows)
 
     def _pad_decode(self, n: int, size: int, n_rows: int) -> Step:
@@ -262,13 +265,14 @@ class ModelRunner:
         inp.tokens[n:size] = 0
         inp.positions[n:size] = 0
         inp.seq_rows[n:size] = self._arange[n:size]
+        inp.slots[n:size] = self.pad_page * self.page_size
         pad = [self.pad_page]
         for i in range(n, size):
             if self._table_of[i] != pad:
                 inp.tables[i, 0] = self.pad_page
                 self._table_of[i] = pad
         inp.rows[n_rows:n_rows + extra] = self._arange[n:size]
-        return self._written(size, size, n_rows + extra)
+        return self._views(size, size, n_rows + extra)
 
     def _written(self, n: int, n_seqs: int, n_rows: int) -> Step:
         """The step's views once tokens, positions, sequence rows, tables and logit rows of n
@@ -276,8 +280,21 @@ class ModelRunner:
         P, inp = self.page_size, self.inputs
         pos, seq_rows = inp.positions[:n], inp.seq_rows[:n]
         inp.slots[:n] = inp.tables[seq_rows, pos // P].astype(np.int64) * P + pos % P
-        attn = AttentionBatch(pos, seq_rows, inp.tables[:n_seqs], inp.slots[:n], P)
-        return Step(inp.tokens[:n], attn, inp.rows[:n_rows])
+        return self._views(n, n_seqs, n_rows)
+
+    def _views(self, n: int, n_seqs: int, n_rows: int) -> Step:
+        """A Step over the first n tokens, n_seqs table rows and n_rows logit rows of the inputs. The
+        views of a shape are made once: the arrays never move, and decoding comes back to a few shapes."""
+        key = (n, n_seqs, n_rows)
+        views = self._view_cache.get(key)
+        if views is None:
+            inp = self.inputs
+            attn = AttentionBatch(inp.positions[:n], inp.seq_rows[:n], inp.tables[:n_seqs], inp.slots[:n],
+                                  self.page_size)
+            views = self._view_cache[key] = (inp.tokens[:n], attn, inp.rows[:n_rows])
+            if len(self._view_cache) > MAX_SEEN:
+                self._view_cache.pop(next(iter(self._view_cache)))
+        return Step(*views)
 
 
 def first_rows(logits, n: int):

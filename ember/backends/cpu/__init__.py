@@ -159,9 +159,45 @@ class Recording:
     weight_bytes: list | None = None  # bytes of weights each op reads, with the labels
 
     def finish(self) -> None:
+        self.ops = fuse_rope_pairs(self.ops)
         self.array = ffi.new("ember_op[]", len(self.ops))
         for i, op in enumerate(self.ops):
             self.array[i] = op[0]
+
+
+def fuse_rope_pairs(ops: list) -> list:
+    """A recorded step's ops with each rope followed by another of the same positions and parameters
+    (queries, then keys) made one op over both tensors: a token's angles are computed once, and the
+    step has one op less to run."""
+    out: list = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if prev is not None and _rope_pairs_with(prev[0], op[0]):
+            prev.p[3], prev.i[6] = op.p[0], op.i[1]
+            continue
+        out.append(op)
+    return out
+
+
+def _rope_pairs_with(a, b) -> bool:
+    """Whether rope b can join rope a (a not yet fused): same positions, shape of a head, parameters,
+    and tensors apart (each is rotated in place)."""
+    rope = lib.EMBER_OP_ROPE
+    if a.kind != rope or b.kind != rope or a.p[3] != ffi.NULL:
+        return False
+    same = a.p[1] == b.p[1] and a.p[2] == b.p[2] and all(a.i[j] == b.i[j] for j in (0, 2, 3, 4, 5)) \
+        and all(a.f[j] == b.f[j] for j in range(6))
+    return same and _apart(a, b)
+
+
+def _apart(a, b) -> bool:
+    """Whether two ropes' tensors (n_tok, n_head, head_dim) floats share no byte."""
+    def span(op):
+        start = int(ffi.cast("uintptr_t", op.p[0]))
+        return start, start + op.i[0] * op.i[1] * op.i[2] * 4
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a1 <= b0 or b1 <= a0
 
 
 def rounding_for(types) -> int:

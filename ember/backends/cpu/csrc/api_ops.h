@@ -16,6 +16,12 @@ void ember_rope(ember_pool *pool, float *x, int64_t n_tok, int64_t n_head, int64
                 const int32_t *pos, int64_t n_rot, int neox, float freq_base, float freq_scale,
                 const float *freq_factors, float ext_factor, float attn_factor,
                 float beta_fast, float beta_slow, int64_t n_ctx_orig);
+/* The same for x (n_tok, n_head, head_dim) and x2 (n_tok, n_head2, head_dim) at the same positions
+ * (queries and keys), each token's angles computed once for both; x2 NULL: x alone. */
+void ember_rope_pair(ember_pool *pool, float *x, int64_t n_head, float *x2, int64_t n_head2, int64_t n_tok,
+                     int64_t head_dim, const int32_t *pos, int64_t n_rot, int neox, float freq_base,
+                     float freq_scale, const float *freq_factors, float ext_factor, float attn_factor,
+                     float beta_fast, float beta_slow, int64_t n_ctx_orig);
 
 /* out (n,) = silu(gate) * up */
 void ember_silu_mul(ember_pool *pool, const float *gate, const float *up, float *out, int64_t n);

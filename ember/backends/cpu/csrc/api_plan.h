@@ -8,8 +8,9 @@ enum ember_op_kind {
     EMBER_OP_MATMUL_MULTI = 2, /* p: types (int*), ws, ms (int64*), x, ys, scratch; i: count, k, n, rounding */
     EMBER_OP_GET_ROWS = 3,     /* p: w, ids, out; i: m, k, n; type */
     EMBER_OP_RMS_NORM = 4,     /* p: x, w (or NULL), out; i: n, d; f: eps */
-    EMBER_OP_ROPE = 5,         /* p: x, pos, freq_factors; i: n_tok, n_head, head_dim, n_rot, neox, n_ctx_orig;
-                                  f: freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow */
+    EMBER_OP_ROPE = 5,         /* p: x, pos, freq_factors, x2 (or NULL); i: n_tok, n_head, head_dim, n_rot, neox,
+                                  n_ctx_orig, n_head2; f: freq_base, freq_scale, ext_factor, attn_factor,
+                                  beta_fast, beta_slow -- x2: rotated at the same positions (fused) */
     EMBER_OP_SILU_MUL = 6,     /* p: gate, up, out; i: n */
     EMBER_OP_GELU_MUL = 7,     /* p: gate, up, out; i: n */
     EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */

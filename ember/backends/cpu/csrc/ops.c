@@ -288,9 +288,10 @@ void ember_rms_norm(ember_pool *pool, const float *x, const float *w, float *out
 
 typedef struct {
     float *x;                   /* (n_tok, n_head, head_dim) */
+    float *x2;                  /* (n_tok, n_head2, head_dim) or NULL: rotated at the same positions */
     const int32_t *pos;         /* (n_tok,) */
     const float *freq_factors;  /* (n_rot/2,) or NULL */
-    int64_t n_tok, n_head, head_dim, n_rot, n_pairs;
+    int64_t n_tok, n_head, n_head2, head_dim, n_rot, n_pairs;
     int neox;
     double freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
 } rope_ctx;
@@ -346,20 +347,28 @@ static void rotate_pairs(const rope_ctx *c, float *head, int64_t p0, int64_t np,
     }
 }
 
-/* Each thread takes a range of (token, head) rows and computes a token's cos/sin once for its heads. */
+/* Head h of token t: x's heads first, then x2's. */
+static float *rope_head(const rope_ctx *c, int64_t t, int64_t h) {
+    return h < c->n_head ? c->x + (t * c->n_head + h) * c->head_dim
+                         : c->x2 + (t * c->n_head2 + h - c->n_head) * c->head_dim;
+}
+
+/* Each thread takes a range of (token, head) rows and computes a token's cos/sin once for its heads
+ * (of both tensors). */
 static void rope_task(void *p, int ith, int nth) {
     const rope_ctx *c = p;
+    const int64_t heads = c->n_head + c->n_head2;
     int64_t lo, hi;
-    ember_split(c->n_tok * c->n_head, ith, nth, &lo, &hi);
+    ember_split(c->n_tok * heads, ith, nth, &lo, &hi);
     double freq[ROPE_PAIRS];          /* (np,) angle per position */
     float cs[ROPE_PAIRS], sn[ROPE_PAIRS]; /* (np,) scaled cos and sin at one token's position */
     for (int64_t p0 = 0; p0 < c->n_pairs; p0 += ROPE_PAIRS) {
         int64_t np = EMBER_MIN(ROPE_PAIRS, c->n_pairs - p0);
         rope_pair_freqs(c, p0, np, freq);
         for (int64_t row = lo; row < hi;) {
-            int64_t t = row / c->n_head, end = EMBER_MIN(hi, (t + 1) * c->n_head);
+            int64_t t = row / heads, end = EMBER_MIN(hi, (t + 1) * heads);
             rope_cos_sin(c, c->pos[t], freq, np, cs, sn);
-            for (; row < end; row++) rotate_pairs(c, c->x + row * c->head_dim, p0, np, cs, sn);
+            for (; row < end; row++) rotate_pairs(c, rope_head(c, t, row - t * heads), p0, np, cs, sn);
         }
     }
 }
@@ -367,15 +376,24 @@ static void rope_task(void *p, int ith, int nth) {
 void ember_rope(ember_pool *pool, float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, const int32_t *pos,
                 int64_t n_rot, int neox, float freq_base, float freq_scale, const float *freq_factors,
                 float ext_factor, float attn_factor, float beta_fast, float beta_slow, int64_t n_ctx_orig) {
-    if (n_tok <= 0 || n_head <= 0 || n_rot < 2 || n_rot > head_dim) return; /* else outside the contract */
-    rope_ctx c = {x, pos, freq_factors, n_tok, n_head, head_dim, n_rot, n_rot / 2, neox,
+    ember_rope_pair(pool, x, n_head, NULL, 0, n_tok, head_dim, pos, n_rot, neox, freq_base, freq_scale, freq_factors,
+                    ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig);
+}
+
+void ember_rope_pair(ember_pool *pool, float *x, int64_t n_head, float *x2, int64_t n_head2, int64_t n_tok,
+                     int64_t head_dim, const int32_t *pos, int64_t n_rot, int neox, float freq_base, float freq_scale,
+                     const float *freq_factors, float ext_factor, float attn_factor, float beta_fast, float beta_slow,
+                     int64_t n_ctx_orig) {
+    if (!x2) n_head2 = 0;
+    if (n_tok <= 0 || n_head <= 0 || n_head2 < 0 || n_rot < 2 || n_rot > head_dim) return; /* outside the contract */
+    rope_ctx c = {x, x2, pos, freq_factors, n_tok, n_head, n_head2, head_dim, n_rot, n_rot / 2, neox,
                   freq_base, freq_scale, ext_factor, attn_factor, 0.0, 0.0};
     if (ext_factor != 0.0f) {
         c.mscale *= 1.0 + 0.1 * log(1.0 / (double)freq_scale);
         c.corr_lo = fmax(0.0, floor(yarn_corr_dim((double)n_rot, (double)n_ctx_orig, beta_fast, freq_base)));
         c.corr_hi = fmin((double)n_rot - 1, ceil(yarn_corr_dim((double)n_rot, (double)n_ctx_orig, beta_slow, freq_base)));
     }
-    if (n_tok * n_head * n_rot < PARALLEL_MIN_WORK / 2 || ember_pool_threads(pool) == 1)
+    if (n_tok * (n_head + n_head2) * n_rot < PARALLEL_MIN_WORK / 2 || ember_pool_threads(pool) == 1)
         rope_task(&c, 0, 1);
     else
         ember_parallel(pool, rope_task, &c);

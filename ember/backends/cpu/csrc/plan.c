@@ -35,7 +35,8 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         ember_rms_norm(pool, p[0], p[1], p[2], i[0], i[1], f[0]);
         return 0;
     case EMBER_OP_ROPE:
-        ember_rope(pool, p[0], i[0], i[1], i[2], p[1], i[3], (int)i[4], f[0], f[1], p[2], f[2], f[3], f[4], f[5], i[5]);
+        ember_rope_pair(pool, p[0], i[1], p[3], i[6], i[0], i[2], p[1], i[3], (int)i[4], f[0], f[1], p[2], f[2], f[3],
+                        f[4], f[5], i[5]);
         return 0;
     case EMBER_OP_SILU_MUL:
         ember_silu_mul(pool, p[0], p[1], p[2], i[0]);

@@ -173,7 +173,10 @@ void ember_parallel(ember_pool *pool, ember_task_fn fn, void *ctx) {
             i++;
             continue;
         }
-        if (spins > SPIN_ROUNDS / 16) run_share(pool, i, gen); /* a no-op once its worker has claimed it */
+        /* a no-op once its worker has claimed it; at once while a worker sleeps (the share would wait
+         * for its wake-up, tens of microseconds) */
+        if (spins > SPIN_ROUNDS / 16 || atomic_load_explicit(&pool->sleeping, memory_order_relaxed) > 0)
+            run_share(pool, i, gen);
         if (++spins < SPIN_ROUNDS) CPU_RELAX();
         else sched_yield();
     }

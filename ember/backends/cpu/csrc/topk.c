@@ -28,16 +28,33 @@ static void best_add(best_list *b, int k, int32_t id, float v) {
     b->id[i] = id;
 }
 
-/* ids [lo, hi) of row x into b: values at most the current k-th are skipped without a branch miss */
+/* Whether any of x[0..SCAN_BLOCK) is above thr (NaN never is): a branch-free loop the compiler
+ * vectorizes, so that the blocks holding none of the k best cost a few vector compares each. */
+#define SCAN_BLOCK 64
+static int any_above(const float *x, float thr) {
+    int any = 0;
+    for (int i = 0; i < SCAN_BLOCK; i++) any |= x[i] > thr;
+    return any;
+}
+
+/* ids [lo, hi) of row x into b: past the first k values, only the blocks holding a value above the
+ * current k-th are looked at one value at a time */
 static void best_scan(best_list *b, int k, const float *x, int64_t lo, int64_t hi) {
     int64_t j = lo;
     for (; j < hi && b->count < k; j++)
         if (!isnan(x[j])) best_add(b, k, (int32_t)j, x[j]);
     float thr = b->count == k ? b->val[k - 1] : -INFINITY;
-    for (; j < hi; j++) {
-        if (x[j] > thr) {
-            best_add(b, k, (int32_t)j, x[j]);
-            thr = b->val[k - 1];
+    while (j < hi) {
+        const int64_t end = hi - j >= SCAN_BLOCK ? j + SCAN_BLOCK : hi;
+        if (end - j == SCAN_BLOCK && !any_above(x + j, thr)) {
+            j = end;
+            continue;
+        }
+        for (; j < end; j++) {
+            if (x[j] > thr) {
+                best_add(b, k, (int32_t)j, x[j]);
+                thr = b->val[k - 1];
+            }
         }
     }
 }
