@@ -270,6 +270,43 @@ def test_q8_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_q5_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
+    """One token against Q5_0 rows with int8 activations, each thread's run of rows in one call, short
+    rows alone too: 640 is Gemma 3's width (440-byte rows), 544 leaves a last block alone, and 8224 (257
+    blocks) is past the run's table of activation terms. Two tokens take the microtiles: the same
+    integer sums, so the same outputs within the float sums' rounding."""
+    assert lib.ember_cpu_set_isa(isa.encode()) == 0
+    m = 45
+    for k in (544, 640, 8224):
+        c = case(T.Q5_0, k, m=m, n=2, rounding=LLAMA)
+        for pool in pools:
+            y = run_matmul(pool, T.Q5_0, c.w, m, k, c.x[:1], LLAMA)
+            err = np.abs(y - c.y_rounded[:1])
+            assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:1]), (k, float((err / c.mag[:1]).max()))
+            assert np.all(np.abs(y - c.y_exact[:1]) <= c.bound[:1]), k
+            y2 = run_matmul(pool, T.Q5_0, c.w, m, k, c.x, LLAMA)
+            assert np.all(np.abs(y[0] - y2[0]) <= FLOAT_SUM_RTOL * c.mag[0]), k
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_decode_row_runs(qtype, isa, pools, isa_guard):
+    """One token against many K-quant rows: on AVX-512 each thread's run of rows goes to the kernel in
+    one call (its first and last rows, and the split between the threads, must each be right); 1024 is
+    Gemma 3's o-projection width. Two tokens take the per-row tiles: the same sums."""
+    assert lib.ember_cpu_set_isa(isa.encode()) == 0
+    m = 203
+    for k in (256, 1024):
+        c = case(qtype, k, m=m, n=2)
+        for pool in pools:
+            y = run_matmul(pool, qtype, c.w, m, k, c.x[:1])
+            err = np.abs(y - c.y_rounded[:1])
+            assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:1]), (k, float((err / c.mag[:1]).max()))
+            assert np.all(np.abs(y - c.y_exact[:1]) <= c.bound[:1]), k
+            np.testing.assert_array_equal(y[0], run_matmul(pool, qtype, c.w, m, k, c.x)[0])
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_llama_rounding_of_32_value_types(qtype, isa, pools, isa_guard):
     """The 32-value block types with activations rounded as llama.cpp's Q8_0 / Q8_1 (the products

@@ -193,7 +193,9 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
      * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
     if (n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
-    p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row ? p->tile.rows : 1;
+    /* One token against a kernel with row runs: lone rows, short ones too (Gemma 3's 440-byte Q5_0 rows). */
+    const int lone = n == 1 && p->tile.run;
+    p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row && !lone ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
 }

@@ -156,7 +156,7 @@ typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
     int rows, cols;   /* largest tile it computes */
     int short_row;    /* rows of at most this many bytes go `rows` at a time */
-    ember_rows_fn run; /* NULL, or lone rows (longer than short_row) against one token */
+    ember_rows_fn run; /* NULL, or lone rows against one token (then short rows go alone too) */
 } ember_tile;
 
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel

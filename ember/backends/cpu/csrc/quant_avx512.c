@@ -88,9 +88,9 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
-#define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0}
-#define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0}
-#define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0}
+#define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
+#define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
+#define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
 
 #include "quant_x86.h"
 
@@ -140,8 +140,8 @@ ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const 
         __m512i iacc[TILE_C];
         UNROLL for (int c = 0; c < nc; c++) iacc[c] = _mm512_setzero_si512();
         UNROLL for (int i = 0; i < 4; i++) {
-            const __m256i v = load256(qs + 32 * i);
-            __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), low4);
+            const __m512i v = both_halves(qs + 32 * i); /* the high half shifted in place: no lane insert */
+            __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), low4);
             if (five) { /* bit 2i of qh[l] tops sub-block 2i, bit 2i + 1 sub-block 2i + 1 */
                 __m512i hb = _mm512_srlv_epi16(qh, pick2_words(2 * i, 2 * i + 1));
                 u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
@@ -225,6 +225,19 @@ ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int
 K_ZMM_TILE(tile_q4_k_zmm, Q4K_CALL)
 K_ZMM_TILE(tile_q5_k_zmm, Q5K_CALL)
 K_ZMM_TILE(tile_q6_k_zmm, Q6K_CALL)
+
+/* A thread's run of lone rows against one token, in one call. */
+static void rows_q4_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) tilek32_zmm_body(0, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+}
+
+static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) tilek32_zmm_body(1, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+}
+
+static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+}
 
 /* ================= packed panels ================= */
 
