@@ -159,6 +159,7 @@ typedef void (*ember_rows_fn)(int64_t k, const void *w, int64_t w_stride, const 
 typedef void (*ember_lanes_fn)(int64_t k, const void *w, int64_t w_stride, int64_t n_rows, const void *a,
                                int64_t a_stride, int nc, float *y, int64_t y_stride);
 #define EMBER_LANES_TOKENS 16
+#define EMBER_LANES_ROWS 16 /* rows a vector holds: products on lanes share rows out in multiples of it */
 
 typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
