@@ -208,9 +208,10 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
      * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). Rows in lanes, where
-     * the tile has them, take the steps below STREAM_TILE_TOKENS (quant_avx512.c); prompt chunks keep the
-     * panels (bench/NOTES.md: faster there too, but a batched greedy reply changed, not yet explained). */
-    const int lanes = p->tile.lanes && n >= p->tile.lanes_min && n < STREAM_TILE_TOKENS;
+     * the tile has them, take every token count: faster than both (quant_avx512.c), and one token's
+     * arithmetic whatever the shape of the step, so that a prefix-cached 1-row step and a prompt chunk's
+     * row give the same bits. */
+    const int lanes = p->tile.lanes && n >= p->tile.lanes_min;
     if (lanes || n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
     p->unit = p->panel.fn ? p->panel.rows
               : lanes     ? EMBER_LANES_ROWS

@@ -88,8 +88,8 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
-/* From this many tokens the exact Q4_0 / Q4_1 / Q8_0 products on microtiles take the rows-in-lanes kernel. */
-#define LANES_MIN_TOKENS 2
+/* From this many tokens the exact Q4_0 / Q4_1 / Q8_0 products take rows in lanes (so always: see matmul.c). */
+#define LANES_MIN_TOKENS 1
 #define X86_TILE_Q4_0 {tile_q4_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_0, LANES_MIN_TOKENS}
 #define X86_TILE_Q4_1 {tile_q4_1, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_1, LANES_MIN_TOKENS}
 #define X86_TILE_Q8_0 {tile_q8_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q8_0, LANES_MIN_TOKENS}
@@ -701,14 +701,15 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
 /* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon).
- * Against exact rows Q4_0, Q4_1 and Q8_0 take their rows in lanes from LANES_MIN_TOKENS up to the panels
- * at 20 (matmul.c): SmolLM2's Q8_0 head at 6 / 8 / 12 tokens 1.5 / 1.3-1.7 / 2.1-2.3 ms against 3.3 /
- * 4.0-4.2 / 4.9 in panels, its Q4_1 gate at 8 tokens 45-48 us against 79 in microtiles (bench/NOTES.md). */
+ * Q4_0, Q4_1 and Q8_0 take the panels only against rows rounded as llama.cpp (from INT8_TILE_TOKENS, matmul.c):
+ * against exact rows their rows in lanes beat both microtiles and panels (SmolLM2's shapes, 2 threads: the
+ * Q8_0 head at 8 / 48 / 512 tokens 1.3-1.7 / 6.9 / 76 ms against 4.0-4.2 / 13.4 / 130 in panels, its Q4_1
+ * gate 45-48 / 231 / 2585 us against 79 in microtiles / 377 / 3834 in panels; bench/NOTES.md). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {
         [EMBER_T_Q4_0] = PANEL(20), [EMBER_T_Q4_1] = PANEL(20), [EMBER_T_Q5_0] = PANEL(6),
-        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(20), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
+        [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
         [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
         [EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8),
