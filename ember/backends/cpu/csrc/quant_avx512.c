@@ -301,14 +301,15 @@ ALWAYS __m512 lanes_scales(const int type, const uint8_t *g, __m512i offs, int64
 
 /* W rows (n_rows, k/32 blocks) x nc activation rows (EMBER_ACT_Q16, exact) -> y[c * ys + r]. A block's
  * weights stay in 16 registers while the tokens pass over them (their sums wait in acc, on the stack past
- * what registers hold). Each group asks for the next group's bytes (16 contiguous rows) a block's share at
- * a time: the group walks 16 rows side by side, which the hardware prefetchers do not follow. */
+ * what registers hold). Each group asks for the bytes of the group after next (16 contiguous rows) a
+ * block's share at a time: the group walks 16 rows side by side, which the hardware prefetchers do not
+ * follow (SmolLM2 tg 241-279 tok/s against 230-256 asking for the next group; bench/NOTES.md). */
 ALWAYS void lanes_body(const int type, int64_t k, const uint8_t *w, int64_t ws, int64_t n_rows, const uint8_t *a,
                        int64_t as, const int nc, float *y, int64_t ys) {
     const int64_t nb = k / QK, bs = block_bytes(type), pf_lines = (LANES_ROWS * ws / nb + 63) / 64;
     for (int64_t r0 = 0; r0 < n_rows; r0 += LANES_ROWS) {
         const int nr = (int)EMBER_MIN((int64_t)LANES_ROWS, n_rows - r0);
-        const uint8_t *g = w + r0 * ws, *next = g + LANES_ROWS * ws;
+        const uint8_t *g = w + r0 * ws, *next = g + 2 * LANES_ROWS * ws;
         const uint8_t *rp[LANES_ROWS];
         for (int i = 0; i < LANES_ROWS; i++) rp[i] = g + EMBER_MIN(i, nr - 1) * ws; /* lanes past nr: the last row again */
         const __m512i row = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -317,7 +318,7 @@ ALWAYS void lanes_body(const int type, int64_t k, const uint8_t *w, int64_t ws, 
         __m512 acc[EMBER_LANES_TOKENS];
         for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            if (r0 + LANES_ROWS < n_rows)
+            if (r0 + 2 * LANES_ROWS < n_rows)
                 for (int64_t l = 0; l < pf_lines; l++) __builtin_prefetch(next + (b * pf_lines + l) * 64);
             __m512i wv[16];
             lanes_weights(type, rp, b * bs, wv);
