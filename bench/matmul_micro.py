@@ -2,9 +2,9 @@
 Q4_K_M file (not a test).
 
 For each weight matrix: n=1 (one generated token; weights streamed from DRAM: the script cycles
-through enough copies of the matrix to defeat the 32 MB L3, as a real decode step over all layers
-does) and n=512 (a prompt batch: compute bound). Prints the best time per call of several (other
-processes only ever add time), GFLOP/s and the effective weight bandwidth (bytes of W / time), then
+through enough copies of the matrix to defeat the L3, as a real decode step over all layers does, and
+so for every n below 20, the rows of a speculative step) and n=512 (a prompt batch: compute bound).
+Prints the best time per call of several (other processes only ever add time), GFLOP/s and the effective weight bandwidth (bytes of W / time), then
 what the products alone would allow per token for each model: matmul-only tg and pp512 rates (the
 output head runs for the last prompt token only, as in llama.cpp). The activations are rounded as the
 model's file makes the backend round them: as llama.cpp does (int8 for the 32-value types too) in the
@@ -40,6 +40,9 @@ def last_level_cache_bytes() -> int:
 
 # copies of W cycled through for n=1: three times the L3 (some server parts have 480 MB), at least 96 MB
 COLD_BYTES = max(96 << 20, 3 * last_level_cache_bytes())
+# products of fewer tokens than this (decode and speculative steps) stream W from memory, as a step over
+# all the layers does: they cycle through the copies too
+STREAMED_TOKENS = 20
 
 # Offsets of the f16 scale fields in each block; every other byte may be random.
 SCALE_FIELDS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.IQ4_NL: [0],
@@ -143,7 +146,7 @@ def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -
         w = random_weight(s.qtype, s.m, s.k, rng)
         copies = [w] + [w.copy() for _ in range(max(0, COLD_BYTES // w.nbytes - 1))]
         for n in ns:
-            t, t_med = runner.time_call(s, copies if n == 1 else [w], n, rounding)
+            t, t_med = runner.time_call(s, copies if n < STREAMED_TOKENS else [w], n, rounding)
             # per token of the model: prompt tokens need the head once per batch only
             totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
             gflops = 2.0 * s.m * s.k * n / t / 1e9

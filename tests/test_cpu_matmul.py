@@ -27,20 +27,23 @@ ALL_TYPES = FLOATS + LEGACY + KQUANTS + LOW_BIT
 Q8K_TYPES = KQUANTS + LOW_BIT  # activations rounded as llama.cpp's Q8_K
 WITH_MIN = (T.Q4_1, T.Q5_1)  # legacy types whose blocks add m * (the activations' sum, s)
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
-def test_exact_q4_tiles_up_to_the_panel_threshold(qtype, pools, isa_guard):
-    """Speculative steps of 5-21 rows: the exact Q4_0 / Q4_1 products run on microtiles in several
-    4-token passes (streamed on 2 threads) below 20 tokens and on panels from 20; every ISA matches the
-    reference, and 1 and 2 threads agree bit for bit."""
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_exact_few_token_products(qtype, pools, isa_guard):
+    """Speculative steps and prompt chunks of 2-33 rows: the exact Q4_0 / Q4_1 / Q8_0 products (on
+    AVX-512 rows in lanes, in passes of up to 16 tokens, 37 rows: two groups of 16 and a ragged one; on
+    AVX2 microtiles, then panels) match the reference on every ISA, and 1 and 2 threads agree bit for bit."""
     for isa in ISAS:
         assert lib.ember_cpu_set_isa(isa.encode()) == 0
         for k in (576, 1536):
-            c = case(qtype, k, n=21)
-            for n in (5, 6, 9, 12, 19, 20, 21):
+            c = case(qtype, k, n=33)
+            one = run_matmul(pools[1], qtype, c.w, M, k, c.x[:1])
+            for n in range(2, 34):
                 y = run_matmul(pools[1], qtype, c.w, M, k, c.x[:n])
                 err = np.abs(y - c.y_rounded[:n])
                 assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (isa, k, n, float((err / c.mag[:n]).max()))
                 np.testing.assert_array_equal(run_matmul(pools[0], qtype, c.w, M, k, c.x[:n]), y, err_msg=f"{isa} {k} {n}")
+                if isa == "avx512":  # rows in lanes: a token's sums whatever the other rows (a cached 1-row step)
+                    np.testing.assert_array_equal(y[:1], one, err_msg=f"{k} {n}")
 
 
 # Byte offsets of the f16 scale fields of block types gguf cannot quantize: random bytes elsewhere.
@@ -611,6 +614,35 @@ def test_exact_q4_decode_tiles_at_the_extremes(qtype, pools, isa_guard):
             for n in (1, 2, 3, 4):
                 y = run_matmul(pools[1], qtype, w, m, k, x[:n])
                 assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, k, n)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_exact_rows_in_lanes_at_the_extremes(qtype, pools, isa_guard):
+    """The exact products of several tokens at their largest integer sums: every weight at its extreme
+    (nibbles 15 or 0; Q8_0 -128 and 127) against values of +-32767, rows 1-17 (a lone row, a ragged group,
+    a full group and one more), 2-17 tokens: the reference's products to within float32 noise."""
+    rng = np.random.default_rng(13)
+    k = 576
+    for m in (1, 5, 16, 17):
+        w = make_weight(qtype, m, k, rng)
+        blocks = w.reshape(m, k // 32, -1)
+        blocks[0, :, -32 if qtype == T.Q8_0 else -16:] = 0x80 if qtype == T.Q8_0 else 0xFF
+        if m > 1:
+            blocks[m - 1, :, -32 if qtype == T.Q8_0 else -16:] = 0x7F if qtype == T.Q8_0 else 0x00
+        wf = dequant_ref(w, qtype, k).astype(np.float64)
+        x = rng.standard_normal((17, k), dtype=np.float32)
+        x[0] = 1.0                                       # c = 32767 everywhere
+        x[1] = np.tile([1.0, -1.0], k // 2)              # +-32767
+        x[2] = -1.0
+        x[3] = 0.0
+        acts = acts_ref(x, qtype)
+        want = product_ref(w, wf, qtype, x, acts)
+        mag = np.abs(acts.xq) @ np.abs(wf).T
+        for isa in ISAS:
+            assert lib.ember_cpu_set_isa(isa.encode()) == 0
+            for n in (2, 3, 8, 16, 17):
+                y = run_matmul(pools[1], qtype, w, m, k, x[:n])
+                assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, m, n)
 
 
 @pytest.mark.parametrize("qtype", [T.Q5_1, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)

@@ -45,12 +45,13 @@ IDLE_DECAY = 0.97  # a step without a draft: the evidence fades, so that draftin
 # 23 steps of text that does not repeat (a rejected token costs ~a quarter of a step there)
 PROBE_BELOW = 0.5
 # a decode step of n rows (one sequence and n - 1 drafted tokens) over one of one row, where steps
-# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 6.4 ms a row at an
-# 800-token context: up to 19 rows the products stream the weights once through microtiles, from 20
-# they take the prompt path's panels); past the table, a row adds PRIOR_ROW_COST
-PRIOR_STEP = (1.0, 1.35, 1.72, 2.08, 2.71, 2.9, 3.28, 3.56, 4.05, 4.31, 4.55, 4.78, 5.53, 5.8, 5.98, 6.34, 6.56,
-              7.03, 7.24, 7.75, 8.01, 8.09, 8.33, 8.82, 9.32, 9.35, 9.38, 9.74, 10.23, 10.24, 10.90, 10.94, 11.28)
-PRIOR_ROW_COST = 0.32
+# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 6.2-6.5 ms a row at an
+# 800-token context; its products take rows in vector lanes, up to 16 tokens a pass over the weights,
+# so a row adds ~0.175 of a step to 16 and a second pass starts at 17: a fit of bench/spec_steps.py's
+# sweep); past the table, a row adds PRIOR_ROW_COST
+PRIOR_STEP = (1.0, 1.27, 1.35, 1.52, 1.7, 1.88, 2.05, 2.22, 2.4, 2.58, 2.75, 2.92, 3.1, 3.27, 3.45, 3.62, 3.9,
+              4.1, 4.3, 4.5, 4.7, 4.9, 5.1, 5.3, 5.5, 5.7, 5.9, 6.1, 6.3, 6.5, 6.7, 6.9, 7.1)
+PRIOR_ROW_COST = 0.2
 # a step is drafted only where its expected tokens per second beat the undrafted step's by this much
 # (what the estimates may be off by, and the host's work on drafts)
 GAIN_MARGIN = 1.1

@@ -52,14 +52,14 @@ static const ember_kernels *const *kernel_order(void) {
 ember_tile ember_tile_for(int type) {
     for (const ember_kernels *const *k = kernel_order(); *k; k++)
         if ((*k)->tile[type].fn) return (*k)->tile[type];
-    return (ember_tile){NULL, 0, 0, 0, NULL};
+    return (ember_tile){0};
 }
 
 ember_tile ember_tile8_for(int type, int rounding) {
     if (rounding == EMBER_ROUND_LLAMA && ember_qtype_get(type)->act == EMBER_ACT_Q16)
         for (const ember_kernels *const *k = kernel_order(); *k; k++)
             if ((*k)->tile8[type].fn) return (*k)->tile8[type];
-    return (ember_tile){NULL, 0, 0, 0, NULL};
+    return (ember_tile){0};
 }
 
 ember_panel ember_panel_for(int type) {
@@ -95,9 +95,25 @@ static void quantize_task(void *ctx, int ith, int nth) {
     for (int64_t t = lo; t < hi; t++) j->quantize(j->x + t * j->k, j->scratch + t * j->a_stride, j->k);
 }
 
+/* W rows [r0, r1) of part p against tokens [t0, t1) in the tile's lanes kernel: passes of at most
+ * EMBER_LANES_TOKENS tokens, evened out (9 tokens: 5 + 4). */
+static void product_lanes(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+    const int64_t passes = (t1 - t0 + EMBER_LANES_TOKENS - 1) / EMBER_LANES_TOKENS;
+    for (int64_t i = 0, t = t0; i < passes; i++) {
+        const int64_t nc = (t1 - t + passes - i - 1) / (passes - i);
+        p->tile.lanes(j->k, p->w + r0 * p->w_stride, p->w_stride, r1 - r0, p->act + t * j->a_stride, j->a_stride,
+                      (int)nc, p->y + t * p->m + r0, p->m);
+        t += nc;
+    }
+}
+
 /* W rows [r0, r1) of part p against tokens [t0, t1): microtiles of p->unit rows x tile.cols tokens. */
 static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
     const int R = p->unit, C = p->tile.cols;
+    if (p->tile.lanes && t1 - t0 >= p->tile.lanes_min) {
+        product_lanes(j, p, r0, r1, t0, t1);
+        return;
+    }
     if (R == 1 && t1 - t0 == 1 && p->tile.run) {
         p->tile.run(j->k, p->w + r0 * p->w_stride, p->w_stride, p->act + t0 * j->a_stride, p->y + t0 * p->m + r0, r1 - r0);
         return;
@@ -191,11 +207,17 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
                        .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
-     * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). */
-    if (n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
-    /* One token against a kernel with row runs: lone rows, short ones too (Gemma 3's 440-byte Q5_0 rows). */
+     * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). Rows in lanes, where
+     * the tile has them, take every token count: faster than both (quant_avx512.c), and one token's
+     * arithmetic whatever the shape of the step, so that a prefix-cached 1-row step and a prompt chunk's
+     * row give the same bits. One token against a kernel with row runs: lone rows, short ones too
+     * (Gemma 3's 440-byte Q5_0 rows). */
+    const int lanes = p->tile.lanes && n >= p->tile.lanes_min;
+    if (lanes || n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
     const int lone = n == 1 && p->tile.run;
-    p->unit = p->panel.fn ? p->panel.rows : p->w_stride <= p->tile.short_row && !lone ? p->tile.rows : 1;
+    p->unit = p->panel.fn ? p->panel.rows
+              : lanes     ? EMBER_LANES_ROWS
+              : p->w_stride <= p->tile.short_row && !lone ? p->tile.rows : 1;
     p->units = (m + p->unit - 1) / p->unit;
     return 0;
 }

@@ -152,11 +152,22 @@ typedef void (*ember_tile_fn)(int64_t k, const void *w, int64_t w_stride, const 
  * call when decoding (a call per row costs a row loop ~10% of its read rate, bench/NOTES.md). */
 typedef void (*ember_rows_fn)(int64_t k, const void *w, int64_t w_stride, const void *a, float *y, int64_t n_rows);
 
+/* n_rows consecutive rows of W against 1 <= nc <= EMBER_LANES_TOKENS activation rows -> y[c * y_stride + r],
+ * with rows in the lanes of a vector: each block of a group of rows is unpacked and transposed once, in
+ * registers, for all nc tokens, and its float scaling serves all the group's rows at once (the few-token
+ * steps of speculative decoding, where the microtiles pay a conversion and an FMA per row, token and block). */
+typedef void (*ember_lanes_fn)(int64_t k, const void *w, int64_t w_stride, int64_t n_rows, const void *a,
+                               int64_t a_stride, int nc, float *y, int64_t y_stride);
+#define EMBER_LANES_TOKENS 16
+#define EMBER_LANES_ROWS 16 /* rows a vector holds: products on lanes share rows out in multiples of it */
+
 typedef struct {
     ember_tile_fn fn; /* NULL: this ISA has no kernel for the type */
     int rows, cols;   /* largest tile it computes */
     int short_row;    /* rows of at most this many bytes go `rows` at a time */
     ember_rows_fn run; /* NULL, or lone rows against one token (then short rows go alone too) */
+    ember_lanes_fn lanes; /* NULL, or rows in lanes, taken from lanes_min tokens (products on microtiles) */
+    int lanes_min;
 } ember_tile;
 
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel

@@ -88,6 +88,11 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
     return _mm256_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
+/* From this many tokens the exact Q4_0 / Q4_1 / Q8_0 products take rows in lanes (so always: see matmul.c). */
+#define LANES_MIN_TOKENS 1
+#define X86_TILE_Q4_0 {tile_q4_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_0, LANES_MIN_TOKENS}
+#define X86_TILE_Q4_1 {tile_q4_1, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_1, LANES_MIN_TOKENS}
+#define X86_TILE_Q8_0 {tile_q8_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q8_0, LANES_MIN_TOKENS}
 #define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
 #define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
 #define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
@@ -238,6 +243,129 @@ static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, f
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
     for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
 }
+
+/* ================= rows in lanes: few-token products of the exact Q4_0 / Q4_1 / Q8_0 ================= */
+/* (ember_lanes_fn) A group of 16 rows at a time: each block's weights of the 16 rows are widened to int16
+ * and transposed in registers, so that vector j holds weights 2j, 2j + 1 of every row (a row a dword
+ * lane); a token then costs 16 dpwssd against its int16 pairs broadcast, and one conversion and one FMA
+ * (two for Q4_1's mins) for the block of all 16 rows, where a microtile pays them per row. The integer
+ * sums are the microtiles' (a block's whole sum is converted at once: exact below 2^24, so for Q4_0 / Q4_1;
+ * Q8_0's may round in its last bit, as in the panels). */
+
+#define LANES_ROWS EMBER_LANES_ROWS
+
+/* z[i] (i < 8): 8 dwords of row i in the low half, of row i + 8 in the high half -> out[j]: dword j of rows
+ * 0..15. An 8x8 dword transpose in both halves, then a lane shuffle. */
+ALWAYS void transpose16x8(const __m512i *z, __m512i *out) {
+    const __m512i pick_lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i pick_hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    __m512i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);     /* rows i, i+1: dwords 0 1 | 4 5 */
+        t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]); /* dwords 2 3 | 6 7 */
+    }
+    for (int h = 0; h < 8; h += 4) { /* rows h..h+3: u[h + j] holds dword j | dword j + 4 */
+        u[h + 0] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        out[j] = _mm512_permutex2var_epi64(u[j], pick_lo, u[j + 4]);
+        out[j + 4] = _mm512_permutex2var_epi64(u[j], pick_hi, u[j + 4]);
+    }
+}
+
+/* 16 bytes at p and at q in the low and high halves */
+ALWAYS __m256i two16(const uint8_t *p, const uint8_t *q) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                   _mm_loadu_si128((const __m128i *)q), 1);
+}
+
+/* The weights of the block at byte ofs of the 16 rows rp[] as int16 pairs: w[j] holds weights 2j, 2j + 1
+ * of every row (Q4_0 less its 8). A Q4 block's byte i holds weights i (low nibble) and 16 + i (high). */
+ALWAYS void lanes_weights(const int type, const uint8_t *const *rp, int64_t ofs, __m512i *w) {
+    __m512i z[8];
+    if (type == EMBER_T_Q8_0) {
+        for (int h = 0; h < 2; h++) {
+            for (int i = 0; i < 8; i++) z[i] = _mm512_cvtepi8_epi16(two16(rp[i] + ofs + 2 + 16 * h, rp[i + 8] + ofs + 2 + 16 * h));
+            transpose16x8(z, w + 8 * h);
+        }
+        return;
+    }
+    const int64_t qs = ofs + block_bytes(type) - 16;
+    for (int i = 0; i < 8; i++) z[i] = _mm512_cvtepu8_epi16(two16(rp[i] + qs, rp[i + 8] + qs));
+    __m512i v[8];
+    transpose16x8(z, v);
+    const __m512i low = _mm512_set1_epi16(0x0f), off = _mm512_set1_epi16(8);
+    for (int j = 0; j < 8; j++) {
+        w[j] = _mm512_and_si512(v[j], low);
+        w[j + 8] = _mm512_srli_epi16(v[j], 4);
+        if (type == EMBER_T_Q4_0) w[j] = _mm512_sub_epi16(w[j], off), w[j + 8] = _mm512_sub_epi16(w[j + 8], off);
+    }
+}
+
+/* d (and m) of the block at byte ofs of the rows at byte offsets offs from g: one dword gathered a row */
+ALWAYS __m512 lanes_scales(const int type, const uint8_t *g, __m512i offs, int64_t ofs, __m512 *m) {
+    const __m512i dm = _mm512_i32gather_epi32(offs, (const void *)(g + ofs), 1);
+    if (has_min(type)) *m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+}
+
+/* W rows (n_rows, k/32 blocks) x nc activation rows (EMBER_ACT_Q16, exact) -> y[c * ys + r]. A block's
+ * weights stay in 16 registers while the tokens pass over them (their sums wait in acc, on the stack past
+ * what registers hold). Each group asks for the bytes of the group after next (16 contiguous rows) a
+ * block's share at a time: the group walks 16 rows side by side, which the hardware prefetchers do not
+ * follow (SmolLM2 tg 241-279 tok/s against 230-256 asking for the next group; bench/NOTES.md). */
+ALWAYS void lanes_body(const int type, int64_t k, const uint8_t *w, int64_t ws, int64_t n_rows, const uint8_t *a,
+                       int64_t as, const int nc, float *y, int64_t ys) {
+    const int64_t nb = k / QK, bs = block_bytes(type), pf_lines = (LANES_ROWS * ws / nb + 63) / 64;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += LANES_ROWS) {
+        const int nr = (int)EMBER_MIN((int64_t)LANES_ROWS, n_rows - r0);
+        const uint8_t *g = w + r0 * ws, *next = g + 2 * LANES_ROWS * ws;
+        const uint8_t *rp[LANES_ROWS];
+        for (int i = 0; i < LANES_ROWS; i++) rp[i] = g + EMBER_MIN(i, nr - 1) * ws; /* lanes past nr: the last row again */
+        const __m512i row = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(nr - 1));
+        const __m512i offs = _mm512_mullo_epi32(row, _mm512_set1_epi32((int)ws));
+        __m512 acc[EMBER_LANES_TOKENS];
+        for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (r0 + 2 * LANES_ROWS < n_rows)
+                for (int64_t l = 0; l < pf_lines; l++) __builtin_prefetch(next + (b * pf_lines + l) * 64);
+            __m512i wv[16];
+            lanes_weights(type, rp, b * bs, wv);
+            __m512 mw = _mm512_setzero_ps();
+            const __m512 dw = lanes_scales(type, g, offs, b * bs, &mw);
+            for (int c = 0; c < nc; c++) {
+                const uint8_t *ta = a + c * as;
+                const int32_t *c2 = (const int32_t *)ta + 16 * b; /* the block's int16 values in pairs */
+                const float *ad = (const float *)(ta + ember_q16_d_offset(k)); /* d (nb,), s (nb,) */
+                __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(c2[0]));
+                __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(c2[1]));
+                UNROLL for (int j = 2; j < 16; j += 2) {
+                    s0 = _mm512_dpwssd_epi32(s0, wv[j], _mm512_set1_epi32(c2[j]));
+                    s1 = _mm512_dpwssd_epi32(s1, wv[j + 1], _mm512_set1_epi32(c2[j + 1]));
+                }
+                const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                acc[c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(ad[b])), acc[c]);
+                if (has_min(type)) acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ad[nb + b]), acc[c]);
+            }
+        }
+        const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+        for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + c * ys + r0, mask, acc[c]);
+    }
+}
+
+#define DEFINE_LANES(fname, TYPE)                                                                              \
+    static void fname(int64_t k, const void *w, int64_t ws, int64_t n_rows, const void *a, int64_t as, int nc, \
+                      float *y, int64_t ys) {                                                                  \
+        lanes_body(TYPE, k, w, ws, n_rows, a, as, nc, y, ys);                                                  \
+    }
+
+DEFINE_LANES(lanes_q4_0, EMBER_T_Q4_0)
+DEFINE_LANES(lanes_q4_1, EMBER_T_Q4_1)
+DEFINE_LANES(lanes_q8_0, EMBER_T_Q8_0)
 
 /* ================= packed panels ================= */
 
@@ -587,10 +715,10 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
 
 /* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon).
- * Q4_0 / Q4_1 against exact activations: their 16-bit-word microtiles stay ahead of the panels up to about
- * 20 tokens (SmolLM2's Q4_1 shapes, 2 threads: 6 tokens 36 / 81 / 77 us vs 50 / 125 / 135 in panels for
- * 576 x 576, 1536 x 576, 576 x 1536; 17 tokens 80 / 200 / 218 vs 88 / 224 / 226; 24: 106 / 270 / 302 vs
- * 110 / 279 / 276; bench/NOTES.md). */
+ * Q4_0, Q4_1 and Q8_0 take the panels only against rows rounded as llama.cpp (from INT8_TILE_TOKENS, matmul.c):
+ * against exact rows their rows in lanes beat both microtiles and panels (SmolLM2's shapes, 2 threads: the
+ * Q8_0 head at 8 / 48 / 512 tokens 1.3-1.7 / 6.9 / 76 ms against 4.0-4.2 / 13.4 / 130 in panels, its Q4_1
+ * gate 45-48 / 231 / 2585 us against 79 in microtiles / 377 / 3834 in panels; bench/NOTES.md). */
 const ember_kernels ember_kernels_avx512 = {
     X86_QUANTIZE_AND_TILES,
     .panel = {

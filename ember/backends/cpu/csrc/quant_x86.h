@@ -770,6 +770,11 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
 #define TK(name) {tile_##name, 1, TILE_C, 0}
 #define TF(name) {tile_##name, 1, TILE_C, 0}
 /* An includer with wider kernels for these types defines them before including this file. */
+#ifndef X86_TILE_Q4_0
+#define X86_TILE_Q4_0 T32(q4_0)
+#define X86_TILE_Q4_1 T32(q4_1)
+#define X86_TILE_Q8_0 T32(q8_0)
+#endif
 #ifndef X86_TILE_Q4_K
 #define X86_TILE_Q4_K TK(q4_k)
 #define X86_TILE_Q5_K TK(q5_k)
@@ -780,9 +785,9 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     .quantize = {[EMBER_ACT_Q16] = quantize_q16, [EMBER_ACT_Q16_LLAMA] = quantize_q16_llama,                    \
                  [EMBER_ACT_Q8K] = quantize_q8k},                                                             \
     .tile = {                                                                                                   \
-        [EMBER_T_Q4_0] = T32(q4_0), [EMBER_T_Q4_1] = T32(q4_1), [EMBER_T_Q5_0] = T32(q5_0),                    \
+        [EMBER_T_Q4_0] = X86_TILE_Q4_0, [EMBER_T_Q4_1] = X86_TILE_Q4_1, [EMBER_T_Q5_0] = T32(q5_0),            \
         [EMBER_T_Q5_1] = T32(q5_1), [EMBER_T_IQ4_NL] = T32(iq4_nl), [EMBER_T_MXFP4] = T32(mxfp4),               \
-        [EMBER_T_Q8_0] = T32(q8_0),                                                                            \
+        [EMBER_T_Q8_0] = X86_TILE_Q8_0,                                                                        \
         [EMBER_T_Q2_K] = TK(q2_k), [EMBER_T_Q3_K] = TK(q3_k), [EMBER_T_Q4_K] = X86_TILE_Q4_K,                  \
         [EMBER_T_Q5_K] = X86_TILE_Q5_K, [EMBER_T_Q6_K] = X86_TILE_Q6_K, [EMBER_T_IQ4_XS] = TK(iq4_xs),         \
         [EMBER_T_F32] = TF(f32), [EMBER_T_F16] = TF(f16), [EMBER_T_BF16] = TF(bf16),                           \
