@@ -404,33 +404,18 @@ ALWAYS void put_chunk32(panel *p, int64_t c, int r, __m256i u, float scale, floa
     p->mins[c * PANEL_ROWS + r] = min;
 }
 
-/* The row buffer's chunks [0, nch) -> p->w: per chunk, 16 rows x 8 dwords become 8 vectors of 16 rows.
- * Rows 0-7 and 8-15 share each 512-bit vector (low and high halves); an 8x8 dword transpose in
- * both halves, then a lane shuffle, puts dword j of all 16 rows in one vector. */
+/* The row buffer's chunks [0, nch) -> p->w: per chunk, 16 rows x 8 dwords become 8 vectors of 16 rows
+ * (rows 0-7 and 8-15 in the low and high halves, transposed by transpose16x8). */
 static void transpose_chunks32(panel *p, int64_t nch) {
-    const __m512i pick_lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
-    const __m512i pick_hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
     for (int64_t c = 0; c < nch; c++) {
-        __m512i z[8], t[8], u[8];
+        __m512i z[8], v[8];
         for (int i = 0; i < 8; i++) {
             const uint8_t *row = p->rows + i * PANEL_ROW_BYTES + 32 * c;
             z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(row)), load256(row + 8 * PANEL_ROW_BYTES), 1);
         }
-        for (int i = 0; i < 8; i += 2) {
-            t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);     /* rows i, i+1: dwords 0 1 | 4 5 */
-            t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]); /* dwords 2 3 | 6 7 */
-        }
-        for (int h = 0; h < 8; h += 4) { /* rows h..h+3: u[h + j] holds dword j | dword j + 4 */
-            u[h + 0] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
-            u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
-            u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
-            u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
-        }
+        transpose16x8(z, v);
         uint32_t *out = p->w + c * 8 * PANEL_ROWS;
-        for (int j = 0; j < 4; j++) {
-            _mm512_store_si512((void *)(out + j * PANEL_ROWS), _mm512_permutex2var_epi64(u[j], pick_lo, u[j + 4]));
-            _mm512_store_si512((void *)(out + (j + 4) * PANEL_ROWS), _mm512_permutex2var_epi64(u[j], pick_hi, u[j + 4]));
-        }
+        for (int j = 0; j < 8; j++) _mm512_store_si512((void *)(out + j * PANEL_ROWS), v[j]);
     }
 }
 

@@ -393,29 +393,27 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
-/* One Q8_0 row against one token's int8 activations: two blocks a step, each block's d_w * d_a formed
- * as a scalar and broadcast, the row's lines asked for PF32_ROW_BYTES ahead at its start. */
+/* Block b of a Q8_0 row against one token's int8 activations, scaled by d_w * d_a (a broadcast scalar) into f. */
+ALWAYS __m256 q8_0_block_q8(const uint8_t *w, const uint8_t *a, int64_t q8, const float *ad, int64_t b, __m256 f) {
+    const uint8_t *p = w + b * sizeof(blk_q8_0);
+    const __m256i wq = load256(p + 2);
+    const __m256i dot = dot_w8_q8(EMBER_T_Q8_0, _mm256_setzero_si256(), wq, _mm256_abs_epi8(wq), load256(a + q8 + b * QK));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_to_f32(load_u16(p)) * ad[b]), f);
+}
+
+/* One Q8_0 row against one token's int8 activations: two blocks a step (two sums), the row's lines
+ * asked for PF32_ROW_BYTES ahead at its start. */
 ALWAYS void q8_0_row_q8(int64_t k, const uint8_t *w, const uint8_t *a, float *y) {
-    const int64_t nb = k / QK, q8 = ember_q16_q8_offset(k), bs = sizeof(blk_q8_0);
+    const int64_t nb = k / QK, q8 = ember_q16_q8_offset(k);
     const float *ad = (const float *)(a + ember_q16_d_offset(k));
-    for (int64_t o = 0; o < nb * bs; o += 64) __builtin_prefetch(w + PF32_ROW_BYTES + o);
-    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t o = 0; o < nb * (int64_t)sizeof(blk_q8_0); o += 64) __builtin_prefetch(w + PF32_ROW_BYTES + o);
     __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const uint8_t *p = w + b * bs;
-        const __m256i w0 = load256(p + 2), w1 = load256(p + bs + 2);
-        const __m256i d0 = dot_w8_q8(EMBER_T_Q8_0, zero, w0, _mm256_abs_epi8(w0), load256(a + q8 + b * QK));
-        const __m256i d1 = dot_w8_q8(EMBER_T_Q8_0, zero, w1, _mm256_abs_epi8(w1), load256(a + q8 + (b + 1) * QK));
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(f16_to_f32(load_u16(p)) * ad[b]), f0);
-        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(f16_to_f32(load_u16(p + bs)) * ad[b + 1]), f1);
+        f0 = q8_0_block_q8(w, a, q8, ad, b, f0);
+        f1 = q8_0_block_q8(w, a, q8, ad, b + 1, f1);
     }
-    if (b < nb) {
-        const uint8_t *p = w + b * bs;
-        const __m256i w0 = load256(p + 2);
-        const __m256i d0 = dot_w8_q8(EMBER_T_Q8_0, zero, w0, _mm256_abs_epi8(w0), load256(a + q8 + b * QK));
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(f16_to_f32(load_u16(p)) * ad[b]), f0);
-    }
+    if (b < nb) f0 = q8_0_block_q8(w, a, q8, ad, b, f0);
     *y = hsum8(_mm256_add_ps(f0, f1));
 }
 
