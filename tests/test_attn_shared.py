@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from ember.backends.cpu._native import ffi, lib
 from ember.quant.types import GGMLType
 from kv_cases import AttnCase, Ref, quantized_batch
 from kv_cases import attention_ref as quantized_ref
 from test_cpu_ops import F16_NAN, attention_ref, buf, isa, make_batch, pool, pools, run_attention  # noqa: F401
+from test_kv_types import run_quantized_attention
 
 
 def share_prefix(tables, keys, values, rows, groups, pages, ps, caches=()):
@@ -103,10 +103,6 @@ def test_shared_prefix_reads_quantized_rows(isa, pool, types):
     q, k_cache, v_cache, keys, values, pos, seq, tables = quantized_batch(case, np.random.default_rng(5), *types)
     share_prefix(tables, keys, values, {s: s for s in range(5)}, [[0, 1, 2, 3, 4]], 20, case.page_size)
     scale = 1.0 / math.sqrt(case.hd_k)
-    out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
-    lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
-                        case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
-                        buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
-                        int(types[0]), int(types[1]), ffi.NULL)
+    out = run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale)
     want = quantized_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)

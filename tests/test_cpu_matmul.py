@@ -589,6 +589,20 @@ def test_quantizers_write_the_reference_rows(qtype, rounding, isa_guard):
                 np.testing.assert_array_equal(rows[:, q8:q8 + k].view(np.int8), want.q, err_msg=isa)
 
 
+def assert_products_within_float_noise(pool, qtype, w, wf, x, ns, tag):
+    """The first n rows of x (for each n in ns) by w on every ISA: the reference's products to within
+    float32 noise of the integer sums' magnitude."""
+    m, k = wf.shape
+    acts = acts_ref(x, qtype)
+    want = product_ref(w, wf, qtype, x, acts)
+    mag = np.abs(acts.xq) @ np.abs(wf).T
+    for isa in ISAS:
+        assert lib.ember_cpu_set_isa(isa.encode()) == 0
+        for n in ns:
+            y = run_matmul(pool, qtype, w, m, k, x[:n])
+            assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, tag, n)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
 def test_exact_q4_decode_tiles_at_the_extremes(qtype, pools, isa_guard):
     """The exact Q4_0 / Q4_1 decode tiles (their nibbles as 16-bit words on x86): values at +-32767,
@@ -606,14 +620,7 @@ def test_exact_q4_decode_tiles_at_the_extremes(qtype, pools, isa_guard):
         x[1, :32] = np.linspace(-1, 1, 32, dtype=np.float32)
         x[2, -32:] = -1.0                               # the ragged last group at its largest
         x[3] = 0.0
-        acts = acts_ref(x, qtype)
-        want = product_ref(w, wf, qtype, x, acts)
-        mag = np.abs(acts.xq) @ np.abs(wf).T
-        for isa in ISAS:
-            assert lib.ember_cpu_set_isa(isa.encode()) == 0
-            for n in (1, 2, 3, 4):
-                y = run_matmul(pools[1], qtype, w, m, k, x[:n])
-                assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, k, n)
+        assert_products_within_float_noise(pools[1], qtype, w, wf, x, (1, 2, 3, 4), k)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
@@ -635,14 +642,7 @@ def test_exact_rows_in_lanes_at_the_extremes(qtype, pools, isa_guard):
         x[1] = np.tile([1.0, -1.0], k // 2)              # +-32767
         x[2] = -1.0
         x[3] = 0.0
-        acts = acts_ref(x, qtype)
-        want = product_ref(w, wf, qtype, x, acts)
-        mag = np.abs(acts.xq) @ np.abs(wf).T
-        for isa in ISAS:
-            assert lib.ember_cpu_set_isa(isa.encode()) == 0
-            for n in (2, 3, 8, 16, 17):
-                y = run_matmul(pools[1], qtype, w, m, k, x[:n])
-                assert np.all(np.abs(y - want[:n]) <= FLOAT_SUM_RTOL * mag[:n] + 1e-30), (isa, m, n)
+        assert_products_within_float_noise(pools[1], qtype, w, wf, x, (2, 3, 8, 16, 17), m)
 
 
 @pytest.mark.parametrize("qtype", [T.Q5_1, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)

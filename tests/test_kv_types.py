@@ -30,6 +30,16 @@ def test_row_bytes_and_names():
         kv_type("q5_0")
 
 
+def run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale) -> np.ndarray:
+    """ember_attention over caches of the given (K, V) types."""
+    out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
+    lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
+                        case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
+                        buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
+                        int(types[0]), int(types[1]), ffi.NULL)
+    return out
+
+
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
 def test_kv_store_matches_the_numpy_quantizer(isa, pool, t):
     rng = np.random.default_rng(int(t))
@@ -57,11 +67,7 @@ def test_attention_reads_quantized_rows(isa, pool, name, types):
     case = CASES[name]
     q, k_cache, v_cache, keys, values, pos, seq, tables = quantized_batch(case, np.random.default_rng(7), *types)
     scale = 1.0 / math.sqrt(case.hd_k)
-    out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
-    lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
-                        case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
-                        buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
-                        int(types[0]), int(types[1]), ffi.NULL)
+    out = run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale)
     want = attention_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)
 
