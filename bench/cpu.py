@@ -46,7 +46,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # generated tokens per rung: the big files take fewer (each token reads gigabytes)
 N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16,
          "olmo2-1b": 64, "granite-2b": 32, "gemma2-2b": 32, "ministral3-3b": 32, "smollm3-3b": 32, "phi4-mini": 32,
-         "qwen3-30b-a3b-8l": 64, "gpt-oss-20b-6l": 64}
+         "qwen3-30b-a3b-8l": 64, "gpt-oss-20b-6l": 64, "olmoe-1b-7b": 64}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
