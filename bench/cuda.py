@@ -365,11 +365,11 @@ def q4_k_m_type(name: str, layer: int, n_layer: int) -> str:
     return "Q4_K"
 
 
-def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
+def write_big_model(path: Path, qtype_name: str, shape: dict, metadata=None) -> int:
     """A llama-shaped GGUF with random blocks of one type (valid small scales), or of the Q4_K_M
     mix (qtype_name "Q4_K_M": q4_k_m_type, with an output head of its own); returns the bytes of
     the matrices one decode step reads (every layer matrix and the output head, the tied
-    embedding where there is none)."""
+    embedding where there is none). metadata(writer): adds keys (a vocabulary, say)."""
     import gguf
 
     from ember.quant import GGMLType, layout
@@ -400,6 +400,8 @@ def write_big_model(path: Path, qtype_name: str, shape: dict) -> int:
     w.add_head_count_kv(s["n_kv_head"])
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
+    if metadata is not None:
+        metadata(w)
 
     def matrix(name: str, rows: int, cols: int, layer: int = 0) -> int:
         qtype = GGMLType[q4_k_m_type(name.split(".")[-2], layer, s["n_layer"]) if mix else qtype_name]

@@ -69,8 +69,9 @@ class Ref:
         self.q, self.keys, self.values, self.tok_pos, self.tok_owner = q, keys, values, pos, seq
 
 
-def attention_ref(case: AttnCase, b: Ref, scale: float) -> np.ndarray:
-    """Causal attention in float64 over the values the rows stand for."""
+def attention_ref(case: AttnCase, b: Ref, scale: float, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal attention in float64 over the values the rows stand for; sinks: a logit per head in
+    each softmax's denominator."""
     group = case.n_head // case.n_kv_head
     out = np.empty((len(b.tok_pos), case.n_head, case.hd_v))
     for t, (pos, s) in enumerate(zip(b.tok_pos, b.tok_owner)):
@@ -80,8 +81,9 @@ def attention_ref(case: AttnCase, b: Ref, scale: float) -> np.ndarray:
             scores = k[:, h // group] @ b.q[t, h].astype(np.float64) * scale
             if case.softcap > 0:
                 scores = case.softcap * np.tanh(scores / case.softcap)
-            p = np.exp(scores - scores.max())
-            out[t, h] = p @ v[:, h // group] / p.sum()
+            top = scores.max() if sinks is None else max(scores.max(), float(sinks[h]))
+            p = np.exp(scores - top)
+            out[t, h] = p @ v[:, h // group] / (p.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top)))
     return out
 
 

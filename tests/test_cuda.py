@@ -907,7 +907,7 @@ ATTN_CASES = {
 
 
 def scalar_attention(cuda, q, cache, out, batch, n_head, n_kv, window, scale, softcap, head_blocks=True,
-                     merge=True, min_keys=None, cluster=0):
+                     merge=True, min_keys=None, cluster=0, sinks=None):
     """attn (the scalar kernel) for any step, as the planner would lay it out with these choices:
     a block per query head (head_blocks, decode steps) or per chunk of 8; splits merged by the
     last split block (merge; in clusters of `cluster`) or by attn_combine."""
@@ -928,7 +928,8 @@ def scalar_attention(cuda, q, cache, out, batch, n_head, n_kv, window, scale, so
     return Attention(q, k_cache, v_cache, out, part, cuda._input(batch.positions, np.int32),
                      cuda._input(batch.seq_rows, np.int32), cuda._input(batch.block_tables, np.int32),
                      batch.page_size, n_head, n_kv, window, scale, softcap, n_split, heads_per_block=hpb,
-                     counters=counters, cluster=cluster, min_keys=att_min_keys(hd_v) if min_keys is None else min_keys)
+                     counters=counters, cluster=cluster, min_keys=att_min_keys(hd_v) if min_keys is None else min_keys,
+                     sinks=sinks)
 
 
 @pytest.mark.parametrize("head_blocks,merge,min_keys,cluster", [
@@ -967,6 +968,63 @@ def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, c
         if "attn_counters" in cuda._scratch:
             assert not cuda.to_numpy(cuda._scratch["attn_counters"]).any()
         out[...] = cuda.cp.nan
+
+
+def sink_logits(rng, n_head: int) -> np.ndarray:
+    """Attention sinks' logits, one per head: near the scores, one far above them (the sink takes
+    almost all the weight) and one far below (none)."""
+    s = rng.normal(0, 1.5, n_head)
+    s[0] = 12.0
+    s[-1] = -30.0
+    return s.astype(np.float32)
+
+
+@pytest.mark.parametrize("merge,cluster", [(True, 16), (True, 8), (True, 0), (False, 0)])
+@pytest.mark.parametrize("case", ["decode_one", "decode_long_split", "decode_clusters_256", "mixed_window",
+                                  "decode_short_splits", "prefill_200"])
+def test_attention_sinks(cuda, ref, case, merge, cluster, monkeypatch):
+    """Attention sinks (gpt-oss: a logit per head in each softmax's denominator) on every way a
+    step's attention ends: a split alone, splits merged by the last block, in a cluster or by
+    attn_combine (the scalar kernel), and through the planner (tensor-core tiles for prompt steps,
+    split and whole)."""
+    from ember.backends import Weight
+    from ember.backends.cuda.ops import attention as att_ops
+    from ember.quant import GGMLType
+
+    lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
+    rng = np.random.default_rng(17)
+    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
+    batch = paged_batch(rng, lengths, new, page, max_pages)
+    n = len(batch.positions)
+    cache, (k64, v64) = fill_cache(cuda, rng, len(lengths) * max_pages * page, n_kv * hd)
+    q = rng.normal(0, 1, (n, n_head * hd)).astype(np.float32)
+    sinks = sink_logits(rng, n_head)
+    scale = 1 / math.sqrt(hd)
+    want, plain = np.empty((n, n_head * hd)), np.empty((n, n_head * hd))
+    ref.attention(q.astype(np.float64), (k64, v64), want, batch, n_head, n_kv, window, scale, softcap,
+                  sinks=Weight("sinks", GGMLType.F32, (n_head,), sinks.astype(np.float64)))
+    ref.attention(q.astype(np.float64), (k64, v64), plain, batch, n_head, n_kv, window, scale, softcap)
+    assert rel_err(want, plain) > 0.1  # the sinks change the output
+    out = poisoned(cuda, (n, n_head * hd))
+    cuda._run(scalar_attention(cuda, cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap,
+                               True, merge, None, cluster, sinks=cuda.from_numpy(sinks)))
+    assert rel_err(cuda.to_numpy(out), want) < 1e-5
+    taken = []
+    real = att_ops.Attention.launches
+
+    def spy(op, kernels):
+        taken.append(op)
+        return real(op, kernels)
+
+    monkeypatch.setattr(att_ops.Attention, "launches", spy)
+    out[...] = cuda.cp.nan
+    sink_w = Weight("sinks", GGMLType.F32, (n_head,), cuda.from_numpy(sinks))
+    cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap, sinks=sink_w)
+    assert rel_err(cuda.to_numpy(out), want) < 5e-4  # tiles round probabilities to f16
+    if taken[0].tiles and taken[0].n_split > 1:  # the tiles' whole key ranges too
+        out[...] = cuda.cp.nan
+        cuda._run(replace(taken[0], n_split=1, part=None))
+        assert rel_err(cuda.to_numpy(out), want) < 5e-4
 
 
 TILE_CASES = {

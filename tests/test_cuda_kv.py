@@ -65,6 +65,30 @@ def test_attention_reads_quantized_rows(cuda, name, types):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-6)
 
 
+@pytest.mark.parametrize("name", ["gqa3_prefill_chunk", "hd256_long_decode", "gqa4_softcap"])
+def test_attention_over_quantized_rows_takes_sinks(cuda, name):
+    """Attention sinks (a logit per head in the softmax's denominator) in attn_q."""
+    from ember.backends import Weight
+
+    case = CASES[name]
+    types = (GGMLType.Q8_0, GGMLType.Q4_0)
+    rng = np.random.default_rng(9)
+    q, k_rows, v_rows, keys, values, pos, seq, tables = quantized_batch(case, rng, *types)
+    sinks = rng.normal(0, 1.5, case.n_head).astype(np.float32)
+    sinks[0] = 12.0
+    cache = cuda.kv_cache(k_rows.shape[0], case.n_kv_head * case.hd_k, case.n_kv_head * case.hd_v, *types)
+    cache.k[...], cache.v[...] = cuda.cp.asarray(k_rows), cuda.cp.asarray(v_rows)
+    scale = 1.0 / math.sqrt(case.hd_k)
+    out = cuda.from_numpy(np.full((len(pos), case.n_head * case.hd_v), np.nan, np.float32))
+    batch = AttentionBatch(pos, seq, tables, np.zeros(len(pos), np.int64), case.page_size)
+    cuda.attention(cuda.from_numpy(q.reshape(len(pos), -1)), cache, out, batch, case.n_head, case.n_kv_head,
+                   case.window, scale, case.softcap,
+                   sinks=Weight("sinks", GGMLType.F32, (case.n_head,), cuda.from_numpy(sinks)))
+    got = cuda.to_numpy(out).reshape(len(pos), case.n_head, case.hd_v)
+    want = attention_ref(case, Ref(q, keys, values, pos, seq), scale, sinks)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-6)
+
+
 @pytest.mark.parametrize("block", [64, 256])
 def test_hadamard_rotation_matches_numpy(cuda, block):
     from ember.backends.cuda.ops.kvquant import Hadamard

@@ -532,11 +532,10 @@ class Backend:
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
                   sinks=None):
-        if sinks is not None:
-            raise BackendError("attention sinks (gpt-oss) are not implemented on the CUDA backend yet; use the CPU")
         k_cache, v_cache = cache
+        sinks = self._sinks(sinks, n_head)
         if _quantized_kv(cache):
-            self._attention_q(q, cache, out, batch, n_head, n_kv_head, window, scale, softcap)
+            self._attention_q(q, cache, out, batch, n_head, n_kv_head, window, scale, softcap, sinks)
             return
         check_attention(q, k_cache, v_cache, batch, n_head, n_kv_head)
         step = attention_step(q, k_cache, v_cache, batch, n_head, n_kv_head)
@@ -548,9 +547,20 @@ class Backend:
                             batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap),
                             plan.n_split, one_token_per_seq=step.single, tiles=plan.tiles,
                             heads_per_block=plan.heads_per_block, counters=counters, cluster=plan.cluster,
-                            min_keys=plan.min_keys))
+                            min_keys=plan.min_keys, sinks=sinks))
 
-    def _attention_q(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap):
+    @staticmethod
+    def _sinks(sinks: Weight | None, n_head: int):
+        """The attention sinks' device vector (n_head,), or None."""
+        if sinks is None:
+            return None
+        if tuple(sinks.shape) != (n_head,):
+            raise BackendError(f"attention sinks must be {n_head} values (one per query head), got shape "
+                               f"{tuple(sinks.shape)}")
+        return sinks.data  # 1-D weights are held as f32 on the device
+
+    def _attention_q(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap,
+                     sinks=None):
         """Attention over caches of other types than f16: one kernel reading the rows in place."""
         if n_kv_head < 1 or n_head % n_kv_head or max(q.shape[1], out.shape[1]) // n_head > ATTQ_MAX_D:
             raise BackendError(f"attention over a {cache.k_type.name}/{cache.v_type.name} KV cache takes grouped "
@@ -559,7 +569,7 @@ class Backend:
         self._run(AttentionQ(q, cache.k, cache.v, out, self._input(batch.positions, np.int32),
                              self._input(batch.seq_rows, np.int32), self._input(batch.block_tables, np.int32),
                              batch.page_size, n_head, n_kv_head, int(window), float(scale), float(softcap),
-                             cache.k_type, cache.v_type))
+                             cache.k_type, cache.v_type, sinks))
         if cache.v_rot:
             self._run(Hadamard(out, out, cache.v_rot))  # back from the values' rotation
 

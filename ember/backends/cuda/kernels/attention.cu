@@ -28,6 +28,13 @@
 #define ATT_MAX_D 256
 #define ATT_VPRE 8  // values a thread loads with the first chunk's keys
 
+// Attention sinks (gpt-oss): a learned logit per query head that joins each softmax's denominator
+// and no value: exp(sinks[h] - m) beside the sum of exp(s - m) over the keys (m the scores' max).
+// sinks null: no term.
+__device__ __forceinline__ float sink_term(const float *sinks, int h, float m) {
+    return sinks ? expf(sinks[h] - m) : 0.f;
+}
+
 // The folded qkv_post of one block: qs (gh, hd) = rotated, normalised q rows qt (gh, hd) * scale;
 // with kt set (the block that writes token t's cache row), kv head g's key kt (hd,) normalised and
 // rotated through ks (hd,) into k_row, and v_row = vt (hd_v,). cs, sn: the token's rope table.
@@ -68,7 +75,7 @@ __device__ __forceinline__ void fold_qkv_post(float *qs, float *ks, const float 
 // wgt: shared, ATT_HEADS * 32 floats.
 template <int PRE>
 __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h0, int gh, int n_head, int hd_v,
-                             int n_split, int n_used, float *wgt) {
+                             int n_split, int n_used, float *wgt, const float *sinks) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, stride = hd_v + 2;
     const float *chunk = part + ((size_t)t * n_head + h0) * n_split * stride;  // head h: + h * n_split * stride
     float2 v[PRE];
@@ -86,7 +93,7 @@ __device__ void merge_splits(const float *part, float *out, u8 *xq, int t, int h
         const float ls = lane < n_used ? ld_l2(base + (size_t)lane * stride + 1) : 0.f;
         const float m = warp_max(ms);  // finite: the first split is never empty
         const float e = lane < n_used ? expf(ms - m) : 0.f;
-        wgt[h * 32 + lane] = e / warp_sum(e * ls);  // 0 past n_used
+        wgt[h * 32 + lane] = e / (warp_sum(e * ls) + sink_term(sinks, h0 + h, m));  // 0 past n_used
     }
     __syncthreads();
     for (int p = tid; p < (n_p + 31) / 32 * 32; p += ATT_THREADS) {  // whole warps (q8_store_pair's shuffles)
@@ -132,7 +139,7 @@ __device__ __forceinline__ bool last_split(unsigned *counters, int t, int n_spli
 // the reads are done. Blocks past n_used (red null) only take part in the barriers. hd_v % 32 == 0.
 template <int CL>
 __device__ void cluster_merge(const float *red, const float *m_s, const float *l_s, float *out, u8 *xq, int t, int h0,
-                              int gh, int n_head, int hd_v, int n_used, int rank) {
+                              int gh, int n_head, int hd_v, int n_used, int rank, const float *sinks) {
     cluster_sync();
     if constexpr (CL > 0) {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = ATT_THREADS / 32;
@@ -145,7 +152,7 @@ __device__ void cluster_merge(const float *red, const float *m_s, const float *l
             const float ls = lane < n_used ? ld_cluster(l_s + h, lane) : 0.f;
             const float m = warp_max(ms);  // finite: the first split is never empty
             const float e = lane < n_used ? expf(ms - m) : 0.f;
-            const float w = e / warp_sum(e * ls);
+            const float w = e / (warp_sum(e * ls) + sink_term(sinks, h0 + h, m));
             float num = 0.f;
 #pragma unroll
             for (int s = 0; s < CL; s++) num += __shfl_sync(FULL_MASK, w, s) * v[s];
@@ -169,11 +176,11 @@ __device__ void cluster_merge(const float *red, const float *m_s, const float *l
         float softcap, int n_split, u8 *__restrict__ xq, int kpt_log2, int min_keys,                             \
         const float *__restrict__ k_new, const float *__restrict__ v_new, const float *__restrict__ q_norm,       \
         const float *__restrict__ k_norm, float eps, ROPE_PARAMS, const i64 *__restrict__ slots,                 \
-        unsigned *__restrict__ counters
+        unsigned *__restrict__ counters, const float *__restrict__ sinks
 #define ATTN_ARGS                                                                                               \
     q, k_cache, v_cache, out, part, pos, seq_rows, tables, max_pages, page_size, n_head, n_kv, hd_k, hd_v, window, \
         scale, softcap, n_split, xq, kpt_log2, min_keys, k_new, v_new, q_norm, k_norm, eps, n_rot, neox, base,    \
-        freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters
+        freq_scale, ext_factor, mscale, corr_low, corr_high, freq_factors, slots, counters, sinks
 
 // A block's place in the grid: token t (blockIdx.z), key-range split (blockIdx.x), and from
 // blockIdx.y kv head g and its query heads h0 .. h0 + gh - 1: chunk hc of n_hc = gridDim.y / n_kv
@@ -285,15 +292,17 @@ __device__ __forceinline__ void attn_softmax(float (*sc)[ATT_CHUNK], float *m_s,
 // split's partial form (max, sum, values) to part.
 __device__ __forceinline__ void attn_write(float *red, const AttnBlock &b, const AttnRange &r, const float *m_s,
                                            const float *l_s, float *__restrict__ out, float *__restrict__ part,
-                                           u8 *__restrict__ xq, int n_head, int hd_v, int n_split, int n_kg) {
+                                           u8 *__restrict__ xq, int n_head, int hd_v, int n_split, int n_kg,
+                                           const float *__restrict__ sinks) {
     for (int i = threadIdx.x; i < b.gh * hd_v; i += ATT_THREADS) {  // whole warps when xq (hd_v % 32 == 0)
         const int h = i / hd_v, d = i % hd_v;
         float s = 0.f;
         for (int j = 0; j < n_kg; j++) s += red[(j * b.gh + h) * hd_v + d];
         if (r.n_used == 1) {
             const size_t at = ((size_t)b.t * n_head + b.h0 + h) * hd_v + d;
-            out[at] = s / l_s[h];
-            if (xq) q8_store_warp(s / l_s[h], at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
+            const float o = s / (l_s[h] + sink_term(sinks, b.h0 + h, m_s[h]));
+            out[at] = o;
+            if (xq) q8_store_warp(o, at, xq, (float4 *)(xq + (size_t)gridDim.z * n_head * hd_v));
         } else if (r.in_cluster) {
             red[i] = s;  // in place: thread i alone reads red[i] (key group 0's value)
         } else {
@@ -333,7 +342,7 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
     const AttnRange r = attn_range<CL>(p_t, window, n_split, counters != nullptr, min_keys, hd_v, kpt_log2);
     if (counters && b.split >= r.n_used) {
         if (r.in_cluster && b.split < CL)  // the cluster's barriers only
-            cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0);
+            cluster_merge<CL>(nullptr, nullptr, nullptr, out, xq, t, 0, 0, n_head, hd_v, 0, 0, nullptr);
         return;
     }
     const int s0 = r.first + b.split * r.per, s1 = min(s0 + r.per, p_t + 1);
@@ -447,16 +456,16 @@ __device__ __forceinline__ void attn_body(ATTN_PARAMS) {
         }
     }
     __syncthreads();
-    attn_write(red, b, r, m_s, l_s, out, part, xq, n_head, hd_v, n_split, n_kg);
+    attn_write(red, b, r, m_s, l_s, out, part, xq, n_head, hd_v, n_split, n_kg, sinks);
     if (r.in_cluster) {
-        cluster_merge<CL>(red, m_s, l_s, out, xq, t, h0, gh, n_head, hd_v, r.n_used, b.split);
+        cluster_merge<CL>(red, m_s, l_s, out, xq, t, h0, gh, n_head, hd_v, r.n_used, b.split, sinks);
         return;
     }
     if (r.n_used > 1 && counters && last_split(counters, t, r.n_used, &last_s)) {
         if (r.n_used <= 8)
-            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0]);
+            merge_splits<8>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0], sinks);
         else
-            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0]);
+            merge_splits<32>(part, out, xq, t, h0, gh, n_head, hd_v, n_split, r.n_used, &sc[0][0], sinks);
     }
 }
 
@@ -489,7 +498,8 @@ __device__ __forceinline__ void combine_load(float (&v)[PRE], const float *base,
 // attn_combine32: PRE = 32 (one sequence's many splits of a long key range).
 template <int PRE>
 __device__ __forceinline__ void combine_body(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                             int hd_v, int n_split, u8 *__restrict__ xq) {
+                                             int hd_v, int n_split, u8 *__restrict__ xq,
+                                             const float *__restrict__ sinks) {
     PDL_ENTER();
     __shared__ float wgt[32];
     const int h = blockIdx.x, t = blockIdx.y, stride = hd_v + 2;
@@ -504,7 +514,7 @@ __device__ __forceinline__ void combine_body(const float *__restrict__ part, flo
         const float ls = s < n_split ? base[(size_t)s * stride + 1] : 0.f;
         const float m = warp_max(ms);  // finite: the first split is never empty
         const float e = s < n_split ? expf(ms - m) : 0.f;
-        const float den = warp_sum(e * ls);
+        const float den = warp_sum(e * ls) + sink_term(sinks, h, m);
         wgt[s] = e / den;
     }
     __syncthreads();
@@ -523,13 +533,15 @@ __device__ __forceinline__ void combine_body(const float *__restrict__ part, flo
 }
 
 extern "C" __global__ void attn_combine(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                        int hd_v, int n_split, u8 *__restrict__ xq) {
-    combine_body<8>(part, out, n_head, hd_v, n_split, xq);
+                                        int hd_v, int n_split, u8 *__restrict__ xq,
+                                        const float *__restrict__ sinks) {
+    combine_body<8>(part, out, n_head, hd_v, n_split, xq, sinks);
 }
 
 extern "C" __global__ void attn_combine32(const float *__restrict__ part, float *__restrict__ out, int n_head,
-                                          int hd_v, int n_split, u8 *__restrict__ xq) {
-    combine_body<32>(part, out, n_head, hd_v, n_split, xq);
+                                          int hd_v, int n_split, u8 *__restrict__ xq,
+                                          const float *__restrict__ sinks) {
+    combine_body<32>(part, out, n_head, hd_v, n_split, xq, sinks);
 }
 
 #endif  // ATT_TILE_HD == 0
@@ -603,7 +615,8 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
                                                const int *__restrict__ pos, const int *__restrict__ seq_rows,
                                                const int *__restrict__ tables, int max_pages, int page_size,
                                                int n, int n_head, int n_kv, int window, float scale,
-                                               float softcap, float *__restrict__ part, int n_split) {
+                                               float softcap, float *__restrict__ part, int n_split,
+                                               const float *__restrict__ sinks) {
     constexpr int LD = HD + 8;         // shared row stride in halves: conflict-free fragment loads
     constexpr int NB = BK / 8;         // score fragments per row
     constexpr int ND = HD / 8;         // output fragments per row
@@ -792,7 +805,8 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
         float *dst, mul = 1.f;
         if (n_split == 1) {
             dst = out + row * HD + 2 * tq;
-            mul = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
+            const float den = l_r[h] + sink_term(sinks, h0 + r % gh, m_r[h]);
+            mul = l_r[h] > 0.f ? 1.f / den : 0.f;
         } else {
             float *base = part + (row * n_split + blockIdx.z) * (HD + 2);
             if (tq == 0) base[0] = m_r[h], base[1] = l_r[h];
@@ -807,9 +821,10 @@ __device__ __forceinline__ void attn_tile_body(const float *__restrict__ q, cons
     const float *__restrict__ q, const u16 *__restrict__ k_cache, const u16 *__restrict__ v_cache,               \
         float *__restrict__ out, const int *__restrict__ pos, const int *__restrict__ seq_rows,                  \
         const int *__restrict__ tables, int max_pages, int page_size, int n, int n_head, int n_kv, int window, \
-        float scale, float softcap, float *__restrict__ part, int n_split
+        float scale, float softcap, float *__restrict__ part, int n_split, const float *__restrict__ sinks
 #define ATTN_TILE_ARGS \
-    q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap, part, n_split
+    q, k_cache, v_cache, out, pos, seq_rows, tables, max_pages, page_size, n, n_head, n_kv, window, scale, softcap, part, \
+        n_split, sinks
 #if ATT_TILE_HD == 64
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_tile64(ATTN_TILE_PARAMS) {
     attn_tile_body<64, 64>(ATTN_TILE_ARGS);

@@ -90,7 +90,7 @@ extern "C" __global__ void kv_store_q(const float *k, const float *v, u8 *k_cach
 extern "C" __global__ void attn_q(const float *q, const u8 *k_cache, const u8 *v_cache, float *out, const int *pos,
                                   const int *seq_rows, const int *tables, int max_pages, int page_size, int n_head,
                                   int n_kv, int hd_k, int hd_v, int window, float scale, float softcap, int k_type,
-                                  int v_type) {
+                                  int v_type, const float *sinks) {
     PDL_ENTER();
     __shared__ float wm[4], wl[4], wacc[4][ATTQ_MAX_D];
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -127,6 +127,7 @@ extern "C" __global__ void attn_q(const float *q, const u8 *k_cache, const u8 *v
     for (int w = 0; w < 4; w++) m_all = fmaxf(m_all, wm[w]);
     float total = 0.f;
     for (int w = 0; w < 4; w++) total += wl[w] > 0.f ? wl[w] * expf(wm[w] - m_all) : 0.f;
+    if (sinks) total += expf(sinks[h] - m_all);  // attention sinks (gpt-oss): a logit with no value
     float *o = out + ((size_t)t * n_head + h) * hd_v;
     for (int c = threadIdx.x; c < hd_v; c += blockDim.x) {
         float sum = 0.f;

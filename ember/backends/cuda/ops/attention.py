@@ -209,6 +209,7 @@ class Attention:
     # last split block of each (token, head chunk) merges the splits (no attn_combine launch)
     min_keys: int = 0  # with counters: positions a split holds at least (fewer splits, see attn)
     cluster: int = 0  # with counters: attn_cluster<8|16>, clusters of that many splits (n_split a multiple)
+    sinks: Any = None  # device f32 (n_head,) or None: a logit per query head in each softmax's denominator
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -224,7 +225,7 @@ class Attention:
             name = "attn_combine32" if self.n_split > 8 else "attn_combine"  # splits loaded at once
             out.append(Launch(kernels.fn("attention", name), (self.n_head, n, 1), (128, 1, 1),
                               (ptr(self.part), ptr(self.out), i32(self.n_head), i32(hd_v), i32(self.n_split),
-                               ptr(self.xq))))
+                               ptr(self.xq), ptr(self.sinks))))
         return out
 
     def _launch(self, kernels, n: int, hd_k: int, hd_v: int, n_hc: int) -> Launch:
@@ -236,7 +237,7 @@ class Attention:
                 i32(self.n_head), i32(self.n_kv), i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale),
                 f32(self.softcap), i32(self.n_split), ptr(self.xq if self.n_split == 1 or merge else None),
                 i32(2 if n <= DECODE_TOKENS else 0), i32(self.min_keys if merge else 0), *self._fold_args(),
-                ptr(self.counters if merge else None))
+                ptr(self.counters if merge else None), ptr(self.sinks))
         name = "attn"
         if merge and self.cluster:
             if self.cluster not in (8, 16) or self.n_split % self.cluster or hd_v % 32:
@@ -253,7 +254,7 @@ class Attention:
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.pos), ptr(self.seq_rows),
                 ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size), i32(n), i32(self.n_head),
                 i32(self.n_kv), i32(self.window), f32(self.scale), f32(self.softcap), ptr(self.part),
-                i32(self.n_split))
+                i32(self.n_split), ptr(self.sinks))
         return Launch(fn, (pieces, self.n_kv * n_hc, self.n_split), (128, 1, 1), args, smem=smem)
 
     def _fold_args(self) -> tuple:

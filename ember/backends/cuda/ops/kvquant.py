@@ -62,6 +62,7 @@ class AttentionQ:
     softcap: float
     k_type: GGMLType
     v_type: GGMLType
+    sinks: Any = None  # device f32 (n_head,) or None: a logit per query head in each softmax's denominator
 
     def launches(self, kernels) -> list[Launch]:
         n = self.q.shape[0]
@@ -69,5 +70,5 @@ class AttentionQ:
         args = (ptr(self.q), ptr(self.k_cache), ptr(self.v_cache), ptr(self.out), ptr(self.pos), ptr(self.seq_rows),
                 ptr(self.tables), i32(self.tables.shape[1]), i32(self.page_size), i32(self.n_head), i32(self.n_kv),
                 i32(hd_k), i32(hd_v), i32(self.window), f32(self.scale), f32(self.softcap), i32(int(self.k_type)),
-                i32(int(self.v_type)))
+                i32(int(self.v_type)), ptr(self.sinks))
         return [Launch(kernels.fn("kv_quant", "attn_q"), (n, self.n_head, 1), (128, 1, 1), args)]
