@@ -32,7 +32,8 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.Q5_1: "deq_q5_1", GGMLType.Q8_0: "deq_q8_0", GGMLType.Q4_K: "deq_q4_k",
                 GGMLType.Q5_K: "deq_q5_k", GGMLType.Q6_K: "deq_q6_k", GGMLType.F16: "deq_f16",
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
-MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernel (mv in matmul.wgsl)
+MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
+MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 TOPK_MAX = 256
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
@@ -88,7 +89,7 @@ class Backend:
         # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
         # blocks (mv) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
-        self.subgroups = "subgroup" in self.device.features  # mv_sg rather than mv
+        self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -286,10 +287,9 @@ class Backend:
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
         if self.row_products:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
-        elif n <= MV_MAX_ROWS and self.subgroups:
-            self._dispatch(MATRIX_TYPES[qtype] + "+sg", "mv_sg", bindings, params, _groups(rows))
-        elif n <= MV_MAX_ROWS:
-            self._dispatch(MATRIX_TYPES[qtype], "mv", bindings, params, _groups(-(-rows // 2)))
+        elif n <= MV_MAX_ROWS:  # one activation row, or up to 8 (kernels compiled for each)
+            module = f"{MATRIX_TYPES[qtype]}+mv{1 if n == 1 else MV_MAX_ROWS}+{'sg' if self.subgroups else 'wg'}"
+            self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
 

@@ -29,47 +29,6 @@ fn store(j: u32, r: u32, v: f32) {
     }
 }
 
-const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
-const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
-var<workgroup> red: array<array<f32, 8>, 64>;
-
-// Decode: two weight rows a workgroup, each block decoded once for up to 8 activation rows.
-@compute @workgroup_size(64)
-fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-      @builtin(local_invocation_index) t: u32) {
-    let rows = pu(0u);
-    let k = pu(1u);
-    let n = pu(2u);
-    let row = flat_group(wid, nwg) * 2u + t / MV_LANES;
-    let lane = t % MV_LANES;
-    var acc: array<f32, 8>;
-    if (row < rows) {
-        var o: array<f32, 32>;
-        for (var c = lane; c < k / 32u; c += MV_LANES) {
-            DEQ(row_base(row), c, &o);
-            for (var j = 0u; j < n; j++) {
-                let xb = (j * k + c * 32u) / 4u;
-                var s = 0.0;
-                for (var i = 0u; i < 8u; i++) {
-                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
-                }
-                acc[j] += s;
-            }
-        }
-    }
-    red[t] = acc;
-    workgroupBarrier();
-    for (var s = MV_LANES / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var j = 0u; j < MV_N; j++) { red[t][j] += red[t + s][j]; }
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < rows) {
-        for (var j = 0u; j < n; j++) { store(j, row, red[t][j]); }
-    }
-}
-
 // Prompts: a 32 x 32 tile of Y a workgroup; each 32-value slice of k decoded once into shared
 // memory for 32 activation rows, each thread 4 x 4 outputs.
 const TS: u32 = 33u;  // padded row of a shared tile
