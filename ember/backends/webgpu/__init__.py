@@ -85,9 +85,10 @@ class Backend:
         self.adapter, self.device, self.kernels = _device.open_adapter(device)
         self.n_threads = 1  # host threads: the adapter does the work
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
-        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products fastest a
-        # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
-        # blocks (mv) and tiles shared by a workgroup (mm)
+        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products of 2 rows
+        # and more fastest a weight row a thread with no shared memory or barriers (mv_row: each
+        # block decoded once for 8 activation rows), one row with lanes splitting blocks (mvp); a
+        # GPU wants lanes sharing a row's blocks (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         self._recording: Step | None = None
@@ -285,7 +286,7 @@ class Backend:
         """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
-        if self.row_products:
+        if self.row_products and n > 1:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         elif n <= MV_MAX_ROWS:  # one activation row, or up to 8 (kernels compiled for each)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 if n == 1 else MV_MAX_ROWS}+{'sg' if self.subgroups else 'wg'}"
