@@ -146,6 +146,29 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
         close(gpu.to_numpy(out), x[:8] @ r.T)
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("op", ["silu_mul", "gelu_mul"])
+def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op):
+    """Gate and up in one decode dispatch, then act(gate) * up over either: the product's dispatch
+    pairs their rows and writes the gated values itself (one dispatch, not two); both outputs hold
+    what the two ops give (the CPU adapters' mv_row from 2 rows: the two dispatches, same values)."""
+    (wg, rg), (wu, ru) = matrix(gpu, T.Q4_1, 37, 256, seed=40), matrix(gpu, T.Q4_1, 37, 256, seed=41)
+    x = np.random.default_rng(6).standard_normal((8, 256)) * 0.3
+    for n in (1, 3, 8):
+        for into in ("gate", "up"):
+            gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (x[:n] @ rg.T, x[:n] @ ru.T))
+            (g0, r0), (u0, ru0) = both(gpu, ref, gate), both(gpu, ref, up)
+            getattr(ref, op)(r0, ru0, r0 if into == "gate" else ru0)
+            go, uo = gpu.empty((n, 37)), gpu.empty((n, 37))
+            before = len(gpu._step().dispatches)
+            gpu.matmuls([wg, wu], gpu.from_numpy(x[:n].astype(np.float32)), [go, uo])
+            getattr(gpu, op)(go, uo, go if into == "gate" else uo)
+            fused = plan != "rows" or n == 1
+            assert len(gpu._step().dispatches) == before + (1 if fused else 2)
+            close(gpu.to_numpy(go), r0, rel=1e-4)
+            close(gpu.to_numpy(uo), ru0, rel=1e-4)
+
+
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
     before = gpu.max_binding
     gpu.max_binding = 20 * 272 + 16  # 20 rows of Q8_0 x 256 (8 blocks of 34 bytes) a buffer

@@ -95,6 +95,7 @@ class Backend:
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
         self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
         self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
@@ -238,7 +239,7 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = self._rope_last = None
+        self._residual = self._rope_last = self._gate_up = None
         if module == "ops":
             bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
                         for b in OPS_BINDINGS[entry]}
@@ -282,15 +283,19 @@ class Backend:
             params = _params(n_rows, cols, x.shape[0], w.data.row_bytes, rows, row0, base, n_rows, n_rows)
             self._product(w.type, buf, x, {3: out}, params, n_rows)
 
+    def _mvp(self, n: int) -> bool:
+        """Whether products of n activation rows take mvp (matvec.wgsl)."""
+        return n == 1 or (n <= MV_MAX_ROWS and not self.row_products)
+
     def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int) -> None:
         """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
-        if self.row_products and n > 1:
-            self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
-        elif n <= MV_MAX_ROWS:  # one activation row, or up to 8 (kernels compiled for each)
+        if self._mvp(n):  # one activation row, or up to 8 (kernels compiled for each)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 if n == 1 else MV_MAX_ROWS}+{'sg' if self.subgroups else 'wg'}"
             self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
+        elif self.row_products:
+            self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
 
@@ -324,6 +329,9 @@ class Backend:
                          bases[1], bases[2], w1.shape[0], r3)
         outs = dict(zip((3, 5, 6), (out for _, out in group)))
         self._product(w0.type, w0.data.parts[0][2], x, outs, params, r2 + r3)
+        step = self._step()
+        if not rest and r1 == w1.shape[0] and step.dispatches[-1].params is params and self._mvp(x.shape[0]):
+            self._gate_up = (step, len(step.dispatches) - 1, group[0][1], group[1][1])
 
     @staticmethod
     def _fusable(group: list, x) -> bool:
@@ -425,10 +433,29 @@ class Backend:
             self._residual = (step, len(step.dispatches) - 1, b, out)
 
     def silu_mul(self, gate, up, out) -> None:
-        self._binary(gate, up, out, 1)
+        if not self._gates(gate, up, out, 1):
+            self._binary(gate, up, out, 1)
 
     def gelu_mul(self, gate, up, out) -> None:
-        self._binary(gate, up, out, 2)
+        if not self._gates(gate, up, out, 2):
+            self._binary(gate, up, out, 2)
+
+    def _gates(self, gate, up, out, mode: int) -> bool:
+        """Where gate and up are the outputs of the step's last dispatch, an mvp product of two
+        matrices of as many rows, and the gated product goes over one of them: that dispatch
+        made to pair gate row r with up row r in a workgroup and write act(gate) * up itself
+        (matvec.wgsl's gated mode: the same values in both outputs, one dispatch fewer)."""
+        g, step = self._gate_up, self._step()
+        if (g is None or g[0] is not step or g[1] != len(step.dispatches) - 1 or gate.buf is not g[2].buf
+                or up.buf is not g[3].buf or out.buf not in (gate.buf, up.buf)
+                or any(a.offset or tuple(a.shape) != tuple(g[2].shape) for a in (gate, up, out))):
+            return False
+        d = step.dispatches[-1]
+        params = d.params.copy()
+        params[13], params[14] = mode, int(out.buf is up.buf)
+        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, _groups(gate.shape[1]))
+        self._gate_up = None
+        return True
 
     def scale(self, x, s: float) -> None:
         self._elementwise("unary", {1: x}, x.size, 0, float(s))

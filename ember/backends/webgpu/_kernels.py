@@ -46,8 +46,8 @@ class Kernels:
 
 # the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
 MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
-                  "mv_sum(acc, t, sg_size, sg_lane, row0, rows, n);"),
-           "wg": ("", "mv_sum(acc, t, row0, rows, n);")}
+                  "mv_sum(acc, t, sg_size, sg_lane, g, rows, n);"),
+           "wg": ("", "mv_sum(acc, t, g, rows, n);")}
 
 
 def _products(decoder: str, *variant: str) -> str:
