@@ -259,6 +259,45 @@ def test_rows_norms_and_top_k(gpu, ref):
         gpu.top_k(gpu.from_numpy(logits.astype(np.float32)), 0, ids, vals)
 
 
+def test_norms_fused_into_one_dispatch(gpu, ref):
+    """Queries' then keys' per-head norms in place: one dispatch; a block's output normed in place,
+    added to the residual stream and the next norm taken onto it (post-norm families): one
+    dispatch; each as the separate ops give (with and without weights)."""
+    rng = np.random.default_rng(7)
+    q, k, wq, wk = rng.standard_normal((3, 4 * 32)), rng.standard_normal((3, 2 * 32)), rng.uniform(0.5, 1.5, 32), \
+        rng.uniform(0.5, 1.5, 32)
+    for weights in (True, False):  # without weights, rows of the arrays' width: heads as rows
+        (gq, rq), (gk, rk) = both(gpu, ref, q if weights else q.reshape(-1, 32)), \
+            both(gpu, ref, k if weights else k.reshape(-1, 32))
+        before = len(gpu._step().dispatches)
+        for (g, r), w in (((gq, rq), wq), ((gk, rk), wk)):
+            gpu.rms_norm(g, vector(gpu, w) if weights else None, 1e-6, g)
+            ref.rms_norm(r, vector(ref, w) if weights else None, 1e-6, r)
+        assert len(gpu._step().dispatches) == before + 1
+        close(gpu.to_numpy(gq), rq)
+        close(gpu.to_numpy(gk), rk)
+    x, h = rng.standard_normal((5, 96)), rng.standard_normal((5, 96)) * 4
+    post, nxt = rng.uniform(0.5, 1.5, 96), rng.uniform(0.5, 1.5, 96)
+    for weights in (True, False):
+        (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+        before = len(gpu._step().dispatches)
+        for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+            b.rms_norm(hh, vector(b, post) if weights else None, 1e-6, hh)
+            b.add(xx, hh, xx)
+            b.rms_norm(xx, vector(b, nxt) if weights else None, 1e-6, hh)
+        assert len(gpu._step().dispatches) == before + 1
+        close(gpu.to_numpy(gx), rx)
+        close(gpu.to_numpy(gh), rh)
+    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)  # another eps: three dispatches, same values
+    before = len(gpu._step().dispatches)
+    for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+        b.rms_norm(hh, vector(b, post), 1e-5, hh)
+        b.add(xx, hh, xx)
+        b.rms_norm(xx, vector(b, nxt), 1e-6, hh)
+    assert len(gpu._step().dispatches) == before + 2  # the add and the norm after it still one
+    close(gpu.to_numpy(gh), rh)
+
+
 @pytest.mark.parametrize("neox,factors,yarn", [(False, False, False), (True, True, False), (True, False, True)])
 def test_rope(gpu, ref, neox, factors, yarn):
     rng = np.random.default_rng(2)

@@ -44,7 +44,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3), "add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
+                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
                 "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
 
 
@@ -95,6 +95,7 @@ class Backend:
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
         self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
@@ -239,7 +240,7 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = self._rope_last = self._gate_up = None
+        self._residual = self._rope_last = self._gate_up = self._normed = None
         if module == "ops":
             bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
                         for b in OPS_BINDINGS[entry]}
@@ -364,6 +365,8 @@ class Backend:
         if self._fuses_residual(x, d, out):
             self._add_rms_norm(x, w, eps, out)
             return
+        if self._pairs_norm(x, w, eps, out, d):
+            return
         bindings = {1: out}
         if x.buf is not out.buf:
             bindings[2] = x
@@ -371,6 +374,30 @@ class Backend:
             bindings[3] = w.data
         params = _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps))
         self._dispatch("ops", "rms_norm", bindings, params, _groups(rows))
+        if x.buf is out.buf and not x.offset and x.size == rows * d:
+            step = self._step()
+            self._normed = (step, len(step.dispatches) - 1, x, float(eps))
+
+    def _pairs_norm(self, x, w, eps, out, d: int) -> bool:
+        """A norm in place right after another of the same width and eps (queries' then keys'):
+        that dispatch takes this array's rows too (rms_norm's rows past `rows`, array Z)."""
+        if self._normed is None or x.buf is not out.buf or x.offset or x.size % d:
+            return False
+        n, step = self._normed, self._step()
+        last = step.dispatches[-1]
+        if (n[0] is not step or n[1] != len(step.dispatches) - 1 or n[2].buf is x.buf or n[3] != float(eps)
+                or last.params[0] != d or last.params[5]):
+            return False
+        params = last.params.copy()
+        params[5], params[6] = x.size // d, int(w is not None)
+        bindings = dict(last.bindings)
+        bindings[9] = x.buf
+        if w is not None:
+            bindings[2] = w.data.buf
+        step.dispatches[-1] = Dispatch(last.pipeline, tuple(sorted(bindings.items())), params,
+                                       _groups(int(params[1]) + x.size // d))
+        self._normed = None
+        return True
 
     def _fuses_residual(self, x, d: int, out) -> bool:
         """Whether this norm of x follows the add into x (x += h) as the step's last dispatch, so
@@ -380,8 +407,13 @@ class Backend:
                 and x.size == r[3].size and d == x.shape[-1] and out.buf is not x.buf)
 
     def _add_rms_norm(self, x, w, eps, out) -> None:
-        h = self._residual[2]
-        self._step().dispatches.pop()
+        h, normed = self._residual[2], self._residual[4]
+        step = self._step()
+        step.dispatches.pop()
+        if (normed is not None and normed[0] is step and normed[1] == len(step.dispatches) - 1
+                and normed[2].buf is h.buf and out.buf is h.buf and normed[3] == float(eps)):
+            self._norm_add_rms_norm(x, h, w, eps)
+            return
         bindings = {1: x, 9: out}
         if h.buf is not out.buf:
             bindings[2] = h
@@ -405,6 +437,20 @@ class Backend:
         self._rope_dispatch(x, None, n_head, 0, hd, batch, p)
         self._rope_last = (step, len(step.dispatches) - 1, batch.positions, (hd, p), x, n_head)
 
+    def _norm_add_rms_norm(self, x, h, w, eps) -> None:
+        """h normed in place (the step's last dispatch), x += h, h = the norm of x: one pass over
+        the rows (ops.wgsl's norm_add_rms_norm)."""
+        post = self._step().dispatches.pop()
+        post_w = dict(post.bindings).get(3)
+        bindings = {1: x, 9: h}
+        if post.params[3]:
+            bindings[3] = post_w
+        if w is not None:
+            bindings[2] = w.data
+        rows = x.size // x.shape[-1]
+        self._dispatch("ops", "norm_add_rms_norm", bindings,
+                       _params(x.shape[-1], rows, int(post.params[3]), int(w is not None), float(eps)), _groups(rows))
+
     def _rope_dispatch(self, x, z, n_head: int, n_head_z: int, hd: int, batch: AttentionBatch, p: RopeParams) -> None:
         mscale, low, high = rope_scales(p)
         bindings = {1: x, 4: INPUTS}
@@ -427,10 +473,11 @@ class Backend:
         self._elementwise("binary", bindings, out.size, int(a.buf is out.buf), int(b.buf is out.buf), mode)
 
     def add(self, a, b, out) -> None:
+        normed = self._normed  # of h, just before: a norm of x may take it in too
         self._binary(a, b, out, 0)
         if a.buf is out.buf and b.buf is not out.buf and a.size == b.size:  # x += h: a norm of x may follow
             step = self._step()
-            self._residual = (step, len(step.dispatches) - 1, b, out)
+            self._residual = (step, len(step.dispatches) - 1, b, out, normed)
 
     def silu_mul(self, gate, up, out) -> None:
         if not self._gates(gate, up, out, 1):

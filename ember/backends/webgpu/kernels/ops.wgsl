@@ -80,15 +80,34 @@ fn pos_scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     Y[i] *= 1.0 + pf(4u) * log(floor((pos + pf(5u)) / f32(pu(3u))) + 1.0);
 }
 
-// RMS norm of rows of d, a workgroup a row: Y = A / rms(A) (* B where given).
-// params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps
+// RMS norm of rows of d, a workgroup a row: Y = A / rms(A) (* B where given). Rows past the
+// first `rows`: a second array normed in place, Z (rows_z rows, times A where given: queries' and
+// keys' norms in one dispatch).
+// params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps, 5 rows_z, 6 Z has weight
 var<workgroup> part: array<f32, 256>;
+
+// the sum of v over the workgroup's threads (every thread gets it; part free again after)
+fn wg_sum(t: u32, v: f32) -> f32 {
+    part[t] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    let total = part[0];
+    workgroupBarrier();
+    return total;
+}
 
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) t: u32) {
     let d = pu(0u);
     let row = flat_group(wid, nwg);
+    if (row >= pu(1u)) {
+        rms_norm_z(t, d, row - pu(1u));
+        return;
+    }
     let in_place = pu(2u) != 0u;
     var ss = 0.0;
     if (row < pu(1u)) {
@@ -112,6 +131,56 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         x *= r;
         if (pu(3u) != 0u) { x *= B[i]; }
         Y[row * d + i] = x;
+    }
+}
+
+// row r of Z normed in place (times A where given)
+fn rms_norm_z(t: u32, d: u32, r: u32) {
+    var ss = 0.0;
+    if (r < pu(5u)) {
+        for (var i = t; i < d; i += WG) { ss += Z[r * d + i] * Z[r * d + i]; }
+    }
+    let total = wg_sum(t, ss);
+    if (r >= pu(5u)) { return; }
+    let s = 1.0 / sqrt(total / f32(d) + pf(4u));
+    for (var i = t; i < d; i += WG) {
+        var x = Z[r * d + i] * s;
+        if (pu(6u) != 0u) { x *= A[i]; }
+        Z[r * d + i] = x;
+    }
+}
+
+// A block's output normed, added to the residual stream, and the next norm, in one pass over
+// each row (post-norm families: Gemma): Z (h) = Z / rms(Z) (* B), Y (x) += Z, Z = Y / rms(Y) (* A).
+// params: 0 d, 1 rows, 2 has B, 3 has A, 4 eps
+@compute @workgroup_size(256)
+fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) t: u32) {
+    let d = pu(0u);
+    let row = flat_group(wid, nwg);
+    let live = row < pu(1u);
+    let at = row * d;
+    var ss = 0.0;
+    if (live) {
+        for (var i = t; i < d; i += WG) { ss += Z[at + i] * Z[at + i]; }
+    }
+    let r1 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
+    ss = 0.0;
+    if (live) {
+        for (var i = t; i < d; i += WG) {
+            var h = Z[at + i] * r1;
+            if (pu(2u) != 0u) { h *= B[i]; }
+            let x = Y[at + i] + h;
+            Y[at + i] = x;
+            ss += x * x;
+        }
+    }
+    let r2 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
+    if (!live) { return; }
+    for (var i = t; i < d; i += WG) {
+        var x = Y[at + i] * r2;
+        if (pu(3u) != 0u) { x *= A[i]; }
+        Z[at + i] = x;
     }
 }
 
