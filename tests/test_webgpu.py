@@ -317,6 +317,21 @@ def test_rope(gpu, ref, neox, factors, yarn):
     ref.rope(rk, 2, batch, rp)
     np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)  # f32 angles at position 2047
     np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
+    # rotated keys stored right after (with the values: 96 wide, another width): the rope's
+    # dispatch stores them (one dispatch for the three ops), the caches as the reference's
+    (g, r), (gk, rk), (gv, rv) = both(gpu, ref, x), both(gpu, ref, keys), both(gpu, ref, rng.standard_normal((n, 96)))
+    gkv, rkv = gpu.kv_cache(16, 2 * hd, 96), ref.kv_cache(16, 2 * hd, 96)
+    batch = AttentionBatch(batch.positions, batch.seq_rows, batch.block_tables, np.array([9, 2, 15, 4]), 16)
+    before = len(gpu._step().dispatches)
+    for b, (q_, k_, v_), kv, rope in ((gpu, (g, gk, gv), gkv, gp), (ref, (r, rk, rv), rkv, rp)):
+        b.rope(q_, n_head, batch, rope)
+        b.rope(k_, 2, batch, rope)
+        b.kv_store(kv, k_, v_, batch)
+    assert len(gpu._step().dispatches) == before + 1
+    np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)
+    np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
+    for got, want in zip(gkv, rkv):
+        np.testing.assert_allclose(gpu.to_numpy(got).astype(np.float64), np.asarray(want, np.float64), atol=4e-3)
 
 
 def _fields(p: RopeParams) -> dict:

@@ -44,7 +44,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
+                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 9, 10), "kv_store": (2, 3, 4, 5, 10),
                 "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
 
 
@@ -95,6 +95,7 @@ class Backend:
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
         self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
         self._dummy = self._buffer(16)  # placeholder of unused inputs
@@ -240,7 +241,7 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = self._rope_last = self._gate_up = self._normed = None
+        self._residual = self._rope_last = self._gate_up = self._normed = self._keys_roped = None
         if module == "ops":
             bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
                         for b in OPS_BINDINGS[entry]}
@@ -433,6 +434,8 @@ class Backend:
                 and last[3] == (hd, p) and last[4].buf is not x.buf and last[4].shape[0] == x.shape[0]):
             step.dispatches.pop()
             self._rope_dispatch(last[4], x, last[5], n_head, hd, batch, p)
+            if not x.offset and x.shape[-1] == n_head * hd:
+                self._keys_roped = (step, len(step.dispatches) - 1, x, hd, batch.positions)
             return
         self._rope_dispatch(x, None, n_head, 0, hd, batch, p)
         self._rope_last = (step, len(step.dispatches) - 1, batch.positions, (hd, p), x, n_head)
@@ -522,9 +525,30 @@ class Backend:
         if self._recording is None and slots.size and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise BackendError(f"KV slot out of range (cache has {n_slots} slots)")
         kd, vd = cache[0].shape[1], cache[1].shape[1]
+        if self._stores_roped(cache, k, v, batch, slots):
+            return
         self._dispatch("ops", "kv_store", {2: k, 3: v, 4: INPUTS, 5: cache[0], 10: cache[1]},
                        _params(len(slots), kd, self._input(slots), vd),
                        (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
+
+    def _stores_roped(self, cache, k, v, batch: AttentionBatch, slots: np.ndarray) -> bool:
+        """Keys stored right after their rope (with the queries'): that dispatch stores them and
+        the values too (ops.wgsl's rope_store: a workgroup a head, so that pairs of halves are
+        whole in a thread)."""
+        r, step = self._keys_roped, self._step()
+        if (r is None or r[0] is not step or r[1] != len(step.dispatches) - 1 or r[2].buf is not k.buf
+                or r[2].shape != k.shape or k.shape[0] != len(slots) or r[4] is not batch.positions or r[3] > ATT_MAX_D or r[3] % 2
+                or k.shape[1] != cache[0].shape[1] or v.offset or tuple(v.shape) != (k.shape[0], cache[1].shape[1])
+                or v.buf in (k.buf, cache[0].buf, cache[1].buf)):
+            return False
+        d = step.dispatches.pop()
+        params = d.params.copy()
+        params[14], params[15] = self._input(slots), cache[1].shape[1]
+        bindings = {**dict(d.bindings), 2: v.buf, 5: cache[0].buf, 10: cache[1].buf}
+        heads = int(params[1]) + int(params[13])
+        self._dispatch("ops", "rope_store", bindings, params,
+                       (heads + -(-cache[1].shape[1] // 2 // 64), max(batch.n_tokens, 1), 1))
+        return True
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination

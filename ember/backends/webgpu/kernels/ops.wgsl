@@ -268,6 +268,85 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     }
 }
 
+// The rotation of pair i at position pos (rope's parametrisation): (cos, sin) times the magnitude
+fn rope_cs(i: u32, pos: f32) -> vec2<f32> {
+    var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
+    if (pu(12u) != 0u) { extrap = extrap / B[i]; }
+    let interp = pf(7u) * extrap;
+    var theta = interp;
+    if (pf(8u) != 0.0) {
+        let ramp = 1.0 - clamp((f32(i) - pf(10u)) / max(0.001, pf(11u) - pf(10u)), 0.0, 1.0);
+        let mix = ramp * pf(8u);
+        theta = interp * (1.0 - mix) + extrap * mix;
+    }
+    return vec2<f32>(cos(theta), sin(theta)) * pf(9u);
+}
+
+// Rope of queries Y and keys Z (rope's params 0-13) and the keys and values A (n, vd) stored into
+// the caches H, HV at slots I[param 14 ..] (kv_store's), in one dispatch: a workgroup a head of
+// queries, then of keys (x: head, y: token; the head staged in workgroup memory, so that a thread
+// rotates and stores whole f16 pairs), then 128 values of v a workgroup.
+// params: rope's 0-13, 14 slots offset, 15 vd
+var<workgroup> head_row: array<f32, 256>;
+
+@compute @workgroup_size(64)
+fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tok = wid.y;
+    let hd = pu(2u);
+    let nq = pu(1u);
+    let nk = pu(13u);
+    let slot = u32(I[pu(14u) + tok]);
+    if (wid.x >= nq + nk) {  // values: a word (two values) a thread, 64 words a workgroup
+        let vw = pu(15u) / 2u;
+        let w = (wid.x - nq - nk) * 64u + t;
+        if (w < vw) {
+            let src = tok * pu(15u) + 2u * w;
+            HV[slot * vw + w] = pack2x16float(vec2<f32>(A[src], A[src + 1u]));
+        }
+        return;
+    }
+    let in_z = wid.x >= nq;
+    var at = tok * nq * hd + wid.x * hd;
+    if (in_z) { at = tok * nk * hd + (wid.x - nq) * hd; }
+    for (var e = t; e < hd; e += 64u) {
+        if (in_z) { head_row[e] = Z[at + e]; } else { head_row[e] = Y[at + e]; }
+    }
+    workgroupBarrier();
+    let pos = f32(I[pu(5u) + tok]);
+    let n_rot = pu(3u);
+    let half = n_rot / 2u;
+    for (var w = t; w < hd / 2u; w += 64u) {
+        var out: vec2<f32>;
+        for (var u = 0u; u < 2u; u++) {
+            let e = 2u * w + u;
+            var v = head_row[e];
+            if (e < n_rot) {
+                var i = e / 2u;
+                var first = (e & 1u) == 0u;
+                var other = e + 1u;
+                if (!first) { other = e - 1u; }
+                if (pu(4u) != 0u) {
+                    first = e < half;
+                    i = e % half;
+                    other = e + half;
+                    if (!first) { other = e - half; }
+                }
+                let cs = rope_cs(i, pos);
+                if (first) { v = v * cs.x - head_row[other] * cs.y; } else { v = head_row[other] * cs.y + v * cs.x; }
+            }
+            out[u] = v;
+        }
+        if (in_z) {
+            Z[at + 2u * w] = out.x;
+            Z[at + 2u * w + 1u] = out.y;
+            H[slot * (nk * hd / 2u) + (at - tok * nk * hd) / 2u + w] = pack2x16float(out);
+        } else {
+            Y[at + 2u * w] = out.x;
+            Y[at + 2u * w + 1u] = out.y;
+        }
+    }
+}
+
 // Keys A (n, kd) and values B (n, vd) rounded to f16 into the caches H (slots, kd/2 words of f16
 // pairs) and HV at slots I[off + j]. params: 0 n, 1 kd, 2 off, 3 vd
 @compute @workgroup_size(64)
