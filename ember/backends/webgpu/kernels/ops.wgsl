@@ -376,7 +376,7 @@ fn copy_pages(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 
 // Paged causal attention, a workgroup a (query head, token): keys of the token's sequence in tiles
-// of 64 (a thread a key's score), online softmax, a thread 1-4 of the value dimensions.
+// of 64 (a thread a key's score and its weight), online softmax, a thread 1-4 of the value dimensions.
 // A = q (n, n_head * hd_k), Y = out (n, n_head * hd_v), KC/VC caches of f16 pairs.
 // params: 0 n_head, 1 n_kv, 2 hd_k, 3 hd_v, 4 max_pages, 5 page_size, 6 window, 7 scale,
 // 8 softcap, 9 pos_off, 10 seq_off, 11 table_off
@@ -441,12 +441,15 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         workgroupBarrier();
         var top = m;
         for (var j = 0u; j < 64u; j++) { top = max(top, score[j]); }
+        workgroupBarrier();
+        score[t] = exp(s - top);  // each key's weight, once
+        workgroupBarrier();
         let keep = exp(m - top);
         l *= keep;
         for (var a = 0u; a < 4u; a++) { acc[a] *= keep; }
         let n_keys = min(64u, pos + 1u - (first + tile * 64u));
         for (var j = 0u; j < n_keys; j++) {
-            let w = exp(score[j] - top);
+            let w = score[j];
             l += w;
             for (var a = 0u; a < 4u; a++) {
                 let d = t + 64u * a;
