@@ -91,21 +91,21 @@ def dispatched(gpu) -> tuple:
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decode_matvec_of_every_type(gpu, plan, qtype):
-    """The decode kernel (mvp: 2 rows a workgroup, 8-value pieces; its one-row and 8-row builds,
+    """The decode kernel (mvp: 2 rows a workgroup, 8-value pieces; its builds for 1, 2, 4 and 8 rows,
     summed by subgroups or in workgroup memory; on CPU adapters one row only, mv_row beyond) on
     every type: an odd row count (the last workgroup's second row is past the end) and widths
     whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 768)."""
     cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
     w, ref = matrix(gpu, qtype, 45, cols, seed=30 + int(qtype))
     x = np.random.default_rng(5).standard_normal((8, cols))
-    for n in (1, 2, 8):
+    for n in (1, 2, 3, 8):
         out = gpu.empty((n, 45))
         gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
         module, entry = dispatched(gpu)
         if plan == "rows" and n > 1:
             assert entry == "mv_row"
         else:
-            assert entry == "mvp" and module.endswith(f"+mv{1 if n == 1 else 8}+{'sg' if plan == 'subgroups' else 'wg'}")
+            assert entry == "mvp" and module.endswith(f"+mv{ {1: 1, 2: 2, 3: 4, 8: 8}[n]}+{'sg' if plan == 'subgroups' else 'wg'}")
         close(gpu.to_numpy(out), x[:n] @ ref.T)
 
 

@@ -293,8 +293,8 @@ class Backend:
         """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
-        if self._mvp(n):  # one activation row, or up to 8 (kernels compiled for each)
-            module = f"{MATRIX_TYPES[qtype]}+mv{1 if n == 1 else MV_MAX_ROWS}+{'sg' if self.subgroups else 'wg'}"
+        if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
+            module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
         elif self.row_products:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))

@@ -3,7 +3,7 @@
 // super-block), so that all lanes work from k = 256 on whatever the type, and each piece's x is
 // read once for the NR rows. A piece is decoded from 4-byte words of the blocks (unpack4xU8 /
 // unpack4xI8 on 4 bytes at once, no per-value loop) into two vec4s of weights and the x vec4s
-// they meet. NX (the activation rows compiled for, 1 or MV_N) and the lanes' sum (MV_SUM:
+// they meet. NX (the activation rows built for: 1, 2, 4 or 8) and the lanes' sum (MV_SUM:
 // subgroupAdd, or a tree in workgroup memory) come with the module (_kernels.py).
 const MV_WG: u32 = 32u;  // lanes of a workgroup
 const NR: u32 = 2u;  // weight rows of a workgroup
