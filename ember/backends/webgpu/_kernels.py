@@ -51,16 +51,16 @@ MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_inv
 
 
 def _products(decoder: str, *variant: str) -> str:
-    """A weight type's products module (its decoder, dequant.wgsl, named DEQ): the prompt tiles,
-    row lookups and the CPU adapters' matrix-vector kernel (matmul.wgsl); or, with a variant
-    ("mv1+sg": NX activation rows, lanes summed by subgroups or "wg" workgroup memory), the GPUs'
-    matrix-vector kernel (matvec.wgsl, the type's piece reader named PIECE)."""
-    code = source("common.wgsl") + source("dequant.wgsl") + source("matmul.wgsl")
+    """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
+    pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
+    kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
+    or "wg" workgroup memory) the decode kernel too (matvec.wgsl)."""
+    code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant:
         rows, how = variant
         args, call = MV_SUMS[how]
         code = (f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + source("matvec.wgsl")
                 + source(f"matvec_{how}.wgsl"))
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
-        code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
+    code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
     return code.replace("DEQ(", f"{decoder}(")  # naga takes subgroup builtins without `enable`
