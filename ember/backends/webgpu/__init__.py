@@ -539,7 +539,7 @@ class Backend:
         if (r is None or r[0] is not step or r[1] != len(step.dispatches) - 1 or r[2].buf is not k.buf
                 or r[2].shape != k.shape or k.shape[0] != len(slots) or r[4] is not batch.positions or r[3] > ATT_MAX_D or r[3] % 2
                 or k.shape[1] != cache[0].shape[1] or v.offset or tuple(v.shape) != (k.shape[0], cache[1].shape[1])
-                or v.buf in (k.buf, cache[0].buf, cache[1].buf)):
+                or v.buf in (k.buf, cache[0].buf, cache[1].buf, dict(step.dispatches[-1].bindings)[1])):
             return False
         d = step.dispatches.pop()
         params = d.params.copy()

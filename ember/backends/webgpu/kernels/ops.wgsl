@@ -394,7 +394,16 @@ fn key_score(slot: u32, kvh: u32) -> f32 {
     let hd = pu(2u);
     let base = slot * (pu(1u) * hd / 2u) + kvh * hd / 2u;
     var s = 0.0;
-    for (var d = 0u; d < hd / 2u; d++) {
+    var d = 0u;
+    for (; d + 4u <= hd / 2u; d += 4u) {  // 4 independent loads in flight
+        let k0 = unpack2x16float(KC[base + d]);
+        let k1 = unpack2x16float(KC[base + d + 1u]);
+        let k2 = unpack2x16float(KC[base + d + 2u]);
+        let k3 = unpack2x16float(KC[base + d + 3u]);
+        s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 2u], qv[2u * d + 3u]), vec4<f32>(k0, k1))
+            + dot(vec4<f32>(qv[2u * d + 4u], qv[2u * d + 5u], qv[2u * d + 6u], qv[2u * d + 7u]), vec4<f32>(k2, k3));
+    }
+    for (; d < hd / 2u; d++) {
         let k = unpack2x16float(KC[base + d]);
         s += qv[2u * d] * k.x + qv[2u * d + 1u] * k.y;
     }
@@ -448,7 +457,19 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         l *= keep;
         for (var a = 0u; a < 4u; a++) { acc[a] *= keep; }
         let n_keys = min(64u, pos + 1u - (first + tile * 64u));
-        for (var j = 0u; j < n_keys; j++) {
+        var j = 0u;
+        for (; j + 4u <= n_keys; j += 4u) {  // 4 keys' values in flight
+            let w = vec4<f32>(score[j], score[j + 1u], score[j + 2u], score[j + 3u]);
+            l += w.x + w.y + w.z + w.w;
+            for (var a = 0u; a < 4u; a++) {
+                let d = t + 64u * a;
+                if (d < hd_v) {
+                    acc[a] += dot(w, vec4<f32>(value_at(slot_of[j], kvh, d), value_at(slot_of[j + 1u], kvh, d),
+                                               value_at(slot_of[j + 2u], kvh, d), value_at(slot_of[j + 3u], kvh, d)));
+                }
+            }
+        }
+        for (; j < n_keys; j++) {
             let w = score[j];
             l += w;
             for (var a = 0u; a < 4u; a++) {
