@@ -298,6 +298,23 @@ def test_norms_fused_into_one_dispatch(gpu, ref):
     close(gpu.to_numpy(gh), rh)
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+@pytest.mark.parametrize("vocab,k", [(16394, 20), (20000, 1), (49152, 5)])
+def test_top_k_of_long_rows_in_two_stages(gpu, ref, plan, vocab, k):
+    """On GPUs, rows of 4 chunks of 4096 and more: a workgroup a chunk leaves its k best, a second
+    dispatch ranks those (the last chunk shorter than k at 16394); on CPU adapters one workgroup a
+    row. The same ids and values, lowest id first among ties."""
+    logits = np.round(np.random.default_rng(vocab).standard_normal((3, vocab)) * 2) / 2  # many ties
+    logits[1, vocab - 3:] = 50.0  # the best in the last, short chunk
+    ids, vals = gpu.empty((3, k), np.int32), gpu.empty((3, k))
+    before = len(gpu._step().dispatches)
+    gpu.top_k(gpu.from_numpy(logits.astype(np.float32)), k, ids, vals)
+    assert len(gpu._step().dispatches) == before + (1 if plan == "rows" else 2)
+    want_ids, want_vals = np.zeros((3, k), np.int32), np.zeros((3, k))
+    ref.top_k(logits, k, want_ids, want_vals)
+    assert np.array_equal(gpu.to_numpy(ids), want_ids) and np.array_equal(gpu.to_numpy(vals), want_vals)
+
+
 @pytest.mark.parametrize("neox,factors,yarn", [(False, False, False), (True, True, False), (True, False, True)])
 def test_rope(gpu, ref, neox, factors, yarn):
     rng = np.random.default_rng(2)

@@ -35,6 +35,7 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
 MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
 MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 TOPK_MAX = 256
+TOPK_CHUNK = 4096  # values a workgroup of top_k's first stage takes (GPUs, rows of 4 chunks and more: two stages)
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
@@ -45,7 +46,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -98,6 +99,7 @@ class Backend:
         self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
+        self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
         self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
@@ -357,8 +359,24 @@ class Backend:
             raise BackendError(f"top_k needs 1 <= k <= {min(TOPK_MAX, vocab)}, got {k}")
         if tuple(ids.shape) != (n, k) or tuple(vals.shape) != (n, k) or ids.dtype != np.int32:
             raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
-        if n:
-            self._dispatch("ops", "top_k", {1: vals, 2: logits, 8: ids}, _params(vocab, k), (n, 1, 1))
+        if not n:
+            return
+        chunks = -(-vocab // TOPK_CHUNK)
+        if chunks < 4 or self.row_products:  # a CPU adapter: its few cores gain nothing from a second stage
+            self._dispatch("ops", "top_k", {1: vals, 2: logits, 8: ids}, _params(vocab, k, 0, 0), (1, n, 1))
+            return
+        cand_v, cand_i = self._topk_scratch(n * chunks * k)
+        self._dispatch("ops", "top_k", {1: cand_v, 2: logits, 8: cand_i}, _params(vocab, k, TOPK_CHUNK, 0),
+                       (chunks, n, 1))
+        self._dispatch("ops", "top_k", {1: vals, 2: cand_v, 4: cand_i, 8: ids}, _params(chunks * k, k, 0, 1),
+                       (1, n, 1))
+
+    def _topk_scratch(self, size: int) -> tuple:
+        """The candidates' values and ids of a two-stage top_k (kept: recordings bind them)."""
+        got = self._topk_buffers.get(size)
+        if got is None:
+            got = self._topk_buffers[size] = (self._buffer(4 * size), self._buffer(4 * size))
+        return got
 
     def rms_norm(self, x, w, eps, out) -> None:
         d = w.shape[-1] if w is not None else x.shape[-1]

@@ -487,8 +487,11 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 }
 
 // Each row of A (n, vocab) reduced to its k best, best first (lowest id among equal values):
-// k rounds of a workgroup's arg-max over the values ranked below the round before's.
-// Y (n, k) values, OI (n, k) ids. params: 0 vocab, 1 k
+// k rounds of a workgroup's arg-max over the values ranked below the round before's. One
+// workgroup a row, or two dispatches for long rows: a workgroup a chunk of a row (x: chunk)
+// leaving the chunk's k best, then a workgroup a row over those candidates (their ids in I).
+// Y values, OI ids: (n, k) out, or (n, chunks * k) candidates (id -1 past a short chunk's end).
+// params: 0 values a row, 1 k, 2 chunk (values a stage-1 workgroup; 0: all), 3 candidates (ids in I)
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 const NONE: u32 = 0xffffffffu;
@@ -499,17 +502,28 @@ fn ranks_above(v: f32, i: u32, w: f32, j: u32) -> bool { return j == NONE || v >
 fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let vocab = pu(0u);
     let k = pu(1u);
-    let row = wid.x;
+    let row = wid.y;
+    var lo = 0u;
+    var hi = vocab;
+    var out = row * k;  // where this workgroup's k results go
+    if (pu(2u) != 0u) {
+        lo = wid.x * pu(2u);
+        hi = min(vocab, lo + pu(2u));
+        out = (row * (vocab + pu(2u) - 1u) / pu(2u) + wid.x) * k;
+    }
+    let from_ids = pu(3u) != 0u;
     var prev_v = 0.0;
     var prev_i = NONE;
     for (var r = 0u; r < k; r++) {
         var bv = 0.0;
         var bi = NONE;
-        for (var i = t; i < vocab; i += WG) {
+        for (var i = lo + t; i < hi; i += WG) {
             let v = A[row * vocab + i];
-            if ((prev_i == NONE || ranks_above(prev_v, prev_i, v, i)) && ranks_above(v, i, bv, bi)) {
+            var id = i;
+            if (from_ids) { id = u32(I[row * vocab + i]); }
+            if (id != NONE && (r == 0u || (prev_i != NONE && ranks_above(prev_v, prev_i, v, id))) && ranks_above(v, id, bv, bi)) {
                 bv = v;
-                bi = i;
+                bi = id;
             }
         }
         best_v[t] = bv;
@@ -525,8 +539,8 @@ fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         prev_v = best_v[0];
         prev_i = best_i[0];
         if (t == 0u) {
-            Y[row * k + r] = prev_v;
-            OI[row * k + r] = i32(prev_i);
+            Y[out + r] = prev_v;
+            OI[out + r] = i32(prev_i);
         }
         workgroupBarrier();
     }
