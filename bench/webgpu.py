@@ -174,7 +174,8 @@ def report(name: str, r: dict, args) -> None:
                   f"wait {h['wait_ms']:.2f} ms")
         if h["kernels"]:
             total = sum(k["ms"] for k in h["kernels"])
-            print(f"  {what} step's dispatches timed alone: {total:.2f} ms in all (the step's one pass: {h['gpu_ms']:.2f} ms)")
+            print(f"  {what} step's dispatches timed alone: {total:.2f} ms in all "
+                  f"(the step's one pass: {h['gpu_ms']:.2f} ms)")
             for k in h["kernels"][:12]:
                 print(f"    {k['kernel']:40s} {k['dispatches']:4d} x  {k['ms']:7.3f} ms  {100 * k['ms'] / total:5.1f}%")
 

@@ -105,7 +105,8 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
         if plan == "rows" and n > 1:
             assert entry == "mv_row"
         else:
-            assert entry == "mvp" and module.endswith(f"+mv{ {1: 1, 2: 2, 3: 4, 8: 8}[n]}+{'sg' if plan == 'subgroups' else 'wg'}")
+            built = {1: 1, 2: 2, 3: 4, 8: 8}[n]
+            assert entry == "mvp" and module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}")
         close(gpu.to_numpy(out), x[:n] @ ref.T)
 
 

@@ -45,7 +45,8 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 9, 10), "kv_store": (2, 3, 4, 5, 10),
+                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
+                "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 9, 10), "kv_store": (2, 3, 4, 5, 10),
                 "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8)}
 
 
@@ -555,7 +556,8 @@ class Backend:
         whole in a thread)."""
         r, step = self._keys_roped, self._step()
         if (r is None or r[0] is not step or r[1] != len(step.dispatches) - 1 or r[2].buf is not k.buf
-                or r[2].shape != k.shape or k.shape[0] != len(slots) or r[4] is not batch.positions or r[3] > ATT_MAX_D or r[3] % 2
+                or r[2].shape != k.shape or k.shape[0] != len(slots) or r[4] is not batch.positions
+                or r[3] > ATT_MAX_D or r[3] % 2
                 or k.shape[1] != cache[0].shape[1] or v.offset or tuple(v.shape) != (k.shape[0], cache[1].shape[1])
                 or v.buf in (k.buf, cache[0].buf, cache[1].buf, dict(step.dispatches[-1].bindings)[1])):
             return False
