@@ -336,20 +336,27 @@ def test_rope(gpu, ref, neox, factors, yarn):
     np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)  # f32 angles at position 2047
     np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
     # rotated keys stored right after (with the values: 96 wide, another width): the rope's
-    # dispatch stores them (one dispatch for the three ops), the caches as the reference's
-    (g, r), (gk, rk), (gv, rv) = both(gpu, ref, x), both(gpu, ref, keys), both(gpu, ref, rng.standard_normal((n, 96)))
-    gkv, rkv = gpu.kv_cache(16, 2 * hd, 96), ref.kv_cache(16, 2 * hd, 96)
-    batch = AttentionBatch(batch.positions, batch.seq_rows, batch.block_tables, np.array([9, 2, 15, 4]), 16)
-    before = len(gpu._step().dispatches)
-    for b, (q_, k_, v_), kv, rope in ((gpu, (g, gk, gv), gkv, gp), (ref, (r, rk, rv), rkv, rp)):
-        b.rope(q_, n_head, batch, rope)
-        b.rope(k_, 2, batch, rope)
-        b.kv_store(kv, k_, v_, batch)
-    assert len(gpu._step().dispatches) == before + 1
-    np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)
-    np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
-    for got, want in zip(gkv, rkv):
-        np.testing.assert_allclose(gpu.to_numpy(got).astype(np.float64), np.asarray(want, np.float64), atol=4e-3)
+    # dispatch stores them (one dispatch for the three ops), the caches as the reference's; with
+    # the queries' and keys' per-head norms before (Gemma 3), those too (one dispatch for five)
+    norm_w = rng.uniform(0.5, 1.5, (2, hd))
+    for normed in (False, True):
+        (g, r), (gk, rk) = both(gpu, ref, x), both(gpu, ref, keys)
+        gv, rv = both(gpu, ref, rng.standard_normal((n, 96)))
+        gkv, rkv = gpu.kv_cache(16, 2 * hd, 96), ref.kv_cache(16, 2 * hd, 96)
+        batch = AttentionBatch(batch.positions, batch.seq_rows, batch.block_tables, np.array([9, 2, 15, 4]), 16)
+        before = len(gpu._step().dispatches)
+        for b, (q_, k_, v_), kv, rope in ((gpu, (g, gk, gv), gkv, gp), (ref, (r, rk, rv), rkv, rp)):
+            if normed:
+                b.rms_norm(q_, vector(b, norm_w[0]), 1e-6, q_)
+                b.rms_norm(k_, vector(b, norm_w[1]), 1e-6, k_)
+            b.rope(q_, n_head, batch, rope)
+            b.rope(k_, 2, batch, rope)
+            b.kv_store(kv, k_, v_, batch)
+        assert len(gpu._step().dispatches) == before + 1
+        np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)
+        np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
+        for got, want in zip(gkv, rkv):
+            np.testing.assert_allclose(gpu.to_numpy(got).astype(np.float64), np.asarray(want, np.float64), atol=4e-3)
 
 
 def _fields(p: RopeParams) -> dict:

@@ -46,7 +46,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
-                "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 9, 10), "kv_store": (2, 3, 4, 5, 10),
+                "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
                 "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8)}
 
 
@@ -565,10 +565,25 @@ class Backend:
         params = d.params.copy()
         params[14], params[15] = self._input(slots), cache[1].shape[1]
         bindings = {**dict(d.bindings), 2: v.buf, 5: cache[0].buf, 10: cache[1].buf}
+        norm = step.dispatches[-1] if step.dispatches else None
+        if norm is not None and self._norms_heads(norm, d, k):  # the heads' norms taken in too
+            step.dispatches.pop()
+            nb = dict(norm.bindings)
+            params[16:20] = 1, norm.params[3], norm.params[6], norm.params[4]
+            bindings[6], bindings[7] = nb[3], nb[2]
         heads = int(params[1]) + int(params[13])
         self._dispatch("ops", "rope_store", bindings, params,
                        (heads + -(-cache[1].shape[1] // 2 // 64), max(batch.n_tokens, 1), 1))
         return True
+
+    def _norms_heads(self, norm: Dispatch, rope: Dispatch, k) -> bool:
+        """Whether `norm` is the queries' and keys' per-head norms in place (rms_norm with rows past
+        `rows`) of exactly the arrays the paired `rope` rotates."""
+        nb, rb = dict(norm.bindings), dict(rope.bindings)
+        hd, nq, nk = int(rope.params[2]), int(rope.params[1]), int(rope.params[13])
+        return (norm.pipeline is self.kernels.pipeline("ops", "rms_norm") and bool(norm.params[2])
+                and int(norm.params[0]) == hd and nb[1] is rb[1] and nb[9] is rb[9]
+                and int(norm.params[1]) == k.shape[0] * nq and int(norm.params[5]) == k.shape[0] * nk)
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination

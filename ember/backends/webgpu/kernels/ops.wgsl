@@ -285,9 +285,12 @@ fn rope_cs(i: u32, pos: f32) -> vec2<f32> {
 // Rope of queries Y and keys Z (rope's params 0-13) and the keys and values A (n, vd) stored into
 // the caches H, HV at slots I[param 14 ..] (kv_store's), in one dispatch: a workgroup a head of
 // queries, then of keys (x: head, y: token; the head staged in workgroup memory, so that a thread
-// rotates and stores whole f16 pairs), then 128 values of v a workgroup.
-// params: rope's 0-13, 14 slots offset, 15 vd
+// rotates and stores whole f16 pairs), then 128 values of v a workgroup. Where the queries' and
+// keys' per-head RMS norms came just before (param 16), the head is normed first (times the
+// weights in KC for queries, VC for keys, as f32 bits, where params 17, 18 say).
+// params: rope's 0-13, 14 slots offset, 15 vd, 16 normed, 17 q weight, 18 k weight, 19 eps
 var<workgroup> head_row: array<f32, 256>;
+var<workgroup> head_part: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -308,8 +311,27 @@ fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let in_z = wid.x >= nq;
     var at = tok * nq * hd + wid.x * hd;
     if (in_z) { at = tok * nk * hd + (wid.x - nq) * hd; }
+    var ss = 0.0;
     for (var e = t; e < hd; e += 64u) {
-        if (in_z) { head_row[e] = Z[at + e]; } else { head_row[e] = Y[at + e]; }
+        var x: f32;
+        if (in_z) { x = Z[at + e]; } else { x = Y[at + e]; }
+        head_row[e] = x;
+        ss += x * x;
+    }
+    if (pu(16u) != 0u) {  // the head's RMS norm: its sum of squares over the 64 threads
+        head_part[t] = ss;
+        workgroupBarrier();
+        for (var s = 32u; s > 0u; s >>= 1u) {
+            if (t < s) { head_part[t] += head_part[t + s]; }
+            workgroupBarrier();
+        }
+        let r = 1.0 / sqrt(head_part[0] / f32(hd) + pf(19u));
+        for (var e = t; e < hd; e += 64u) {
+            var x = head_row[e] * r;
+            if (!in_z && pu(17u) != 0u) { x *= bitcast<f32>(KC[e]); }
+            if (in_z && pu(18u) != 0u) { x *= bitcast<f32>(VC[e]); }
+            head_row[e] = x;
+        }
     }
     workgroupBarrier();
     let pos = f32(I[pu(5u) + tok]);
