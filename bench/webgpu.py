@@ -6,7 +6,8 @@ For each model: prompt processing (ppN: N tokens in one batch from an empty cont
 same machine; medians. Then a recorded decode step of the WebGPU backend replayed --reps times:
 the host time to write its inputs, encode its command buffer and submit it; the adapter's own time
 for the step's compute pass (timestamp queries, where the adapter has them), and each dispatch
-timed alone, summed by kernel; and the host's wait from submit to the best ids in hand. On lavapipe (Mesa's software Vulkan driver) the "GPU" is this
+timed alone, summed by kernel; and the host's wait from submit to the best ids in hand; the same
+for the prompt step. On lavapipe (Mesa's software Vulkan driver) the "GPU" is this
 machine's cores: the figures say how the backend behaves, not how a GPU
 would run it. Writes JSON (default bench/results/webgpu.json).
 
@@ -72,9 +73,18 @@ def host_share(runner: Runner, reps: int) -> dict:
     buffer and submit it (host_ms), the adapter's time for the step's compute pass (gpu_ms, by
     timestamp queries where the adapter has them), and the host's wait from submit to the best ids
     in hand (wait_ms: the GPU time, the readback and the driver's latency); medians."""
-    backend = runner.llm.backend
     runner.llm.generate([1], 2, GREEDY)  # the last step run is then a recorded decode step
-    step = backend.last_step
+    return step_share(runner.llm.backend, runner.llm.backend.last_step, reps)
+
+
+def prompt_share(runner: Runner, reps: int) -> dict:
+    """host_share's figures for the prompt step (ppN): its dispatches, host and GPU time, and
+    where the GPU time goes by kernel."""
+    runner.pp(np.random.default_rng(2))  # the last step run is then the prompt's (recorded)
+    return step_share(runner.llm.backend, runner.llm.backend.last_step, reps)
+
+
+def step_share(backend, step, reps: int) -> dict:
     timed = "timestamp-query" in backend.device.features
     encode, wait, gpu = [], [], []
     for _ in range(max(reps, 5)):
@@ -136,7 +146,8 @@ def bench_model(spec: str, args) -> dict:
             samples["llama.cpp"]["tg"] += run["tg_samples"]
             variant = run["variant"]
     out = {"path": str(path), "adapter": runners["webgpu"].llm.backend.describe()["name"],
-           "host": host_share(runners["webgpu"], args.reps), "llama_cpp_variant": variant}
+           "host": host_share(runners["webgpu"], args.reps), "prompt": prompt_share(runners["webgpu"], args.reps),
+           "llama_cpp_variant": variant}
     for key, s in samples.items():
         if s["pp"]:
             out[key] = {"pp_tps": statistics.median(s["pp"]), "tg_tps": statistics.median(s["tg"]), **s}
@@ -156,11 +167,17 @@ def report(name: str, r: dict, args) -> None:
           f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
           f"wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
-    if h["kernels"]:
-        total = sum(k["ms"] for k in h["kernels"])
-        print(f"  decode step's dispatches timed alone: {total:.2f} ms in all (the step's one pass: {h['gpu_ms']:.2f} ms)")
-        for k in h["kernels"][:12]:
-            print(f"    {k['kernel']:40s} {k['dispatches']:4d} x  {k['ms']:7.3f} ms  {100 * k['ms'] / total:5.1f}%")
+    for what, h in (("decode", h), (f"pp{args.n_prompt}", r["prompt"])):
+        if what != "decode":
+            gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed"
+            print(f"  {what} step: {h['dispatches']} dispatches, host {h['host_ms']:.3f} ms, GPU {gpu}, "
+                  f"wait {h['wait_ms']:.2f} ms")
+        if h["kernels"]:
+            total = sum(k["ms"] for k in h["kernels"])
+            print(f"  {what} step's dispatches timed alone: {total:.2f} ms in all "
+                  f"(the step's one pass: {h['gpu_ms']:.2f} ms)")
+            for k in h["kernels"][:12]:
+                print(f"    {k['kernel']:40s} {k['dispatches']:4d} x  {k['ms']:7.3f} ms  {100 * k['ms'] / total:5.1f}%")
 
 
 def main() -> None:

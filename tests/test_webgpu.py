@@ -35,8 +35,8 @@ def gpu():
 
 @pytest.fixture
 def plan(gpu, request):
-    """Run a test under one of the product plans (a thread a row; lanes and tiles; lanes summed by
-    subgroups where the adapter has them), restored after."""
+    """Run a test under one of the product plans (a thread a row; GPU matvec summed in workgroup
+    memory, and tiles; the same summed by subgroups where the adapter has them), restored after."""
     before = gpu.row_products, gpu.subgroups
     if request.param == "subgroups" and not before[1]:
         pytest.skip("the adapter has no subgroups")
@@ -83,6 +83,33 @@ def test_products_and_rows_match_the_quant_reference(gpu, qtype):
     assert np.array_equal(gpu.to_numpy(out), ref[ids].astype(np.float32))
 
 
+def dispatched(gpu) -> tuple:
+    """(module, entry point) of the step's last dispatch."""
+    return gpu.kernels.names()[id(gpu._step().dispatches[-1].pipeline)]
+
+
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_decode_matvec_of_every_type(gpu, plan, qtype):
+    """The decode kernel (mvp: 2 rows a workgroup, 8-value pieces; its builds for 1, 2, 4 and 8 rows,
+    summed by subgroups or in workgroup memory; on CPU adapters one row only, mv_row beyond) on
+    every type: an odd row count (the last workgroup's second row is past the end) and widths
+    whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 768)."""
+    cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
+    w, ref = matrix(gpu, qtype, 45, cols, seed=30 + int(qtype))
+    x = np.random.default_rng(5).standard_normal((8, cols))
+    for n in (1, 2, 3, 8):
+        out = gpu.empty((n, 45))
+        gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+        module, entry = dispatched(gpu)
+        if plan == "rows" and n > 1:
+            assert entry == "mv_row"
+        else:
+            built = {1: 1, 2: 2, 3: 4, 8: 8}[n]
+            assert entry == "mvp" and module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}")
+        close(gpu.to_numpy(out), x[:n] @ ref.T)
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_both_product_plans(gpu, plan, qtype):
@@ -118,6 +145,29 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
     assert len(gpu._step().dispatches) == before + 2
     for out, r in zip(outs, (r0, r1, r2)):
         close(gpu.to_numpy(out), x[:8] @ r.T)
+
+
+@pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("op", ["silu_mul", "gelu_mul"])
+def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op):
+    """Gate and up in one decode dispatch, then act(gate) * up over either: the product's dispatch
+    pairs their rows and writes the gated values itself (one dispatch, not two); both outputs hold
+    what the two ops give (the CPU adapters' mv_row from 2 rows: the two dispatches, same values)."""
+    (wg, rg), (wu, ru) = matrix(gpu, T.Q4_1, 37, 256, seed=40), matrix(gpu, T.Q4_1, 37, 256, seed=41)
+    x = np.random.default_rng(6).standard_normal((8, 256)) * 0.3
+    for n in (1, 3, 8):
+        for into in ("gate", "up"):
+            gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (x[:n] @ rg.T, x[:n] @ ru.T))
+            (g0, r0), (u0, ru0) = both(gpu, ref, gate), both(gpu, ref, up)
+            getattr(ref, op)(r0, ru0, r0 if into == "gate" else ru0)
+            go, uo = gpu.empty((n, 37)), gpu.empty((n, 37))
+            before = len(gpu._step().dispatches)
+            gpu.matmuls([wg, wu], gpu.from_numpy(x[:n].astype(np.float32)), [go, uo])
+            getattr(gpu, op)(go, uo, go if into == "gate" else uo)
+            fused = plan != "rows" or n == 1
+            assert len(gpu._step().dispatches) == before + (1 if fused else 2)
+            close(gpu.to_numpy(go), r0, rel=1e-4)
+            close(gpu.to_numpy(uo), ru0, rel=1e-4)
 
 
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
@@ -210,6 +260,62 @@ def test_rows_norms_and_top_k(gpu, ref):
         gpu.top_k(gpu.from_numpy(logits.astype(np.float32)), 0, ids, vals)
 
 
+def test_norms_fused_into_one_dispatch(gpu, ref):
+    """Queries' then keys' per-head norms in place: one dispatch; a block's output normed in place,
+    added to the residual stream and the next norm taken onto it (post-norm families): one
+    dispatch; each as the separate ops give (with and without weights)."""
+    rng = np.random.default_rng(7)
+    q, k, wq, wk = rng.standard_normal((3, 4 * 32)), rng.standard_normal((3, 2 * 32)), rng.uniform(0.5, 1.5, 32), \
+        rng.uniform(0.5, 1.5, 32)
+    for weights in (True, False):  # without weights, rows of the arrays' width: heads as rows
+        (gq, rq), (gk, rk) = both(gpu, ref, q if weights else q.reshape(-1, 32)), \
+            both(gpu, ref, k if weights else k.reshape(-1, 32))
+        before = len(gpu._step().dispatches)
+        for (g, r), w in (((gq, rq), wq), ((gk, rk), wk)):
+            gpu.rms_norm(g, vector(gpu, w) if weights else None, 1e-6, g)
+            ref.rms_norm(r, vector(ref, w) if weights else None, 1e-6, r)
+        assert len(gpu._step().dispatches) == before + 1
+        close(gpu.to_numpy(gq), rq)
+        close(gpu.to_numpy(gk), rk)
+    x, h = rng.standard_normal((5, 96)), rng.standard_normal((5, 96)) * 4
+    post, nxt = rng.uniform(0.5, 1.5, 96), rng.uniform(0.5, 1.5, 96)
+    for weights in (True, False):
+        (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+        before = len(gpu._step().dispatches)
+        for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+            b.rms_norm(hh, vector(b, post) if weights else None, 1e-6, hh)
+            b.add(xx, hh, xx)
+            b.rms_norm(xx, vector(b, nxt) if weights else None, 1e-6, hh)
+        assert len(gpu._step().dispatches) == before + 1
+        close(gpu.to_numpy(gx), rx)
+        close(gpu.to_numpy(gh), rh)
+    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)  # another eps: three dispatches, same values
+    before = len(gpu._step().dispatches)
+    for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+        b.rms_norm(hh, vector(b, post), 1e-5, hh)
+        b.add(xx, hh, xx)
+        b.rms_norm(xx, vector(b, nxt), 1e-6, hh)
+    assert len(gpu._step().dispatches) == before + 2  # the add and the norm after it still one
+    close(gpu.to_numpy(gh), rh)
+
+
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+@pytest.mark.parametrize("vocab,k", [(16394, 20), (20000, 1), (49152, 5)])
+def test_top_k_of_long_rows_in_two_stages(gpu, ref, plan, vocab, k):
+    """On GPUs, rows of 4 chunks of 4096 and more: a workgroup a chunk leaves its k best, a second
+    dispatch ranks those (the last chunk shorter than k at 16394); on CPU adapters one workgroup a
+    row. The same ids and values, lowest id first among ties."""
+    logits = np.round(np.random.default_rng(vocab).standard_normal((3, vocab)) * 2) / 2  # many ties
+    logits[1, vocab - 3:] = 50.0  # the best in the last, short chunk
+    ids, vals = gpu.empty((3, k), np.int32), gpu.empty((3, k))
+    before = len(gpu._step().dispatches)
+    gpu.top_k(gpu.from_numpy(logits.astype(np.float32)), k, ids, vals)
+    assert len(gpu._step().dispatches) == before + (1 if plan == "rows" else 2)
+    want_ids, want_vals = np.zeros((3, k), np.int32), np.zeros((3, k))
+    ref.top_k(logits, k, want_ids, want_vals)
+    assert np.array_equal(gpu.to_numpy(ids), want_ids) and np.array_equal(gpu.to_numpy(vals), want_vals)
+
+
 @pytest.mark.parametrize("neox,factors,yarn", [(False, False, False), (True, True, False), (True, False, True)])
 def test_rope(gpu, ref, neox, factors, yarn):
     rng = np.random.default_rng(2)
@@ -229,6 +335,28 @@ def test_rope(gpu, ref, neox, factors, yarn):
     ref.rope(rk, 2, batch, rp)
     np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)  # f32 angles at position 2047
     np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
+    # rotated keys stored right after (with the values: 96 wide, another width): the rope's
+    # dispatch stores them (one dispatch for the three ops), the caches as the reference's; with
+    # the queries' and keys' per-head norms before (Gemma 3), those too (one dispatch for five)
+    norm_w = rng.uniform(0.5, 1.5, (2, hd))
+    for normed in (False, True):
+        (g, r), (gk, rk) = both(gpu, ref, x), both(gpu, ref, keys)
+        gv, rv = both(gpu, ref, rng.standard_normal((n, 96)))
+        gkv, rkv = gpu.kv_cache(16, 2 * hd, 96), ref.kv_cache(16, 2 * hd, 96)
+        batch = AttentionBatch(batch.positions, batch.seq_rows, batch.block_tables, np.array([9, 2, 15, 4]), 16)
+        before = len(gpu._step().dispatches)
+        for b, (q_, k_, v_), kv, rope in ((gpu, (g, gk, gv), gkv, gp), (ref, (r, rk, rv), rkv, rp)):
+            if normed:
+                b.rms_norm(q_, vector(b, norm_w[0]), 1e-6, q_)
+                b.rms_norm(k_, vector(b, norm_w[1]), 1e-6, k_)
+            b.rope(q_, n_head, batch, rope)
+            b.rope(k_, 2, batch, rope)
+            b.kv_store(kv, k_, v_, batch)
+        assert len(gpu._step().dispatches) == before + 1
+        np.testing.assert_allclose(gpu.to_numpy(g), r, atol=2e-3)
+        np.testing.assert_allclose(gpu.to_numpy(gk), rk, atol=2e-3)
+        for got, want in zip(gkv, rkv):
+            np.testing.assert_allclose(gpu.to_numpy(got).astype(np.float64), np.asarray(want, np.float64), atol=4e-3)
 
 
 def _fields(p: RopeParams) -> dict:

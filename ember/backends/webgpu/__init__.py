@@ -32,8 +32,10 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.Q5_1: "deq_q5_1", GGMLType.Q8_0: "deq_q8_0", GGMLType.Q4_K: "deq_q4_k",
                 GGMLType.Q5_K: "deq_q5_k", GGMLType.Q6_K: "deq_q6_k", GGMLType.F16: "deq_f16",
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
-MV_MAX_ROWS = 8  # activation rows up to which products take the matrix-vector kernel (mv in matmul.wgsl)
+MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
+MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 TOPK_MAX = 256
+TOPK_CHUNK = 4096  # values a workgroup of top_k's first stage takes (GPUs, rows of 4 chunks and more: two stages)
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
@@ -43,8 +45,9 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3), "add_rms_norm": (1, 2, 3, 9), "rope": (1, 3, 4, 9), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 8)}
+                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
+                "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -84,15 +87,20 @@ class Backend:
         self.adapter, self.device, self.kernels = _device.open_adapter(device)
         self.n_threads = 1  # host threads: the adapter does the work
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
-        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products fastest a
-        # weight row a thread with no shared memory or barriers; a GPU wants lanes sharing a row's
-        # blocks (mv) and tiles shared by a workgroup (mm)
+        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products of 2 rows
+        # and more fastest a weight row a thread with no shared memory or barriers (mv_row: each
+        # block decoded once for 8 activation rows), one row with lanes splitting blocks (mvp); a
+        # GPU wants lanes sharing a row's blocks (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
-        self.subgroups = "subgroup" in self.device.features  # mv_sg rather than mv
+        self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
         self._rope_last = None  # (step, dispatch index, positions, (hd, params), x, n_head) of the last rope
+        self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
+        self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
+        self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
+        self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
         self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
@@ -236,7 +244,7 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = self._rope_last = None
+        self._residual = self._rope_last = self._gate_up = self._normed = self._keys_roped = None
         if module == "ops":
             bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
                         for b in OPS_BINDINGS[entry]}
@@ -280,16 +288,19 @@ class Backend:
             params = _params(n_rows, cols, x.shape[0], w.data.row_bytes, rows, row0, base, n_rows, n_rows)
             self._product(w.type, buf, x, {3: out}, params, n_rows)
 
+    def _mvp(self, n: int) -> bool:
+        """Whether products of n activation rows take mvp (matvec.wgsl)."""
+        return n == 1 or (n <= MV_MAX_ROWS and not self.row_products)
+
     def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int) -> None:
         """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
-        if self.row_products:
+        if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
+            module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
+            self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
+        elif self.row_products:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
-        elif n <= MV_MAX_ROWS and self.subgroups:
-            self._dispatch(MATRIX_TYPES[qtype] + "+sg", "mv_sg", bindings, params, _groups(rows))
-        elif n <= MV_MAX_ROWS:
-            self._dispatch(MATRIX_TYPES[qtype], "mv", bindings, params, _groups(-(-rows // 2)))
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
 
@@ -323,6 +334,9 @@ class Backend:
                          bases[1], bases[2], w1.shape[0], r3)
         outs = dict(zip((3, 5, 6), (out for _, out in group)))
         self._product(w0.type, w0.data.parts[0][2], x, outs, params, r2 + r3)
+        step = self._step()
+        if not rest and r1 == w1.shape[0] and step.dispatches[-1].params is params and self._mvp(x.shape[0]):
+            self._gate_up = (step, len(step.dispatches) - 1, group[0][1], group[1][1])
 
     @staticmethod
     def _fusable(group: list, x) -> bool:
@@ -346,14 +360,32 @@ class Backend:
             raise BackendError(f"top_k needs 1 <= k <= {min(TOPK_MAX, vocab)}, got {k}")
         if tuple(ids.shape) != (n, k) or tuple(vals.shape) != (n, k) or ids.dtype != np.int32:
             raise BackendError(f"top_k of ({n}, {vocab}) logits needs ({n}, {k}) int32 ids and f32 values")
-        if n:
-            self._dispatch("ops", "top_k", {1: vals, 2: logits, 8: ids}, _params(vocab, k), (n, 1, 1))
+        if not n:
+            return
+        chunks = -(-vocab // TOPK_CHUNK)
+        if chunks < 4 or self.row_products:  # a CPU adapter: its few cores gain nothing from a second stage
+            self._dispatch("ops", "top_k", {1: vals, 2: logits, 8: ids}, _params(vocab, k, 0, 0), (1, n, 1))
+            return
+        cand_v, cand_i = self._topk_scratch(n * chunks * k)
+        self._dispatch("ops", "top_k", {1: cand_v, 2: logits, 8: cand_i}, _params(vocab, k, TOPK_CHUNK, 0),
+                       (chunks, n, 1))
+        self._dispatch("ops", "top_k", {1: vals, 2: cand_v, 4: cand_i, 8: ids}, _params(chunks * k, k, 0, 1),
+                       (1, n, 1))
+
+    def _topk_scratch(self, size: int) -> tuple:
+        """The candidates' values and ids of a two-stage top_k (kept: recordings bind them)."""
+        got = self._topk_buffers.get(size)
+        if got is None:
+            got = self._topk_buffers[size] = (self._buffer(4 * size), self._buffer(4 * size))
+        return got
 
     def rms_norm(self, x, w, eps, out) -> None:
         d = w.shape[-1] if w is not None else x.shape[-1]
         rows = x.size // d
         if self._fuses_residual(x, d, out):
             self._add_rms_norm(x, w, eps, out)
+            return
+        if self._pairs_norm(x, w, eps, out, d):
             return
         bindings = {1: out}
         if x.buf is not out.buf:
@@ -362,6 +394,30 @@ class Backend:
             bindings[3] = w.data
         params = _params(d, rows, int(x.buf is out.buf), int(w is not None), float(eps))
         self._dispatch("ops", "rms_norm", bindings, params, _groups(rows))
+        if x.buf is out.buf and not x.offset and x.size == rows * d:
+            step = self._step()
+            self._normed = (step, len(step.dispatches) - 1, x, float(eps))
+
+    def _pairs_norm(self, x, w, eps, out, d: int) -> bool:
+        """A norm in place right after another of the same width and eps (queries' then keys'):
+        that dispatch takes this array's rows too (rms_norm's rows past `rows`, array Z)."""
+        if self._normed is None or x.buf is not out.buf or x.offset or x.size % d:
+            return False
+        n, step = self._normed, self._step()
+        last = step.dispatches[-1]
+        if (n[0] is not step or n[1] != len(step.dispatches) - 1 or n[2].buf is x.buf or n[3] != float(eps)
+                or last.params[0] != d or last.params[5]):
+            return False
+        params = last.params.copy()
+        params[5], params[6] = x.size // d, int(w is not None)
+        bindings = dict(last.bindings)
+        bindings[9] = x.buf
+        if w is not None:
+            bindings[2] = w.data.buf
+        step.dispatches[-1] = Dispatch(last.pipeline, tuple(sorted(bindings.items())), params,
+                                       _groups(int(params[1]) + x.size // d))
+        self._normed = None
+        return True
 
     def _fuses_residual(self, x, d: int, out) -> bool:
         """Whether this norm of x follows the add into x (x += h) as the step's last dispatch, so
@@ -371,8 +427,13 @@ class Backend:
                 and x.size == r[3].size and d == x.shape[-1] and out.buf is not x.buf)
 
     def _add_rms_norm(self, x, w, eps, out) -> None:
-        h = self._residual[2]
-        self._step().dispatches.pop()
+        h, normed = self._residual[2], self._residual[4]
+        step = self._step()
+        step.dispatches.pop()
+        if (normed is not None and normed[0] is step and normed[1] == len(step.dispatches) - 1
+                and normed[2].buf is h.buf and out.buf is h.buf and normed[3] == float(eps)):
+            self._norm_add_rms_norm(x, h, w, eps)
+            return
         bindings = {1: x, 9: out}
         if h.buf is not out.buf:
             bindings[2] = h
@@ -392,9 +453,25 @@ class Backend:
                 and last[3] == (hd, p) and last[4].buf is not x.buf and last[4].shape[0] == x.shape[0]):
             step.dispatches.pop()
             self._rope_dispatch(last[4], x, last[5], n_head, hd, batch, p)
+            if not x.offset and x.shape[-1] == n_head * hd:
+                self._keys_roped = (step, len(step.dispatches) - 1, x, hd, batch.positions)
             return
         self._rope_dispatch(x, None, n_head, 0, hd, batch, p)
         self._rope_last = (step, len(step.dispatches) - 1, batch.positions, (hd, p), x, n_head)
+
+    def _norm_add_rms_norm(self, x, h, w, eps) -> None:
+        """h normed in place (the step's last dispatch), x += h, h = the norm of x: one pass over
+        the rows (ops.wgsl's norm_add_rms_norm)."""
+        post = self._step().dispatches.pop()
+        post_w = dict(post.bindings).get(3)
+        bindings = {1: x, 9: h}
+        if post.params[3]:
+            bindings[3] = post_w
+        if w is not None:
+            bindings[2] = w.data
+        rows = x.size // x.shape[-1]
+        self._dispatch("ops", "norm_add_rms_norm", bindings,
+                       _params(x.shape[-1], rows, int(post.params[3]), int(w is not None), float(eps)), _groups(rows))
 
     def _rope_dispatch(self, x, z, n_head: int, n_head_z: int, hd: int, batch: AttentionBatch, p: RopeParams) -> None:
         mscale, low, high = rope_scales(p)
@@ -418,16 +495,36 @@ class Backend:
         self._elementwise("binary", bindings, out.size, int(a.buf is out.buf), int(b.buf is out.buf), mode)
 
     def add(self, a, b, out) -> None:
+        normed = self._normed  # of h, just before: a norm of x may take it in too
         self._binary(a, b, out, 0)
         if a.buf is out.buf and b.buf is not out.buf and a.size == b.size:  # x += h: a norm of x may follow
             step = self._step()
-            self._residual = (step, len(step.dispatches) - 1, b, out)
+            self._residual = (step, len(step.dispatches) - 1, b, out, normed)
 
     def silu_mul(self, gate, up, out) -> None:
-        self._binary(gate, up, out, 1)
+        if not self._gates(gate, up, out, 1):
+            self._binary(gate, up, out, 1)
 
     def gelu_mul(self, gate, up, out) -> None:
-        self._binary(gate, up, out, 2)
+        if not self._gates(gate, up, out, 2):
+            self._binary(gate, up, out, 2)
+
+    def _gates(self, gate, up, out, mode: int) -> bool:
+        """Where gate and up are the outputs of the step's last dispatch, an mvp product of two
+        matrices of as many rows, and the gated product goes over one of them: that dispatch
+        made to pair gate row r with up row r in a workgroup and write act(gate) * up itself
+        (matvec.wgsl's gated mode: the same values in both outputs, one dispatch fewer)."""
+        g, step = self._gate_up, self._step()
+        if (g is None or g[0] is not step or g[1] != len(step.dispatches) - 1 or gate.buf is not g[2].buf
+                or up.buf is not g[3].buf or out.buf not in (gate.buf, up.buf)
+                or any(a.offset or tuple(a.shape) != tuple(g[2].shape) for a in (gate, up, out))):
+            return False
+        d = step.dispatches[-1]
+        params = d.params.copy()
+        params[13], params[14] = mode, int(out.buf is up.buf)
+        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, _groups(gate.shape[1]))
+        self._gate_up = None
+        return True
 
     def scale(self, x, s: float) -> None:
         self._elementwise("unary", {1: x}, x.size, 0, float(s))
@@ -447,9 +544,46 @@ class Backend:
         if self._recording is None and slots.size and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise BackendError(f"KV slot out of range (cache has {n_slots} slots)")
         kd, vd = cache[0].shape[1], cache[1].shape[1]
+        if self._stores_roped(cache, k, v, batch, slots):
+            return
         self._dispatch("ops", "kv_store", {2: k, 3: v, 4: INPUTS, 5: cache[0], 10: cache[1]},
                        _params(len(slots), kd, self._input(slots), vd),
                        (-(-max(kd, vd) // 2 // 64), max(len(slots), 1), 1))
+
+    def _stores_roped(self, cache, k, v, batch: AttentionBatch, slots: np.ndarray) -> bool:
+        """Keys stored right after their rope (with the queries'): that dispatch stores them and
+        the values too (ops.wgsl's rope_store: a workgroup a head, so that pairs of halves are
+        whole in a thread)."""
+        r, step = self._keys_roped, self._step()
+        if (r is None or r[0] is not step or r[1] != len(step.dispatches) - 1 or r[2].buf is not k.buf
+                or r[2].shape != k.shape or k.shape[0] != len(slots) or r[4] is not batch.positions
+                or r[3] > ATT_MAX_D or r[3] % 2
+                or k.shape[1] != cache[0].shape[1] or v.offset or tuple(v.shape) != (k.shape[0], cache[1].shape[1])
+                or v.buf in (k.buf, cache[0].buf, cache[1].buf, dict(step.dispatches[-1].bindings)[1])):
+            return False
+        d = step.dispatches.pop()
+        params = d.params.copy()
+        params[14], params[15] = self._input(slots), cache[1].shape[1]
+        bindings = {**dict(d.bindings), 2: v.buf, 5: cache[0].buf, 10: cache[1].buf}
+        norm = step.dispatches[-1] if step.dispatches else None
+        if norm is not None and self._norms_heads(norm, d, k):  # the heads' norms taken in too
+            step.dispatches.pop()
+            nb = dict(norm.bindings)
+            params[16:20] = 1, norm.params[3], norm.params[6], norm.params[4]
+            bindings[6], bindings[7] = nb[3], nb[2]
+        heads = int(params[1]) + int(params[13])
+        self._dispatch("ops", "rope_store", bindings, params,
+                       (heads + -(-cache[1].shape[1] // 2 // 64), max(batch.n_tokens, 1), 1))
+        return True
+
+    def _norms_heads(self, norm: Dispatch, rope: Dispatch, k) -> bool:
+        """Whether `norm` is the queries' and keys' per-head norms in place (rms_norm with rows past
+        `rows`) of exactly the arrays the paired `rope` rotates."""
+        nb, rb = dict(norm.bindings), dict(rope.bindings)
+        hd, nq, nk = int(rope.params[2]), int(rope.params[1]), int(rope.params[13])
+        return (norm.pipeline is self.kernels.pipeline("ops", "rms_norm") and bool(norm.params[2])
+                and int(norm.params[0]) == hd and nb[1] is rb[1] and nb[9] is rb[9]
+                and int(norm.params[1]) == k.shape[0] * nq and int(norm.params[5]) == k.shape[0] * nk)
 
     def copy_pages(self, layers, pairs, page_size: int) -> None:
         """Page dst of every layer's caches = page src, for each (src, dst) of pairs (no destination

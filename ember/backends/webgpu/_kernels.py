@@ -34,15 +34,33 @@ class Kernels:
         if mod is None:
             if name == "ops":
                 code = source("common.wgsl") + source("ops.wgsl")
-            else:  # a weight type's products: its decoder (dequant.wgsl) named DEQ; "+sg": with subgroups
-                decoder, _, subgroups = name.partition("+")
-                code = source("common.wgsl") + source("dequant.wgsl") + source("matmul.wgsl")
-                if subgroups:
-                    code += source("matmul_sg.wgsl")  # naga takes subgroup builtins without `enable`
-                code = code.replace("DEQ(", f"{decoder}(")
+            else:
+                code = _products(*name.split("+"))
             mod = self._modules[name] = self.device.create_shader_module(code=code)
         return mod
 
     def names(self) -> dict[int, tuple[str, str]]:
         """(module, entry) of each pipeline by its id (for profiles)."""
         return {id(p): key for key, p in self._pipelines.items()}
+
+
+# the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
+MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
+                  "mv_sum(acc, t, sg_size, sg_lane, g, rows, n);"),
+           "wg": ("", "mv_sum(acc, t, g, rows, n);")}
+
+
+def _products(decoder: str, *variant: str) -> str:
+    """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
+    pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
+    kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
+    or "wg" workgroup memory) the decode kernel too (matvec.wgsl)."""
+    code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
+    if variant:
+        rows, how = variant
+        args, call = MV_SUMS[how]
+        code = (f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + source("matvec.wgsl")
+                + source(f"matvec_{how}.wgsl"))
+        code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
+    code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
+    return code.replace("DEQ(", f"{decoder}(")  # naga takes subgroup builtins without `enable`

@@ -29,52 +29,26 @@ fn store(j: u32, r: u32, v: f32) {
     }
 }
 
-const MV_LANES: u32 = 32u;  // threads sharing one row's blocks
-const MV_N: u32 = 8u;  // most activation rows of the matrix-vector kernel
-var<workgroup> red: array<array<f32, 8>, 64>;
-
-// Decode: two weight rows a workgroup, each block decoded once for up to 8 activation rows.
-@compute @workgroup_size(64)
-fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-      @builtin(local_invocation_index) t: u32) {
-    let rows = pu(0u);
-    let k = pu(1u);
-    let n = pu(2u);
-    let row = flat_group(wid, nwg) * 2u + t / MV_LANES;
-    let lane = t % MV_LANES;
-    var acc: array<f32, 8>;
-    if (row < rows) {
-        var o: array<f32, 32>;
-        for (var c = lane; c < k / 32u; c += MV_LANES) {
-            DEQ(row_base(row), c, &o);
-            for (var j = 0u; j < n; j++) {
-                let xb = (j * k + c * 32u) / 4u;
-                var s = 0.0;
-                for (var i = 0u; i < 8u; i++) {
-                    s += dot(vec4<f32>(o[4u * i], o[4u * i + 1u], o[4u * i + 2u], o[4u * i + 3u]), X4[xb + i]);
-                }
-                acc[j] += s;
-            }
-        }
-    }
-    red[t] = acc;
-    workgroupBarrier();
-    for (var s = MV_LANES / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var j = 0u; j < MV_N; j++) { red[t][j] += red[t + s][j]; }
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < rows) {
-        for (var j = 0u; j < n; j++) { store(j, row, red[t][j]); }
-    }
-}
-
 // Prompts: a 32 x 32 tile of Y a workgroup; each 32-value slice of k decoded once into shared
-// memory for 32 activation rows, each thread 4 x 4 outputs.
+// memory for 32 activation rows (every thread 2 of its 128 pieces and 4 of its 256 x vec4s),
+// each thread 4 x 4 outputs.
 const TS: u32 = 33u;  // padded row of a shared tile
 var<workgroup> ws: array<f32, 1056>;
 var<workgroup> xs: array<f32, 1056>;
+
+fn put4(at: u32, v: vec4<f32>, x: bool) {
+    if (x) {
+        xs[at] = v.x;
+        xs[at + 1u] = v.y;
+        xs[at + 2u] = v.z;
+        xs[at + 3u] = v.w;
+    } else {
+        ws[at] = v.x;
+        ws[at + 1u] = v.y;
+        ws[at + 2u] = v.z;
+        ws[at + 3u] = v.w;
+    }
+}
 
 @compute @workgroup_size(64)
 fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -86,26 +60,21 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     let tr = (t % 8u) * 4u;
     let tn = (t / 8u) * 4u;
     var acc: array<f32, 16>;
-    var o: array<f32, 32>;
     for (var c = 0u; c < k / 32u; c++) {
-        if (t < 32u) {
-            if (r0 + t < rows) {
-                DEQ(row_base(r0 + t), c, &o);
-            } else {
-                o = array<f32, 32>();
-            }
-            for (var i = 0u; i < 32u; i++) { ws[t * TS + i] = o[i]; }
-        } else {
-            let j = n0 + t - 32u;
-            for (var i = 0u; i < 8u; i++) {
-                var v = vec4<f32>();
-                if (j < n) { v = X4[(j * k + c * 32u) / 4u + i]; }
-                let at = (t - 32u) * TS + 4u * i;
-                xs[at] = v.x;
-                xs[at + 1u] = v.y;
-                xs[at + 2u] = v.z;
-                xs[at + 3u] = v.w;
-            }
+        for (var u = 0u; u < 2u; u++) {
+            let r = t / 2u;  // a tile row, pieces 4c + q of it
+            let q = 2u * (t % 2u) + u;
+            let w = PIECE(row_base(min(r0 + r, rows - 1u)), 4u * c + q);
+            let live = r0 + r < rows;
+            put4(r * TS + 4u * w.xa - 32u * c, select(vec4<f32>(), w.a, live), false);
+            put4(r * TS + 4u * w.xb - 32u * c, select(vec4<f32>(), w.b, live), false);
+        }
+        for (var u = 0u; u < 4u; u++) {
+            let e = 4u * t + u;
+            let j = e / 8u;  // a tile row of x, its vec4 e % 8
+            var v = vec4<f32>();
+            if (n0 + j < n) { v = X4[((n0 + j) * k + c * 32u) / 4u + e % 8u]; }
+            put4(j * TS + 4u * (e % 8u), v, true);
         }
         workgroupBarrier();
         for (var i = 0u; i < 32u; i++) {

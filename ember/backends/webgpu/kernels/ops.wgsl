@@ -80,15 +80,34 @@ fn pos_scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     Y[i] *= 1.0 + pf(4u) * log(floor((pos + pf(5u)) / f32(pu(3u))) + 1.0);
 }
 
-// RMS norm of rows of d, a workgroup a row: Y = A / rms(A) (* B where given).
-// params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps
+// RMS norm of rows of d, a workgroup a row: Y = A / rms(A) (* B where given). Rows past the
+// first `rows`: a second array normed in place, Z (rows_z rows, times A where given: queries' and
+// keys' norms in one dispatch).
+// params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps, 5 rows_z, 6 Z has weight
 var<workgroup> part: array<f32, 256>;
+
+// the sum of v over the workgroup's threads (every thread gets it; part free again after)
+fn wg_sum(t: u32, v: f32) -> f32 {
+    part[t] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    let total = part[0];
+    workgroupBarrier();
+    return total;
+}
 
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) t: u32) {
     let d = pu(0u);
     let row = flat_group(wid, nwg);
+    if (row >= pu(1u)) {
+        rms_norm_z(t, d, row - pu(1u));
+        return;
+    }
     let in_place = pu(2u) != 0u;
     var ss = 0.0;
     if (row < pu(1u)) {
@@ -112,6 +131,56 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         x *= r;
         if (pu(3u) != 0u) { x *= B[i]; }
         Y[row * d + i] = x;
+    }
+}
+
+// row r of Z normed in place (times A where given)
+fn rms_norm_z(t: u32, d: u32, r: u32) {
+    var ss = 0.0;
+    if (r < pu(5u)) {
+        for (var i = t; i < d; i += WG) { ss += Z[r * d + i] * Z[r * d + i]; }
+    }
+    let total = wg_sum(t, ss);
+    if (r >= pu(5u)) { return; }
+    let s = 1.0 / sqrt(total / f32(d) + pf(4u));
+    for (var i = t; i < d; i += WG) {
+        var x = Z[r * d + i] * s;
+        if (pu(6u) != 0u) { x *= A[i]; }
+        Z[r * d + i] = x;
+    }
+}
+
+// A block's output normed, added to the residual stream, and the next norm, in one pass over
+// each row (post-norm families: Gemma): Z (h) = Z / rms(Z) (* B), Y (x) += Z, Z = Y / rms(Y) (* A).
+// params: 0 d, 1 rows, 2 has B, 3 has A, 4 eps
+@compute @workgroup_size(256)
+fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) t: u32) {
+    let d = pu(0u);
+    let row = flat_group(wid, nwg);
+    let live = row < pu(1u);
+    let at = row * d;
+    var ss = 0.0;
+    if (live) {
+        for (var i = t; i < d; i += WG) { ss += Z[at + i] * Z[at + i]; }
+    }
+    let r1 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
+    ss = 0.0;
+    if (live) {
+        for (var i = t; i < d; i += WG) {
+            var h = Z[at + i] * r1;
+            if (pu(2u) != 0u) { h *= B[i]; }
+            let x = Y[at + i] + h;
+            Y[at + i] = x;
+            ss += x * x;
+        }
+    }
+    let r2 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
+    if (!live) { return; }
+    for (var i = t; i < d; i += WG) {
+        var x = Y[at + i] * r2;
+        if (pu(3u) != 0u) { x *= A[i]; }
+        Z[at + i] = x;
     }
 }
 
@@ -199,6 +268,107 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     }
 }
 
+// The rotation of pair i at position pos (rope's parametrisation): (cos, sin) times the magnitude
+fn rope_cs(i: u32, pos: f32) -> vec2<f32> {
+    var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
+    if (pu(12u) != 0u) { extrap = extrap / B[i]; }
+    let interp = pf(7u) * extrap;
+    var theta = interp;
+    if (pf(8u) != 0.0) {
+        let ramp = 1.0 - clamp((f32(i) - pf(10u)) / max(0.001, pf(11u) - pf(10u)), 0.0, 1.0);
+        let mix = ramp * pf(8u);
+        theta = interp * (1.0 - mix) + extrap * mix;
+    }
+    return vec2<f32>(cos(theta), sin(theta)) * pf(9u);
+}
+
+// Rope of queries Y and keys Z (rope's params 0-13) and the keys and values A (n, vd) stored into
+// the caches H, HV at slots I[param 14 ..] (kv_store's), in one dispatch: a workgroup a head of
+// queries, then of keys (x: head, y: token; the head staged in workgroup memory, so that a thread
+// rotates and stores whole f16 pairs), then 128 values of v a workgroup. Where the queries' and
+// keys' per-head RMS norms came just before (param 16), the head is normed first (times the
+// weights in KC for queries, VC for keys, as f32 bits, where params 17, 18 say).
+// params: rope's 0-13, 14 slots offset, 15 vd, 16 normed, 17 q weight, 18 k weight, 19 eps
+var<workgroup> head_row: array<f32, 256>;
+var<workgroup> head_part: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tok = wid.y;
+    let hd = pu(2u);
+    let nq = pu(1u);
+    let nk = pu(13u);
+    let slot = u32(I[pu(14u) + tok]);
+    if (wid.x >= nq + nk) {  // values: a word (two values) a thread, 64 words a workgroup
+        let vw = pu(15u) / 2u;
+        let w = (wid.x - nq - nk) * 64u + t;
+        if (w < vw) {
+            let src = tok * pu(15u) + 2u * w;
+            HV[slot * vw + w] = pack2x16float(vec2<f32>(A[src], A[src + 1u]));
+        }
+        return;
+    }
+    let in_z = wid.x >= nq;
+    var at = tok * nq * hd + wid.x * hd;
+    if (in_z) { at = tok * nk * hd + (wid.x - nq) * hd; }
+    var ss = 0.0;
+    for (var e = t; e < hd; e += 64u) {
+        var x: f32;
+        if (in_z) { x = Z[at + e]; } else { x = Y[at + e]; }
+        head_row[e] = x;
+        ss += x * x;
+    }
+    if (pu(16u) != 0u) {  // the head's RMS norm: its sum of squares over the 64 threads
+        head_part[t] = ss;
+        workgroupBarrier();
+        for (var s = 32u; s > 0u; s >>= 1u) {
+            if (t < s) { head_part[t] += head_part[t + s]; }
+            workgroupBarrier();
+        }
+        let r = 1.0 / sqrt(head_part[0] / f32(hd) + pf(19u));
+        for (var e = t; e < hd; e += 64u) {
+            var x = head_row[e] * r;
+            if (!in_z && pu(17u) != 0u) { x *= bitcast<f32>(KC[e]); }
+            if (in_z && pu(18u) != 0u) { x *= bitcast<f32>(VC[e]); }
+            head_row[e] = x;
+        }
+    }
+    workgroupBarrier();
+    let pos = f32(I[pu(5u) + tok]);
+    let n_rot = pu(3u);
+    let half = n_rot / 2u;
+    for (var w = t; w < hd / 2u; w += 64u) {
+        var out: vec2<f32>;
+        for (var u = 0u; u < 2u; u++) {
+            let e = 2u * w + u;
+            var v = head_row[e];
+            if (e < n_rot) {
+                var i = e / 2u;
+                var first = (e & 1u) == 0u;
+                var other = e + 1u;
+                if (!first) { other = e - 1u; }
+                if (pu(4u) != 0u) {
+                    first = e < half;
+                    i = e % half;
+                    other = e + half;
+                    if (!first) { other = e - half; }
+                }
+                let cs = rope_cs(i, pos);
+                if (first) { v = v * cs.x - head_row[other] * cs.y; } else { v = head_row[other] * cs.y + v * cs.x; }
+            }
+            out[u] = v;
+        }
+        if (in_z) {
+            Z[at + 2u * w] = out.x;
+            Z[at + 2u * w + 1u] = out.y;
+            H[slot * (nk * hd / 2u) + (at - tok * nk * hd) / 2u + w] = pack2x16float(out);
+        } else {
+            Y[at + 2u * w] = out.x;
+            Y[at + 2u * w + 1u] = out.y;
+        }
+    }
+}
+
 // Keys A (n, kd) and values B (n, vd) rounded to f16 into the caches H (slots, kd/2 words of f16
 // pairs) and HV at slots I[off + j]. params: 0 n, 1 kd, 2 off, 3 vd
 @compute @workgroup_size(64)
@@ -228,7 +398,7 @@ fn copy_pages(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 
 // Paged causal attention, a workgroup a (query head, token): keys of the token's sequence in tiles
-// of 64 (a thread a key's score), online softmax, a thread 1-4 of the value dimensions.
+// of 64 (a thread a key's score and its weight), online softmax, a thread 1-4 of the value dimensions.
 // A = q (n, n_head * hd_k), Y = out (n, n_head * hd_v), KC/VC caches of f16 pairs.
 // params: 0 n_head, 1 n_kv, 2 hd_k, 3 hd_v, 4 max_pages, 5 page_size, 6 window, 7 scale,
 // 8 softcap, 9 pos_off, 10 seq_off, 11 table_off
@@ -246,7 +416,16 @@ fn key_score(slot: u32, kvh: u32) -> f32 {
     let hd = pu(2u);
     let base = slot * (pu(1u) * hd / 2u) + kvh * hd / 2u;
     var s = 0.0;
-    for (var d = 0u; d < hd / 2u; d++) {
+    var d = 0u;
+    for (; d + 4u <= hd / 2u; d += 4u) {  // 4 independent loads in flight
+        let k0 = unpack2x16float(KC[base + d]);
+        let k1 = unpack2x16float(KC[base + d + 1u]);
+        let k2 = unpack2x16float(KC[base + d + 2u]);
+        let k3 = unpack2x16float(KC[base + d + 3u]);
+        s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 2u], qv[2u * d + 3u]), vec4<f32>(k0, k1))
+            + dot(vec4<f32>(qv[2u * d + 4u], qv[2u * d + 5u], qv[2u * d + 6u], qv[2u * d + 7u]), vec4<f32>(k2, k3));
+    }
+    for (; d < hd / 2u; d++) {
         let k = unpack2x16float(KC[base + d]);
         s += qv[2u * d] * k.x + qv[2u * d + 1u] * k.y;
     }
@@ -293,12 +472,27 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         workgroupBarrier();
         var top = m;
         for (var j = 0u; j < 64u; j++) { top = max(top, score[j]); }
+        workgroupBarrier();
+        score[t] = exp(s - top);  // each key's weight, once
+        workgroupBarrier();
         let keep = exp(m - top);
         l *= keep;
         for (var a = 0u; a < 4u; a++) { acc[a] *= keep; }
         let n_keys = min(64u, pos + 1u - (first + tile * 64u));
-        for (var j = 0u; j < n_keys; j++) {
-            let w = exp(score[j] - top);
+        var j = 0u;
+        for (; j + 4u <= n_keys; j += 4u) {  // 4 keys' values in flight
+            let w = vec4<f32>(score[j], score[j + 1u], score[j + 2u], score[j + 3u]);
+            l += w.x + w.y + w.z + w.w;
+            for (var a = 0u; a < 4u; a++) {
+                let d = t + 64u * a;
+                if (d < hd_v) {
+                    acc[a] += dot(w, vec4<f32>(value_at(slot_of[j], kvh, d), value_at(slot_of[j + 1u], kvh, d),
+                                               value_at(slot_of[j + 2u], kvh, d), value_at(slot_of[j + 3u], kvh, d)));
+                }
+            }
+        }
+        for (; j < n_keys; j++) {
+            let w = score[j];
             l += w;
             for (var a = 0u; a < 4u; a++) {
                 let d = t + 64u * a;
@@ -315,8 +509,11 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 }
 
 // Each row of A (n, vocab) reduced to its k best, best first (lowest id among equal values):
-// k rounds of a workgroup's arg-max over the values ranked below the round before's.
-// Y (n, k) values, OI (n, k) ids. params: 0 vocab, 1 k
+// k rounds of a workgroup's arg-max over the values ranked below the round before's. One
+// workgroup a row, or two dispatches for long rows: a workgroup a chunk of a row (x: chunk)
+// leaving the chunk's k best, then a workgroup a row over those candidates (their ids in I).
+// Y values, OI ids: (n, k) out, or (n, chunks * k) candidates (id -1 past a short chunk's end).
+// params: 0 values a row, 1 k, 2 chunk (values a stage-1 workgroup; 0: all), 3 candidates (ids in I)
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 const NONE: u32 = 0xffffffffu;
@@ -327,17 +524,28 @@ fn ranks_above(v: f32, i: u32, w: f32, j: u32) -> bool { return j == NONE || v >
 fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let vocab = pu(0u);
     let k = pu(1u);
-    let row = wid.x;
+    let row = wid.y;
+    var lo = 0u;
+    var hi = vocab;
+    var out = row * k;  // where this workgroup's k results go
+    if (pu(2u) != 0u) {
+        lo = wid.x * pu(2u);
+        hi = min(vocab, lo + pu(2u));
+        out = (row * (vocab + pu(2u) - 1u) / pu(2u) + wid.x) * k;
+    }
+    let from_ids = pu(3u) != 0u;
     var prev_v = 0.0;
     var prev_i = NONE;
     for (var r = 0u; r < k; r++) {
         var bv = 0.0;
         var bi = NONE;
-        for (var i = t; i < vocab; i += WG) {
+        for (var i = lo + t; i < hi; i += WG) {
             let v = A[row * vocab + i];
-            if ((prev_i == NONE || ranks_above(prev_v, prev_i, v, i)) && ranks_above(v, i, bv, bi)) {
+            var id = i;
+            if (from_ids) { id = u32(I[row * vocab + i]); }
+            if (id != NONE && (r == 0u || (prev_i != NONE && ranks_above(prev_v, prev_i, v, id))) && ranks_above(v, id, bv, bi)) {
                 bv = v;
-                bi = i;
+                bi = id;
             }
         }
         best_v[t] = bv;
@@ -353,8 +561,8 @@ fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         prev_v = best_v[0];
         prev_i = best_i[0];
         if (t == 0u) {
-            Y[row * k + r] = prev_v;
-            OI[row * k + r] = i32(prev_i);
+            Y[out + r] = prev_v;
+            OI[out + r] = i32(prev_i);
         }
         workgroupBarrier();
     }
