@@ -132,9 +132,12 @@ def test_keep_chances_come_from_first_and_later_tokens_and_fade_when_idle():
 def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     costs = StepCosts()
     assert draft_lengths([(0.3, 0.3)], [8], 1, costs) == [0]  # free text: a rejected row costs more than it saves
-    assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([2], [3])  # 2-4 rows cost 1.27-1.52 one-row steps
-    assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [16]  # a copy: as long as found
-    # 5 found: all 5 (rows in vector lanes: 6 rows cost 1.88 one-row steps)
+    assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([2], [3])  # 2-4 rows cost 1.2-1.63 one-row steps
+    assert draft_lengths([(0.99, 0.99)], [15], 1, costs) == [15]  # a copy: as long as found
+    # ... but not into a 17th row: the products' second pass over the weights (16 rows 4.5 one-row
+    # steps, 17 rows 5.26)
+    assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [15]
+    # 5 found: all 5 (rows in vector lanes: 6 rows cost 2.2 one-row steps)
     assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [5]
     assert draft_lengths([(0.99, 0.99)], [11], 1, costs) == [11]
     # two sequences: the likelier one's tokens first, the other's at most its likeliest
@@ -151,8 +154,15 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     slow.measured(1, 0, 0.010)
     for _ in range(20):
         slow.measured(1, 1, 0.030)
-    assert slow.relative(1, 1) == pytest.approx(1.27)
-    assert slow.relative(1, 3) == pytest.approx(1.52)  # not measured: the prior
+    assert slow.relative(1, 1) == pytest.approx(1.2)
+    assert slow.relative(1, 3) == pytest.approx(1.63)  # not measured: the prior
+    # a count measured cheap (one slow undrafted step, a loaded machine) does not make the longer
+    # drafts never tried look dear: they follow the prior's shape from it, and a copy stays long
+    low = StepCosts()
+    low.measured(1, 0, 0.010)
+    low.measured(1, 3, 0.008)
+    assert low.relative(1, 15) == pytest.approx(0.8 * 4.5 / 1.63)
+    assert draft_lengths([(0.99, 0.99)], [15], 1, low) == [15]
 
 
 def test_auto_spec_type_is_draftless_where_steps_run_one_at_a_time():
