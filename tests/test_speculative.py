@@ -18,7 +18,8 @@ from ember.engine import LLM, FinishEvent, GrammarSpec, Request, TokenEvent
 from ember.engine.drafts import BYTES_PER_TOKEN, NgramIndex, PromptLookup
 from ember.engine.pages import PagePool
 from ember.engine.radix import RadixCache
-from ember.engine.speculate import DraftParams, DraftState, SpecConfig, StepCosts, draft_lengths, parse_types
+from ember.engine.speculate import (Acceptance, DraftParams, DraftState, SpecConfig, StepCosts, draft_lengths,
+                                    parse_types)
 from ember.quant import GGMLType
 from ember.sampler import SamplingParams
 from synth import Shape, write_model
@@ -108,6 +109,26 @@ def test_draft_length_follows_acceptance():
     st.record(1, 1)
     assert st.room() == 2
     assert (st.drafted, st.accepted) == (33, 15)
+
+
+def test_wholly_kept_one_token_drafts_grow_until_later_tokens_are_known():
+    # every sequence's first drafts lost their later tokens: the estimate stops drafts at one token,
+    # and one-token drafts, however often kept, tell nothing of later tokens
+    shared = Acceptance.of_all()
+    shared.add(3, 1)
+    shared.add(6, 1)
+    st = DraftState(DraftParams(n_max=32), shared)
+    assert draft_lengths([st.keep_rate()], [21], 1, StepCosts()) == [1]
+    st.record(1, 1)
+    assert st.stretch(1, 21) == 2  # wholly kept, no evidence of later tokens: one more
+    assert st.stretch(0, 21) == 0  # no draft chosen: none forced
+    assert st.stretch(1, 1) == 1  # no more found
+    st.record(2, 2)
+    st.record(3, 3)
+    st.record(4, 4)  # 1 + 2 + 3 later tokens kept: the estimate decides again
+    assert st.stretch(4, 21) == 4 and st.keep_rate()[1] > 0.75
+    st.record(4, 2)
+    assert st.stretch(1, 21) == 1  # the last draft was not wholly kept
 
 
 def test_keep_chances_come_from_first_and_later_tokens_and_fade_when_idle():

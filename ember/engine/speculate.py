@@ -44,6 +44,10 @@ IDLE_DECAY = 0.97  # a step without a draft: the evidence fades, so that draftin
 # a sequence with less evidence than this (drafts) tries one drafted token where it has one: ~1 in
 # 23 steps of text that does not repeat (a rejected token costs ~a quarter of a step there)
 PROBE_BELOW = 0.5
+# the same for a draft's later tokens: a sequence with less evidence of them than this (tokens) whose
+# last draft was wholly kept verifies one token more than it (drafts of one token tell nothing of
+# later ones, so an estimate that stopped drafts at one would never learn otherwise)
+PROBE_LATER_BELOW = 4.0
 # a decode step of n rows (one sequence and n - 1 drafted tokens) over one of one row, where steps
 # are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 4.3 ms a row at an
 # 800-token context; its products take rows in vector lanes, up to 16 tokens a pass over the weights,
@@ -202,7 +206,8 @@ class DraftState:
     """One sequence's drafting: its limits, the length its drafts may have now, the chance that a
     drafted token is kept, and its counts."""
 
-    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup", "source", "own", "shared")
+    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup", "source", "own", "shared",
+                 "whole")
 
     def __init__(self, params: DraftParams, shared: Acceptance | None = None):
         self.params = params
@@ -214,6 +219,7 @@ class DraftState:
         self.shared = shared if shared is not None else Acceptance.of_all()  # every sequence's
         self.lookup = PromptLookup()
         self.source = ""  # where the draft being verified came from (metrics.DRAFT_SOURCES)
+        self.whole = 0  # the last draft's length if it was wholly kept, else 0
 
     def room(self) -> int:
         """How many tokens to look for a draft of this step (0: none)."""
@@ -233,6 +239,13 @@ class DraftState:
         whatever the estimate: without drafts there is nothing to estimate from)."""
         return self.own.tried < PROBE_BELOW
 
+    def stretch(self, n: int, found: int) -> int:
+        """`n` tokens of a found draft to verify, or one more than the last draft where that was
+        wholly kept and this sequence has little evidence of later tokens (PROBE_LATER_BELOW)."""
+        if 0 < n <= self.whole and self.own.later[1] < PROBE_LATER_BELOW:
+            return min(found, self.whole + 1)
+        return n
+
     def record(self, drafted: int, accepted: int) -> None:
         """A verified draft: counted, then adapt()."""
         self.drafted += drafted
@@ -242,6 +255,7 @@ class DraftState:
     def adapt(self, drafted: int, accepted: int) -> None:
         """Longer drafts after wholly kept ones, shorter after partly kept ones; the evidence of
         the chances that drafted tokens are kept (this sequence's, every sequence's)."""
+        self.whole = drafted if accepted == drafted else 0
         if accepted == drafted:
             self.size = min(self.params.n_max, 2 * self.size)
         else:
@@ -380,6 +394,7 @@ class Speculator:
         for (seq, st, _), draft, n in zip(wants, found, lengths):
             if not n and draft and st.probing() and not st.params.n_min:
                 n = 1
+            n = st.stretch(n, len(draft))
             if n >= max(1, st.params.n_min):
                 seq.draft = draft[:n]
                 any_draft = True
