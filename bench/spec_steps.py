@@ -2,7 +2,7 @@
 time around it, and a step's cost against its rows for one sequence.
 
     python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free,agent] [--reps 2]
-                               [--sweep 1,2,3,4,5,6,8,12,17] [--profile]
+                               [--sweep 1,2,3,4,5,6,8,12,17] [--profile] [--trace]
 
 For each workload prompt (bench/spec.py's), ember without and with `--spec-type cache,lookup`:
 generation tokens/s, steps, the steps' compute time (the runner's run, as the device is waited
@@ -12,6 +12,9 @@ step (with prompt rows; decode only, by decoding sequences, with or without draf
 a prompt, the median time of a step of one sequence with that many rows (its pending token and
 drafted ones that are rejected), against a plain decode step.
 --profile: cProfile of the engine thread's host work in the speculative run (top functions).
+--trace: each edit/free request's drafts in order, `[found>verified]` (tokens the sources found, tokens
+the length rule let into the step; `[0>0]` steps left out) and then source, drafted:kept (`l` lookup,
+`i` the shared index, `t` the tree): where drafts stay short although they are kept, and why.
 No peer: what it measures is ember's own split, which the HTTP benchmark (bench/spec.py) has not.
 """
 from __future__ import annotations
@@ -108,6 +111,32 @@ def agent_split(llm: LLM, prompts: Prompts, rep: int, clock: StepClock, sessions
               f"drafted {drafted:5d} decode tokens {dec:5d}")
 
 
+class DraftTrace:
+    """Wraps the length rule and the drafts' verification of the speculative module (one sequence
+    at a time: the length rule's choice is shown for single-sequence steps)."""
+
+    def __init__(self):
+        from ember.engine import speculate
+        self.items: list[str] = []
+        lengths, adapt = speculate.draft_lengths, speculate.DraftState.adapt
+
+        def traced_lengths(rates, found, base, costs):
+            out = lengths(rates, found, base, costs)
+            if len(found) == 1 and found[0]:
+                self.items.append(f"[{found[0]}>{out[0]}]")
+            return out
+
+        def traced_adapt(st, drafted, accepted):
+            self.items.append(f"{st.source[:1]}{drafted}:{accepted}")
+            return adapt(st, drafted, accepted)
+
+        speculate.draft_lengths, speculate.DraftState.adapt = traced_lengths, traced_adapt
+
+    def take(self) -> str:
+        out, self.items = " ".join(self.items), []
+        return out
+
+
 def generate(llm: LLM, ids: list[int], n: int) -> tuple[float, int]:
     """Generation tokens/s (first token to last) and tokens."""
     out = llm.generate(ids, max_tokens=n, sampling=SamplingParams(temperature=0.0))
@@ -156,10 +185,12 @@ def main() -> None:
     ap.add_argument("--spec-types", default="cache,lookup")
     ap.add_argument("--sweep", default="", help="row counts to time a step of (e.g. 1,2,3,4,5,8,12,17)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="print each request's drafts (see above)")
     args = ap.parse_args()
     path = hub.resolve(args.model)
     prompts = Prompts(path)
     print(f"load {__import__('os').getloadavg()[0]:.2f}")
+    trace = DraftTrace() if args.trace else None
     for spec in ("none", args.spec_types):
         slots = 8 if "agent" in args.workloads else 1
         llm = LLM(path, device="cpu", threads=args.threads, slots=slots, ctx=4096, speculative=spec)
@@ -194,6 +225,8 @@ def main() -> None:
                           f"{rows} rows, compute {1e3 * compute / max(n, 1):.2f} ms/token, host "
                           f"{1e3 * (whole - compute) / max(n, 1):.2f} ms/token "
                           f"({100 * (whole - compute) / max(whole, 1e-9):.1f}% of steps)", flush=True)
+                    if trace is not None and spec != "none":
+                        print("  drafts: " + trace.take(), flush=True)
             if prof is not None:
                 s = io.StringIO()
                 pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)

@@ -18,7 +18,8 @@ from ember.engine import LLM, FinishEvent, GrammarSpec, Request, TokenEvent
 from ember.engine.drafts import BYTES_PER_TOKEN, NgramIndex, PromptLookup
 from ember.engine.pages import PagePool
 from ember.engine.radix import RadixCache
-from ember.engine.speculate import DraftParams, DraftState, SpecConfig, StepCosts, draft_lengths, parse_types
+from ember.engine.speculate import (Acceptance, DraftParams, DraftState, SpecConfig, StepCosts, draft_lengths,
+                                    parse_types)
 from ember.quant import GGMLType
 from ember.sampler import SamplingParams
 from synth import Shape, write_model
@@ -110,6 +111,26 @@ def test_draft_length_follows_acceptance():
     assert (st.drafted, st.accepted) == (33, 15)
 
 
+def test_wholly_kept_one_token_drafts_grow_until_later_tokens_are_known():
+    # every sequence's first drafts lost their later tokens: the estimate stops drafts at one token,
+    # and one-token drafts, however often kept, tell nothing of later tokens
+    shared = Acceptance.of_all()
+    shared.add(3, 1)
+    shared.add(6, 1)
+    st = DraftState(DraftParams(n_max=32), shared)
+    assert draft_lengths([st.keep_rate()], [21], 1, StepCosts()) == [1]
+    st.record(1, 1)
+    assert st.stretch(1, 21) == 2  # wholly kept, no evidence of later tokens: one more
+    assert st.stretch(0, 21) == 0  # no draft chosen: none forced
+    assert st.stretch(1, 1) == 1  # no more found
+    st.record(2, 2)
+    st.record(3, 3)
+    st.record(4, 4)  # 1 + 2 + 3 later tokens kept: the estimate decides again
+    assert st.stretch(4, 21) == 4 and st.keep_rate()[1] > 0.75
+    st.record(4, 2)
+    assert st.stretch(1, 21) == 1  # the last draft was not wholly kept
+
+
 def test_keep_chances_come_from_first_and_later_tokens_and_fade_when_idle():
     st = DraftState(DraftParams(n_max=16))
     assert st.keep_rate() == (0.5, 0.5) and st.probing()  # the prior; no evidence of its own
@@ -132,9 +153,12 @@ def test_keep_chances_come_from_first_and_later_tokens_and_fade_when_idle():
 def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     costs = StepCosts()
     assert draft_lengths([(0.3, 0.3)], [8], 1, costs) == [0]  # free text: a rejected row costs more than it saves
-    assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([2], [3])  # 2-4 rows cost 1.27-1.52 one-row steps
-    assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [16]  # a copy: as long as found
-    # 5 found: all 5 (rows in vector lanes: 6 rows cost 1.88 one-row steps)
+    assert draft_lengths([(0.6, 0.6)], [8], 1, costs) in ([2], [3])  # 2-4 rows cost 1.2-1.63 one-row steps
+    assert draft_lengths([(0.99, 0.99)], [15], 1, costs) == [15]  # a copy: as long as found
+    # ... but not into a 17th row: the products' second pass over the weights (16 rows 4.5 one-row
+    # steps, 17 rows 5.26)
+    assert draft_lengths([(0.99, 0.99)], [16], 1, costs) == [15]
+    # 5 found: all 5 (rows in vector lanes: 6 rows cost 2.2 one-row steps)
     assert draft_lengths([(0.99, 0.99)], [5], 1, costs) == [5]
     assert draft_lengths([(0.99, 0.99)], [11], 1, costs) == [11]
     # two sequences: the likelier one's tokens first, the other's at most its likeliest
@@ -151,8 +175,15 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     slow.measured(1, 0, 0.010)
     for _ in range(20):
         slow.measured(1, 1, 0.030)
-    assert slow.relative(1, 1) == pytest.approx(1.27)
-    assert slow.relative(1, 3) == pytest.approx(1.52)  # not measured: the prior
+    assert slow.relative(1, 1) == pytest.approx(1.2)
+    assert slow.relative(1, 3) == pytest.approx(1.63)  # not measured: the prior
+    # a count measured cheap (one slow undrafted step, a loaded machine) does not make the longer
+    # drafts never tried look dear: they follow the prior's shape from it, and a copy stays long
+    low = StepCosts()
+    low.measured(1, 0, 0.010)
+    low.measured(1, 3, 0.008)
+    assert low.relative(1, 15) == pytest.approx(0.8 * 4.5 / 1.63)
+    assert draft_lengths([(0.99, 0.99)], [15], 1, low) == [15]
 
 
 def test_auto_spec_type_is_draftless_where_steps_run_one_at_a_time():

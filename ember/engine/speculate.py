@@ -44,14 +44,18 @@ IDLE_DECAY = 0.97  # a step without a draft: the evidence fades, so that draftin
 # a sequence with less evidence than this (drafts) tries one drafted token where it has one: ~1 in
 # 23 steps of text that does not repeat (a rejected token costs ~a quarter of a step there)
 PROBE_BELOW = 0.5
+# the same for a draft's later tokens: a sequence with less evidence of them than this (tokens) whose
+# last draft was wholly kept verifies one token more than it (drafts of one token tell nothing of
+# later ones, so an estimate that stopped drafts at one would never learn otherwise)
+PROBE_LATER_BELOW = 4.0
 # a decode step of n rows (one sequence and n - 1 drafted tokens) over one of one row, where steps
-# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 6.2-6.5 ms a row at an
+# are not measured to cost less (SmolLM2-135M Q4_1 on 2 CPU threads, quiet, 4.3 ms a row at an
 # 800-token context; its products take rows in vector lanes, up to 16 tokens a pass over the weights,
-# so a row adds ~0.175 of a step to 16 and a second pass starts at 17: a fit of bench/spec_steps.py's
-# sweep); past the table, a row adds PRIOR_ROW_COST
-PRIOR_STEP = (1.0, 1.27, 1.35, 1.52, 1.7, 1.88, 2.05, 2.22, 2.4, 2.58, 2.75, 2.92, 3.1, 3.27, 3.45, 3.62, 3.9,
-              4.1, 4.3, 4.5, 4.7, 4.9, 5.1, 5.3, 5.5, 5.7, 5.9, 6.1, 6.3, 6.5, 6.7, 6.9, 7.1)
-PRIOR_ROW_COST = 0.2
+# so a second pass starts at 17: bench/spec_steps.py's sweep, two runs, 2026-12-05); past the
+# table, a row adds PRIOR_ROW_COST
+PRIOR_STEP = (1.0, 1.2, 1.46, 1.63, 1.85, 2.2, 2.36, 2.55, 2.76, 2.95, 3.2, 3.43, 3.76, 4.08, 4.29, 4.5, 5.26,
+              5.56, 5.86, 6.16, 6.37, 6.57, 6.77, 7.0, 7.21, 7.41, 7.59, 7.78, 8.07, 8.35, 8.63, 8.88, 9.15)
+PRIOR_ROW_COST = 0.27
 # a step is drafted only where its expected tokens per second beat the undrafted step's by this much
 # (what the estimates may be off by, and the host's work on drafts)
 GAIN_MARGIN = 1.1
@@ -202,7 +206,8 @@ class DraftState:
     """One sequence's drafting: its limits, the length its drafts may have now, the chance that a
     drafted token is kept, and its counts."""
 
-    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup", "source", "own", "shared")
+    __slots__ = ("params", "size", "pause", "misses", "drafted", "accepted", "lookup", "source", "own", "shared",
+                 "whole")
 
     def __init__(self, params: DraftParams, shared: Acceptance | None = None):
         self.params = params
@@ -214,6 +219,7 @@ class DraftState:
         self.shared = shared if shared is not None else Acceptance.of_all()  # every sequence's
         self.lookup = PromptLookup()
         self.source = ""  # where the draft being verified came from (metrics.DRAFT_SOURCES)
+        self.whole = 0  # the last draft's length if it was wholly kept, else 0
 
     def room(self) -> int:
         """How many tokens to look for a draft of this step (0: none)."""
@@ -233,6 +239,13 @@ class DraftState:
         whatever the estimate: without drafts there is nothing to estimate from)."""
         return self.own.tried < PROBE_BELOW
 
+    def stretch(self, n: int, found: int) -> int:
+        """`n` tokens of a found draft to verify, or one more than the last draft where that was
+        wholly kept and this sequence has little evidence of later tokens (PROBE_LATER_BELOW)."""
+        if 0 < n <= self.whole and self.own.later[1] < PROBE_LATER_BELOW:
+            return min(found, self.whole + 1)
+        return n
+
     def record(self, drafted: int, accepted: int) -> None:
         """A verified draft: counted, then adapt()."""
         self.drafted += drafted
@@ -242,6 +255,7 @@ class DraftState:
     def adapt(self, drafted: int, accepted: int) -> None:
         """Longer drafts after wholly kept ones, shorter after partly kept ones; the evidence of
         the chances that drafted tokens are kept (this sequence's, every sequence's)."""
+        self.whole = drafted if accepted == drafted else 0
         if accepted == drafted:
             self.size = min(self.params.n_max, 2 * self.size)
         else:
@@ -265,8 +279,10 @@ class StepCosts:
     """What drafted rows add to a decode step, measured as steps run: for a step of `base` decoding
     sequences, the time of an undrafted one (a moving average), and per number of drafted rows the
     drafted step's time over it. Ratios, not times, so that they hold as contexts grow; counts not
-    measured yet are interpolated; none costs more than the prior (PRIOR_STEP) says, so that a
-    loaded machine's slow steps do not stop drafting where it pays."""
+    measured yet are interpolated, and past the largest measured count follow the prior's shape from
+    it (a count measured low must not look cheaper than the longer drafts never tried: drafts would
+    stay that long); none costs more than the prior (PRIOR_STEP) says, so that a loaded machine's
+    slow steps do not stop drafting where it pays."""
 
     def __init__(self):
         self._plain: dict[int, float] = {}  # base -> seconds of an undrafted step
@@ -298,9 +314,9 @@ class StepCosts:
             return min(ratios[drafted], prior)
         below = max((n for n in ratios if n < drafted), default=0)
         above = min((n for n in ratios if n > drafted), default=None)
-        if above is None:
-            return prior
         low = ratios.get(below, 1.0)
+        if above is None:  # past the measured counts: the prior's shape from the largest of them
+            return min(low * prior / (_prior(base + below) / _prior(base)), prior)
         return min(low + (ratios[above] - low) * (drafted - below) / (above - below), prior)
 
 
@@ -378,6 +394,7 @@ class Speculator:
         for (seq, st, _), draft, n in zip(wants, found, lengths):
             if not n and draft and st.probing() and not st.params.n_min:
                 n = 1
+            n = st.stretch(n, len(draft))
             if n >= max(1, st.params.n_min):
                 seq.draft = draft[:n]
                 any_draft = True
