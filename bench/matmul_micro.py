@@ -11,6 +11,7 @@ model's file makes the backend round them: as llama.cpp does (int8 for the 32-va
 files that hold K-quants, exactly (int16) in the others. Note the machine's load alongside.
 
     python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3 llama-1b] [--ns 1 512] [--isa avx2]
+                                 [--hot-rows 192]
 """
 from __future__ import annotations
 
@@ -136,11 +137,12 @@ class Runner:
         return float(np.min(times)), float(np.median(times))
 
 
-def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -> None:
+def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int], hot_rows: int = 0) -> None:
     rng = np.random.default_rng(0)
     rounding = rounding_for(s.qtype for s in shapes)
     print(f"\n{name} ({'exact' if rounding == lib.EMBER_ROUND_EXACT else 'llama.cpp'} rounding of the activations)")
-    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}")
+    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}"
+          + ("   hot best / median" if hot_rows else ""))
     totals = {n: 0.0 for n in ns}
     for s in shapes:
         w = random_weight(s.qtype, s.m, s.k, rng)
@@ -150,7 +152,14 @@ def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int]) -
             # per token of the model: prompt tokens need the head once per batch only
             totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
             gflops = 2.0 * s.m * s.k * n / t / 1e9
-            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f} {w.nbytes / t_med / 1e9:7.2f}")
+            hot = ""
+            if hot_rows and n < STREAMED_TOKENS:
+                # the first rows alone, called back to back: W stays in L2, so this is the kernel's own
+                # rate (arithmetic and loads), without the memory
+                wh = w[:min(hot_rows, s.m)]
+                h_best, h_med = runner.time_call(Shape(s.name, s.qtype, wh.shape[0], s.k), [wh], n, rounding)
+                hot = f" {wh.nbytes / h_best / 1e9:9.2f} / {wh.nbytes / h_med / 1e9:.2f}"
+            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f} {w.nbytes / t_med / 1e9:7.2f}{hot}")
         if any(n > 1 for n in ns) and 1 in ns and s.head:
             head_1 = runner.time_call(s, copies, 1, rounding)[0]
             for n in ns:
@@ -170,6 +179,9 @@ def main() -> None:
     ap.add_argument("--ns", nargs="+", type=int, default=[1, 512])
     ap.add_argument("--isa", help="force a SIMD path (scalar, avx2, avx512, neon)")
     ap.add_argument("--only", help="only the matrices whose name contains this")
+    ap.add_argument("--hot-rows", type=int, default=0,
+                    help="also time the first N rows alone, resident in L2 (below 20 tokens): the kernel's rate "
+                         "without the memory, e.g. 192 (1 thread: rows x row bytes well inside the L2)")
     args = ap.parse_args()
     if args.isa and lib.ember_cpu_set_isa(args.isa.encode()) != 0:
         raise SystemExit(f"SIMD path {args.isa} is not available here")
@@ -178,7 +190,7 @@ def main() -> None:
     runner = Runner(args.threads)
     for name in args.models:
         shapes = [s for s in MODELS[name] if not args.only or args.only in s.name]
-        bench_model(runner, name, shapes, args.ns)
+        bench_model(runner, name, shapes, args.ns, args.hot_rows)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
