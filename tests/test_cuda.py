@@ -970,6 +970,21 @@ def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, c
         out[...] = cuda.cp.nan
 
 
+def record_attention_ops(monkeypatch) -> list:
+    """The Attention ops the backend launches from now on (in order)."""
+    from ember.backends.cuda.ops import attention as att_ops
+
+    taken = []
+    real = att_ops.Attention.launches
+
+    def spy(op, kernels):
+        taken.append(op)
+        return real(op, kernels)
+
+    monkeypatch.setattr(att_ops.Attention, "launches", spy)
+    return taken
+
+
 def sink_logits(rng, n_head: int) -> np.ndarray:
     """Attention sinks' logits, one per head: near the scores, one far above them (the sink takes
     almost all the weight) and one far below (none)."""
@@ -988,7 +1003,6 @@ def test_attention_sinks(cuda, ref, case, merge, cluster, monkeypatch):
     attn_combine (the scalar kernel), and through the planner (tensor-core tiles for prompt steps,
     split and whole)."""
     from ember.backends import Weight
-    from ember.backends.cuda.ops import attention as att_ops
     from ember.quant import GGMLType
 
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
@@ -1009,14 +1023,7 @@ def test_attention_sinks(cuda, ref, case, merge, cluster, monkeypatch):
     cuda._run(scalar_attention(cuda, cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap,
                                True, merge, None, cluster, sinks=cuda.from_numpy(sinks)))
     assert rel_err(cuda.to_numpy(out), want) < 1e-5
-    taken = []
-    real = att_ops.Attention.launches
-
-    def spy(op, kernels):
-        taken.append(op)
-        return real(op, kernels)
-
-    monkeypatch.setattr(att_ops.Attention, "launches", spy)
+    taken = record_attention_ops(monkeypatch)
     out[...] = cuda.cp.nan
     sink_w = Weight("sinks", GGMLType.F32, (n_head,), cuda.from_numpy(sinks))
     cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap, sinks=sink_w)
@@ -1047,8 +1054,6 @@ def test_attention_tiles(cuda, ref, case, monkeypatch):
     """attn_tile (tensor cores; q in two f16 parts, probabilities in f16) against the float64
     reference, and the choice of it for steps with many tokens per sequence; key ranges split
     over several blocks (merged by attn_combine) and whole."""
-    from ember.backends.cuda.ops import attention as att_ops
-
     lengths, new, n_head, n_kv, hd, window, softcap = TILE_CASES[case]
     assert cuda.attention_target.tiles, "the H200 takes tensor-core attention tiles"
     rng = np.random.default_rng(11)
@@ -1060,14 +1065,7 @@ def test_attention_tiles(cuda, ref, case, monkeypatch):
     scale = 1 / math.sqrt(hd)
     want = np.empty((n, n_head * hd))
     ref.attention(q.astype(np.float64), (k64, v64), want, batch, n_head, n_kv, window, scale, softcap)
-    taken = []
-    real = att_ops.Attention.launches
-
-    def spy(op, kernels):
-        taken.append(op)
-        return real(op, kernels)
-
-    monkeypatch.setattr(att_ops.Attention, "launches", spy)
+    taken = record_attention_ops(monkeypatch)
     out = poisoned(cuda, (n, n_head * hd))
     cuda.attention(cuda.from_numpy(q), cache, out, batch, n_head, n_kv, window, scale, softcap)
     assert [(op.tiles, op.n_split > 1) for op in taken] == [(True, case not in UNSPLIT_TILE_CASES)]
