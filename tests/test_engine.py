@@ -476,7 +476,7 @@ def test_texts_and_events_made_while_the_next_step_runs(tiny, monkeypatch):
 
             monkeypatch.setattr(eng.output, "flush_later", counting)
         try:
-            reqs = [Request(prompts[0], 14, no_eos), Request(prompts[1], 9, GREEDY),
+            reqs = [Request(prompts[0], 60, no_eos), Request(prompts[1], 9, GREEDY),
                     Request(prompts[2], 12, no_eos, n=2), Request(prompts[3], 16, no_eos, stop=("e", "a")),
                     Request(prompts[4], 40, no_eos)]
             handles = [eng.submit(r) for r in reqs]
