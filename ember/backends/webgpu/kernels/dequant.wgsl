@@ -120,14 +120,20 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
+// Q4_K / Q5_K super-block at blk: sub-block s's scale d * sc and offset dmin * m
+fn k_sub_dm(blk: u32, s: u32) -> vec2<f32> {
+    let sm = scale_min_k4(blk + 4u, s);
+    return unpack2x16float(w32(blk)) * sm;  // d and dmin: the block's first word
+}
+
 // Q4_K: 256-value super-blocks of d, dmin, 12 scale bytes, 128 bytes of nibbles; sub-block s of
 // 32 is the low (s even) or high nibbles of bytes 32 * (s / 2) ..
 fn deq_q4_k(base: u32, c: u32, o: ptr<function, array<f32, 32>>) {
     let blk = base + (c / 8u) * 144u;
     let s = c % 8u;
-    let sm = scale_min_k4(blk + 4u, s);
-    let d = f16at(blk) * sm.x;
-    let m = f16at(blk + 2u) * sm.y;
+    let dm = k_sub_dm(blk, s);
+    let d = dm.x;
+    let m = dm.y;
     let qs = blk + 16u + 32u * (s / 2u);
     let shift = (s & 1u) * 4u;
     for (var j = 0u; j < 8u; j++) {
@@ -140,9 +146,9 @@ fn deq_q4_k(base: u32, c: u32, o: ptr<function, array<f32, 32>>) {
 fn deq_q5_k(base: u32, c: u32, o: ptr<function, array<f32, 32>>) {
     let blk = base + (c / 8u) * 176u;
     let s = c % 8u;
-    let sm = scale_min_k4(blk + 4u, s);
-    let d = f16at(blk) * sm.x;
-    let m = f16at(blk + 2u) * sm.y;
+    let dm = k_sub_dm(blk, s);
+    let d = dm.x;
+    let m = dm.y;
     let qs = blk + 48u + 32u * (s / 2u);
     let shift = (s & 1u) * 4u;
     for (var j = 0u; j < 8u; j++) {

@@ -236,18 +236,9 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
         h -= pu(1u);
         heads = pu(13u);
     }
-    let pos = f32(I[pu(5u) + tok]);
-    var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
-    if (pu(12u) != 0u) { extrap = extrap / B[i]; }
-    let interp = pf(7u) * extrap;
-    var theta = interp;
-    if (pf(8u) != 0.0) {
-        let ramp = 1.0 - clamp((f32(i) - pf(10u)) / max(0.001, pf(11u) - pf(10u)), 0.0, 1.0);
-        let mix = ramp * pf(8u);
-        theta = interp * (1.0 - mix) + extrap * mix;
-    }
-    let c = cos(theta) * pf(9u);
-    let s = sin(theta) * pf(9u);
+    let cs = rope_cs(i, f32(I[pu(5u) + tok]));
+    let c = cs.x;
+    let s = cs.y;
     let base = tok * heads * pu(2u) + h * pu(2u);
     var i0 = base + 2u * i;
     var i1 = i0 + 1u;

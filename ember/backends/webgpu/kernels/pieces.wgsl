@@ -93,10 +93,9 @@ fn pc_q4_k(base: u32, p: u32) -> Piece {
     let blk = base + (p / 32u) * 144u;  // 4-byte aligned
     let s = (p / 4u) % 8u;
     let q = p % 4u;
-    let sm = scale_min_k4(blk + 4u, s);
-    let dm = unpack2x16float(W[blk / 4u]);
-    let d = dm.x * sm.x;
-    let m = dm.y * sm.y;
+    let dm = k_sub_dm(blk, s);
+    let d = dm.x;
+    let m = dm.y;
     let at = (blk + 16u + 32u * (s / 2u) + 8u * q) / 4u;
     let shift = (s & 1u) * 4u;
     return Piece(lo4(W[at] >> shift) * d - m, lo4(W[at + 1u] >> shift) * d - m, 2u * p, 2u * p + 1u);
@@ -106,10 +105,9 @@ fn pc_q5_k(base: u32, p: u32) -> Piece {
     let blk = base + (p / 32u) * 176u;  // 4-byte aligned
     let s = (p / 4u) % 8u;
     let q = p % 4u;
-    let sm = scale_min_k4(blk + 4u, s);
-    let dm = unpack2x16float(W[blk / 4u]);
-    let d = dm.x * sm.x;
-    let m = dm.y * sm.y;
+    let dm = k_sub_dm(blk, s);
+    let d = dm.x;
+    let m = dm.y;
     let at = (blk + 48u + 32u * (s / 2u) + 8u * q) / 4u;
     let hat = (blk + 16u + 8u * q) / 4u;  // bit s of byte l: the fifth bit of value l
     let shift = (s & 1u) * 4u;
