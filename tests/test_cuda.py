@@ -889,6 +889,15 @@ def fill_cache(cuda, rng, n_slots, kv_dim):
     return (kc, vc), (k0.astype(np.float64), v0.astype(np.float64))
 
 
+def paged_cache(cuda, rng, lengths, new, kv_dim):
+    """A step of `new` tokens after `lengths` cached ones per sequence (pages of 16, one spare page
+    a sequence) over a cache of random f16 rows: (batch, cache, its rows in float64)."""
+    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
+    batch = paged_batch(rng, lengths, new, page, max_pages)
+    cache, rows = fill_cache(cuda, rng, len(lengths) * max_pages * page, kv_dim)
+    return batch, cache, rows
+
+
 ATTN_CASES = {
     # name: (cached lengths, new tokens, n_head, n_kv, head_dim, window, softcap)
     "decode_one": ([37], [1], 4, 2, 64, 0, 0.0),
@@ -945,11 +954,8 @@ def test_kv_store_and_attention(cuda, ref, case, head_blocks, merge, min_keys, c
     again after a launch."""
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(6)
-    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
-    batch = paged_batch(rng, lengths, new, page, max_pages)
+    batch, cache, (k64, v64) = paged_cache(cuda, rng, lengths, new, n_kv * hd)
     n = len(batch.positions)
-    n_slots = len(lengths) * max_pages * page
-    cache, (k64, v64) = fill_cache(cuda, rng, n_slots, n_kv * hd)
     k_new = rng.normal(0, 1, (n, n_kv * hd)).astype(np.float32)
     v_new = rng.normal(0, 1, (n, n_kv * hd)).astype(np.float32)
     cuda.kv_store(cache, cuda.from_numpy(k_new), cuda.from_numpy(v_new), batch)
@@ -1007,10 +1013,8 @@ def test_attention_sinks(cuda, ref, case, merge, cluster, monkeypatch):
 
     lengths, new, n_head, n_kv, hd, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(17)
-    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
-    batch = paged_batch(rng, lengths, new, page, max_pages)
+    batch, cache, (k64, v64) = paged_cache(cuda, rng, lengths, new, n_kv * hd)
     n = len(batch.positions)
-    cache, (k64, v64) = fill_cache(cuda, rng, len(lengths) * max_pages * page, n_kv * hd)
     q = rng.normal(0, 1, (n, n_head * hd)).astype(np.float32)
     sinks = sink_logits(rng, n_head)
     scale = 1 / math.sqrt(hd)
@@ -1057,10 +1061,8 @@ def test_attention_tiles(cuda, ref, case, monkeypatch):
     lengths, new, n_head, n_kv, hd, window, softcap = TILE_CASES[case]
     assert cuda.attention_target.tiles, "the H200 takes tensor-core attention tiles"
     rng = np.random.default_rng(11)
-    page, max_pages = 16, -(-max(lo + n for lo, n in zip(lengths, new)) // 16) + 1
-    batch = paged_batch(rng, lengths, new, page, max_pages)
+    batch, cache, (k64, v64) = paged_cache(cuda, rng, lengths, new, n_kv * hd)
     n = len(batch.positions)
-    cache, (k64, v64) = fill_cache(cuda, rng, len(lengths) * max_pages * page, n_kv * hd)
     q = rng.normal(0, 1, (n, n_head * hd)).astype(np.float32)
     scale = 1 / math.sqrt(hd)
     want = np.empty((n, n_head * hd))
