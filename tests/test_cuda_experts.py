@@ -312,7 +312,8 @@ def group(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
 
 def tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarray, x_div: int) -> np.ndarray:
     """y (n_sel, m) as expert_tile computes it: per tile of an expert's selections and ET_ROWS rows,
-    unit by unit and half by half, a * d * (integer dot of 16) + b * (d * sum of x's half) in f32."""
+    unit by unit, a * d * (integer dot) + b * (d * sum of x's values) in f32 -- of the whole unit
+    for types of one scale a unit (UNIT_SCALE), else of each half of 16."""
     n_expert, m = raw.shape[:2]
     wq, wa, wb = unit_form(raw.reshape(n_expert * m, -1), qtype)
     units = wq.shape[1]
@@ -330,15 +331,24 @@ def tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarr
             rows = slice(r0, min(m, r0 + ET_ROWS))
             acc = np.zeros((cnt, rows.stop - r0), np.float32)
             for u in range(units):
+                d = meta[xr, u, 0][:, None]
+                if qtype in UNIT_SCALE:  # one integer sum of the unit's 32 products
+                    dots = (xq[xr, u].reshape(cnt, 32) @ wq[e, rows, u].reshape(-1, 32).T).astype(np.float32)
+                    xs = (meta[xr, u, 1] + meta[xr, u, 2])[:, None]
+                    acc += d * wa[e, rows, u, 0][None] * dots + wb[e, rows, u, 0][None] * xs
+                    continue
                 for h in range(2):
                     dots = (xq[xr, u, h] @ wq[e, rows, u, h].T).astype(np.float32)
-                    d, xs = meta[xr, u, 0][:, None], meta[xr, u, 1 + h][:, None]
+                    xs = meta[xr, u, 1 + h][:, None]
                     acc += d * wa[e, rows, u, h][None] * dots + wb[e, rows, u, h][None] * xs
             y[sel, rows] = acc
     return y
 
 
 EMULATED = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4]
+# experts.cu ET_UNIT_SCALE: types whose units have one scale and offset for both halves
+UNIT_SCALE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q4_K,
+              GGMLType.Q5_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 @pytest.mark.parametrize("qtype", EMULATED, ids=lambda t: t.name)
@@ -347,6 +357,8 @@ def test_unit_form_is_the_reference_dequantizer(qtype):
     q, a, b = unit_form(raw, qtype)
     values = a[..., None] * q.reshape(q.shape[0], q.shape[1], 2, 16) + b[..., None]
     np.testing.assert_allclose(values.reshape(8, COLS), dequantize(raw, qtype), rtol=1e-6, atol=1e-9)
+    if qtype in UNIT_SCALE:
+        assert (a[..., 0] == a[..., 1]).all() and (b[..., 0] == b[..., 1]).all()
 
 
 @pytest.mark.parametrize("n_expert,n,k", [(16, 1, 4), (16, 3, 8), (128, 512, 8), (32, 512, 4), (1024, 64, 8),

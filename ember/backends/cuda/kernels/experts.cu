@@ -185,6 +185,10 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
 #define ET_CH 8     // 32-value units staged at a time (one K-quant super-block)
 #define ET_LD (32 * ET_CH + 16)  // bytes of a staged row: 272 (68 words) puts 8 rows' 16-byte loads on 32 banks
 #define ET_THREADS 128
+// Types whose units have one scale and offset for both halves (unit_q's set_ab): expert_tile sums a
+// unit's 32 products in one integer before scaling (the others: each half apart).
+constexpr bool ET_UNIT_SCALE = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
+                               QT == T_Q4_K || QT == T_Q5_K || QT == T_IQ4_NL || QT == T_IQ4_XS || QT == T_MXFP4;
 
 extern "C" __global__ void __launch_bounds__(EG_THREADS)
     expert_group(const int *__restrict__ ids, int n_sel, int n_expert, int *__restrict__ order, int4 *__restrict__ tiles,
@@ -281,6 +285,41 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
         }
         __syncthreads();
         for (int u = 0; u < nu; u++) {
+            if constexpr (ET_UNIT_SCALE) {
+                int wq[4][8];
+                float wa[4], wb[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int4 *p = (const int4 *)&w_s[rg + 16 * i][32 * u];
+                    const int4 v0 = p[0], v1 = p[1];
+                    wq[i][0] = v0.x, wq[i][1] = v0.y, wq[i][2] = v0.z, wq[i][3] = v0.w;
+                    wq[i][4] = v1.x, wq[i][5] = v1.y, wq[i][6] = v1.z, wq[i][7] = v1.w;
+                    const float4 ab = ab_s[rg + 16 * i][u];
+                    wa[i] = ab.x, wb[i] = ab.z;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int t = tg + 8 * j;
+                    if (t >= cnt) break;  // selections past the tile's: nothing staged, nothing stored
+                    const int4 *px = (const int4 *)&x_s[t][32 * u];
+                    const int4 x0 = px[0], x1 = px[1];
+                    const float4 mt = xm_s[t][u];
+                    const float xsum = mt.y + mt.z;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        int sum = dp4a(wq[i][0], x0.x, 0);
+                        sum = dp4a(wq[i][1], x0.y, sum);
+                        sum = dp4a(wq[i][2], x0.z, sum);
+                        sum = dp4a(wq[i][3], x0.w, sum);
+                        sum = dp4a(wq[i][4], x1.x, sum);
+                        sum = dp4a(wq[i][5], x1.y, sum);
+                        sum = dp4a(wq[i][6], x1.z, sum);
+                        sum = dp4a(wq[i][7], x1.w, sum);
+                        acc[i][j] += mt.x * wa[i] * (float)sum + wb[i] * xsum;
+                    }
+                }
+                continue;
+            }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int wq[4][4];
@@ -296,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int t = tg + 8 * j;
-                    if (t >= cnt) break;  // selections past the tile's: nothing staged, nothing stored
+                    if (t >= cnt) break;
                     const int4 xv = *(const int4 *)&x_s[t][32 * u + 16 * h];
                     const float4 mt = xm_s[t][u];
                     const float xsum = h ? mt.z : mt.y;
