@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked on the GPU machine, in one call:
 #
-#   bash bench/cuda_device_run.sh [tests] [quick] [full]     (default: tests quick)
+#   bash bench/cuda_device_run.sh [tests] [experts] [quick] [full]     (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
 #          decoder families (tests/test_cuda_families.py), then the quantized KV cache
 #          (tests/test_cuda_kv.py): four processes
+#   experts  pytest tests/test_cuda_experts.py, then bench/expert_micro.py (the grouped expert
+#          products alone at issue 28's MoE shapes, the old kernel beside them)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -93,6 +95,20 @@ for s in $STAGES; do
       grep -E "^(FAILED|ERROR)" "$OUT/tests_kv.log" | head -25
       tail -n 8 "$OUT/tests_kv.log"
       ;;
+    experts)
+      # The grouped expert products: their tests, then bench/expert_micro.py (old kernel beside the new ones)
+      stage "tests: experts"
+      timeout 300 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_experts.py \
+        >"$OUT/tests_experts.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_experts.log" | head -25
+      tail -n 8 "$OUT/tests_experts.log"
+      stage "bench experts"
+      timeout 300 $PY bench/expert_micro.py --out "$OUT/expert_micro.json" >"$OUT/expert_micro.log" 2>&1
+      echo "bench exit $?"
+      tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
+      ;;
     quick|full)
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
@@ -107,6 +123,6 @@ for s in $STAGES; do
         tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
       fi
       ;;
-    *) echo "unknown stage '$s' (tests, quick, full)" ;;
+    *) echo "unknown stage '$s' (tests, experts, quick, full)" ;;
   esac
 done
