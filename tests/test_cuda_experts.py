@@ -11,6 +11,8 @@ each unit's integer dot products and per-half scales as expert_tile sums them) a
 float64 reference, so the arithmetic is checked before any GPU runs it."""
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from synth import weight as synth_weight
@@ -404,3 +406,33 @@ def test_mv_stages_at_most_what_fits():
         g = mv_group(kd)
         assert 1 <= g <= 8 and (g == 1 or g * (kd + kd // 2) <= 48 * 1024)
     assert mv_group(2048) == mv_group(2880) == 8 and mv_group(14336) == 2
+
+
+# ---- the kernels themselves on the CPU (bench/cuda_experts_check.py: a thread per CUDA thread) ----
+
+def experts_check():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "cuda_experts_check.py"
+    spec = importlib.util.spec_from_file_location("cuda_experts_check", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+@pytest.mark.parametrize("qtype,runs", [
+    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True)]),  # one integer a unit; slice2_q
+    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False)]),  # half by half
+    (GGMLType.MXFP4, [(40, "tile", False), (40, "mv", True)]),  # 352 values: a last chunk of 3 units
+], ids=lambda v: v.name if isinstance(v, GGMLType) else "")
+def test_kernels_on_the_cpu(tmp_path, qtype, runs):
+    """expert_group, expert_tile and expert_mv as compiled from experts.cu, run on host threads:
+    every selection's row written and within int8 rounding of the float64 product."""
+    check = experts_check()
+    exe = check.build(tmp_path, qtype)
+    for n, kernel, per_row in runs:
+        top_k = 4 if per_row else 8
+        err = check.check(exe, tmp_path, qtype, n, top_k, per_row, kernel == "tile", np.random.default_rng(n))
+        assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
