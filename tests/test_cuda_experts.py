@@ -404,8 +404,8 @@ def test_tile_algorithm_against_the_float_reference(qtype, n, k):
 def test_mv_stages_at_most_what_fits():
     for kd in (256, 512, 2048, 2880, 14336, 32768, 65536):
         g = mv_group(kd)
-        assert 1 <= g <= 8 and (g == 1 or g * (kd + kd // 2) <= 48 * 1024)
-    assert mv_group(2048) == mv_group(2880) == 8 and mv_group(14336) == 2
+        assert 1 <= g <= 8 and (g == 1 or g * (kd + kd // 2) <= 40 * 1024)  # with the static list: < 48 KB
+    assert mv_group(2048) == mv_group(2880) == 8 and mv_group(14336) == 1
 
 
 # ---- the kernels themselves on the CPU (bench/cuda_experts_check.py: a thread per CUDA thread) ----

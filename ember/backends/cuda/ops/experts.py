@@ -18,7 +18,9 @@ from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantize
 
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
 EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a block, selections staged at most
-EMV_SMEM = 48 * 1024  # shared memory expert_mv's staged x rows take at most (past one row's size: no opt-in)
+# Shared memory of expert_mv: its staged x rows take at most EMV_SMEM (unless one row needs more),
+# beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
+EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16
 ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
 EG_THREADS = 1024  # expert_group: one block
 EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
@@ -112,7 +114,7 @@ class ExpertMatmul:
         group = mv_group(k)
         smem = group * (k + k // 2)
         fn = kernels.fn(experts_module(w.type), "expert_mv")
-        allow_smem(fn, smem)
+        allow_smem(fn, smem + EMV_STATIC_SMEM)
         args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
                 i32(self.ids.size), i32(group), ptr(y))
         return Launch(fn, (-(-m // EMV_ROWS), n_expert, 1), (EMV_THREADS, 1, 1), args, smem)
