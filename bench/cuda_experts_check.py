@@ -9,6 +9,8 @@ ends the run. expert_group, expert_tile and expert_mv then run
 on random stacks of several types with x quantized in quant_x's format (numpy, as
 tests/test_cuda_experts.py quantizes it), and their outputs are compared with the float64 product
 of the reference dequantizer; every selection's row must be written (the output starts as NaN).
+expert_tile runs both of its paths: tensor-core
+products (the fragments' layout emulated as the PTX ISA gives it) and dp4a.
 This checks the kernels' own indexing, staging and barriers, which the numpy runs of the algorithm
 in the tests do not see; not their speed, nor what only a GPU does (memory model, occupancy).
 
@@ -103,6 +105,28 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { retur
 template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) {
     const int l = threadIdx.x % 32;
     return shfl_from(v, l >= o ? l - o : l);
+}
+// mma.sync m16n8k32 (int8) of a warp, as the PTX ISA lays its fragments out over lanes 4 g + q:
+// A (16 x 32) a0 = A[g][4q ..], a1 = A[g+8][4q ..], a2 = A[g][16+4q ..], a3 = A[g+8][16+4q ..];
+// B (32 x 8) b0 = B[4q ..][g], b1 = B[16+4q ..][g]; C c0, c1 = C[g][2q, 2q+1], c2, c3 = C[g+8][2q, 2q+1].
+static u32 g_frag[32][32][6];
+static void mma_s8_16832(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, q = l % 4;
+    const u32 mine[6] = {a0, a1, a2, a3, b0, b1};
+    memcpy(g_frag[w][l], mine, sizeof(mine));
+    g_warp[w].wait();
+    auto byte = [](u32 reg, int k) { return (int)(i8)(reg >> (8 * (k % 4))); };
+    for (int e = 0; e < 4; e++) {
+        const int row = g + 8 * (e >> 1), col = 2 * q + (e & 1);
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            const int a = byte(g_frag[w][4 * (row % 8) + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)], k);
+            const int b = byte(g_frag[w][4 * col + (k % 16) / 4][4 + (k >= 16)], k);
+            sum += a * b;
+        }
+        c[e] += sum;
+    }
+    g_warp[w].wait();  // every lane has read before the next product writes
 }
 static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
@@ -225,10 +249,12 @@ def host_source() -> str:
             + low_bit_source() + experts + HARNESS)
 
 
-def build(workdir: Path, qtype: GGMLType) -> Path:
-    src, exe = workdir / f"experts_{int(qtype)}.cpp", workdir / f"experts_{int(qtype)}"
+def build(workdir: Path, qtype: GGMLType, dp4a: bool = False) -> Path:
+    """The program for one type; dp4a: expert_tile's path without tensor cores (HIP, pre-sm_80)."""
+    name = f"experts_{int(qtype)}{'_dp4a' if dp4a else ''}"
+    src, exe = workdir / f"{name}.cpp", workdir / name
     src.write_text(host_source())
-    defines = [f"-DQT={int(qtype)}", f"-DEG_T={EG_THREADS}", f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}",
+    defines = [f"-DQT={int(qtype)}", *(["-DET_DP4A"] if dp4a else []), f"-DEG_T={EG_THREADS}", f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}",
                f"-DEMV_T={EMV_THREADS}", f"-DEMV_R={EMV_ROWS}"]
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", *defines, str(src), "-o", str(exe)], check=True)
     return exe
@@ -289,14 +315,15 @@ def main() -> int:
         for name in args.types:
             qtype = GGMLType[name]
             t0 = time.time()
-            exe = build(workdir, qtype)
+            exe, exe_dp4a = build(workdir, qtype), build(workdir, qtype, dp4a=True)
             for n in args.tokens:
-                for tile in (False, True):
+                for kernel in ("expert_mv", "expert_tile", "expert_tile (dp4a)"):
                     for top_k, per_row in ((8, False), (4, True)):
-                        err = check(exe, workdir, qtype, n, top_k, per_row, tile, rng)
+                        err = check(exe_dp4a if "dp4a" in kernel else exe, workdir, qtype, n, top_k, per_row,
+                                    kernel != "expert_mv", rng)
                         ok = err < 2e-2
                         failed += not ok
-                        print(f"{name:7} {'expert_tile' if tile else 'expert_mv':11} {n:4} tok top-{top_k} "
+                        print(f"{name:7} {kernel:18} {n:4} tok top-{top_k} "
                               f"{'x per selection' if per_row else 'shared x':15} rel err {err:.2e} "
                               f"{'ok' if ok else 'FAIL'}", flush=True)
             print(f"  ({time.time() - t0:.0f} s)", flush=True)

@@ -408,7 +408,7 @@ def test_mv_stages_at_most_what_fits():
     assert mv_group(2048) == mv_group(2880) == 8 and mv_group(14336) == 1
 
 
-# ---- the kernels themselves on the CPU (bench/cuda_experts_check.py: a thread per CUDA thread) ----
+# ---- the kernels themselves on the CPU (bench/cuda_experts_check.py: a fiber per CUDA thread) ----
 
 def experts_check():
     import importlib.util
@@ -423,16 +423,19 @@ def experts_check():
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
 @pytest.mark.parametrize("qtype,runs", [
-    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True)]),  # one integer a unit; slice2_q
-    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False)]),  # half by half
+    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True), (40, "tile_dp4a", False)]),  # a unit in one sum; slice2_q
+    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False), (3, "tile_dp4a", True)]),  # half by half
     (GGMLType.MXFP4, [(40, "tile", False), (40, "mv", True)]),  # 352 values: a last chunk of 3 units
 ], ids=lambda v: v.name if isinstance(v, GGMLType) else "")
 def test_kernels_on_the_cpu(tmp_path, qtype, runs):
-    """expert_group, expert_tile and expert_mv as compiled from experts.cu, run on host threads:
+    """expert_group, expert_tile (tensor-core path, fragments as the PTX ISA lays them out; and the
+    dp4a path of HIP and older GPUs) and expert_mv as compiled from experts.cu, run on the CPU:
     every selection's row written and within int8 rounding of the float64 product."""
     check = experts_check()
+    exes = {"tile_dp4a": check.build(tmp_path, qtype, dp4a=True)} if any(r[1] == "tile_dp4a" for r in runs) else {}
     exe = check.build(tmp_path, qtype)
     for n, kernel, per_row in runs:
         top_k = 4 if per_row else 8
-        err = check.check(exe, tmp_path, qtype, n, top_k, per_row, kernel == "tile", np.random.default_rng(n))
+        err = check.check(exes.get(kernel, exe), tmp_path, qtype, n, top_k, per_row, kernel != "mv",
+                          np.random.default_rng(n))
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"

@@ -16,7 +16,8 @@
 //   expert_group + expert_tile (prompts, many tokens) the selections sorted by expert on the device
 //               and cut into tiles of ET_TOK; a block computes ET_ROWS rows of one expert for one
 //               tile, its weight units decoded once into shared memory (int8 + scales), the tile's
-//               x staged beside them, each thread a 4 x 4 block of outputs in dp4a.
+//               x staged beside them, int8 tensor-core products (mma.sync; dp4a on HIP and GPUs
+//               before sm_80), each unit's integer sums scaled into f32.
 //   expert_matmul (float types) a warp per row, float dot products.
 
 #define EXP_ROWS 8     // expert_matmul: rows per block, one a warp
@@ -229,11 +230,148 @@ extern "C" __global__ void __launch_bounds__(EG_THREADS)
             tiles[toff[e] + i] = make_int4(e, off[e] + i * ET_TOK, min(ET_TOK, cnt[e] - i * ET_TOK), 0);
 }
 
+// The sums of a staged chunk (nu units) into acc, by one of two paths:
+//   mma.sync (CUDA, sm_80+): warp w takes rows 16 w .. 16 w + 15 and the tile's selections in four
+//     fragments of 8; m16n8k32 int8 products (lane = 4 g + q: acc[f][e] = row 16 w + g + 8 (e / 2),
+//     selection 8 f + 2 q + e % 2); types of a scale per half take a product per half, the other
+//     half's weights zero.
+//   dp4a (HIP, older GPUs): thread (tid % 16, tid / 16) takes rows tid % 16 + 16 i and selections
+//     tid / 16 + 8 j (acc[i][j]).
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800) || \
+    defined(ET_DP4A)
+#define ET_MMA 0
+#else
+#define ET_MMA 1
+#endif
+
+// The row and selection (within the tile) of acc[i][j].
+DEVI void et_place(int i, int j, int &r, int &t) {
+#if ET_MMA
+    const int lane = threadIdx.x & 31;
+    r = 16 * (threadIdx.x >> 5) + (lane >> 2) + 8 * (j >> 1);
+    t = 8 * i + 2 * (lane & 3) + (j & 1);
+#else
+    r = (threadIdx.x & 15) + 16 * i;
+    t = (threadIdx.x >> 4) + 8 * j;
+#endif
+}
+
+#if ET_MMA && !defined(EMBER_HOST_TEST)
+// c += a (16 x 32 int8, row-major fragments) * b (32 x 8 int8, column-major): mma.sync m16n8k32.
+// a0 = A[g][4q .. 4q+3], a1 = A[g+8][4q ..], a2 = A[g][16+4q ..], a3 = A[g+8][16+4q ..];
+// b0 = B[4q .. 4q+3][g], b1 = B[16+4q ..][g]; c0, c1 = C[g][2q], C[g][2q+1]; c2, c3 = C[g+8][2q], C[g+8][2q+1].
+DEVI void mma_s8_16832(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+DEVI float scaled(int s, float d, float a, float b, float xs) { return d * a * (float)s + b * xs; }
+
+DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const u8 (*x_s)[ET_LD],
+                 const float4 (*xm_s)[ET_CH], int nu, int cnt, float (&acc)[4][4]) {
+#if ET_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ra = 16 * (threadIdx.x >> 5) + g, rb = ra + 8;
+    for (int u = 0; u < nu; u++) {
+        const u8 *pa = &w_s[ra][32 * u + 4 * q], *pb = &w_s[rb][32 * u + 4 * q];
+        const u32 a0 = *(const u32 *)pa, a1 = *(const u32 *)pb, a2 = *(const u32 *)(pa + 16), a3 = *(const u32 *)(pb + 16);
+        const float4 sa = ab_s[ra][u], sb = ab_s[rb][u];  // (a0, a1, b0, b1) of rows ra and rb
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            if (8 * f >= cnt) break;  // alike in the whole warp
+            const u8 *px = &x_s[8 * f + g][32 * u + 4 * q];
+            const u32 b0 = *(const u32 *)px, b1 = *(const u32 *)(px + 16);
+            const float4 m0 = xm_s[8 * f + 2 * q][u], m1 = xm_s[8 * f + 2 * q + 1][u];
+            if constexpr (ET_UNIT_SCALE) {
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
+                acc[f][0] += scaled(c[0], m0.x, sa.x, sa.z, m0.y + m0.z);
+                acc[f][1] += scaled(c[1], m1.x, sa.x, sa.z, m1.y + m1.z);
+                acc[f][2] += scaled(c[2], m0.x, sb.x, sb.z, m0.y + m0.z);
+                acc[f][3] += scaled(c[3], m1.x, sb.x, sb.z, m1.y + m1.z);
+            } else {
+                int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                mma_s8_16832(lo, a0, a1, 0u, 0u, b0, b1);
+                mma_s8_16832(hi, 0u, 0u, a2, a3, b0, b1);
+                acc[f][0] += scaled(lo[0], m0.x, sa.x, sa.z, m0.y) + scaled(hi[0], m0.x, sa.y, sa.w, m0.z);
+                acc[f][1] += scaled(lo[1], m1.x, sa.x, sa.z, m1.y) + scaled(hi[1], m1.x, sa.y, sa.w, m1.z);
+                acc[f][2] += scaled(lo[2], m0.x, sb.x, sb.z, m0.y) + scaled(hi[2], m0.x, sb.y, sb.w, m0.z);
+                acc[f][3] += scaled(lo[3], m1.x, sb.x, sb.z, m1.y) + scaled(hi[3], m1.x, sb.y, sb.w, m1.z);
+            }
+        }
+    }
+#else
+    const int rg = threadIdx.x & 15, tg = threadIdx.x >> 4;
+    for (int u = 0; u < nu; u++) {
+        if constexpr (ET_UNIT_SCALE) {
+            int wq[4][8];
+            float wa[4], wb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 *p = (const int4 *)&w_s[rg + 16 * i][32 * u];
+                const int4 v0 = p[0], v1 = p[1];
+                wq[i][0] = v0.x, wq[i][1] = v0.y, wq[i][2] = v0.z, wq[i][3] = v0.w;
+                wq[i][4] = v1.x, wq[i][5] = v1.y, wq[i][6] = v1.z, wq[i][7] = v1.w;
+                const float4 ab = ab_s[rg + 16 * i][u];
+                wa[i] = ab.x, wb[i] = ab.z;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = tg + 8 * j;
+                if (t >= cnt) break;  // selections past the tile's: nothing staged, nothing stored
+                const int4 *px = (const int4 *)&x_s[t][32 * u];
+                const int4 x0 = px[0], x1 = px[1];
+                const float4 mt = xm_s[t][u];
+                const float xsum = mt.y + mt.z;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int sum = dp4a(wq[i][0], x0.x, 0);
+                    sum = dp4a(wq[i][1], x0.y, sum);
+                    sum = dp4a(wq[i][2], x0.z, sum);
+                    sum = dp4a(wq[i][3], x0.w, sum);
+                    sum = dp4a(wq[i][4], x1.x, sum);
+                    sum = dp4a(wq[i][5], x1.y, sum);
+                    sum = dp4a(wq[i][6], x1.z, sum);
+                    sum = dp4a(wq[i][7], x1.w, sum);
+                    acc[i][j] += mt.x * wa[i] * (float)sum + wb[i] * xsum;
+                }
+            }
+            continue;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int wq[4][4];
+            float wa[4], wb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 v = *(const int4 *)&w_s[rg + 16 * i][32 * u + 16 * h];
+                wq[i][0] = v.x, wq[i][1] = v.y, wq[i][2] = v.z, wq[i][3] = v.w;
+                const float4 ab = ab_s[rg + 16 * i][u];
+                wa[i] = h ? ab.y : ab.x;
+                wb[i] = h ? ab.w : ab.z;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = tg + 8 * j;
+                if (t >= cnt) break;
+                const int4 xv = *(const int4 *)&x_s[t][32 * u + 16 * h];
+                const float4 mt = xm_s[t][u];
+                const float xsum = h ? mt.z : mt.y;
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[i][j] += half_dot(wq[i], xv, wa[i], wb[i], mt.x, xsum);
+            }
+        }
+    }
+#endif
+}
+
 // Grid (ceil(m / ET_ROWS), tile bound), ET_THREADS: block (rt, i) computes rows rt * ET_ROWS ..
 // of tile i's expert for its selections (tiles past *n_tiles return). Per chunk of ET_CH units:
 // the rows' units decoded (unit_q) into w_s (int8, natural order) with their scales and offsets, the
-// tile's x rows copied from xq into x_s with their float4s; thread (rg, tg) = (tid % 16, tid / 16)
-// then sums rows rg + 16 i and selections tg + 8 j (i, j < 4) over the chunk.
+// tile's x rows copied from xq into x_s with their float4s, then summed into each thread's 16
+// outputs (et_sum; which outputs: et_place).
 extern "C" __global__ void __launch_bounds__(ET_THREADS)
     expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
                 int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
@@ -247,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
     if ((int)blockIdx.y >= *n_tiles) return;
     const int4 tile = tiles[blockIdx.y];
     const int e = tile.x, cnt = tile.z, r0 = blockIdx.x * ET_ROWS, tid = threadIdx.x;
-    const int rg = tid & 15, tg = tid >> 4, S = k / 32;
+    const int S = k / 32;
     if (tid < ET_TOK) {
         const int s = tid < cnt ? order[tile.y + tid] : -1;
         sel_s[tid] = s;
@@ -284,77 +422,16 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
             xm_s[t][u] = meta_g[(size_t)xr_s[t] * S + u0 + u];
         }
         __syncthreads();
-        for (int u = 0; u < nu; u++) {
-            if constexpr (ET_UNIT_SCALE) {
-                int wq[4][8];
-                float wa[4], wb[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int4 *p = (const int4 *)&w_s[rg + 16 * i][32 * u];
-                    const int4 v0 = p[0], v1 = p[1];
-                    wq[i][0] = v0.x, wq[i][1] = v0.y, wq[i][2] = v0.z, wq[i][3] = v0.w;
-                    wq[i][4] = v1.x, wq[i][5] = v1.y, wq[i][6] = v1.z, wq[i][7] = v1.w;
-                    const float4 ab = ab_s[rg + 16 * i][u];
-                    wa[i] = ab.x, wb[i] = ab.z;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int t = tg + 8 * j;
-                    if (t >= cnt) break;  // selections past the tile's: nothing staged, nothing stored
-                    const int4 *px = (const int4 *)&x_s[t][32 * u];
-                    const int4 x0 = px[0], x1 = px[1];
-                    const float4 mt = xm_s[t][u];
-                    const float xsum = mt.y + mt.z;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        int sum = dp4a(wq[i][0], x0.x, 0);
-                        sum = dp4a(wq[i][1], x0.y, sum);
-                        sum = dp4a(wq[i][2], x0.z, sum);
-                        sum = dp4a(wq[i][3], x0.w, sum);
-                        sum = dp4a(wq[i][4], x1.x, sum);
-                        sum = dp4a(wq[i][5], x1.y, sum);
-                        sum = dp4a(wq[i][6], x1.z, sum);
-                        sum = dp4a(wq[i][7], x1.w, sum);
-                        acc[i][j] += mt.x * wa[i] * (float)sum + wb[i] * xsum;
-                    }
-                }
-                continue;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int wq[4][4];
-                float wa[4], wb[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int4 v = *(const int4 *)&w_s[rg + 16 * i][32 * u + 16 * h];
-                    wq[i][0] = v.x, wq[i][1] = v.y, wq[i][2] = v.z, wq[i][3] = v.w;
-                    const float4 ab = ab_s[rg + 16 * i][u];
-                    wa[i] = h ? ab.y : ab.x;
-                    wb[i] = h ? ab.w : ab.z;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int t = tg + 8 * j;
-                    if (t >= cnt) break;
-                    const int4 xv = *(const int4 *)&x_s[t][32 * u + 16 * h];
-                    const float4 mt = xm_s[t][u];
-                    const float xsum = h ? mt.z : mt.y;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[i][j] += half_dot(wq[i], xv, wa[i], wb[i], mt.x, xsum);
-                }
-            }
-        }
+        et_sum(w_s, ab_s, x_s, xm_s, nu, cnt, acc);
         __syncthreads();  // w_s and x_s are staged again
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int t = tg + 8 * j;
-        if (t >= cnt) break;
+    for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = r0 + rg + 16 * i;
-            if (r < m) y[(i64)sel_s[t] * m + r] = acc[i][j];
+        for (int j = 0; j < 4; j++) {
+            int r, t;
+            et_place(i, j, r, t);
+            if (t < cnt && r0 + r < m) y[(i64)sel_s[t] * m + r0 + r] = acc[i][j];
         }
-    }
 }
 #endif
