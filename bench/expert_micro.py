@@ -11,7 +11,8 @@ product over the step's selections (random routing, a token's experts distinct):
 
 Outputs are compared with the old kernel's (relative error; int8 x gives ~5e-3). Times are per
 product: 10 products captured in a CUDA graph, the graph launched --reps times between CUDA events,
-the median; "tok/s" is the step's tokens over that time (one matrix of one layer).
+the median; "tok/s" is the step's tokens over that time (one matrix of one layer), TFLOP/s the
+step's 2 * selections * m * k over it.
 
     python bench/expert_micro.py [--shapes qwen3-gate qwen3-down gpt-oss] [--tokens 1 8 64 512]
                                  [--reps 20] [--out FILE.json]
@@ -129,11 +130,13 @@ def bench_shape(name: str, n_tokens: list[int], reps: int, rng) -> list[dict]:
         if t_mv is not None:
             row.update(mv_us=round(t_mv, 2), mv_err=rel(cp.asnumpy(y_mv), ref))
         new = t_mv if n <= chosen and t_mv is not None else t_tile
-        row.update(new_us=round(new, 2), speedup=round(t_old / new, 2), new_tok_s=round(n / new * 1e6, 1))
+        row.update(new_us=round(new, 2), speedup=round(t_old / new, 2), new_tok_s=round(n / new * 1e6, 1),
+                   new_tflops=round(2 * n * used * m * k / new / 1e6, 2))
         rows.append(row)
         mv_part = f"mv {t_mv:9.1f} us (err {row['mv_err']:.1e})" if t_mv is not None else " " * 28
         print(f"{name:15} {qtype.name:6} {n:4} tok: old {t_old:9.1f} us  {mv_part}  tile {t_tile:9.1f} us "
-              f"(err {row['tile_err']:.1e})  chosen {new:9.1f} us = {row['speedup']:.2f}x old", flush=True)
+              f"(err {row['tile_err']:.1e})  chosen {new:9.1f} us = {row['speedup']:.2f}x old, "
+              f"{row['new_tflops']:.1f} TFLOP/s", flush=True)
     return rows
 
 

@@ -8,7 +8,8 @@ test_cuda_families.py.) Those tests are skipped, with the reason, where CuPy or 
 The device-free tests below them run the grouped products' algorithm in numpy step by step as the
 kernels do (the selections sorted into tiles as expert_group does, x quantized as quant_x does,
 each unit's integer dot products and per-half scales as expert_tile sums them) against the same
-float64 reference, so the arithmetic is checked before any GPU runs it."""
+float64 reference, so the arithmetic is checked before any GPU runs it; and the kernels themselves,
+compiled from experts.cu as host C++ (bench/cuda_experts_check.py), run on the CPU."""
 from __future__ import annotations
 
 import shutil
