@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda._kernels import kernel_source, low_bit_source  # noqa: E402
-from ember.backends.cuda.ops.experts import (EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, mv_group,  # noqa: E402
-                                             tile_bound)
+from ember.backends.cuda.ops.experts import (  # noqa: E402
+    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, mv_group, tile_bound)
 from ember.quant import GGMLType, dequantize, layout, quantize  # noqa: E402
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
@@ -101,7 +101,9 @@ static inline T shfl_from(T v, int src) {
     g_warp[w].wait();  // every lane has read before the next exchange writes
     return r;
 }
-template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return shfl_from(v, (int)(threadIdx.x % 32) ^ o); }
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
+    return shfl_from(v, (int)(threadIdx.x % 32) ^ o);
+}
 template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) {
     const int l = threadIdx.x % 32;
     return shfl_from(v, l >= o ? l - o : l);
@@ -254,8 +256,8 @@ def build(workdir: Path, qtype: GGMLType, dp4a: bool = False) -> Path:
     name = f"experts_{int(qtype)}{'_dp4a' if dp4a else ''}"
     src, exe = workdir / f"{name}.cpp", workdir / name
     src.write_text(host_source())
-    defines = [f"-DQT={int(qtype)}", *(["-DET_DP4A"] if dp4a else []), f"-DEG_T={EG_THREADS}", f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}",
-               f"-DEMV_T={EMV_THREADS}", f"-DEMV_R={EMV_ROWS}"]
+    defines = [f"-DQT={int(qtype)}", *(["-DET_DP4A"] if dp4a else []), f"-DEG_T={EG_THREADS}",
+               f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}", f"-DEMV_T={EMV_THREADS}", f"-DEMV_R={EMV_ROWS}"]
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", *defines, str(src), "-o", str(exe)], check=True)
     return exe
 

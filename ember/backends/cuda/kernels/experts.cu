@@ -153,8 +153,10 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
                             const float4 mt = meta_s[at >> 5];
                             const float xsum = (xo[h] & 16) ? mt.z : mt.y;
 #pragma unroll
-                            for (int i = 0; i < EMV_RW; i++)
-                                if (ok[i]) acc[i][j] += half_dot(&q[i][sp].q[4 * h], xv, q[i][sp].a[h], q[i][sp].b[h], mt.x, xsum);
+                            for (int i = 0; i < EMV_RW; i++) {
+                                const QSlice &qs = q[i][sp];
+                                if (ok[i]) acc[i][j] += half_dot(&qs.q[4 * h], xv, qs.a[h], qs.b[h], mt.x, xsum);
+                            }
                         }
                     }
                 }
@@ -192,8 +194,8 @@ constexpr bool ET_UNIT_SCALE = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || Q
                                QT == T_Q4_K || QT == T_Q5_K || QT == T_IQ4_NL || QT == T_IQ4_XS || QT == T_MXFP4;
 
 extern "C" __global__ void __launch_bounds__(EG_THREADS)
-    expert_group(const int *__restrict__ ids, int n_sel, int n_expert, int *__restrict__ order, int4 *__restrict__ tiles,
-                 int *__restrict__ n_tiles) {
+    expert_group(const int *__restrict__ ids, int n_sel, int n_expert, int *__restrict__ order,
+                 int4 *__restrict__ tiles, int *__restrict__ n_tiles) {
     PDL_ENTER();
     __shared__ int cnt[EG_MAX_EXPERTS], off[EG_MAX_EXPERTS], toff[EG_MAX_EXPERTS], fill[EG_MAX_EXPERTS];
     const int tid = threadIdx.x;
@@ -276,7 +278,8 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ra = 16 * (threadIdx.x >> 5) + g, rb = ra + 8;
     for (int u = 0; u < nu; u++) {
         const u8 *pa = &w_s[ra][32 * u + 4 * q], *pb = &w_s[rb][32 * u + 4 * q];
-        const u32 a0 = *(const u32 *)pa, a1 = *(const u32 *)pb, a2 = *(const u32 *)(pa + 16), a3 = *(const u32 *)(pb + 16);
+        const u32 a0 = *(const u32 *)pa, a1 = *(const u32 *)pb;
+        const u32 a2 = *(const u32 *)(pa + 16), a3 = *(const u32 *)(pb + 16);
         const float4 sa = ab_s[ra][u], sb = ab_s[rb][u];  // (a0, a1, b0, b1) of rows ra and rb
 #pragma unroll
         for (int f = 0; f < 4; f++) {
