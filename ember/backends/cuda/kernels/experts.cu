@@ -18,6 +18,8 @@
 //               tile, its weight units decoded once into shared memory (int8 + scales), the tile's
 //               x staged beside them, int8 tensor-core products (mma.sync; dp4a on HIP and GPUs
 //               before sm_80), each unit's integer sums scaled into f32.
+//   dense_tile  (dense prompt products of quantized weights) the same block over a whole matrix,
+//               the step's tokens in tiles of ET_TOK.
 //   expert_matmul (float types) a warp per row, float dot products.
 
 #define EXP_ROWS 8     // expert_matmul: rows per block, one a warp
@@ -370,38 +372,25 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
 #endif
 }
 
-// Grid (ceil(m / ET_ROWS), tile bound), ET_THREADS: block (rt, i) computes rows rt * ET_ROWS ..
-// of tile i's expert for its selections (tiles past *n_tiles return). Per chunk of ET_CH units:
-// the rows' units decoded (unit_q) into w_s (int8, natural order) with their scales and offsets, the
-// tile's x rows copied from xq into x_s with their float4s, then summed into each thread's 16
-// outputs (et_sum; which outputs: et_place).
-extern "C" __global__ void __launch_bounds__(ET_THREADS)
-    expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
-                int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
-                const int *__restrict__ n_tiles, float *__restrict__ y) {
+// One block's tile: rows r0 .. r0 + ET_ROWS - 1 of the matrix at we (m rows of row_bytes) against
+// cnt <= ET_TOK rows of xq (x_rows rows, k values): tile row t reads xq row xr_s[t] and writes y
+// row yr_s[t] (y (.., m)); both in shared memory, set before a barrier by the caller. Per chunk of
+// ET_CH units: the rows' units decoded (unit_q) into w_s (int8, natural order) with their scales
+// and offsets, the tile's x rows copied from xq into x_s with their float4s, then summed into each
+// thread's 16 outputs (et_sum; which outputs: et_place).
+DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, int r0, int cnt,
+                   const int *xr_s, const int *yr_s, float *__restrict__ y) {
     __shared__ __align__(16) u8 w_s[ET_ROWS][ET_LD];
     __shared__ float4 ab_s[ET_ROWS][ET_CH + 1];  // (a0, a1, b0, b1) of a unit; 36 words a row: 8 rows on 32 banks
     __shared__ __align__(16) u8 x_s[ET_TOK][ET_LD];
     __shared__ float4 xm_s[ET_TOK][ET_CH];
-    __shared__ int sel_s[ET_TOK], xr_s[ET_TOK];
-    PDL_ENTER();
-    if ((int)blockIdx.y >= *n_tiles) return;
-    const int4 tile = tiles[blockIdx.y];
-    const int e = tile.x, cnt = tile.z, r0 = blockIdx.x * ET_ROWS, tid = threadIdx.x;
-    const int S = k / 32;
-    if (tid < ET_TOK) {
-        const int s = tid < cnt ? order[tile.y + tid] : -1;
-        sel_s[tid] = s;
-        xr_s[tid] = s < 0 ? 0 : s / x_div;
-    }
-    const u8 *we = w + (i64)e * expert_bytes;
+    const int tid = threadIdx.x, S = k / 32;
     const float4 *meta_g = (const float4 *)(xq + (size_t)x_rows * k);
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
-    __syncthreads();  // sel_s, xr_s
     for (int u0 = 0; u0 < S; u0 += ET_CH) {
         const int nu = min(ET_CH, S - u0);
         // weights: consecutive threads take consecutive units of a row (its bytes side by side)
@@ -434,7 +423,50 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
         for (int j = 0; j < 4; j++) {
             int r, t;
             et_place(i, j, r, t);
-            if (t < cnt && r0 + r < m) y[(i64)sel_s[t] * m + r0 + r] = acc[i][j];
+            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j];
         }
+}
+
+// Grid (ceil(m / ET_ROWS), tile bound), ET_THREADS: block (rt, i) computes rows rt * ET_ROWS ..
+// of tile i's expert for its selections (tiles past *n_tiles return); x row of selection s: s / x_div.
+extern "C" __global__ void __launch_bounds__(ET_THREADS)
+    expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
+                int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
+                const int *__restrict__ n_tiles, float *__restrict__ y) {
+    __shared__ int sel_s[ET_TOK], xr_s[ET_TOK];
+    PDL_ENTER();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int4 tile = tiles[blockIdx.y];
+    const int tid = threadIdx.x;
+    if (tid < ET_TOK) {
+        const int s = tid < tile.z ? order[tile.y + tid] : -1;
+        sel_s[tid] = s;
+        xr_s[tid] = s < 0 ? 0 : s / x_div;
+    }
+    __syncthreads();  // sel_s, xr_s
+    et_block(w + (i64)tile.x * expert_bytes, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s,
+             y);
+}
+
+// ---- dense prompt products: dense_tile ----
+//
+// y_j (n, rows_j) = x (n, k) @ W_j.T for up to four matrices of one type and row length sharing x
+// (matmul.cu's mm_tile over the same arguments, but x as quant_x wrote it: xq (n, k) int8 then
+// (n, k/32) float4): expert_tile's block over the whole matrix as one expert and a tile of ET_TOK
+// consecutive tokens. Grid (ceil(max rows / ET_ROWS), ceil(n / ET_TOK), matrices), ET_THREADS.
+extern "C" __global__ void __launch_bounds__(ET_THREADS)
+    dense_tile(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
+               int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const u8 *__restrict__ xq) {
+    __shared__ int tok_s[ET_TOK];
+    PDL_ENTER();
+    const int mi = blockIdx.z;
+    const u8 *w = mi == 0 ? w0 : mi == 1 ? w1 : mi == 2 ? w2 : w3;
+    float *y = mi == 0 ? y0 : mi == 1 ? y1 : mi == 2 ? y2 : y3;
+    const int rows = mi == 0 ? rows0 : mi == 1 ? rows1 : mi == 2 ? rows2 : rows3;
+    const int r0 = blockIdx.x * ET_ROWS, t0 = blockIdx.y * ET_TOK;
+    if (r0 >= rows) return;  // a smaller matrix of the launch: alike in the whole block
+    if (threadIdx.x < ET_TOK) tok_s[threadIdx.x] = min(t0 + (int)threadIdx.x, n - 1);
+    __syncthreads();  // tok_s
+    et_block(w, row_bytes, rows, k, xq, n, r0, min(ET_TOK, n - t0), tok_s, tok_s, y);
 }
 #endif
