@@ -31,7 +31,7 @@ from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertScratch,
                           ExpertSum, RouteExperts, SwigluOai, experts_module, tile_bound)
-from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, mv_rows_for
+from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, dense_q8, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
 __all__ = ["Backend", "CudaConfig", "check_attention"]
@@ -194,6 +194,8 @@ class Backend:
         if rows >= 2048 and qtype in XS_TYPES:  # or mv_xs, on large matrices
             self.kernels.prefetch(matmul_module(qtype, "mv_xs"))
         self.kernels.prefetch(matmul_module(qtype, "mv_n1_store"))  # products storing y alone
+        if quantized(qtype):
+            self.kernels.prefetch(experts_module(qtype))  # dense_tile: prompt products
         self.kernels.prefetch_later(matmul_module(qtype, "mv_n8"))  # batched decode: after the rest
 
     def settle(self) -> None:  # the weights were copied to the device as they came
@@ -411,7 +413,8 @@ class Backend:
         rows = mv_rows_for(ws, self.config, split)
         buf = SplitScratch(self._scratch_f32("mm_split_part", MS_PART_FLOATS),
                            self._zeroed_u32("mm_split_counters", MS_COUNTERS)) if split else None
-        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
+        wants_xq = 0 < n and (n <= rows or any(dense_q8(w.type, n) for w in ws))  # dense_tile reads xq too
+        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if wants_xq else None, mv_rows=rows,
                          split_buf=buf, cfg=self.config, n_sm=self.n_sm))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:

@@ -359,7 +359,8 @@ def act_quant(p: Matmul, c: Matmul):
 def attention_quant(a: Attention, c: Matmul):
     """Attention's output quantized as it is written, for the product reading it."""
     hd_v = a.v_cache.shape[1] // a.n_kv
-    if hd_v % 32 or a.tiles or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None:
+    if hd_v % 32 or a.tiles or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None \
+            or not c.matvec():  # decode products (a prompt's dense_tile quantizes x itself)
         return None
     reads = (a.q, a.post.k, a.post.v) if a.post is not None else (a.q,)
     if not same(c.x, a.out) or overlap(c.xq, a.out) or any(overlap(c.xq, r) for r in reads):
