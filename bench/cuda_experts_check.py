@@ -265,7 +265,8 @@ def build(workdir: Path, qtype: GGMLType, dp4a: bool = False) -> Path:
     src, exe = workdir / f"{name}.cpp", workdir / name
     src.write_text(host_source())
     defines = [f"-DQT={int(qtype)}", *(["-DET_DP4A"] if dp4a else []), f"-DEG_T={EG_THREADS}",
-               f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}", f"-DET_TK={ET_TOK}", f"-DEMV_T={EMV_THREADS}", f"-DEMV_R={EMV_ROWS}"]
+               f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}", f"-DET_TK={ET_TOK}", f"-DEMV_T={EMV_THREADS}",
+               f"-DEMV_R={EMV_ROWS}"]
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", *defines, str(src), "-o", str(exe)], check=True)
     return exe
 

@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertScratch,
                           ExpertSum, RouteExperts, SwigluOai, experts_module, tile_bound)
-from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, dense_q8, mv_rows_for
+from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
 __all__ = ["Backend", "CudaConfig", "check_attention"]
@@ -115,6 +116,7 @@ class Backend:
         self._recording = None
         self._scratch: dict[str, object] = {}
         self._xq: dict[tuple, object] = {}  # (address, shape) of an activation -> its quantized copy
+        self._tile_xqs: dict[tuple, object] = {}  # (address, row length) of an activation -> see _tile_xq
         self._counters: list = []  # device uint32 pools; tails take one entry each
         self._counter_at = 0
         self._threads_using = {threading.get_ident()}
@@ -355,6 +357,16 @@ class Backend:
             buf = self._xq[key] = self.cp.empty(xq_bytes(*x.shape), np.uint8)
         return buf
 
+    def _tile_xq(self, x):
+        """A buffer for x (n, k) quantized by the prompt product reading it (dense_tile): one per
+        activation buffer and row length, grown to the most rows asked (prompts of every length
+        share it; the product's own quant_x fills it just before)."""
+        key, size = (x.data.ptr, int(x.shape[1])), xq_bytes(*x.shape)
+        buf = self._tile_xqs.get(key)
+        if buf is None or buf.size < size:  # recordings keep the old buffer alive
+            buf = self._tile_xqs[key] = self.cp.empty(size, np.uint8)
+        return buf[:size]
+
     def _new_counter(self):
         """A zeroed device counter of its own for one fused tail (zero again after each launch)."""
         pool_size = 4096
@@ -413,9 +425,9 @@ class Backend:
         rows = mv_rows_for(ws, self.config, split)
         buf = SplitScratch(self._scratch_f32("mm_split_part", MS_PART_FLOATS),
                            self._zeroed_u32("mm_split_counters", MS_COUNTERS)) if split else None
-        wants_xq = 0 < n and (n <= rows or any(dense_q8(w.type, n) for w in ws))  # dense_tile reads xq too
-        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if wants_xq else None, mv_rows=rows,
-                         split_buf=buf, cfg=self.config, n_sm=self.n_sm))
+        op = Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
+                    split_buf=buf, cfg=self.config, n_sm=self.n_sm)
+        self._run(replace(op, xq=self._tile_xq(x)) if op.dense_tiles() else op)
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:
         """ws, or Q8_0 copies of them (made once, kept beside the originals) where they are of

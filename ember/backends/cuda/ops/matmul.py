@@ -3,8 +3,8 @@
 Decode-sized products (a few activation rows) take matmul.cu's matrix-vector kernels, one pass
 over the weights; prompt-sized ones tensor-core tiles: of quantized weights, experts.cu's
 dense_tile (int8 products over x quantized by quant_x), of float weights matmul.cu's mm_tile (f16);
-batched decode steps of quantized weights (9..64 rows) mm_split where it fits. On the matrix-vector path a product may carry fused stages
-(recorded steps, see _fuse.py): a norm prologue (its blocks normalise x themselves), a residual
+batched decode steps of quantized weights (9..64 rows) mm_split where it fits. On the
+matrix-vector path a product may carry fused stages (recorded steps, see _fuse.py): a norm prologue (its blocks normalise x themselves), a residual
 prologue, an epilogue (residual add, or a gated activation, optionally quantized) and a tail.
 """
 from __future__ import annotations
@@ -268,6 +268,12 @@ class Matmul:
         n_split, ups = split_plan(self.k // 32, upb, tiles * len(ws), self.n_sm)
         floats = len(ws) * n_split * self.n * tiles * MS_ROWS if n_split > 1 or self.mode in GATED else 0
         return tiles, n_split, ups, floats
+
+    def dense_tiles(self) -> bool:
+        """Whether some launch of the product is a dense_tile (it then reads x from xq)."""
+        if self.n == 0 or self.matvec() or self.split():
+            return False
+        return any(dense_q8(w.type, self.n) for w in self.ws)
 
     def launches(self, kernels) -> list[Launch]:
         if self.n == 0:
