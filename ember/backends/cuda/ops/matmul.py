@@ -4,8 +4,9 @@ Decode-sized products (a few activation rows) take matmul.cu's matrix-vector ker
 over the weights; prompt-sized ones tensor-core tiles: of quantized weights, experts.cu's
 dense_tile (int8 products over x quantized by quant_x), of float weights matmul.cu's mm_tile (f16);
 batched decode steps of quantized weights (9..64 rows) mm_split where it fits. On the
-matrix-vector path a product may carry fused stages (recorded steps, see _fuse.py): a norm prologue (its blocks normalise x themselves), a residual
-prologue, an epilogue (residual add, or a gated activation, optionally quantized) and a tail.
+matrix-vector path a product may carry fused stages (recorded steps, see _fuse.py): a norm
+prologue (its blocks normalise x themselves), a residual prologue, an epilogue (residual add, or a
+gated activation, optionally quantized) and a tail.
 """
 from __future__ import annotations
 
