@@ -440,3 +440,15 @@ def test_kernels_on_the_cpu(tmp_path, qtype, runs):
         err = check.check(exes.get(kernel, exe), tmp_path, qtype, n, top_k, per_row, kernel != "mv",
                           np.random.default_rng(n))
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+@pytest.mark.parametrize("qtype,n,dp4a", [(GGMLType.Q4_K, 77, False), (GGMLType.Q6_K, 64, True),
+                                          (GGMLType.Q8_0, 9, False)], ids=lambda v: getattr(v, "name", str(v)))
+def test_dense_tile_on_the_cpu(tmp_path, qtype, n, dp4a):
+    """dense_tile (the dense prompt products: expert_tile's block over whole matrices) as compiled
+    from experts.cu, run on the CPU over two matrices of one launch (72 and 40 rows) and n tokens
+    (77: a part tile): every output written and within int8 rounding of the float64 product."""
+    check = experts_check()
+    err = check.check_dense(check.build(tmp_path, qtype, dp4a=dp4a), tmp_path, qtype, n, np.random.default_rng(n))
+    assert err < 2e-2, f"relative error {err:.2e} (nan: an output left unwritten)"
