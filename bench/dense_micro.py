@@ -17,6 +17,7 @@ median (bench/expert_micro.py's time_us); TFLOP/s = 2 n m k over it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -29,13 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
-sys.path.insert(2, str(ROOT / "bench"))
-
-from expert_micro import rel, time_us  # noqa: E402
 
 from ember.backends.cuda import Backend  # noqa: E402
 from ember.backends.cuda.ops.matmul import Matmul, dense_q8  # noqa: E402
 from ember.quant import GGMLType  # noqa: E402
+
+
+def expert_micro():
+    """bench/expert_micro.py (its timing and error helpers), loaded by path: bench/ on sys.path
+    would put bench/cuda.py in place of NVIDIA's `cuda` package that CuPy imports."""
+    spec = importlib.util.spec_from_file_location("expert_micro", ROOT / "bench" / "expert_micro.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_em = expert_micro()
+rel, time_us = _em.rel, _em.time_us
 
 # name: (rows m, columns k) of Llama-3.1-8B
 SHAPES = {"qkv-o": (4096, 4096), "up": (14336, 4096), "down": (4096, 14336)}
