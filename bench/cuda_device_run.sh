@@ -10,7 +10,7 @@
 #          products alone at issue 28's MoE shapes, the old kernel beside them)
 #   dense  the dense prompt products of quantized weights (dense_tile): their tests in
 #          tests/test_cuda.py (-k "dense_tile or matmul"), then bench/dense_micro.py (old mm_tile
-#          against quant_x + dense_tile at Llama-3.1-8B's matrix shapes, 64 and 512 tokens)
+#          against quant_x + dense_tile at Llama-3.1-8B's matrix shapes, 16, 64 and 512 tokens)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)

@@ -11,7 +11,7 @@ Outputs are compared with each other (relative error; int8 x gives ~5e-3). Times
 10 products captured in a CUDA graph, the graph launched --reps times between CUDA events, the
 median (bench/expert_micro.py's time_us); TFLOP/s = 2 n m k over it.
 
-    python bench/dense_micro.py [--types Q4_K Q6_K Q8_0] [--shapes qkv-o up down] [--tokens 64 512]
+    python bench/dense_micro.py [--types Q4_K Q6_K Q8_0] [--shapes qkv-o up down] [--tokens 16 64 512]
                                 [--reps 20] [--out FILE.json]
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0"])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
-    ap.add_argument("--tokens", nargs="+", type=int, default=[64, 512])
+    ap.add_argument("--tokens", nargs="+", type=int, default=[16, 64, 512])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
