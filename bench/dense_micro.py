@@ -5,7 +5,8 @@ For each weight type, matrix shape and step size, the time of one product y (n, 
   - old: matmul.cu's mm_tile (or mm_tile64, as Matmul._tile_rows picks): weights decoded to f16 in
     shared memory, f16 tensor cores (mma.sync m16n8k16), x read as f32;
   - new: the backend's path for quantized prompts: quant_x, then experts.cu's dense_tile (weights
-    decoded once a tile to int8, int8 tensor cores, mma.sync m16n8k32).
+    decoded once a tile to int8, int8 tensor cores, mma.sync m16n8k32);
+  - the backend's choice (Backend.matmul): mm_split up to 64 rows where it fits, else the new path.
 
 Outputs are compared with each other (relative error; int8 x gives ~5e-3). Times are per product:
 10 products captured in a CUDA graph, the graph launched --reps times between CUDA events, the
@@ -69,13 +70,16 @@ def bench_one(b: Backend, w, n: int, reps: int, rng) -> dict:
     old = Matmul([w], x, [y_old], mv_rows=8, n_sm=b.n_sm)._tile(b.kernels, [0])
     new = Matmul([w], x, [y_new], xq=b._xq_for(x), mv_rows=8, n_sm=b.n_sm).launches(b.kernels)
     assert dense_q8(w.type, n) and b.kernels.name_of(new[-1].fn).endswith(".dense_tile")
+    y_b = cp.full((n, m), np.nan, np.float32)
     t_old = time_us(cp, old.run, reps)
     t_new = time_us(cp, lambda: [la.run() for la in new], reps)
+    t_b = time_us(cp, lambda: b.matmul(w, x, y_b), reps)  # the backend's choice (mm_split up to 64 rows)
     flop = 2 * n * m * k
     return {"type": w.type.name, "m": m, "k": k, "tokens": n, "old_kernel": b.kernels.name_of(old.fn),
             "old_us": round(t_old, 2), "new_us": round(t_new, 2), "speedup": round(t_old / t_new, 2),
             "old_tflops": round(flop / t_old / 1e6, 1), "new_tflops": round(flop / t_new / 1e6, 1),
-            "err": rel(cp.asnumpy(y_new), cp.asnumpy(y_old))}
+            "backend_us": round(t_b, 2), "err": rel(cp.asnumpy(y_new), cp.asnumpy(y_old)),
+            "backend_err": rel(cp.asnumpy(y_b), cp.asnumpy(y_old))}
 
 
 def main() -> None:
@@ -98,7 +102,8 @@ def main() -> None:
                 rows.append(r)
                 print(f"{name:5} {shape:6} {r['m']:5}x{r['k']:<5} {n:4} tok: old {r['old_kernel']:24} "
                       f"{r['old_us']:9.1f} us {r['old_tflops']:6.1f} TFLOP/s   dense_tile {r['new_us']:9.1f} us "
-                      f"{r['new_tflops']:6.1f} TFLOP/s = {r['speedup']:.2f}x   (err {r['err']:.1e})", flush=True)
+                      f"{r['new_tflops']:6.1f} TFLOP/s = {r['speedup']:.2f}x   (err {r['err']:.1e})   "
+                      f"backend's choice {r['backend_us']:9.1f} us", flush=True)
     print(f"({time.time() - t0:.0f} s)")
     if args.out:
         args.out.write_text(json.dumps({"bench": "dense_micro", "device": b.describe(), "rows": rows}, indent=1))
