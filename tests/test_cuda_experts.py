@@ -452,3 +452,56 @@ def test_dense_tile_on_the_cpu(tmp_path, qtype, n, dp4a):
     check = experts_check()
     err = check.check_dense(check.build(tmp_path, qtype, dp4a=dp4a), tmp_path, qtype, n, np.random.default_rng(n))
     assert err < 2e-2, f"relative error {err:.2e} (nan: an output left unwritten)"
+
+
+# ---- the dense prompt products' choice of kernel (no device: arrays stand in by shape and address) ----
+
+class FakeArray:
+    def __init__(self, shape, addr: int):
+        from types import SimpleNamespace
+
+        self.shape, self.data = tuple(shape), SimpleNamespace(ptr=addr)
+
+
+class FakeKernels:
+    def fn(self, module: str, name: str) -> str:
+        return f"{module}.{name}"
+
+
+def fake_weight(qtype: GGMLType, rows: int, cols: int, addr: int):
+    from types import SimpleNamespace
+
+    from ember.backends.cuda.ops import DeviceMatrix
+    from ember.quant.types import layout
+
+    return SimpleNamespace(name=qtype.name, type=qtype, shape=(rows, cols),
+                           data=DeviceMatrix(FakeArray((rows * layout(qtype).row_bytes(cols),), addr),
+                                             layout(qtype).row_bytes(cols)))
+
+
+@pytest.mark.parametrize("n", [9, 64, 512])
+def test_prompt_products_take_dense_tile_for_quantized_weights(n):
+    """Past the matrix-vector kernels, and where mm_split is not taken, quantized weights take
+    quant_x + dense_tile (tiles of ET_ROWS rows x ET_TOK tokens, x read from xq) and float weights
+    mm_tile, one launch per type; decode-sized products keep the matrix-vector kernels."""
+    from ember.backends.cuda.ops.matmul import DENSE_Q8_MIN_ROWS, Matmul
+
+    assert DENSE_Q8_MIN_ROWS <= 9
+    ws = [fake_weight(GGMLType.Q4_K, 300, 512, 1 << 20), fake_weight(GGMLType.Q4_K, 100, 512, 2 << 20),
+          fake_weight(GGMLType.F16, 64, 512, 3 << 20)]
+    x, xq = FakeArray((n, 512), 4 << 20), FakeArray((n * 512 * 3 // 2,), 5 << 20)
+    outs = [FakeArray((n, w.shape[0]), (6 + i) << 20) for i, w in enumerate(ws)]
+    op = Matmul(ws, x, outs, xq=xq, mv_rows=8)
+    assert op.dense_tiles()
+    launches = op.launches(FakeKernels())
+    assert [la.fn for la in launches] == ["ops.quant_x", f"experts_{int(GGMLType.Q4_K)}.dense_tile",
+                                          f"matmul_{int(GGMLType.F16)}.mm_tile64"]
+    tile = launches[1]
+    assert tile.grid == (-(-300 // ET_ROWS), -(-n // ET_TOK), 2)
+    assert int(tile.args[-1]) == 5 << 20 and int(tile.args[-2]) == n and int(tile.args[-3]) == 512
+    assert [la.fn for la in Matmul(ws[:2], x, outs[:2], xq=xq, mv_rows=8, quant_in=False).launches(FakeKernels())] \
+        == [f"experts_{int(GGMLType.Q4_K)}.dense_tile"]  # x quantized by a producer
+    with pytest.raises(AssertionError, match="xq"):
+        Matmul(ws[:1], x, outs[:1], mv_rows=8).launches(FakeKernels())
+    assert not Matmul(ws[2:], x, outs[2:], mv_rows=8).dense_tiles()  # float weights: mm_tile alone
+    assert not Matmul(ws[:1], x, outs[:1], xq=xq, mv_rows=max(8, n)).dense_tiles()  # decode-sized
