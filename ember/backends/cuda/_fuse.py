@@ -337,7 +337,7 @@ def norm_into_tail(p: Matmul, c: Matmul, new_counter):
         return None
     if overlap(c.x, res) or (c.xq is not None and (overlap(c.xq, res) or reads_overlap(p, c.xq))):
         return None
-    if (c.needs_xq and c.xq is None) or not c.matvec():  # a prompt's dense_tile quantizes x itself
+    if c.needs_xq and c.xq is None:
         return None
     # c.x may be p's own output h: the tail overwrites row j of it only after reading it
     tail = replace(p.tail, pre_w=c.norm_w, pre_eps=c.eps, pre_h=c.x, pre_q=c.xq if c.needs_xq else None)
