@@ -34,6 +34,7 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
 MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
 MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
+MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 TOPK_MAX = 256
 TOPK_CHUNK = 4096  # values a workgroup of top_k's first stage takes (GPUs, rows of 4 chunks and more: two stages)
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
@@ -302,7 +303,7 @@ class Backend:
         elif self.row_products:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         else:
-            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
+            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[i] = x @ ws[i].T: the matrices of one type and width, whole in one buffer, one

@@ -29,71 +29,88 @@ fn store(j: u32, r: u32, v: f32) {
     }
 }
 
-// Prompts: a 32 x 32 tile of Y a workgroup; each 32-value slice of k decoded once into shared
-// memory for 32 activation rows (every thread 2 of its 128 pieces and 4 of its 256 x vec4s),
-// each thread 4 x 4 outputs.
-const TS: u32 = 33u;  // padded row of a shared tile
-var<workgroup> ws: array<f32, 1056>;
-var<workgroup> xs: array<f32, 1056>;
+// Prompts: a 64 x 64 tile of Y a workgroup of 256 threads (64 weight rows by 64 activation rows),
+// k taken 32 values (a block, a K-quant sub-block) at a time. Each run of 32 is decoded once
+// into workgroup memory (a thread one 8-value piece) beside the activations' (two vec4s a thread),
+// both stored k-major, so that a thread reads the 4 weight rows and the 4 activation rows of its
+// 4 x 4 outputs as one vec4 each. The next run is read from global memory into registers while
+// the current one is multiplied. 16 KiB of workgroup memory (WebGPU's default limit).
+var<workgroup> ws: array<vec4<f32>, 512>;  // [i * 16 + (r / 4 ^ mm_swizzle(i))][r % 4]: value i of tile row r
+var<workgroup> xs: array<vec4<f32>, 512>;  // [i * 16 + j / 4][j % 4]: value i of activation row j
 
-fn put4(at: u32, v: vec4<f32>, x: bool) {
-    if (x) {
-        xs[at] = v.x;
-        xs[at + 1u] = v.y;
-        xs[at + 2u] = v.z;
-        xs[at + 3u] = v.w;
-    } else {
-        ws[at] = v.x;
-        ws[at + 1u] = v.y;
-        ws[at + 2u] = v.z;
-        ws[at + 3u] = v.w;
+// The weight tile's vec4 columns permuted per k (an xor, still a permutation of each k's 16): the
+// 8 rows by 4 pieces that a warp writes land in 32 distinct banks, for every piece layout (values
+// 4q.., 16 + 4q.. of the 32-value block types, 8q.. of the others).
+fn mm_swizzle(i: u32) -> u32 { return (((i >> 2u) ^ (i >> 4u)) & 3u) << 1u; }
+
+// What a thread reads of one run c: its weight row's piece and two vec4s of its activation row.
+struct Staged { w: Piece, x0: vec4<f32>, x1: vec4<f32> }
+
+fn mm_read(base: u32, q: u32, xrow: u32, v: u32, c: u32) -> Staged {
+    return Staged(PIECE(base, 4u * c + q), X4[xrow + 8u * c + v], X4[xrow + 8u * c + v + 4u]);
+}
+
+fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
+    let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run
+    let ib = 4u * (s.w.xb - 8u * c);
+    for (var i = 0u; i < 4u; i++) {
+        ws[(ia + i) * 16u + ((r / 4u) ^ mm_swizzle(ia + i))][r % 4u] = s.w.a[i];
+        ws[(ib + i) * 16u + ((r / 4u) ^ mm_swizzle(ib + i))][r % 4u] = s.w.b[i];
+        xs[(4u * v + i) * 16u + j / 4u][j % 4u] = s.x0[i];
+        xs[(4u * v + 16u + i) * 16u + j / 4u][j % 4u] = s.x1[i];
     }
 }
 
-@compute @workgroup_size(64)
+// Y[j, r .. r + 3] of a thread's (virtual) rows r .. (those that exist)
+fn store4(j: u32, r: u32, v: vec4<f32>, rows: u32) {
+    for (var a = 0u; a < 4u; a++) {
+        if (r + a < rows) { store(j, r + a, v[a]); }
+    }
+}
+
+@compute @workgroup_size(256)
 fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
-    let r0 = wid.x * 32u;
-    let n0 = wid.y * 32u;
-    let tr = (t % 8u) * 4u;
-    let tn = (t / 8u) * 4u;
-    var acc: array<f32, 16>;
+    let r0 = wid.x * 64u;
+    let n0 = wid.y * 64u;
+    // staging: weight row r (piece q of each run), activation row j (vec4s v and v + 4); rows past
+    // the matrix or the activations read the last one's (their outputs are never stored)
+    let r = t / 4u;
+    let q = t % 4u;
+    let j = t % 64u;
+    let v = t / 64u;
+    let base = row_base(min(r0 + r, rows - 1u));
+    let xrow = min(n0 + j, n - 1u) * (k / 4u);
+    // products: rows tm * 4 .., activation rows tn * 4 ..; c_b the 4 rows' sums of row tn * 4 + b
+    let tm = t % 16u;
+    let tn = t / 16u;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var next = mm_read(base, q, xrow, v, 0u);
     for (var c = 0u; c < k / 32u; c++) {
-        for (var u = 0u; u < 2u; u++) {
-            let r = t / 2u;  // a tile row, pieces 4c + q of it
-            let q = 2u * (t % 2u) + u;
-            let w = PIECE(row_base(min(r0 + r, rows - 1u)), 4u * c + q);
-            let live = r0 + r < rows;
-            put4(r * TS + 4u * w.xa - 32u * c, select(vec4<f32>(), w.a, live), false);
-            put4(r * TS + 4u * w.xb - 32u * c, select(vec4<f32>(), w.b, live), false);
-        }
-        for (var u = 0u; u < 4u; u++) {
-            let e = 4u * t + u;
-            let j = e / 8u;  // a tile row of x, its vec4 e % 8
-            var v = vec4<f32>();
-            if (n0 + j < n) { v = X4[((n0 + j) * k + c * 32u) / 4u + e % 8u]; }
-            put4(j * TS + 4u * (e % 8u), v, true);
-        }
+        mm_stage(next, r, j, v, c);
         workgroupBarrier();
+        if (c + 1u < k / 32u) { next = mm_read(base, q, xrow, v, c + 1u); }
         for (var i = 0u; i < 32u; i++) {
-            var wv: array<f32, 4>;
-            for (var a = 0u; a < 4u; a++) { wv[a] = ws[(tr + a) * TS + i]; }
-            for (var b = 0u; b < 4u; b++) {
-                let xv = xs[(tn + b) * TS + i];
-                for (var a = 0u; a < 4u; a++) { acc[a * 4u + b] += wv[a] * xv; }
-            }
+            let w = ws[i * 16u + (tm ^ mm_swizzle(i))];
+            let x = xs[i * 16u + tn];
+            c0 += w * x.x;
+            c1 += w * x.y;
+            c2 += w * x.z;
+            c3 += w * x.w;
         }
         workgroupBarrier();
     }
-    for (var a = 0u; a < 4u; a++) {
-        for (var b = 0u; b < 4u; b++) {
-            let r = r0 + tr + a;
-            let j = n0 + tn + b;
-            if (r < rows && j < n) { store(j, r, acc[a * 4u + b]); }
-        }
-    }
+    let rt = r0 + tm * 4u;
+    let jt = n0 + tn * 4u;
+    if (jt < n) { store4(jt, rt, c0, rows); }
+    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); }
+    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); }
+    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); }
 }
 
 // Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).
