@@ -30,34 +30,39 @@ fn store(j: u32, r: u32, v: f32) {
 }
 
 // Prompts: a 64 x 64 tile of Y a workgroup of 256 threads (64 weight rows by 64 activation rows),
-// k taken 32 values (a block, a K-quant sub-block) at a time. Each run of 32 is decoded once
-// into workgroup memory (a thread one 8-value piece) beside the activations' (two vec4s a thread),
-// both stored k-major, so that a thread reads the 4 weight rows and the 4 activation rows of its
-// 4 x 4 outputs as one vec4 each. The next run is read from global memory into registers while
-// the current one is multiplied. 16 KiB of workgroup memory (WebGPU's default limit).
-var<workgroup> ws: array<vec4<f32>, 512>;  // [i * 16 + (r / 4 ^ mm_swizzle(i))][r % 4]: value i of tile row r
-var<workgroup> xs: array<vec4<f32>, 512>;  // [i * 16 + j / 4][j % 4]: value i of activation row j
+// k taken 32 values (a block, a K-quant sub-block) at a time. Each run of 32 is decoded once into
+// workgroup memory (a thread one 8-value piece) beside the activations' (a thread a vec4 of two
+// activation rows, 8 threads reading a row's 128 bytes), both stored k-major, so that a thread
+// reads the 4 weight rows and the 4 activation rows of its 4 x 4 outputs as one vec4 each. The
+// next run is read from global memory into registers while the current one is multiplied.
+// 16 KiB of workgroup memory (WebGPU's default limit).
+var<workgroup> ws: array<vec4<f32>, 512>;  // [i * 16 + (r / 4 ^ mm_sw(i))][r % 4]: value i of tile row r
+var<workgroup> xs: array<vec4<f32>, 512>;  // [i * 16 + (j / 4 ^ mm_sx(i))][j % 4]: value i of activation row j
 
-// The weight tile's vec4 columns permuted per k (an xor, still a permutation of each k's 16): the
-// 8 rows by 4 pieces that a warp writes land in 32 distinct banks, for every piece layout (values
-// 4q.., 16 + 4q.. of the 32-value block types, 8q.. of the others).
-fn mm_swizzle(i: u32) -> u32 { return (((i >> 2u) ^ (i >> 4u)) & 3u) << 1u; }
+// Each k's 16 vec4s permuted (an xor with a function of k alone) so that the 32 scalar stores of
+// a warp's staging meet 32 distinct banks: of the weights, 8 rows by 4 pieces for every piece
+// layout (values 4q.. and 16 + 4q.. of the 32-value block types, 8q.. of the others); of the
+// activations, 4 rows by 8 vec4s. Both are constant over 4 consecutive k.
+fn mm_sw(i: u32) -> u32 { return (((i >> 2u) ^ (i >> 4u)) & 3u) << 1u; }
+fn mm_sx(i: u32) -> u32 { return (i >> 2u) & 7u; }
 
-// What a thread reads of one run c: its weight row's piece and two vec4s of its activation row.
+// What a thread reads of one run c: its weight row's piece and a vec4 of each of its activation rows.
 struct Staged { w: Piece, x0: vec4<f32>, x1: vec4<f32> }
 
-fn mm_read(base: u32, q: u32, xrow: u32, v: u32, c: u32) -> Staged {
-    return Staged(PIECE(base, 4u * c + q), X4[xrow + 8u * c + v], X4[xrow + 8u * c + v + 4u]);
+fn mm_read(base: u32, q: u32, x0: u32, x1: u32, c: u32) -> Staged {
+    return Staged(PIECE(base, 4u * c + q), X4[x0 + 8u * c], X4[x1 + 8u * c]);
 }
 
+// s into the tiles: weight row r; activation rows j and j + 32 (values 4v .. 4v + 3 of the run)
 fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
     let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run
     let ib = 4u * (s.w.xb - 8u * c);
     for (var i = 0u; i < 4u; i++) {
-        ws[(ia + i) * 16u + ((r / 4u) ^ mm_swizzle(ia + i))][r % 4u] = s.w.a[i];
-        ws[(ib + i) * 16u + ((r / 4u) ^ mm_swizzle(ib + i))][r % 4u] = s.w.b[i];
-        xs[(4u * v + i) * 16u + j / 4u][j % 4u] = s.x0[i];
-        xs[(4u * v + 16u + i) * 16u + j / 4u][j % 4u] = s.x1[i];
+        ws[(ia + i) * 16u + ((r / 4u) ^ mm_sw(ia + i))][r % 4u] = s.w.a[i];
+        ws[(ib + i) * 16u + ((r / 4u) ^ mm_sw(ib + i))][r % 4u] = s.w.b[i];
+        let at = (4u * v + i) * 16u + ((j / 4u) ^ mm_sx(4u * v + i));
+        xs[at][j % 4u] = s.x0[i];
+        xs[at ^ 8u][j % 4u] = s.x1[i];  // row j + 32: (j + 32) / 4 = j / 4 + 8, swizzled alike
     }
 }
 
@@ -75,33 +80,41 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     let n = pu(2u);
     let r0 = wid.x * 64u;
     let n0 = wid.y * 64u;
-    // staging: weight row r (piece q of each run), activation row j (vec4s v and v + 4); rows past
-    // the matrix or the activations read the last one's (their outputs are never stored)
+    // staging: weight row r (piece q of each run), activation rows j, j + 32 (vec4 v of each run);
+    // rows past the matrix or the activations read the last one's (their outputs are never stored)
     let r = t / 4u;
     let q = t % 4u;
-    let j = t % 64u;
-    let v = t / 64u;
+    let j = t / 8u;
+    let v = t % 8u;
     let base = row_base(min(r0 + r, rows - 1u));
-    let xrow = min(n0 + j, n - 1u) * (k / 4u);
-    // products: rows tm * 4 .., activation rows tn * 4 ..; c_b the 4 rows' sums of row tn * 4 + b
-    let tm = t % 16u;
-    let tn = t / 16u;
+    let x0 = min(n0 + j, n - 1u) * (k / 4u) + v;
+    let x1 = min(n0 + j + 32u, n - 1u) * (k / 4u) + v;
+    // products: weight rows 4 tm .., activation rows 4 tn ..; a 32-lane warp takes 8 tm by 4 tn
+    // (its loads of each k: 8 vec4s of weights, 4 of activations); c_b: the 4 rows' sums of row 4 tn + b
+    let tm = t % 8u + 8u * ((t / 32u) % 2u);
+    let tn = (t % 32u) / 8u + 4u * (t / 64u);
     var c0 = vec4<f32>();
     var c1 = vec4<f32>();
     var c2 = vec4<f32>();
     var c3 = vec4<f32>();
-    var next = mm_read(base, q, xrow, v, 0u);
-    for (var c = 0u; c < k / 32u; c++) {
+    let runs = k / 32u;
+    var next = mm_read(base, q, x0, x1, 0u);
+    for (var c = 0u; c < runs; c++) {
         mm_stage(next, r, j, v, c);
         workgroupBarrier();
-        if (c + 1u < k / 32u) { next = mm_read(base, q, xrow, v, c + 1u); }
-        for (var i = 0u; i < 32u; i++) {
-            let w = ws[i * 16u + (tm ^ mm_swizzle(i))];
-            let x = xs[i * 16u + tn];
-            c0 += w * x.x;
-            c1 += w * x.y;
-            c2 += w * x.z;
-            c3 += w * x.w;
+        if (c + 1u < runs) { next = mm_read(base, q, x0, x1, c + 1u); }
+        for (var g = 0u; g < 8u; g++) {  // k 4g .. 4g + 3: one swizzle
+            let wc = tm ^ mm_sw(4u * g);
+            let xc = tn ^ mm_sx(4u * g);
+            for (var u = 0u; u < 4u; u++) {
+                let i = (4u * g + u) * 16u;
+                let w = ws[i + wc];
+                let x = xs[i + xc];
+                c0 += w * x.x;
+                c1 += w * x.y;
+                c2 += w * x.z;
+                c3 += w * x.w;
+            }
         }
         workgroupBarrier();
     }
