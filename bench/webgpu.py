@@ -183,11 +183,11 @@ def layer_products(backend, path: Path, n: int) -> list:
     return found
 
 
-def old_mm(backend, qtype, rev: str):
-    """The `mm` pipeline of git revision rev's matmul.wgsl in this tree's products module."""
-    from ember.backends.webgpu import MATRIX_TYPES, _kernels
+def old_mm(backend, decoder: str, rev: str):
+    """The `mm` pipeline of git revision rev's matmul.wgsl in this tree's module of a weight type
+    (named by its decoder)."""
+    from ember.backends.webgpu import _kernels
 
-    decoder = MATRIX_TYPES[qtype]
     named = {"PIECE(": decoder.replace("deq_", "pc_") + "(", "DEQ(": f"{decoder}("}
 
     def resolved(text: str) -> str:
@@ -203,20 +203,25 @@ def old_mm(backend, qtype, rev: str):
 
 
 def product_steps(backend, products, rev: str, old_tile: int) -> tuple:
-    """Two recorded steps of the products: this tree's mm and rev's (its own workgroup grid)."""
+    """Two recorded steps of the products: this tree's mm and rev's (its own workgroup grid), and
+    the dispatches of each product (a group of matrices of two types takes two)."""
     from ember.backends.webgpu._step import Dispatch
 
     backend.row_products = False  # the GPU plan on any adapter
+    spans = []
     with backend.record() as new:
         for ws, x, outs, _ in products:
+            start = len(new.dispatches)
             backend.matmuls(ws, x, outs)
+            spans.append(range(start, len(new.dispatches)))
+    names, pipes = backend.kernels.names(), {}
     with backend.record() as old:
-        pipes = {}
-        for (ws, x, outs, _), d in zip(products, new.dispatches):
-            pipe = pipes.get(ws[0].type) or pipes.setdefault(ws[0].type, old_mm(backend, ws[0].type, rev))
+        for d in new.dispatches:
+            decoder = names[id(d.pipeline)][0]
+            pipe = pipes.get(decoder) or pipes.setdefault(decoder, old_mm(backend, decoder, rev))
             rows, n = int(d.params[0]), int(d.params[2])
             old.dispatches.append(Dispatch(pipe, d.bindings, d.params, (-(-rows // old_tile), -(-n // old_tile), 1)))
-    return new, old
+    return new, old, spans
 
 
 def bench_products(spec: str, args) -> dict:
@@ -228,18 +233,20 @@ def bench_products(spec: str, args) -> dict:
     if "timestamp-query" not in backend.device.features:
         raise SystemExit("--products needs an adapter with timestamp queries")
     products = layer_products(backend, path, args.n_prompt)
-    steps = dict(zip(("new", "old"), product_steps(backend, products, args.products, args.products_tile)))
+    new, old, spans = product_steps(backend, products, args.products, args.products_tile)
+    steps = {"new": new, "old": old}
     times = {key: [] for key in steps}
     for _ in range(args.reps):
         for key, step in steps.items():
             times[key].append(step.gpu_times(backend.device, backend.wgpu))
     out = {"path": str(path), "adapter": backend.describe()["name"], "n": args.n_prompt, "against": args.products,
            "products": []}
-    for i, (ws, _, _, flops) in enumerate(products):
-        row = {"weights": [f"{w.name} {w.type.name} {w.shape[0]}x{w.shape[1]}" for w in ws], "gflop": flops / 1e9}
+    for (ws, _, _, flops), span in zip(products, spans):
+        row = {"weights": [f"{w.name.split('.')[2]} {w.type.name} {w.shape[0]}x{w.shape[1]}" for w in ws], "gflop": flops / 1e9}
         for key in steps:
-            ns = statistics.median(float(t[i]) for t in times[key])
-            row[key] = {"ms": ns / 1e6, "gflops": flops / ns, "samples_ms": [float(t[i]) / 1e6 for t in times[key]]}
+            each = [sum(float(t[i]) for i in span) for t in times[key]]
+            ns = statistics.median(each)
+            row[key] = {"ms": ns / 1e6, "gflops": flops / ns, "samples_ms": [e / 1e6 for e in each]}
         out["products"].append(row)
     return out
 
@@ -249,7 +256,7 @@ def report_products(name: str, r: dict) -> None:
     new = old = 0.0
     for row in r["products"]:
         new, old = new + row["new"]["ms"], old + row["old"]["ms"]
-        print(f"  {' + '.join(row['weights']):60s} {row['new']['ms']:8.2f} / {row['old']['ms']:8.2f} ms "
+        print(f"  {' + '.join(row['weights']):50s} {row['new']['ms']:8.2f} / {row['old']['ms']:8.2f} ms "
               f"({row['new']['gflops']:6.1f} / {row['old']['gflops']:6.1f} GFLOP/s)")
     print(f"  layer: {new:.2f} / {old:.2f} ms ({old / new:.2f}x)")
 

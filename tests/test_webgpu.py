@@ -202,6 +202,19 @@ def test_prompt_tiles_write_only_their_outputs(gpu, plan):
     assert (got[80:] == 7.0).all()
 
 
+@pytest.mark.parametrize("plan", ["rows"], indirect=True)
+def test_cpu_adapters_take_tiles_where_they_pay(gpu, plan):
+    """The CPU adapters' plan: a thread a row (mv_row) for a few activation rows, tiles (mm) from
+    a whole tile of them on, and back to rows where the last tile would be mostly padding."""
+    w, ref = matrix(gpu, T.Q4_K, 70, 256, seed=61)
+    x = np.random.default_rng(9).standard_normal((128, 256))
+    for n, entry in ((9, "mv_row"), (53, "mv_row"), (64, "mm"), (70, "mv_row"), (128, "mm")):
+        out = gpu.empty((n, 70))
+        gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+        assert dispatched(gpu)[1] == entry, n
+        close(gpu.to_numpy(out), x[:n] @ ref.T)
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
 def test_matrices_beyond_a_binding_are_split_by_rows(gpu, plan):
     """Parts of 20 rows: a dispatch each, into the output's columns from the part's first row
