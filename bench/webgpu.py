@@ -15,8 +15,9 @@ With --products REV: the prompt kernel alone instead, on the GPU plan (tiles, `m
 adapter: each model's first layer's products as its prompt step dispatches them (queries, keys
 and values in one; the output; gate and up in one; down) on --n-prompt random activation rows,
 each dispatch timed by timestamp queries, beside the same dispatches through the `mm` of git
-revision REV (its matmul.wgsl in this tree's module; --products-tile: its tile), alternating;
-medians and GFLOP/s.
+revision REV (its matmul.wgsl in this tree's module; --products-tile: its tile) and through
+mv_row (a thread a weight row: the CPU adapters' kernel for a few rows), alternating; medians
+and GFLOP/s.
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]]
@@ -203,8 +204,8 @@ def old_mm(backend, decoder: str, rev: str):
 
 
 def product_steps(backend, products, rev: str, old_tile: int) -> tuple:
-    """Two recorded steps of the products: this tree's mm and rev's (its own workgroup grid), and
-    the dispatches of each product (a group of matrices of two types takes two)."""
+    """Recorded steps of the products: this tree's mm, rev's (its own workgroup grid) and mv_row;
+    and the dispatches of each product (a group of matrices of two types takes two)."""
     from ember.backends.webgpu._step import Dispatch
 
     backend.row_products = False  # the GPU plan on any adapter
@@ -221,7 +222,12 @@ def product_steps(backend, products, rev: str, old_tile: int) -> tuple:
             pipe = pipes.get(decoder) or pipes.setdefault(decoder, old_mm(backend, decoder, rev))
             rows, n = int(d.params[0]), int(d.params[2])
             old.dispatches.append(Dispatch(pipe, d.bindings, d.params, (-(-rows // old_tile), -(-n // old_tile), 1)))
-    return new, old, spans
+    with backend.record() as by_rows:  # the CPU adapters' kernel for a few rows
+        for d in new.dispatches:
+            rows, n = int(d.params[0]), int(d.params[2])
+            pipe = backend.kernels.pipeline(names[id(d.pipeline)][0], "mv_row")
+            by_rows.dispatches.append(Dispatch(pipe, d.bindings, d.params, (-(-rows // 64), -(-n // 8), 1)))
+    return {"new": new, "old": old, "mv_row": by_rows}, spans
 
 
 def bench_products(spec: str, args) -> dict:
@@ -233,8 +239,7 @@ def bench_products(spec: str, args) -> dict:
     if "timestamp-query" not in backend.device.features:
         raise SystemExit("--products needs an adapter with timestamp queries")
     products = layer_products(backend, path, args.n_prompt)
-    new, old, spans = product_steps(backend, products, args.products, args.products_tile)
-    steps = {"new": new, "old": old}
+    steps, spans = product_steps(backend, products, args.products, args.products_tile)
     times = {key: [] for key in steps}
     for _ in range(args.reps):
         for key, step in steps.items():
@@ -252,13 +257,16 @@ def bench_products(spec: str, args) -> dict:
 
 
 def report_products(name: str, r: dict) -> None:
-    print(f"{name} on {r['adapter']}: a layer's prompt products at n = {r['n']}, this tree's mm / {r['against']}'s")
-    new = old = 0.0
+    print(f"{name} on {r['adapter']}: a layer's prompt products at n = {r['n']}, ms (GFLOP/s): "
+          f"this tree's mm / {r['against']}'s mm / mv_row")
+    total = dict.fromkeys(("new", "old", "mv_row"), 0.0)
     for row in r["products"]:
-        new, old = new + row["new"]["ms"], old + row["old"]["ms"]
-        print(f"  {' + '.join(row['weights']):50s} {row['new']['ms']:8.2f} / {row['old']['ms']:8.2f} ms "
-              f"({row['new']['gflops']:6.1f} / {row['old']['gflops']:6.1f} GFLOP/s)")
-    print(f"  layer: {new:.2f} / {old:.2f} ms ({old / new:.2f}x)")
+        for key in total:
+            total[key] += row[key]["ms"]
+        times = " / ".join(f"{row[key]['ms']:7.2f} ({row[key]['gflops']:5.1f})" for key in total)
+        print(f"  {' + '.join(row['weights']):50s} {times}")
+    print(f"  layer: {' / '.join(f'{v:.2f}' for v in total.values())} ms; this tree's mm "
+          f"{total['old'] / total['new']:.2f}x {r['against']}'s, {total['mv_row'] / total['new']:.2f}x mv_row")
 
 
 def report(name: str, r: dict, args) -> None:
