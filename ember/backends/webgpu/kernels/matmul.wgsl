@@ -55,14 +55,16 @@ fn mm_read(base: u32, q: u32, x0: u32, x1: u32, c: u32) -> Staged {
 
 // s into the tiles: weight row r; activation rows j and j + 32 (values 4v .. 4v + 3 of the run)
 fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
-    let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run
-    let ib = 4u * (s.w.xb - 8u * c);
+    let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run (multiples of 4:
+    let ib = 4u * (s.w.xb - 8u * c);  // one swizzle for each 4)
+    let wa = ia * 16u + ((r / 4u) ^ mm_sw(ia));
+    let wb = ib * 16u + ((r / 4u) ^ mm_sw(ib));
+    let xo = 4u * v * 16u + ((j / 4u) ^ mm_sx(4u * v));
     for (var i = 0u; i < 4u; i++) {
-        ws[(ia + i) * 16u + ((r / 4u) ^ mm_sw(ia + i))][r % 4u] = s.w.a[i];
-        ws[(ib + i) * 16u + ((r / 4u) ^ mm_sw(ib + i))][r % 4u] = s.w.b[i];
-        let at = (4u * v + i) * 16u + ((j / 4u) ^ mm_sx(4u * v + i));
-        xs[at][j % 4u] = s.x0[i];
-        xs[at ^ 8u][j % 4u] = s.x1[i];  // row j + 32: (j + 32) / 4 = j / 4 + 8, swizzled alike
+        ws[wa + 16u * i][r % 4u] = s.w.a[i];
+        ws[wb + 16u * i][r % 4u] = s.w.b[i];
+        xs[xo + 16u * i][j % 4u] = s.x0[i];
+        xs[(xo ^ 8u) + 16u * i][j % 4u] = s.x1[i];  // row j + 32: (j + 32) / 4 = j / 4 + 8, swizzled alike
     }
 }
 
