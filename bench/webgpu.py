@@ -15,9 +15,9 @@ With --products REV: the prompt kernel alone instead, on the GPU plan (tiles, `m
 adapter: each model's first layer's products as its prompt step dispatches them (queries, keys
 and values in one; the output; gate and up in one; down) on --n-prompt random activation rows,
 each dispatch timed by timestamp queries, beside the same dispatches through the `mm` of git
-revision REV (its matmul.wgsl in this tree's module; --products-tile: its tile) and through
-mv_row (a thread a weight row: the CPU adapters' kernel for a few rows), alternating; medians
-and GFLOP/s.
+revision REV (its matmul.wgsl in this tree's module, or a copy of one at the path REV;
+--products-tile: its tile) and through mv_row (a thread a weight row: the CPU adapters' kernel
+for a few rows), alternating; medians and GFLOP/s.
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]]
@@ -185,8 +185,8 @@ def layer_products(backend, path: Path, n: int) -> list:
 
 
 def old_mm(backend, decoder: str, rev: str):
-    """The `mm` pipeline of git revision rev's matmul.wgsl in this tree's module of a weight type
-    (named by its decoder)."""
+    """The `mm` pipeline of git revision rev's matmul.wgsl (or of the file rev names) in this
+    tree's module of a weight type (named by its decoder)."""
     from ember.backends.webgpu import _kernels
 
     named = {"PIECE(": decoder.replace("deq_", "pc_") + "(", "DEQ(": f"{decoder}("}
@@ -196,8 +196,11 @@ def old_mm(backend, decoder: str, rev: str):
             text = text.replace(a, b)
         return text
 
-    old = subprocess.run(["git", "show", f"{rev}:ember/backends/webgpu/kernels/matmul.wgsl"], check=True,
-                         capture_output=True, text=True, cwd=Path(__file__).resolve().parent).stdout
+    if Path(rev).is_file():  # a copy (a machine without the repository's history)
+        old = Path(rev).read_text()
+    else:
+        old = subprocess.run(["git", "show", f"{rev}:ember/backends/webgpu/kernels/matmul.wgsl"], check=True,
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parent).stdout
     code = _kernels._products(decoder).replace(resolved(_kernels.source("matmul.wgsl")), resolved(old))
     module = backend.device.create_shader_module(code=code)
     return backend.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "mm"})
@@ -302,7 +305,8 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "webgpu.json")
-    ap.add_argument("--products", metavar="REV", help="time the prompt products alone, beside REV's mm")
+    ap.add_argument("--products", metavar="REV", help="time the prompt products alone, beside the mm of git revision REV "
+                    "(or of the matmul.wgsl at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
     args = ap.parse_args()
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
