@@ -173,14 +173,14 @@ def layer_products(backend, path: Path, n: int) -> list:
     from ember.gguf_loader import GGUFFile
 
     rng = np.random.default_rng(3)
-    f = GGUFFile(path)
     found = []
-    for names in LAYER_PRODUCTS:
-        ws = [backend.weight(f.tensors[f"blk.0.{name}.weight"]) for name in names]
-        x = backend.from_numpy(rng.standard_normal((n, ws[0].shape[1])).astype(np.float32))
-        outs = [backend.empty((n, w.shape[0])) for w in ws]
-        found.append((ws, x, outs, sum(2 * n * w.shape[0] * w.shape[1] for w in ws)))
-    backend.settle()
+    with GGUFFile(path) as f:
+        for names in LAYER_PRODUCTS:
+            ws = [backend.weight(f.tensors[f"blk.0.{name}.weight"]) for name in names]
+            x = backend.from_numpy(rng.standard_normal((n, ws[0].shape[1])).astype(np.float32))
+            outs = [backend.empty((n, w.shape[0])) for w in ws]
+            found.append((ws, x, outs, sum(2 * n * w.shape[0] * w.shape[1] for w in ws)))
+        backend.settle()  # the weights copied to the device while the file is open
     return found
 
 
@@ -250,7 +250,8 @@ def bench_products(spec: str, args) -> dict:
     out = {"path": str(path), "adapter": backend.describe()["name"], "n": args.n_prompt, "against": args.products,
            "products": []}
     for (ws, _, _, flops), span in zip(products, spans):
-        row = {"weights": [f"{w.name.split('.')[2]} {w.type.name} {w.shape[0]}x{w.shape[1]}" for w in ws], "gflop": flops / 1e9}
+        row = {"weights": [f"{w.name.split('.')[2]} {w.type.name} {w.shape[0]}x{w.shape[1]}" for w in ws],
+               "gflop": flops / 1e9}
         for key in steps:
             each = [sum(float(t[i]) for i in span) for t in times[key]]
             ns = statistics.median(each)
@@ -305,8 +306,9 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "webgpu.json")
-    ap.add_argument("--products", metavar="REV", help="time the prompt products alone, beside the mm of git revision REV "
-                    "(or of the matmul.wgsl at path REV)")
+    ap.add_argument("--products", metavar="REV",
+                    help="time the prompt products alone, beside the mm of git revision REV (or of the matmul.wgsl "
+                    "at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
     args = ap.parse_args()
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
