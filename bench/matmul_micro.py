@@ -6,14 +6,12 @@ through enough copies of the matrix to defeat the L3, as a real decode step over
 so for every n below 20, the rows of a speculative step) and n=512 (a prompt batch: compute bound).
 Prints the best time per call of several (other processes only ever add time), GFLOP/s and the effective weight bandwidth (bytes of W / time), then
 what the products alone would allow per token for each model: matmul-only tg and pp512 rates (the
-output head runs for the last prompt token only, as in llama.cpp). Long K-quant rows are timed as the
-backend holds them (piece-major, api_quant.h; marked "pm"); --layout both times them row-major too,
-the two alternating (--rounds). The activations are rounded as the
+output head runs for the last prompt token only, as in llama.cpp). The activations are rounded as the
 model's file makes the backend round them: as llama.cpp does (int8 for the 32-value types too) in the
 files that hold K-quants, exactly (int16) in the others. Note the machine's load alongside.
 
     python bench/matmul_micro.py [--threads 2] [--models smollm2 gemma3 llama-1b] [--ns 1 512] [--isa avx2]
-                                 [--hot-rows 192] [--layout both --rounds 3]
+                                 [--hot-rows 192]
 """
 from __future__ import annotations
 
@@ -112,7 +110,7 @@ class Runner:
         self.pool = ffi.gc(lib.ember_pool_create(threads), lib.ember_pool_destroy)
 
     def time_call(self, s: Shape, ws: list[np.ndarray], n: int, rounding: int,
-                  min_time: float = 0.3, qtype: int | None = None) -> tuple[float, float]:
+                  min_time: float = 0.3) -> tuple[float, float]:
         """Best and median seconds of one ember_matmul over `ws` in turn (several copies: cold weights):
         the minimum, since other processes on a 2-core machine only ever add time, and the median, the
         figure a decode step sees."""
@@ -125,10 +123,8 @@ class Runner:
                 ffi.from_buffer(scratch))
         ptrs = [ffi.from_buffer(w) for w in ws]
 
-        qtype = int(s.qtype) if qtype is None else qtype
-
         def call(i: int) -> None:
-            lib.ember_matmul(self.pool, qtype, ptrs[i % len(ptrs)], s.m, s.k, args[0], args[1], args[2],
+            lib.ember_matmul(self.pool, int(s.qtype), ptrs[i % len(ptrs)], s.m, s.k, args[0], args[1], args[2],
                              args[3], rounding)
 
         call(0)
@@ -141,61 +137,35 @@ class Runner:
         return float(np.min(times)), float(np.median(times))
 
 
-def piece_major(s: Shape, w: np.ndarray) -> np.ndarray:
-    out = np.empty_like(w)
-    assert lib.ember_pieces_pack(ffi.NULL, int(s.qtype), ffi.from_buffer(w), ffi.from_buffer(out), s.m, s.k) == 0
-    return out
-
-
-def layouts_for(s: Shape, layout_arg: str) -> list[str]:
-    """"row" (the file's) and/or "pm" (piece-major) for this shape."""
-    if not lib.ember_pieces_wanted(int(s.qtype), s.k):
-        return ["row"]
-    return {"file": ["row"], "backend": ["pm"], "both": ["row", "pm"]}[layout_arg]
-
-
-def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int], hot_rows: int = 0,
-                layout_arg: str = "backend", rounds: int = 1) -> None:
+def bench_model(runner: Runner, name: str, shapes: list[Shape], ns: list[int], hot_rows: int = 0) -> None:
     rng = np.random.default_rng(0)
     rounding = rounding_for(s.qtype for s in shapes)
     print(f"\n{name} ({'exact' if rounding == lib.EMBER_ROUND_EXACT else 'llama.cpp'} rounding of the activations)")
-    print(f"  {'matrix':22s} {'type':9s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}"
+    print(f"  {'matrix':22s} {'type':6s} {'n':>4s} {'ms':>9s} {'GFLOP/s':>8s} {'W GB/s':>7s} {'median':>7s}"
           + ("   hot best / median" if hot_rows else ""))
     totals = {n: 0.0 for n in ns}
     for s in shapes:
         w = random_weight(s.qtype, s.m, s.k, rng)
         copies = [w] + [w.copy() for _ in range(max(0, COLD_BYTES // w.nbytes - 1))]
-        held = {"row": copies}
-        kinds = layouts_for(s, layout_arg)
-        if "pm" in kinds:
-            held["pm"] = [piece_major(s, c) for c in copies]
-        flag = {"row": 0, "pm": lib.EMBER_PIECES}
         for n in ns:
-            for _ in range(rounds if len(kinds) > 1 else 1):
-                for kind in kinds:
-                    ws = held[kind] if n < STREAMED_TOKENS else held[kind][:1]
-                    qtype = int(s.qtype) | flag[kind]
-                    t, t_med = runner.time_call(s, ws, n, rounding, qtype=qtype)
-                    # per token of the model: prompt tokens need the head once per batch only
-                    totals[n] += t * s.per_token if not (s.head and n > 1) and kind == kinds[-1] else 0.0
-                    gflops = 2.0 * s.m * s.k * n / t / 1e9
-                    hot = ""
-                    if hot_rows and n < STREAMED_TOKENS:
-                        # the first rows alone, called back to back: W stays in L2, so this is the kernel's
-                        # own rate (arithmetic and loads), without the memory
-                        sh = Shape(s.name, s.qtype, min(hot_rows, s.m), s.k)
-                        wh = held[kind][0][:sh.m] if kind == "row" else piece_major(sh, w[:sh.m])
-                        h_best, h_med = runner.time_call(sh, [wh], n, rounding, qtype=qtype)
-                        hot = f" {wh.nbytes / h_best / 1e9:9.2f} / {wh.nbytes / h_med / 1e9:.2f}"
-                    label = s.qtype.name + (" pm" if kind == "pm" else "")
-                    print(f"  {s.name:22s} {label:9s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f} "
-                          f"{w.nbytes / t_med / 1e9:7.2f}{hot}", flush=True)
+            t, t_med = runner.time_call(s, copies if n < STREAMED_TOKENS else [w], n, rounding)
+            # per token of the model: prompt tokens need the head once per batch only
+            totals[n] += t * s.per_token if not (s.head and n > 1) else 0.0
+            gflops = 2.0 * s.m * s.k * n / t / 1e9
+            hot = ""
+            if hot_rows and n < STREAMED_TOKENS:
+                # the first rows alone, called back to back: W stays in L2, so this is the kernel's own
+                # rate (arithmetic and loads), without the memory
+                wh = w[:min(hot_rows, s.m)]
+                h_best, h_med = runner.time_call(Shape(s.name, s.qtype, wh.shape[0], s.k), [wh], n, rounding)
+                hot = f" {wh.nbytes / h_best / 1e9:9.2f} / {wh.nbytes / h_med / 1e9:.2f}"
+            print(f"  {s.name:22s} {s.qtype.name:6s} {n:4d} {t * 1e3:9.3f} {gflops:8.1f} {w.nbytes / t / 1e9:7.2f} {w.nbytes / t_med / 1e9:7.2f}{hot}")
         if any(n > 1 for n in ns) and 1 in ns and s.head:
             head_1 = runner.time_call(s, copies, 1, rounding)[0]
             for n in ns:
                 if n > 1:
                     totals[n] += head_1
-        del copies, held
+        del copies
     for n in ns:
         label = "tg (n=1)" if n == 1 else f"pp{n}"
         print(f"  matmuls only, {label} per {'step' if n == 1 else 'batch'}: {totals[n] * 1e3:.2f} ms -> "
@@ -212,10 +182,6 @@ def main() -> None:
     ap.add_argument("--hot-rows", type=int, default=0,
                     help="also time the first N rows alone, resident in L2 (below 20 tokens): the kernel's rate "
                          "without the memory, e.g. 192 (1 thread: rows x row bytes well inside the L2)")
-    ap.add_argument("--layout", choices=["backend", "file", "both"], default="backend",
-                    help="long K-quant rows as the backend holds them (piece-major), as the file does (row-major), "
-                         "or both, alternating")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of the alternation with --layout both")
     args = ap.parse_args()
     if args.isa and lib.ember_cpu_set_isa(args.isa.encode()) != 0:
         raise SystemExit(f"SIMD path {args.isa} is not available here")
@@ -224,7 +190,7 @@ def main() -> None:
     runner = Runner(args.threads)
     for name in args.models:
         shapes = [s for s in MODELS[name] if not args.only or args.only in s.name]
-        bench_model(runner, name, shapes, args.ns, args.hot_rows, args.layout, args.rounds)
+        bench_model(runner, name, shapes, args.ns, args.hot_rows)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -309,62 +309,6 @@ def test_k_quant_decode_row_runs(qtype, isa, pools, isa_guard):
             np.testing.assert_array_equal(y[0], run_matmul(pool, qtype, c.w, m, k, c.x)[0])
 
 
-def pieces(qtype: GGMLType, w: np.ndarray, m: int, k: int) -> np.ndarray:
-    """W (m, k) piece-major, as the backend holds long K-quant rows (api_quant.h)."""
-    out = np.empty_like(w)
-    assert lib.ember_pieces_pack(ffi.NULL, int(qtype), ffi.from_buffer(w), ffi.from_buffer(out), m, k) == 0
-    return out
-
-
-def pieces_ref(w: np.ndarray, qtype: GGMLType, m: int, k: int) -> np.ndarray:
-    """The layout by its definition: piece p of every row (2048 values) after piece p - 1 of every row."""
-    per = 2048 // QK_K * layout(qtype).type_size
-    return w.reshape(m, k // 2048, per).transpose(1, 0, 2).reshape(m, -1)
-
-
-@pytest.mark.skipif("avx512" not in ISAS, reason="piece-major rows are read by the AVX-512 kernels")
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
-def test_piece_major_rows_match_row_major_bit_for_bit(qtype, pools, isa_guard):
-    """The 8B's ffn_down shape (k = 14336) held piece-major: one token (lone rows), 2-4 (microtiles),
-    5-19 (microtiles in token chunks) and 40 (panels, Q4_K and Q6_K) give the row-major kernels' bits, on
-    1 and 2 threads; 131 rows, split between the threads at a row that is no multiple of anything."""
-    assert lib.ember_cpu_set_isa(b"avx512") == 0
-    m, k = 131, 14336
-    c = case(qtype, k, m=m, n=40)
-    wp = pieces(qtype, c.w, m, k)
-    np.testing.assert_array_equal(wp, pieces_ref(c.w, qtype, m, k))
-    assert lib.ember_pieces_wanted(int(qtype), k) == 1 and lib.ember_pieces_wanted(int(qtype), 4096) == 0
-    flagged = int(qtype) | lib.EMBER_PIECES
-    for n in (1, 2, 3, 4, 5, 9, 40):
-        for pool in pools:
-            y = run_matmul(pool, qtype, c.w, m, k, c.x[:n])
-            np.testing.assert_array_equal(run_matmul(pool, flagged, wp, m, k, c.x[:n]), y, err_msg=f"n={n}")
-            assert np.all(np.abs(y - c.y_rounded[:n]) <= FLOAT_SUM_RTOL * c.mag[:n]), n
-    # a thread's run of more rows than the kernel walks piece by piece at once (512): several groups
-    m, k = 1100, 4096
-    c = case(qtype, k, m=m, n=2)
-    wp = pieces(qtype, c.w, m, k)
-    for n in (1, 2):
-        for pool in pools:
-            np.testing.assert_array_equal(run_matmul(pool, flagged, wp, m, k, c.x[:n]),
-                                          run_matmul(pool, qtype, c.w, m, k, c.x[:n]), err_msg=f"{m} rows, n={n}")
-
-
-def test_piece_major_layout_refuses_what_it_does_not_take(pools, isa_guard):
-    """Rows that are not whole pieces, and types without super-blocks, are not packed; products with a
-    piece-major type id where no kernel reads the layout (AVX2 here) compute nothing."""
-    w = np.zeros((2, 3072 // QK_K * 144), np.uint8)
-    assert lib.ember_pieces_pack(ffi.NULL, int(T.Q4_K), ffi.from_buffer(w), ffi.from_buffer(w.copy()), 2, 3072) == -1
-    assert lib.ember_pieces_pack(ffi.NULL, int(T.Q8_0), ffi.from_buffer(w), ffi.from_buffer(w.copy()), 2, 4096) == -1
-    assert lib.ember_pieces_readable(int(T.Q4_K), 3072) == 0
-    if "avx2" in ISAS:
-        assert lib.ember_cpu_set_isa(b"avx2") == 0
-        assert lib.ember_pieces_readable(int(T.Q4_K), 14336) == 0
-        w = np.zeros((2, 14336 // QK_K * 144), np.uint8)
-        y = run_matmul(pools[0], int(T.Q4_K) | lib.EMBER_PIECES, w, 2, 14336, np.ones((1, 14336), np.float32))
-        assert np.isnan(y).all()
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_llama_rounding_of_32_value_types(qtype, isa, pools, isa_guard):

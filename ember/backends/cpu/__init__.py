@@ -1,7 +1,6 @@
 """CPU backend: C kernels (SIMD, chosen at load for this CPU) on a persistent thread pool.
 
-Weights stay in the memory-mapped GGUF file in their block format (long K-quant rows are rearranged
-piece-major at load, see `Backend.weight`); activations are
+Weights stay in the memory-mapped GGUF file in their block format; activations are
 float32 numpy arrays; the KV cache holds rows of bytes in its storage type (f16 by default, or
 bf16, q8_0, q4_0: quantized as written, read in place by the attention kernel).
 
@@ -21,7 +20,7 @@ import numpy as np
 from ...quant.types import GGMLType, layout
 from ..base import KV_TYPES, AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
 from ._native import ffi, lib
-from .resident import Settler, release_pages
+from .resident import Settler
 
 F32 = np.float32
 MAX_MULTI = 8  # matrices one ember_matmul_multi call takes
@@ -82,7 +81,6 @@ _OP_NAMES = {
 
 
 def _type_name(t: int) -> str:
-    t &= ~lib.EMBER_PIECES  # the layout flag of piece-major matrices
     return GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
 
 
@@ -111,7 +109,7 @@ def op_weight_bytes(op) -> int:
 
 
 def _row_bytes(t: int, k: int) -> int:
-    lay = layout(GGMLType(t & ~lib.EMBER_PIECES))
+    lay = layout(GGMLType(t))
     return k // lay.block_size * lay.type_size
 
 
@@ -225,7 +223,6 @@ class Backend:
         self._rotated: dict[str, np.ndarray] = {}  # rotated queries, keys, values of a quantized KV cache
         self._settler = Settler() if Settler.usable() else None  # moves weight matrices onto huge pages
         self._expert_maps: dict[int, np.ndarray] = {}  # by a stack's address: its experts the kernels used
-        self._piece_major: dict[int, np.ndarray] = {}  # by id: the data of matrices held piece-major
 
     @property
     def isa(self) -> str:
@@ -241,31 +238,11 @@ class Backend:
         if not self.supports(tensor.type):
             raise BackendError(f"tensor '{tensor.name}' has type {tensor.type.name}, which the CPU backend cannot compute with")
         data = tensor.data
-        if streamed and len(tensor.shape) == 2 and lib.ember_pieces_wanted(int(tensor.type), tensor.shape[1]):
-            data = self._piece_major_copy(tensor)
-        elif self._settler is not None and streamed and len(tensor.shape) == 2:
+        if self._settler is not None and streamed and len(tensor.shape) == 2:
             self._settler.add(tensor)
         elif self._settler is not None and len(tensor.shape) == 3:  # stacked experts: moved as they are used
             self._expert_maps[data.ctypes.data] = self._settler.add_stack(tensor, data)
         return Weight(tensor.name, tensor.type, tuple(tensor.shape), data)
-
-    def _piece_major_copy(self, tensor) -> np.ndarray:
-        """The matrix's rows rearranged piece-major (api_quant.h) into anonymous memory, which numpy
-        advises for huge pages; the mapping's pages of it are dropped from this process (the page cache
-        keeps them until it needs the room), so the copy replaces the file's bytes in the resident set
-        instead of doubling them. Every product and lookup then reads the copy."""
-        src = tensor.data
-        out = np.empty_like(src)
-        rows, cols = tensor.shape
-        if lib.ember_pieces_pack(self._pool, int(tensor.type), ffi.from_buffer(src), ffi.from_buffer(out), rows, cols) != 0:
-            raise BackendError(f"tensor '{tensor.name}' could not be rearranged piece-major")
-        release_pages(src.ctypes.data, src.nbytes)
-        self._piece_major[id(out)] = out
-        return out
-
-    def _qtype(self, w: Weight) -> int:
-        """The type id the kernels get for w: its ggml type, with the layout flag if held piece-major."""
-        return int(w.type) | (lib.EMBER_PIECES if id(w.data) in self._piece_major else 0)
 
     def settle(self) -> None:
         """The matrices every token reads move onto huge pages, in place, in the background, and
@@ -365,7 +342,7 @@ class Backend:
         if self._recording is None and len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= rows):
             raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
         self._run(lib.EMBER_OP_GET_ROWS, (self._p(w.data), self._p(self._ints(ids, np.int32)), self._p(out)),
-                  (rows, cols, len(ids)), qtype=self._qtype(w))
+                  (rows, cols, len(ids)), qtype=int(w.type))
 
     @property
     def rounding(self) -> int:
@@ -384,7 +361,7 @@ class Backend:
         rows, cols = w.shape
         scratch = self._scratch_for(int(w.type), cols, x.shape[0])
         self._run(lib.EMBER_OP_MATMUL, (self._p(w.data), self._p(x), self._p(out), self._p(scratch)),
-                  (rows, cols, x.shape[0], self.rounding), qtype=self._qtype(w))
+                  (rows, cols, x.shape[0], self.rounding), qtype=int(w.type))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[j] = x @ ws[j].T for matrices that share x: x is quantized once when their types allow."""
@@ -394,7 +371,7 @@ class Backend:
                 self.matmul(w, x, out)
             return
         n, k = x.shape
-        types = ffi.new("int[]", [self._qtype(w) for w in ws])
+        types = ffi.new("int[]", [int(w.type) for w in ws])
         mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
         ms = ffi.new("int64_t[]", [w.shape[0] for w in ws])
         ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])
@@ -538,7 +515,7 @@ class Backend:
         if size < 0:
             raise BackendError(f"cannot multiply by '{ws[0].name}' ({ws[0].type.name}, {n_expert} experts of "
                                f"{cols} columns)")
-        types = ffi.new("int[]", [self._qtype(w) for w in ws])
+        types = ffi.new("int[]", [int(w.type) for w in ws])
         mats = ffi.new("void *[]", [self._p(w.data) for w in ws])
         ms = ffi.new("int64_t[]", [w.shape[1] for w in ws])
         ys = ffi.new("float *[]", [ffi.cast("float *", self._p(o)) for o in outs])

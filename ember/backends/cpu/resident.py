@@ -35,7 +35,6 @@ stack of it is left alive with experts still to move.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import sys
 import threading
@@ -51,7 +50,7 @@ MIN_BYTES = 256 << 10
 _PROT_READ, _PROT_WRITE = 1, 2
 _MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
-_MADV_DONTNEED, _MADV_HUGEPAGE = 4, 14
+_MADV_HUGEPAGE = 14
 
 
 def huge_pages_enabled() -> bool:
@@ -84,17 +83,6 @@ def _libc():
     libc.mremap.restype, libc.mremap.argtypes = vp, [vp, sz, sz, ctypes.c_int, vp]
     libc.memcpy.restype, libc.memcpy.argtypes = vp, [vp, vp, sz]
     return libc
-
-
-def release_pages(addr: int, nbytes: int) -> None:
-    """Drops this process's pages of a file mapping over the whole pages inside [addr, addr + nbytes)
-    (the page cache keeps the file's bytes; a later read faults them back in). Nothing on other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    page = mmap.PAGESIZE
-    lo, hi = -(-addr // page) * page, (addr + nbytes) // page * page
-    if hi > lo:
-        _libc().madvise(lo, hi - lo, _MADV_DONTNEED)
 
 
 @dataclass(eq=False)

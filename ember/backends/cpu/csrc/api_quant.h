@@ -40,30 +40,12 @@ enum { EMBER_ACT_KIND_F32 = 0, EMBER_ACT_KIND_Q16 = 1, EMBER_ACT_KIND_Q8K = 2 };
 int ember_matmul_act_kind(int type);
 
 /* out (n, k) f32 = rows ids[0..n) of W (m, k); ids outside [0, m) are the caller's error (checked in Python).
- * Bit-exact with the reference dequantization. type may carry EMBER_PIECES (below). */
+ * Bit-exact with the reference dequantization. */
 void ember_get_rows(ember_pool *pool, int type, const void *w, int64_t m, int64_t k,
                     const int32_t *ids, int64_t n, float *out);
 
 /* dst (count,) f32 from count values of ggml type `type` in src (count a multiple of the block size). */
 void ember_dequantize(int type, const void *src, float *dst, int64_t count);
-
-/* Piece-major K-quant matrices (quant.h): long rows cut into pieces of 2048 values, each piece of all rows
- * contiguous, so that a decode step reads each piece of a thread's rows as one stream while the
- * activations' piece stays in L1. A type id with EMBER_PIECES set names W of that type in this layout (to
- * ember_matmul, ember_matmul_multi, ember_get_rows, and the scratch size and activation kind). Worth it for rows of more than EMBER_PIECES_MIN_K values. */
-enum { EMBER_PIECES = 0x100, EMBER_PIECES_MIN_K = 4096 };
-
-/* 1 if W (m, k) of `type` should be held piece-major on this CPU's kernels (k > EMBER_PIECES_MIN_K, and
- * ember_pieces_readable), else 0. */
-int ember_pieces_wanted(int type, int64_t k);
-
-/* 1 if the active kernels read W of `type` with rows of k values piece-major (K-quants, k a multiple of
- * 2048), else 0. */
-int ember_pieces_readable(int type, int64_t k);
-
-/* dst (m * row bytes) = row-major W (m, k) at src, piece-major, the rows shared over the pool (NULL: the
- * caller alone). Returns 0, or -1 for a type or k the layout does not take. */
-int ember_pieces_pack(ember_pool *pool, int type, const void *src, void *dst, int64_t m, int64_t k);
 
 /* dst = x (k,) quantized as the products with W of `type` quantize their activations with `rounding`
  * (the row format of its activation kind, ember_matmul_scratch_size(type, k, 1) bytes): for tests and

@@ -77,12 +77,12 @@ ember_quantize_fn ember_quantize_for(int act) {
 /* ---- public entry points ---- */
 
 int ember_matmul_act_kind(int type) {
-    const ember_qtype *t = ember_qtype_get(type & ~EMBER_PIECES);
+    const ember_qtype *t = ember_qtype_get(type);
     return t ? t->act : -1;
 }
 
 int64_t ember_matmul_scratch_size(int type, int64_t k, int64_t n) {
-    const ember_qtype *t = ember_qtype_get(type & ~EMBER_PIECES);
+    const ember_qtype *t = ember_qtype_get(type);
     if (!t || k <= 0 || n < 0 || k % t->block_size) return -1;
     return n * ember_act_row_bytes(t->act, k);
 }
@@ -110,13 +110,6 @@ static void product_lanes(const matmul_job *j, const matmul_part *p, int64_t r0,
 /* W rows [r0, r1) of part p against tokens [t0, t1): microtiles of p->unit rows x tile.cols tokens. */
 static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
     const int R = p->unit, C = p->tile.cols;
-    if (p->pieces) {
-        for (int64_t t = t0; t < t1; t += C) {
-            p->tile.pieces(j->k, p->w, p->m, r0, r1 - r0, p->act + t * j->a_stride, j->a_stride,
-                           (int)EMBER_MIN((int64_t)C, t1 - t), p->y + t * p->m + r0, p->m);
-        }
-        return;
-    }
     if (p->tile.lanes && t1 - t0 >= p->tile.lanes_min) {
         product_lanes(j, p, r0, r1, t0, t1);
         return;
@@ -138,10 +131,6 @@ static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0,
 
 /* Rows [r0, r1) of part p, all tokens. */
 static void product_rows(const matmul_job *j, const matmul_part *p, int64_t r0, int64_t r1) {
-    if (p->panel.fn && p->pieces) {
-        p->panel.pieces(p->type, j->k, p->w, p->m, r0, r1 - r0, p->act, j->a_stride, p->n, p->y + r0, p->m);
-        return;
-    }
     if (p->panel.fn) {
         p->panel.fn(p->type, j->k, p->w + r0 * p->w_stride, p->w_stride, r1 - r0, p->act, j->a_stride, p->n,
                     p->y + r0, p->m);
@@ -210,15 +199,12 @@ static void stream_task(void *ctx, int ith, int nth) {
 
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
                     const uint8_t *act, int rounding) {
-    const int pieces = (type & EMBER_PIECES) != 0;
-    type &= ~EMBER_PIECES;
     const ember_qtype *t = ember_qtype_get(type);
-    if (!t || m <= 0 || k % t->block_size || (pieces && !ember_pieces_readable(type, k))) return -1;
+    if (!t || m <= 0 || k % t->block_size) return -1;
     const ember_tile tile8 = ember_tile8_for(type, rounding);
     const int int8_tiles = tile8.fn != NULL;
     *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type), .panel = ember_panel_for(type),
-                       .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .pieces = pieces, .y = y,
-                       .act = act, .n = n};
+                       .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
      * 12 tokens 176 vs 3 x 61; Q5_0 2048 x 640, 8: 197 vs 2 x 75, 12: 248 vs 3 x 75). Rows in lanes, where
@@ -228,7 +214,7 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
      * (Gemma 3's 440-byte Q5_0 rows). */
     const int lanes = p->tile.lanes && n >= p->tile.lanes_min;
     if (lanes || n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
-    const int lone = (n == 1 && p->tile.run) || pieces;
+    const int lone = n == 1 && p->tile.run;
     p->unit = p->panel.fn ? p->panel.rows
               : lanes     ? EMBER_LANES_ROWS
               : p->w_stride <= p->tile.short_row && !lone ? p->tile.rows : 1;
@@ -253,15 +239,14 @@ void ember_job_run(ember_pool *pool, matmul_job *j, int stream) {
 int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void *const *ws, const int64_t *ms,
                        int64_t k, const float *x, int64_t n, float *const *ys, void *scratch, int rounding) {
     if (count < 1 || count > EMBER_MATMUL_MAX_PARTS || n <= 0 || k <= 0) return -1;
-    const ember_qtype *t0 = ember_qtype_get(types[0] & ~EMBER_PIECES);
-    const int act = t0 ? t0->act : -1;
+    const int act = ember_qtype_get(types[0]) ? ember_qtype_get(types[0])->act : -1;
     const uint8_t *a = act == EMBER_ACT_F32 ? (const uint8_t *)x : scratch;
     matmul_part parts[EMBER_MATMUL_MAX_PARTS];
     matmul_job j = {.part = parts, .n_parts = count, .k = k, .n = n, .x = x};
     int panels = 0;
     for (int i = 0; i < count; i++) {
         if (ember_part_init(&parts[i], types[i], ws[i], ms[i], k, n, ys[i], a, rounding) != 0) return -1;
-        if (ember_qtype_get(types[i] & ~EMBER_PIECES)->act != act) return -1; /* one quantization of x serves all */
+        if (ember_qtype_get(types[i])->act != act) return -1; /* one quantization of x serves all */
         j.units += parts[i].units;
         panels |= parts[i].panel.fn != NULL;
     }
@@ -281,40 +266,6 @@ int ember_matmul_multi(ember_pool *pool, int count, const int *types, const void
 void ember_matmul(ember_pool *pool, int type, const void *w, int64_t m, int64_t k, const float *x, int64_t n,
                   float *y, void *scratch, int rounding) {
     ember_matmul_multi(pool, 1, &type, &w, &m, k, x, n, &y, scratch, rounding);
-}
-
-int ember_pieces_readable(int type, int64_t k) {
-    const ember_qtype *t = ember_qtype_get(type);
-    return t && t->block_size == QK_K && k % EMBER_PIECE_VALUES == 0 && ember_tile_for(type).pieces &&
-           (!ember_panel_for(type).fn || ember_panel_for(type).pieces);
-}
-
-int ember_pieces_wanted(int type, int64_t k) { return k > EMBER_PIECES_MIN_K && ember_pieces_readable(type, k); }
-
-typedef struct {
-    const uint8_t *src;
-    uint8_t *dst;
-    int64_t m, k, bs;
-} pieces_pack_job;
-
-/* Share ith of nth of the rows: read in order from the file's bytes, each piece written to its place. */
-static void pieces_pack_task(void *ctx, int ith, int nth) {
-    const pieces_pack_job *j = ctx;
-    const int64_t per = EMBER_PIECE_VALUES / QK_K, row = j->k / QK_K * j->bs;
-    int64_t lo, hi;
-    ember_split(j->m, ith, nth, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) {
-        for (int64_t b = 0; b < j->k / QK_K; b += per)
-            memcpy(j->dst + ember_piece_offset(j->m, j->k, j->bs, r, b), j->src + r * row + b * j->bs, (size_t)(per * j->bs));
-    }
-}
-
-int ember_pieces_pack(ember_pool *pool, int type, const void *src, void *dst, int64_t m, int64_t k) {
-    const ember_qtype *t = ember_qtype_get(type);
-    if (!t || t->block_size != QK_K || m <= 0 || k <= 0 || k % EMBER_PIECE_VALUES) return -1;
-    pieces_pack_job j = {src, dst, m, k, t->type_size};
-    ember_parallel(pool, pieces_pack_task, &j);
-    return 0;
 }
 
 int ember_matmul_quantize(int type, const float *x, int64_t k, void *dst, int rounding) {

@@ -27,7 +27,6 @@ typedef struct {
     float *y;           /* (n, m) */
     int unit;           /* rows handed out together: a panel, or a microtile's rows */
     int64_t units;      /* ceil(m / unit) */
-    int pieces;         /* W piece-major (quant.h): w_stride is still a whole row's bytes */
     const uint8_t *act; /* (n, a_stride): this part's activations (quantized, or x itself) */
     int64_t n;          /* tokens */
 } matmul_part;
@@ -45,7 +44,7 @@ typedef struct {
 } matmul_job;
 
 /* The part's kernels for n tokens of activations at act (quantized with `rounding`); 0, or -1 for an
- * unsupported type or shape. type may carry EMBER_PIECES (W piece-major; -1 where no kernel reads it). */
+ * unsupported type or shape. */
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
                     const uint8_t *act, int rounding);
 

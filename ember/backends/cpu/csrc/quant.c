@@ -243,9 +243,8 @@ void ember_dequantize(int type, const void *src, float *dst, int64_t count) {
 
 typedef struct {
     const ember_qtype *t;
-    const uint8_t *w; /* (m, row_bytes), or piece-major (pieces = 1) */
-    int64_t m, k, row_bytes;
-    int pieces;
+    const uint8_t *w; /* (m, row_bytes) */
+    int64_t k, row_bytes;
     const int32_t *ids; /* (n,) */
     int64_t n;
     float *out; /* (n, k) */
@@ -253,26 +252,18 @@ typedef struct {
 
 static void get_rows_task(void *ctx, int ith, int nth) {
     const get_rows_job *j = ctx;
-    const int64_t per = EMBER_PIECE_VALUES / QK_K; /* super-blocks a piece */
     int64_t lo, hi;
     ember_split(j->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
-        if (!j->pieces) {
-            j->t->dequant(j->w + (int64_t)j->ids[i] * j->row_bytes, j->out + i * j->k, j->k / j->t->block_size);
-            continue;
-        }
-        for (int64_t b = 0; b < j->k / QK_K; b += per)
-            j->t->dequant(j->w + ember_piece_offset(j->m, j->k, j->t->type_size, j->ids[i], b), j->out + i * j->k + b * QK_K, per);
-    }
+    for (int64_t i = lo; i < hi; i++)
+        j->t->dequant(j->w + (int64_t)j->ids[i] * j->row_bytes, j->out + i * j->k, j->k / j->t->block_size);
 }
 
 void ember_get_rows(ember_pool *pool, int type, const void *w, int64_t m, int64_t k, const int32_t *ids,
                     int64_t n, float *out) {
-    /* ids are checked against m by the caller */
-    const int pieces = (type & EMBER_PIECES) != 0;
-    const ember_qtype *t = ember_qtype_get(type & ~EMBER_PIECES);
-    if (!t || n <= 0 || (pieces && (t->block_size != QK_K || k % EMBER_PIECE_VALUES))) return;
-    get_rows_job j = {t, w, m, k, k / t->block_size * t->type_size, pieces, ids, n, out};
+    (void)m; /* ids are checked against m by the caller */
+    const ember_qtype *t = ember_qtype_get(type);
+    if (!t || n <= 0) return;
+    get_rows_job j = {t, w, k, k / t->block_size * t->type_size, ids, n, out};
     if (n * k < 65536) pool = NULL; /* a few rows: waking threads costs more than it saves */
     ember_parallel(pool, get_rows_task, &j);
 }

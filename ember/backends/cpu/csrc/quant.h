@@ -158,11 +158,6 @@ typedef void (*ember_rows_fn)(int64_t k, const void *w, int64_t w_stride, const 
  * steps of speculative decoding, where the microtiles pay a conversion and an FMA per row, token and block). */
 typedef void (*ember_lanes_fn)(int64_t k, const void *w, int64_t w_stride, int64_t n_rows, const void *a,
                                int64_t a_stride, int nc, float *y, int64_t y_stride);
-/* Rows [r0, r0 + n_rows) of a piece-major W (m, k) (ember_piece_offset) against 1 <= nc <= the tile's cols
- * activation rows -> y[c * y_stride + r - r0]: each piece of a group of rows walked as one stream while
- * the activations' piece stays in L1, with the row-major kernel's arithmetic in its order (the same bits). */
-typedef void (*ember_pieces_fn)(int64_t k, const void *w, int64_t m, int64_t r0, int64_t n_rows, const void *a,
-                                int64_t a_stride, int nc, float *y, int64_t y_stride);
 #define EMBER_LANES_TOKENS 16
 #define EMBER_LANES_ROWS 16 /* rows a vector holds: products on lanes share rows out in multiples of it */
 
@@ -173,7 +168,6 @@ typedef struct {
     ember_rows_fn run; /* NULL, or lone rows against one token (then short rows go alone too) */
     ember_lanes_fn lanes; /* NULL, or rows in lanes, taken from lanes_min tokens (products on microtiles) */
     int lanes_min;
-    ember_pieces_fn pieces; /* NULL, or the microtiles' reading of piece-major W */
 } ember_tile;
 
 /* The product for a range of W rows by packing `rows` rows at a time into an interleaved panel
@@ -183,33 +177,11 @@ typedef struct {
 typedef void (*ember_panel_fn)(int type, int64_t k, const void *w, int64_t w_stride, int64_t nrows, const void *a,
                                int64_t a_stride, int64_t n, float *y, int64_t y_stride);
 
-/* As ember_panel_fn for rows [r0, r0 + nrows) of a piece-major W (m, k): a panel's k-slices are its pieces. */
-typedef void (*ember_panel_pieces_fn)(int type, int64_t k, const void *w, int64_t m, int64_t r0, int64_t nrows,
-                                      const void *a, int64_t a_stride, int64_t n, float *y, int64_t y_stride);
-
 typedef struct {
     ember_panel_fn fn; /* NULL: none for the type */
     int rows;          /* panel height: thread ranges are split in multiples of it */
     int min_tokens;    /* below this many tokens the microtiles are faster */
-    ember_panel_pieces_fn pieces; /* NULL, or fn's reading of piece-major W */
 } ember_panel;
-
-/* ---- piece-major K-quant matrices ----
- * A decode step's walk along rows of 14336 values (the 8B's ffn_down) evicts each row's 16 KB of
- * activations from L1 before the next row reads them again (~15% of the stream, bench/NOTES.md). Long
- * rows are therefore stored cut into pieces of EMBER_PIECE_VALUES values, each piece of all m rows
- * contiguous (a row-major matrix of m rows x the piece's bytes), one piece after another: W (m, k) of
- * blocks of bs bytes holds super-block b of row r at ember_piece_offset. A thread walks one piece of a
- * group of its rows as one sequential stream, the activations' piece staying in L1; the piece equals a
- * panel's k-slice, so the prompt panels read the same bytes. Type ids carry EMBER_PIECES for such W
- * (api_quant.h). */
-#define EMBER_PIECE_VALUES 2048
-
-static inline int64_t ember_piece_offset(int64_t m, int64_t k, int64_t bs, int64_t r, int64_t b) {
-    (void)k; /* whole pieces: k % EMBER_PIECE_VALUES == 0 */
-    const int64_t per = EMBER_PIECE_VALUES / QK_K, row = per * bs;
-    return b / per * m * row + r * row + b % per * bs;
-}
 
 typedef struct {
     ember_quantize_fn quantize[EMBER_ACT_KINDS]; /* by EMBER_ACT_*; [EMBER_ACT_F32] unused */

@@ -93,9 +93,9 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 #define X86_TILE_Q4_0 {tile_q4_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_0, LANES_MIN_TOKENS}
 #define X86_TILE_Q4_1 {tile_q4_1, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q4_1, LANES_MIN_TOKENS}
 #define X86_TILE_Q8_0 {tile_q8_0, TILE32_R, TILE_C, SHORT_ROW_BYTES, NULL, lanes_q8_0, LANES_MIN_TOKENS}
-#define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm, NULL, 0, pieces_q4_k_zmm}
-#define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm, NULL, 0, pieces_q5_k_zmm}
-#define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm, NULL, 0, pieces_q6_k_zmm}
+#define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
+#define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
+#define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
 
 #include "quant_x86.h"
 
@@ -122,27 +122,16 @@ ALWAYS __m512i pick4_words(int g0) {
 /* 32 bytes at p in both halves of a vector */
 ALWAYS __m512i both_halves(const uint8_t *p) { return _mm512_broadcast_i64x4(load256(p)); }
 
-/* A row's running sums over its super-blocks against nc tokens (what a walk in pieces keeps between
- * them): acc (nc,), and for Q4_K / Q5_K the mins' terms accm (nc,). */
-typedef struct {
-    __m512 *acc;
-    __m256 *accm;
-} ksums;
-
-ALWAYS void ksums_zero(ksums s, const int nc) {
-    UNROLL for (int c = 0; c < nc; c++) s.acc[c] = _mm512_setzero_ps(), s.accm[c] = _mm256_setzero_ps();
-}
-
-/* Super-blocks [b0, b0 + nb) of a Q4_K (five = 0) or Q5_K (five = 1) row, at w, against nc tokens into s */
-ALWAYS void k32_zmm_blocks(const int five, int64_t k, const uint8_t *w, int64_t b0, int64_t nb, const uint8_t *a,
-                           int64_t as, ksums s, const int nc) {
-    const int64_t nbk = k / QK_K;
+/* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys] */
+ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
+                             int64_t ys, const int nc) {
+    const int64_t nb = k / QK_K;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[TILE_C];
     __m256 accm[TILE_C];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = s.acc[c], accm[c] = s.accm[c];
-    for (int64_t b = b0; b < b0 + nb; b++) {
-        const uint8_t *blk = w + (b - b0) * (five ? sizeof(blk_q5_k) : sizeof(blk_q4_k));
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps(), accm[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * (five ? sizeof(blk_q5_k) : sizeof(blk_q4_k));
         prefetch_ahead(blk, 3); /* 144 (Q5_K: 176) bytes a super-block */
         const blk_q4_k *x4 = (const blk_q4_k *)blk; /* Q5_K begins the same way */
         const blk_q5_k *x5 = (const blk_q5_k *)blk;
@@ -171,48 +160,32 @@ ALWAYS void k32_zmm_blocks(const int five, int64_t k, const uint8_t *w, int64_t 
         const float d = f16_to_f32(x4->d), dmin = f16_to_f32(x4->dmin);
         UNROLL for (int c = 0; c < nc; c++) {
             const float *ad = (const float *)(a + c * as + k);
-            const int16_t *bsums = (const int16_t *)(ad + nbk);
+            const int16_t *bsums = (const int16_t *)(ad + nb);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[c]), _mm512_set1_ps(d * ad[b]), acc[c]);
             const __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load256(bsums + 16 * b)));
             accm[c] = _mm256_fmadd_ps(msum, _mm256_set1_ps(dmin * ad[b]), accm[c]);
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) s.acc[c] = acc[c], s.accm[c] = accm[c];
+    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]) - hsum8(accm[c]);
 }
 
-ALWAYS void k32_zmm_store(ksums s, float *y, int64_t ys, const int nc) {
-    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(s.acc[c]) - hsum8(s.accm[c]);
-}
-
-/* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys] */
-ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
-                             int64_t ys, const int nc) {
-    __m512 acc[TILE_C];
-    __m256 accm[TILE_C];
-    const ksums s = {acc, accm};
-    ksums_zero(s, nc);
-    k32_zmm_blocks(five, k, w, 0, k / QK_K, a, as, s, nc);
-    k32_zmm_store(s, y, ys, nc);
-}
-
-/* Super-blocks [b0, b0 + nb) of a Q6_K row, at w, against nc tokens into s: values u - 32 with u = 4 bits
- * of ql and 2 of qh; the 32 goes back per super-block as -32 * sum_g scale_g * bsums_g, the starting value
- * of the integer sums. */
-ALWAYS void q6k_zmm_blocks(int64_t k, const uint8_t *w, int64_t b0, int64_t nb, const uint8_t *a, int64_t as,
-                           ksums s, const int nc) {
-    const int64_t nbk = k / QK_K;
+/* Q6_K row x nc tokens -> y[c * ys]: values u - 32 with u = 4 bits of ql and 2 of qh; the 32 goes back
+ * per super-block as -32 * sum_g scale_g * bsums_g, the starting value of the integer sums. */
+ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y, int64_t ys,
+                              const int nc) {
+    const int64_t nb = k / QK_K;
     const __m512i low4 = _mm512_set1_epi8(0x0f), bits45 = _mm512_set1_epi8(0x30);
     const __m512i shl01 = pick2_words(4, 2), shr23 = pick2_words(0, 2);
     __m512 acc[TILE_C];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = s.acc[c];
-    for (int64_t b = b0; b < b0 + nb; b++) {
-        const blk_q6_k *x = (const blk_q6_k *)w + (b - b0);
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const blk_q6_k *x = (const blk_q6_k *)w + b;
         prefetch_ahead((const uint8_t *)x, 4); /* 210 bytes a super-block */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
         const __m512i scales = _mm512_castsi256_si512(sc16);
         __m512i iacc[TILE_C];
         UNROLL for (int c = 0; c < nc; c++) {
-            const int16_t *bsums = (const int16_t *)((const float *)(a + c * as + k) + nbk);
+            const int16_t *bsums = (const int16_t *)((const float *)(a + c * as + k) + nb);
             __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(bsums + 16 * b)), 5);
             iacc[c] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
         }
@@ -236,70 +209,8 @@ ALWAYS void q6k_zmm_blocks(int64_t k, const uint8_t *w, int64_t b0, int64_t nb, 
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[c]), _mm512_set1_ps(d * ad[b]), acc[c]);
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) s.acc[c] = acc[c];
+    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]);
 }
-
-ALWAYS void q6k_zmm_store(ksums s, float *y, int64_t ys, const int nc) {
-    UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(s.acc[c]);
-}
-
-/* Q6_K row x nc tokens -> y[c * ys] */
-ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y, int64_t ys,
-                              const int nc) {
-    __m512 acc[TILE_C];
-    __m256 accm[TILE_C];
-    const ksums s = {acc, accm};
-    ksums_zero(s, nc);
-    q6k_zmm_blocks(k, w, 0, k / QK_K, a, as, s, nc);
-    q6k_zmm_store(s, y, ys, nc);
-}
-
-/* Rows in a group of a piece-major walk: their sums (PIECE_GROUP_ROWS x 96 bytes a token) stay in L1
- * beside the activations' piece, and a piece of the group is one stream of 64 x 1152 (Q4_K) to 64 x 1680
- * (Q6_K) bytes. */
-#define PIECE_GROUP_ROWS 512
-
-/* Rows [r0, r0 + n_rows) of piece-major W (m, k) of type Q4_K (kind 0), Q5_K (1) or Q6_K (2) x nc tokens
- * -> y[c * ys + r - r0]: per group of rows, piece after piece, each row's sums carried between pieces. */
-ALWAYS void kpieces_body(const int kind, int64_t k, const uint8_t *w, int64_t m, int64_t r0, int64_t n_rows,
-                         const uint8_t *a, int64_t as, float *y, int64_t ys, const int nc) {
-    const int64_t bs = kind == 0 ? sizeof(blk_q4_k) : kind == 1 ? sizeof(blk_q5_k) : sizeof(blk_q6_k);
-    const int64_t per = EMBER_PIECE_VALUES / QK_K, nb = k / QK_K;
-    _Alignas(64) __m512 acc[PIECE_GROUP_ROWS * nc];
-    _Alignas(64) __m256 accm[PIECE_GROUP_ROWS * nc];
-    for (int64_t g0 = 0; g0 < n_rows; g0 += PIECE_GROUP_ROWS) {
-        const int64_t gn = EMBER_MIN((int64_t)PIECE_GROUP_ROWS, n_rows - g0);
-        for (int64_t r = 0; r < gn; r++) ksums_zero((ksums){acc + r * nc, accm + r * nc}, nc);
-        for (int64_t b0 = 0; b0 < nb; b0 += per) {
-            const uint8_t *wp = w + ember_piece_offset(m, k, bs, r0 + g0, b0);
-            for (int64_t r = 0; r < gn; r++) {
-                const ksums s = {acc + r * nc, accm + r * nc};
-                if (kind == 2) q6k_zmm_blocks(k, wp + r * per * bs, b0, per, a, as, s, nc);
-                else k32_zmm_blocks(kind, k, wp + r * per * bs, b0, per, a, as, s, nc);
-            }
-        }
-        for (int64_t r = 0; r < gn; r++) {
-            const ksums s = {acc + r * nc, accm + r * nc};
-            if (kind == 2) q6k_zmm_store(s, y + g0 + r, ys, nc);
-            else k32_zmm_store(s, y + g0 + r, ys, nc);
-        }
-    }
-}
-
-#define K_PIECES(fname, KIND)                                                                                   \
-    static void fname(int64_t k, const void *w, int64_t m, int64_t r0, int64_t n_rows, const void *a, int64_t as, \
-                      int nc, float *y, int64_t ys) {                                                           \
-        switch (nc) {                                                                                           \
-        case 1: kpieces_body(KIND, k, w, m, r0, n_rows, a, as, y, ys, 1); return;                               \
-        case 2: kpieces_body(KIND, k, w, m, r0, n_rows, a, as, y, ys, 2); return;                               \
-        case 3: kpieces_body(KIND, k, w, m, r0, n_rows, a, as, y, ys, 3); return;                               \
-        default: kpieces_body(KIND, k, w, m, r0, n_rows, a, as, y, ys, 4); return;                              \
-        }                                                                                                       \
-    }
-
-K_PIECES(pieces_q4_k_zmm, 0)
-K_PIECES(pieces_q5_k_zmm, 1)
-K_PIECES(pieces_q6_k_zmm, 2)
 
 #define K_ZMM_TILE(fname, CALL)                                                                               \
     static void fname(int64_t k, const void *w, int64_t ws, const void *a, int64_t as, float *y, int64_t ys, \
@@ -753,13 +664,10 @@ static panel_tiles_fn panel_tiles_for(int type) {
     return min ? panel_tiles_k16_min : panel_tiles_k16;
 }
 
-_Static_assert(PANEL_KMAX == EMBER_PIECE_VALUES, "a panel's k-slice is a piece of piece-major W");
-
 /* W rows (nrows, k) -> y[t * ys + r] for t < n: each panel of 16 rows is packed once per k-slice of at
- * most PANEL_KMAX values, and every token is swept over it. Rows are ws bytes apart; piece_bytes 0: W is
- * row-major, else piece-major (quant.h) with k-slice s of the rows at w + s * piece_bytes. */
-static void panel_matmul_at(int type, int64_t k, const uint8_t *w, int64_t ws, int64_t piece_bytes, int64_t nrows,
-                            const void *a, int64_t as, int64_t n, float *y, int64_t ys) {
+ * most PANEL_KMAX values, and every token is swept over it. */
+static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
+                         int64_t as, int64_t n, float *y, int64_t ys) {
     _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_ROW_BYTES + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
     const int CH = panel_chunk(type);
     const int legacy = ember_qtype_get(type)->act == EMBER_ACT_Q16;
@@ -774,10 +682,8 @@ static void panel_matmul_at(int type, int64_t k, const uint8_t *w, int64_t ws, i
         const __mmask16 mask = (__mmask16)((1u << nr) - 1);
         for (int64_t k0 = 0; k0 < k; k0 += PANEL_KMAX) {
             const int64_t kn = EMBER_MIN((int64_t)PANEL_KMAX, k - k0), nch = kn / CH;
-            const uint8_t *slice = piece_bytes ? w + k0 / PANEL_KMAX * piece_bytes : w;
-            const int64_t b0 = piece_bytes ? 0 : k0 / qk;
             if (nr < PANEL_ROWS) memset(buf, 0, sizeof buf); /* lanes past nr: zeros, not garbage */
-            for (int r = 0; r < nr; r++) pack_row(type, slice + (r0 + r) * ws, b0, kn / qk, r, &p);
+            for (int r = 0; r < nr; r++) pack_row(type, (const uint8_t *)w + (r0 + r) * ws, k0 / qk, kn / qk, r, &p);
             if (legacy) transpose_chunks32(&p, 2 * nch); /* int16 weights: two 32-byte pieces a chunk */
             else if (CH == 32) transpose_chunks32(&p, nch);
             else transpose_chunks16(&p, nch);
@@ -789,22 +695,9 @@ static void panel_matmul_at(int type, int64_t k, const uint8_t *w, int64_t ws, i
     }
 }
 
-static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a, int64_t as,
-                         int64_t n, float *y, int64_t ys) {
-    panel_matmul_at(type, k, w, ws, 0, nrows, a, as, n, y, ys);
-}
-
-/* The K-quants' panels over rows [r0, r0 + nrows) of piece-major W (m, k). */
-static void panel_pieces(int type, int64_t k, const void *w, int64_t m, int64_t r0, int64_t nrows, const void *a,
-                         int64_t as, int64_t n, float *y, int64_t ys) {
-    const int64_t row = EMBER_PIECE_VALUES / QK_K * ember_qtype_get(type)->type_size;
-    panel_matmul_at(type, k, (const uint8_t *)w + r0 * row, row, m * row, nrows, a, as, n, y, ys);
-}
-
 #define PANEL_F(min_tokens) {ember_float_panel_avx512, FLOAT_PANEL_ROWS_AVX512, min_tokens}
 
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
-#define PANEL_K(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens, panel_pieces}
 
 /* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon).
  * Q4_0, Q4_1 and Q8_0 take the panels only against rows rounded as llama.cpp (from INT8_TILE_TOKENS, matmul.c):
@@ -816,8 +709,8 @@ const ember_kernels ember_kernels_avx512 = {
     .panel = {
         [EMBER_T_Q4_0] = PANEL(20), [EMBER_T_Q4_1] = PANEL(20), [EMBER_T_Q5_0] = PANEL(6),
         [EMBER_T_Q5_1] = PANEL(6), [EMBER_T_Q8_0] = PANEL(6), [EMBER_T_IQ4_NL] = PANEL(6), [EMBER_T_MXFP4] = PANEL(6),
-        [EMBER_T_Q4_K] = PANEL_K(8), [EMBER_T_Q5_K] = PANEL_K(8), [EMBER_T_IQ4_XS] = PANEL(8),
-        [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL_K(20),
+        [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
+        [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
         [EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8),
     },
 };
