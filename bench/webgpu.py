@@ -11,14 +11,23 @@ for the prompt step. On lavapipe (Mesa's software Vulkan driver) the "GPU" is th
 machine's cores: the figures say how the backend behaves, not how a GPU
 would run it. Writes JSON (default bench/results/webgpu.json).
 
+With --products REV: the prompt kernel alone instead, on the GPU plan (tiles, `mm`) whatever the
+adapter: each model's first layer's products as its prompt step dispatches them (queries, keys
+and values in one; the output; gate and up in one; down) on --n-prompt random activation rows,
+each dispatch timed by timestamp queries, beside the same dispatches through the `mm` of git
+revision REV (its matmul.wgsl in this tree's module, or a copy of one at the path REV;
+--products-tile: its tile) and through mv_row (a thread a weight row: the CPU adapters' kernel
+for a few rows), alternating; medians and GFLOP/s.
+
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
-                           [--n-gen 16] [--reps 3] [--threads 2]
+                           [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,6 +165,114 @@ def bench_model(spec: str, args) -> dict:
     return out
 
 
+LAYER_PRODUCTS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+
+
+def layer_products(backend, path: Path, n: int) -> list:
+    """(weights, x, outs, flops) of the first layer's products, the weights on the device."""
+    from ember.gguf_loader import GGUFFile
+
+    rng = np.random.default_rng(3)
+    found = []
+    with GGUFFile(path) as f:
+        for names in LAYER_PRODUCTS:
+            ws = [backend.weight(f.tensors[f"blk.0.{name}.weight"]) for name in names]
+            x = backend.from_numpy(rng.standard_normal((n, ws[0].shape[1])).astype(np.float32))
+            outs = [backend.empty((n, w.shape[0])) for w in ws]
+            found.append((ws, x, outs, sum(2 * n * w.shape[0] * w.shape[1] for w in ws)))
+        backend.settle()  # the weights copied to the device while the file is open
+    return found
+
+
+def old_mm(backend, decoder: str, rev: str):
+    """The `mm` pipeline of git revision rev's matmul.wgsl (or of the file rev names) in this
+    tree's module of a weight type (named by its decoder)."""
+    from ember.backends.webgpu import _kernels
+
+    named = {"PIECE(": decoder.replace("deq_", "pc_") + "(", "DEQ(": f"{decoder}("}
+
+    def resolved(text: str) -> str:
+        for a, b in named.items():
+            text = text.replace(a, b)
+        return text
+
+    if Path(rev).is_file():  # a copy (a machine without the repository's history)
+        old = Path(rev).read_text()
+    else:
+        old = subprocess.run(["git", "show", f"{rev}:ember/backends/webgpu/kernels/matmul.wgsl"], check=True,
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parent).stdout
+    code = _kernels._products(decoder).replace(resolved(_kernels.source("matmul.wgsl")), resolved(old))
+    module = backend.device.create_shader_module(code=code)
+    return backend.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "mm"})
+
+
+def product_steps(backend, products, rev: str, old_tile: int) -> tuple:
+    """Recorded steps of the products: this tree's mm, rev's (its own workgroup grid) and mv_row;
+    and the dispatches of each product (a group of matrices of two types takes two)."""
+    from ember.backends.webgpu._step import Dispatch
+
+    backend.row_products = False  # the GPU plan on any adapter
+    spans = []
+    with backend.record() as new:
+        for ws, x, outs, _ in products:
+            start = len(new.dispatches)
+            backend.matmuls(ws, x, outs)
+            spans.append(range(start, len(new.dispatches)))
+    names, pipes = backend.kernels.names(), {}
+    with backend.record() as old:
+        for d in new.dispatches:
+            decoder = names[id(d.pipeline)][0]
+            pipe = pipes.get(decoder) or pipes.setdefault(decoder, old_mm(backend, decoder, rev))
+            rows, n = int(d.params[0]), int(d.params[2])
+            old.dispatches.append(Dispatch(pipe, d.bindings, d.params, (-(-rows // old_tile), -(-n // old_tile), 1)))
+    with backend.record() as by_rows:  # the CPU adapters' kernel for a few rows
+        for d in new.dispatches:
+            rows, n = int(d.params[0]), int(d.params[2])
+            pipe = backend.kernels.pipeline(names[id(d.pipeline)][0], "mv_row")
+            by_rows.dispatches.append(Dispatch(pipe, d.bindings, d.params, (-(-rows // 64), -(-n // 8), 1)))
+    return {"new": new, "old": old, "mv_row": by_rows}, spans
+
+
+def bench_products(spec: str, args) -> dict:
+    name, _, where = spec.partition("=")
+    path = Path(where) if where else hub.resolve(name)
+    from ember.backends import get_backend
+
+    backend = get_backend(args.device)
+    if "timestamp-query" not in backend.device.features:
+        raise SystemExit("--products needs an adapter with timestamp queries")
+    products = layer_products(backend, path, args.n_prompt)
+    steps, spans = product_steps(backend, products, args.products, args.products_tile)
+    times = {key: [] for key in steps}
+    for _ in range(args.reps):
+        for key, step in steps.items():
+            times[key].append(step.gpu_times(backend.device, backend.wgpu))
+    out = {"path": str(path), "adapter": backend.describe()["name"], "n": args.n_prompt, "against": args.products,
+           "products": []}
+    for (ws, _, _, flops), span in zip(products, spans):
+        row = {"weights": [f"{w.name.split('.')[2]} {w.type.name} {w.shape[0]}x{w.shape[1]}" for w in ws],
+               "gflop": flops / 1e9}
+        for key in steps:
+            each = [sum(float(t[i]) for i in span) for t in times[key]]
+            ns = statistics.median(each)
+            row[key] = {"ms": ns / 1e6, "gflops": flops / ns, "samples_ms": [e / 1e6 for e in each]}
+        out["products"].append(row)
+    return out
+
+
+def report_products(name: str, r: dict) -> None:
+    print(f"{name} on {r['adapter']}: a layer's prompt products at n = {r['n']}, ms (GFLOP/s): "
+          f"this tree's mm / {r['against']}'s mm / mv_row")
+    total = dict.fromkeys(("new", "old", "mv_row"), 0.0)
+    for row in r["products"]:
+        for key in total:
+            total[key] += row[key]["ms"]
+        times = " / ".join(f"{row[key]['ms']:7.2f} ({row[key]['gflops']:5.1f})" for key in total)
+        print(f"  {' + '.join(row['weights']):50s} {times}")
+    print(f"  layer: {' / '.join(f'{v:.2f}' for v in total.values())} ms; this tree's mm "
+          f"{total['old'] / total['new']:.2f}x {r['against']}'s, {total['mv_row'] / total['new']:.2f}x mv_row")
+
+
 def report(name: str, r: dict, args) -> None:
     print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
     for key in ("webgpu", "cpu", "llama.cpp"):
@@ -189,13 +306,21 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "webgpu.json")
+    ap.add_argument("--products", metavar="REV",
+                    help="time the prompt products alone, beside the mm of git revision REV (or of the matmul.wgsl "
+                    "at path REV)")
+    ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
     args = ap.parse_args()
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                "threads": args.threads, "models": {}}
     for spec in args.models:
         name = spec.partition("=")[0]
-        results["models"][name] = r = bench_model(spec, args)
-        report(name, r, args)
+        if args.products:
+            results["models"][name] = r = bench_products(spec, args)
+            report_products(name, r)
+        else:
+            results["models"][name] = r = bench_model(spec, args)
+            report(name, r, args)
     results["load_after"] = machine_load()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

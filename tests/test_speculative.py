@@ -186,6 +186,49 @@ def test_draft_lengths_weigh_expected_tokens_against_the_cost_of_rows():
     assert draft_lengths([(0.99, 0.99)], [15], 1, low) == [15]
 
 
+def test_a_count_measured_slow_once_is_tried_again():
+    """A drafted count's first measurement starts from what the measured counts beside it say, and
+    moves it a step only: one slow step (another process, a recording) at 11 drafted rows must not
+    make 11 and every longer draft look dear for good, or the drafts would stay short (a copy kept
+    at 3-10 tokens a step)."""
+    costs = StepCosts()
+    costs.measured(1, 0, 0.010)
+    for _ in range(3):
+        costs.measured(1, 3, 0.0134)
+        costs.measured(1, 10, 0.0297)
+    before = costs.relative(1, 11)
+    costs.measured(1, 11, 0.0366)  # once, slow
+    assert before < costs.relative(1, 11) < before * 1.06
+    assert draft_lengths([(0.95, 0.997)], [31], 1, costs)[0] > 11
+
+
+def test_a_recording_step_is_not_taken_for_what_drafted_rows_cost(spec_llms):
+    """A step shape's first run is recorded (the backend's op list kept for replays), which costs more
+    than the step: its time must not be measured as the drafted rows' cost (then a draft length
+    whose first step was recorded looked dear and was never verified again)."""
+    m = spec_llms("smollm2")
+    runner, spec = m.engine.runner, m.engine.spec
+    seen = {"measured": 0, "recorded drafted": 0}
+    measured, run = spec.measured, runner.run
+
+    def checked(plan, seconds):
+        assert not runner.recorded
+        seen["measured"] += 1
+        return measured(plan, seconds)
+
+    def watched(plan, *a, **kw):
+        out = run(plan, *a, **kw)
+        seen["recorded drafted"] += runner.recorded and any(c.draft for c in plan.chunks)
+        return out
+
+    spec.measured, runner.run = checked, watched
+    try:
+        collect(m.engine.submit(Request(edit_prompt(m, 99), 160, GREEDY)))
+    finally:
+        del spec.measured, runner.run
+    assert seen["measured"] > 10 and seen["recorded drafted"] > 0
+
+
 def test_auto_spec_type_is_draftless_where_steps_run_one_at_a_time():
     cfg = SpecConfig(parse_types("auto"), auto=True)
     assert cfg.types == ("cache", "lookup")

@@ -170,7 +170,55 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op):
             close(gpu.to_numpy(uo), ru0, rel=1e-4)
 
 
-def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
+@pytest.mark.parametrize("plan", ["lanes"], indirect=True)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, qtype):
+    """The prompt kernel (mm: 64 x 64 output tiles, k in runs of 32) on every type: rows and
+    activation rows short of, just past and two tiles plus one past a tile (the last tile's
+    rows and activation rows past the ends read but never stored), k of an odd number of runs
+    (96) or of super-blocks (768)."""
+    cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
+    x = np.random.default_rng(7).standard_normal((129, cols))
+    for rows in (63, 65, 129):
+        w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
+        for n in (9, 64, 129):
+            out = gpu.empty((n, rows))
+            gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+            assert dispatched(gpu)[1] == "mm"
+            close(gpu.to_numpy(out), x[:n] @ ref.T)
+
+
+@pytest.mark.parametrize("plan", ["lanes"], indirect=True)
+def test_prompt_tiles_write_only_their_outputs(gpu, plan):
+    """The edge tiles store nothing past the rows (outputs are rows wide: a stray value would land
+    in the next activation row's) nor past the activation rows (an output longer than n keeps its
+    tail)."""
+    w, ref = matrix(gpu, T.Q4_1, 70, 256, seed=60)
+    x = np.random.default_rng(8).standard_normal((80, 256))
+    out = gpu.from_numpy(np.full((90, 70), 7.0, np.float32))
+    gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
+    got = gpu.to_numpy(out)
+    close(got[:80], x @ ref.T)
+    assert (got[80:] == 7.0).all()
+
+
+@pytest.mark.parametrize("plan", ["rows"], indirect=True)
+def test_cpu_adapters_take_tiles_where_they_pay(gpu, plan):
+    """The CPU adapters' plan: a thread a row (mv_row) for a few activation rows, tiles (mm) from
+    a whole tile of them on, and back to rows where the last tile would be mostly padding."""
+    w, ref = matrix(gpu, T.Q4_K, 70, 256, seed=61)
+    x = np.random.default_rng(9).standard_normal((128, 256))
+    for n, entry in ((9, "mv_row"), (53, "mv_row"), (64, "mm"), (70, "mv_row"), (128, "mm")):
+        out = gpu.empty((n, 70))
+        gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+        assert dispatched(gpu)[1] == entry, n
+        close(gpu.to_numpy(out), x[:n] @ ref.T)
+
+
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+def test_matrices_beyond_a_binding_are_split_by_rows(gpu, plan):
+    """Parts of 20 rows: a dispatch each, into the output's columns from the part's first row
+    (decode, and prompt tiles larger than a part)."""
     before = gpu.max_binding
     gpu.max_binding = 20 * 272 + 16  # 20 rows of Q8_0 x 256 (8 blocks of 34 bytes) a buffer
     try:
@@ -178,8 +226,9 @@ def test_matrices_beyond_a_binding_are_split_by_rows(gpu):
     finally:
         gpu.max_binding = before
     assert [p[:2] for p in w.data.parts] == [(0, 20), (20, 20), (40, 10)]
-    x = np.random.default_rng(0).standard_normal((3, 256))
-    close(product(gpu, w, x), x @ ref.T)
+    x = np.random.default_rng(0).standard_normal((70, 256))
+    for n in (3, 70):
+        close(product(gpu, w, x[:n]), x[:n] @ ref.T)
     ids = np.array([49, 0, 21, 39], np.int32)
     out = gpu.empty((4, 256))
     gpu.get_rows(w, ids, out)

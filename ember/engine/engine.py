@@ -287,7 +287,8 @@ class Engine:
             self.metrics.ahead_steps += self.ahead.follow(step, quiet=self._inbox.empty())
         self.output.hand_over()  # the last step's texts and events, while this one runs on the device
         self._postprocess(step, self.runner.wait(step))
-        self.spec.measured(step.plan, time.perf_counter() - t0)  # what drafted rows cost, as steps run
+        if not step.recorded:  # what drafted rows cost, as steps run (a recording's time is not the step's)
+            self.spec.measured(step.plan, time.perf_counter() - t0)
 
     def _schedule(self) -> Plan:
         """The next step's plan, decoding sequences' drafts in it."""

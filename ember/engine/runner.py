@@ -41,13 +41,15 @@ class Ahead:
 @dataclass(slots=True)
 class Launched:
     """A step on its way: its plan, how its results come back (top_k > 0: each row's k best ids
-    and their logits, TopLogits), where they will be, and a mark of the device's queue to wait for
-    (None where the step ran before launch returned)."""
+    and their logits, TopLogits), where they will be, a mark of the device's queue to wait for
+    (None where the step ran before launch returned), and whether its shape was recorded as it ran
+    (then its time holds the recording's too)."""
 
     plan: Plan
     top_k: int
     out: Any
     mark: Any = None
+    recorded: bool = False
 
 
 class StepInputs:
@@ -98,6 +100,7 @@ class ModelRunner:
         # ...and takes an ahead step's tokens from the step before's best ids on the device
         self.chains = caps.chain_tokens
         self._parity = 0  # ahead steps alternate between two recordings of their shape (see run)
+        self.recorded = False  # whether the last step run recorded its shape
 
     def _seen_before(self, key) -> bool:
         """Whether a step of this shape ran before. A shape is recorded the second time it comes:
@@ -115,7 +118,7 @@ class ModelRunner:
         """Start the step (see run); on a device that overlaps, it may still be running when this
         returns: `wait` for its results."""
         out = self.run(plan, top_k, wait=False, ahead=ahead)
-        return Launched(plan, top_k, out, self.model.backend.mark() if self.overlaps else None)
+        return Launched(plan, top_k, out, self.model.backend.mark() if self.overlaps else None, self.recorded)
 
     def wait(self, step: Launched):
         """The launched step's results, once the device has computed them."""
@@ -153,6 +156,7 @@ class ModelRunner:
         few, and every later step of the batch has one of them; drafted ones add one a draft length)."""
         store, limit = (self._recordings, MAX_RECORDINGS) if step.n <= MAX_RECORDED_TOKENS else \
             (self._large, MAX_LARGE_RECORDINGS)
+        self.recorded = False
         hit = store.get(key)
         if hit is not None:
             store.move_to_end(key)
@@ -165,6 +169,7 @@ class ModelRunner:
             return self.model.forward(step, self.cache)
         with self.model.backend.record() as rec:
             logits = self.model.forward(step, self.cache)
+        self.recorded = True
         store[key] = (rec, logits)
         if len(store) > limit:
             store.popitem(last=False)

@@ -298,9 +298,12 @@ class StepCosts:
             return
         ratios = self._ratio.setdefault(base, {})
         ratio, old = seconds / plain, ratios.get(drafted)
+        if old is None and ratios:  # a new count starts from what the others say of it
+            old = self._estimate(base, drafted)
         if old is None:
             ratios[drafted] = ratio
-        else:  # one slow step (the machine's, not the rows') moves the estimate a little only
+        else:  # one slow step (the machine's, not the rows') moves the estimate a little only: a count
+            # that came out slow once would otherwise never be tried again to correct it
             ratios[drafted] = old + COST_EMA * (min(max(ratio, 0.8 * old), 1.25 * old) - old)
 
     def relative(self, base: int, drafted: int) -> float:
@@ -308,16 +311,20 @@ class StepCosts:
         measured (interpolated between measured counts), at most the prior's."""
         if not drafted:
             return 1.0
+        return min(self._estimate(base, drafted), _prior(base + drafted) / _prior(base))
+
+    def _estimate(self, base: int, drafted: int) -> float:
+        """relative() before the prior's cap."""
         prior = _prior(base + drafted) / _prior(base)
         ratios = self._ratio.get(base, {})
         if drafted in ratios:
-            return min(ratios[drafted], prior)
+            return ratios[drafted]
         below = max((n for n in ratios if n < drafted), default=0)
         above = min((n for n in ratios if n > drafted), default=None)
         low = ratios.get(below, 1.0)
         if above is None:  # past the measured counts: the prior's shape from the largest of them
-            return min(low * prior / (_prior(base + below) / _prior(base)), prior)
-        return min(low + (ratios[above] - low) * (drafted - below) / (above - below), prior)
+            return low * prior / (_prior(base + below) / _prior(base))
+        return low + (ratios[above] - low) * (drafted - below) / (above - below)
 
 
 def _prior(rows: int) -> float:

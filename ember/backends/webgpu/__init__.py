@@ -34,6 +34,11 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
 MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
 MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
+MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
+# a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
+# models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
+# times the activation rows (64 rows and more, bar the last tile's waste), mv_row below
+CPU_TILE_SLACK = 1.2
 TOPK_MAX = 256
 TOPK_CHUNK = 4096  # values a workgroup of top_k's first stage takes (GPUs, rows of 4 chunks and more: two stages)
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
@@ -87,10 +92,11 @@ class Backend:
         self.adapter, self.device, self.kernels = _device.open_adapter(device)
         self.n_threads = 1  # host threads: the adapter does the work
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
-        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products of 2 rows
-        # and more fastest a weight row a thread with no shared memory or barriers (mv_row: each
-        # block decoded once for 8 activation rows), one row with lanes splitting blocks (mvp); a
-        # GPU wants lanes sharing a row's blocks (mvp) and tiles shared by a workgroup (mm)
+        # a CPU adapter (lavapipe: invocations are SIMD lanes of host cores) runs products of a few
+        # rows fastest a weight row a thread with no shared memory or barriers (mv_row: each
+        # block decoded once for 8 activation rows), one row with lanes splitting blocks (mvp), and
+        # whole tiles (mm) from 64 rows (CPU_TILE_SLACK); a GPU wants lanes sharing a row's blocks
+        # (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         self._recording: Step | None = None
@@ -299,10 +305,10 @@ class Backend:
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
-        elif self.row_products:
+        elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         else:
-            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // 32), -(-n // 32), 1))
+            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[i] = x @ ws[i].T: the matrices of one type and width, whole in one buffer, one

@@ -29,71 +29,103 @@ fn store(j: u32, r: u32, v: f32) {
     }
 }
 
-// Prompts: a 32 x 32 tile of Y a workgroup; each 32-value slice of k decoded once into shared
-// memory for 32 activation rows (every thread 2 of its 128 pieces and 4 of its 256 x vec4s),
-// each thread 4 x 4 outputs.
-const TS: u32 = 33u;  // padded row of a shared tile
-var<workgroup> ws: array<f32, 1056>;
-var<workgroup> xs: array<f32, 1056>;
+// Prompts: a 64 x 64 tile of Y a workgroup of 256 threads (64 weight rows by 64 activation rows),
+// k taken 32 values (a block, a K-quant sub-block) at a time. Each run of 32 is decoded once into
+// workgroup memory (a thread one 8-value piece) beside the activations' (a thread a vec4 of two
+// activation rows, 8 threads reading a row's 128 bytes), both stored k-major, so that a thread
+// reads the 4 weight rows and the 4 activation rows of its 4 x 4 outputs as one vec4 each. The
+// next run is read from global memory into registers while the current one is multiplied.
+// 16 KiB of workgroup memory (WebGPU's default limit).
+var<workgroup> ws: array<vec4<f32>, 512>;  // [i * 16 + (r / 4 ^ mm_sw(i))][r % 4]: value i of tile row r
+var<workgroup> xs: array<vec4<f32>, 512>;  // [i * 16 + (j / 4 ^ mm_sx(i))][j % 4]: value i of activation row j
 
-fn put4(at: u32, v: vec4<f32>, x: bool) {
-    if (x) {
-        xs[at] = v.x;
-        xs[at + 1u] = v.y;
-        xs[at + 2u] = v.z;
-        xs[at + 3u] = v.w;
-    } else {
-        ws[at] = v.x;
-        ws[at + 1u] = v.y;
-        ws[at + 2u] = v.z;
-        ws[at + 3u] = v.w;
+// Each k's 16 vec4s permuted (an xor with a function of k alone) so that the 32 scalar stores of
+// a warp's staging meet 32 distinct banks: of the weights, 8 rows by 4 pieces for every piece
+// layout (values 4q.. and 16 + 4q.. of the 32-value block types, 8q.. of the others); of the
+// activations, 4 rows by 8 vec4s. Both are constant over 4 consecutive k.
+fn mm_sw(i: u32) -> u32 { return (((i >> 2u) ^ (i >> 4u)) & 3u) << 1u; }
+fn mm_sx(i: u32) -> u32 { return (i >> 2u) & 7u; }
+
+// What a thread reads of one run c: its weight row's piece and a vec4 of each of its activation rows.
+struct Staged { w: Piece, x0: vec4<f32>, x1: vec4<f32> }
+
+fn mm_read(base: u32, q: u32, x0: u32, x1: u32, c: u32) -> Staged {
+    return Staged(PIECE(base, 4u * c + q), X4[x0 + 8u * c], X4[x1 + 8u * c]);
+}
+
+// s into the tiles: weight row r; activation rows j and j + 32 (values 4v .. 4v + 3 of the run)
+fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
+    let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run (multiples of 4:
+    let ib = 4u * (s.w.xb - 8u * c);  // one swizzle for each 4)
+    let wa = ia * 16u + ((r / 4u) ^ mm_sw(ia));
+    let wb = ib * 16u + ((r / 4u) ^ mm_sw(ib));
+    let xo = 4u * v * 16u + ((j / 4u) ^ mm_sx(4u * v));
+    for (var i = 0u; i < 4u; i++) {
+        ws[wa + 16u * i][r % 4u] = s.w.a[i];
+        ws[wb + 16u * i][r % 4u] = s.w.b[i];
+        xs[xo + 16u * i][j % 4u] = s.x0[i];
+        xs[(xo ^ 8u) + 16u * i][j % 4u] = s.x1[i];  // row j + 32: (j + 32) / 4 = j / 4 + 8, swizzled alike
     }
 }
 
-@compute @workgroup_size(64)
+// Y[j, r .. r + 3] of a thread's (virtual) rows r .. (those that exist)
+fn store4(j: u32, r: u32, v: vec4<f32>, rows: u32) {
+    for (var a = 0u; a < 4u; a++) {
+        if (r + a < rows) { store(j, r + a, v[a]); }
+    }
+}
+
+@compute @workgroup_size(256)
 fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
-    let r0 = wid.x * 32u;
-    let n0 = wid.y * 32u;
-    let tr = (t % 8u) * 4u;
-    let tn = (t / 8u) * 4u;
-    var acc: array<f32, 16>;
-    for (var c = 0u; c < k / 32u; c++) {
-        for (var u = 0u; u < 2u; u++) {
-            let r = t / 2u;  // a tile row, pieces 4c + q of it
-            let q = 2u * (t % 2u) + u;
-            let w = PIECE(row_base(min(r0 + r, rows - 1u)), 4u * c + q);
-            let live = r0 + r < rows;
-            put4(r * TS + 4u * w.xa - 32u * c, select(vec4<f32>(), w.a, live), false);
-            put4(r * TS + 4u * w.xb - 32u * c, select(vec4<f32>(), w.b, live), false);
-        }
-        for (var u = 0u; u < 4u; u++) {
-            let e = 4u * t + u;
-            let j = e / 8u;  // a tile row of x, its vec4 e % 8
-            var v = vec4<f32>();
-            if (n0 + j < n) { v = X4[((n0 + j) * k + c * 32u) / 4u + e % 8u]; }
-            put4(j * TS + 4u * (e % 8u), v, true);
-        }
+    let r0 = wid.x * 64u;
+    let n0 = wid.y * 64u;
+    // staging: weight row r (piece q of each run), activation rows j, j + 32 (vec4 v of each run);
+    // rows past the matrix or the activations read the last one's (their outputs are never stored)
+    let r = t / 4u;
+    let q = t % 4u;
+    let j = t / 8u;
+    let v = t % 8u;
+    let base = row_base(min(r0 + r, rows - 1u));
+    let x0 = min(n0 + j, n - 1u) * (k / 4u) + v;
+    let x1 = min(n0 + j + 32u, n - 1u) * (k / 4u) + v;
+    // products: weight rows 4 tm .., activation rows 4 tn ..; a 32-lane warp takes 8 tm by 4 tn
+    // (its loads of each k: 8 vec4s of weights, 4 of activations); c_b: the 4 rows' sums of row 4 tn + b
+    let tm = t % 8u + 8u * ((t / 32u) % 2u);
+    let tn = (t % 32u) / 8u + 4u * (t / 64u);
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    let runs = k / 32u;
+    var next = mm_read(base, q, x0, x1, 0u);
+    for (var c = 0u; c < runs; c++) {
+        mm_stage(next, r, j, v, c);
         workgroupBarrier();
-        for (var i = 0u; i < 32u; i++) {
-            var wv: array<f32, 4>;
-            for (var a = 0u; a < 4u; a++) { wv[a] = ws[(tr + a) * TS + i]; }
-            for (var b = 0u; b < 4u; b++) {
-                let xv = xs[(tn + b) * TS + i];
-                for (var a = 0u; a < 4u; a++) { acc[a * 4u + b] += wv[a] * xv; }
+        if (c + 1u < runs) { next = mm_read(base, q, x0, x1, c + 1u); }
+        for (var g = 0u; g < 8u; g++) {  // k 4g .. 4g + 3: one swizzle
+            let wc = tm ^ mm_sw(4u * g);
+            let xc = tn ^ mm_sx(4u * g);
+            for (var u = 0u; u < 4u; u++) {
+                let i = (4u * g + u) * 16u;
+                let w = ws[i + wc];
+                let x = xs[i + xc];
+                c0 += w * x.x;
+                c1 += w * x.y;
+                c2 += w * x.z;
+                c3 += w * x.w;
             }
         }
         workgroupBarrier();
     }
-    for (var a = 0u; a < 4u; a++) {
-        for (var b = 0u; b < 4u; b++) {
-            let r = r0 + tr + a;
-            let j = n0 + tn + b;
-            if (r < rows && j < n) { store(j, r, acc[a * 4u + b]); }
-        }
-    }
+    let rt = r0 + tm * 4u;
+    let jt = n0 + tn * 4u;
+    if (jt < n) { store4(jt, rt, c0, rows); }
+    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); }
+    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); }
+    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); }
 }
 
 // Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).
