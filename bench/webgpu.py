@@ -136,10 +136,14 @@ def encoder_kind() -> str:
     return "a Python loop" if native[0].__qualname__.startswith("_python_encoder") else "native"
 
 
-def bench_model(spec: str, args) -> dict:
+def model_path(spec: str) -> Path:
     """spec: a model name, or NAME=PATH (a file elsewhere, e.g. a skeleton unpacked on a GPU machine)."""
     name, _, where = spec.partition("=")
-    path = Path(where) if where else hub.resolve(name)
+    return Path(where) if where else hub.resolve(name)
+
+
+def bench_model(spec: str, args) -> dict:
+    path = model_path(spec)
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                "cpu": Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)}
@@ -234,8 +238,7 @@ def product_steps(backend, products, rev: str, old_tile: int) -> tuple:
 
 
 def bench_products(spec: str, args) -> dict:
-    name, _, where = spec.partition("=")
-    path = Path(where) if where else hub.resolve(name)
+    path = model_path(spec)
     from ember.backends import get_backend
 
     backend = get_backend(args.device)

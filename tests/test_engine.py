@@ -150,7 +150,9 @@ def test_asyncio_streams_get_a_step_of_events_in_one_wake_up(tiny, monkeypatch):
 
     got = asyncio.run(main())
     assert [tuple(g) for g in got] == [(ids, reason) for ids, reason in want]
-    assert max(calls) >= 8 and len(calls) < sum(len(ids) + 1 for ids, _ in want) / 4
+    # one hand-over a step for all eight (at least 8 events in one), and far fewer hand-overs than events
+    # (a loaded machine lets the loop's thread in between more steps: 24 for 94 events was seen once)
+    assert max(calls) >= 8 and len(calls) < sum(len(ids) + 1 for ids, _ in want) / 3
 
     # a caller that went away: its loop is closed while its request still runs
     gone = asyncio.new_event_loop()
