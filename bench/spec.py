@@ -26,6 +26,9 @@ and after. Writes bench/results/spec.json.
 
 Under a time limit (a quiet run), run one workload and a few repetitions a call: --first-rep picks
 which repetitions (each has its own content), --engines which engines of the table run.
+--old-tree DIR (a checkout with its C extension built, e.g. the commit before a change) adds that
+checkout's speculative engine, `old:ember+spec`, to the same run: both builds alternate in every
+repetition, their ratios against the same `ember`.
 """
 from __future__ import annotations
 
@@ -114,14 +117,16 @@ def complete(port: int, ids: list[int], n_predict: int) -> dict:
 
 
 def start_ember(model: str, threads: int, slots: int, spec: str, draft: str | None = None,
-                p_min: float | None = None) -> tuple[object, int]:
+                p_min: float | None = None, tree: str | None = None) -> tuple[object, int]:
+    """tree: another checkout of ember to run (its package first on the path), else this one."""
     port = _free_port()
     cmd = [sys.executable, "-m", "ember", "serve", model, "--port", str(port), "--slots", str(slots),
            "--threads", str(threads), "--ctx", str(CTX), "--device", "cpu", "--log-level", "warning",
            "--spec-type", spec] + (["--model-draft", draft] if draft else [])
     if draft and p_min is not None:
         cmd += ["--draft-p-min", str(p_min)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tree, env=env)
     return _when_ready(proc, port, "ember serve"), port
 
 
@@ -214,6 +219,9 @@ def main() -> None:
     ap.add_argument("--peer-poll", type=int, default=None, help="llama-server's --poll (default: its own, 50)")
     ap.add_argument("--first-rep", type=int, default=0, help="the first repetition's number (its content)")
     ap.add_argument("--engines", default="", help="only these engines of the table (comma-separated names)")
+    ap.add_argument("--old-tree", default="",
+                    help="another checkout of ember (its C extension built): adds `old:ember+spec`, its "
+                         "speculative engine, alternating with this tree's in every repetition")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spec.json"))
     args = ap.parse_args()
     path = hub.resolve(args.model)
@@ -234,7 +242,8 @@ def main() -> None:
         servers = {}
         try:
             for name, (kind, spec, model, draft) in engines.items():
-                servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min)
+                tree = args.old_tree if name.startswith("old:") else None
+                servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min, tree)
                                  if kind == "ember" else
                                  start_llama(model, args.threads, slots, spec, args.peer_poll, draft, args.draft_p_min))
             for rep in range(args.first_rep, args.first_rep + args.reps):
@@ -244,7 +253,7 @@ def main() -> None:
                     print(f"{workload} rep {rep} {name}: {result['tps']:.1f} tok/s, {result['tokens']} tokens, "
                           f"drafted {result['drafted']}, kept {result['accepted']}", flush=True)
             sources[workload] = {name: draft_sources(servers[name][1]) for name in servers
-                                 if name.startswith("ember") and "+" in name}
+                                 if name.startswith(("ember", "old:")) and "+" in name}
         finally:
             for proc, _ in servers.values():
                 proc.kill()
@@ -268,6 +277,8 @@ def engine_table(args, path: Path) -> dict:
     if "spec" in groups:
         engines["ember"] = ("ember", "none", path, None)
         engines["ember+spec"] = ("ember", args.spec_types, path, None)
+        if args.old_tree:
+            engines["old:ember+spec"] = ("ember", args.spec_types, path, None)
         if peers:
             engines["llama-server"] = ("llama", "none", path, None)
             for t in filter(None, args.peer_types.split(",")):
