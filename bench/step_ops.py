@@ -72,8 +72,9 @@ def layers(rec) -> list[dict]:
     return out
 
 
-def run(pool, rec, idx: list[int], times: dict, labels: list[str], nbytes: list[int]) -> None:
-    """Replays ops idx (in that order) once, adding each product's GB/s under its label."""
+def run(pool, rec, idx: list[int], times: dict, labels: list[str], nbytes: list[int], kinds: dict | None = None) -> None:
+    """Replays ops idx (in that order) once, adding each product's GB/s under its label (and, given
+    kinds, each op kind's total ms of the pass)."""
     arr = ffi.new("ember_op[]", len(idx))
     for j, k in enumerate(idx):
         arr[j] = rec.array[k]
@@ -83,6 +84,13 @@ def run(pool, rec, idx: list[int], times: dict, labels: list[str], nbytes: list[
     for j, k in enumerate(idx):
         if nbytes[k]:
             times[labels[k]].append(nbytes[k] / ns[j])
+    if kinds is not None:
+        by = defaultdict(float)
+        for j, k in enumerate(idx):
+            by["products" if nbytes[k] else labels[k]] += ns[j] / 1e6
+        by["all"] = ns.sum() / 1e6
+        for key, v in by.items():
+            kinds[key].append(v)
 
 
 def main() -> None:
@@ -104,11 +112,11 @@ def main() -> None:
         lay = layers(rec)
         print(f"{name}: {len(rec.ops)} ops a step, {len(lay)} layers found")
         for mode in args.modes:
-            times = defaultdict(list)
+            times, kinds = defaultdict(list), defaultdict(list)
             # alternate a whole step between the modes' passes so that every pass starts from a step's state
             for _ in range(args.reps):
                 if mode == "step":
-                    run(pool, rec, list(range(len(rec.ops))), times, labels, nbytes)
+                    run(pool, rec, list(range(len(rec.ops))), times, labels, nbytes, kinds)
                 elif mode == "ffn":
                     for L in lay:
                         run(pool, rec, [L["gu"], L["silu"], L["down"]], times, labels, nbytes)
@@ -121,7 +129,8 @@ def main() -> None:
                 elif mode == "down-one":
                     for L in lay[:1] * 16:
                         run(pool, rec, [L["down"]], times, labels, nbytes)
-            print(f"  {mode}:")
+            print(f"  {mode}:" + ("" if not kinds else " ms a step: " + ", ".join(
+                f"{key} {statistics.median(v):.2f}" for key, v in sorted(kinds.items(), key=lambda kv: -max(kv[1])))))
             for label, v in sorted(times.items(), key=lambda kv: kv[0]):
                 if len(v) >= args.reps:
                     q = np.percentile(v, [25, 50, 75])
