@@ -430,6 +430,46 @@ def test_multi_matches_separate_calls(types, pools):
             np.testing.assert_array_equal(y, run_matmul(pools[1], t, w, m, k, x))
 
 
+@pytest.mark.parametrize("types", [(T.Q4_K,), (T.Q8_0,), (T.Q4_K, T.Q4_K, T.Q6_K)], ids=lambda ts: "+".join(t.name for t in ts))
+def test_large_decode_products_agree_over_thread_counts(types):
+    """Decode products of a few MB a thread: each share stops short of its neighbours and the units
+    between are taken a chunk at a time by whichever neighbour gets there (the caller too, when it
+    takes over a descheduled worker's share in an oversubscribed pool). Every row is written once,
+    by the kernels of one thread: 2, 3 and 8 threads give the one-thread outputs bit for bit."""
+    rng = np.random.default_rng(17)
+    k = 4096
+    ms = [8001] if types == (T.Q4_K,) else [4103] if types == (T.Q8_0,) else [4096, 1031, 2053]
+    ws = [make_weight(t, m, k, rng) for t, m in zip(types, ms)]
+    assert sum(w.nbytes for w in ws) > 8 * (2 << 20) * (1 if len(types) == 1 else 0.5)
+
+    def run(pool, x):
+        n = x.shape[0]
+        ys = [np.full((n, m), np.nan, np.float32) for m in ms]
+        scratch = np.empty(lib.ember_matmul_scratch_size(int(types[0]), k, n) + 64, np.uint8)
+        rc = lib.ember_matmul_multi(
+            pool, len(types), ffi.new("int[]", [int(t) for t in types]), [ffi.from_buffer(w) for w in ws],
+            ffi.new("int64_t[]", ms), k, ffi.cast("float *", ffi.from_buffer(x)), n,
+            [ffi.cast("float *", ffi.from_buffer(y)) for y in ys], ffi.from_buffer(scratch[(-scratch.ctypes.data) % 64:]),
+            LLAMA)
+        assert rc == 0
+        return ys
+
+    xs = [rng.standard_normal((n, k), dtype=np.float32) for n in (1, 3)]
+    one = lib.ember_pool_create(1)
+    want = [run(one, x) for x in xs]
+    lib.ember_pool_destroy(one)
+    assert all(np.isfinite(y).all() for ys in want for y in ys)
+    for threads in (2, 3, 8):
+        pool = lib.ember_pool_create(threads)
+        try:
+            for _ in range(3 if threads == 8 else 1):
+                for x, ys_want in zip(xs, want):
+                    for y, y_want in zip(run(pool, x), ys_want):
+                        np.testing.assert_array_equal(y, y_want)
+        finally:
+            lib.ember_pool_destroy(pool)
+
+
 def test_multi_refuses_mixed_activation_kinds(pools):
     k, n = 256, 2
     ws = [make_weight(t, 4, k, np.random.default_rng(0)) for t in (T.Q4_0, T.Q4_K)]

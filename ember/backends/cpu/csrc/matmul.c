@@ -191,10 +191,64 @@ static int64_t share_start(const matmul_job *j, int ith, int nth) {
     return j->units;
 }
 
-/* Decoding: share ith computes its own run of units, fixed in advance. */
+/* [lo, hi) of gap g taken from its front (front = 1) or back, a chunk at most; 0 when it is empty. */
+static int gap_take(stream_gap *g, int64_t chunk, int front, int64_t *lo, int64_t *hi) {
+    uint64_t s = atomic_load_explicit(&g->span, memory_order_relaxed);
+    for (;;) {
+        const int64_t f = (int64_t)(s & 0xffffffffu), b = (int64_t)(s >> 32);
+        if (f >= b) return 0;
+        *lo = front ? f : EMBER_MAX(f, b - chunk);
+        *hi = front ? EMBER_MIN(b, f + chunk) : b;
+        const uint64_t next = front ? (uint64_t)*hi | ((uint64_t)b << 32) : (uint64_t)f | ((uint64_t)*lo << 32);
+        if (atomic_compare_exchange_weak_explicit(&g->span, &s, next, memory_order_relaxed, memory_order_relaxed))
+            return 1;
+    }
+}
+
+/* Decoding: share ith computes its own run of units, fixed in advance; where the job has gaps, the run
+ * stops short of its neighbours' by a gap on each side, and the share then takes chunks of the gap on its
+ * right from the front (where its run ended: the same stream) and, once that is empty, of the gap on its
+ * left from the back. A share slowed down (by the memory, another process) leaves the units near its ends
+ * to a neighbour, and no counter is shared beyond two neighbours. */
 static void stream_task(void *ctx, int ith, int nth) {
     const matmul_job *j = ctx;
-    matmul_units(j, share_start(j, ith, nth), share_start(j, ith + 1, nth));
+    if (!j->gaps) {
+        matmul_units(j, share_start(j, ith, nth), share_start(j, ith + 1, nth));
+        return;
+    }
+    stream_gap *left = ith > 0 ? &j->gaps[ith - 1] : NULL, *right = ith + 1 < nth ? &j->gaps[ith] : NULL;
+    matmul_units(j, left ? left->b : 0, right ? right->a : j->units);
+    int64_t lo, hi;
+    while (right && gap_take(right, j->chunk, 1, &lo, &hi)) matmul_units(j, lo, hi);
+    while (left && gap_take(left, j->chunk, 0, &lo, &hi)) matmul_units(j, lo, hi);
+}
+
+/* The gaps of a decoding job over nth shares (NULL: fixed runs): only where each share reads at least
+ * STEAL_SHARE_BYTES, so that a chunk is long enough for the prefetchers. Each gap reaches
+ * STEAL_GAP_CHUNKS chunks into each neighbour's run (at most a quarter of it); a chunk is 1/64 of a
+ * share's units, a whole number of 64-byte lines of y where a unit is a row. */
+#define STEAL_SHARE_BYTES (2 << 20)
+#define STEAL_GAP_CHUNKS 4
+#define STEAL_MAX_THREADS 64
+static void stream_gaps(matmul_job *j, stream_gap *gaps, int nth) {
+    int64_t bytes = 0;
+    int rows = 1;
+    for (int i = 0; i < j->n_parts; i++) bytes += j->part[i].m * j->part[i].w_stride, rows &= j->part[i].unit == 1;
+    j->gaps = NULL;
+    if (nth < 2 || nth > STEAL_MAX_THREADS || bytes / nth < STEAL_SHARE_BYTES || j->units >= ((int64_t)1 << 31)) return;
+    j->chunk = EMBER_MAX(1, j->units / nth / 64);
+    if (rows && j->chunk >= 16) j->chunk &= ~(int64_t)15;
+    int64_t prev = 0, cur = share_start(j, 1, nth);
+    for (int i = 1; i < nth; i++) {
+        const int64_t next = share_start(j, i + 1, nth);
+        const int64_t h_lo = EMBER_MIN(STEAL_GAP_CHUNKS * j->chunk, (cur - prev) / 4);
+        const int64_t h_hi = EMBER_MIN(STEAL_GAP_CHUNKS * j->chunk, (next - cur) / 4);
+        stream_gap *g = &gaps[i - 1];
+        g->a = cur - h_lo, g->b = cur + h_hi;
+        atomic_init(&g->span, (uint64_t)g->a | ((uint64_t)g->b << 32));
+        prev = cur, cur = next;
+    }
+    j->gaps = gaps;
 }
 
 int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t k, int64_t n, float *y,
@@ -228,6 +282,9 @@ ember_quantize_fn ember_quantizer(int act, int rounding) {
 
 void ember_job_run(ember_pool *pool, matmul_job *j, int stream) {
     if (stream) {
+        const int nth = ember_pool_threads(pool);
+        stream_gap gaps[STEAL_MAX_THREADS - 1];
+        stream_gaps(j, gaps, nth);
         ember_parallel(pool, stream_task, j);
         return;
     }

@@ -31,6 +31,14 @@ typedef struct {
     int64_t n;          /* tokens */
 } matmul_part;
 
+/* Decoding: the units between two neighbouring shares' fixed runs, [front, back) packed in one word
+ * (front in the low 32 bits), taken a chunk at a time by the two neighbours only: the left share from
+ * the front (its own stream continued), the right one from the back. */
+typedef struct {
+    _Alignas(64) atomic_uint_fast64_t span;
+    int64_t a, b; /* the region as first set: the neighbours' fixed runs end and start there */
+} stream_gap;
+
 typedef struct {
     matmul_part *part;
     int n_parts;
@@ -41,6 +49,8 @@ typedef struct {
     const float *x;             /* (n, k) */
     uint8_t *scratch;           /* (n, a_stride) when quantizing */
     int64_t a_stride;
+    stream_gap *gaps;           /* decoding: nth - 1 regions shared by neighbours, or NULL (fixed runs) */
+    int64_t chunk;              /* units taken from a gap at a time */
 } matmul_job;
 
 /* The part's kernels for n tokens of activations at act (quantized with `rounding`); 0, or -1 for an

@@ -169,6 +169,17 @@ ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const 
     UNROLL for (int c = 0; c < nc; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]) - hsum8(accm[c]);
 }
 
+/* The lines of [p, p + bytes) that [p - bytes, p) does not touch, asked for into L2: each line of a stream of
+ * blocks once. For Q6_K's 210-byte super-blocks this replaced 4 lines a block into L1 (prefetch_ahead), which
+ * overlapped the next block's: those left the product after them reading ~25% slower for a millisecond or two
+ * (the 8B's q/k/v after a Q6_K ffn_down: 20 against 28 GB/s), and the Q6_K products themselves read 7-15% faster
+ * this way (bench/NOTES.md). */
+#define PF_Q6K_BYTES 3072 /* Q6_K's distance: 8B down 2 KB 25.2-26.2 GB/s, 2.5 KB 26.7-27.7, 3 KB 26.7-28.7, 3.5 KB 26.1-26.9, 4 KB 27.0-27.6 */
+ALWAYS void prefetch_new_lines(const uint8_t *p, int bytes) {
+    const uintptr_t end = ((uintptr_t)p + bytes - 1) >> 6;
+    for (uintptr_t l = (((uintptr_t)p - 1) >> 6) + 1; l <= end; l++) __builtin_prefetch((const void *)(l << 6), 0, 2);
+}
+
 /* Q6_K row x nc tokens -> y[c * ys]: values u - 32 with u = 4 bits of ql and 2 of qh; the 32 goes back
  * per super-block as -32 * sum_g scale_g * bsums_g, the starting value of the integer sums. */
 ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y, int64_t ys,
@@ -180,7 +191,7 @@ ALWAYS void tilek_q6_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, int
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const blk_q6_k *x = (const blk_q6_k *)w + b;
-        prefetch_ahead((const uint8_t *)x, 4); /* 210 bytes a super-block */
+        prefetch_new_lines((const uint8_t *)x + PF_Q6K_BYTES, sizeof(blk_q6_k)); /* 210 bytes a super-block */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
         const __m512i scales = _mm512_castsi256_si512(sc16);
         __m512i iacc[TILE_C];
