@@ -4,9 +4,10 @@ Each build is a directory holding an `ember` package with its compiled CPU exten
 or e.g. `git archive OLD ember | tar -x -C /tmp/old` with the old build's .so copied in). One worker
 process per build loads the model once (and waits for the move onto huge pages); then the workers
 generate --n-gen tokens in turn, --rounds times after --warmup rounds, so both see the same machine. Prints each build's
-tok/s per round and the medians. Run it under bench's quiet.sh.
+tok/s per round, the medians and the second build's ratio to the first; writes JSON (--out). Run it
+under bench's quiet.sh.
 
-    python bench/tg_ab.py --builds /tmp/old . [--models llama-8b] [--n-gen 16] [--rounds 8]
+    python bench/tg_ab.py --builds /tmp/old . [--models llama-8b] [--n-gen 16] [--rounds 8] [--out FILE]
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2, help="rounds run first and not counted")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "tg_ab.json"))
     args = ap.parse_args()
     bench = str(Path(__file__).resolve().parent)
+    results = {"builds": args.builds, "threads": args.threads, "n_gen": args.n_gen, "load_before": os.getloadavg(),
+               "models": {}}
     print(f"load {os.getloadavg()}")
     for model in args.models:
         workers = []
@@ -74,10 +78,16 @@ def main() -> None:
         for p in workers:
             p.stdin.close()
             p.wait()
-        for root, t in zip(args.builds, tps):
-            print(f"  {root}: tg{args.n_gen} median {statistics.median(t):.2f} tok/s  "
-                  f"[{', '.join(f'{v:.2f}' for v in t)}]")
-    print(f"load {os.getloadavg()}")
+        medians = [statistics.median(t) for t in tps]
+        for root, t, m in zip(args.builds, tps, medians):
+            print(f"  {root}: tg{args.n_gen} median {m:.2f} tok/s  [{', '.join(f'{v:.2f}' for v in t)}]")
+        print(f"  {args.builds[1]} / {args.builds[0]}: {medians[1] / medians[0]:.3f}")
+        results["models"][model] = {"tps": tps, "medians": medians, "ratio": medians[1] / medians[0]}
+    results["load_after"] = os.getloadavg()
+    print(f"load {results['load_after']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

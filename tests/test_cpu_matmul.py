@@ -409,6 +409,20 @@ def test_large_prompt_crosses_token_chunks(pools, isa_guard):
         assert np.all(np.abs(y - c.y_rounded) <= FLOAT_SUM_RTOL * c.mag), isa
 
 
+def run_multi(pool, types, ws, ms, k: int, x: np.ndarray, rounding: int) -> list[np.ndarray]:
+    """One ember_matmul_multi call: the products of the weights ws (types, rows ms) with x."""
+    n = x.shape[0]
+    ys = [np.full((n, m), np.nan, np.float32) for m in ms]
+    scratch = np.empty(lib.ember_matmul_scratch_size(int(types[0]), k, n) + 64, np.uint8)
+    rc = lib.ember_matmul_multi(
+        pool, len(types), ffi.new("int[]", [int(t) for t in types]), [ffi.from_buffer(w) for w in ws],
+        ffi.new("int64_t[]", ms), k, ffi.cast("float *", ffi.from_buffer(x)), n,
+        [ffi.cast("float *", ffi.from_buffer(y)) for y in ys], ffi.from_buffer(scratch[(-scratch.ctypes.data) % 64:]),
+        rounding)
+    assert rc == 0
+    return ys
+
+
 @pytest.mark.parametrize("types", [(T.Q4_1, T.Q4_1, T.Q4_1), (T.Q5_0, T.Q5_0, T.Q8_0), (T.Q4_K, T.Q5_K),
                                    (T.Q4_K, T.Q4_K, T.Q6_K), (T.F16, T.F32)], ids=lambda ts: "+".join(t.name for t in ts))
 def test_multi_matches_separate_calls(types, pools):
@@ -418,14 +432,7 @@ def test_multi_matches_separate_calls(types, pools):
     ws = [make_weight(t, m, k, rng) for t, m in zip(types, ms)]
     for n in (1, 7, 40):
         x = rng.standard_normal((n, k), dtype=np.float32)
-        ys = [np.full((n, m), np.nan, np.float32) for m in ms]
-        scratch = np.empty(lib.ember_matmul_scratch_size(int(types[0]), k, n) + 64, np.uint8)
-        rc = lib.ember_matmul_multi(
-            pools[1], len(types), ffi.new("int[]", [int(t) for t in types]), [ffi.from_buffer(w) for w in ws],
-            ffi.new("int64_t[]", ms), k, ffi.cast("float *", ffi.from_buffer(x)), n,
-            [ffi.cast("float *", ffi.from_buffer(y)) for y in ys], ffi.from_buffer(scratch[(-scratch.ctypes.data) % 64:]),
-            EXACT)
-        assert rc == 0
+        ys = run_multi(pools[1], types, ws, ms, k, x, EXACT)
         for t, w, m, y in zip(types, ws, ms, ys):
             np.testing.assert_array_equal(y, run_matmul(pools[1], t, w, m, k, x))
 
@@ -442,21 +449,9 @@ def test_large_decode_products_agree_over_thread_counts(types):
     ws = [make_weight(t, m, k, rng) for t, m in zip(types, ms)]
     assert sum(w.nbytes for w in ws) > 8 * (2 << 20) * (1 if len(types) == 1 else 0.5)
 
-    def run(pool, x):
-        n = x.shape[0]
-        ys = [np.full((n, m), np.nan, np.float32) for m in ms]
-        scratch = np.empty(lib.ember_matmul_scratch_size(int(types[0]), k, n) + 64, np.uint8)
-        rc = lib.ember_matmul_multi(
-            pool, len(types), ffi.new("int[]", [int(t) for t in types]), [ffi.from_buffer(w) for w in ws],
-            ffi.new("int64_t[]", ms), k, ffi.cast("float *", ffi.from_buffer(x)), n,
-            [ffi.cast("float *", ffi.from_buffer(y)) for y in ys], ffi.from_buffer(scratch[(-scratch.ctypes.data) % 64:]),
-            LLAMA)
-        assert rc == 0
-        return ys
-
     xs = [rng.standard_normal((n, k), dtype=np.float32) for n in (1, 3)]
     one = lib.ember_pool_create(1)
-    want = [run(one, x) for x in xs]
+    want = [run_multi(one, types, ws, ms, k, x, LLAMA) for x in xs]
     lib.ember_pool_destroy(one)
     assert all(np.isfinite(y).all() for ys in want for y in ys)
     for threads in (2, 3, 8):
@@ -464,7 +459,7 @@ def test_large_decode_products_agree_over_thread_counts(types):
         try:
             for _ in range(3 if threads == 8 else 1):
                 for x, ys_want in zip(xs, want):
-                    for y, y_want in zip(run(pool, x), ys_want):
+                    for y, y_want in zip(run_multi(pool, types, ws, ms, k, x, LLAMA), ys_want):
                         np.testing.assert_array_equal(y, y_want)
         finally:
             lib.ember_pool_destroy(pool)
