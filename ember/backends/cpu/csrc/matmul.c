@@ -62,9 +62,11 @@ ember_tile ember_tile8_for(int type, int rounding) {
     return (ember_tile){0};
 }
 
-ember_panel ember_panel_for(int type) {
-    for (const ember_kernels *const *k = kernel_order(); *k; k++)
+ember_panel ember_panel_for(int type, int rounding) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++) {
+        if (rounding == EMBER_ROUND_LLAMA && (*k)->panel8[type].fn) return (*k)->panel8[type];
         if ((*k)->panel[type].fn) return (*k)->panel[type];
+    }
     return (ember_panel){NULL, 0, 0};
 }
 
@@ -257,7 +259,7 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     if (!t || m <= 0 || k % t->block_size) return -1;
     const ember_tile tile8 = ember_tile8_for(type, rounding);
     const int int8_tiles = tile8.fn != NULL;
-    *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type), .panel = ember_panel_for(type),
+    *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type), .panel = ember_panel_for(type, rounding),
                        .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
