@@ -214,8 +214,9 @@ ember_tile ember_tile_for(int type);
 /* The int8 microtile (tile8) for `type` against rows rounded as `rounding` (api_quant.h) where one
  * exists for rows rounded as llama.cpp; else a tile without fn (ember_tile_for's takes the int16 values). */
 ember_tile ember_tile8_for(int type, int rounding);
-/* The panel kernel for `type`: against rows rounded as llama.cpp the int8 one (panel8) where the ISA has it. */
-ember_panel ember_panel_for(int type, int rounding);
+ember_panel ember_panel_for(int type);
+/* The int8 panel of a 32-value type, for rows rounded as llama.cpp; fn NULL where the ISA has none. */
+ember_panel ember_panel8_for(int type);
 ember_quantize_fn ember_quantize_for(int act);
 
 /* ---- scale unpacking shared by the scalar and SIMD kernels ---- */
