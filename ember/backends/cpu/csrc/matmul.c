@@ -27,7 +27,8 @@
  * fixed run per share (short runs cost the prefetchers their stride: 3-13% slower decoding), and so are
  * products of fewer than STREAM_TILE_TOKENS on microtiles (speculative steps); both are in matmul.h. */
 #define MATMUL_CLAIMS_PER_THREAD 8
-/* Products of fewer tokens than this go to the int8 microtiles where they apply (ember_part_init). */
+/* Products of fewer tokens than this go to the int8 microtiles where they apply and the ISA has no int8
+ * panels for the type (ember_part_init; against the int8 panels, their own min_tokens). */
 #define INT8_TILE_TOKENS 12
 
 /* ---- dispatch ---- */
@@ -65,6 +66,12 @@ ember_tile ember_tile8_for(int type, int rounding) {
 ember_panel ember_panel_for(int type) {
     for (const ember_kernels *const *k = kernel_order(); *k; k++)
         if ((*k)->panel[type].fn) return (*k)->panel[type];
+    return (ember_panel){NULL, 0, 0};
+}
+
+ember_panel ember_panel8_for(int type) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++)
+        if ((*k)->panel8[type].fn) return (*k)->panel8[type];
     return (ember_panel){NULL, 0, 0};
 }
 
@@ -257,7 +264,9 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     if (!t || m <= 0 || k % t->block_size) return -1;
     const ember_tile tile8 = ember_tile8_for(type, rounding);
     const int int8_tiles = tile8.fn != NULL;
-    *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type), .panel = ember_panel_for(type),
+    const ember_panel panel8 = int8_tiles ? ember_panel8_for(type) : (ember_panel){NULL, 0, 0};
+    *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type),
+                       .panel = panel8.fn ? panel8 : ember_panel_for(type),
                        .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;
@@ -267,7 +276,7 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
      * row give the same bits. One token against a kernel with row runs: lone rows, short ones too
      * (Gemma 3's 440-byte Q5_0 rows). */
     const int lanes = p->tile.lanes && n >= p->tile.lanes_min;
-    if (lanes || n < (int8_tiles ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
+    if (lanes || n < (int8_tiles && !panel8.fn ? INT8_TILE_TOKENS : p->panel.min_tokens)) p->panel.fn = NULL;
     const int lone = n == 1 && p->tile.run;
     p->unit = p->panel.fn ? p->panel.rows
               : lanes     ? EMBER_LANES_ROWS

@@ -69,7 +69,8 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     16-bit multiply-adds in the panels. Rows rounded as llama.cpp also carry their values as int8
  *     after the sums, q int8 (k,) at ember_q16_q8_offset(k), which the decode microtiles multiply 4 at a
  *     time (vpdpbusd; the int16 values take twice the instructions, and a decode step of SmolLM2 or
- *     Gemma 3 was bound by them). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
+ *     Gemma 3 was bound by them), then each block's sum of q as int32 (k/32,) at ember_q16_qsum_offset(k),
+ *     the offset terms of the int8 panels (weights stored unsigned, u = w + offset). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
  *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
  *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24; and a cached prompt's
  *     continuation parted from the uncached one's: files without K-quants round exactly. In a file
@@ -94,6 +95,7 @@ static inline int64_t ember_align64(int64_t n) { return (n + 63) & ~(int64_t)63;
 static inline int64_t ember_q16_d_offset(int64_t k) { return 2 * k; }
 static inline int64_t ember_q16_s_offset(int64_t k) { return 2 * k + 4 * (k / QK); }
 static inline int64_t ember_q16_q8_offset(int64_t k) { return ember_align64(2 * k + 8 * (k / QK)); }
+static inline int64_t ember_q16_qsum_offset(int64_t k) { return ember_q16_q8_offset(k) + k; }
 static inline int64_t ember_q8k_d_offset(int64_t k) { return k; }
 static inline int64_t ember_q8k_bsums_offset(int64_t k) { return k + 4 * (k / QK_K); }
 static inline int64_t ember_q8k_sum16_offset(int64_t k) { return ember_q8k_bsums_offset(k) + 2 * (k / 16); }
@@ -103,7 +105,7 @@ static inline int64_t ember_q8k_off32_offset(int64_t k) { return ember_q8k_off16
 
 /* Bytes of one quantized activation row of k values (64-byte multiple so rows stay aligned). */
 static inline int64_t ember_act_row_bytes(int act, int64_t k) {
-    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(ember_q16_q8_offset(k) + k);
+    if (act == EMBER_ACT_Q16 || act == EMBER_ACT_Q16_LLAMA) return ember_align64(ember_q16_qsum_offset(k) + 4 * (k / QK));
     if (act == EMBER_ACT_Q8K) return ember_align64(ember_q8k_off32_offset(k) + 4 * (k / 32));
     return 0;
 }
@@ -188,6 +190,7 @@ typedef struct {
     ember_tile tile[EMBER_T_COUNT];
     ember_tile tile8[EMBER_T_COUNT]; /* the 32-value types against rows rounded as llama.cpp (their int8 q) */
     ember_panel panel[EMBER_T_COUNT];
+    ember_panel panel8[EMBER_T_COUNT]; /* the 32-value types against rows rounded as llama.cpp (q and its block sums) */
 } ember_kernels;
 
 /* One table per instruction set; an ISA not built for this architecture has an empty table. */
@@ -212,6 +215,8 @@ ember_tile ember_tile_for(int type);
  * exists for rows rounded as llama.cpp; else a tile without fn (ember_tile_for's takes the int16 values). */
 ember_tile ember_tile8_for(int type, int rounding);
 ember_panel ember_panel_for(int type);
+/* The int8 panel of a 32-value type, for rows rounded as llama.cpp; fn NULL where the ISA has none. */
+ember_panel ember_panel8_for(int type);
 ember_quantize_fn ember_quantize_for(int act);
 
 /* ---- scale unpacking shared by the scalar and SIMD kernels ---- */

@@ -474,6 +474,26 @@ ALWAYS void pack_row32(const int type, const uint8_t *row, int64_t b0, int64_t n
     }
 }
 
+/* The int8 panels' offset of a 32-value type: its weights are packed unsigned, u = w + offset (the
+ * stored nibbles of Q4_0 and Q5_0; the signed bytes of Q8_0, IQ4_NL and MXFP4 with their top bit
+ * flipped); 0 for the types with a min, whose stored values are already u. */
+ALWAYS int panel8_offset(int type) {
+    return type == EMBER_T_Q4_0 ? 8 : type == EMBER_T_Q5_0 ? 16 : has_min(type) ? 0 : 128;
+}
+
+/* As pack_row32, for the int8 panels: the 32 unsigned weight bytes u of a block (one chunk). */
+ALWAYS void pack_row32_u8(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (b0 + b) * block_bytes(type);
+        uint16_t dm[2];
+        memcpy(dm, blk, 4);
+        __m256i u = weights32_i8(type, blk);
+        if (panel8_offset(type) == 128) u = _mm256_xor_si256(u, bytes(0x80));
+        put_chunk32(p, b, r, u, type == EMBER_T_MXFP4 ? ember_e8m0_half(blk[0]) : f16_to_f32(dm[0]),
+                    has_min(type) ? f16_to_f32(dm[1]) : 0.0f);
+    }
+}
+
 /* Super-blocks [b0, b0 + nb) of one row of Q4_K, Q5_K or IQ4_XS (8 chunks of 32 each). */
 ALWAYS void pack_row_k32(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
     for (int64_t b = 0; b < nb; b++) {
@@ -548,14 +568,18 @@ typedef struct {
     const uint8_t *a;  /* (n, a_stride) */
     int64_t a_stride;
     int64_t d, sums, off; /* byte offsets in a row: scales (per chunk, or per super-block), the sums of q as
-                             floats (for mins) and the weight offsets' terms (int32), per chunk */
+                             floats (for mins) and the weight offsets' terms (int32), per chunk; the int8
+                             panels of the 32-value types: off is the weights' offset itself */
+    int64_t q8, qsum;     /* those panels' int8 values and their int32 block sums */
 } act_rows;
 
 ALWAYS act_rows act_rows_for(int type, const void *a, int64_t as, int64_t k) {
-    if (ember_qtype_get(type)->act == EMBER_ACT_Q16) return (act_rows){a, as, ember_q16_d_offset(k), ember_q16_s_offset(k), 0};
+    if (ember_qtype_get(type)->act == EMBER_ACT_Q16)
+        return (act_rows){a, as, ember_q16_d_offset(k), ember_q16_s_offset(k), panel8_offset(type), ember_q16_q8_offset(k),
+                          ember_q16_qsum_offset(k)};
     const int ch = panel_chunk(type);
     return (act_rows){a, as, ember_q8k_d_offset(k), ch == 16 ? ember_q8k_sum16_offset(k) : ember_q8k_sum32_offset(k),
-                      ch == 16 ? ember_q8k_off16_offset(k) : ember_q8k_off32_offset(k)};
+                      ch == 16 ? ember_q8k_off16_offset(k) : ember_q8k_off32_offset(k), 0, 0};
 }
 
 /* Chunk i of the panel against token row ta: the integer sum, starting from the offset term
@@ -599,6 +623,35 @@ ALWAYS void panel_tile_legacy(const int MIN, const int tc, const panel *p, int64
             const int32_t *c2 = (const int32_t *)(ta + 64 * ci); /* the chunk's int16 values in pairs */
             __m512i isum = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 16; j++) isum = _mm512_dpwssd_epi32(isum, w[j], _mm512_set1_epi32(c2[j]));
+            const __m512 da = _mm512_set1_ps(((const float *)(ta + act->d))[ci]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
+            if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), acc[c]);
+        }
+    }
+    store_tile(tc, acc, y + t0 * ys, ys, mask, accumulate);
+}
+
+/* The int8 panels of the 32-value types (activations rounded as llama.cpp): as panel_tile_legacy, with the
+ * unsigned weight bytes meeting the token's int8 values four at a time (dpbusd: half the instructions of
+ * the int16 pairs), each block's integer sum starting from -offset * sum(q) (the qsum field). The integer
+ * sums are the int16 panels' exactly, so are the results. */
+ALWAYS void panel_tile_legacy8(const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
+                               const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
+                               int accumulate) {
+    __m512 acc[PANEL_TOKENS];
+    UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
+    const int32_t off = -act->off;
+    for (int64_t i = 0; i < nch; i++) {
+        const int64_t ci = ch0 + i;
+        __m512i w[8];
+        load_chunk(32, p, i, w);
+        const __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
+        const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
+        UNROLL for (int c = 0; c < tc; c++) {
+            const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
+            const int32_t *q4 = (const int32_t *)(ta + act->q8 + 32 * ci);
+            __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(off * ((const int32_t *)(ta + act->qsum))[ci]);
+            UNROLL for (int j = 0; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
             const __m512 da = _mm512_set1_ps(((const float *)(ta + act->d))[ci]);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
             if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), acc[c]);
@@ -663,6 +716,8 @@ typedef void (*panel_tiles_fn)(int tc, const panel *p, int64_t ch0, int64_t nch,
 
 DEFINE_PANEL_TILES(panel_tiles_legacy, panel_tile_legacy, 0)
 DEFINE_PANEL_TILES(panel_tiles_legacy_min, panel_tile_legacy, 1)
+DEFINE_PANEL_TILES(panel_tiles_legacy8, panel_tile_legacy8, 0)
+DEFINE_PANEL_TILES(panel_tiles_legacy8_min, panel_tile_legacy8, 1)
 DEFINE_PANEL_TILES(panel_tiles_k32, panel_tile_k, 32, 0)
 DEFINE_PANEL_TILES(panel_tiles_k32_min, panel_tile_k, 32, 1)
 DEFINE_PANEL_TILES(panel_tiles_k16, panel_tile_k, 16, 0)
@@ -675,15 +730,27 @@ static panel_tiles_fn panel_tiles_for(int type) {
     return min ? panel_tiles_k16_min : panel_tiles_k16;
 }
 
+static void pack_row_u8(int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
+    switch (type) {
+    case EMBER_T_Q4_0: pack_row32_u8(EMBER_T_Q4_0, row, b0, nb, r, p); break;
+    case EMBER_T_Q4_1: pack_row32_u8(EMBER_T_Q4_1, row, b0, nb, r, p); break;
+    case EMBER_T_Q5_0: pack_row32_u8(EMBER_T_Q5_0, row, b0, nb, r, p); break;
+    case EMBER_T_Q5_1: pack_row32_u8(EMBER_T_Q5_1, row, b0, nb, r, p); break;
+    case EMBER_T_Q8_0: pack_row32_u8(EMBER_T_Q8_0, row, b0, nb, r, p); break;
+    case EMBER_T_MXFP4: pack_row32_u8(EMBER_T_MXFP4, row, b0, nb, r, p); break;
+    default: pack_row32_u8(EMBER_T_IQ4_NL, row, b0, nb, r, p); break;
+    }
+}
+
 /* W rows (nrows, k) -> y[t * ys + r] for t < n: each panel of 16 rows is packed once per k-slice of at
- * most PANEL_KMAX values, and every token is swept over it. */
-static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
-                         int64_t as, int64_t n, float *y, int64_t ys) {
+ * most PANEL_KMAX values, and every token is swept over it. i8: the 32-value types' int8 panels. */
+ALWAYS void panel_matmul_body(const int i8, int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a,
+                              int64_t as, int64_t n, float *y, int64_t ys) {
     _Alignas(64) uint8_t buf[2 * PANEL_ROWS * PANEL_ROW_BYTES + 2 * 4 * PANEL_ROWS * (PANEL_KMAX / 16)];
     const int CH = panel_chunk(type);
     const int legacy = ember_qtype_get(type)->act == EMBER_ACT_Q16;
     const int qk = ember_qtype_get(type)->block_size;
-    const panel_tiles_fn tiles = panel_tiles_for(type);
+    const panel_tiles_fn tiles = i8 ? (has_min(type) ? panel_tiles_legacy8_min : panel_tiles_legacy8) : panel_tiles_for(type);
     const act_rows act = act_rows_for(type, a, as, k);
     panel p = {(uint32_t *)buf, (float *)(buf + PANEL_ROWS * PANEL_ROW_BYTES), NULL, NULL};
     p.mins = p.scale + PANEL_ROWS * (PANEL_KMAX / 16);
@@ -694,8 +761,12 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
         for (int64_t k0 = 0; k0 < k; k0 += PANEL_KMAX) {
             const int64_t kn = EMBER_MIN((int64_t)PANEL_KMAX, k - k0), nch = kn / CH;
             if (nr < PANEL_ROWS) memset(buf, 0, sizeof buf); /* lanes past nr: zeros, not garbage */
-            for (int r = 0; r < nr; r++) pack_row(type, (const uint8_t *)w + (r0 + r) * ws, k0 / qk, kn / qk, r, &p);
-            if (legacy) transpose_chunks32(&p, 2 * nch); /* int16 weights: two 32-byte pieces a chunk */
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *row = (const uint8_t *)w + (r0 + r) * ws;
+                if (i8) pack_row_u8(type, row, k0 / qk, kn / qk, r, &p);
+                else pack_row(type, row, k0 / qk, kn / qk, r, &p);
+            }
+            if (legacy && !i8) transpose_chunks32(&p, 2 * nch); /* int16 weights: two 32-byte pieces a chunk */
             else if (CH == 32) transpose_chunks32(&p, nch);
             else transpose_chunks16(&p, nch);
             for (int64_t t = 0; t < n; t += PANEL_TOKENS) {
@@ -706,9 +777,21 @@ static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t
     }
 }
 
+static void panel_matmul(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a, int64_t as,
+                         int64_t n, float *y, int64_t ys) {
+    panel_matmul_body(0, type, k, w, ws, nrows, a, as, n, y, ys);
+}
+
+/* The 32-value types against activations rounded as llama.cpp (their int8 q and block sums). */
+static void panel_matmul8(int type, int64_t k, const void *w, int64_t ws, int64_t nrows, const void *a, int64_t as,
+                          int64_t n, float *y, int64_t ys) {
+    panel_matmul_body(1, type, k, w, ws, nrows, a, as, n, y, ys);
+}
+
 #define PANEL_F(min_tokens) {ember_float_panel_avx512, FLOAT_PANEL_ROWS_AVX512, min_tokens}
 
 #define PANEL(min_tokens) {panel_matmul, PANEL_ROWS, min_tokens}
+#define PANEL8(min_tokens) {panel_matmul8, PANEL_ROWS, min_tokens}
 
 /* The token counts from which packing pays (measured on Zen 4, k = 576 .. 2048; the float panels on a Xeon).
  * Q4_0, Q4_1 and Q8_0 take the panels only against rows rounded as llama.cpp (from INT8_TILE_TOKENS, matmul.c):
@@ -723,6 +806,11 @@ const ember_kernels ember_kernels_avx512 = {
         [EMBER_T_Q4_K] = PANEL(8), [EMBER_T_Q5_K] = PANEL(8), [EMBER_T_IQ4_XS] = PANEL(8),
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
         [EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8),
+    },
+    /* Against the int8 microtiles from 4 tokens (Gemma 3's Q5_0 and Q8_0 shapes, 2 threads, bench/NOTES.md). */
+    .panel8 = {
+        [EMBER_T_Q4_0] = PANEL8(4), [EMBER_T_Q4_1] = PANEL8(4), [EMBER_T_Q5_0] = PANEL8(4), [EMBER_T_Q5_1] = PANEL8(4),
+        [EMBER_T_Q8_0] = PANEL8(4), [EMBER_T_IQ4_NL] = PANEL8(4), [EMBER_T_MXFP4] = PANEL8(4),
     },
 };
 

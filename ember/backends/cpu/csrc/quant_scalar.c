@@ -25,7 +25,7 @@ static void quantize_q16(const float *x, void *dst, int64_t k) {
 
 static float f16_round(float v) { return ember_f16_to_f32(ember_f32_to_f16(v)); }
 
-/* x (k,) -> the same row, rounded as llama.cpp's Q8_0 / Q8_1, and its values again as int8 */
+/* x (k,) -> the same row, rounded as llama.cpp's Q8_0 / Q8_1, and its values again as int8 (and their block sums) */
 static void quantize_q16_llama(const float *x, void *dst, int64_t k) {
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
@@ -36,6 +36,7 @@ static void quantize_q16_llama(const float *x, void *dst, int64_t k) {
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f, d32 = amax / 127.0f;
         int sum = 0;
         for (int i = 0; i < QK; i++) sum += q[i] = (int8_t)(c[i] = (int16_t)nearbyintf(x[i] * id));
+        ((int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k)))[b] = sum;
         d[b] = f16_round(d32);
         s[b] = f16_round(d32 * (float)sum);
     }

@@ -89,7 +89,7 @@ ALWAYS __m256i sums4(__m256i q) { return _mm256_madd_epi16(_mm256_maddubs_epi16(
 ALWAYS float f16_round(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); }
 
 /* x (k,) -> EMBER_ACT_Q16 row: c (k,) | d (k/32,) | s (k/32,), with `top` steps up to amax: 32767 (exact),
- * or 127 with f16 scales (llama.cpp's Q8_0 / Q8_1), then also q (k,) int8 */
+ * or 127 with f16 scales (llama.cpp's Q8_0 / Q8_1), then also q (k,) int8 and qsum (k/32,) int32 */
 ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int top) {
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
@@ -107,6 +107,7 @@ ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int t
             _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
         const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+        if (top == 127) ((int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k)))[b] = sum;
         const float step = amax / (float)top;
         d[b] = top == 127 ? f16_round(step) : step;
         s[b] = top == 127 ? f16_round(step * (float)sum) : d[b] * (float)sum;
