@@ -96,11 +96,6 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 #define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
 #define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
 #define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
-/* Q8_0 rows against one token's int8 activations: two blocks a 512-bit step (below). */
-static void q8_0_row_zmm(int64_t k, const uint8_t *w, const uint8_t *a, float *y);
-static void rows_q8_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows);
-#define X86_Q8_0_ROW q8_0_row_zmm
-#define X86_Q8_0_ROWS rows_q8_0_zmm
 
 #include "quant_x86.h"
 
@@ -258,90 +253,6 @@ static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, f
 
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
     for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
-}
-
-/* ================= Q8_0 rows against one token's int8 activations ================= */
-/* The output heads' decode product (Gemma 3's 262144 x 640, SmolLM2's 49152 x 576). Two blocks (68 bytes)
- * a 512-bit step: their 64 weights in one vector (two 256-bit loads), made unsigned by xor 0x80 (w + 128)
- * so that one dpbusd multiplies them with the activations, the 128 taken back by starting the sums at
- * -128 * (the sums of 4 activations); the two f16 scales picked into halves by one word permute and
- * converted together. The starting sums and the pairs' activation scales d_a depend on the token only: a
- * run of rows forms them once. Per pair of blocks: 3 weight loads, 1 insert, xor, dpbusd, 2 conversions,
- * 1 permute, mul and FMA, where two 256-bit steps took abs, sign, dpbusd, a conversion, a scalar f16
- * conversion, mul, broadcast and FMA each. */
-
-#define Q8_ROW_PAIRS 128 /* pairs of blocks whose terms a run forms once (rows up to 8192 values) */
-
-typedef struct {
-    __m512i base; /* -128 * the sums of 4 consecutive activations of the pair */
-    __m512 da;    /* lanes 0-7 the first block's d_a, 8-15 the second's */
-} q8_pair;
-
-/* The terms of pair j: blocks 2j and 2j + 1, or 2j alone (two = 0; the second block's terms zero). */
-ALWAYS q8_pair q8_0_pair_terms(const uint8_t *a, int64_t q8, const float *ad, int64_t j, const int two) {
-    const uint8_t *q = a + q8 + 64 * j;
-    const __m512i qa = two ? _mm512_loadu_si512((const void *)q) : _mm512_zextsi256_si512(load256(q));
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qa);
-    q8_pair t = {_mm512_sub_epi32(_mm512_setzero_si512(), s),
-                 _mm512_insertf32x8(_mm512_set1_ps(ad[2 * j]), _mm256_set1_ps(two ? ad[2 * j + 1] : 0.0f), 1)};
-    if (!two) t.da = _mm512_maskz_mov_ps(0x00ff, t.da);
-    return t;
-}
-
-/* Pair j of a Q8_0 row (blocks at p) against the token, from its terms t, scaled into f. */
-ALWAYS __m512 q8_0_pair_q8(const uint8_t *p, const uint8_t *qa, const q8_pair *t, __m512 f, const int two) {
-    /* words 0-7 take word 0 (the first block's d), 8-15 word 17 (the second's, 34 bytes on) */
-    const __m512i pick_d = _mm512_set_epi64(0, 0, 0, 0, 0x0011001100110011LL, 0x0011001100110011LL, 0, 0);
-    __m512i wq, head, q;
-    if (two) {
-        wq = _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + 2)), load256(p + 36), 1);
-        head = _mm512_loadu_si512((const void *)p);
-        q = _mm512_loadu_si512((const void *)qa);
-    } else { /* the second half's weights 0x80 (zero), its d and activations zero */
-        wq = _mm512_zextsi256_si512(load256(p + 2));
-        head = _mm512_castsi128_si512(_mm_cvtsi32_si128(load_u16(p)));
-        q = _mm512_zextsi256_si512(load256(qa));
-    }
-    const __m512i dot = _mm512_dpbusd_epi32(t->base, _mm512_xor_si512(wq, _mm512_set1_epi8((char)0x80)), q);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(pick_d, head)));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, t->da), f);
-}
-
-/* One Q8_0 row against one token: terms, the pairs' q8_0_pair_terms (NULL: formed here), two sums, the
- * row's lines asked for PF32_ROW_BYTES ahead at its start. */
-ALWAYS void q8_0_row_zmm_body(int64_t k, const uint8_t *w, const uint8_t *a, const q8_pair *terms, float *y) {
-    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
-    const float *ad = (const float *)(a + ember_q16_d_offset(k));
-    const int64_t pb = 2 * (int64_t)sizeof(blk_q8_0);
-    for (int64_t o = 0; o < nb * (int64_t)sizeof(blk_q8_0); o += 64) __builtin_prefetch(w + PF32_ROW_BYTES + o);
-    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
-    q8_pair t;
-#define Q8_TERMS(j, two) (terms ? &terms[j] : (t = q8_0_pair_terms(a, q8, ad, j, two), &t))
-    int64_t j = 0;
-    for (; j + 2 <= np; j += 2) {
-        f0 = q8_0_pair_q8(w + j * pb, a + q8 + 64 * j, Q8_TERMS(j, 1), f0, 1);
-        f1 = q8_0_pair_q8(w + (j + 1) * pb, a + q8 + 64 * (j + 1), Q8_TERMS(j + 1, 1), f1, 1);
-    }
-    if (j < np) f0 = q8_0_pair_q8(w + j * pb, a + q8 + 64 * j, Q8_TERMS(j, 1), f0, 1);
-    if (nb & 1) f1 = q8_0_pair_q8(w + np * pb, a + q8 + 64 * np, Q8_TERMS(np, 0), f1, 0);
-#undef Q8_TERMS
-    *y = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
-}
-
-static void q8_0_row_zmm(int64_t k, const uint8_t *w, const uint8_t *a, float *y) { q8_0_row_zmm_body(k, w, a, NULL, y); }
-
-/* A thread's run of lone Q8_0 rows against one token, the pairs' terms formed once where they fit. */
-static void rows_q8_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
-    const float *ad = (const float *)((const uint8_t *)a + ember_q16_d_offset(k));
-    if (np + (nb & 1) > Q8_ROW_PAIRS) {
-        for (int64_t r = 0; r < n_rows; r++) q8_0_row_zmm_body(k, (const uint8_t *)w + r * ws, a, NULL, y + r);
-        return;
-    }
-    q8_pair terms[Q8_ROW_PAIRS];
-    for (int64_t j = 0; j < np; j++) terms[j] = q8_0_pair_terms(a, q8, ad, j, 1);
-    if (nb & 1) terms[np] = q8_0_pair_terms(a, q8, ad, np, 0);
-    for (int64_t r = 0; r < n_rows; r++) q8_0_row_zmm_body(k, (const uint8_t *)w + r * ws, a, terms, y + r);
 }
 
 /* ================= rows in lanes: few-token products of the exact Q4_0 / Q4_1 / Q8_0 ================= */
