@@ -96,9 +96,6 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 #define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
 #define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
 #define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
-/* Q5_0 rows against one token's int8 activations: two blocks a 512-bit step (below). */
-static void rows_q5_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows);
-#define X86_Q5_0_ROWS rows_q5_0_zmm
 
 #include "quant_x86.h"
 
@@ -256,92 +253,6 @@ static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, f
 
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
     for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
-}
-
-/* ================= Q5_0 rows against one token's int8 activations ================= */
-/* Gemma 3's q/k/v and gate/up products (440-byte rows of 640 values). Two blocks (44 bytes) a 512-bit
- * step: the 16 bytes of nibbles of each block in two 128-bit lanes (two broadcast loads and an insert),
- * the high nibbles shifted down in the second lane of each, the fifth bits of both blocks one 64-bit
- * mask added in as 16, so that one dpbusd multiplies the stored values u = w + 16 with the activations;
- * the 16 comes back as the sums' start, -16 * (the sums of 4 activations). The two f16 scales are
- * picked into halves by one word permute and converted together. The starting sums and the pairs'
- * activation scales depend on the token only: a run of rows forms them once. Per pair of blocks 12
- * vector operations, where the 256-bit kernel (quant_x86.h) takes 10-11 a block. */
-
-#define Q5_ROW_PAIRS 128 /* pairs of blocks whose terms a run forms once (rows up to 8192 values) */
-
-typedef struct {
-    __m512i base; /* -16 * the sums of 4 consecutive activations of the pair */
-    __m512 da;    /* lanes 0-7 the first block's d_a, 8-15 the second's */
-} q5_pair;
-
-/* The terms of pair j: blocks 2j and 2j + 1, or 2j alone (two = 0; the second block's terms zero). */
-ALWAYS q5_pair q5_0_pair_terms(const uint8_t *a, int64_t q8, const float *ad, int64_t j, const int two) {
-    const uint8_t *q = a + q8 + 64 * j;
-    const __m512i qa = two ? _mm512_loadu_si512((const void *)q) : _mm512_zextsi256_si512(load256(q));
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), qa);
-    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(ad[2 * j]), _mm256_set1_ps(two ? ad[2 * j + 1] : 0.0f), 1);
-    return (q5_pair){_mm512_sub_epi32(_mm512_setzero_si512(), s), d};
-}
-
-/* Pair j of a Q5_0 row (blocks at p) against the token (its int8 values at qa), from its terms t, into f. */
-ALWAYS __m512 q5_0_pair_q8(const uint8_t *p, const uint8_t *qa, const q5_pair *t, __m512 f, const int two) {
-    /* words 0-7 take word 0 (the first block's d), 8-15 word 11 (the second's, 22 bytes on) */
-    const __m512i pick_d = _mm512_set_epi64(0, 0, 0, 0, 0x000b000b000b000bLL, 0x000b000b000b000bLL, 0, 0);
-    __m512i v, head, q;
-    __mmask64 fifth;
-    if (two) {
-        v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 6)))),
-                               _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 28))), 1);
-        fifth = (__mmask64)load_u32(p + 2) | (__mmask64)load_u32(p + 24) << 32;
-        head = _mm512_castsi256_si512(load256(p)); /* words 0 and 11 */
-        q = _mm512_loadu_si512((const void *)qa);
-    } else { /* the second half's values, d and activations zero */
-        v = _mm512_zextsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 6))));
-        fifth = (__mmask64)load_u32(p + 2);
-        head = _mm512_castsi128_si512(_mm_cvtsi32_si128(load_u16(p)));
-        q = _mm512_zextsi256_si512(load256(qa));
-    }
-    __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xff00ff00u, v, 4), _mm512_set1_epi8(0x0f));
-    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(0x10));
-    const __m512i dot = _mm512_dpbusd_epi32(t->base, u, q);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(pick_d, head)));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, t->da), f);
-}
-
-/* One Q5_0 row against one token: terms, the pairs' q5_0_pair_terms (NULL: formed here), two sums, the
- * row's lines asked for PF_BYTES ahead at its start (as the 256-bit kernel). */
-ALWAYS void q5_0_row_zmm(int64_t k, const uint8_t *w, const uint8_t *a, const q5_pair *terms, float *y) {
-    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
-    const float *ad = (const float *)(a + ember_q16_d_offset(k));
-    const int64_t pb = 2 * (int64_t)sizeof(blk_q5_0);
-    for (int64_t o = 0; o < nb * (int64_t)sizeof(blk_q5_0); o += 64) __builtin_prefetch(w + PF_BYTES + o);
-    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
-    q5_pair t;
-#define Q5_TERMS(j, two) (terms ? &terms[j] : (t = q5_0_pair_terms(a, q8, ad, j, two), &t))
-    int64_t j = 0;
-    for (; j + 2 <= np; j += 2) {
-        f0 = q5_0_pair_q8(w + j * pb, a + q8 + 64 * j, Q5_TERMS(j, 1), f0, 1);
-        f1 = q5_0_pair_q8(w + (j + 1) * pb, a + q8 + 64 * (j + 1), Q5_TERMS(j + 1, 1), f1, 1);
-    }
-    if (j < np) f0 = q5_0_pair_q8(w + j * pb, a + q8 + 64 * j, Q5_TERMS(j, 1), f0, 1);
-    if (nb & 1) f1 = q5_0_pair_q8(w + np * pb, a + q8 + 64 * np, Q5_TERMS(np, 0), f1, 0);
-#undef Q5_TERMS
-    *y = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
-}
-
-/* A thread's run of lone Q5_0 rows against one token, the pairs' terms formed once where they fit. */
-static void rows_q5_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
-    const float *ad = (const float *)((const uint8_t *)a + ember_q16_d_offset(k));
-    if (np + (nb & 1) > Q5_ROW_PAIRS) {
-        for (int64_t r = 0; r < n_rows; r++) q5_0_row_zmm(k, (const uint8_t *)w + r * ws, a, NULL, y + r);
-        return;
-    }
-    q5_pair terms[Q5_ROW_PAIRS];
-    for (int64_t j = 0; j < np; j++) terms[j] = q5_0_pair_terms(a, q8, ad, j, 1);
-    if (nb & 1) terms[np] = q5_0_pair_terms(a, q8, ad, np, 0);
-    for (int64_t r = 0; r < n_rows; r++) q5_0_row_zmm(k, (const uint8_t *)w + r * ws, a, terms, y + r);
 }
 
 /* ================= rows in lanes: few-token products of the exact Q4_0 / Q4_1 / Q8_0 ================= */

@@ -421,9 +421,6 @@ static void rows_q8_0_8(int64_t k, const void *w, int64_t ws, const void *a, flo
     for (int64_t r = 0; r < n_rows; r++) q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r);
 }
 
-#ifndef X86_Q5_0_ROWS /* an includer with a wider kernel for lone Q5_0 rows defines it */
-#define X86_Q5_0_ROWS rows_q5_0_8
-
 /* Blocks a Q5_0 run forms its activation terms for once (rows up to 8192 values). */
 #define ROW_BASE_BLOCKS 256
 
@@ -468,7 +465,6 @@ static void rows_q5_0_8(int64_t k, const void *w, int64_t ws, const void *a, flo
         for (int64_t b = 0; b < nb; b++) base[b] = q5_0_base(a, q8, b);
     for (int64_t r = 0; r < n_rows; r++) q5_0_row_q8(k, (const uint8_t *)w + r * ws, a, keep ? base : NULL, y + r);
 }
-#endif
 
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
@@ -796,7 +792,7 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     },                                                                                                          \
     .tile8 = {                                                                                                  \
         [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8),                                            \
-        [EMBER_T_Q5_0] = {tile_q5_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, X86_Q5_0_ROWS},                       \
+        [EMBER_T_Q5_0] = {tile_q5_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q5_0_8},                         \
         [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
         [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                         \
     }
