@@ -1,7 +1,8 @@
 /* AVX-512 kernels (x86-64 only; F/BW/VL/DQ + VNNI, chosen at run time when the CPU has them).
  *
  * Few tokens: the microtiles of quant_x86.h on 256-bit vectors with VNNI doing the integer dots, and
- * for Q4_K, Q5_K and Q6_K rows 512-bit ones (below).
+ * for Q4_K, Q5_K and Q6_K rows 512-bit ones (below); one token against lone Q8_0 and Q5_0 rows, two
+ * blocks a 512-bit step (below).
  * Many tokens (prompts): packed panels. 16 rows of W are unpacked and interleaved so that one 512-bit
  * vector holds 4 consecutive weight bytes (the K-quants) or 2 int16 weights (the 32-value types) of
  * each of the 16 rows; a dpbusd (dpwssd) with the token's 4 bytes (2 int16) broadcast then adds 4 (2)
