@@ -260,27 +260,39 @@ def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_q8_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
-    """One token against lone Q8_0 rows with int8 activations (the output heads' decode path, two
-    blocks a step): an odd block count leaves a last block alone; 640 is Gemma 3's width."""
+    """One token against lone Q8_0 rows with int8 activations (the output heads' decode path; on AVX-512
+    two blocks a 512-bit step, each thread's run of rows in one call with the activations' terms formed
+    once where a row has at most 128 pairs of blocks): 352, 544 and 1056 leave a last block alone, 352
+    and 576 an odd number of pairs, 640 is Gemma 3's width, 8192 fills the run's table of terms and 8288
+    is past it (terms formed per row). Five tokens leave the fifth alone in a microtile, where a lone
+    long row takes the same row kernel with its terms formed per row; two tokens take the microtiles:
+    the same integer sums, so the same outputs within the float sums' rounding."""
     assert lib.ember_cpu_set_isa(isa.encode()) == 0
-    for k in (544, 640, 1056):
-        c = case(T.Q8_0, k, rounding=LLAMA)
-        for n in (1, 2):
-            y = run_matmul(pools[1], T.Q8_0, c.w, M, k, c.x[:n], LLAMA)
-            err = np.abs(y - c.y_rounded[:n])
-            assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (k, n, float((err / c.mag[:n]).max()))
-            assert np.all(np.abs(y - c.y_exact[:n]) <= c.bound[:n]), (k, n)
+    for k in (352, 544, 576, 640, 1056, 8192, 8288):
+        c = case(T.Q8_0, k, n=5, rounding=LLAMA)
+        for pool in pools:
+            for n in (1, 2, 5):
+                y = run_matmul(pool, T.Q8_0, c.w, M, k, c.x[:n], LLAMA)
+                err = np.abs(y - c.y_rounded[:n])
+                assert np.all(err <= FLOAT_SUM_RTOL * c.mag[:n]), (k, n, float((err / c.mag[:n]).max()))
+                assert np.all(np.abs(y - c.y_exact[:n]) <= c.bound[:n]), (k, n)
+                if n == 1:
+                    y1 = y[0]
+                else:
+                    assert np.all(np.abs(y1 - y[0]) <= FLOAT_SUM_RTOL * c.mag[0]), (k, n)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_q5_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
     """One token against Q5_0 rows with int8 activations, each thread's run of rows in one call, short
-    rows alone too: 640 is Gemma 3's width (440-byte rows), 544 leaves a last block alone, and 8224 (257
-    blocks) is past the run's table of activation terms. Two tokens take the microtiles: the same
-    integer sums, so the same outputs within the float sums' rounding."""
+    rows alone too (on AVX-512 two blocks a 512-bit step, as the Q8_0 rows above): 640 is Gemma 3's
+    width (440-byte rows), 352 and 544 leave a last block alone, 352 and 576 an odd number of pairs,
+    8192 (256 blocks) fills the run's table of activation terms and 8224 (257 blocks) is past it. Two
+    tokens take the microtiles: the same integer sums, so the same outputs within the float sums'
+    rounding."""
     assert lib.ember_cpu_set_isa(isa.encode()) == 0
     m = 45
-    for k in (544, 640, 8224):
+    for k in (352, 544, 576, 640, 8192, 8224):
         c = case(T.Q5_0, k, m=m, n=2, rounding=LLAMA)
         for pool in pools:
             y = run_matmul(pool, T.Q5_0, c.w, m, k, c.x[:1], LLAMA)

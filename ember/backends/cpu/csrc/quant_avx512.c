@@ -1,7 +1,8 @@
 /* AVX-512 kernels (x86-64 only; F/BW/VL/DQ + VNNI, chosen at run time when the CPU has them).
  *
  * Few tokens: the microtiles of quant_x86.h on 256-bit vectors with VNNI doing the integer dots, and
- * for Q4_K, Q5_K and Q6_K rows 512-bit ones (below).
+ * for Q4_K, Q5_K and Q6_K rows 512-bit ones (below); one token against lone Q8_0 and Q5_0 rows, two
+ * blocks a 512-bit step (below).
  * Many tokens (prompts): packed panels. 16 rows of W are unpacked and interleaved so that one 512-bit
  * vector holds 4 consecutive weight bytes (the K-quants) or 2 int16 weights (the 32-value types) of
  * each of the 16 rows; a dpbusd (dpwssd) with the token's 4 bytes (2 int16) broadcast then adds 4 (2)
@@ -96,6 +97,13 @@ ALWAYS __m256 block_scales8(int bs, int mn, const uint8_t *p, int g, __m256 *m) 
 #define X86_TILE_Q4_K {tile_q4_k_zmm, 1, TILE_C, 0, rows_q4_k_zmm}
 #define X86_TILE_Q5_K {tile_q5_k_zmm, 1, TILE_C, 0, rows_q5_k_zmm}
 #define X86_TILE_Q6_K {tile_q6_k_zmm, 1, TILE_C, 0, rows_q6_k_zmm}
+/* Q8_0 and Q5_0 rows against one token's int8 activations: two blocks a 512-bit step (below). */
+static void rows_q5_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows);
+#define X86_Q5_0_ROWS rows_q5_0_zmm
+static void q8_0_row_zmm(int64_t k, const uint8_t *w, const uint8_t *a, float *y);
+static void rows_q8_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows);
+#define X86_Q8_0_ROW q8_0_row_zmm
+#define X86_Q8_0_ROWS rows_q8_0_zmm
 
 #include "quant_x86.h"
 
@@ -253,6 +261,132 @@ static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, f
 
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
     for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+}
+
+/* ================= Q8_0 and Q5_0 rows against one token's int8 activations ================= */
+/* Gemma 3's decode: its Q8_0 output head (262,144 rows of 640) and its Q5_0 q/k/v and gate/up products
+ * (440-byte rows). Two blocks a 512-bit step: their 64 weights in one vector as unsigned bytes u = w + off
+ * (Q8_0: w xor 0x80, off 128; Q5_0: the nibbles with the fifth bit added in as 16, off 16), so that one
+ * dpbusd multiplies them with the activations, the offset taken back by starting the sums at
+ * -off * (the sums of 4 activations); the blocks' two f16 scales picked into the vector's halves by one
+ * word permute and converted together. The starting sums and the pairs' activation scales d_a depend on
+ * the token only: a run of rows forms them once. Per pair of blocks Q8_0 takes 9 vector operations
+ * and Q5_0 12, where the 256-bit kernels of quant_x86.h take 8-11 a block. Either alone left the decode
+ * as fast as before; the two together made it faster (bench/NOTES.md). */
+
+#define ROW_PAIRS 128 /* pairs of blocks whose terms a run forms once (rows up to 8192 values) */
+
+typedef struct {
+    __m512i base; /* -off * the sums of 4 consecutive activations of the pair */
+    __m512 da;    /* lanes 0-7 the first block's d_a, 8-15 the second's */
+} row_pair;
+
+/* The terms of pair j for stored values w + off: blocks 2j and 2j + 1, or 2j alone (two = 0; the
+ * second block's terms zero). */
+ALWAYS row_pair row_pair_terms(const uint8_t *a, int64_t q8, const float *ad, int64_t j, const int off, const int two) {
+    const uint8_t *q = a + q8 + 64 * j;
+    const __m512i qa = two ? _mm512_loadu_si512((const void *)q) : _mm512_zextsi256_si512(load256(q));
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)off), qa);
+    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(ad[2 * j]), _mm256_set1_ps(two ? ad[2 * j + 1] : 0.0f), 1);
+    return (row_pair){_mm512_sub_epi32(_mm512_setzero_si512(), s), d};
+}
+
+/* Words 0-7 take word 0 (the first block's d), 8-15 word bs / 2 (the second's). */
+ALWAYS __m512i pick_pair_d(const int bs) {
+    const long long w = 0x0001000100010001LL * (bs / 2);
+    return _mm512_set_epi64(0, 0, 0, 0, w, w, 0, 0);
+}
+
+/* The pair's integer sums (from t's starting sums) scaled by d_w * d_a into f. */
+ALWAYS __m512 pair_scaled(const int bs, __m512i u, __m512i q, __m512i head, const row_pair *t, __m512 f) {
+    const __m512i dot = _mm512_dpbusd_epi32(t->base, u, q);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(pick_pair_d(bs), head)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, t->da), f);
+}
+
+/* The activations of the pair at qa; alone, the second half zero. */
+ALWAYS __m512i pair_act(const uint8_t *qa, const int two) {
+    return two ? _mm512_loadu_si512((const void *)qa) : _mm512_zextsi256_si512(load256(qa));
+}
+
+/* A pair of Q8_0 blocks at p against the token (its int8 values at qa), from its terms t, into f; a
+ * block alone (two = 0) has 0x80 (zero) weights, d and activations in the second half. */
+ALWAYS __m512 q8_0_pair(const uint8_t *p, const uint8_t *qa, const row_pair *t, __m512 f, const int two) {
+    const __m512i wq = two ? _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + 2)), load256(p + 36), 1)
+                           : _mm512_zextsi256_si512(load256(p + 2));
+    const __m512i head = two ? _mm512_loadu_si512((const void *)p) : _mm512_castsi128_si512(_mm_cvtsi32_si128(load_u16(p)));
+    return pair_scaled(sizeof(blk_q8_0), _mm512_xor_si512(wq, _mm512_set1_epi8((char)0x80)), pair_act(qa, two), head, t, f);
+}
+
+/* A pair of Q5_0 blocks at p, as q8_0_pair: each block's 16 bytes of nibbles in two 128-bit lanes, the
+ * high nibbles shifted down in the second, the fifth bits of both blocks one 64-bit mask. */
+ALWAYS __m512 q5_0_pair(const uint8_t *p, const uint8_t *qa, const row_pair *t, __m512 f, const int two) {
+    const __m256i lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 6)));
+    __m512i v;
+    __mmask64 fifth;
+    if (two) {
+        v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 28))), 1);
+        fifth = (__mmask64)load_u32(p + 2) | (__mmask64)load_u32(p + 24) << 32;
+    } else {
+        v = _mm512_zextsi256_si512(lo);
+        fifth = (__mmask64)load_u32(p + 2);
+    }
+    __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xff00ff00u, v, 4), _mm512_set1_epi8(0x0f));
+    u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(0x10));
+    const __m512i head = two ? _mm512_castsi256_si512(load256(p)) : _mm512_castsi128_si512(_mm_cvtsi32_si128(load_u16(p)));
+    return pair_scaled(sizeof(blk_q5_0), u, pair_act(qa, two), head, t, f);
+}
+
+/* One row (Q8_0 or Q5_0) against one token: terms, the pairs' row_pair_terms (NULL: formed here), two
+ * sums, the row's lines asked for pf bytes ahead at its start, as the 256-bit kernels. */
+ALWAYS void row_pairs_body(const int type, int64_t k, const uint8_t *w, const uint8_t *a, const row_pair *terms, float *y) {
+    const int q5 = type == EMBER_T_Q5_0, bs = q5 ? (int)sizeof(blk_q5_0) : (int)sizeof(blk_q8_0), off = q5 ? 16 : 0x80;
+    const int64_t pf = q5 ? PF_BYTES : PF32_ROW_BYTES;
+    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
+    const float *ad = (const float *)(a + ember_q16_d_offset(k));
+    for (int64_t o = 0; o < nb * bs; o += 64) __builtin_prefetch(w + pf + o);
+    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
+    row_pair t;
+#define PAIR(j, two, f) \
+    (f = (q5 ? q5_0_pair : q8_0_pair)(w + (j) * 2 * bs, a + q8 + 64 * (j), \
+                                      terms ? &terms[j] : (t = row_pair_terms(a, q8, ad, j, off, two), &t), f, two))
+    int64_t j = 0;
+    for (; j + 2 <= np; j += 2) {
+        PAIR(j, 1, f0);
+        PAIR(j + 1, 1, f1);
+    }
+    if (j < np) PAIR(j, 1, f0);
+    if (nb & 1) PAIR(np, 0, f1);
+#undef PAIR
+    *y = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
+}
+
+/* A thread's run of lone rows against one token, the pairs' terms formed once where they fit. */
+ALWAYS void row_pairs_run(const int type, int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    const int64_t nb = k / QK, np = nb / 2, q8 = ember_q16_q8_offset(k);
+    const int off = type == EMBER_T_Q5_0 ? 16 : 0x80;
+    const float *ad = (const float *)((const uint8_t *)a + ember_q16_d_offset(k));
+    if (np + (nb & 1) > ROW_PAIRS) {
+        for (int64_t r = 0; r < n_rows; r++) row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, NULL, y + r);
+        return;
+    }
+    row_pair terms[ROW_PAIRS];
+    for (int64_t j = 0; j < np; j++) terms[j] = row_pair_terms(a, q8, ad, j, off, 1);
+    if (nb & 1) terms[np] = row_pair_terms(a, q8, ad, np, off, 0);
+    for (int64_t r = 0; r < n_rows; r++) row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, terms, y + r);
+}
+
+static void rows_q8_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    row_pairs_run(EMBER_T_Q8_0, k, w, ws, a, y, n_rows);
+}
+
+static void rows_q5_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
+    row_pairs_run(EMBER_T_Q5_0, k, w, ws, a, y, n_rows);
+}
+
+/* A lone Q8_0 row against one token in a microtile (the last token of a few), its terms formed here. */
+static void q8_0_row_zmm(int64_t k, const uint8_t *w, const uint8_t *a, float *y) {
+    row_pairs_body(EMBER_T_Q8_0, k, w, a, NULL, y);
 }
 
 /* ================= rows in lanes: few-token products of the exact Q4_0 / Q4_1 / Q8_0 ================= */

@@ -394,6 +394,10 @@ ALWAYS void group32(const int type, const int i8, int64_t k, const uint8_t *w, i
     if (j < g) block32(type, i8, w, ws, a, as, q8, b0 + j, &scale[0][0][j], nr, nc, acc, 0);
 }
 
+#ifndef X86_Q8_0_ROW /* an includer with a wider kernel for lone Q8_0 rows defines it and X86_Q8_0_ROWS */
+#define X86_Q8_0_ROW q8_0_row_q8
+#define X86_Q8_0_ROWS rows_q8_0_8
+
 /* Block b of a Q8_0 row against one token's int8 activations, scaled by d_w * d_a (a broadcast scalar) into f. */
 ALWAYS __m256 q8_0_block_q8(const uint8_t *w, const uint8_t *a, int64_t q8, const float *ad, int64_t b, __m256 f) {
     const uint8_t *p = w + b * sizeof(blk_q8_0);
@@ -421,6 +425,10 @@ ALWAYS void q8_0_row_q8(int64_t k, const uint8_t *w, const uint8_t *a, float *y)
 static void rows_q8_0_8(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
     for (int64_t r = 0; r < n_rows; r++) q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r);
 }
+#endif
+
+#ifndef X86_Q5_0_ROWS /* an includer with a wider kernel for lone Q5_0 rows defines it */
+#define X86_Q5_0_ROWS rows_q5_0_8
 
 /* Blocks a Q5_0 run forms its activation terms for once (rows up to 8192 values). */
 #define ROW_BASE_BLOCKS 256
@@ -466,12 +474,13 @@ static void rows_q5_0_8(int64_t k, const void *w, int64_t ws, const void *a, flo
         for (int64_t b = 0; b < nb; b++) base[b] = q5_0_base(a, q8, b);
     for (int64_t r = 0; r < n_rows; r++) q5_0_row_q8(k, (const uint8_t *)w + r * ws, a, keep ? base : NULL, y + r);
 }
+#endif
 
 /* W rows (nr, k/32 blocks) x activation rows (nc, EMBER_ACT_Q16 taken as i8 says) -> y[c * ys + r] */
 ALWAYS void tile32_body(const int type, const int i8, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t as,
                         float *y, int64_t ys, const int nr, const int nc) {
     if (type == EMBER_T_Q8_0 && i8 == ACT_Q8 && nr == 1 && nc == 1) {
-        q8_0_row_q8(k, w, a, y);
+        X86_Q8_0_ROW(k, w, a, y);
         return;
     }
     const int64_t nb = k / QK, chains = nr == 1 ? 2 : 1;
@@ -793,7 +802,7 @@ DEFINE_TILE_F(tile_bf16, EMBER_T_BF16)
     },                                                                                                          \
     .tile8 = {                                                                                                  \
         [EMBER_T_Q4_0] = T32(q4_0_8), [EMBER_T_Q4_1] = T32(q4_1_8),                                            \
-        [EMBER_T_Q5_0] = {tile_q5_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q5_0_8},                         \
+        [EMBER_T_Q5_0] = {tile_q5_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, X86_Q5_0_ROWS},                       \
         [EMBER_T_Q5_1] = T32(q5_1_8), [EMBER_T_IQ4_NL] = T32(iq4_nl_8), [EMBER_T_MXFP4] = T32(mxfp4_8),         \
-        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, rows_q8_0_8},                         \
+        [EMBER_T_Q8_0] = {tile_q8_0_8, TILE32_R, TILE_C, SHORT_ROW_BYTES, X86_Q8_0_ROWS},                       \
     }
