@@ -354,12 +354,12 @@ def test_long_rows_are_split_in_k(qtype, pools, isa_guard):
 def test_int8_panels_of_32_value_types(qtype, pools, isa_guard):
     """The 32-value types' int8 panels (activations rounded as llama.cpp, AVX-512; other ISAs their own
     kernels): k above the 2048 values a panel holds (slices summed), 21 rows (a panel cut short), from
-    4 tokens (their threshold) to 30 (a ragged last tile of tokens), one and two threads."""
+    4 and 6 tokens (their thresholds) to 30 (a ragged last tile of tokens), one and two threads."""
     k, m = 4352, 21
     c = case(qtype, k, m=m, n=30, rounding=LLAMA)
     for isa in ISAS:
         assert lib.ember_cpu_set_isa(isa.encode()) == 0
-        for n in (4, 5, 30):
+        for n in (4, 5, 6, 30):
             for pool in pools:
                 y = run_matmul(pool, qtype, c.w, m, k, c.x[:n], LLAMA)
                 err = np.abs(y - c.y_rounded[:n])

@@ -941,10 +941,12 @@ const ember_kernels ember_kernels_avx512 = {
         [EMBER_T_Q2_K] = PANEL(20), [EMBER_T_Q3_K] = PANEL(20), [EMBER_T_Q6_K] = PANEL(20),
         [EMBER_T_F16] = PANEL_F(8), [EMBER_T_BF16] = PANEL_F(8), [EMBER_T_F32] = PANEL_F(8),
     },
-    /* Against the int8 microtiles from 4 tokens (Gemma 3's Q5_0 and Q8_0 shapes, 2 threads, bench/NOTES.md). */
+    /* Against the int8 microtiles from 4 tokens (Gemma 3's Q5_0 and Q8_0 shapes, 2 threads; 2048 x 2048 Q4_1
+     * and Q8_0 alike), from 6 for the nibble types without a min, whose microtiles are cheapest (Q4_0 2048 x
+     * 2048: 4 tokens 0.19 ms in microtiles against 0.23 in panels, 6 tokens 0.29 against 0.23; bench/NOTES.md). */
     .panel8 = {
-        [EMBER_T_Q4_0] = PANEL8(4), [EMBER_T_Q4_1] = PANEL8(4), [EMBER_T_Q5_0] = PANEL8(4), [EMBER_T_Q5_1] = PANEL8(4),
-        [EMBER_T_Q8_0] = PANEL8(4), [EMBER_T_IQ4_NL] = PANEL8(4), [EMBER_T_MXFP4] = PANEL8(4),
+        [EMBER_T_Q4_0] = PANEL8(6), [EMBER_T_Q4_1] = PANEL8(4), [EMBER_T_Q5_0] = PANEL8(4), [EMBER_T_Q5_1] = PANEL8(4),
+        [EMBER_T_Q8_0] = PANEL8(4), [EMBER_T_IQ4_NL] = PANEL8(6), [EMBER_T_MXFP4] = PANEL8(4),
     },
 };
 
