@@ -182,7 +182,7 @@ class Backend:
             self.kernels.prefetch(experts_module(tensor.type))
         else:
             self._prefetch_matrix_modules(tensor.type, shape[0])
-        raw = np.asarray(tensor.data)
+        raw = np.asarray(tensor.data).reshape(-1)  # the bytes, whatever shape the caller's array has
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)
         row_bytes = layout(tensor.type).row_bytes(shape[-1])
