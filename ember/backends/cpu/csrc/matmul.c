@@ -63,15 +63,11 @@ ember_tile ember_tile8_for(int type, int rounding) {
     return (ember_tile){0};
 }
 
-ember_panel ember_panel_for(int type) {
-    for (const ember_kernels *const *k = kernel_order(); *k; k++)
-        if ((*k)->panel[type].fn) return (*k)->panel[type];
-    return (ember_panel){NULL, 0, 0};
-}
-
-ember_panel ember_panel8_for(int type) {
-    for (const ember_kernels *const *k = kernel_order(); *k; k++)
-        if ((*k)->panel8[type].fn) return (*k)->panel8[type];
+ember_panel ember_panel_for(int type, int i8) {
+    for (const ember_kernels *const *k = kernel_order(); *k; k++) {
+        const ember_panel *table = i8 ? (*k)->panel8 : (*k)->panel;
+        if (table[type].fn) return table[type];
+    }
     return (ember_panel){NULL, 0, 0};
 }
 
@@ -264,9 +260,9 @@ int ember_part_init(matmul_part *p, int type, const void *w, int64_t m, int64_t 
     if (!t || m <= 0 || k % t->block_size) return -1;
     const ember_tile tile8 = ember_tile8_for(type, rounding);
     const int int8_tiles = tile8.fn != NULL;
-    const ember_panel panel8 = int8_tiles ? ember_panel8_for(type) : (ember_panel){NULL, 0, 0};
+    const ember_panel panel8 = int8_tiles ? ember_panel_for(type, 1) : (ember_panel){NULL, 0, 0};
     *p = (matmul_part){.type = type, .tile = int8_tiles ? tile8 : ember_tile_for(type),
-                       .panel = panel8.fn ? panel8 : ember_panel_for(type),
+                       .panel = panel8.fn ? panel8 : ember_panel_for(type, 0),
                        .w = w, .m = m, .w_stride = k / t->block_size * t->type_size, .y = y, .act = act, .n = n};
     /* Against int8 activations the microtiles stay ahead of the int16 panels up to about 12 tokens
      * (2 threads, weights in L3: Q4_1 1536 x 576, 8 tokens 144 us in panels, 2 x 61 us in tiles of 4;

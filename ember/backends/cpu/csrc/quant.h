@@ -69,9 +69,10 @@ static inline float ember_e8m0_half(uint8_t e) {
  *     16-bit multiply-adds in the panels. Rows rounded as llama.cpp also carry their values as int8
  *     after the sums, q int8 (k,) at ember_q16_q8_offset(k), which the decode microtiles multiply 4 at a
  *     time (vpdpbusd; the int16 values take twice the instructions, and a decode step of SmolLM2 or
- *     Gemma 3 was bound by them), then each block's sum of q as int32 (k/32,) at ember_q16_qsum_offset(k),
- *     the offset terms of the int8 panels (weights stored unsigned, u = w + offset). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-
- *     forced log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
+ *     Gemma 3 was bound by them), then each block's sum of q as int32 (k/32,) at
+ *     ember_q16_qsum_offset(k), the offset terms of the int8 panels (weights stored unsigned, u = w +
+ *     offset). (llama.cpp's 8-bit rounding of SmolLM2's Q4_1 put its teacher-forced
+ *     log-probabilities up to 0.31 away from llama.cpp's own, beyond the 0.3 the golden tests
  *     allow; exact ones stay within 0.21, and with only its Q4_1 rounded so 0.24; and a cached prompt's
  *     continuation parted from the uncached one's: files without K-quants round exactly. In a file
  *     with K-quants, exact 32-value products beside the K-quants' llama.cpp rounding drifted further
@@ -214,9 +215,9 @@ ember_tile ember_tile_for(int type);
 /* The int8 microtile (tile8) for `type` against rows rounded as `rounding` (api_quant.h) where one
  * exists for rows rounded as llama.cpp; else a tile without fn (ember_tile_for's takes the int16 values). */
 ember_tile ember_tile8_for(int type, int rounding);
-ember_panel ember_panel_for(int type);
-/* The int8 panel of a 32-value type, for rows rounded as llama.cpp; fn NULL where the ISA has none. */
-ember_panel ember_panel8_for(int type);
+/* The panel kernel for `type`, or with i8 its int8 panel (a 32-value type against rows rounded as
+ * llama.cpp); fn NULL where no ISA has one. */
+ember_panel ember_panel_for(int type, int i8);
 ember_quantize_fn ember_quantize_for(int act);
 
 /* ---- scale unpacking shared by the scalar and SIMD kernels ---- */

@@ -594,20 +594,6 @@ static void transpose_chunks16(panel *p, int64_t nch) {
     }
 }
 
-/* Pack blocks [b0, b0 + nb) of one row (legacy 32-value blocks) as panel row r: 32 int16 weights
- * (64 bytes, two of put_chunk32's 32-byte pieces) per block. */
-ALWAYS void pack_row32(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + (b0 + b) * block_bytes(type);
-        uint16_t dm[2]; /* every legacy block starts with d (MXFP4: an E8M0 byte); Q4_1 and Q5_1 then m */
-        memcpy(dm, blk, 4);
-        const __m512i w16 = _mm512_cvtepi8_epi16(weights32(type, blk));
-        _mm512_store_si512((void *)(p->rows + r * PANEL_ROW_BYTES + 64 * b), w16);
-        p->scale[b * PANEL_ROWS + r] = type == EMBER_T_MXFP4 ? ember_e8m0_half(blk[0]) : f16_to_f32(dm[0]);
-        p->mins[b * PANEL_ROWS + r] = has_min(type) ? f16_to_f32(dm[1]) : 0.0f;
-    }
-}
-
 /* The int8 panels' offset of a 32-value type: its weights are packed unsigned, u = w + offset (the
  * stored nibbles of Q4_0 and Q5_0; the signed bytes of Q8_0, IQ4_NL and MXFP4 with their top bit
  * flipped); 0 for the types with a min, whose stored values are already u. */
@@ -615,16 +601,25 @@ ALWAYS int panel8_offset(int type) {
     return type == EMBER_T_Q4_0 ? 8 : type == EMBER_T_Q5_0 ? 16 : has_min(type) ? 0 : 128;
 }
 
-/* As pack_row32, for the int8 panels: the 32 unsigned weight bytes u of a block (one chunk). */
-ALWAYS void pack_row32_u8(const int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
+/* Pack blocks [b0, b0 + nb) of one row (legacy 32-value blocks) as panel row r: 32 int16 weights
+ * (64 bytes, two of put_chunk32's 32-byte pieces) per block, or for the int8 panels (i8) its 32 unsigned
+ * weight bytes u (one chunk). */
+ALWAYS void pack_row32(const int type, const int i8, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + (b0 + b) * block_bytes(type);
-        uint16_t dm[2];
+        uint16_t dm[2]; /* every legacy block starts with d (MXFP4: an E8M0 byte); Q4_1 and Q5_1 then m */
         memcpy(dm, blk, 4);
-        __m256i u = weights32_i8(type, blk);
-        if (panel8_offset(type) == 128) u = _mm256_xor_si256(u, bytes(0x80));
-        put_chunk32(p, b, r, u, type == EMBER_T_MXFP4 ? ember_e8m0_half(blk[0]) : f16_to_f32(dm[0]),
-                    has_min(type) ? f16_to_f32(dm[1]) : 0.0f);
+        const float scale = type == EMBER_T_MXFP4 ? ember_e8m0_half(blk[0]) : f16_to_f32(dm[0]);
+        const float min = has_min(type) ? f16_to_f32(dm[1]) : 0.0f;
+        if (i8) {
+            __m256i u = weights32_i8(type, blk);
+            if (panel8_offset(type) == 128) u = _mm256_xor_si256(u, bytes(0x80));
+            put_chunk32(p, b, r, u, scale, min);
+            continue;
+        }
+        _mm512_store_si512((void *)(p->rows + r * PANEL_ROW_BYTES + 64 * b), _mm512_cvtepi8_epi16(weights32(type, blk)));
+        p->scale[b * PANEL_ROWS + r] = scale;
+        p->mins[b * PANEL_ROWS + r] = min;
     }
 }
 
@@ -679,15 +674,16 @@ ALWAYS void pack_row_k16(const int type, const uint8_t *row, int64_t b0, int64_t
     }
 }
 
-static void pack_row(int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
+/* i8: the 32-value types for the int8 panels. */
+static void pack_row(int type, int i8, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
     switch (type) {
-    case EMBER_T_Q4_0: pack_row32(EMBER_T_Q4_0, row, b0, nb, r, p); break;
-    case EMBER_T_Q4_1: pack_row32(EMBER_T_Q4_1, row, b0, nb, r, p); break;
-    case EMBER_T_Q5_0: pack_row32(EMBER_T_Q5_0, row, b0, nb, r, p); break;
-    case EMBER_T_Q5_1: pack_row32(EMBER_T_Q5_1, row, b0, nb, r, p); break;
-    case EMBER_T_Q8_0: pack_row32(EMBER_T_Q8_0, row, b0, nb, r, p); break;
-    case EMBER_T_IQ4_NL: pack_row32(EMBER_T_IQ4_NL, row, b0, nb, r, p); break;
-    case EMBER_T_MXFP4: pack_row32(EMBER_T_MXFP4, row, b0, nb, r, p); break;
+    case EMBER_T_Q4_0: pack_row32(EMBER_T_Q4_0, i8, row, b0, nb, r, p); break;
+    case EMBER_T_Q4_1: pack_row32(EMBER_T_Q4_1, i8, row, b0, nb, r, p); break;
+    case EMBER_T_Q5_0: pack_row32(EMBER_T_Q5_0, i8, row, b0, nb, r, p); break;
+    case EMBER_T_Q5_1: pack_row32(EMBER_T_Q5_1, i8, row, b0, nb, r, p); break;
+    case EMBER_T_Q8_0: pack_row32(EMBER_T_Q8_0, i8, row, b0, nb, r, p); break;
+    case EMBER_T_IQ4_NL: pack_row32(EMBER_T_IQ4_NL, i8, row, b0, nb, r, p); break;
+    case EMBER_T_MXFP4: pack_row32(EMBER_T_MXFP4, i8, row, b0, nb, r, p); break;
     case EMBER_T_Q4_K: pack_row_k32(EMBER_T_Q4_K, row, b0, nb, r, p); break;
     case EMBER_T_Q5_K: pack_row_k32(EMBER_T_Q5_K, row, b0, nb, r, p); break;
     case EMBER_T_IQ4_XS: pack_row_k32(EMBER_T_IQ4_XS, row, b0, nb, r, p); break;
@@ -739,53 +735,36 @@ ALWAYS void store_tile(const int tc, __m512 *acc, float *y, int64_t ys, __mmask1
 }
 
 /* 32-value blocks: y[c * ys + lane] (+)= the chunks [ch0, ch0 + nch) of 16 rows x tc tokens from t0,
- * for lanes in mask. The int16 weights meet the int16 activations two at a time (dpwssd); each chunk
- * has its own activation scale d. */
-ALWAYS void panel_tile_legacy(const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
+ * for lanes in mask; each chunk has its own activation scale d. The int16 weights meet the int16
+ * activations two at a time (dpwssd), or in the int8 panels (I8: activations rounded as llama.cpp) the
+ * unsigned weight bytes meet the token's int8 values four at a time (dpbusd: half the instructions), each
+ * block's integer sum starting from -offset * sum(q) (the qsum field). The integer sums are the same
+ * either way, so are the results. */
+ALWAYS void panel_tile_legacy(const int I8, const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
                               const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
                               int accumulate) {
-    __m512 acc[PANEL_TOKENS];
-    UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nch; i++) {
-        const int64_t ci = ch0 + i;
-        __m512i w[16];
-        UNROLL for (int j = 0; j < 16; j++) w[j] = _mm512_load_si512((const void *)(p->w + (i * 16 + j) * PANEL_ROWS));
-        const __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
-        const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
-        UNROLL for (int c = 0; c < tc; c++) {
-            const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
-            const int32_t *c2 = (const int32_t *)(ta + 64 * ci); /* the chunk's int16 values in pairs */
-            __m512i isum = _mm512_setzero_si512();
-            UNROLL for (int j = 0; j < 16; j++) isum = _mm512_dpwssd_epi32(isum, w[j], _mm512_set1_epi32(c2[j]));
-            const __m512 da = _mm512_set1_ps(((const float *)(ta + act->d))[ci]);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
-            if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), acc[c]);
-        }
-    }
-    store_tile(tc, acc, y + t0 * ys, ys, mask, accumulate);
-}
-
-/* The int8 panels of the 32-value types (activations rounded as llama.cpp): as panel_tile_legacy, with the
- * unsigned weight bytes meeting the token's int8 values four at a time (dpbusd: half the instructions of
- * the int16 pairs), each block's integer sum starting from -offset * sum(q) (the qsum field). The integer
- * sums are the int16 panels' exactly, so are the results. */
-ALWAYS void panel_tile_legacy8(const int MIN, const int tc, const panel *p, int64_t ch0, int64_t nch,
-                               const act_rows *act, int64_t t0, float *y, int64_t ys, __mmask16 mask,
-                               int accumulate) {
     __m512 acc[PANEL_TOKENS];
     UNROLL for (int c = 0; c < tc; c++) acc[c] = _mm512_setzero_ps();
     const int32_t off = -act->off;
     for (int64_t i = 0; i < nch; i++) {
         const int64_t ci = ch0 + i;
-        __m512i w[8];
-        load_chunk(32, p, i, w);
+        __m512i w[16];
+        if (I8) load_chunk(32, p, i, w);
+        else UNROLL for (int j = 0; j < 16; j++) w[j] = _mm512_load_si512((const void *)(p->w + (i * 16 + j) * PANEL_ROWS));
         const __m512 scale = _mm512_load_ps(p->scale + i * PANEL_ROWS);
         const __m512 mins = MIN ? _mm512_load_ps(p->mins + i * PANEL_ROWS) : _mm512_setzero_ps();
         UNROLL for (int c = 0; c < tc; c++) {
             const uint8_t *ta = act->a + (t0 + c) * act->a_stride;
-            const int32_t *q4 = (const int32_t *)(ta + act->q8 + 32 * ci);
-            __m512i isum = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(off * ((const int32_t *)(ta + act->qsum))[ci]);
-            UNROLL for (int j = 0; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
+            __m512i isum;
+            if (I8) {
+                const int32_t *q4 = (const int32_t *)(ta + act->q8 + 32 * ci);
+                isum = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(off * ((const int32_t *)(ta + act->qsum))[ci]);
+                UNROLL for (int j = 0; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(q4[j]));
+            } else {
+                const int32_t *c2 = (const int32_t *)(ta + 64 * ci); /* the chunk's int16 values in pairs */
+                isum = _mm512_setzero_si512();
+                UNROLL for (int j = 0; j < 16; j++) isum = _mm512_dpwssd_epi32(isum, w[j], _mm512_set1_epi32(c2[j]));
+            }
             const __m512 da = _mm512_set1_ps(((const float *)(ta + act->d))[ci]);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, da), acc[c]);
             if (MIN) acc[c] = _mm512_fmadd_ps(mins, _mm512_set1_ps(((const float *)(ta + act->sums))[ci]), acc[c]);
@@ -848,32 +827,22 @@ typedef void (*panel_tiles_fn)(int tc, const panel *p, int64_t ch0, int64_t nch,
         PANEL_TILE_CASES(BODY, __VA_ARGS__)                                                                   \
     }
 
-DEFINE_PANEL_TILES(panel_tiles_legacy, panel_tile_legacy, 0)
-DEFINE_PANEL_TILES(panel_tiles_legacy_min, panel_tile_legacy, 1)
-DEFINE_PANEL_TILES(panel_tiles_legacy8, panel_tile_legacy8, 0)
-DEFINE_PANEL_TILES(panel_tiles_legacy8_min, panel_tile_legacy8, 1)
+DEFINE_PANEL_TILES(panel_tiles_legacy, panel_tile_legacy, 0, 0)
+DEFINE_PANEL_TILES(panel_tiles_legacy_min, panel_tile_legacy, 0, 1)
+DEFINE_PANEL_TILES(panel_tiles_legacy8, panel_tile_legacy, 1, 0)
+DEFINE_PANEL_TILES(panel_tiles_legacy8_min, panel_tile_legacy, 1, 1)
 DEFINE_PANEL_TILES(panel_tiles_k32, panel_tile_k, 32, 0)
 DEFINE_PANEL_TILES(panel_tiles_k32_min, panel_tile_k, 32, 1)
 DEFINE_PANEL_TILES(panel_tiles_k16, panel_tile_k, 16, 0)
 DEFINE_PANEL_TILES(panel_tiles_k16_min, panel_tile_k, 16, 1)
 
-static panel_tiles_fn panel_tiles_for(int type) {
+/* i8: the int8 panels of a 32-value type. */
+static panel_tiles_fn panel_tiles_for(int type, int i8) {
     const int min = panel_has_min(type);
+    if (i8) return min ? panel_tiles_legacy8_min : panel_tiles_legacy8;
     if (ember_qtype_get(type)->act == EMBER_ACT_Q16) return min ? panel_tiles_legacy_min : panel_tiles_legacy;
     if (panel_chunk(type) == 32) return min ? panel_tiles_k32_min : panel_tiles_k32;
     return min ? panel_tiles_k16_min : panel_tiles_k16;
-}
-
-static void pack_row_u8(int type, const uint8_t *row, int64_t b0, int64_t nb, int r, panel *p) {
-    switch (type) {
-    case EMBER_T_Q4_0: pack_row32_u8(EMBER_T_Q4_0, row, b0, nb, r, p); break;
-    case EMBER_T_Q4_1: pack_row32_u8(EMBER_T_Q4_1, row, b0, nb, r, p); break;
-    case EMBER_T_Q5_0: pack_row32_u8(EMBER_T_Q5_0, row, b0, nb, r, p); break;
-    case EMBER_T_Q5_1: pack_row32_u8(EMBER_T_Q5_1, row, b0, nb, r, p); break;
-    case EMBER_T_Q8_0: pack_row32_u8(EMBER_T_Q8_0, row, b0, nb, r, p); break;
-    case EMBER_T_MXFP4: pack_row32_u8(EMBER_T_MXFP4, row, b0, nb, r, p); break;
-    default: pack_row32_u8(EMBER_T_IQ4_NL, row, b0, nb, r, p); break;
-    }
 }
 
 /* W rows (nrows, k) -> y[t * ys + r] for t < n: each panel of 16 rows is packed once per k-slice of at
@@ -884,7 +853,7 @@ ALWAYS void panel_matmul_body(const int i8, int type, int64_t k, const void *w, 
     const int CH = panel_chunk(type);
     const int legacy = ember_qtype_get(type)->act == EMBER_ACT_Q16;
     const int qk = ember_qtype_get(type)->block_size;
-    const panel_tiles_fn tiles = i8 ? (has_min(type) ? panel_tiles_legacy8_min : panel_tiles_legacy8) : panel_tiles_for(type);
+    const panel_tiles_fn tiles = panel_tiles_for(type, i8);
     const act_rows act = act_rows_for(type, a, as, k);
     panel p = {(uint32_t *)buf, (float *)(buf + PANEL_ROWS * PANEL_ROW_BYTES), NULL, NULL};
     p.mins = p.scale + PANEL_ROWS * (PANEL_KMAX / 16);
@@ -895,11 +864,7 @@ ALWAYS void panel_matmul_body(const int i8, int type, int64_t k, const void *w, 
         for (int64_t k0 = 0; k0 < k; k0 += PANEL_KMAX) {
             const int64_t kn = EMBER_MIN((int64_t)PANEL_KMAX, k - k0), nch = kn / CH;
             if (nr < PANEL_ROWS) memset(buf, 0, sizeof buf); /* lanes past nr: zeros, not garbage */
-            for (int r = 0; r < nr; r++) {
-                const uint8_t *row = (const uint8_t *)w + (r0 + r) * ws;
-                if (i8) pack_row_u8(type, row, k0 / qk, kn / qk, r, &p);
-                else pack_row(type, row, k0 / qk, kn / qk, r, &p);
-            }
+            for (int r = 0; r < nr; r++) pack_row(type, i8, (const uint8_t *)w + (r0 + r) * ws, k0 / qk, kn / qk, r, &p);
             if (legacy && !i8) transpose_chunks32(&p, 2 * nch); /* int16 weights: two 32-byte pieces a chunk */
             else if (CH == 32) transpose_chunks32(&p, nch);
             else transpose_chunks16(&p, nch);

@@ -30,13 +30,14 @@ static void quantize_q16_llama(const float *x, void *dst, int64_t k) {
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
     int8_t *q = (int8_t *)dst + ember_q16_q8_offset(k);
+    int32_t *qsum = (int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k));
     for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK, q += QK) {
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f, d32 = amax / 127.0f;
         int sum = 0;
         for (int i = 0; i < QK; i++) sum += q[i] = (int8_t)(c[i] = (int16_t)nearbyintf(x[i] * id));
-        ((int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k)))[b] = sum;
+        qsum[b] = sum;
         d[b] = f16_round(d32);
         s[b] = f16_round(d32 * (float)sum);
     }

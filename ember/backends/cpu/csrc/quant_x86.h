@@ -94,6 +94,7 @@ ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int t
     int16_t *c = dst;
     float *d = (float *)(c + k), *s = d + k / QK;
     int8_t *q = (int8_t *)dst + ember_q16_q8_offset(k);
+    int32_t *qsum = (int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k));
     for (int64_t b = 0; b < k / QK; b++, x += QK, c += QK, q += QK) {
         const float amax = absmax(x, 4);
         const __m256 f = _mm256_set1_ps(amax != 0.0f ? (float)top / amax : 0.0f);
@@ -107,7 +108,7 @@ ALWAYS void quantize_q16_steps(const float *x, void *dst, int64_t k, const int t
             _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
         const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
-        if (top == 127) ((int32_t *)((uint8_t *)dst + ember_q16_qsum_offset(k)))[b] = sum;
+        if (top == 127) qsum[b] = sum;
         const float step = amax / (float)top;
         d[b] = top == 127 ? f16_round(step) : step;
         s[b] = top == 127 ? f16_round(step * (float)sum) : d[b] * (float)sum;
