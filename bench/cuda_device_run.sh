@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked on the GPU machine, in one call:
 #
-#   bash bench/cuda_device_run.sh [tests] [experts] [dense] [quick] [full]     (default: tests quick)
+#   bash bench/cuda_device_run.sh [tests] [experts] [quick] [full]     (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
 #          decoder families (tests/test_cuda_families.py), then the quantized KV cache
 #          (tests/test_cuda_kv.py): four processes
 #   experts  pytest tests/test_cuda_experts.py, then bench/expert_micro.py (the grouped expert
 #          products alone at issue 28's MoE shapes, the old kernel beside them)
-#   dense  the dense prompt products of quantized weights (dense_tile): their tests in
-#          tests/test_cuda.py (-k "dense_tile or matmul"), then bench/dense_micro.py (old mm_tile
-#          against quant_x + dense_tile at Llama-3.1-8B's matrix shapes, 16, 64 and 512 tokens)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -112,19 +109,6 @@ for s in $STAGES; do
       echo "bench exit $?"
       tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
       ;;
-    dense)
-      stage "tests: dense_tile"
-      timeout 240 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        -k "(dense_tile or matmul) and not model${TESTS_K:+ and ($TESTS_K)}" tests/test_cuda.py \
-        >"$OUT/tests_dense.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_dense.log" | head -25
-      tail -n 8 "$OUT/tests_dense.log"
-      stage "bench dense"
-      timeout 300 $PY bench/dense_micro.py --out "$OUT/dense_micro.json" >"$OUT/dense_micro.log" 2>&1
-      echo "bench exit $?"
-      tail -n 30 "$OUT/dense_micro.log" | cut -c1-300
-      ;;
     quick|full)
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
@@ -139,6 +123,6 @@ for s in $STAGES; do
         tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
       fi
       ;;
-    *) echo "unknown stage '$s' (tests, experts, dense, quick, full)" ;;
+    *) echo "unknown stage '$s' (tests, experts, quick, full)" ;;
   esac
 done

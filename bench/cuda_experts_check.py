@@ -221,15 +221,7 @@ int main(int argc, char **argv) {
     auto ids = read_vec<int>(in, n_sel);
     std::vector<float> y((size_t)n_sel * m, NAN);
     const long long expert_bytes = (long long)m * row_bytes;
-    if (tile == 2) {  // dense_tile: expert 0 (m rows) and expert 1's first `group` rows as two matrices of x
-        std::vector<float> y1((size_t)x_rows * group, NAN);
-        y.assign((size_t)x_rows * m, NAN);
-        launch({(unsigned)((m + ET_R - 1) / ET_R), (unsigned)((x_rows + ET_TK - 1) / ET_TK), 2}, {ET_T, 1, 1}, [&] {
-            dense_tile(w.data(), w.data() + expert_bytes, nullptr, nullptr, y.data(), y1.data(), nullptr, nullptr, m,
-                       group, 0, 0, row_bytes, k, x_rows, xq.data());
-        });
-        y.insert(y.end(), y1.begin(), y1.end());
-    } else if (tile) {
+    if (tile) {
         std::vector<int> order(n_sel + 1, -1), tiles(4 * (size_t)bound + 4, -1), n_tiles(1, -1);
         launch({1, 1, 1}, {EG_T, 1, 1}, [&] {
             expert_group(ids.data(), n_sel, n_expert, order.data(), (int4 *)tiles.data(), n_tiles.data());
@@ -314,30 +306,10 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def check_dense(exe: Path, workdir: Path, qtype: GGMLType, n: int, rng, m: int = 72, m1: int = 40) -> float:
-    """The relative error of dense_tile over two matrices of one launch: 72 rows (a tile of 64 and
-    one of 8) and 40 (a part tile; its second row tile's blocks return), n tokens (tiles of 32 and
-    a part one)."""
-    k = 512 if layout(qtype).block_size == 256 else 352
-    raw = random_stack(rng, qtype, 2, m, k)
-    x = rng.normal(0, 1, (n, k)).astype(np.float32)
-    header = struct.pack("<9iq", 2, m, k, n, 1, 0, 2, 0, m1, layout(qtype).row_bytes(k))
-    inp, outp = workdir / "in.bin", workdir / "out.bin"
-    inp.write_bytes(header + raw.tobytes() + quant_x(x))
-    subprocess.run([str(exe), str(inp), str(outp)], check=True, timeout=600)
-    got = np.fromfile(outp, np.float32)
-    if not np.isfinite(got).all():
-        return float("nan")  # an output left unwritten
-    dense = dequantize(raw.reshape(-1), qtype).reshape(2, m, k).astype(np.float64)
-    want = np.concatenate([(x @ dense[0].T).reshape(-1), (x @ dense[1, :m1].T).reshape(-1)])
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0", "MXFP4", "Q5_K", "Q4_0", "Q2_K", "IQ4_XS"])
     ap.add_argument("--tokens", nargs="+", type=int, default=[3, 40])
-    ap.add_argument("--dense-tokens", nargs="+", type=int, default=[9, 64, 77])
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     failed = 0
@@ -357,13 +329,6 @@ def main() -> int:
                         print(f"{name:7} {kernel:18} {n:4} tok top-{top_k} "
                               f"{'x per selection' if per_row else 'shared x':15} rel err {err:.2e} "
                               f"{'ok' if ok else 'FAIL'}", flush=True)
-            for n in args.dense_tokens:
-                for kernel, path in (("dense_tile", exe), ("dense_tile (dp4a)", exe_dp4a)):
-                    err = check_dense(path, workdir, qtype, n, rng)
-                    ok = err < 2e-2
-                    failed += not ok
-                    print(f"{name:7} {kernel:18} {n:4} tok {'72 + 40 rows':22} rel err {err:.2e} "
-                          f"{'ok' if ok else 'FAIL'}", flush=True)
             print(f"  ({time.time() - t0:.0f} s)", flush=True)
     print("every run within the int8 products' error" if not failed else f"{failed} runs FAILED")
     return 1 if failed else 0

@@ -35,7 +35,7 @@ def main() -> None:
     modules = (["ops", "attention", "sample", "kv_quant"] + [f"attention_tile{hd}" for hd in ATT_TILE_DIMS]
                + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_store")]
                + [f"matmul_{int(t)}_xs" for t in sorted(XS_TYPES)]
-               + [experts_module(t) for t in sorted(EXPERT_TYPES)])  # expert products and dense_tile
+               + [experts_module(t) for t in sorted(EXPERT_TYPES)])  # the grouped expert products
     if args.only:
         modules = [m for m in modules if any(m.startswith(p) for p in args.only)]
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ product over the step's selections (random routing, a token's experts distinct):
     f32 x read per row) -- kept in experts.cu for float experts, timed here as the baseline;
   - mv: the decode path (quant_x + expert_mv), at every size;
   - tile: the prompt path (quant_x + expert_group + expert_tile), at every size;
-  - the backend's choice (CudaConfig.moe_mv_tokens) is the one of the two the size falls to.
+  - the backend's choice (takes_mv: by step and row length) is the one of the two the shape falls to.
 
 Outputs are compared with the old kernel's (relative error; int8 x gives ~5e-3). Times are per
 product: 10 products captured in a CUDA graph, the graph launched --reps times between CUDA events,
@@ -35,6 +35,7 @@ sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda import Backend  # noqa: E402
 from ember.backends.cuda.config import CudaConfig  # noqa: E402
+from ember.backends.cuda.ops.experts import takes_mv  # noqa: E402
 from ember.backends.cuda.ops.base import Launch, i32, i64, ptr  # noqa: E402
 from ember.backends.cuda.ops.experts import EXP_ROWS, experts_module  # noqa: E402
 from ember.quant import GGMLType, quantize  # noqa: E402
@@ -110,7 +111,6 @@ def bench_shape(name: str, n_tokens: list[int], reps: int, rng) -> list[dict]:
     qtype, n_expert, m, k, used = SHAPES[name]
     mv = Backend(config=CudaConfig(moe_mv_tokens=64))  # mv up to 64 tokens
     tile = Backend(config=CudaConfig(moe_mv_tokens=0))  # tiles at every size
-    chosen = CudaConfig().moe_mv_tokens
     cp = mv.cp
     stack = Stack(name, qtype, n_expert, m, k, rng)
     w_mv, w_tile = mv.weight(stack), tile.weight(stack)
@@ -129,7 +129,7 @@ def bench_shape(name: str, n_tokens: list[int], reps: int, rng) -> list[dict]:
                "old_us": round(t_old, 2), "tile_us": round(t_tile, 2), "tile_err": rel(cp.asnumpy(y_tile), ref)}
         if t_mv is not None:
             row.update(mv_us=round(t_mv, 2), mv_err=rel(cp.asnumpy(y_mv), ref))
-        new = t_mv if n <= chosen and t_mv is not None else t_tile
+        new = t_mv if takes_mv(n, k) and t_mv is not None else t_tile
         row.update(new_us=round(new, 2), speedup=round(t_old / new, 2), new_tok_s=round(n / new * 1e6, 1),
                    new_tflops=round(2 * n * used * m * k / new / 1e6, 2))
         rows.append(row)

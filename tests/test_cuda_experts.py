@@ -442,25 +442,14 @@ def test_kernels_on_the_cpu(tmp_path, qtype, runs):
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
 
 
-@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
-@pytest.mark.parametrize("qtype,n,dp4a", [(GGMLType.Q4_K, 77, False), (GGMLType.Q6_K, 64, True),
-                                          (GGMLType.Q8_0, 9, False)], ids=lambda v: getattr(v, "name", str(v)))
-def test_dense_tile_on_the_cpu(tmp_path, qtype, n, dp4a):
-    """dense_tile (the dense prompt products: expert_tile's block over whole matrices) as compiled
-    from experts.cu, run on the CPU over two matrices of one launch (72 and 40 rows) and n tokens
-    (77: a part tile): every output written and within int8 rounding of the float64 product."""
-    check = experts_check()
-    err = check.check_dense(check.build(tmp_path, qtype, dp4a=dp4a), tmp_path, qtype, n, np.random.default_rng(n))
-    assert err < 2e-2, f"relative error {err:.2e} (nan: an output left unwritten)"
-
-
-# ---- the dense prompt products' choice of kernel (no device: arrays stand in by shape and address) ----
+# ---- the grouped products' choice of kernel (no device: arrays stand in by shape and address) ----
 
 class FakeArray:
     def __init__(self, shape, addr: int):
         from types import SimpleNamespace
 
         self.shape, self.data = tuple(shape), SimpleNamespace(ptr=addr)
+        self.size = int(np.prod(self.shape))
 
 
 class FakeKernels:
@@ -468,40 +457,33 @@ class FakeKernels:
         return f"{module}.{name}"
 
 
-def fake_weight(qtype: GGMLType, rows: int, cols: int, addr: int):
+@pytest.mark.parametrize("k", [768, 2048, 2880])
+@pytest.mark.parametrize("n", [1, 8, 16, 48, 49, 512])
+def test_grouped_products_choose_their_kernel_by_shape(n, k):
+    """By default (moe_mv_tokens -1) steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K
+    values take expert_mv, one launch a matrix after quant_x; others the tiles (one expert_group for
+    all the matrices, then an expert_tile each); a fixed moe_mv_tokens overrides the shape."""
     from types import SimpleNamespace
 
     from ember.backends.cuda.ops import DeviceMatrix
+    from ember.backends.cuda.ops.experts import EMV_MIN_K, EMV_TOKENS, ExpertMatmul, ExpertScratch, takes_mv
     from ember.quant.types import layout
 
-    return SimpleNamespace(name=qtype.name, type=qtype, shape=(rows, cols),
-                           data=DeviceMatrix(FakeArray((rows * layout(qtype).row_bytes(cols),), addr),
-                                             layout(qtype).row_bytes(cols)))
-
-
-@pytest.mark.parametrize("n", [9, 64, 512])
-def test_prompt_products_take_dense_tile_for_quantized_weights(n):
-    """Past the matrix-vector kernels, and where mm_split is not taken, quantized weights take
-    quant_x + dense_tile (tiles of ET_ROWS rows x ET_TOK tokens, x read from xq) and float weights
-    mm_tile, one launch per type; decode-sized products keep the matrix-vector kernels."""
-    from ember.backends.cuda.ops.matmul import DENSE_Q8_MIN_ROWS, Matmul
-
-    assert DENSE_Q8_MIN_ROWS <= 9
-    ws = [fake_weight(GGMLType.Q4_K, 300, 512, 1 << 20), fake_weight(GGMLType.Q4_K, 100, 512, 2 << 20),
-          fake_weight(GGMLType.F16, 64, 512, 3 << 20)]
-    x, xq = FakeArray((n, 512), 4 << 20), FakeArray((n * 512 * 3 // 2,), 5 << 20)
-    outs = [FakeArray((n, w.shape[0]), (6 + i) << 20) for i, w in enumerate(ws)]
-    op = Matmul(ws, x, outs, xq=xq, mv_rows=8)
-    assert op.dense_tiles()
-    launches = op.launches(FakeKernels())
-    assert [la.fn for la in launches] == ["ops.quant_x", f"experts_{int(GGMLType.Q4_K)}.dense_tile",
-                                          f"matmul_{int(GGMLType.F16)}.mm_tile64"]
-    tile = launches[1]
-    assert tile.grid == (-(-300 // ET_ROWS), -(-n // ET_TOK), 2)
-    assert int(tile.args[-1]) == 5 << 20 and int(tile.args[-2]) == n and int(tile.args[-3]) == 512
-    assert [la.fn for la in Matmul(ws[:2], x, outs[:2], xq=xq, mv_rows=8, quant_in=False).launches(FakeKernels())] \
-        == [f"experts_{int(GGMLType.Q4_K)}.dense_tile"]  # x quantized by a producer
-    with pytest.raises(AssertionError, match="xq"):
-        Matmul(ws[:1], x, outs[:1], mv_rows=8).launches(FakeKernels())
-    assert not Matmul(ws[2:], x, outs[2:], mv_rows=8).dense_tiles()  # float weights: mm_tile alone
-    assert not Matmul(ws[:1], x, outs[:1], xq=xq, mv_rows=max(8, n)).dense_tiles()  # decode-sized
+    assert (EMV_TOKENS, EMV_MIN_K) == (48, 1536)
+    qt, n_expert, m, top_k = GGMLType.Q4_K, 128, 512, 8
+    rb = layout(qt).row_bytes(k)
+    ws = [SimpleNamespace(name=f"w{i}", type=qt, shape=(n_expert, m, k),
+                          data=DeviceMatrix(FakeArray((n_expert * m * rb,), (1 + i) << 30), rb)) for i in range(2)]
+    x, ids = FakeArray((n, k), 3 << 30), FakeArray((n, top_k), 4 << 30)
+    ys = [FakeArray((n * top_k, m), (5 + i) << 30) for i in range(2)]
+    scratch = ExpertScratch(xq=FakeArray((n * k * 2,), 7 << 30), order=FakeArray((n * top_k,), 8 << 30),
+                            tiles=FakeArray((tile_bound(n * top_k, n_expert), 4), 9 << 30),
+                            n_tiles=FakeArray((1,), 10 << 30))
+    mod = f"experts_{int(qt)}"
+    for mv_tokens, want_mv in ((-1, n <= 48 and k >= 1536), (0, False), (64, n <= 64)):
+        assert takes_mv(n, k, mv_tokens) == want_mv
+        fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
+        want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.expert_tile"] * 2
+        assert fns == ["ops.quant_x"] + want, (mv_tokens, fns)
+    with pytest.raises(ValueError, match="moe_mv_tokens"):
+        CudaConfig(moe_mv_tokens=-2)

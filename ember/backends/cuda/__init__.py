@@ -15,7 +15,6 @@ import contextlib
 import math
 import os
 import threading
-from dataclasses import replace
 
 import numpy as np
 
@@ -116,7 +115,6 @@ class Backend:
         self._recording = None
         self._scratch: dict[str, object] = {}
         self._xq: dict[tuple, object] = {}  # (address, shape) of an activation -> its quantized copy
-        self._tile_xqs: dict[tuple, object] = {}  # (address, row length) of an activation -> see _tile_xq
         self._counters: list = []  # device uint32 pools; tails take one entry each
         self._counter_at = 0
         self._threads_using = {threading.get_ident()}
@@ -196,8 +194,6 @@ class Backend:
         if rows >= 2048 and qtype in XS_TYPES:  # or mv_xs, on large matrices
             self.kernels.prefetch(matmul_module(qtype, "mv_xs"))
         self.kernels.prefetch(matmul_module(qtype, "mv_n1_store"))  # products storing y alone
-        if quantized(qtype):
-            self.kernels.prefetch(experts_module(qtype))  # dense_tile: prompt products
         self.kernels.prefetch_later(matmul_module(qtype, "mv_n8"))  # batched decode: after the rest
 
     def settle(self) -> None:  # the weights were copied to the device as they came
@@ -357,16 +353,6 @@ class Backend:
             buf = self._xq[key] = self.cp.empty(xq_bytes(*x.shape), np.uint8)
         return buf
 
-    def _tile_xq(self, x):
-        """A buffer for x (n, k) quantized by the prompt product reading it (dense_tile): one per
-        activation buffer and row length, grown to the most rows asked (prompts of every length
-        share it; the product's own quant_x fills it just before)."""
-        key, size = (x.data.ptr, int(x.shape[1])), xq_bytes(*x.shape)
-        buf = self._tile_xqs.get(key)
-        if buf is None or buf.size < size:  # recordings keep the old buffer alive
-            buf = self._tile_xqs[key] = self.cp.empty(size, np.uint8)
-        return buf[:size]
-
     def _new_counter(self):
         """A zeroed device counter of its own for one fused tail (zero again after each launch)."""
         pool_size = 4096
@@ -425,9 +411,8 @@ class Backend:
         rows = mv_rows_for(ws, self.config, split)
         buf = SplitScratch(self._scratch_f32("mm_split_part", MS_PART_FLOATS),
                            self._zeroed_u32("mm_split_counters", MS_COUNTERS)) if split else None
-        op = Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
-                    split_buf=buf, cfg=self.config, n_sm=self.n_sm)
-        self._run(replace(op, xq=self._tile_xq(x)) if op.dense_tiles() else op)
+        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
+                         split_buf=buf, cfg=self.config, n_sm=self.n_sm))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:
         """ws, or Q8_0 copies of them (made once, kept beside the originals) where they are of

@@ -18,8 +18,6 @@
 //               tile, its weight units decoded once into shared memory (int8 + scales), the tile's
 //               x staged beside them, int8 tensor-core products (mma.sync; dp4a on HIP and GPUs
 //               before sm_80), each unit's integer sums scaled into f32.
-//   dense_tile  (dense prompt products of quantized weights) the same block over a whole matrix,
-//               the step's tokens in tiles of ET_TOK.
 //   expert_matmul (float types) a warp per row, float dot products.
 
 #define EXP_ROWS 8     // expert_matmul: rows per block, one a warp
@@ -446,27 +444,5 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
     __syncthreads();  // sel_s, xr_s
     et_block(w + (i64)tile.x * expert_bytes, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s,
              y);
-}
-
-// ---- dense prompt products: dense_tile ----
-//
-// y_j (n, rows_j) = x (n, k) @ W_j.T for up to four matrices of one type and row length sharing x
-// (matmul.cu's mm_tile over the same arguments, but x as quant_x wrote it: xq (n, k) int8 then
-// (n, k/32) float4): expert_tile's block over the whole matrix as one expert and a tile of ET_TOK
-// consecutive tokens. Grid (ceil(max rows / ET_ROWS), ceil(n / ET_TOK), matrices), ET_THREADS.
-extern "C" __global__ void __launch_bounds__(ET_THREADS)
-    dense_tile(const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,
-               int rows0, int rows1, int rows2, int rows3, i64 row_bytes, int k, int n, const u8 *__restrict__ xq) {
-    __shared__ int tok_s[ET_TOK];
-    PDL_ENTER();
-    const int mi = blockIdx.z;
-    const u8 *w = mi == 0 ? w0 : mi == 1 ? w1 : mi == 2 ? w2 : w3;
-    float *y = mi == 0 ? y0 : mi == 1 ? y1 : mi == 2 ? y2 : y3;
-    const int rows = mi == 0 ? rows0 : mi == 1 ? rows1 : mi == 2 ? rows2 : rows3;
-    const int r0 = blockIdx.x * ET_ROWS, t0 = blockIdx.y * ET_TOK;
-    if (r0 >= rows) return;  // a smaller matrix of the launch: alike in the whole block
-    if (threadIdx.x < ET_TOK) tok_s[threadIdx.x] = min(t0 + (int)threadIdx.x, n - 1);
-    __syncthreads();  // tok_s
-    et_block(w, row_bytes, rows, k, xq, n, r0, min(ET_TOK, n - t0), tok_s, tok_s, y);
 }
 #endif

@@ -4,10 +4,10 @@ grid (those nobody chose return at once), so a step's launches have a fixed shap
 like the others.
 
 A product of quantized experts quantizes x first (quant_x, the dense decode products' format), then
-takes one of two kernels by the step's tokens: expert_mv for a few (decode: each selection's x staged
-once, each weight slice decoded once for all of an expert's selections), else expert_group (the
-selections sorted by expert into tiles, on the device) and expert_tile (a block a tile of an expert's
-rows and selections, int8 dot products). Float experts take expert_matmul (a warp a row)."""
+takes one of two kernels by the step's tokens and row length (takes_mv): expert_mv for a few tokens
+over long rows (decode: each selection's x staged once, each weight slice decoded once for all of an
+expert's selections), else expert_group (the selections sorted by expert into tiles, on the device)
+and expert_tile (a block a tile of an expert's rows and selections, int8 dot products). Float experts take expert_matmul (a warp a row)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +22,11 @@ EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a
 # beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
 EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16
 ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
+# The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py on an
+# H200: expert_mv takes steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K values (Qwen3's
+# gate and up, k 2048: 64 against 107 us at 16 tokens, even at 64; gpt-oss, k 2880: 162 against 265 us
+# at 16); shorter rows take the tiles at every size (Qwen3's down, k 768: 17.6 against 27.8 us at 1).
+EMV_TOKENS, EMV_MIN_K = 48, 1536
 EG_THREADS = 1024  # expert_group: one block
 EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
 QX_CHUNK = 256  # values of a row a quant_x block writes (ops.cu)
@@ -43,6 +48,14 @@ def tile_bound(n_sel: int, n_expert: int) -> int:
 def mv_group(k: int) -> int:
     """Selections expert_mv stages at a time for rows of k values (each k int8 and k/32 float4)."""
     return max(1, min(EMV_NMAX, EMV_SMEM // (k + k // 2)))
+
+
+def takes_mv(n: int, k: int, mv_tokens: int = -1) -> bool:
+    """Whether a grouped product of an n-token step over rows of k values takes expert_mv (else
+    expert_group + expert_tile): by shape for mv_tokens = -1, else up to mv_tokens tokens."""
+    if mv_tokens >= 0:
+        return n <= mv_tokens
+    return n <= EMV_TOKENS and k >= EMV_MIN_K
 
 
 @dataclass(eq=False)
@@ -82,7 +95,7 @@ class ExpertMatmul:
     ids: Any  # device int32 (n, n_used)
     ys: list
     scratch: ExpertScratch
-    mv_tokens: int  # steps of up to this many tokens take expert_mv (CudaConfig.moe_mv_tokens)
+    mv_tokens: int  # CudaConfig.moe_mv_tokens: -1 by shape (takes_mv), else steps up to this many tokens
 
     def launches(self, kernels) -> list[Launch]:
         out = [self._float(kernels, w, y) for w, y in zip(self.ws, self.ys) if not quantized(w.type)]
@@ -90,7 +103,7 @@ class ExpertMatmul:
         if not quant:
             return out
         out.append(self._quant_x(kernels))
-        if self.ids.shape[0] <= self.mv_tokens:
+        if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
             return out + [self._mv(kernels, w, y) for w, y in quant]
         return out + [self._group(kernels, quant[0][0])] + [self._tile(kernels, w, y) for w, y in quant]
 

@@ -1,12 +1,10 @@
 """Matrix products: the plan of one product over matrices that share x, and its launches.
 
 Decode-sized products (a few activation rows) take matmul.cu's matrix-vector kernels, one pass
-over the weights; prompt-sized ones tensor-core tiles: of quantized weights, experts.cu's
-dense_tile (int8 products over x quantized by quant_x), of float weights matmul.cu's mm_tile (f16);
-batched decode steps of quantized weights (9..64 rows) mm_split where it fits. On the
-matrix-vector path a product may carry fused stages (recorded steps, see _fuse.py): a norm
-prologue (its blocks normalise x themselves), a residual prologue, an epilogue (residual add, or a
-gated activation, optionally quantized) and a tail.
+over the weights; prompt-sized ones its tensor-core tiles; batched decode steps of quantized
+weights (9..64 rows) mm_split. On the matrix-vector path a product may carry fused stages
+(recorded steps, see _fuse.py): a norm prologue (its blocks normalise x themselves), a residual
+prologue, an epilogue (residual add, or a gated activation, optionally quantized) and a tail.
 """
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from ....quant.types import GGMLType, layout
 from .._kernels import matmul_module
 from ..config import MV_MAX_ROWS, MV_PROLOGUE_MAX_K, CudaConfig
 from .base import Launch, allow_smem, disjoint, f32, i32, i64, pad4, ptr, quantized, u64, xq_bytes
-from .experts import ET_ROWS, ET_THREADS, ET_TOK, experts_module
 
 MODE_STORE, MODE_RESIDUAL, MODE_SILU, MODE_GELU = 0, 1, 2, 3
 GATED = (MODE_SILU, MODE_GELU)
@@ -62,15 +59,6 @@ MS_MAX_SPLITS = 8
 MS_MIN_UNITS = 4  # 32-value units a split takes at least (the K types: a super-block, 8)
 MS_PART_FLOATS = 4 << 20  # the shared partial-sum buffer (16 MB); products needing more take mm_tile
 MS_COUNTERS = 8192  # tile counters (row tiles x matrices of a launch); products needing more take mm_tile
-
-# dense_tile (experts.cu): prompt products of quantized weights from this many activation rows on
-# (those that take neither the matrix-vector kernels nor mm_split); fewer take mm_tile
-DENSE_Q8_MIN_ROWS = 9
-
-
-def dense_q8(qtype: GGMLType, n: int) -> bool:
-    """Whether a tile product of n activation rows over weights of qtype takes dense_tile."""
-    return quantized(qtype) and n >= DENSE_Q8_MIN_ROWS
 
 
 def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
@@ -270,12 +258,6 @@ class Matmul:
         floats = len(ws) * n_split * self.n * tiles * MS_ROWS if n_split > 1 or self.mode in GATED else 0
         return tiles, n_split, ups, floats
 
-    def dense_tiles(self) -> bool:
-        """Whether some launch of the product is a dense_tile (it then reads x from xq)."""
-        if self.n == 0 or self.matvec() or self.split():
-            return False
-        return any(dense_q8(w.type, self.n) for w in self.ws)
-
     def launches(self, kernels) -> list[Launch]:
         if self.n == 0:
             return []
@@ -288,9 +270,7 @@ class Matmul:
             return [self._split(kernels, g) for g in groups]
         if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
-        q8 = [dense_q8(self.ws[g[0]].type, self.n) for g in groups]
-        out = [self._quant_x(kernels)] if any(q8) and self.quant_in else []
-        return out + [self._dense_tile(kernels, g) if q else self._tile(kernels, g) for g, q in zip(groups, q8)]
+        return [self._tile(kernels, g) for g in groups]
 
     # ---- matrix-vector kernels ----
     def _matvec_launches(self, kernels) -> list[Launch]:
@@ -500,16 +480,6 @@ class Matmul:
         args = (*mats[:12], mats[13], i32(self.k), i32(self.n), ptr(self.x))
         name = "mm_tile" if tn == 128 else "mm_tile64"
         return Launch(kernels.fn(matmul_module(ws[0].type), name), grid, (128, 1, 1), args)
-
-    def _dense_tile(self, kernels, group: list[int]) -> Launch:
-        """A block of ET_ROWS weight rows x ET_TOK tokens, x read from xq (quant_x's format)."""
-        if self.xq is None:
-            raise AssertionError("a tile product of quantized weights needs its xq buffer")
-        ws = [self.ws[j] for j in group]
-        grid = (-(-max(w.shape[0] for w in ws) // ET_ROWS), -(-self.n // ET_TOK), len(ws))
-        mats = self._mats_args(group)
-        args = (*mats[:12], mats[13], i32(self.k), i32(self.n), ptr(self.xq))
-        return Launch(kernels.fn(experts_module(ws[0].type), "dense_tile"), grid, (ET_THREADS, 1, 1), args)
 
     def _tile_rows(self, rows_max: int, n_mat: int) -> int:
         """Weight rows per tile block: 64 (twice the blocks) where 128 would not give two blocks
