@@ -461,7 +461,7 @@ class FakeKernels:
 @pytest.mark.parametrize("n", [1, 8, 16, 48, 49, 512])
 def test_grouped_products_choose_their_kernel_by_shape(n, k):
     """By default (moe_mv_tokens -1) steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K
-    values take expert_mv, one launch a matrix after quant_x; others the tiles (one expert_group for
+    values take expert_mv, one launch a matrix after quant_x_llama; others the tiles (one expert_group for
     all the matrices, then an expert_tile each); a fixed moe_mv_tokens overrides the shape."""
     from types import SimpleNamespace
 
@@ -484,6 +484,55 @@ def test_grouped_products_choose_their_kernel_by_shape(n, k):
         assert takes_mv(n, k, mv_tokens) == want_mv
         fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
         want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.expert_tile"] * 2
-        assert fns == ["ops.quant_x"] + want, (mv_tokens, fns)
+        assert fns == ["ops.quant_x_llama"] + want, (mv_tokens, fns)
     with pytest.raises(ValueError, match="moe_mv_tokens"):
         CudaConfig(moe_mv_tokens=-2)
+
+
+def llama_rounded(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (n, k) f32 as llama.cpp's CPU rounds activations: int8 values and each 32-value block's scale;
+    group 256 its Q8_K (the first value of largest magnitude m to -127, iscale = -127 / m), 32 its Q8_0
+    (d = max / 127 in f16, values rounded at 127 / max)."""
+    n, k = x.shape
+    g = x.reshape(n, k // group, group).astype(np.float32)
+    amax = np.abs(g).max(axis=2)
+    if group == 256:
+        m = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)[..., 0]  # argmax: the first
+        with np.errstate(divide="ignore"):
+            mul = np.where(amax > 0, np.float32(-127) / m, 0).astype(np.float32)
+            d = np.where(amax > 0, np.float32(1) / mul, 0).astype(np.float32)
+    else:
+        d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            mul = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
+    q = np.minimum(127, np.rint((mul[..., None] * g).astype(np.float32))).astype(np.int8)
+    return q.reshape(n, k), np.repeat(d, group // 32, axis=1)
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("group", [256, 32])
+def test_expert_activations_round_as_llama_cpp(group):
+    """quant_x_llama: the int8 values and scales of llama.cpp's Q8_K (K-quant weights) or Q8_0 (the
+    others) to the bit, in quant_x's layout, with each half block's sum of values beside the scale."""
+    from ember.backends.cuda import Backend
+    from ember.backends.cuda.ops.base import Launch, i32, ptr
+
+    cuda = Backend()
+    n, k = 5, 1280
+    rng = np.random.default_rng(group)
+    x = (rng.standard_t(3, (n, k)) * rng.uniform(0.01, 10, (n, 1))).astype(np.float32)
+    x[1, :256] = 0  # an all-zero group
+    x[2, 7], x[2, 9] = -50.0, 50.0  # two values of largest magnitude: the first one decides the sign
+    xd = cuda.from_numpy(x)
+    xq = cuda.cp.full(n * k + n * (k // 32) * 16, 0xAB, np.uint8)
+    fn = cuda.kernels.fn("ops", "quant_x_llama")
+    Launch(fn, (n, -(-k // (4 * group)), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group))).run()
+    raw = cuda.cp.asnumpy(xq)
+    q = raw[:n * k].view(np.int8).reshape(n, k)
+    meta = raw[n * k:].view(np.float32).reshape(n, k // 32, 4)
+    want_q, want_d = llama_rounded(x, group)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(meta[..., 0], want_d)
+    halves = want_q.reshape(n, k // 32, 2, 16).astype(np.int64).sum(axis=3)
+    np.testing.assert_allclose(meta[..., 1:3], want_d[..., None] * halves, rtol=1e-6)

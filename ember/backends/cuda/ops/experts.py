@@ -3,7 +3,8 @@ expert ids stay on the device: the products read them there, every expert's bloc
 grid (those nobody chose return at once), so a step's launches have a fixed shape and are captured
 like the others.
 
-A product of quantized experts quantizes x first (quant_x, the dense decode products' format), then
+A product of quantized experts quantizes x first (quant_x_llama: the dense decode products' format,
+rounded as llama.cpp's CPU rounds activations for the weights' type), then
 takes one of two kernels by the step's tokens and row length (takes_mv): expert_mv for a few tokens
 over long rows (decode: each selection's x staged once, each weight slice decoded once for all of an
 expert's selections), else expert_group (the selections sorted by expert into tiles, on the device)
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ....quant.types import GGMLType
+from ....quant.types import GGMLType, layout
 from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantized
 
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
@@ -29,7 +30,6 @@ ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and select
 EMV_TOKENS, EMV_MIN_K = 48, 1536
 EG_THREADS = 1024  # expert_group: one block
 EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
-QX_CHUNK = 256  # values of a row a quant_x block writes (ops.cu)
 ROUTE_MAX_EXPERTS = 256  # route_experts holds 8 experts a lane (ops.cu)
 # Types of stacked experts: every matrix type, and MXFP4 (gpt-oss's experts; unit_q in quant.cuh)
 EXPERT_TYPES = MATRIX_TYPES | {GGMLType.MXFP4}
@@ -48,6 +48,12 @@ def tile_bound(n_sel: int, n_expert: int) -> int:
 def mv_group(k: int) -> int:
     """Selections expert_mv stages at a time for rows of k values (each k int8 and k/32 float4)."""
     return max(1, min(EMV_NMAX, EMV_SMEM // (k + k // 2)))
+
+
+def llama_group(qtype, k: int) -> int:
+    """Values sharing a scale in llama.cpp's rounding of x for weights of qtype: 256 for the K-quants
+    (its Q8_K), else 32 (its Q8_0)."""
+    return 256 if layout(qtype).block_size == 256 and k % 256 == 0 else 32
 
 
 def takes_mv(n: int, k: int, mv_tokens: int = -1) -> bool:
@@ -102,7 +108,7 @@ class ExpertMatmul:
         quant = [(w, y) for w, y in zip(self.ws, self.ys) if quantized(w.type)]
         if not quant:
             return out
-        out.append(self._quant_x(kernels))
+        out.append(self._quant_x(kernels, quant[0][0].type))
         if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
             return out + [self._mv(kernels, w, y) for w, y in quant]
         return out + [self._group(kernels, quant[0][0])] + [self._tile(kernels, w, y) for w, y in quant]
@@ -117,10 +123,12 @@ class ExpertMatmul:
         fn = kernels.fn(experts_module(w.type), "expert_matmul")
         return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
 
-    def _quant_x(self, kernels) -> Launch:
+    def _quant_x(self, kernels, qtype) -> Launch:
+        """x quantized as llama.cpp's CPU rounds it for weights of qtype (quant_x_llama)."""
         rows, k = self.x.shape
-        args = (ptr(self.x), ptr(None), ptr(None), f32(0.0), ptr(None), ptr(self.scratch.xq), i32(rows), i32(k))
-        return Launch(kernels.fn("ops", "quant_x"), (rows, -(-k // QX_CHUNK), 1), (128, 1, 1), args)
+        group = llama_group(qtype, k)
+        args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
+        return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // (4 * group)), 1), (128, 1, 1), args)
 
     def _mv(self, kernels, w, y) -> Launch:
         n_expert, m, k = w.shape
