@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked on the GPU machine, in one call:
 #
-#   bash bench/cuda_device_run.sh [tests] [quick] [full]     (default: tests quick)
+#   bash bench/cuda_device_run.sh [tests] [experts] [spec] [quick] [full]     (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
 #          decoder families (tests/test_cuda_families.py), then the quantized KV cache
 #          (tests/test_cuda_kv.py): four processes
+#   experts  pytest tests/test_cuda_experts.py, then bench/expert_micro.py (the grouped expert
+#          products alone at issue 28's MoE shapes, the old kernel beside them)
+#   spec   bench/spec.py --device cuda --skip-peer on the edit workload (3 repetitions): SmolLM2's real
+#          file (too large for one call's carry) joined from pieces carried as .sp1, .sp2 and .sp3 by
+#          calls on the same warm machine (`split -n 3` of it)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -93,6 +98,32 @@ for s in $STAGES; do
       grep -E "^(FAILED|ERROR)" "$OUT/tests_kv.log" | head -25
       tail -n 8 "$OUT/tests_kv.log"
       ;;
+    experts)
+      # The grouped expert products: their tests, then bench/expert_micro.py (old kernel beside the new ones)
+      stage "tests: experts"
+      timeout 300 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
+        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_experts.py \
+        >"$OUT/tests_experts.log" 2>&1
+      echo "pytest exit $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tests_experts.log" | head -25
+      tail -n 8 "$OUT/tests_experts.log"
+      stage "bench experts"
+      timeout 300 $PY bench/expert_micro.py --out "$OUT/expert_micro.json" >"$OUT/expert_micro.log" 2>&1
+      echo "bench exit $?"
+      tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
+      ;;
+    spec)
+      stage "bench spec"
+      if [ -f .sp1/part ] && [ -f .sp2/part ] && [ -f .sp3/part ]; then
+        cat .sp1/part .sp2/part .sp3/part >/tmp/ember_models/smollm2-real.gguf
+        timeout 420 $PY bench/spec.py --device cuda --model /tmp/ember_models/smollm2-real.gguf --skip-peer \
+          --workloads edit --reps ${SPEC_REPS:-3} --out "$OUT/spec_cuda.json" >"$OUT/spec.log" 2>&1
+        echo "bench exit $?"
+        tail -n 30 "$OUT/spec.log" | cut -c1-300
+      else
+        echo "SmolLM2's pieces .sp1/part .sp2/part .sp3/part not all carried: spec skipped"
+      fi
+      ;;
     quick|full)
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
@@ -107,6 +138,6 @@ for s in $STAGES; do
         tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
       fi
       ;;
-    *) echo "unknown stage '$s' (tests, quick, full)" ;;
+    *) echo "unknown stage '$s' (tests, experts, spec, quick, full)" ;;
   esac
 done

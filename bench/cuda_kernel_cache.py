@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember.backends.cuda._kernels import ATT_TILE_DIMS, build_cubin  # noqa: E402
 from ember.backends.cuda.ops import MATRIX_TYPES  # noqa: E402
+from ember.backends.cuda.ops.experts import EXPERT_TYPES, experts_module  # noqa: E402
 from ember.backends.cuda.ops.matmul import XS_TYPES  # noqa: E402
 
 
@@ -29,10 +30,14 @@ def main() -> None:
     ap.add_argument("--arch", default="90", help="compute capability without the dot (H100/H200: 90)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="+", help="modules whose names start so (e.g. experts_)")
     args = ap.parse_args()
-    modules = (["ops", "attention", "sample"] + [f"attention_tile{hd}" for hd in ATT_TILE_DIMS]
+    modules = (["ops", "attention", "sample", "kv_quant"] + [f"attention_tile{hd}" for hd in ATT_TILE_DIMS]
                + [f"matmul_{int(t)}{part}" for t in sorted(MATRIX_TYPES) for part in ("", "_batch", "_occ", "_store")]
-               + [f"matmul_{int(t)}_xs" for t in sorted(XS_TYPES)])
+               + [f"matmul_{int(t)}_xs" for t in sorted(XS_TYPES)]
+               + [experts_module(t) for t in sorted(EXPERT_TYPES)])  # the grouped expert products
+    if args.only:
+        modules = [m for m in modules if any(m.startswith(p) for p in args.only)]
     t0 = time.perf_counter()
     build = lambda m: build_cubin(m, args.arch, args.out)  # noqa: E731
     # the first alone: NVRTC loads its builtins library on first use, which failed here when two

@@ -20,7 +20,7 @@ Engines alternate within each repetition; medians over repetitions. Acceptance: 
 tokens from each reply's timings (draft_n, draft_n_accepted). The load average is noted before
 and after. Writes bench/results/spec.json.
 
-    python bench/spec.py [--model smollm2] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
+    python bench/spec.py [--model smollm2] [--device cpu] [--threads 2] [--reps 3] [--peer-types ngram-simple,ngram-mod]
                          [--workloads edit,agent,free] [--sources spec,draft] [--draft-target f16] [--draft-p-min P]
                          [--skip-peer] [--peer-poll 0] [--first-rep 0] [--engines ember,ember+spec]
 
@@ -117,11 +117,11 @@ def complete(port: int, ids: list[int], n_predict: int) -> dict:
 
 
 def start_ember(model: str, threads: int, slots: int, spec: str, draft: str | None = None,
-                p_min: float | None = None, tree: str | None = None) -> tuple[object, int]:
+                p_min: float | None = None, tree: str | None = None, device: str = "cpu") -> tuple[object, int]:
     """tree: another checkout of ember to run (its package first on the path), else this one."""
     port = _free_port()
     cmd = [sys.executable, "-m", "ember", "serve", model, "--port", str(port), "--slots", str(slots),
-           "--threads", str(threads), "--ctx", str(CTX), "--device", "cpu", "--log-level", "warning",
+           "--threads", str(threads), "--ctx", str(CTX), "--device", device, "--log-level", "warning",
            "--spec-type", spec] + (["--model-draft", draft] if draft else [])
     if draft and p_min is not None:
         cmd += ["--draft-p-min", str(p_min)]
@@ -205,6 +205,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="ember's device (cpu, cuda, webgpu); llama-server runs on the CPU")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workloads", default="edit,agent,free")
     ap.add_argument("--spec-types", default="cache,lookup", help="ember's draft sources when on")
@@ -243,7 +244,8 @@ def main() -> None:
         try:
             for name, (kind, spec, model, draft) in engines.items():
                 tree = args.old_tree if name.startswith("old:") else None
-                servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min, tree)
+                servers[name] = (start_ember(str(model), args.threads, slots, spec, draft, args.draft_p_min, tree,
+                                             args.device)
                                  if kind == "ember" else
                                  start_llama(model, args.threads, slots, spec, args.peer_poll, draft, args.draft_p_min))
             for rep in range(args.first_rep, args.first_rep + args.reps):
@@ -259,7 +261,7 @@ def main() -> None:
                 proc.kill()
                 proc.wait()
     summary = summarize(runs)
-    out = {"model": args.model, "threads": args.threads, "reps": args.reps, "first_rep": args.first_rep, "peer_poll": args.peer_poll,
+    out = {"model": args.model, "device": args.device, "threads": args.threads, "reps": args.reps, "first_rep": args.first_rep, "peer_poll": args.peer_poll,
            "draft_target": args.draft_target, "draft_p_min": args.draft_p_min,
            "load_before": load_before, "load_after": os.getloadavg(), "runs": runs, "summary": summary,
            "ember_draft_sources": sources}

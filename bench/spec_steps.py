@@ -1,7 +1,7 @@
 """Where a speculative run's time goes, in process: each step's rows and compute time, the host's
 time around it, and a step's cost against its rows for one sequence.
 
-    python bench/spec_steps.py [--model smollm2] [--threads 2] [--workloads edit,free,agent] [--reps 2]
+    python bench/spec_steps.py [--model smollm2] [--device cpu] [--threads 2] [--workloads edit,free,agent] [--reps 2]
                                [--sweep 1,2,3,4,5,6,8,12,17] [--profile] [--trace]
 
 For each workload prompt (bench/spec.py's), ember without and with `--spec-type cache,lookup`:
@@ -180,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--workloads", default="edit,free")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--spec-types", default="cache,lookup")
@@ -193,7 +194,7 @@ def main() -> None:
     trace = DraftTrace() if args.trace else None
     for spec in ("none", args.spec_types):
         slots = 8 if "agent" in args.workloads else 1
-        llm = LLM(path, device="cpu", threads=args.threads, slots=slots, ctx=4096, speculative=spec)
+        llm = LLM(path, device=args.device, threads=args.threads, slots=slots, ctx=4096, speculative=spec)
         try:
             if args.sweep and spec != "none":
                 ms = sweep(llm, prompts.edit(0), [int(x) for x in args.sweep.split(",")])

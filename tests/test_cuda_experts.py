@@ -1,23 +1,37 @@
 """Mixture-of-experts ops on the CUDA backend against the float64 reference backend: routing, the
-grouped expert products of every weight type the qwen3moe files use (stacked experts read through
-the real loader), with a token's input shared by its experts and one input per selection, the
-weighted sum, and experts nobody chose left unread. (Whole qwen3moe models, recorded steps and CUDA
-graphs included: test_cuda_families.py.) Skipped, with the reason, where CuPy or a GPU is missing."""
+grouped expert products of every weight type stacked experts can have (read through the real
+loader), with a token's input shared by its experts and one input per selection, at decode sizes
+(expert_mv) and prompt sizes (expert_group + expert_tile), the weighted sum, and experts nobody
+chose left unread. (Whole qwen3moe models, recorded steps and CUDA graphs included:
+test_cuda_families.py.) Those tests are skipped, with the reason, where CuPy or a GPU is missing.
+
+The device-free tests below them run the grouped products' algorithm in numpy step by step as the
+kernels do (the selections sorted into tiles as expert_group does, x quantized as quant_x does,
+each unit's integer dot products and per-half scales as expert_tile sums them) against the same
+float64 reference, so the arithmetic is checked before any GPU runs it; and the kernels themselves,
+compiled from experts.cu as host C++ (bench/cuda_experts_check.py), run on the CPU."""
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
-from synth import random_blocks
+from synth import weight as synth_weight
 from test_cuda import REASON, poisoned, rel_err
 
 from ember.backends import get_backend
+from ember.backends.cuda.config import CudaConfig
+from ember.backends.cuda.ops.experts import EG_MAX_EXPERTS, ET_ROWS, ET_TOK, EXPERT_TYPES, mv_group, tile_bound
 from ember.gguf_loader import GGUFFile
-from ember.quant import GGMLType, quantize
+from ember.quant import GGMLType, dequantize, quantize
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+cuda_only = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
-N_EXPERT, ROWS, COLS = 16, 200, 512
-TYPES = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16, GGMLType.F32]
+N_EXPERT, ROWS, COLS = 16, 200, 512  # 200 rows: tiles of 64 and blocks of 16 rows end part-way
+TYPES = sorted(EXPERT_TYPES, key=int)
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+TOKENS = [1, 3, 8, 64, 512]  # 1-8: expert_mv; 64, 512: expert_group + expert_tile
+MANY = (128, 96, 256)  # a Q4_K stack of Qwen3-30B-A3B's expert count
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +41,28 @@ def backends():
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
-    """A GGUF file of stacked experts (N_EXPERT, ROWS, COLS) of each type, and one whose unchosen
-    experts (all but 0, 3 and 5) are NaN."""
+    """A GGUF file of stacked experts (N_EXPERT, ROWS, COLS) of each type, a Q4_K stack of MANY, and
+    one whose unchosen experts (all but 0, 3 and 5) are NaN."""
     import gguf
 
     path = tmp_path_factory.mktemp("cuda_experts") / "experts.gguf"
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     for qtype in TYPES:
-        if qtype in (GGMLType.Q4_K, GGMLType.Q6_K):
-            data = random_blocks(rng, qtype, N_EXPERT * ROWS, COLS, 0.05).reshape(N_EXPERT, ROWS, -1)
-            w.add_tensor(qtype.name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
-        elif qtype in (GGMLType.Q8_0, GGMLType.MXFP4):
-            data = quantize(rng.normal(0, 0.05, (N_EXPERT * ROWS, COLS)).astype(np.float32), qtype)
-            w.add_tensor(qtype.name, data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
-        else:
-            dtype = np.float16 if qtype == GGMLType.F16 else np.float32
-            w.add_tensor(qtype.name, rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(dtype))
+        if qtype in FLOAT_TYPES:
+            data = rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(np.float32)
+            if qtype == GGMLType.F16:
+                w.add_tensor(qtype.name, data.astype(np.float16))
+            elif qtype == GGMLType.BF16:
+                bits = (data.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(N_EXPERT, ROWS, -1)
+                w.add_tensor(qtype.name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            else:
+                w.add_tensor(qtype.name, data)
+            continue
+        data = weight(rng, qtype, N_EXPERT * ROWS, COLS, 0.05)
+        w.add_tensor(qtype.name, data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+    many = weight(rng, GGMLType.Q4_K, MANY[0] * MANY[1], MANY[2], 0.05)
+    w.add_tensor("many_experts", many.reshape(MANY[0], MANY[1], -1), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
     nan = rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(np.float32)
     nan[[e for e in range(N_EXPERT) if e not in (0, 3, 5)]] = np.nan
     w.add_tensor("unchosen_nan", nan)
@@ -55,17 +74,31 @@ def stacks(tmp_path_factory):
     f.close()
 
 
-def routed(n: int, k: int, seed: int = 1) -> np.ndarray:
+def weight(rng, qtype: GGMLType, rows: int, cols: int, std: float) -> np.ndarray:
+    """(rows, row_bytes) blocks of random weights of about `std` (MXFP4: quantized normal values)."""
+    if qtype == GGMLType.MXFP4:
+        return quantize(rng.normal(0, std, (rows, cols)).astype(np.float32), qtype).reshape(rows, -1)
+    return synth_weight(rng, qtype, rows, cols, std).reshape(rows, -1)
+
+
+def routed(n: int, k: int, seed: int = 1, n_expert: int = N_EXPERT) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.stack([rng.permutation(N_EXPERT)[:k] for _ in range(n)]).astype(np.int32)
+    return np.stack([rng.permutation(n_expert)[:k] for _ in range(n)]).astype(np.int32)
 
 
+def limit(qtype) -> float:
+    """Relative error allowed: float experts take f32 x; quantized ones int8 x (as the dense decode products)."""
+    return 1e-5 if qtype in FLOAT_TYPES else 2e-2
+
+
+@pytest.mark.cuda
+@cuda_only
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 3, 37], ids=lambda n: f"{n}tok")
+@pytest.mark.parametrize("n", TOKENS, ids=lambda n: f"{n}tok")
+@pytest.mark.parametrize("k", [4, 8], ids=lambda k: f"top{k}")
 @pytest.mark.parametrize("per_row", [False, True], ids=["shared_x", "x_per_selection"])
-def test_expert_matmuls(backends, stacks, qtype, n, per_row):
+def test_expert_matmuls(backends, stacks, qtype, n, k, per_row):
     cuda, ref = backends
-    k = 4
     t = stacks.tensors[qtype.name]
     ids = routed(n, k)
     x = np.random.default_rng(2).normal(0, 1, (n * k if per_row else n, COLS)).astype(np.float32)
@@ -73,9 +106,61 @@ def test_expert_matmuls(backends, stacks, qtype, n, per_row):
     cuda.expert_matmuls([cuda.weight(t)], cuda.from_numpy(x), cuda.from_numpy(ids), [got])
     want = np.empty((n * k, ROWS))
     ref.expert_matmuls([ref.weight(t)], x.astype(np.float64), ids, [want])
-    assert rel_err(cuda.to_numpy(got), want) < 1e-5
+    assert rel_err(cuda.to_numpy(got), want) < limit(qtype)
 
 
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("n,mv_tokens", [(1, 0), (8, 0), (64, 64), (20, 64)], ids=["1tok_tiles", "8tok_tiles",
+                                                                                    "64tok_mv", "20tok_mv"])
+def test_either_kernel_at_any_size(stacks, backends, qtype, n, mv_tokens):
+    """The decode kernel and the tiles each give the product at sizes the default switch sends to
+    the other (moe_mv_tokens), gate and up in one call, one of them F16 (expert_matmul beside them)."""
+    from ember.backends.cuda import Backend
+
+    _, ref = backends
+    cuda = Backend(config=CudaConfig(moe_mv_tokens=mv_tokens))
+    ids = routed(n, 8, seed=n)
+    x = np.random.default_rng(3).normal(0, 1, (n, COLS)).astype(np.float32)
+    names = [qtype.name, "F16"]
+    got = [poisoned(cuda, (n * 8, ROWS)) for _ in names]
+    cuda.expert_matmuls([cuda.weight(stacks.tensors[m]) for m in names], cuda.from_numpy(x), cuda.from_numpy(ids), got)
+    for name, out in zip(names, got):
+        want = np.empty((n * 8, ROWS))
+        ref.expert_matmuls([ref.weight(stacks.tensors[name])], x.astype(np.float64), ids, [want])
+        assert rel_err(cuda.to_numpy(out), want) < limit(GGMLType[name]), name
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("routing", ["one_expert", "spread", "ids_out_of_range"])
+def test_tiles_at_qwen3_moe_counts(backends, stacks, routing):
+    """128 experts, 8 a token, 512 tokens (Qwen3-30B-A3B's prompt step): every token on experts
+    77..84 (16 tiles each, in a grid bounded for any routing), spread routing, and ids outside the
+    stack, whose rows are left unwritten."""
+    cuda, _ = backends
+    (n_expert, m, kd), n, k = MANY, 512, 8
+    t = stacks.tensors["many_experts"]
+    ids = routed(n, k, seed=8, n_expert=n_expert)
+    if routing == "one_expert":
+        ids[:] = (77 + np.arange(k)) % n_expert
+    elif routing == "ids_out_of_range":
+        ids[5, 2], ids[9, 0] = n_expert, -1
+    x = np.random.default_rng(9).normal(0, 1, (n, kd)).astype(np.float32)
+    dense = dequantize(np.asarray(t.data).reshape(-1), GGMLType.Q4_K).reshape(n_expert, m, kd).astype(np.float64)
+    flat = ids.reshape(-1)
+    want = np.einsum("sij,sj->si", dense[np.clip(flat, 0, n_expert - 1)], x[np.arange(n * k) // k])
+    got = poisoned(cuda, (n * k, m))
+    cuda.expert_matmuls([cuda.weight(t)], cuda.from_numpy(x), cuda.from_numpy(ids), [got])
+    out = cuda.to_numpy(got)
+    valid = (flat >= 0) & (flat < n_expert)
+    assert np.isnan(out[~valid]).all()
+    assert rel_err(out[valid], want[valid]) < 2e-2
+
+
+@pytest.mark.cuda
+@cuda_only
 def test_experts_nobody_chose_are_not_read(backends, stacks):
     cuda, _ = backends
     ids = np.array([[0, 3], [5, 0], [3, 5]], np.int32)
@@ -85,6 +170,8 @@ def test_experts_nobody_chose_are_not_read(backends, stacks):
     assert np.isfinite(cuda.to_numpy(out)).all()
 
 
+@pytest.mark.cuda
+@cuda_only
 @pytest.mark.parametrize("n_expert,k", [(16, 4), (128, 8), (256, 8), (32, 32)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_route_experts(backends, n_expert, k, norm):
@@ -100,6 +187,8 @@ def test_route_experts(backends, n_expert, k, norm):
     np.testing.assert_allclose(cuda.to_numpy(w), rw, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.cuda
+@cuda_only
 def test_expert_sum(backends):
     cuda, ref = backends
     n, k, d = 6, 3, 40
@@ -111,6 +200,8 @@ def test_expert_sum(backends):
     np.testing.assert_allclose(cuda.to_numpy(out), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cuda
+@cuda_only
 def test_bad_expert_shapes_are_clear_errors(backends, stacks):
     from ember.backends import BackendError
 
@@ -122,6 +213,8 @@ def test_bad_expert_shapes_are_clear_errors(backends, stacks):
         cuda.route_experts(cuda.empty((1, 300)), 8, True, cuda.empty((1, 8), np.int32), cuda.empty((1, 8)))
 
 
+@pytest.mark.cuda
+@cuda_only
 def test_expert_bias_and_clamped_swiglu(backends, stacks):
     cuda, ref = backends
     rng = np.random.default_rng(6)
@@ -136,3 +229,310 @@ def test_expert_bias_and_clamped_swiglu(backends, stacks):
     cuda.swiglu_oai(cuda.from_numpy(gate), cuda.from_numpy(up), out, 1.702, 7.0)
     ref.swiglu_oai(gate.astype(np.float64), up.astype(np.float64), want, 1.702, 7.0)
     np.testing.assert_allclose(cuda.to_numpy(out), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the grouped products' algorithm in numpy (no GPU) ----
+
+def unit_form(raw: np.ndarray, qtype: GGMLType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of GGUF blocks (rows, row_bytes) as unit_q (quant.cuh) decodes them: q (rows, units, 32)
+    small integers, a and b (rows, units, 2) f32, value = a[h] * q + b[h] for half h of a unit."""
+    rows = raw.shape[0]
+    if qtype == GGMLType.Q8_0:
+        blk = raw.reshape(rows, -1, 34)
+        d = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        return blk[..., 2:].view(np.int8).astype(np.int64), np.stack([d, d], -1), np.zeros(d.shape + (2,), np.float32)
+    if qtype == GGMLType.MXFP4:
+        blk = raw.reshape(rows, -1, 17)
+        levels = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])  # E2M1 doubled
+        q = levels[np.concatenate([blk[..., 1:] & 15, blk[..., 1:] >> 4], -1)]
+        a = np.ldexp(np.float32(1), blk[..., 0].astype(np.int32) - 128).astype(np.float32)
+        return q, np.stack([a, a], -1), np.zeros(a.shape + (2,), np.float32)
+    if qtype == GGMLType.Q4_K:
+        sb = raw.reshape(rows, -1, 144)
+        d, dmin = (sb[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in (0, 2))
+        sc12 = sb[..., 4:16].astype(np.int64)
+        sc = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 15) | ((sc12[..., 0:4] >> 6) << 4)], -1)
+        mn = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
+        qs = sb[..., 16:].reshape(rows, -1, 4, 32)  # chunks of 64 values: low nibbles, then high
+        q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, -1, 32).astype(np.int64)
+        a = (d[..., None] * sc.astype(np.float32)).reshape(rows, -1)
+        b = (-(dmin[..., None] * mn.astype(np.float32))).reshape(rows, -1)
+        return q, np.stack([a, a], -1), np.stack([b, b], -1)
+    if qtype == GGMLType.Q6_K:
+        sb = raw.reshape(rows, -1, 210)
+        ql, qh = sb[..., :128].reshape(rows, -1, 2, 2, 32), sb[..., 128:192].reshape(rows, -1, 2, 32)
+        d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+        q = np.empty((rows, sb.shape[1], 2, 4, 32), np.int64)  # (half of 128, k = unit in it)
+        for k in range(4):
+            q[:, :, :, k] = ((ql[:, :, :, k & 1] >> (4 * (k >> 1))) & 15) | (((qh >> (2 * k)) & 3) << 4)
+        a = d[..., None] * sb[..., 192:208].view(np.int8).astype(np.float32)  # (rows, sbs, 16): a scale per 16
+        a = a.reshape(rows, -1, 2)
+        return q.reshape(rows, -1, 32), a, -32 * a
+    raise ValueError(f"no unit form for {qtype.name}")
+
+
+def quant_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (rows, k) as quant_x writes it: q (rows, k/32, 32) and (d, d * sum of each half) (rows, k/32, 3)."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int64)
+    halves = q.reshape(q.shape[0], q.shape[1], 2, 16).sum(-1).astype(np.float32)
+    return q, np.concatenate([d[..., None], d[..., None] * halves], -1)
+
+
+def group(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """expert_group: the selections sorted by expert, and the tiles (expert, start, count) -- the
+    offsets from its 32 lanes' runs of experts and their inclusive scan."""
+    flat = ids.reshape(-1)
+    valid = (flat >= 0) & (flat < n_expert)
+    cnt = np.bincount(flat[valid], minlength=n_expert)
+    per = -(-n_expert // 32)
+    off, toff, totals = np.zeros(n_expert, int), np.zeros(n_expert, int), []
+    for lane in range(32):
+        run = range(lane * per, min(n_expert, lane * per + per))
+        totals.append((sum(cnt[e] for e in run), sum(-(-cnt[e] // ET_TOK) for e in run)))
+    c_before = np.cumsum([0] + [c for c, _ in totals])
+    t_before = np.cumsum([0] + [t for _, t in totals])
+    for lane in range(32):
+        c, t = c_before[lane], t_before[lane]
+        for e in range(lane * per, min(n_expert, lane * per + per)):
+            off[e], toff[e] = c, t
+            c, t = c + cnt[e], t + -(-cnt[e] // ET_TOK)
+    order = np.full(int(valid.sum()), -1)
+    fill = np.zeros(n_expert, int)
+    for s in np.random.default_rng(0).permutation(flat.size):  # the atomics' order: any
+        e = flat[s]
+        if 0 <= e < n_expert:
+            order[off[e] + fill[e]] = s
+            fill[e] += 1
+    tiles = np.full((int(t_before[-1]), 3), -1)
+    for e in range(n_expert):
+        for i in range(-(-cnt[e] // ET_TOK)):
+            tiles[toff[e] + i] = (e, off[e] + i * ET_TOK, min(ET_TOK, cnt[e] - i * ET_TOK))
+    return order, tiles
+
+
+def tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarray, x_div: int) -> np.ndarray:
+    """y (n_sel, m) as expert_tile computes it: per tile of an expert's selections and ET_ROWS rows,
+    unit by unit, a * d * (integer dot) + b * (d * sum of x's values) in f32 -- of the whole unit
+    for types of one scale a unit (UNIT_SCALE), else of each half of 16."""
+    n_expert, m = raw.shape[:2]
+    wq, wa, wb = unit_form(raw.reshape(n_expert * m, -1), qtype)
+    units = wq.shape[1]
+    wq = wq.reshape(n_expert, m, units, 2, 16).astype(np.float64)  # exact: integer sums stay far below 2^53
+    wa, wb = wa.reshape(n_expert, m, units, 2), wb.reshape(n_expert, m, units, 2)
+    xq, meta = quant_x(x)
+    xq = xq.reshape(x.shape[0], units, 2, 16).astype(np.float64)
+    order, tiles = group(ids, n_expert)
+    assert len(tiles) <= tile_bound(ids.size, n_expert)
+    y = np.full((ids.size, m), np.nan, np.float32)
+    for e, start, cnt in tiles:
+        sel = order[start:start + cnt]
+        xr = sel // x_div
+        for r0 in range(0, m, ET_ROWS):
+            rows = slice(r0, min(m, r0 + ET_ROWS))
+            acc = np.zeros((cnt, rows.stop - r0), np.float32)
+            for u in range(units):
+                d = meta[xr, u, 0][:, None]
+                if qtype in UNIT_SCALE:  # one integer sum of the unit's 32 products
+                    dots = (xq[xr, u].reshape(cnt, 32) @ wq[e, rows, u].reshape(-1, 32).T).astype(np.float32)
+                    xs = (meta[xr, u, 1] + meta[xr, u, 2])[:, None]
+                    acc += d * wa[e, rows, u, 0][None] * dots + wb[e, rows, u, 0][None] * xs
+                    continue
+                for h in range(2):
+                    dots = (xq[xr, u, h] @ wq[e, rows, u, h].T).astype(np.float32)
+                    xs = meta[xr, u, 1 + h][:, None]
+                    acc += d * wa[e, rows, u, h][None] * dots + wb[e, rows, u, h][None] * xs
+            y[sel, rows] = acc
+    return y
+
+
+EMULATED = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4]
+# experts.cu ET_UNIT_SCALE: types whose units have one scale and offset for both halves
+UNIT_SCALE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q4_K,
+              GGMLType.Q5_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
+
+
+@pytest.mark.parametrize("qtype", EMULATED, ids=lambda t: t.name)
+def test_unit_form_is_the_reference_dequantizer(qtype):
+    raw = weight(np.random.default_rng(11), qtype, 8, COLS, 0.05)
+    q, a, b = unit_form(raw, qtype)
+    values = a[..., None] * q.reshape(q.shape[0], q.shape[1], 2, 16) + b[..., None]
+    np.testing.assert_allclose(values.reshape(8, COLS), dequantize(raw, qtype), rtol=1e-6, atol=1e-9)
+    if qtype in UNIT_SCALE:
+        assert (a[..., 0] == a[..., 1]).all() and (b[..., 0] == b[..., 1]).all()
+
+
+@pytest.mark.parametrize("n_expert,n,k", [(16, 1, 4), (16, 3, 8), (128, 512, 8), (32, 512, 4), (1024, 64, 8),
+                                          (7, 40, 7)])
+@pytest.mark.parametrize("routing", ["random", "one_expert", "ids_out_of_range"])
+def test_group_sorts_every_selection_into_bounded_tiles(n_expert, n, k, routing):
+    ids = routed(n, k, seed=n, n_expert=n_expert)
+    if routing == "one_expert":
+        ids[:] = np.arange(k) % n_expert
+    elif routing == "ids_out_of_range":
+        ids[0, 0], ids[-1, -1] = n_expert, -3
+    assert n_expert <= EG_MAX_EXPERTS
+    order, tiles = group(ids, n_expert)
+    flat = ids.reshape(-1)
+    valid = np.flatnonzero((flat >= 0) & (flat < n_expert))
+    assert sorted(order) == list(valid)  # each valid selection once
+    assert len(tiles) <= tile_bound(ids.size, n_expert)
+    covered = np.concatenate([order[s:s + c] for _, s, c in tiles])
+    assert sorted(covered) == list(valid) and (tiles[:, 2] <= ET_TOK).all() and (tiles[:, 2] > 0).all()
+    for e, s, c in tiles:
+        assert (flat[order[s:s + c]] == e).all()
+
+
+@pytest.mark.parametrize("qtype", EMULATED, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", TOKENS, ids=lambda n: f"{n}tok")
+@pytest.mark.parametrize("k", [4, 8], ids=lambda k: f"top{k}")
+def test_tile_algorithm_against_the_float_reference(qtype, n, k):
+    """The tiles' arithmetic (int8 x per 32 values, integer dot products of 16, per-half scales and
+    offsets) within the decode products' error of the float64 product, every output written once."""
+    rng = np.random.default_rng(n * k)
+    raw = weight(rng, qtype, N_EXPERT * ROWS, COLS, 0.05).reshape(N_EXPERT, ROWS, -1)
+    ids = routed(n, k, seed=n)
+    per_row = n % 2 == 1  # one x a selection for odd counts, a token's x shared by its experts otherwise
+    x = rng.normal(0, 1, (n * k if per_row else n, COLS)).astype(np.float32)
+    got = tile_products(raw, qtype, x, ids, 1 if per_row else k)
+    dense = dequantize(raw.reshape(-1), qtype).reshape(N_EXPERT, ROWS, COLS).astype(np.float64)
+    want = np.einsum("sij,sj->si", dense[ids.reshape(-1)], x[np.arange(n * k) // (1 if per_row else k)])
+    assert rel_err(got, want) < limit(qtype)
+
+
+def test_mv_stages_at_most_what_fits():
+    for kd in (256, 512, 2048, 2880, 14336, 32768, 65536):
+        g = mv_group(kd)
+        assert 1 <= g <= 8 and (g == 1 or g * (kd + kd // 2) <= 40 * 1024)  # with the static list: < 48 KB
+    assert mv_group(2048) == mv_group(2880) == 8 and mv_group(14336) == 1
+
+
+# ---- the kernels themselves on the CPU (bench/cuda_experts_check.py: a fiber per CUDA thread) ----
+
+def experts_check():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "cuda_experts_check.py"
+    spec = importlib.util.spec_from_file_location("cuda_experts_check", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+@pytest.mark.parametrize("qtype,runs", [
+    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True), (40, "tile_dp4a", False)]),  # a unit in one sum; slice2_q
+    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False), (3, "tile_dp4a", True)]),  # half by half
+    (GGMLType.MXFP4, [(40, "tile", False), (40, "mv", True)]),  # 352 values: a last chunk of 3 units
+], ids=lambda v: v.name if isinstance(v, GGMLType) else "")
+def test_kernels_on_the_cpu(tmp_path, qtype, runs):
+    """expert_group, expert_tile (tensor-core path, fragments as the PTX ISA lays them out; and the
+    dp4a path of HIP and older GPUs) and expert_mv as compiled from experts.cu, run on the CPU:
+    every selection's row written and within int8 rounding of the float64 product."""
+    check = experts_check()
+    exes = {"tile_dp4a": check.build(tmp_path, qtype, dp4a=True)} if any(r[1] == "tile_dp4a" for r in runs) else {}
+    exe = check.build(tmp_path, qtype)
+    for n, kernel, per_row in runs:
+        top_k = 4 if per_row else 8
+        err = check.check(exes.get(kernel, exe), tmp_path, qtype, n, top_k, per_row, kernel != "mv",
+                          np.random.default_rng(n))
+        assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
+
+
+# ---- the grouped products' choice of kernel (no device: arrays stand in by shape and address) ----
+
+class FakeArray:
+    def __init__(self, shape, addr: int):
+        from types import SimpleNamespace
+
+        self.shape, self.data = tuple(shape), SimpleNamespace(ptr=addr)
+        self.size = int(np.prod(self.shape))
+
+
+class FakeKernels:
+    def fn(self, module: str, name: str) -> str:
+        return f"{module}.{name}"
+
+
+@pytest.mark.parametrize("k", [768, 2048, 2880])
+@pytest.mark.parametrize("n", [1, 8, 16, 48, 49, 512])
+def test_grouped_products_choose_their_kernel_by_shape(n, k):
+    """By default (moe_mv_tokens -1) steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K
+    values take expert_mv, one launch a matrix after quant_x_llama; others the tiles (one expert_group for
+    all the matrices, then an expert_tile each); a fixed moe_mv_tokens overrides the shape."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda.ops import DeviceMatrix
+    from ember.backends.cuda.ops.experts import EMV_MIN_K, EMV_TOKENS, ExpertMatmul, ExpertScratch, takes_mv
+    from ember.quant.types import layout
+
+    assert (EMV_TOKENS, EMV_MIN_K) == (48, 1536)
+    qt, n_expert, m, top_k = GGMLType.Q4_K, 128, 512, 8
+    rb = layout(qt).row_bytes(k)
+    ws = [SimpleNamespace(name=f"w{i}", type=qt, shape=(n_expert, m, k),
+                          data=DeviceMatrix(FakeArray((n_expert * m * rb,), (1 + i) << 30), rb)) for i in range(2)]
+    x, ids = FakeArray((n, k), 3 << 30), FakeArray((n, top_k), 4 << 30)
+    ys = [FakeArray((n * top_k, m), (5 + i) << 30) for i in range(2)]
+    scratch = ExpertScratch(xq=FakeArray((n * k * 2,), 7 << 30), order=FakeArray((n * top_k,), 8 << 30),
+                            tiles=FakeArray((tile_bound(n * top_k, n_expert), 4), 9 << 30),
+                            n_tiles=FakeArray((1,), 10 << 30))
+    mod = f"experts_{int(qt)}"
+    for mv_tokens, want_mv in ((-1, n <= 48 and k >= 1536), (0, False), (64, n <= 64)):
+        assert takes_mv(n, k, mv_tokens) == want_mv
+        fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
+        want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.expert_tile"] * 2
+        assert fns == ["ops.quant_x_llama"] + want, (mv_tokens, fns)
+    with pytest.raises(ValueError, match="moe_mv_tokens"):
+        CudaConfig(moe_mv_tokens=-2)
+
+
+def llama_rounded(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (n, k) f32 as llama.cpp's CPU rounds activations: int8 values and each 32-value block's scale;
+    group 256 its Q8_K (the first value of largest magnitude m to -127, iscale = -127 / m), 32 its Q8_0
+    (d = max / 127 in f16, values rounded at 127 / max)."""
+    n, k = x.shape
+    g = x.reshape(n, k // group, group).astype(np.float32)
+    amax = np.abs(g).max(axis=2)
+    if group == 256:
+        m = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)[..., 0]  # argmax: the first
+        with np.errstate(divide="ignore"):
+            mul = np.where(amax > 0, np.float32(-127) / m, 0).astype(np.float32)
+            d = np.where(amax > 0, np.float32(1) / mul, 0).astype(np.float32)
+    else:
+        d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            mul = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
+    q = np.minimum(127, np.rint((mul[..., None] * g).astype(np.float32))).astype(np.int8)
+    return q.reshape(n, k), np.repeat(d, group // 32, axis=1)
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("group", [256, 32])
+def test_expert_activations_round_as_llama_cpp(group):
+    """quant_x_llama: the int8 values and scales of llama.cpp's Q8_K (K-quant weights) or Q8_0 (the
+    others) to the bit, in quant_x's layout, with each half block's sum of values beside the scale."""
+    from ember.backends.cuda import Backend
+    from ember.backends.cuda.ops.base import Launch, i32, ptr
+
+    cuda = Backend()
+    n, k = 5, 1280
+    rng = np.random.default_rng(group)
+    x = (rng.standard_t(3, (n, k)) * rng.uniform(0.01, 10, (n, 1))).astype(np.float32)
+    x[1, :256] = 0  # an all-zero group
+    x[2, 7], x[2, 9] = -50.0, 50.0  # two values of largest magnitude: the first one decides the sign
+    xd = cuda.from_numpy(x)
+    xq = cuda.cp.full(n * k + n * (k // 32) * 16, 0xAB, np.uint8)
+    fn = cuda.kernels.fn("ops", "quant_x_llama")
+    Launch(fn, (n, -(-k // (4 * group)), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group))).run()
+    raw = cuda.cp.asnumpy(xq)
+    q = raw[:n * k].view(np.int8).reshape(n, k)
+    meta = raw[n * k:].view(np.float32).reshape(n, k // 32, 4)
+    want_q, want_d = llama_rounded(x, group)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(meta[..., 0], want_d)
+    halves = want_q.reshape(n, k // 32, 2, 16).astype(np.int64).sum(axis=3)
+    np.testing.assert_allclose(meta[..., 1:3], want_d[..., None] * halves, rtol=1e-6)

@@ -29,8 +29,8 @@ from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, 
                   quantized, xq_bytes)
 from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
-from .ops.experts import (EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertSum, RouteExperts, SwigluOai,
-                          experts_module)
+from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertScratch,
+                          ExpertSum, RouteExperts, SwigluOai, experts_module, tile_bound)
 from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
@@ -180,7 +180,7 @@ class Backend:
             self.kernels.prefetch(experts_module(tensor.type))
         else:
             self._prefetch_matrix_modules(tensor.type, shape[0])
-        raw = np.asarray(tensor.data)
+        raw = np.asarray(tensor.data).reshape(-1)  # the bytes, whatever shape the caller's array has
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)
         row_bytes = layout(tensor.type).row_bytes(shape[-1])
@@ -448,9 +448,23 @@ class Backend:
             if len(w.shape) != 3 or w.shape[2] != x.shape[1] or x.shape[0] not in (n, n * k) \
                     or out.shape != (n * k, w.shape[1]):
                 raise BackendError(f"cannot multiply {x.shape} by experts '{w.name}' {w.shape} into {out.shape}")
+        n_expert = ws[0].shape[0]
+        if any(w.shape[0] != n_expert for w in ws) or n_expert > EG_MAX_EXPERTS:
+            raise BackendError(f"grouped expert products need one expert count of at most {EG_MAX_EXPERTS}, "
+                               f"got {[w.shape[0] for w in ws]}")
         x_div = 1 if x.shape[0] == n * k else k
-        for w, out in zip(ws, outs):
-            self._run(ExpertMatmul(w, x, x_div, ids, out))
+        self._run(ExpertMatmul(list(ws), x, x_div, ids, list(outs), self._expert_scratch(x, ids.size, n_expert),
+                               self.config.moe_mv_tokens))
+
+    def _expert_scratch(self, x, n_sel: int, n_expert: int) -> ExpertScratch:
+        """The grouped products' buffers, shared by every product (each fills them before reading)."""
+        def words(name: str, size: int):
+            return self._scratch_f32(name, max(size, 1)).view(np.int32)
+
+        return ExpertScratch(xq=self._scratch_f32("experts_xq", -(-xq_bytes(*x.shape) // 4)).view(np.uint8),
+                             order=words("experts_order", n_sel),
+                             tiles=words("experts_tiles", 4 * tile_bound(n_sel, n_expert)).reshape(-1, 4),
+                             n_tiles=words("experts_n_tiles", 1))
 
     def expert_sum(self, y, weights, out) -> None:
         self._run(ExpertSum(y, weights, out))

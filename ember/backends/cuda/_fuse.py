@@ -349,7 +349,8 @@ def act_quant(p: Matmul, c: Matmul):
     if p.mode not in (MODE_SILU, MODE_GELU) or p.act_q is not None or p.tail is not None or not p.matvec():
         return None
     rows = p.ws[0].shape[0]
-    if c.norm_w is not None or not c.needs_xq or c.xq is None or not same(c.x, p.aux) or rows % 32 or c.n != p.n:
+    if c.norm_w is not None or not c.needs_xq or c.xq is None or not same(c.x, p.aux) or rows % 32 or c.n != p.n \
+            or not c.matvec():
         return None
     if reads_overlap(p, c.xq) or overlap(c.xq, p.aux):
         return None
@@ -359,7 +360,8 @@ def act_quant(p: Matmul, c: Matmul):
 def attention_quant(a: Attention, c: Matmul):
     """Attention's output quantized as it is written, for the product reading it."""
     hd_v = a.v_cache.shape[1] // a.n_kv
-    if hd_v % 32 or a.tiles or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None:
+    if hd_v % 32 or a.tiles or a.xq is not None or c.norm_w is not None or not c.needs_xq or c.xq is None \
+            or not c.matvec():
         return None
     reads = (a.q, a.post.k, a.post.v) if a.post is not None else (a.q,)
     if not same(c.x, a.out) or overlap(c.xq, a.out) or any(overlap(c.xq, r) for r in reads):

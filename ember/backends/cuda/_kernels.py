@@ -57,7 +57,7 @@ def module_source(module: str) -> str:
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
     if parts[0] == "experts" and len(parts) == 2 and parts[1].isdigit():
-        return f"#define QT {int(parts[1])}\n" + common + kernel_source("quant.cuh") + kernel_source("quant_iq.cuh") \
+        return f"#define QT {int(parts[1])}\n" + common + kernel_source("quant.cuh") + low_bit_source() \
             + kernel_source("experts.cu")
     variant = parts[2] if len(parts) == 3 else ""
     if parts[0] == "matmul" and len(parts) in (2, 3) and parts[1].isdigit() and variant in MATMUL_VARIANTS:

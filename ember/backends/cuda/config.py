@@ -32,6 +32,10 @@ class CudaConfig:
     tile_rows: int = 0
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
+    # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
+    # each expert's selections staged together, its rows decoded once for them); more: the sorted
+    # tiles (expert_tile). -1: the choice by step and row length measured on an H200 (takes_mv).
+    moe_mv_tokens: int = -1
 
     def __post_init__(self):
         if not 1 <= self.mv_rows <= MV_MAX_ROWS:
@@ -40,5 +44,7 @@ class CudaConfig:
             raise ValueError(f"prologue_k must be 0..{PROLOGUE_MAX_K}, got {self.prologue_k}")
         if self.tile_rows not in (0, 64, 128):
             raise ValueError(f"tile_rows must be 0 (by size), 64 or 128, got {self.tile_rows}")
+        if not -1 <= self.moe_mv_tokens <= 64:
+            raise ValueError(f"moe_mv_tokens must be -1 (by shape) or 0..64, got {self.moe_mv_tokens}")
         if not 1 <= self.att_waves <= 64:
             raise ValueError(f"att_waves must be 1..64, got {self.att_waves}")

@@ -2,14 +2,28 @@
 //
 // W (n_expert, m, k) stacked in GGUF blocks; ids (n_sel,) the expert of each selection (a token's
 // choice: selection s = t * n_used + u); y (n_sel, m): y[s] = W[ids[s]] @ x[s / x_div] (x_div = n_used:
-// a token's input shared by its experts; 1: a row each). Grid (ceil(m / EXP_ROWS), n_expert): block
-// (tile, e) lists the selections that chose expert e in shared memory (none: it returns, e's weights
-// untouched); each warp takes one row of the tile and, for each listed selection, its dot product
-// with that selection's x (the row's blocks come from memory once, from cache for the others). The
-// expert ids are read on the device: no host round trip, and the launch shape is fixed (capturable).
-#define EXP_ROWS 8     // rows per block, one a warp
-#define EXP_LIST 1024  // selections listed at a time
+// a token's input shared by its experts; 1: a row each). The expert ids are read on the device: no
+// host round trip, and every launch has a shape fixed by the step's size (capturable).
+//
+// Quantized types read x quantized by quant_x (ops.cu): xq (n_x, k) int8, then (n_x, k/32) float4
+// (d, d * sum of q[0..15], d * sum of q[16..31], 0) -- the dense decode products' format. A unit
+// of 32 weights decodes to int8 q with a scale a and offset b per half (unit_q), so a half's part
+// of a dot product is  a * d * (q . xq) + b * (d * sum xq):  one integer dot product of 16 bytes.
+//
+//   expert_mv   (decode: a few tokens) a block per (rows, expert) lists the selections of its
+//               expert, stages their quantized x in shared memory once, and each warp decodes its
+//               rows' slices once for all of them (dp4a).
+//   expert_group + expert_tile (prompts, many tokens) the selections sorted by expert on the device
+//               and cut into tiles of ET_TOK; a block computes ET_ROWS rows of one expert for one
+//               tile, its weight units decoded once into shared memory (int8 + scales), the tile's
+//               x staged beside them, int8 tensor-core products (mma.sync; dp4a on HIP and GPUs
+//               before sm_80), each unit's integer sums scaled into f32.
+//   expert_matmul (float types) a warp per row, float dot products.
 
+#define EXP_ROWS 8     // expert_matmul: rows per block, one a warp
+#define EXP_LIST 1024  // expert_matmul, expert_mv: selections listed at a time
+
+// ---- float weights (F32, F16, BF16) ----
 extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k,
                                          const float *__restrict__ x, int x_div, const int *__restrict__ ids,
                                          int n_sel, float *__restrict__ y) {
@@ -46,3 +60,389 @@ extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes
         __syncthreads();  // the list is refilled
     }
 }
+
+#if !(QT == T_F32 || QT == T_F16 || QT == T_BF16)
+constexpr int EXP_SPL = QT == T_Q4_K || QT == T_Q5_K ? 2 : 1;  // slices a lane step (slice2_q)
+
+// A 16-value half's share of a dot product: int8 weights q (4 words) against int8 x (4 words),
+// weight scale a and offset b, x scale d and d * sum(x half).
+DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) {
+    int s = dp4a(q[0], xv.x, 0);
+    s = dp4a(q[1], xv.y, s);
+    s = dp4a(q[2], xv.z, s);
+    s = dp4a(q[3], xv.w, s);
+    return d * a * (float)s + b * xs;
+}
+
+// ---- decode: expert_mv ----
+//
+// Grid (ceil(m / EMV_ROWS), n_expert), EMV_WARPS warps. Block (tile, e) lists the selections that
+// chose e (none: it returns, e's weights untouched), then, group by group of at most `group`
+// (<= EMV_NMAX) selections: stages their rows of xq in dynamic shared memory (group * (k + k/32 * 16)
+// bytes: the values, then the float4s), and each warp takes EMV_RW rows, a lane per lane step of
+// slices as the dense decode products (slice_q / slice2_q), each slice decoded once and dotted with
+// every staged row. x_rows: the rows of xq (its float4s follow them).
+#define EMV_WARPS 8
+#define EMV_RW 2  // rows a warp: two rows' loads in flight together
+#define EMV_ROWS (EMV_WARPS * EMV_RW)
+#define EMV_NMAX 8
+
+extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
+    expert_mv(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
+              int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int group, float *__restrict__ y) {
+    PDL_ENTER();
+    extern __shared__ __align__(16) u8 xs_s[];  // (group, k) int8, then (group, k/32) float4
+    __shared__ int list[EXP_LIST];
+    __shared__ int count;
+    const int e = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * EMV_ROWS + warp * EMV_RW, S = k / 32;
+    const u8 *rows[EMV_RW];
+    bool ok[EMV_RW];
+#pragma unroll
+    for (int i = 0; i < EMV_RW; i++) {
+        ok[i] = r0 + i < m;
+        rows[i] = w + (i64)e * expert_bytes + (i64)(ok[i] ? r0 + i : 0) * row_bytes;
+    }
+    const float4 *meta_g = (const float4 *)(xq + (size_t)x_rows * k);
+    float4 *meta_s = (float4 *)(xs_s + (size_t)group * k);
+    for (int base = 0; base < n_sel; base += EXP_LIST) {
+        if (threadIdx.x == 0) count = 0;
+        __syncthreads();
+        const int end = min(n_sel, base + EXP_LIST);
+        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
+            if (ids[s] == e) list[atomicAdd(&count, 1)] = s;
+        __syncthreads();
+        const int listed = count;
+        for (int j0 = 0; j0 < listed; j0 += group) {
+            const int nl = min(group, listed - j0);
+            // the group's x rows: k / 16 uint4 of values and k / 32 float4 each
+            for (int i = threadIdx.x; i < nl * (k / 16); i += blockDim.x) {
+                const int j = i / (k / 16), c = i % (k / 16);
+                const size_t xr = (size_t)(list[j0 + j] / x_div);
+                ((uint4 *)(xs_s + (size_t)j * k))[c] = ((const uint4 *)(xq + xr * k))[c];
+            }
+            for (int i = threadIdx.x; i < nl * S; i += blockDim.x) {
+                const int j = i / S, c = i % S;
+                meta_s[(size_t)j * S + c] = meta_g[(size_t)(list[j0 + j] / x_div) * S + c];
+            }
+            __syncthreads();
+            float acc[EMV_RW][EMV_NMAX];
+#pragma unroll
+            for (int i = 0; i < EMV_RW; i++)
+#pragma unroll
+                for (int j = 0; j < EMV_NMAX; j++) acc[i][j] = 0.f;
+            for (int p = lane; p < S / EXP_SPL; p += 32) {
+                QSlice q[EMV_RW][EXP_SPL];
+#pragma unroll
+                for (int i = 0; i < EMV_RW; i++) {
+                    if (!ok[i]) continue;
+                    if constexpr (EXP_SPL == 2) slice2_q<QT>(rows[i], p, q[i][0], q[i][1]);
+                    else slice_q<QT>(rows[i], p, q[i][0]);
+                }
+#pragma unroll
+                for (int sp = 0; sp < EXP_SPL; sp++) {
+                    int xo[2];
+                    slice_offsets<QT>(EXP_SPL * p + sp, xo);
+#pragma unroll
+                    for (int j = 0; j < EMV_NMAX; j++) {
+                        if (j >= nl) break;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int at = j * k + xo[h];
+                            const int4 xv = *(const int4 *)(xs_s + at);
+                            const float4 mt = meta_s[at >> 5];
+                            const float xsum = (xo[h] & 16) ? mt.z : mt.y;
+#pragma unroll
+                            for (int i = 0; i < EMV_RW; i++) {
+                                const QSlice &qs = q[i][sp];
+                                if (ok[i]) acc[i][j] += half_dot(&qs.q[4 * h], xv, qs.a[h], qs.b[h], mt.x, xsum);
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < EMV_RW; i++)
+#pragma unroll
+                for (int j = 0; j < EMV_NMAX; j++) {
+                    if (j >= nl) break;
+                    const float v = warp_sum(acc[i][j]);
+                    if (lane == 0 && ok[i]) y[(i64)list[j0 + j] * m + r0 + i] = v;
+                }
+            __syncthreads();  // the staged rows are overwritten by the next group
+        }
+    }
+}
+
+// ---- prompts: expert_group, expert_tile ----
+//
+// expert_group (one block of EG_THREADS): order (n_sel,) = the selections sorted by expert (within
+// an expert in no set order: each output is one thread's sum either way, the same bits); tiles
+// (bound, 4) = (expert, first position in order, count <= ET_TOK, 0) for each ET_TOK selections of
+// an expert; *n_tiles = how many. Ids outside [0, n_expert) are left out (their rows unwritten).
+// n_expert <= EG_MAX_EXPERTS.
+#define EG_THREADS 1024
+#define EG_MAX_EXPERTS 1024
+#define ET_ROWS 64  // weight rows of a tile
+#define ET_TOK 32   // selections of a tile
+#define ET_CH 8     // 32-value units staged at a time (one K-quant super-block)
+#define ET_LD (32 * ET_CH + 16)  // bytes of a staged row: 272 (68 words) puts 8 rows' 16-byte loads on 32 banks
+#define ET_THREADS 128
+// Types whose units have one scale and offset for both halves (unit_q's set_ab): expert_tile sums a
+// unit's 32 products in one integer before scaling (the others: each half apart).
+constexpr bool ET_UNIT_SCALE = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
+                               QT == T_Q4_K || QT == T_Q5_K || QT == T_IQ4_NL || QT == T_IQ4_XS || QT == T_MXFP4;
+
+extern "C" __global__ void __launch_bounds__(EG_THREADS)
+    expert_group(const int *__restrict__ ids, int n_sel, int n_expert, int *__restrict__ order,
+                 int4 *__restrict__ tiles, int *__restrict__ n_tiles) {
+    PDL_ENTER();
+    __shared__ int cnt[EG_MAX_EXPERTS], off[EG_MAX_EXPERTS], toff[EG_MAX_EXPERTS], fill[EG_MAX_EXPERTS];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < n_expert; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
+    __syncthreads();
+    for (int s = tid; s < n_sel; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < n_expert) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // exclusive sums of the counts and of the tiles, each lane a run of experts
+        const int per = (n_expert + 31) / 32, e0 = tid * per, e1 = min(n_expert, e0 + per);
+        int c = 0, t = 0;
+        for (int e = e0; e < e1; e++) c += cnt[e], t += (cnt[e] + ET_TOK - 1) / ET_TOK;
+        int cs = c, ts = t;  // inclusive over lanes
+        for (int o = 1; o < 32; o <<= 1) {
+            const int cu = __shfl_up_sync(FULL_MASK, cs, o), tu = __shfl_up_sync(FULL_MASK, ts, o);
+            if (tid >= o) cs += cu, ts += tu;
+        }
+        c = cs - c, t = ts - t;
+        for (int e = e0; e < e1; e++) {
+            off[e] = c, toff[e] = t;
+            c += cnt[e], t += (cnt[e] + ET_TOK - 1) / ET_TOK;
+        }
+        if (tid == 31) *n_tiles = ts;
+    }
+    __syncthreads();
+    for (int s = tid; s < n_sel; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < n_expert) order[off[e] + atomicAdd(&fill[e], 1)] = s;
+    }
+    for (int e = tid; e < n_expert; e += blockDim.x)
+        for (int i = 0; i * ET_TOK < cnt[e]; i++)
+            tiles[toff[e] + i] = make_int4(e, off[e] + i * ET_TOK, min(ET_TOK, cnt[e] - i * ET_TOK), 0);
+}
+
+// The sums of a staged chunk (nu units) into acc, by one of two paths:
+//   mma.sync (CUDA, sm_80+): warp w takes rows 16 w .. 16 w + 15 and the tile's selections in four
+//     fragments of 8; m16n8k32 int8 products (lane = 4 g + q: acc[f][e] = row 16 w + g + 8 (e / 2),
+//     selection 8 f + 2 q + e % 2); types of a scale per half take a product per half, the other
+//     half's weights zero.
+//   dp4a (HIP, older GPUs): thread (tid % 16, tid / 16) takes rows tid % 16 + 16 i and selections
+//     tid / 16 + 8 j (acc[i][j]).
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800) || \
+    defined(ET_DP4A)
+#define ET_MMA 0
+#else
+#define ET_MMA 1
+#endif
+
+// The row and selection (within the tile) of acc[i][j].
+DEVI void et_place(int i, int j, int &r, int &t) {
+#if ET_MMA
+    const int lane = threadIdx.x & 31;
+    r = 16 * (threadIdx.x >> 5) + (lane >> 2) + 8 * (j >> 1);
+    t = 8 * i + 2 * (lane & 3) + (j & 1);
+#else
+    r = (threadIdx.x & 15) + 16 * i;
+    t = (threadIdx.x >> 4) + 8 * j;
+#endif
+}
+
+#if ET_MMA && !defined(EMBER_HOST_TEST)
+// c += a (16 x 32 int8, row-major fragments) * b (32 x 8 int8, column-major): mma.sync m16n8k32.
+// a0 = A[g][4q .. 4q+3], a1 = A[g+8][4q ..], a2 = A[g][16+4q ..], a3 = A[g+8][16+4q ..];
+// b0 = B[4q .. 4q+3][g], b1 = B[16+4q ..][g]; c0, c1 = C[g][2q], C[g][2q+1]; c2, c3 = C[g+8][2q], C[g+8][2q+1].
+DEVI void mma_s8_16832(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+DEVI float scaled(int s, float d, float a, float b, float xs) { return d * a * (float)s + b * xs; }
+
+DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const u8 (*x_s)[ET_LD],
+                 const float4 (*xm_s)[ET_CH], int nu, int cnt, float (&acc)[4][4]) {
+#if ET_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ra = 16 * (threadIdx.x >> 5) + g, rb = ra + 8;
+    for (int u = 0; u < nu; u++) {
+        const u8 *pa = &w_s[ra][32 * u + 4 * q], *pb = &w_s[rb][32 * u + 4 * q];
+        const u32 a0 = *(const u32 *)pa, a1 = *(const u32 *)pb;
+        const u32 a2 = *(const u32 *)(pa + 16), a3 = *(const u32 *)(pb + 16);
+        const float4 sa = ab_s[ra][u], sb = ab_s[rb][u];  // (a0, a1, b0, b1) of rows ra and rb
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            if (8 * f >= cnt) break;  // alike in the whole warp
+            const u8 *px = &x_s[8 * f + g][32 * u + 4 * q];
+            const u32 b0 = *(const u32 *)px, b1 = *(const u32 *)(px + 16);
+            const float4 m0 = xm_s[8 * f + 2 * q][u], m1 = xm_s[8 * f + 2 * q + 1][u];
+            if constexpr (ET_UNIT_SCALE) {
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
+                acc[f][0] += scaled(c[0], m0.x, sa.x, sa.z, m0.y + m0.z);
+                acc[f][1] += scaled(c[1], m1.x, sa.x, sa.z, m1.y + m1.z);
+                acc[f][2] += scaled(c[2], m0.x, sb.x, sb.z, m0.y + m0.z);
+                acc[f][3] += scaled(c[3], m1.x, sb.x, sb.z, m1.y + m1.z);
+            } else {
+                int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                mma_s8_16832(lo, a0, a1, 0u, 0u, b0, b1);
+                mma_s8_16832(hi, 0u, 0u, a2, a3, b0, b1);
+                acc[f][0] += scaled(lo[0], m0.x, sa.x, sa.z, m0.y) + scaled(hi[0], m0.x, sa.y, sa.w, m0.z);
+                acc[f][1] += scaled(lo[1], m1.x, sa.x, sa.z, m1.y) + scaled(hi[1], m1.x, sa.y, sa.w, m1.z);
+                acc[f][2] += scaled(lo[2], m0.x, sb.x, sb.z, m0.y) + scaled(hi[2], m0.x, sb.y, sb.w, m0.z);
+                acc[f][3] += scaled(lo[3], m1.x, sb.x, sb.z, m1.y) + scaled(hi[3], m1.x, sb.y, sb.w, m1.z);
+            }
+        }
+    }
+#else
+    const int rg = threadIdx.x & 15, tg = threadIdx.x >> 4;
+    for (int u = 0; u < nu; u++) {
+        if constexpr (ET_UNIT_SCALE) {
+            int wq[4][8];
+            float wa[4], wb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 *p = (const int4 *)&w_s[rg + 16 * i][32 * u];
+                const int4 v0 = p[0], v1 = p[1];
+                wq[i][0] = v0.x, wq[i][1] = v0.y, wq[i][2] = v0.z, wq[i][3] = v0.w;
+                wq[i][4] = v1.x, wq[i][5] = v1.y, wq[i][6] = v1.z, wq[i][7] = v1.w;
+                const float4 ab = ab_s[rg + 16 * i][u];
+                wa[i] = ab.x, wb[i] = ab.z;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = tg + 8 * j;
+                if (t >= cnt) break;  // selections past the tile's: nothing staged, nothing stored
+                const int4 *px = (const int4 *)&x_s[t][32 * u];
+                const int4 x0 = px[0], x1 = px[1];
+                const float4 mt = xm_s[t][u];
+                const float xsum = mt.y + mt.z;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int sum = dp4a(wq[i][0], x0.x, 0);
+                    sum = dp4a(wq[i][1], x0.y, sum);
+                    sum = dp4a(wq[i][2], x0.z, sum);
+                    sum = dp4a(wq[i][3], x0.w, sum);
+                    sum = dp4a(wq[i][4], x1.x, sum);
+                    sum = dp4a(wq[i][5], x1.y, sum);
+                    sum = dp4a(wq[i][6], x1.z, sum);
+                    sum = dp4a(wq[i][7], x1.w, sum);
+                    acc[i][j] += mt.x * wa[i] * (float)sum + wb[i] * xsum;
+                }
+            }
+            continue;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int wq[4][4];
+            float wa[4], wb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 v = *(const int4 *)&w_s[rg + 16 * i][32 * u + 16 * h];
+                wq[i][0] = v.x, wq[i][1] = v.y, wq[i][2] = v.z, wq[i][3] = v.w;
+                const float4 ab = ab_s[rg + 16 * i][u];
+                wa[i] = h ? ab.y : ab.x;
+                wb[i] = h ? ab.w : ab.z;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = tg + 8 * j;
+                if (t >= cnt) break;
+                const int4 xv = *(const int4 *)&x_s[t][32 * u + 16 * h];
+                const float4 mt = xm_s[t][u];
+                const float xsum = h ? mt.z : mt.y;
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[i][j] += half_dot(wq[i], xv, wa[i], wb[i], mt.x, xsum);
+            }
+        }
+    }
+#endif
+}
+
+// One block's tile: rows r0 .. r0 + ET_ROWS - 1 of the matrix at we (m rows of row_bytes) against
+// cnt <= ET_TOK rows of xq (x_rows rows, k values): tile row t reads xq row xr_s[t] and writes y
+// row yr_s[t] (y (.., m)); both in shared memory, set before a barrier by the caller. Per chunk of
+// ET_CH units: the rows' units decoded (unit_q) into w_s (int8, natural order) with their scales
+// and offsets, the tile's x rows copied from xq into x_s with their float4s, then summed into each
+// thread's 16 outputs (et_sum; which outputs: et_place).
+DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, int r0, int cnt,
+                   const int *xr_s, const int *yr_s, float *__restrict__ y) {
+    __shared__ __align__(16) u8 w_s[ET_ROWS][ET_LD];
+    __shared__ float4 ab_s[ET_ROWS][ET_CH + 1];  // (a0, a1, b0, b1) of a unit; 36 words a row: 8 rows on 32 banks
+    __shared__ __align__(16) u8 x_s[ET_TOK][ET_LD];
+    __shared__ float4 xm_s[ET_TOK][ET_CH];
+    const int tid = threadIdx.x, S = k / 32;
+    const float4 *meta_g = (const float4 *)(xq + (size_t)x_rows * k);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int u0 = 0; u0 < S; u0 += ET_CH) {
+        const int nu = min(ET_CH, S - u0);
+        // weights: consecutive threads take consecutive units of a row (its bytes side by side)
+        for (int i = tid; i < ET_ROWS * nu; i += ET_THREADS) {
+            const int r = i / nu, u = i % nu;
+            if (r0 + r >= m) continue;  // never summed into a stored output
+            QUnit o;
+            unit_q<QT>(we + (i64)(r0 + r) * row_bytes, u0 + u, o);
+            uint4 *dst = (uint4 *)&w_s[r][32 * u];
+            dst[0] = make_uint4((u32)o.q[0], (u32)o.q[1], (u32)o.q[2], (u32)o.q[3]);
+            dst[1] = make_uint4((u32)o.q[4], (u32)o.q[5], (u32)o.q[6], (u32)o.q[7]);
+            ab_s[r][u] = make_float4(o.a[0], o.a[1], o.b[0], o.b[1]);
+        }
+        // x: the tile's rows, 16 bytes at a time, and their float4s
+        for (int i = tid; i < cnt * 2 * nu; i += ET_THREADS) {
+            const int t = i / (2 * nu), c = i % (2 * nu);
+            *(uint4 *)&x_s[t][16 * c] = *(const uint4 *)(xq + (size_t)xr_s[t] * k + 32 * u0 + 16 * c);
+        }
+        for (int i = tid; i < cnt * nu; i += ET_THREADS) {
+            const int t = i / nu, u = i % nu;
+            xm_s[t][u] = meta_g[(size_t)xr_s[t] * S + u0 + u];
+        }
+        __syncthreads();
+        et_sum(w_s, ab_s, x_s, xm_s, nu, cnt, acc);
+        __syncthreads();  // w_s and x_s are staged again
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r, t;
+            et_place(i, j, r, t);
+            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j];
+        }
+}
+
+// Grid (ceil(m / ET_ROWS), tile bound), ET_THREADS: block (rt, i) computes rows rt * ET_ROWS ..
+// of tile i's expert for its selections (tiles past *n_tiles return); x row of selection s: s / x_div.
+extern "C" __global__ void __launch_bounds__(ET_THREADS)
+    expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
+                int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
+                const int *__restrict__ n_tiles, float *__restrict__ y) {
+    __shared__ int sel_s[ET_TOK], xr_s[ET_TOK];
+    PDL_ENTER();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int4 tile = tiles[blockIdx.y];
+    const int tid = threadIdx.x;
+    if (tid < ET_TOK) {
+        const int s = tid < tile.z ? order[tile.y + tid] : -1;
+        sel_s[tid] = s;
+        xr_s[tid] = s < 0 ? 0 : s / x_div;
+    }
+    __syncthreads();  // sel_s, xr_s
+    et_block(w + (i64)tile.x * expert_bytes, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s,
+             y);
+}
+#endif

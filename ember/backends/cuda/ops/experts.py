@@ -1,16 +1,35 @@
 """Mixture-of-experts ops: routing, grouped expert products (experts.cu) and the weighted sum. The
 expert ids stay on the device: the products read them there, every expert's blocks take part in the
 grid (those nobody chose return at once), so a step's launches have a fixed shape and are captured
-like the others."""
+like the others.
+
+A product of quantized experts quantizes x first (quant_x_llama: the dense decode products' format,
+rounded as llama.cpp's CPU rounds activations for the weights' type), then
+takes one of two kernels by the step's tokens and row length (takes_mv): expert_mv for a few tokens
+over long rows (decode: each selection's x staged once, each weight slice decoded once for all of an
+expert's selections), else expert_group (the selections sorted by expert into tiles, on the device)
+and expert_tile (a block a tile of an expert's rows and selections, int8 dot products). Float experts take expert_matmul (a warp a row)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ....quant.types import GGMLType
-from .base import MATRIX_TYPES, Launch, f32, i32, i64, ptr
+from ....quant.types import GGMLType, layout
+from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantized
 
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
+EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a block, selections staged at most
+# Shared memory of expert_mv: its staged x rows take at most EMV_SMEM (unless one row needs more),
+# beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
+EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16
+ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
+# The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py on an
+# H200: expert_mv takes steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K values (Qwen3's
+# gate and up, k 2048: 64 against 107 us at 16 tokens, even at 64; gpt-oss, k 2880: 162 against 265 us
+# at 16); shorter rows take the tiles at every size (Qwen3's down, k 768: 17.6 against 27.8 us at 1).
+EMV_TOKENS, EMV_MIN_K = 48, 1536
+EG_THREADS = 1024  # expert_group: one block
+EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
 ROUTE_MAX_EXPERTS = 256  # route_experts holds 8 experts a lane (ops.cu)
 # Types of stacked experts: every matrix type, and MXFP4 (gpt-oss's experts; unit_q in quant.cuh)
 EXPERT_TYPES = MATRIX_TYPES | {GGMLType.MXFP4}
@@ -18,6 +37,31 @@ EXPERT_TYPES = MATRIX_TYPES | {GGMLType.MXFP4}
 
 def experts_module(qtype) -> str:
     return f"experts_{int(qtype)}"
+
+
+def tile_bound(n_sel: int, n_expert: int) -> int:
+    """Tiles of ET_TOK selections that n_sel selections over n_expert experts can make at most: the
+    sum over chosen experts of ceil(count / ET_TOK), each ceiling adding under one."""
+    return (n_sel + min(n_expert, n_sel) * (ET_TOK - 1)) // ET_TOK
+
+
+def mv_group(k: int) -> int:
+    """Selections expert_mv stages at a time for rows of k values (each k int8 and k/32 float4)."""
+    return max(1, min(EMV_NMAX, EMV_SMEM // (k + k // 2)))
+
+
+def llama_group(qtype, k: int) -> int:
+    """Values sharing a scale in llama.cpp's rounding of x for weights of qtype: 256 for the K-quants
+    (its Q8_K), else 32 (its Q8_0)."""
+    return 256 if layout(qtype).block_size == 256 and k % 256 == 0 else 32
+
+
+def takes_mv(n: int, k: int, mv_tokens: int = -1) -> bool:
+    """Whether a grouped product of an n-token step over rows of k values takes expert_mv (else
+    expert_group + expert_tile): by shape for mv_tokens = -1, else up to mv_tokens tokens."""
+    if mv_tokens >= 0:
+        return n <= mv_tokens
+    return n <= EMV_TOKENS and k >= EMV_MIN_K
 
 
 @dataclass(eq=False)
@@ -37,23 +81,77 @@ class RouteExperts:
         return [Launch(kernels.fn("ops", "route_experts"), (-(-n // 4), 1, 1), (128, 1, 1), args)]
 
 
+@dataclass(frozen=True)
+class ExpertScratch:
+    """Device buffers of a grouped product: x quantized, and the selections sorted into tiles."""
+
+    xq: Any  # uint8 xq_bytes(x rows, k)
+    order: Any  # int32 (n_sel,): selections by expert
+    tiles: Any  # int32 (tile_bound, 4): expert, first position in order, count, 0
+    n_tiles: Any  # int32 (1,)
+
+
 @dataclass(eq=False)
 class ExpertMatmul:
-    """y (n_sel, m): row s = w[ids[s]] @ x[s // x_div], w stacked experts (n_expert, m, k)."""
+    """ys[i] (n_sel, m_i): row s = ws[i][ids[s]] @ x[s // x_div], ws[i] stacked experts (n_expert, m_i, k)."""
 
-    w: Any  # Weight (data: DeviceMatrix of the whole stack)
-    x: Any
+    ws: list  # Weights (data: DeviceMatrix of the whole stack), all of k columns
+    x: Any  # (x rows, k) f32
     x_div: int
-    ids: Any  # device int32, n_sel values
-    y: Any
+    ids: Any  # device int32 (n, n_used)
+    ys: list
+    scratch: ExpertScratch
+    mv_tokens: int  # CudaConfig.moe_mv_tokens: -1 by shape (takes_mv), else steps up to this many tokens
 
     def launches(self, kernels) -> list[Launch]:
-        n_expert, m, k = self.w.shape
-        row_bytes = self.w.data.row_bytes
-        args = (ptr(self.w.data.buf), i64(row_bytes), i64(m * row_bytes), i32(m), i32(k), ptr(self.x),
-                i32(self.x_div), ptr(self.ids), i32(self.ids.size), ptr(self.y))
-        fn = kernels.fn(experts_module(self.w.type), "expert_matmul")
-        return [Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)]
+        out = [self._float(kernels, w, y) for w, y in zip(self.ws, self.ys) if not quantized(w.type)]
+        quant = [(w, y) for w, y in zip(self.ws, self.ys) if quantized(w.type)]
+        if not quant:
+            return out
+        out.append(self._quant_x(kernels, quant[0][0].type))
+        if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
+            return out + [self._mv(kernels, w, y) for w, y in quant]
+        return out + [self._group(kernels, quant[0][0])] + [self._tile(kernels, w, y) for w, y in quant]
+
+    def _weight_args(self, w) -> tuple:
+        _, m, k = w.shape
+        return ptr(w.data.buf), i64(w.data.row_bytes), i64(m * w.data.row_bytes), i32(m), i32(k)
+
+    def _float(self, kernels, w, y) -> Launch:
+        n_expert, m, _ = w.shape
+        args = (*self._weight_args(w), ptr(self.x), i32(self.x_div), ptr(self.ids), i32(self.ids.size), ptr(y))
+        fn = kernels.fn(experts_module(w.type), "expert_matmul")
+        return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
+
+    def _quant_x(self, kernels, qtype) -> Launch:
+        """x quantized as llama.cpp's CPU rounds it for weights of qtype (quant_x_llama)."""
+        rows, k = self.x.shape
+        group = llama_group(qtype, k)
+        args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
+        return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // (4 * group)), 1), (128, 1, 1), args)
+
+    def _mv(self, kernels, w, y) -> Launch:
+        n_expert, m, k = w.shape
+        group = mv_group(k)
+        smem = group * (k + k // 2)
+        fn = kernels.fn(experts_module(w.type), "expert_mv")
+        allow_smem(fn, smem + EMV_STATIC_SMEM)
+        args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
+                i32(self.ids.size), i32(group), ptr(y))
+        return Launch(fn, (-(-m // EMV_ROWS), n_expert, 1), (EMV_THREADS, 1, 1), args, smem)
+
+    def _group(self, kernels, w) -> Launch:
+        sc = self.scratch
+        args = (ptr(self.ids), i32(self.ids.size), i32(w.shape[0]), ptr(sc.order), ptr(sc.tiles), ptr(sc.n_tiles))
+        return Launch(kernels.fn(experts_module(w.type), "expert_group"), (1, 1, 1), (EG_THREADS, 1, 1), args)
+
+    def _tile(self, kernels, w, y) -> Launch:
+        n_expert, m, _ = w.shape
+        sc = self.scratch
+        args = (*self._weight_args(w), ptr(sc.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(sc.order),
+                ptr(sc.tiles), ptr(sc.n_tiles), ptr(y))
+        grid = (-(-m // ET_ROWS), tile_bound(self.ids.size, n_expert), 1)
+        return Launch(kernels.fn(experts_module(w.type), "expert_tile"), grid, (ET_THREADS, 1, 1), args)
 
 
 @dataclass(eq=False)
