@@ -6,9 +6,12 @@ mix at the sizes of Llama-3.2-1B, Qwen3-4B and Llama-3.1-8B (written once outsid
 For each model and each thread count: prompt processing (pp512: 512 tokens in one batch from an empty
 context) and generation (tgN: N tokens one at a time, greedy, as llama-bench defines them; fewer for
 the big files), ember's and llama.cpp's runs alternating so that both see the same machine. The
-roofline is measured here: a multi-threaded read of a 1 GiB buffer at each thread count; a decode
-step reads every layer matrix and the output head once, so bandwidth / those bytes is the most
-tokens per second any engine can generate, and tg is reported as a fraction of it. Then cold start
+roofline is measured here: a multi-threaded read of a 1 GiB buffer at each thread count (the best of
+5 passes), at the start of the run and again just before and just after each model's runs, the
+model's roofline being the median of those three reads (this shared machine's read bandwidth moves
+by ~20% within an hour); a decode step reads every layer matrix and the output head once, so
+bandwidth / those bytes is the most tokens per second any engine can generate, and tg is reported
+as a fraction of it. Then cold start
 (process start to one generated token), and unless --quick the peak resident memory and a per-kernel
 profile of ember's decode and prompt steps (native time per op, each decode product's bytes/s, and
 the share of a decode step spent outside the kernels). Medians of --reps runs; ratios are
@@ -214,9 +217,12 @@ def bench_model(name: str, args) -> dict:
     nbytes = step_bytes(path)
     r = {"path": str(path), "step_bytes": nbytes, "n_gen": n_gen, "threads": {}}
     for t in args.threads:
+        before = read_bandwidth(t)
         e, p = speeds(path, t, args.reps, args.n_prompt, n_gen)
-        roof = args.bandwidth[t] / nbytes
-        r["threads"][str(t)] = {"ember": e, "llama_cpp": p, "roofline_tps": roof}
+        reads = [args.bandwidth[t], before, read_bandwidth(t)]
+        roof = statistics.median(reads) / nbytes
+        r["threads"][str(t)] = {"ember": e, "llama_cpp": p, "roofline_tps": roof,
+                                "read_gbs": [round(b / 1e9, 2) for b in reads]}
     r["cold_start"] = cold_starts(path, max(args.threads), args.reps)
     if not args.quick:
         r["memory"] = peak_rss(path, max(args.threads), n_gen, args.n_prompt + n_gen)
@@ -234,7 +240,8 @@ def report(name: str, r: dict, args) -> None:
         e, p, roof = m["ember"], m["llama_cpp"], m["roofline_tps"]
         print(f"  pp{args.n_prompt:<4} {t}t     {e['pp_tps']:9.1f} {p['pp_tps']:9.1f} {e['pp_tps'] / p['pp_tps']:6.2f}")
         print(f"  tg{r['n_gen']:<4} {t}t     {e['tg_tps']:9.1f} {p['tg_tps']:9.1f} {e['tg_tps'] / p['tg_tps']:6.2f}"
-              f"   {100 * e['tg_tps'] / roof:4.0f}%, {100 * p['tg_tps'] / roof:4.0f}% of {roof:.1f} tok/s")
+              f"   {100 * e['tg_tps'] / roof:4.0f}%, {100 * p['tg_tps'] / roof:4.0f}% of {roof:.1f} tok/s "
+              f"(reads {' / '.join(f'{b:.1f}' for b in m['read_gbs'])} GB/s)")
     c = r["cold_start"]
     print(f"  cold start   {c['ember_s']:9.2f} {c['llama_cpp_s']:9.2f} {c['ember_s'] / c['llama_cpp_s']:6.2f}  s to first token")
     if "memory" in r:
