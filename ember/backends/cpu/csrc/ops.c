@@ -6,6 +6,7 @@
 
 #include "ops_kernels.h"
 #include "kv_types.h"
+#include "quant.h"
 #include "api_ops.h"
 #include "api_encoder.h"
 
@@ -487,6 +488,7 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 #define ATTN_MAX_CHUNK 64         /* keys per chunk */
 #define ATTN_CHUNK_FLOATS 8192    /* f32 staging of one key chunk, and of one value chunk */
 #define ATTN_PARTIAL_FLOATS 16384 /* results of key-range pieces, combined after the parallel pass */
+#define ATTN_KT_MIN_ROWS 8         /* pieces of this many rows take scores from transposed keys */
 #define ATTN_MIN_SPLIT_KEYS 256   /* key ranges are split only into pieces at least this long */
 #define ATTN_SHARED_TOKENS 512    /* calls of more tokens (prompts, whose blocks already share reads) */
 #define ATTN_SHARED_ROWS 4096     /* or more rows (tokens x heads) read shared prefixes per sequence */
@@ -531,6 +533,7 @@ typedef struct {
 
 typedef struct {
     float k[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_k) keys of the chunk */
+    float kt[ATTN_CHUNK_FLOATS];              /* (hd_k, EMBER_KT_STRIDE) the same, transposed (pieces of many rows) */
     float v[ATTN_CHUNK_FLOATS];               /* (n_chunk, hd_v) values of the chunk */
     float q[ATTN_ROW_FLOATS];                 /* (rows, hd_k) the piece's queries, row j * nh + i */
     float acc[ATTN_ROW_FLOATS];               /* (rows, hd_v) their weighted sums of values */
@@ -673,13 +676,26 @@ static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t
     }
 }
 
+/* Whether a piece of `rows` query rows takes its scores from the chunk's keys transposed (the table has the
+ * kernels, the head dim suits them, and enough rows share the transpose). */
+static int uses_kt(const attn_ctx *c, int64_t rows) {
+    return c->kern->dot_rows_kt && rows >= ATTN_KT_MIN_ROWS && c->hd_k % 16 == 0 &&
+           c->hd_k * EMBER_KT_STRIDE <= ATTN_CHUNK_FLOATS && c->n_chunk <= EMBER_KT_STRIDE;
+}
+
 /* Keys [p0, p1) (rows at k_off, v_off): convert them once, then update every row of the piece that sees
  * some, the rows of consecutive entries that see the same keys (all but the causal diagonal) at once. */
 static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *sc, int64_t p0, int64_t p1,
                          const int64_t *k_off, const int64_t *v_off) {
-    ember_kv_gather_rows(c->k_type, c->kern, c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
-    ember_kv_gather_rows(c->v_type, c->kern, c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
     int64_t n = w->t1 - w->t0, lo, hi, lo1 = 0, hi1 = 0;
+    const int kt = uses_kt(c, n * w->nh);
+    if (kt && c->k_type == EMBER_T_F16 && c->kern->gather_f16_keys_t) {
+        c->kern->gather_f16_keys_t(c->k_cache, k_off, p1 - p0, c->hd_k, sc->kt);
+    } else {
+        ember_kv_gather_rows(c->k_type, c->kern, c->k_cache, k_off, p1 - p0, c->hd_k, sc->k);
+        if (kt) c->kern->transpose_keys(sc->k, p1 - p0, c->hd_k, sc->kt);
+    }
+    ember_kv_gather_rows(c->v_type, c->kern, c->v_cache, v_off, p1 - p0, c->hd_v, sc->v);
     entry_keys(c, w->t0, &lo, &hi);
     for (int64_t j = 0, j1; j < n; j = j1, lo = lo1, hi = hi1) {
         int64_t a = EMBER_MAX(lo, p0), b = EMBER_MIN(hi, p1); /* entries [j, j1) see keys [a, b) */
@@ -690,8 +706,12 @@ static void attend_chunk(const attn_ctx *c, const attn_piece *w, attn_scratch *s
         if (a >= b) continue;
         int64_t r0 = j * w->nh, rows = (j1 - j) * w->nh;
         float *s = sc->s + r0 * c->n_chunk; /* (rows, n_chunk) */
-        c->kern->dot_rows(sc->q + r0 * c->hd_k, c->hd_k, rows, sc->k + (a - p0) * c->hd_k, b - a, c->hd_k, c->scale,
-                          s, c->n_chunk);
+        if (kt)
+            c->kern->dot_rows_kt(sc->q + r0 * c->hd_k, c->hd_k, rows, sc->kt + (a - p0), b - a, c->hd_k, c->scale, s,
+                                 c->n_chunk);
+        else
+            c->kern->dot_rows(sc->q + r0 * c->hd_k, c->hd_k, rows, sc->k + (a - p0) * c->hd_k, b - a, c->hd_k,
+                              c->scale, s, c->n_chunk);
         for (int64_t r = r0; r < r0 + rows; r++)
             softmax_update(c, sc->s + r * c->n_chunk, b - a, &sc->m[r], &sc->l[r], sc->acc + r * c->hd_v);
         c->kern->weighted_sum(s, c->n_chunk, rows, sc->v + (a - p0) * c->hd_v, b - a, c->hd_v, sc->acc + r0 * c->hd_v,

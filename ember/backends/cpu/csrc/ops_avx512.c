@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "transpose_avx512.h"
+
 /* e^x to about 1 ulp: x = n ln2 + r, |r| <= ln2/2, polynomial for e^r, then scale by 2^n.
  * Inputs below -87.3 give exactly 0 (so exp(-inf) = 0); NaN stays NaN. */
 static inline __m512 exp16(__m512 x) {
@@ -158,6 +160,88 @@ static void dot_rows_avx512(const float *q, int64_t q_stride, int64_t n_q, const
     }
 }
 
+/* kt (d, EMBER_KT_STRIDE) = k (n_k, d)^T in 16 x 16 blocks; a block's keys past n_k are zeros. */
+static void transpose_keys_avx512(const float *k, int64_t n_k, int64_t d, float *kt) {
+    for (int64_t kb = 0; kb < n_k; kb += 16) {
+        const int64_t nr = EMBER_MIN(16, n_k - kb);
+        for (int64_t db = 0; db < d; db += 16) {
+            __m512 v[16];
+            for (int r = 0; r < 16; r++) v[r] = r < nr ? _mm512_loadu_ps(k + (kb + r) * d + db) : _mm512_setzero_ps();
+            ember_transpose16_ps(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
+        }
+    }
+}
+
+/* transpose_keys of f16 rows at byte offsets offs[r] from base: each 16 x 16 block converted and transposed
+ * in registers, no f32 copy of the keys in between. */
+static void gather_f16_keys_t_avx512(const void *base, const int64_t *offs, int64_t n_k, int64_t d, float *kt) {
+    for (int64_t kb = 0; kb < n_k; kb += 16) {
+        const int64_t nr = EMBER_MIN(16, n_k - kb);
+        for (int64_t db = 0; db < d; db += 16) {
+            __m512 v[16];
+            for (int r = 0; r < 16; r++)
+                v[r] = r < nr ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                    (const __m256i *)((const char *)base + offs[kb + r] + 2 * db)))
+                              : _mm512_setzero_ps();
+            ember_transpose16_ps(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
+        }
+    }
+}
+
+/* R (1..4) rows x NV (1..4) vectors of 16 keys: every dim's key vectors loaded once for all rows, each
+ * row's query value broadcast against them; no horizontal sums. The last vector is masked to n_k. */
+static inline __attribute__((always_inline)) void dot_kt_rv(const float *q, int64_t q_stride, int R, const float *kt,
+                                                            int NV, int64_t n_k, int64_t d, __m512 vs, float *s,
+                                                            int64_t s_stride) {
+    __m512 acc[4][4];
+    const __mmask16 last = tail_mask(n_k - 16 * (NV - 1));
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i++) {
+        const float *ki = kt + i * EMBER_KT_STRIDE;
+        __m512 kv[4];
+        for (int v = 0; v < NV; v++)
+            kv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, ki + 16 * v) : _mm512_loadu_ps(ki + 16 * v);
+        for (int r = 0; r < R; r++) {
+            const __m512 x = _mm512_set1_ps(q[r * q_stride + i]);
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(x, kv[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            const __m512 y = _mm512_mul_ps(acc[r][v], vs);
+            if (v == NV - 1) _mm512_mask_storeu_ps(s + r * s_stride + 16 * v, last, y);
+            else _mm512_storeu_ps(s + r * s_stride + 16 * v, y);
+        }
+}
+
+static inline __attribute__((always_inline)) void dot_kt_r(const float *q, int64_t q_stride, int R, const float *kt,
+                                                           int64_t n_k, int64_t d, __m512 vs, float *s, int64_t s_stride) {
+    switch ((n_k + 15) / 16) {
+    case 4: dot_kt_rv(q, q_stride, R, kt, 4, n_k, d, vs, s, s_stride); break;
+    case 3: dot_kt_rv(q, q_stride, R, kt, 3, n_k, d, vs, s, s_stride); break;
+    case 2: dot_kt_rv(q, q_stride, R, kt, 2, n_k, d, vs, s, s_stride); break;
+    default: dot_kt_rv(q, q_stride, R, kt, 1, n_k, d, vs, s, s_stride); break;
+    }
+}
+
+static void dot_rows_kt_avx512(const float *q, int64_t q_stride, int64_t n_q, const float *kt, int64_t n_k, int64_t d,
+                               float scale, float *s, int64_t s_stride) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < n_q; r += 4) {
+        const float *qr = q + r * q_stride;
+        float *sr = s + r * s_stride;
+        switch (EMBER_MIN(4, n_q - r)) {
+        case 4: dot_kt_r(qr, q_stride, 4, kt, n_k, d, vs, sr, s_stride); break;
+        case 3: dot_kt_r(qr, q_stride, 3, kt, n_k, d, vs, sr, s_stride); break;
+        case 2: dot_kt_r(qr, q_stride, 2, kt, n_k, d, vs, sr, s_stride); break;
+        default: dot_kt_r(qr, q_stride, 1, kt, n_k, d, vs, sr, s_stride); break;
+        }
+    }
+}
+
 /* tanh(y) = sign(y) (1 - 2 / (exp(2|y|) + 1)); absolute error ~1e-7, which is what a logit cap needs. */
 static inline __m512 softcap16(__m512 x, __m512 cap, __m512 inv_cap) {
     __m512 y = _mm512_mul_ps(x, inv_cap);
@@ -265,6 +349,9 @@ const ember_op_kernels ember_op_kernels_avx512 = {
     .f32_to_f16 = f32_to_f16_avx512,
     .gather_f16_rows = gather_f16_rows_avx512,
     .dot_rows = dot_rows_avx512,
+    .transpose_keys = transpose_keys_avx512,
+    .gather_f16_keys_t = gather_f16_keys_t_avx512,
+    .dot_rows_kt = dot_rows_kt_avx512,
     .softcap = softcap_avx512,
     .max = max_avx512,
     .exp_sum = exp_sum_avx512,

@@ -6,6 +6,8 @@
 
 #include "ember_cpu.h"
 
+#define EMBER_KT_STRIDE 64 /* columns (keys) of a transposed key chunk */
+
 typedef struct ember_op_kernels {
     /* out (n,) = silu(gate) * up */
     void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
@@ -18,6 +20,15 @@ typedef struct ember_op_kernels {
     /* s (n_q, n_k) with row stride s_stride = scale * q (n_q, d; row stride q_stride) @ k (n_k, d)^T */
     void (*dot_rows)(const float *q, int64_t q_stride, int64_t n_q, const float *k, int64_t n_k, int64_t d,
                      float scale, float *s, int64_t s_stride);
+    /* Many-row scores from keys transposed once (NULL where a table has none): transpose_keys writes
+     * kt (d, EMBER_KT_STRIDE) = k (n_k <= EMBER_KT_STRIDE, d)^T; dot_rows_kt s (n_q, n_k) with row stride
+     * s_stride = scale * q (n_q, d; row stride q_stride) @ kt's columns [0, n_k) (kt may point past a
+     * column offset). d a multiple of 16. */
+    void (*transpose_keys)(const float *k, int64_t n_k, int64_t d, float *kt);
+    /* transpose_keys of n_k rows of f16 bits at byte offsets offs[r] from base (gather_f16_rows, transposed) */
+    void (*gather_f16_keys_t)(const void *base, const int64_t *offs, int64_t n_k, int64_t d, float *kt);
+    void (*dot_rows_kt)(const float *q, int64_t q_stride, int64_t n_q, const float *kt, int64_t n_k, int64_t d,
+                        float scale, float *s, int64_t s_stride);
     /* x (n,) = cap * tanh(x / cap) */
     void (*softcap)(float *x, int64_t n, float cap);
     /* max of x (n,), n >= 1 */
