@@ -23,6 +23,17 @@
 #define EXP_ROWS 8     // expert_matmul: rows per block, one a warp
 #define EXP_LIST 1024  // expert_matmul, expert_mv: selections listed at a time
 
+// The selections s in [base, end) that chose expert e (ids[s] == e), listed in shared memory by the
+// whole block (in no fixed order); returns how many, to every thread. count: a shared counter.
+DEVI int list_selections(const int *__restrict__ ids, int base, int end, int e, int *list, int *count) {
+    if (threadIdx.x == 0) *count = 0;
+    __syncthreads();
+    for (int s = base + threadIdx.x; s < end; s += blockDim.x)
+        if (ids[s] == e) list[atomicAdd(count, 1)] = s;
+    __syncthreads();
+    return *count;
+}
+
 // ---- float weights (F32, F16, BF16) ----
 extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k,
                                          const float *__restrict__ x, int x_div, const int *__restrict__ ids,
@@ -34,13 +45,7 @@ extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes
     const int r = blockIdx.x * EXP_ROWS + (threadIdx.x >> 5);
     const u8 *row = w + (i64)e * expert_bytes + (i64)r * row_bytes;
     for (int base = 0; base < n_sel; base += EXP_LIST) {
-        if (threadIdx.x == 0) count = 0;
-        __syncthreads();
-        const int end = min(n_sel, base + EXP_LIST);
-        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
-            if (ids[s] == e) list[atomicAdd(&count, 1)] = s;
-        __syncthreads();
-        const int listed = count;
+        const int listed = list_selections(ids, base, min(n_sel, base + EXP_LIST), e, list, &count);
         for (int j = 0; j < listed && r < m; j++) {
             const int s = list[j];
             const float4 *xr = (const float4 *)(x + (i64)(s / x_div) * k);
@@ -106,13 +111,7 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     const float4 *meta_g = (const float4 *)(xq + (size_t)x_rows * k);
     float4 *meta_s = (float4 *)(xs_s + (size_t)group * k);
     for (int base = 0; base < n_sel; base += EXP_LIST) {
-        if (threadIdx.x == 0) count = 0;
-        __syncthreads();
-        const int end = min(n_sel, base + EXP_LIST);
-        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
-            if (ids[s] == e) list[atomicAdd(&count, 1)] = s;
-        __syncthreads();
-        const int listed = count;
+        const int listed = list_selections(ids, base, min(n_sel, base + EXP_LIST), e, list, &count);
         for (int j0 = 0; j0 < listed; j0 += group) {
             const int nl = min(group, listed - j0);
             // the group's x rows: k / 16 uint4 of values and k / 32 float4 each
