@@ -489,6 +489,7 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 #define ATTN_CHUNK_FLOATS 8192    /* f32 staging of one key chunk, and of one value chunk */
 #define ATTN_PARTIAL_FLOATS 16384 /* results of key-range pieces, combined after the parallel pass */
 #define ATTN_KT_MIN_ROWS 8         /* pieces of this many rows take scores from transposed keys */
+_Static_assert(ATTN_MAX_CHUNK <= EMBER_KT_STRIDE, "a chunk's keys fit the columns of its transposed copy");
 #define ATTN_MIN_SPLIT_KEYS 256   /* key ranges are split only into pieces at least this long */
 #define ATTN_SHARED_TOKENS 512    /* calls of more tokens (prompts, whose blocks already share reads) */
 #define ATTN_SHARED_ROWS 4096     /* or more rows (tokens x heads) read shared prefixes per sequence */
@@ -680,7 +681,7 @@ static void prefetch_rows(const attn_ctx *c, const int64_t *k_off, const int64_t
  * kernels, the head dim suits them, and enough rows share the transpose). */
 static int uses_kt(const attn_ctx *c, int64_t rows) {
     return c->kern->dot_rows_kt && rows >= ATTN_KT_MIN_ROWS && c->hd_k % 16 == 0 &&
-           c->hd_k * EMBER_KT_STRIDE <= ATTN_CHUNK_FLOATS && c->n_chunk <= EMBER_KT_STRIDE;
+           c->hd_k * EMBER_KT_STRIDE <= ATTN_CHUNK_FLOATS;
 }
 
 /* Keys [p0, p1) (rows at k_off, v_off): convert them once, then update every row of the piece that sees

@@ -160,6 +160,12 @@ static void dot_rows_avx512(const float *q, int64_t q_stride, int64_t n_q, const
     }
 }
 
+/* v: dims db.. of keys kb.. (one key a vector), transposed into kt's rows db.., columns kb.. */
+static inline __attribute__((always_inline)) void kt_store_block(__m512 v[16], float *kt, int64_t db, int64_t kb) {
+    ember_transpose16_ps(v);
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
+}
+
 /* kt (d, EMBER_KT_STRIDE) = k (n_k, d)^T in 16 x 16 blocks; a block's keys past n_k are zeros. */
 static void transpose_keys_avx512(const float *k, int64_t n_k, int64_t d, float *kt) {
     for (int64_t kb = 0; kb < n_k; kb += 16) {
@@ -167,8 +173,7 @@ static void transpose_keys_avx512(const float *k, int64_t n_k, int64_t d, float 
         for (int64_t db = 0; db < d; db += 16) {
             __m512 v[16];
             for (int r = 0; r < 16; r++) v[r] = r < nr ? _mm512_loadu_ps(k + (kb + r) * d + db) : _mm512_setzero_ps();
-            ember_transpose16_ps(v);
-            for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
+            kt_store_block(v, kt, db, kb);
         }
     }
 }
@@ -184,8 +189,7 @@ static void gather_f16_keys_t_avx512(const void *base, const int64_t *offs, int6
                 v[r] = r < nr ? _mm512_cvtph_ps(_mm256_loadu_si256(
                                     (const __m256i *)((const char *)base + offs[kb + r] + 2 * db)))
                               : _mm512_setzero_ps();
-            ember_transpose16_ps(v);
-            for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
+            kt_store_block(v, kt, db, kb);
         }
     }
 }
