@@ -8,9 +8,10 @@
 #          (tests/test_cuda_kv.py): four processes
 #   experts  pytest tests/test_cuda_experts.py, then bench/expert_micro.py (the grouped expert
 #          products alone at issue 28's MoE shapes, the old kernel beside them)
-#   spec   bench/spec.py --device cuda --skip-peer on the edit workload (3 repetitions): SmolLM2's real
-#          file (too large for one call's carry) joined from pieces carried as .sp1, .sp2 and .sp3 by
-#          calls on the same warm machine (`split -n 3` of it)
+#   spec   bench/spec_steps.py --device cuda on the edit and free workloads (3 repetitions, drafts on
+#          and off, in process): SmolLM2's real file (too large for one call's carry) joined from the
+#          pieces of `split -n 3` carried as .sp1, .sp2 and .sp3, one or more a call, by calls of this
+#          stage on the same warm machine
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -37,6 +38,17 @@ STAGES=${*:-tests quick}
 SETUP="$OUT/setup.log"
 
 stage() { echo; echo "=== $1 ($(date +%H:%M:%S))"; }
+# pytest_stage TITLE LOG SECONDS PYTEST-ARGS...: one pytest process, its log in $OUT/LOG.log, the
+# failures and the summary printed.
+pytest_stage() {
+  local title=$1 log=$OUT/$2.log limit=$3
+  shift 3
+  stage "$title"
+  timeout "$limit" $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 "$@" >"$log" 2>&1
+  echo "pytest exit $?"
+  grep -E "^(FAILED|ERROR)" "$log" | head -25
+  tail -n 8 "$log"
+}
 . bench/device_setup.sh
 
 stage setup
@@ -66,62 +78,41 @@ $PY -c 'import ember.backends.cuda as c; b = c.Backend(); print(b.describe())' 2
 for s in $STAGES; do
   case $s in
     tests)
-      # Two processes: a kernel fault in the op tests (a lost CUDA context) cannot hide the model,
+      # Separate processes: a kernel fault in the op tests (a lost CUDA context) cannot hide the model,
       # replay and engine results.
-      stage "tests: ops"
-      timeout 240 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
-        tests/test_cuda.py tests/test_cuda_fuse.py \
-        >"$OUT/tests_ops.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_ops.log" | head -25
-      tail -n 8 "$OUT/tests_ops.log"
-      stage "tests: models, replay, engine"
-      timeout 210 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        -k "(model or replay or engine)${TESTS_K:+ and ($TESTS_K)}" tests/test_cuda.py \
-        >"$OUT/tests_models.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_models.log" | head -25
-      tail -n 8 "$OUT/tests_models.log"
-      stage "tests: decoder families"
-      timeout 200 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_families.py \
-        >"$OUT/tests_families.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_families.log" | head -25
-      tail -n 8 "$OUT/tests_families.log"
-      stage "tests: quantized KV cache"
-      timeout 180 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_kv.py \
-        >"$OUT/tests_kv.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_kv.log" | head -25
-      tail -n 8 "$OUT/tests_kv.log"
+      pytest_stage "tests: ops" tests_ops 240 -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
+        tests/test_cuda.py tests/test_cuda_fuse.py
+      pytest_stage "tests: models, replay, engine" tests_models 210 \
+        -k "(model or replay or engine)${TESTS_K:+ and ($TESTS_K)}" tests/test_cuda.py
+      pytest_stage "tests: decoder families" tests_families 200 ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_families.py
+      pytest_stage "tests: quantized KV cache" tests_kv 180 ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_kv.py
       ;;
     experts)
       # The grouped expert products: their tests, then bench/expert_micro.py (old kernel beside the new ones)
-      stage "tests: experts"
-      timeout 300 $PY -m pytest -q -p no:cacheprovider --maxfail=25 -rfE --durations=5 \
-        ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_experts.py \
-        >"$OUT/tests_experts.log" 2>&1
-      echo "pytest exit $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/tests_experts.log" | head -25
-      tail -n 8 "$OUT/tests_experts.log"
+      pytest_stage "tests: experts" tests_experts 300 ${TESTS_K:+-k "$TESTS_K"} tests/test_cuda_experts.py
       stage "bench experts"
       timeout 300 $PY bench/expert_micro.py --out "$OUT/expert_micro.json" >"$OUT/expert_micro.log" 2>&1
       echo "bench exit $?"
       tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
       ;;
     spec)
+      # The pieces carried by this call join those earlier calls left in /tmp (a warm machine keeps it,
+      # not the ignored paths of the tree); with all three there, the run.
       stage "bench spec"
-      if [ -f .sp1/part ] && [ -f .sp2/part ] && [ -f .sp3/part ]; then
-        cat .sp1/part .sp2/part .sp3/part >/tmp/ember_models/smollm2-real.gguf
-        timeout 420 $PY bench/spec.py --device cuda --model /tmp/ember_models/smollm2-real.gguf --skip-peer \
-          --workloads edit --reps ${SPEC_REPS:-3} --out "$OUT/spec_cuda.json" >"$OUT/spec.log" 2>&1
+      mkdir -p /tmp/ember_sp
+      for i in 1 2 3; do [ -f ".sp$i/part" ] && cp ".sp$i/part" "/tmp/ember_sp/$i"; done
+      if [ -f /tmp/ember_sp/1 ] && [ -f /tmp/ember_sp/2 ] && [ -f /tmp/ember_sp/3 ]; then
+        cat /tmp/ember_sp/1 /tmp/ember_sp/2 /tmp/ember_sp/3 >/tmp/ember_models/smollm2-real.gguf
+        # In process (the machine's Python has no starlette/uvicorn for bench/spec.py's servers); CuPy is
+        # imported before the script's directory (bench/, which holds cuda.py) goes first on the path.
+        timeout 420 $PY -c 'import cupy, cuda.pathfinder, runpy, sys; sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device cuda \
+          --model /tmp/ember_models/smollm2-real.gguf --workloads edit,free --reps ${SPEC_REPS:-3} \
+          >"$OUT/spec.log" 2>&1
         echo "bench exit $?"
         tail -n 30 "$OUT/spec.log" | cut -c1-300
       else
-        echo "SmolLM2's pieces .sp1/part .sp2/part .sp3/part not all carried: spec skipped"
+        echo "SmolLM2's pieces so far: $(ls /tmp/ember_sp | tr '\n' ' ')(all of 1 2 3 needed; spec skipped)"
       fi
       ;;
     quick|full)
