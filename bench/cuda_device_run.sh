@@ -67,9 +67,7 @@ if [ -d .devcarry/kernels ]; then
   echo "kernel cache: $(ls /tmp/ember_kernels | wc -l) modules carried"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if timeout 120 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1; then
-  echo "CPU extension built"
-else
+if ! build_cpu_ext; then
   echo "CPU extension not built (see setup.log): CPU comparisons fall back to the reference backend"
 fi
 unpack_skeletons

@@ -27,3 +27,16 @@ unpack_skeletons() {
     fi
   done
 }
+
+# build_cpu_ext: ember's CPU extension, as carried (ember/backends/cpu/_ember_cpu.abi3.so named in the
+# call's carry: an abi3 build loads on the machine's Python) or else built here (minutes on the
+# machine: its kernels are many translation units). Returns non-zero where neither worked.
+build_cpu_ext() {
+  if $PY -c 'import ember.backends.cpu' >>"$SETUP" 2>&1; then
+    echo "CPU extension carried"
+  elif timeout 420 $PY setup.py -q build_ext --inplace >>"$SETUP" 2>&1; then
+    echo "CPU extension built"
+  else
+    return 1
+  fi
+}
