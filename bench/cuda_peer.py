@@ -11,7 +11,7 @@ The files are synthetic (random blocks at the real shapes: bench/cuda.py's write
 dense ones, tests/families.py at the family's real shape for the MoE ones, SmolLM2's vocabulary in
 place of the family's own), written into a temporary folder one at a time and deleted after.
 
-    python bench/cuda_peer.py --llama-bin DIR [--models llama8b-Q4_K llama8b-Q8_0 ...] [--out FILE]
+    python bench/cuda_peer.py --llama-bin DIR [--models llama8b-Q4_K llama8b-Q8_0 ...] [--profile] [--out FILE]
 
 DIR holds llama-bench and llama-batched-bench of a CUDA build (bench/cuda_peer_device.sh builds them
 from llama.cpp's sources on the GPU machine). --device cpu runs the same comparison on the CPU
@@ -65,6 +65,9 @@ MODELS = {  # name: (writer, argument)
     "llama8b-Q4_K_M": ("dense", ("Q4_K_M", LLAMA_8B)),
     "qwen3-30b-a3b": ("family", "qwen3moe"),
     "gpt-oss-20b": ("family", "gpt-oss"),
+    # 12 of the 48 layers (a quarter of the 4 minutes the whole file takes to write): for --profile,
+    # whose step is the same launches layer after layer
+    "qwen3-30b-a3b-12l": ("family", ("qwen3moe", 12)),
     "tiny": ("dense", ("Q4_K", TINY)),
 }
 
@@ -76,7 +79,8 @@ def write(path: Path, name: str) -> None:
         bc.write_big_model(path, qtype, shape, metadata=lambda w: ladder.add_vocab(w, shape["n_vocab"]))
     else:
         from families import write_family
-        write_family(path, arg, real_shape=True)
+        family, n_layer = arg if isinstance(arg, tuple) else (arg, 0)
+        write_family(path, family, real_shape=True, n_layer=n_layer)
 
 
 def token_bytes(path: Path) -> int:
@@ -170,6 +174,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip", nargs="*", default=[], help="parts to skip: many (the 64-stream runs), peer")
+    ap.add_argument("--profile", action="store_true",
+                    help="also a decode step of one token, recorded and replayed alone, each launch timed alone "
+                         "(where the step's time goes; GPU only)")
     ap.add_argument("--dir", type=Path, default=None, help="where the files are written (default: a temporary one)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda_peer.json")
     args = ap.parse_args()
@@ -190,6 +197,8 @@ def main() -> None:
             print(f"{name}: {r['file_bytes'] / 1e9:.2f} GB, {r['token_bytes'] / 1e9:.2f} GB a token, written in "
                   f"{r['write_s']:.0f} s", flush=True)
             guarded(r, "ember_single", ember_single, path, args.device, args.reps)
+            if args.profile and gpu:
+                guarded(r, "ember_step", bc.decode_bandwidth, path, r["token_bytes"], results["copy_gbs"], 50, 0, True)
             if "peer" not in args.skip and args.llama_bin:
                 guarded(r, "llama_single", llama_bench, args.llama_bin, path, args.reps, gpu)
             if "many" not in args.skip:
@@ -200,6 +209,16 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2, default=str))  # after each model: partial runs count
     print_table(results)
+
+
+def print_step(name: str, step: dict) -> None:
+    """A profiled decode step: its replay and GPU time, then the kernels by their time alone."""
+    prof = step.get("profile") or {}
+    print(f"{name}: decode step replayed {step['step_ms']:.3f} ms (GPU {step['gpu_step_ms']:.3f} ms), "
+          f"{step['launches_per_step']} launches, {100 * step['fraction_of_copy']:.0f}% of copy; "
+          f"kernels alone sum {prof.get('sum_us', 0):.0f} us:")
+    for kernel, (n, us) in list(prof.get("kernels", {}).items())[:12]:
+        print(f"    {kernel:32} {n:4d} launches {us:9.1f} us")
 
 
 def print_table(results: dict) -> None:
@@ -221,6 +240,9 @@ def print_table(results: dict) -> None:
                     extra += f", llama.cpp {pg:.0f}" + (f" ({100 * pg / copy:.0f}%)" if copy else "")
             fmt = lambda x: f"{x:9.1f}" if x else "        -"  # noqa: E731
             print(f"{name:16} {test:8} {fmt(e)} {fmt(p)} {ratio}{extra}")
+    for name, r in results["models"].items():
+        if "step_ms" in r.get("ember_step", {}):
+            print_step(name, r["ember_step"])
 
 
 if __name__ == "__main__":

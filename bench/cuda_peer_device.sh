@@ -6,6 +6,9 @@
 #                                                 (in the background when BUILD_BG=1; log in .lcb/build.log)
 #   bash bench/cuda_peer_device.sh peer MODEL...  bench/cuda_peer.py on those models (waits for a
 #                                                 background build first)
+#   bash bench/cuda_peer_device.sh profile MODEL...  ember alone on those models (no llama.cpp build):
+#                                                 pp512, tg128 and a decode step's launches each timed
+#                                                 alone (bench/cuda_peer.py --profile)
 #
 # Carry .devcarry: llama-src.tar.xz (llama.cpp's tree from the llama-cpp-python 0.3.36 sdist's
 # vendor/llama.cpp, without its models, docs, tests and other GPU backends: `tar cJf` of it, ~5 MB)
@@ -48,11 +51,16 @@ case "${1:-}" in
       build
     fi
     ;;
-  peer)
+  peer | profile)
+    mode=$1
     shift
     install_wheels "gguf (the file writers) may be missing"
     [ -d /tmp/ember_site ] && export PYTHONPATH=/tmp/ember_site
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ "$mode" = profile ]; then
+      $PY bench/cuda_peer.py --models "$@" --skip many peer --reps 2 --profile ${PEER_ARGS:-} --out "$OUT/profile.json"
+      exit $?
+    fi
     if [ -d .lcb ] && [ ! -x "$BIN/llama-batched-bench" ]; then
       echo "waiting for the llama.cpp build"
       while [ ! -e .lcb/done ] && [ ! -x "$BIN/llama-batched-bench" ]; do sleep 5; done
@@ -61,5 +69,5 @@ case "${1:-}" in
     [ -x "$BIN/llama-bench" ] || build
     $PY bench/cuda_peer.py --llama-bin "$BIN" --models "$@" ${PEER_ARGS:-} --out "$OUT/peer.json"
     ;;
-  *) echo "usage: $0 build | peer MODEL..." ; exit 2 ;;
+  *) echo "usage: $0 build | peer MODEL... | profile MODEL..." ; exit 2 ;;
 esac
