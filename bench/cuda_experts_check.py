@@ -139,6 +139,13 @@ static inline int atomicAdd(int *p, int v) {
     *p = old + v;
     return old;
 }
+static inline unsigned atomicOr(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old | v;
+    return old;
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
 static inline int dp4a(int a, int b, int c) {
     for (int j = 0; j < 4; j++) c += (int)(i8)(a >> (8 * j)) * (int)(i8)(b >> (8 * j));
     return c;
@@ -232,9 +239,9 @@ int main(int argc, char **argv) {
                         (const int4 *)tiles.data(), n_tiles.data(), y.data());
         });
     } else {
-        launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)n_expert, 1}, {EMV_T, 1, 1}, [&] {
-            expert_mv(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, ids.data(), n_sel, group,
-                      y.data());
+        launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)std::min(n_expert, n_sel), 1}, {EMV_T, 1, 1}, [&] {
+            expert_mv(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, ids.data(), n_sel, n_expert,
+                      group, y.data());
         });
     }
     fwrite(y.data(), 4, y.size(), out);

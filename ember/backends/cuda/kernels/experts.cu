@@ -10,9 +10,9 @@
 // of 32 weights decodes to int8 q with a scale a and offset b per half (unit_q), so a half's part
 // of a dot product is  a * d * (q . xq) + b * (d * sum xq):  one integer dot product of 16 bytes.
 //
-//   expert_mv   (decode: a few tokens) a block per (rows, expert) lists the selections of its
-//               expert, stages their quantized x in shared memory once, and each warp decodes its
-//               rows' slices once for all of them (dp4a).
+//   expert_mv   (decode: a few tokens) a block per (rows, chosen expert) lists the selections of
+//               its expert, stages their quantized x in shared memory once, and each warp decodes
+//               its rows' slices once for all of them (dp4a).
 //   expert_group + expert_tile (prompts, many tokens) the selections sorted by expert on the device
 //               and cut into tiles of ET_TOK; a block computes ET_ROWS rows of one expert for one
 //               tile, its weight units decoded once into shared memory (int8 + scales), the tile's
@@ -32,6 +32,37 @@ DEVI int list_selections(const int *__restrict__ ids, int base, int end, int e, 
         if (ids[s] == e) list[atomicAdd(count, 1)] = s;
     __syncthreads();
     return *count;
+}
+
+// The slot-th smallest expert id among ids[0, n_sel) (each chosen expert counted once), or -1 where
+// fewer than slot + 1 experts were chosen; to every thread of the block. Ids outside [0, n_expert)
+// count for none. chosen: EXP_MAX_EXPERTS / 32 shared words; picked: a shared int.
+#define EXP_MAX_EXPERTS 1024
+DEVI int chosen_expert(const int *__restrict__ ids, int n_sel, int n_expert, int slot, unsigned *chosen,
+                       int *picked) {
+    if (threadIdx.x < EXP_MAX_EXPERTS / 32) chosen[threadIdx.x] = 0u;
+    if (threadIdx.x == 0) *picked = -1;
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_sel; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < n_expert && e < EXP_MAX_EXPERTS) atomicOr(&chosen[e >> 5], 1u << (e & 31));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // at most 32 words: one thread counts its way to the slot
+        for (int w = 0, before = 0; w < EXP_MAX_EXPERTS / 32; w++) {
+            const unsigned bits = chosen[w];
+            const int here = __popc(bits);
+            if (slot < before + here) {
+                unsigned b = bits;
+                for (int skip = slot - before; skip > 0; skip--) b &= b - 1;  // drop the lower set bits
+                *picked = 32 * w + __ffs((int)b) - 1;
+                break;
+            }
+            before += here;
+        }
+    }
+    __syncthreads();
+    return *picked;
 }
 
 // ---- float weights (F32, F16, BF16) ----
@@ -81,8 +112,10 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 
 // ---- decode: expert_mv ----
 //
-// Grid (ceil(m / EMV_ROWS), n_expert), EMV_WARPS warps. Block (tile, e) lists the selections that
-// chose e (none: it returns, e's weights untouched), then, group by group of at most `group`
+// Grid (ceil(m / EMV_ROWS), min(n_expert, n_sel)), EMV_WARPS warps. Block (tile, slot) takes the
+// slot-th chosen expert e (chosen_expert; past the chosen ones it returns: no block waits on an
+// expert nobody chose, whose weights stay untouched), lists the selections that chose e, then,
+// group by group of at most `group`
 // (<= EMV_NMAX) selections: stages their rows of xq in dynamic shared memory (group * (k + k/32 * 16)
 // bytes: the values, then the float4s), and each warp takes EMV_RW rows, a lane per lane step of
 // slices as the dense decode products (slice_q / slice2_q), each slice decoded once and dotted with
@@ -94,12 +127,17 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 
 extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     expert_mv(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
-              int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int group, float *__restrict__ y) {
+              int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int n_expert, int group,
+              float *__restrict__ y) {
     PDL_ENTER();
     extern __shared__ __align__(16) u8 xs_s[];  // (group, k) int8, then (group, k/32) float4
     __shared__ int list[EXP_LIST];
     __shared__ int count;
-    const int e = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ unsigned chosen[EXP_MAX_EXPERTS / 32];
+    __shared__ int picked;  // apart from count: a thread may list selections while others still read it
+    const int e = chosen_expert(ids, n_sel, n_expert, blockIdx.y, chosen, &picked);
+    if (e < 0) return;  // the whole block: fewer experts were chosen than the grid has slots
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * EMV_ROWS + warp * EMV_RW, S = k / 32;
     const u8 *rows[EMV_RW];
     bool ok[EMV_RW];

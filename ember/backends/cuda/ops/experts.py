@@ -21,7 +21,7 @@ EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
 EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a block, selections staged at most
 # Shared memory of expert_mv: its staged x rows take at most EMV_SMEM (unless one row needs more),
 # beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
-EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16
+EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16 + 128 + 16
 ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
 # The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py on an
 # H200: expert_mv takes steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K values (Qwen3's
@@ -137,8 +137,9 @@ class ExpertMatmul:
         fn = kernels.fn(experts_module(w.type), "expert_mv")
         allow_smem(fn, smem + EMV_STATIC_SMEM)
         args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
-                i32(self.ids.size), i32(group), ptr(y))
-        return Launch(fn, (-(-m // EMV_ROWS), n_expert, 1), (EMV_THREADS, 1, 1), args, smem)
+                i32(self.ids.size), i32(n_expert), i32(group), ptr(y))
+        # a block row per expert that can have been chosen: at most one per selection
+        return Launch(fn, (-(-m // EMV_ROWS), min(n_expert, self.ids.size), 1), (EMV_THREADS, 1, 1), args, smem)
 
     def _group(self, kernels, w) -> Launch:
         sc = self.scratch
