@@ -442,6 +442,20 @@ def test_kernels_on_the_cpu(tmp_path, qtype, runs):
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
 
 
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+def test_expert_mv_blocks_take_the_chosen_experts(tmp_path):
+    """With fewer selections than experts, expert_mv's grid has a block row per selection and each
+    takes the next chosen expert (chosen_expert): one token's 4 of 8 experts; 3 tokens' 4 of 16, where
+    experts repeat across tokens and the rows past the chosen ones return; and 2 tokens' 8 of 64 (a
+    bitmap word past the first)."""
+    check = experts_check()
+    exe = check.build(tmp_path, GGMLType.Q4_K)
+    for n, top_k, n_expert in ((1, 4, 8), (3, 4, 16), (2, 8, 64)):
+        err = check.check(exe, tmp_path, GGMLType.Q4_K, n, top_k, True, False, np.random.default_rng(n),
+                          n_expert=n_expert)
+        assert err < 2e-2, f"{n} tokens, top-{top_k} of {n_expert}: relative error {err:.2e} (nan: a row left unwritten)"
+
+
 # ---- the grouped products' choice of kernel (no device: arrays stand in by shape and address) ----
 
 class FakeArray:
@@ -458,18 +472,20 @@ class FakeKernels:
 
 
 @pytest.mark.parametrize("k", [768, 2048, 2880])
-@pytest.mark.parametrize("n", [1, 8, 16, 48, 49, 512])
+@pytest.mark.parametrize("n", [1, 4, 5, 8, 16, 48, 49, 512])
 def test_grouped_products_choose_their_kernel_by_shape(n, k):
     """By default (moe_mv_tokens -1) steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K
-    values take expert_mv, one launch a matrix after quant_x_llama; others the tiles (one expert_group for
-    all the matrices, then an expert_tile each); a fixed moe_mv_tokens overrides the shape."""
+    values, and of up to EMV_SHORT_TOKENS over shorter rows, take expert_mv, one launch a matrix after
+    quant_x_llama; others the tiles (one expert_group for all the matrices, then an expert_tile each); a
+    fixed moe_mv_tokens overrides the shape."""
     from types import SimpleNamespace
 
     from ember.backends.cuda.ops import DeviceMatrix
-    from ember.backends.cuda.ops.experts import EMV_MIN_K, EMV_TOKENS, ExpertMatmul, ExpertScratch, takes_mv
+    from ember.backends.cuda.ops.experts import (EMV_MIN_K, EMV_SHORT_TOKENS, EMV_TOKENS, ExpertMatmul,
+                                                 ExpertScratch, takes_mv)
     from ember.quant.types import layout
 
-    assert (EMV_TOKENS, EMV_MIN_K) == (48, 1536)
+    assert (EMV_TOKENS, EMV_MIN_K, EMV_SHORT_TOKENS) == (48, 1536, 4)
     qt, n_expert, m, top_k = GGMLType.Q4_K, 128, 512, 8
     rb = layout(qt).row_bytes(k)
     ws = [SimpleNamespace(name=f"w{i}", type=qt, shape=(n_expert, m, k),
@@ -480,7 +496,7 @@ def test_grouped_products_choose_their_kernel_by_shape(n, k):
                             tiles=FakeArray((tile_bound(n * top_k, n_expert), 4), 9 << 30),
                             n_tiles=FakeArray((1,), 10 << 30))
     mod = f"experts_{int(qt)}"
-    for mv_tokens, want_mv in ((-1, n <= 48 and k >= 1536), (0, False), (64, n <= 64)):
+    for mv_tokens, want_mv in ((-1, n <= (48 if k >= 1536 else 4)), (0, False), (64, n <= 64)):
         assert takes_mv(n, k, mv_tokens) == want_mv
         fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
         want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.expert_tile"] * 2

@@ -34,7 +34,7 @@ class CudaConfig:
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
     # each expert's selections staged together, its rows decoded once for them); more: the sorted
-    # tiles (expert_tile). -1: the choice by step and row length measured on an H200 (takes_mv).
+    # tiles (expert_tile). -1: the choice by step and row length measured (takes_mv).
     moe_mv_tokens: int = -1
 
     def __post_init__(self):

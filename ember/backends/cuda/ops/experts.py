@@ -23,11 +23,12 @@ EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a
 # beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
 EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16 + 128 + 16
 ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
-# The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py on an
-# H200: expert_mv takes steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K values (Qwen3's
-# gate and up, k 2048: 64 against 107 us at 16 tokens, even at 64; gpt-oss, k 2880: 162 against 265 us
-# at 16); shorter rows take the tiles at every size (Qwen3's down, k 768: 17.6 against 27.8 us at 1).
-EMV_TOKENS, EMV_MIN_K = 48, 1536
+# The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py: expert_mv
+# takes steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K values (H200: Qwen3's gate and
+# up, k 2048: 64 against 107 us at 16 tokens, even at 64; gpt-oss, k 2880: 162 against 265 us at 16), and
+# shorter rows up to EMV_SHORT_TOKENS (H100, since its blocks go to the chosen experts only: Qwen3's
+# down, k 768: 12.9 against 17.9 us at 1 token, 37.0 against 39.1 at 4; the tiles 90 against 130 at 16).
+EMV_TOKENS, EMV_MIN_K, EMV_SHORT_TOKENS = 48, 1536, 4
 EG_THREADS = 1024  # expert_group: one block
 EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
 ROUTE_MAX_EXPERTS = 256  # route_experts holds 8 experts a lane (ops.cu)
@@ -61,7 +62,7 @@ def takes_mv(n: int, k: int, mv_tokens: int = -1) -> bool:
     expert_group + expert_tile): by shape for mv_tokens = -1, else up to mv_tokens tokens."""
     if mv_tokens >= 0:
         return n <= mv_tokens
-    return n <= EMV_TOKENS and k >= EMV_MIN_K
+    return n <= (EMV_TOKENS if k >= EMV_MIN_K else EMV_SHORT_TOKENS)
 
 
 @dataclass(eq=False)
