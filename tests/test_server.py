@@ -163,7 +163,7 @@ def test_json_schema_response(client):
     r = client.chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "Give the largest city of France as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}},
-        max_tokens=60)
+        max_tokens=60, temperature=0)  # greedy: a sampled integer may run past max_tokens
     assert r.choices[0].finish_reason == "stop"
     value = json.loads(r.choices[0].message.content)
     jsonschema.validate(value, schema)
