@@ -37,7 +37,7 @@ DEVI int list_selections(const int *__restrict__ ids, int base, int end, int e, 
 // The slot-th smallest expert id among ids[0, n_sel) (each chosen expert counted once), or -1 where
 // fewer than slot + 1 experts were chosen; to every thread of the block. Ids outside [0, n_expert)
 // count for none. chosen: EXP_MAX_EXPERTS / 32 shared words; picked: a shared int.
-#define EXP_MAX_EXPERTS 1024
+#define EXP_MAX_EXPERTS 1024  // as EG_MAX_EXPERTS: the backend takes no stack of more
 DEVI int chosen_expert(const int *__restrict__ ids, int n_sel, int n_expert, int slot, unsigned *chosen,
                        int *picked) {
     if (threadIdx.x < EXP_MAX_EXPERTS / 32) chosen[threadIdx.x] = 0u;
@@ -115,9 +115,8 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 // Grid (ceil(m / EMV_ROWS), min(n_expert, n_sel)), EMV_WARPS warps. Block (tile, slot) takes the
 // slot-th chosen expert e (chosen_expert, where fewer selections than experts leave most experts
 // unchosen; past the chosen ones it returns), else expert slot; lists the selections that chose e
-// (none: it returns, e's weights untouched), then,
-// group by group of at most `group`
-// (<= EMV_NMAX) selections: stages their rows of xq in dynamic shared memory (group * (k + k/32 * 16)
+// (none: it returns, e's weights untouched), then, group by group of at most `group` (<= EMV_NMAX)
+// selections: stages their rows of xq in dynamic shared memory (group * (k + k/32 * 16)
 // bytes: the values, then the float4s), and each warp takes EMV_RW rows, a lane per lane step of
 // slices as the dense decode products (slice_q / slice2_q), each slice decoded once and dotted with
 // every staged row. x_rows: the rows of xq (its float4s follow them).

@@ -20,7 +20,8 @@ from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantize
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
 EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a block, selections staged at most
 # Shared memory of expert_mv: its staged x rows take at most EMV_SMEM (unless one row needs more),
-# beside its static list of selections; past 48 KB in all a launch must ask for it (allow_smem).
+# beside its static list of selections, their count, the chosen experts' bitmap and the slot's expert
+# (4 KB + 16, 128 + 16 with alignment); past 48 KB in all a launch must ask for it (allow_smem).
 EMV_SMEM, EMV_STATIC_SMEM = 40 * 1024, 4 * 1024 + 16 + 128 + 16
 ET_ROWS, ET_TOK, ET_THREADS = 64, 32, 128  # expert_tile: weight rows and selections of a tile, threads
 # The choice between them by shape (CudaConfig.moe_mv_tokens = -1), from bench/expert_micro.py: expert_mv
