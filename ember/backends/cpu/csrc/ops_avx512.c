@@ -160,38 +160,33 @@ static void dot_rows_avx512(const float *q, int64_t q_stride, int64_t n_q, const
     }
 }
 
-/* v: dims db.. of keys kb.. (one key a vector), transposed into kt's rows db.., columns kb.. */
-static inline __attribute__((always_inline)) void kt_store_block(__m512 v[16], float *kt, int64_t db, int64_t kb) {
-    ember_transpose16_ps(v);
-    for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
-}
-
-/* kt (d, EMBER_KT_STRIDE) = k (n_k, d)^T in 16 x 16 blocks; a block's keys past n_k are zeros. */
-static void transpose_keys_avx512(const float *k, int64_t n_k, int64_t d, float *kt) {
-    for (int64_t kb = 0; kb < n_k; kb += 16) {
-        const int64_t nr = EMBER_MIN(16, n_k - kb);
-        for (int64_t db = 0; db < d; db += 16) {
-            __m512 v[16];
-            for (int r = 0; r < 16; r++) v[r] = r < nr ? _mm512_loadu_ps(k + (kb + r) * d + db) : _mm512_setzero_ps();
-            kt_store_block(v, kt, db, kb);
-        }
-    }
-}
-
-/* transpose_keys of f16 rows at byte offsets offs[r] from base: each 16 x 16 block converted and transposed
- * in registers, no f32 copy of the keys in between. */
-static void gather_f16_keys_t_avx512(const void *base, const int64_t *offs, int64_t n_k, int64_t d, float *kt) {
+/* kt (d, EMBER_KT_STRIDE) = the n_k keys^T in 16 x 16 blocks, each block loaded (f32 rows of k, or with
+ * f16: rows of f16 bits at byte offsets offs[r] from base, converted in registers, no f32 copy in between)
+ * and transposed in registers; a block's keys past n_k are zeros. */
+static inline __attribute__((always_inline)) void keys_t(const int f16, const float *k, const void *base,
+                                                         const int64_t *offs, int64_t n_k, int64_t d, float *kt) {
     for (int64_t kb = 0; kb < n_k; kb += 16) {
         const int64_t nr = EMBER_MIN(16, n_k - kb);
         for (int64_t db = 0; db < d; db += 16) {
             __m512 v[16];
             for (int r = 0; r < 16; r++)
-                v[r] = r < nr ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                                    (const __m256i *)((const char *)base + offs[kb + r] + 2 * db)))
-                              : _mm512_setzero_ps();
-            kt_store_block(v, kt, db, kb);
+                v[r] = r >= nr ? _mm512_setzero_ps()
+                       : f16   ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                   (const __m256i *)((const char *)base + offs[kb + r] + 2 * db)))
+                               : _mm512_loadu_ps(k + (kb + r) * d + db);
+            ember_transpose16_ps(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (db + i) * EMBER_KT_STRIDE + kb, v[i]);
         }
     }
+}
+
+static void transpose_keys_avx512(const float *k, int64_t n_k, int64_t d, float *kt) {
+    keys_t(0, k, NULL, NULL, n_k, d, kt);
+}
+
+/* transpose_keys of f16 rows at byte offsets offs[r] from base */
+static void gather_f16_keys_t_avx512(const void *base, const int64_t *offs, int64_t n_k, int64_t d, float *kt) {
+    keys_t(1, NULL, base, offs, n_k, d, kt);
 }
 
 /* R (1..4) rows x NV (1..4) vectors of 16 keys: every dim's key vectors loaded once for all rows, each
