@@ -1,13 +1,13 @@
 """Mixture-of-experts ops: routing, grouped expert products (experts.cu) and the weighted sum. The
-expert ids stay on the device: the products read them there, every expert's blocks take part in the
-grid (those nobody chose return at once), so a step's launches have a fixed shape and are captured
+expert ids stay on the device: the products read them there, and each launch's grid is fixed by the
+step's size (blocks with no chosen expert or tile return at once), so a step's launches are captured
 like the others.
 
 A product of quantized experts quantizes x first (quant_x_llama: the dense decode products' format,
 rounded as llama.cpp's CPU rounds activations for the weights' type), then
 takes one of two kernels by the step's tokens and row length (takes_mv): expert_mv for a few tokens
-over long rows (decode: each selection's x staged once, each weight slice decoded once for all of an
-expert's selections), else expert_group (the selections sorted by expert into tiles, on the device)
+(decode: a block row per chosen expert, each selection's x staged once, each weight slice decoded
+once for all of an expert's selections), else expert_group (the selections sorted by expert into tiles, on the device)
 and expert_tile (a block a tile of an expert's rows and selections, int8 dot products). Float experts take expert_matmul (a warp a row)."""
 from __future__ import annotations
 
