@@ -1,5 +1,8 @@
 """WebGPU speed: ember's WebGPU backend beside ember's CPU backend and llama.cpp's CPU build
 (llama-bench) on the same file, in the same run, and the host's share of a WebGPU decode step.
+The WebGPU backend runs twice: as served (decode steps queued while the one before runs, their
+tokens chosen on the device) and `webgpu-serial` (each step queued once the host has read the one
+before: the host's time and the adapter's take turns).
 
 For each model: prompt processing (ppN: N tokens in one batch from an empty context) and generation
 (tgN: N greedy tokens one at a time), the three runs alternating --reps times so that all see the
@@ -59,8 +62,9 @@ def _timed(fn) -> float:
 class Runner:
     """One ember backend on a model, warmed up (pipelines compiled, steps recorded)."""
 
-    def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int):
-        self.llm = LLM(str(path), device=device, threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+    def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int, ahead: bool | None = None):
+        self.llm = LLM(str(path), device=device, threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt,
+                       decode_ahead=ahead)
         self.n_prompt, self.n_gen = n_prompt, n_gen
         self.vocab = min(self.llm.model.n_vocab, 32000)
         rng = np.random.default_rng(0)
@@ -106,7 +110,8 @@ def step_share(backend, step, reps: int) -> dict:
             "host_ms_min": 1e3 * min(encode), "wait_ms": 1e3 * statistics.median(wait),
             "gpu_ms": 1e3 * statistics.median(gpu) if gpu else None,
             "host_us_per_dispatch": 1e6 * statistics.median(encode) / max(1, len(step.dispatches)),
-            "kernels": kernel_profile(backend, step, reps) if timed else None}
+            "kernels": kernel_profile(backend, step, reps) if timed else None,
+            "largest": largest_dispatches(backend, step, reps) if timed else None}
 
 
 def kernel_profile(backend, step, reps: int) -> list[dict]:
@@ -124,6 +129,17 @@ def kernel_profile(backend, step, reps: int) -> list[dict]:
         entry_[1] += float(ns)
     rows = [{"kernel": k, "dispatches": n, "ms": 1e-6 * ns} for k, (n, ns) in by_kernel.items()]
     return sorted(rows, key=lambda r: -r["ms"])
+
+
+def largest_dispatches(backend, step, reps: int, count: int = 8) -> list[dict]:
+    """The step's `count` longest dispatches, each timed alone (median of the reps): kernel, its
+    first parameters (a product's rows and k) and workgroups."""
+    names = backend.kernels.names()
+    runs = np.median([step.gpu_times(backend.device, backend.wgpu) for _ in range(max(reps, 3))], axis=0)
+    order = np.argsort(-runs)[:count]
+    return [{"kernel": ":".join(names.get(id(step.dispatches[i].pipeline), ("?", "?"))),
+             "params": [int(v) for v in step.dispatches[i].params[:4]], "groups": list(step.dispatches[i].groups),
+             "us": 1e-3 * float(runs[i])} for i in order]
 
 
 def encoder_kind() -> str:
@@ -146,6 +162,8 @@ def bench_model(spec: str, args) -> dict:
     path = model_path(spec)
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
+               # each decode step queued once the host has read the one before (no decode-ahead)
+               "webgpu-serial": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen, ahead=False),
                "cpu": Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)}
     samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
     variant = "?"
@@ -278,9 +296,9 @@ def report_products(name: str, r: dict) -> None:
 
 def report(name: str, r: dict, args) -> None:
     print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
-    for key in ("webgpu", "cpu", "llama.cpp"):
+    for key in ("webgpu", "webgpu-serial", "cpu", "llama.cpp"):
         if key in r:
-            print(f"  {key:10s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
+            print(f"  {key:13s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
     print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
@@ -298,6 +316,9 @@ def report(name: str, r: dict, args) -> None:
                   f"(the step's one pass: {h['gpu_ms']:.2f} ms)")
             for k in h["kernels"][:12]:
                 print(f"    {k['kernel']:40s} {k['dispatches']:4d} x  {k['ms']:7.3f} ms  {100 * k['ms'] / total:5.1f}%")
+            print(f"  {what} step's longest dispatches (params 0-3, workgroups):")
+            for d in h["largest"]:
+                print(f"    {d['kernel']:40s} {d['us']:9.1f} us  {d['params']}  {d['groups']}")
 
 
 def main() -> None:

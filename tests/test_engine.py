@@ -646,11 +646,11 @@ def test_requests_still_in_the_inbox_at_close_end_cancelled(tiny):
     llm.close()
 
 
-@pytest.mark.parametrize("device", ["cpu", "reference"])
+@pytest.mark.parametrize("device", ["cpu", "reference", pytest.param("webgpu", marks=pytest.mark.webgpu)])
 def test_ahead_steps_give_the_same_tokens(tiny, device):
     """Greedy decode steps launched before the host has read the step before them (decode_ahead;
-    here the host chooses their tokens once that step has run, as a GPU does on the device):
-    the same tokens, texts and finish reasons as steps run one after the other, with lengths that
+    on the CPU the host chooses their tokens once that step has run; WebGPU queues them while the
+    step before runs and takes their tokens from its best ids on the device): the same tokens, texts and finish reasons as steps run one after the other, with lengths that
     end streams mid-batch, a ban (ignore_eos: the choice among the best two), a stop string that
     ends a stream after its next step was launched, parallel samples and a cancellation; every
     page comes back."""
@@ -660,6 +660,11 @@ def test_ahead_steps_give_the_same_tokens(tiny, device):
     reqs = [Request(prompts[0], 30, no_eos), Request(prompts[1], 9, GREEDY), Request(prompts[2], 12, no_eos, n=2),
             Request(prompts[3], 16, no_eos, stop=("e", "a")), Request(prompts[4], 25, no_eos),
             Request(prompts[5], 2, no_eos)]
+
+    if device == "webgpu":
+        from test_webgpu import _backend_or_skip
+
+        _backend_or_skip()
 
     def run(ahead: bool):
         llm = LLM(tiny, device=device, threads=2, ctx=128, slots=8, decode_ahead=ahead)

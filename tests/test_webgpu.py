@@ -462,6 +462,38 @@ def test_recorded_steps_read_new_inputs_on_replay(gpu):
         assert 0 < rec.gpu_time(gpu.device, gpu.wgpu) < 10
 
 
+def test_queued_replays_and_ids_chosen_on_the_device(gpu):
+    """A step queued without waiting (replay(wait=False)) fills its downloads at wait_mark, after
+    a second queued behind it; ids -r - 1 take the first of row r's best ids (on the device) that
+    the token's bans lack, as the engine's greedy choice would."""
+    w, ref = matrix(gpu, T.Q8_0, 40, 64)
+    best = gpu.from_numpy(np.array([[5, 7, 9], [11, 3, 2]], np.int32))
+    ids = np.array([-2, -1, 4], np.int32)
+    bans = np.array([[11, -1, -1], [5, 7, -1], [-1, -1, -1]], np.int32)
+    x, y = gpu.empty((3, 64)), gpu.empty((3, 40))
+    with gpu.record() as first:
+        gpu.get_rows(w, ids, x, prev=best, bans=bans)
+        rows = gpu.to_numpy(x)
+    close(rows, ref[[3, 9, 4]])
+    with gpu.record() as second:
+        gpu.matmul(w, x, y)
+        products = gpu.to_numpy(y)
+    bans[:] = -1
+    bans[1, 0] = 5
+    gpu.replay(first, wait=False)
+    one = gpu.mark()
+    gpu.replay(second, wait=False)
+    two = gpu.mark()
+    gpu.wait_mark(two)
+    close(products, ref[[11, 7, 4]] @ ref.T)
+    gpu.wait_mark(one)
+    close(rows, ref[[11, 7, 4]])
+    with pytest.raises(BackendError, match="out of range"):
+        gpu.get_rows(w, np.array([-3], np.int32), x[:1], prev=best, bans=bans[:1])
+    with pytest.raises(BackendError, match="bans"):
+        gpu.get_rows(w, ids, x, prev=best, bans=bans[:2])
+
+
 def test_replays_encode_alike_through_the_python_loop(gpu, monkeypatch):
     """Where the native encoding helper is not built, replays loop over wgpu-native's functions in
     Python: the same results."""

@@ -52,7 +52,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -84,8 +84,11 @@ class MatrixData:
 
 class Backend:
     name = "webgpu"
-    # top_k, record/replay (prompt-sized steps too: each op eagerly costs a bind group), copy_pages
-    capabilities = Capabilities(top_k=True, record=True, max_recorded_tokens=4096, copy_pages=True)
+    # top_k, record/replay (prompt-sized steps too: each op eagerly costs a bind group), copy_pages;
+    # overlap (a replay queued while the host goes on: mark, wait_mark) and chain_tokens (get_rows
+    # of the step before's best ids: the engine's decode-ahead)
+    capabilities = Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True, chain_tokens=True,
+                                copy_pages=True)
 
     def __init__(self, device: str = "webgpu", threads: int | None = None):
         self.wgpu = _device.import_wgpu()
@@ -211,6 +214,8 @@ class Backend:
 
     def synchronize(self) -> None:
         self._flush()
+        if self.last_step is not None:
+            self.last_step.finish()
 
     # ---- steps ----
     @contextlib.contextmanager
@@ -226,9 +231,20 @@ class Backend:
         rec.build(self.device, self.wgpu)
         self.replay(rec)
 
-    def replay(self, rec: Step) -> None:
-        rec.run(self.device, self.wgpu)
+    def replay(self, rec: Step, wait: bool = True) -> None:
+        """Run a recorded step; wait=False returns once it is queued: its downloads are filled by
+        wait_mark of a mark() taken after it."""
+        rec.run(self.device, self.wgpu, wait)
         self.last_step = rec
+
+    def mark(self):
+        """The point in the device's queue after the last step queued (for wait_mark)."""
+        return self.last_step
+
+    def wait_mark(self, mark) -> None:
+        """Until the step `mark` names has run, its downloads filled."""
+        if mark is not None:
+            mark.finish()
 
     def _step(self) -> Step:
         if self._recording is not None:
@@ -270,12 +286,24 @@ class Backend:
         self._dispatch("ops", entry, bindings, _params(size, *params), _groups(-(-size // 256)))
 
     # ---- ops ----
-    def get_rows(self, w: Weight, ids, out) -> None:
+    def get_rows(self, w: Weight, ids, out, prev=None, bans=None) -> None:
+        """out = rows ids of w. prev: (rows, k) int32 on the device, the best ids of the step before
+        (chain_tokens): an id -r - 1 takes the first of row r's that its row of bans (n, k) lacks, as
+        the engine's greedy choice would (none: the row is left as it was)."""
         rows, cols = w.shape
         ids = np.asarray(ids)
-        if self._recording is None and len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= rows):
+        low = -len(prev) if prev is not None else 0
+        if self._recording is None and len(ids) and (int(np.min(ids)) < low or int(np.max(ids)) >= rows):
             raise BackendError(f"token id out of range for '{w.name}' ({rows} rows)")
         off = self._input(ids)
+        if prev is not None:
+            k = prev.shape[1]
+            if tuple(np.shape(bans)) != (len(ids), k) or prev.offset or prev.dtype != np.int32:
+                raise BackendError(f"get_rows of {len(ids)} ids after best ids of {k} a row needs "
+                                   f"({len(ids)}, {k}) bans and a whole int32 array of best ids")
+            # the ids rewritten in the step's inputs on the device, where get_rows reads them
+            self._dispatch("ops", "chain_ids", {4: prev, 8: INPUTS},
+                           _params(len(ids), k, off, self._input(bans), len(prev)), _groups(-(-len(ids) // 64)))
         if self._unplaced:
             self.settle()
         for row0, n_rows, buf, base in w.data.parts:

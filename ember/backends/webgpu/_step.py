@@ -134,6 +134,8 @@ class Step:
     handles: tuple | None = None
     encode_s: float = 0.0  # host time of the last run's encoding, and its wait for the device
     wait_s: float = 0.0
+    mapping: object = None  # the readback's map while a run's downloads are still to be read (finish)
+    submitted_at: float = 0.0
 
     def add_input(self, a: np.ndarray) -> int:
         """Word offset of host ints a (int32 on the device) in the step's inputs buffer."""
@@ -177,8 +179,10 @@ class Step:
                     for b, buf in d.bindings]
         return device.create_bind_group(layout=d.pipeline.get_bind_group_layout(0), entries=entries)
 
-    def run(self, device, wgpu) -> None:
-        """Inputs written, the step encoded as one command buffer and submitted; the downloads filled."""
+    def run(self, device, wgpu, wait: bool = True) -> None:
+        """Inputs written, the step encoded as one command buffer and submitted; the downloads filled
+        (wait=False: by finish(), the host meanwhile free to queue the next step)."""
+        self.finish()  # a run before still unread: its readback is taken again
         t0 = time.perf_counter()
         if self.inputs:
             for a, at in self.inputs:
@@ -196,10 +200,30 @@ class Step:
             encoder.copy_buffer_to_buffer(a.buf, a.offset * np.dtype(a.dtype).itemsize, self.readback, at, size)
             at += size
         device.queue.submit([encoder.finish()])
-        t1 = time.perf_counter()
+        self.submitted_at = time.perf_counter()
+        self.encode_s, self.wait_s = self.submitted_at - t0, 0.0
         if self.readback is not None:  # else nothing to wait for: later work is queued behind it
-            self._read(wgpu)
-        self.encode_s, self.wait_s = t1 - t0, time.perf_counter() - t1
+            # asked for now, before the host queues more: the map completes when this step's work
+            # has, not the later steps' (wgpu-py's poller waits for the queue's last submission)
+            self.mapping = self.readback.map_async(wgpu.MapMode.READ)
+            if wait:
+                self.finish()
+
+    def finish(self) -> None:
+        """Until the last run's work is done, its downloads filled (nothing where they are)."""
+        mapping, self.mapping = self.mapping, None
+        if mapping is None:
+            return
+        mapping.sync_wait()
+        self.wait_s = time.perf_counter() - self.submitted_at
+        try:
+            raw = np.frombuffer(self.readback.read_mapped(copy=False), np.uint8)
+            at = 0
+            for a, host in self.downloads:
+                host.reshape(-1).view(np.uint8)[...] = raw[at:at + a.nbytes]
+                at += _padded(a.nbytes)
+        finally:
+            self.readback.unmap()
 
     def _encode(self, cpass) -> None:
         """The dispatches into a compute pass (a pipeline set only where it changes)."""
@@ -251,17 +275,6 @@ class Step:
         device.queue.submit([encoder.finish()])
         stamps = np.frombuffer(device.queue.read_buffer(resolved), np.uint64).astype(np.int64)
         return 1e-9 * float(stamps[1] - stamps[0])  # wgpu converts ticks to nanoseconds
-
-    def _read(self, wgpu) -> None:
-        self.readback.map_sync(wgpu.MapMode.READ)
-        try:
-            raw = np.frombuffer(self.readback.read_mapped(copy=False), np.uint8)
-            at = 0
-            for a, host in self.downloads:
-                host.reshape(-1).view(np.uint8)[...] = raw[at:at + a.nbytes]
-                at += _padded(a.nbytes)
-        finally:
-            self.readback.unmap()
 
 
 def _padded(nbytes: int) -> int:

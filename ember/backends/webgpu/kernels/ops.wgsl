@@ -558,3 +558,30 @@ fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }
 }
+
+// The token ids of a decode step queued before the host read the step before it, chosen on the
+// device: OI (the step's host ints, bound writable here) holds the n ids at word ids_off, where
+// -r - 1 names the first of row r of I (that step's best ids, k a row, best first) that the
+// token's row of bans (k ids at bans_off + j * k, -1 for none) lacks; -1 where every one is banned.
+// The ids are rewritten in place, where the embedding lookup reads them next.
+// params: 0 n, 1 k, 2 ids_off, 3 bans_off, 4 rows of I
+@compute @workgroup_size(64)
+fn chain_ids(@builtin(global_invocation_id) g: vec3<u32>) {
+    let j = g.x;
+    let k = pu(1u);
+    if (j >= pu(0u)) { return; }
+    let id = OI[pu(2u) + j];
+    if (id >= 0) { return; }
+    let r = u32(-id - 1);
+    var got = -1;
+    if (r < pu(4u)) {
+        let ban = pu(3u) + j * k;
+        for (var c = 0u; c < k && got < 0; c++) {
+            let best = I[r * k + c];
+            var banned = false;
+            for (var b = 0u; b < k; b++) { banned = banned || OI[ban + b] == best; }
+            if (!banned) { got = best; }
+        }
+    }
+    OI[pu(2u) + j] = got;
+}
