@@ -51,7 +51,8 @@ def test_shipped_declarations():
     all_kv = frozenset(KV_TYPES.values())
     assert Cpu.capabilities == Capabilities(top_k=True, record=True, kv_types=all_kv)
     assert Reference.capabilities == Capabilities(top_k=True, kv_types=all_kv)
-    assert WebGpu.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, copy_pages=True)
+    assert WebGpu.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
+                                               chain_tokens=True, copy_pages=True)
     assert Cuda.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
                                              chain_tokens=True, pad_decode_steps=True, copy_pages=True,
                                              kv_types=all_kv)
