@@ -412,6 +412,39 @@ def _fields(p: RopeParams) -> dict:
     return {k: getattr(p, k) for k in RopeParams.__slots__}
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+@pytest.mark.parametrize("hd,window,softcap", [(64, 0, 0.0), (80, 40, 0.0), (256, 0, 30.0)])
+def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap):
+    """Decode rows (a token each of 3 sequences at positions 0, 70 and 300, on shuffled pages of a
+    table reaching 384 keys): a GPU splits each (head, token)'s keys into chunks of a workgroup
+    each, merged after (attn_part, attn_merge); a CPU adapter runs them whole. Head sizes whose
+    value words fill the workgroup evenly or not, a window past one chunk, a soft-cap; GQA."""
+    rng = np.random.default_rng(5)
+    n_head, n_kv, page = 8, 2, 16
+    n_pages = 3 * 24
+    tables = rng.permutation(n_pages).reshape(3, 24).astype(np.int32)
+    n_slots = n_pages * page
+    k_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
+    v_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
+    gkv, rkv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd), ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
+    store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
+                           np.arange(n_slots, dtype=np.int64), page)
+    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
+    ref.kv_store(rkv, k_all, v_all, store)
+    positions = np.array([0, 70, 300], np.int32)
+    seq_rows = np.arange(3, dtype=np.int32)
+    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
+    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
+    q = rng.standard_normal((3, n_head * hd))
+    gq, rq = both(gpu, ref, q)
+    go, ro = gpu.empty((3, n_head * hd)), ref.empty((3, n_head * hd))
+    before = len(gpu._step().dispatches)
+    gpu.attention(gq, gkv, go, batch, n_head, n_kv, window, 0.125, softcap)
+    assert len(gpu._step().dispatches) - before == (1 if plan == "rows" else 2)
+    ref.attention(rq, rkv, ro, batch, n_head, n_kv, window, 0.125, softcap)
+    np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
+
+
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])
 def test_paged_attention(gpu, ref, window, softcap):
     """Two sequences on shuffled pages: a prompt of 9 tokens (causal within it) and a decode token
@@ -522,9 +555,11 @@ def tiny(tmp_path_factory):
                        vocab=True, tied=False)
 
 
-def test_the_engine_gives_the_cpu_backends_tokens(gpu, tiny):
-    """Batched greedy and sampled requests, recorded steps and the device's top_k: the tokens the CPU
-    backend gives."""
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+def test_the_engine_gives_the_cpu_backends_tokens(gpu, tiny, plan):
+    """Batched greedy and sampled requests, recorded steps, the device's top_k and decode steps
+    queued ahead: the tokens the CPU backend gives, under a CPU adapter's plan and a GPU's
+    (matrix-vector lanes, decode attention in chunks of keys)."""
     theirs, _ = run_engine(tiny, get_backend("cpu", threads=1))
     ours, engine = run_engine(tiny, gpu)
     assert ours == theirs and engine.last_error is None

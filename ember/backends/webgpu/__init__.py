@@ -42,6 +42,12 @@ CPU_TILE_SLACK = 1.2
 TOPK_MAX = 256
 TOPK_CHUNK = 4096  # values a workgroup of top_k's first stage takes (GPUs, rows of 4 chunks and more: two stages)
 ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a thread)
+# a GPU's attention of fewer (head, token) rows than this (decode) splits each row's keys into
+# chunks of a workgroup each (attn_part, attn_merge), where the page table reaches past one chunk:
+# chunks of ATT_CHUNK_MIN keys and more, at most ATT_MAX_CHUNKS a row
+ATT_SPLIT_BELOW = 256
+ATT_CHUNK_MIN = 32
+ATT_MAX_CHUNKS = 64
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
 MAX_FUSED = 3  # matrices one product dispatch may run (matmul.wgsl's Y, Y2, Y3)
@@ -52,7 +58,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -110,6 +116,7 @@ class Backend:
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
         self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
+        self._scratches: dict = {}  # name -> a growing buffer (_scratch)
         self._dummy = self._buffer(16)  # placeholder of unused inputs
         self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
         self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
@@ -413,6 +420,14 @@ class Backend:
             got = self._topk_buffers[size] = (self._buffer(4 * size), self._buffer(4 * size))
         return got
 
+    def _scratch(self, name: str, floats: int):
+        """A buffer of at least `floats` f32 for an op's intermediate results, grown by doubling (a
+        recording keeps the buffer it bound alive)."""
+        buf = self._scratches.get(name)
+        if buf is None or buf.size < 4 * floats:
+            buf = self._scratches[name] = self._buffer(4 * max(floats, 2 * (buf.size // 4 if buf is not None else 0)))
+        return buf
+
     def rms_norm(self, x, w, eps, out) -> None:
         d = w.shape[-1] if w is not None else x.shape[-1]
         rows = x.size // d
@@ -647,10 +662,23 @@ class Backend:
         if not n:
             return
         tables = batch.block_tables
-        params = _params(n_head, n_kv_head, k_cache.shape[1] // n_kv_head, v_cache.shape[1] // n_kv_head,
+        hd_v = v_cache.shape[1] // n_kv_head
+        params = _params(n_head, n_kv_head, k_cache.shape[1] // n_kv_head, hd_v,
                          tables.shape[1], batch.page_size, int(window), float(scale), float(softcap),
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
-        self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params, (n_head, n, 1))
+        reach = tables.shape[1] * batch.page_size
+        if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
+            self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
+                           (n_head, n, 1))
+            return
+        # few (head, token) rows: their keys split into chunks, each a workgroup, merged after
+        chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * ATT_MAX_CHUNKS))
+        chunks = -(-reach // chunk)
+        params[12], params[13] = chunk, chunks
+        parts = self._scratch("attention", n * n_head * chunks * (hd_v + 2))
+        self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
+                       (n_head, n, chunks))
+        self._dispatch("ops", "attn_merge", {1: out, 9: parts}, params, (n_head, n, 1))
 
 
 def _align(nbytes: int) -> int:

@@ -499,6 +499,132 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
+// Decode attention split over the keys (flash-decoding): a workgroup a (query head, token, chunk
+// of the keys from the window's first), passes of 32 keys with 4 lanes a key's score (so that a
+// lane's loads are few), then the value words a lane each, groups of lanes taking every G-th key;
+// the chunk's max score, sum of weights and weighted values into Z (rows of hd_v + 2, a row a
+// (token, head, chunk); a chunk past the token's position: sum 0). attn_merge then combines a
+// (token, head)'s chunks into Y. A decode step reads as many chunks as it has; the chunks cover
+// the page table's reach, so that a recorded step serves every position.
+// params: attention's 0-11, 12 keys a chunk (a multiple of 32), 13 chunks
+const AP_WG: u32 = 128u;
+var<workgroup> ap_part: array<f32, 128>;
+var<workgroup> ap_acc: array<vec2<f32>, 128>;
+
+@compute @workgroup_size(128)
+fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wid.x;
+    let tok = wid.y;
+    let chunk = wid.z;
+    let n_head = pu(0u);
+    let hd_k = pu(2u);
+    let hd_v = pu(3u);
+    let kvh = h / (n_head / pu(1u));
+    let pos = u32(I[pu(9u) + tok]);
+    let table = pu(11u) + u32(I[pu(10u) + tok]) * pu(4u);
+    var first = 0u;
+    if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
+    let lo = first + chunk * pu(12u);
+    let hi = min(pos + 1u, lo + pu(12u));
+    let out = ((tok * n_head + h) * pu(13u) + chunk) * (hd_v + 2u);
+    if (lo > pos) {
+        if (t == 0u) { Z[out] = -1e30; Z[out + 1u] = 0.0; }
+        return;
+    }
+    for (var d = t; d < hd_k; d += AP_WG) { qv[d] = A[(tok * n_head + h) * hd_k + d]; }
+    let wv = hd_v / 2u;  // value words a key
+    let word = t % wv;
+    let group = t / wv;
+    let groups = AP_WG / wv;
+    let kw = hd_k / 2u;
+    let kbase = kvh * kw;
+    let lane = t & 3u;
+    let key = t >> 2u;
+    workgroupBarrier();
+    var m = -1e30;
+    var l = 0.0;
+    var acc = vec2<f32>(0.0, 0.0);
+    for (var tile = lo; tile < hi; tile += 32u) {
+        let p = tile + key;
+        var s = 0.0;
+        var slot = 0u;
+        if (p < hi) {
+            slot = key_slot(table, p);
+            let base = slot * (pu(1u) * kw) + kbase;
+            for (var d = lane; d < kw; d += 4u) {
+                let kk = unpack2x16float(KC[base + d]);
+                s += qv[2u * d] * kk.x + qv[2u * d + 1u] * kk.y;
+            }
+        }
+        ap_part[t] = s;
+        workgroupBarrier();
+        if (lane == 0u) {
+            var sc = -1e30;
+            if (p < hi) {
+                sc = (ap_part[t] + ap_part[t + 1u] + ap_part[t + 2u] + ap_part[t + 3u]) * pf(7u);
+                if (pf(8u) > 0.0) { sc = pf(8u) * tanh_safe(sc / pf(8u)); }
+            }
+            score[key] = sc;
+            slot_of[key] = slot;
+        }
+        workgroupBarrier();
+        var top = m;
+        for (var j = 0u; j < 32u; j++) { top = max(top, score[j]); }
+        let keep = exp(m - top);
+        l *= keep;
+        acc *= keep;
+        let n_keys = min(32u, hi - tile);
+        for (var j = group; j < n_keys; j += groups) {
+            let w = exp(score[j] - top);
+            if (group < groups) {
+                acc += w * unpack2x16float(VC[slot_of[j] * (pu(1u) * wv) + kvh * wv + word]);
+            }
+        }
+        for (var j = 0u; j < n_keys; j++) { l += exp(score[j] - top); }
+        m = top;
+        workgroupBarrier();
+    }
+    ap_acc[t] = acc;
+    workgroupBarrier();
+    if (group == 0u) {
+        var sum = acc;
+        for (var g = 1u; g < groups; g++) { sum += ap_acc[g * wv + word]; }
+        Z[out + 2u + 2u * word] = sum.x;
+        Z[out + 3u + 2u * word] = sum.y;
+    }
+    if (t == 0u) { Z[out] = m; Z[out + 1u] = l; }
+}
+
+// attn_part's chunks of a (token, head) combined: Y = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c,
+// a workgroup a (head, token). params: attention's 0-11, 12 keys a chunk, 13 chunks
+@compute @workgroup_size(64)
+fn attn_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wid.x;
+    let tok = wid.y;
+    let n_head = pu(0u);
+    let hd_v = pu(3u);
+    let chunks = pu(13u);
+    let row = (tok * n_head + h) * chunks;
+    var top = -1e30;
+    for (var c = 0u; c < chunks; c++) {
+        let at = (row + c) * (hd_v + 2u);
+        if (Z[at + 1u] > 0.0) { top = max(top, Z[at]); }
+    }
+    var l = 0.0;
+    for (var c = 0u; c < chunks; c++) {
+        let at = (row + c) * (hd_v + 2u);
+        if (Z[at + 1u] > 0.0) { l += exp(Z[at] - top) * Z[at + 1u]; }
+    }
+    for (var d = t; d < hd_v; d += 64u) {
+        var v = 0.0;
+        for (var c = 0u; c < chunks; c++) {
+            let at = (row + c) * (hd_v + 2u);
+            if (Z[at + 1u] > 0.0) { v += exp(Z[at] - top) * Z[at + 2u + d]; }
+        }
+        Y[(tok * n_head + h) * hd_v + d] = v / l;
+    }
+}
+
 // Each row of A (n, vocab) reduced to its k best, best first (lowest id among equal values):
 // k rounds of a workgroup's arg-max over the values ranked below the round before's. One
 // workgroup a row, or two dispatches for long rows: a workgroup a chunk of a row (x: chunk)
