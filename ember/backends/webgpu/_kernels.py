@@ -54,13 +54,18 @@ def _products(decoder: str, *variant: str) -> str:
     """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
     kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
-    or "wg" workgroup memory) the decode kernel too (matvec.wgsl)."""
+    or "wg" workgroup memory; "mv1+sg+w128": 128 lanes a workgroup, 32 unless named) the decode
+    kernel too (matvec.wgsl)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant:
-        rows, how = variant
+        rows, how, *lanes = variant
         args, call = MV_SUMS[how]
-        code = (f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + source("matvec.wgsl")
-                + source(f"matvec_{how}.wgsl"))
+        mv = source("matvec.wgsl")
+        if lanes:  # "w64": a workgroup of 64 lanes (32 unless named)
+            wide = int(lanes[0].removeprefix("w"))
+            mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(
+                "@workgroup_size(32)", f"@workgroup_size({wide})")
+        code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
     code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
     return code.replace("DEQ(", f"{decoder}(")  # naga takes subgroup builtins without `enable`
