@@ -495,10 +495,18 @@ def test_recorded_steps_read_new_inputs_on_replay(gpu):
         assert 0 < rec.gpu_time(gpu.device, gpu.wgpu) < 10
 
 
-def test_queued_replays_and_ids_chosen_on_the_device(gpu):
+@pytest.mark.parametrize("queue", ["native", "wgpu-py"])
+def test_queued_replays_and_ids_chosen_on_the_device(gpu, queue, monkeypatch):
     """A step queued without waiting (replay(wait=False)) fills its downloads at wait_mark, after
-    a second queued behind it; ids -r - 1 take the first of row r's best ids (on the device) that
-    the token's bans lack, as the engine's greedy choice would."""
+    a second queued behind it (submitted and read back through wgpu-native's functions, or
+    wgpu-py's where those are missing); ids -r - 1 take the first of row r's best ids (on the
+    device) that the token's bans lack, as the engine's greedy choice would."""
+    from ember.backends.webgpu import _step
+
+    if queue == "wgpu-py":
+        monkeypatch.setattr(_step, "native_queue", lambda: None)
+    else:
+        assert _step.native_queue() is not None
     w, ref = matrix(gpu, T.Q8_0, 40, 64)
     best = gpu.from_numpy(np.array([[5, 7, 9], [11, 3, 2]], np.int32))
     ids = np.array([-2, -1, 4], np.int32)

@@ -92,6 +92,72 @@ def native_encoder():
     return encode, address
 
 
+class NativeQueue:
+    """Submits and readbacks through wgpu-native's own functions: a submission's index, the
+    readback's map asked for at once, and a wait for exactly that submission. wgpu-py's maps are
+    completed by its poll thread, whose blocking poll holds the device's fence for the queue's last
+    submission at the time it polls: a submit meanwhile (the next step's, queued while this one
+    runs) would stall until that work is done. Here nothing polls but the host's wait."""
+
+    MAX_POLLS = 1000  # blocking polls before a map that never completes is an error (each waits)
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib = ffi, lib
+
+    def submit(self, device, command_buffer) -> int:
+        buffers = self.ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
+        return int(self.lib.wgpuQueueSubmitForIndex(device.queue._internal, 1, buffers))
+
+    def map_read(self, buffer, index: int):
+        """The map of buffer (whole) for reading, asked for now; complete it with `read`."""
+        ffi, lib = self.ffi, self.lib
+        state = {"status": None, "index": index, "buffer": buffer}
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def done(status, message, _a, _b):
+            state["status"] = int(status)
+
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = done
+        state["keep"] = (done, info)
+        lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, buffer.size, info[0])
+        return state
+
+    def read(self, device, state, into) -> None:
+        """Wait for the map's submission, pass the mapped bytes to into(bytes view), unmap."""
+        ffi, lib = self.ffi, self.lib
+        index = ffi.new("WGPUSubmissionIndex *", state["index"])
+        for _ in range(self.MAX_POLLS):
+            if state["status"] is not None:
+                break
+            lib.wgpuDevicePoll(device._internal, True, index)
+        if state["status"] != lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"the WebGPU readback could not be mapped (status {state['status']})")
+        buffer = state["buffer"]
+        try:
+            ptr = lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, buffer.size)
+            into(np.frombuffer(ffi.buffer(ffi.cast("const char *", ptr), buffer.size), np.uint8))
+        finally:
+            lib.wgpuBufferUnmap(buffer._internal)
+
+
+@functools.cache
+def native_queue() -> NativeQueue | None:
+    """NativeQueue where this wgpu exposes the functions it calls, else None (wgpu-py's submit and
+    map then)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, lib
+
+        for name in ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync", "wgpuBufferGetConstMappedRange",
+                     "wgpuBufferUnmap", "WGPUMapAsyncStatus_Success", "WGPUCallbackMode_AllowProcessEvents",
+                     "WGPUMapMode_Read"):
+            getattr(lib, name)
+    except (ImportError, AttributeError):
+        return None
+    return NativeQueue(ffi, lib)
+
+
 def _python_encoder(fns, null):
     set_pipeline, set_bind_group, dispatch = fns
 
@@ -199,31 +265,45 @@ class Step:
             size = _padded(a.nbytes)
             encoder.copy_buffer_to_buffer(a.buf, a.offset * np.dtype(a.dtype).itemsize, self.readback, at, size)
             at += size
-        device.queue.submit([encoder.finish()])
+        queue = native_queue() if self.readback is not None else None
+        if queue is not None:
+            index = queue.submit(device, encoder.finish())
+        else:
+            device.queue.submit([encoder.finish()])
         self.submitted_at = time.perf_counter()
         self.encode_s, self.wait_s = self.submitted_at - t0, 0.0
-        if self.readback is not None:  # else nothing to wait for: later work is queued behind it
-            # asked for now, before the host queues more: the map completes when this step's work
-            # has, not the later steps' (wgpu-py's poller waits for the queue's last submission)
-            self.mapping = self.readback.map_async(wgpu.MapMode.READ)
-            if wait:
-                self.finish()
+        if self.readback is None:  # nothing to wait for: later work is queued behind it
+            return
+        # the map asked for now, completed by finish(): the host may queue more meanwhile
+        if queue is not None:
+            self.mapping = (queue, device, queue.map_read(self.readback, index))
+        else:  # the map waits for wgpu-py's poll thread (no empty submit first: READ_NOSYNC)
+            self.mapping = (None, device, self.readback.map_async("READ_NOSYNC"))
+        if wait:
+            self.finish()
 
     def finish(self) -> None:
         """Until the last run's work is done, its downloads filled (nothing where they are)."""
         mapping, self.mapping = self.mapping, None
         if mapping is None:
             return
-        mapping.sync_wait()
+        queue, device, state = mapping
+        if queue is not None:
+            queue.read(device, state, self._fill)
+        else:
+            state.sync_wait()
+            try:
+                self._fill(np.frombuffer(self.readback.read_mapped(copy=False), np.uint8))
+            finally:
+                self.readback.unmap()
         self.wait_s = time.perf_counter() - self.submitted_at
-        try:
-            raw = np.frombuffer(self.readback.read_mapped(copy=False), np.uint8)
-            at = 0
-            for a, host in self.downloads:
-                host.reshape(-1).view(np.uint8)[...] = raw[at:at + a.nbytes]
-                at += _padded(a.nbytes)
-        finally:
-            self.readback.unmap()
+
+    def _fill(self, raw: np.ndarray) -> None:
+        """The downloads from the readback's bytes."""
+        at = 0
+        for a, host in self.downloads:
+            host.reshape(-1).view(np.uint8)[...] = raw[at:at + a.nbytes]
+            at += _padded(a.nbytes)
 
     def _encode(self, cpass) -> None:
         """The dispatches into a compute pass (a pipeline set only where it changes)."""
