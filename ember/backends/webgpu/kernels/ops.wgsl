@@ -425,6 +425,16 @@ fn key_score(slot: u32, kvh: u32) -> f32 {
     return s;
 }
 
+// A query token's position, where its page table starts in I, and the first key it attends
+struct AttRow { pos: u32, table: u32, first: u32 }
+
+fn att_row(tok: u32) -> AttRow {
+    let pos = u32(I[pu(9u) + tok]);
+    var first = 0u;
+    if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
+    return AttRow(pos, pu(11u) + u32(I[pu(10u) + tok]) * pu(4u), first);
+}
+
 fn value_at(slot: u32, kvh: u32, d: u32) -> f32 {
     let hd = pu(3u);
     let w = VC[slot * (pu(1u) * hd / 2u) + kvh * hd / 2u + d / 2u];
@@ -441,10 +451,10 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let hd_k = pu(2u);
     let hd_v = pu(3u);
     let kvh = h / (n_head / pu(1u));
-    let pos = u32(I[pu(9u) + tok]);
-    let table = pu(11u) + u32(I[pu(10u) + tok]) * pu(4u);
-    var first = 0u;
-    if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
+    let row = att_row(tok);
+    let pos = row.pos;
+    let table = row.table;
+    let first = row.first;
     for (var d = t; d < hd_k; d += 64u) { qv[d] = A[(tok * n_head + h) * hd_k + d]; }
     workgroupBarrier();
     var m = -1e30;
@@ -520,10 +530,10 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let hd_k = pu(2u);
     let hd_v = pu(3u);
     let kvh = h / (n_head / pu(1u));
-    let pos = u32(I[pu(9u) + tok]);
-    let table = pu(11u) + u32(I[pu(10u) + tok]) * pu(4u);
-    var first = 0u;
-    if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
+    let row = att_row(tok);
+    let pos = row.pos;
+    let table = row.table;
+    let first = row.first;
     let lo = first + chunk * pu(12u);
     let hi = min(pos + 1u, lo + pu(12u));
     let out = ((tok * n_head + h) * pu(13u) + chunk) * (hd_v + 2u);
