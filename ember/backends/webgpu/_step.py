@@ -103,6 +103,11 @@ class NativeQueue:
 
     def __init__(self, ffi, lib):
         self.ffi, self.lib = ffi, lib
+        # maps asked for, kept (their callbacks with them) until their callbacks have run: a step
+        # dropped unread (an evicted recording) still has its callback fire at some later poll
+        self._asked: dict = {}
+        self._answered: list = []
+        self._freed: list = []
 
     def submit(self, device, command_buffer) -> int:
         buffers = self.ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
@@ -111,16 +116,20 @@ class NativeQueue:
     def map_read(self, buffer, index: int):
         """The map of buffer (whole) for reading, asked for now; complete it with `read`."""
         ffi, lib = self.ffi, self.lib
+        # callbacks that have run are freed a map later, well outside any callback (one may run on
+        # wgpu-py's poll thread)
+        self._freed, self._answered = self._answered, []
         state = {"status": None, "index": index, "buffer": buffer}
 
         @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
         def done(status, message, _a, _b):
             state["status"] = int(status)
+            self._answered.append(self._asked.pop(id(state), None))
 
         info = ffi.new("WGPUBufferMapCallbackInfo *")
         info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = done
-        state["keep"] = (done, info)
+        self._asked[id(state)] = (state, done, info)
         lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, buffer.size, info[0])
         return state
 
