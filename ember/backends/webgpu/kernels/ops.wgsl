@@ -580,17 +580,21 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         workgroupBarrier();
         var top = m;
         for (var j = 0u; j < 32u; j++) { top = max(top, score[j]); }
+        workgroupBarrier();
+        if (t < 32u) { score[t] = exp(score[t] - top); }  // each key's weight, once (0 past the range)
+        workgroupBarrier();
         let keep = exp(m - top);
         l *= keep;
         acc *= keep;
         let n_keys = min(32u, hi - tile);
-        for (var j = group; j < n_keys; j += groups) {
-            let w = exp(score[j] - top);
-            if (group < groups) {
-                acc += w * unpack2x16float(VC[slot_of[j] * (pu(1u) * wv) + kvh * wv + word]);
+        if (group < groups) {
+            for (var j = group; j < n_keys; j += groups) {
+                acc += score[j] * unpack2x16float(VC[slot_of[j] * (pu(1u) * wv) + kvh * wv + word]);
             }
         }
-        for (var j = 0u; j < n_keys; j++) { l += exp(score[j] - top); }
+        if (t == 0u) {
+            for (var j = 0u; j < n_keys; j++) { l += score[j]; }
+        }
         m = top;
         workgroupBarrier();
     }
