@@ -22,8 +22,12 @@ revision REV (its matmul.wgsl in this tree's module, or a copy of one at the pat
 --products-tile: its tile) and through mv_row (a thread a weight row: the CPU adapters' kernel
 for a few rows), alternating; medians and GFLOP/s.
 
+With --lanes: the decode kernel alone (mvp, one activation row) on each model's first-layer products
+and output head, built with 32 (as served), 64 and 128 lanes a workgroup, each dispatch timed by
+timestamp queries, alternating; medians.
+
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
-                           [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]]
+                           [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
 """
 from __future__ import annotations
 
@@ -281,6 +285,60 @@ def bench_products(spec: str, args) -> dict:
     return out
 
 
+LANES = (32, 64, 128)
+
+
+def bench_lanes(spec: str, args) -> dict:
+    """The decode kernel (mvp, one activation row) with 32, 64 and 128 lanes a workgroup on the
+    first layer's products and the output head: each dispatch timed alone, the lane counts
+    alternating; medians, us and GB/s of the weights."""
+    from ember.backends import get_backend
+    from ember.backends.webgpu import MATRIX_TYPES
+    from ember.backends.webgpu._step import Dispatch, Step
+    from ember.gguf_loader import GGUFFile
+
+    path = model_path(spec)
+    backend = get_backend(args.device)
+    if "timestamp-query" not in backend.device.features:
+        raise SystemExit("--lanes needs an adapter with timestamp queries")
+    backend.row_products = False  # the GPU plan on any adapter
+    with GGUFFile(path) as f:
+        head = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        names = [f"blk.0.{n}.weight" for group in LAYER_PRODUCTS for n in group] + [head]
+        ws = [backend.weight(f.tensors[n]) for n in names if n in f.tensors]
+        backend.settle()
+    sums = "sg" if backend.subgroups else "wg"
+    out = {"path": str(path), "adapter": backend.describe()["name"], "products": []}
+    for w in ws:
+        x = backend.from_numpy(np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32))
+        with backend.record() as rec:
+            backend.matmul(w, x, backend.empty((1, w.shape[0])))
+        steps = {}
+        for lanes in LANES:
+            module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
+            step = Step(record=True)
+            step.dispatches = [Dispatch(backend.kernels.pipeline(module, "mvp"), d.bindings, d.params, d.groups)
+                               for d in rec.dispatches]
+            step.build(backend.device, backend.wgpu)
+            steps[lanes] = step
+        times = {lanes: [] for lanes in LANES}
+        for _ in range(max(args.reps, 5)):
+            for lanes, step in steps.items():
+                times[lanes].append(float(np.sum(step.gpu_times(backend.device, backend.wgpu))) / 1e3)
+        nbytes = w.data.row_bytes * w.shape[0]
+        out["products"].append({"weight": f"{w.name} {w.type.name} {w.shape[0]}x{w.shape[1]}", "mb": nbytes / 1e6,
+                                **{f"w{lanes}_us": statistics.median(times[lanes]) for lanes in LANES}})
+    return out
+
+
+def report_lanes(name: str, r: dict) -> None:
+    print(f"{name} on {r['adapter']}: mvp at one row, us (GB/s of the weights) with " +
+          " / ".join(f"{lanes}" for lanes in LANES) + " lanes a workgroup")
+    for p in r["products"]:
+        cells = " / ".join(f"{p[f'w{lanes}_us']:8.1f} ({p['mb'] * 1e3 / p[f'w{lanes}_us']:6.1f})" for lanes in LANES)
+        print(f"  {p['weight']:44s} {p['mb']:7.2f} MB  {cells}")
+
+
 def report_products(name: str, r: dict) -> None:
     print(f"{name} on {r['adapter']}: a layer's prompt products at n = {r['n']}, ms (GFLOP/s): "
           f"this tree's mm / {r['against']}'s mm / mv_row")
@@ -334,12 +392,17 @@ def main() -> None:
                     help="time the prompt products alone, beside the mm of git revision REV (or of the matmul.wgsl "
                     "at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
+    ap.add_argument("--lanes", action="store_true",
+                    help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
     args = ap.parse_args()
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                "threads": args.threads, "models": {}}
     for spec in args.models:
         name = spec.partition("=")[0]
-        if args.products:
+        if args.lanes:
+            results["models"][name] = r = bench_lanes(spec, args)
+            report_lanes(name, r)
+        elif args.products:
             results["models"][name] = r = bench_products(spec, args)
             report_products(name, r)
         else:

@@ -7,6 +7,7 @@
 #          model cache: skeletons have the real shapes, not the real weights)
 #   bench  bench/webgpu.py on the skeletons (pp512, tg128, 3 reps; ember's CPU backend beside it,
 #          llama.cpp's CPU build where LLAMA_CPP_DIR has it)
+#   lanes  bench/webgpu.py --lanes: the decode kernel with 32, 64 and 128 lanes a workgroup
 #
 # Carry .gl (the Vulkan loader and its friends, as Debian packages: the device README says how) and
 # .devcarry: smollm2.skel and gemma3.skel (`python bench/gguf_skeleton.py pack MODEL.gguf
@@ -59,6 +60,14 @@ for s in $STAGES; do
       echo "bench exit $?"
       grep -v XDG_RUNTIME_DIR "$OUT/bench.log" | tail -n 45
       ;;
-    *) echo "unknown stage '$s' (tests, bench)" ;;
+    lanes)
+      stage lanes
+      [ ${#MODELS[@]} -gt 0 ] || { echo "no models"; continue; }
+      timeout 200 $PY bench/webgpu.py --models "${MODELS[@]}" --lanes --reps 7 --out "$OUT/lanes.json" \
+        >"$OUT/lanes.log" 2>&1
+      echo "lanes exit $?"
+      grep -v XDG_RUNTIME_DIR "$OUT/lanes.log" | tail -n 25
+      ;;
+    *) echo "unknown stage '$s' (tests, bench, lanes)" ;;
   esac
 done
