@@ -110,6 +110,32 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
         close(gpu.to_numpy(out), x[:n] @ ref.T)
 
 
+@pytest.mark.parametrize("sums", ["sg", "wg"])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
+    """mvp built with 64 and 128 lanes a workgroup (bench/webgpu.py --lanes) gives the product of
+    the 32-lane build, at widths that leave lanes idle in the last round."""
+    from ember.backends.webgpu import MATRIX_TYPES
+    from ember.backends.webgpu._step import Dispatch
+
+    if sums == "sg" and "subgroup" not in gpu.device.features:
+        pytest.skip("the adapter has no subgroups")
+    cols = 768 if qtype in (T.Q4_K, T.Q6_K) else 544
+    w, ref = matrix(gpu, qtype, 45, cols, seed=7)
+    x = np.random.default_rng(8).standard_normal((1, cols))
+    out = gpu.empty((1, 45))
+    with gpu.record() as rec:
+        gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
+        host = gpu.to_numpy(out)
+    d = rec.dispatches[0]
+    for lanes in (64, 128):
+        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}+w{lanes}", "mvp")
+        rec.dispatches[0] = Dispatch(pipe, d.bindings, d.params, d.groups)
+        rec.build(gpu.device, gpu.wgpu)
+        gpu.replay(rec)
+        close(host, x @ ref.T)
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_both_product_plans(gpu, plan, qtype):
