@@ -34,6 +34,11 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
 MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
 MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
+# one activation row against fewer weight rows than this: mvp with 128 lanes a workgroup (more warps
+# in flight for the few workgroups of a layer's product: 8.5 -> 7.4 us at 576 x 576, 14.1 -> 9.5 at
+# 640 x 2048 Q6_K on an H100); the heads, with workgroups to spare, keep 32 (41.9 us against 60.4 at
+# 49,152 x 576 Q8_0); bench/webgpu.py --lanes
+MV_WIDE_BELOW = 16384
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
@@ -58,7 +63,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -339,6 +344,8 @@ class Backend:
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
+            if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
+                module += "+w128"
             self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
@@ -678,7 +685,7 @@ class Backend:
         parts = self._scratch("attention", n * n_head * chunks * (hd_v + 2))
         self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
                        (n_head, n, chunks))
-        self._dispatch("ops", "attn_merge", {1: out, 9: parts}, params, (n_head, n, 1))
+        self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
 
 
 def _align(nbytes: int) -> int:

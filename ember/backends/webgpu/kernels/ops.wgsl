@@ -610,31 +610,32 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 }
 
 // attn_part's chunks of a (token, head) combined: Y = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c,
-// a workgroup a (head, token). params: attention's 0-11, 12 keys a chunk, 13 chunks
+// a workgroup a (head, token), over the chunks that hold keys of the token's range (the others are
+// empty): a thread a chunk's max, then its weight e^(m_c - M) once, then a thread a value dimension.
+// params: attention's 0-11, 12 keys a chunk, 13 chunks (at most 64, the workgroup's threads)
+var<workgroup> am_w: array<f32, 64>;
+
 @compute @workgroup_size(64)
 fn attn_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let h = wid.x;
     let tok = wid.y;
     let n_head = pu(0u);
     let hd_v = pu(3u);
-    let chunks = pu(13u);
-    let row = (tok * n_head + h) * chunks;
+    let a = att_row(tok);
+    let busy = min((a.pos - a.first) / pu(12u) + 1u, pu(13u));
+    let row = (tok * n_head + h) * pu(13u);
+    if (t < busy) { am_w[t] = Z[(row + t) * (hd_v + 2u)]; }
+    workgroupBarrier();
     var top = -1e30;
-    for (var c = 0u; c < chunks; c++) {
-        let at = (row + c) * (hd_v + 2u);
-        if (Z[at + 1u] > 0.0) { top = max(top, Z[at]); }
-    }
+    for (var c = 0u; c < busy; c++) { top = max(top, am_w[c]); }
+    workgroupBarrier();
+    if (t < busy) { am_w[t] = exp(am_w[t] - top); }
+    workgroupBarrier();
     var l = 0.0;
-    for (var c = 0u; c < chunks; c++) {
-        let at = (row + c) * (hd_v + 2u);
-        if (Z[at + 1u] > 0.0) { l += exp(Z[at] - top) * Z[at + 1u]; }
-    }
+    for (var c = 0u; c < busy; c++) { l += am_w[c] * Z[(row + c) * (hd_v + 2u) + 1u]; }
     for (var d = t; d < hd_v; d += 64u) {
         var v = 0.0;
-        for (var c = 0u; c < chunks; c++) {
-            let at = (row + c) * (hd_v + 2u);
-            if (Z[at + 1u] > 0.0) { v += exp(Z[at] - top) * Z[at + 2u + d]; }
-        }
+        for (var c = 0u; c < busy; c++) { v += am_w[c] * Z[(row + c) * (hd_v + 2u) + 2u + d]; }
         Y[(tok * n_head + h) * hd_v + d] = v / l;
     }
 }
