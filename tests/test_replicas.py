@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 from replicas import STICKY_GATEWAYS, Cluster, gateway_module  # noqa: E402
-from test_server_harness import free_port, server, smollm, wait_idle  # noqa: E402,F401
+from test_server_harness import server, smollm, wait_idle  # noqa: E402,F401
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -46,10 +46,32 @@ def test_vllm_metric_names_count_what_vllm_counts(server):
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
 
 
+def cluster_port(replicas: int = 2) -> int:
+    """A gateway port whose cluster's ports (the gateway's, replica i's at +1 + i, their KV events'
+    at +101 + i, the metrics' at +200) are all free now. Taken below the kernel's ephemeral range
+    (32768 on): an ephemeral port next to another, as free_port() gives, may be an outgoing
+    connection's a moment later, and a replica then fails to bind."""
+    import random
+    import socket
+
+    offsets = [0, 200] + [1 + i for i in range(replicas)] + [101 + i for i in range(replicas)]
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - 300)
+        try:
+            for off in offsets:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports for a cluster")
+
+
 @pytest.mark.skipif(gateway_module() is None,
                     reason="SGLang's Model Gateway is not installed (pip install smg, or sglang-router)")
 def test_a_sessions_turns_keep_hitting_one_replicas_cache(tmp_path):
-    port = free_port()
+    port = cluster_port()
     with Cluster(replicas=2, policy="cache_aware", port=port, ctx=1024, slots=1, log_dir=str(tmp_path)) as cluster:
         model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
         sessions = [[{"role": "system", "content": f"You are assistant {name}. " + f"{name} knows {topic}. " * 30}]
@@ -80,7 +102,7 @@ def test_a_sessions_turns_keep_hitting_one_replicas_cache(tmp_path):
 def test_keyed_conversations_sharing_a_system_prompt_spread_and_stick(tmp_path):
     """Text alone would send both to the replica holding the shared system prompt; the conversations'
     keys (a header for one, a body rid with turn suffixes for the other) spread them and keep them."""
-    port = free_port()
+    port = cluster_port()
     system = {"role": "system", "content": "You answer questions about tides and old maps. " * 40}
     with Cluster(replicas=2, policy="cache_aware", port=port, ctx=1024, slots=1, log_dir=str(tmp_path)) as cluster:
         model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
