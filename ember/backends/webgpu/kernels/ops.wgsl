@@ -513,7 +513,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 // of the keys from the window's first), passes of 32 keys with 4 lanes a key's score (so that a
 // lane's loads are few), then the value words a lane each, groups of lanes taking every G-th key;
 // the chunk's max score, sum of weights and weighted values into Z (rows of hd_v + 2, a row a
-// (token, head, chunk); a chunk past the token's position: sum 0). attn_merge then combines a
+// (token, head, chunk); a chunk past the token's position writes nothing). attn_merge then combines a
 // (token, head)'s chunks into Y. A decode step reads as many chunks as it has; the chunks cover
 // the page table's reach, so that a recorded step serves every position.
 // params: attention's 0-11, 12 keys a chunk (a multiple of 32), 13 chunks
@@ -537,10 +537,7 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let lo = first + chunk * pu(12u);
     let hi = min(pos + 1u, lo + pu(12u));
     let out = ((tok * n_head + h) * pu(13u) + chunk) * (hd_v + 2u);
-    if (lo > pos) {
-        if (t == 0u) { Z[out] = -1e30; Z[out + 1u] = 0.0; }
-        return;
-    }
+    if (lo > pos) { return; }  // no keys: attn_merge reads only the chunks that hold some
     for (var d = t; d < hd_k; d += AP_WG) { qv[d] = A[(tok * n_head + h) * hd_k + d]; }
     let wv = hd_v / 2u;  // value words a key
     let word = t % wv;
