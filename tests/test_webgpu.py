@@ -505,6 +505,42 @@ def test_paged_attention(gpu, ref, window, softcap):
                                                                                   k_all[3 * page:4 * page])
 
 
+@pytest.mark.parametrize("n_head,n_kv,hd,window,softcap", [
+    (4, 1, 256, 0, 0.0),    # Gemma 3's group of 4 on one kv head, 256 wide: 2 tokens a tile
+    (9, 3, 64, 0, 0.0),     # SmolLM2's groups of 3: 2 tokens of 3 heads, 6 rows
+    (16, 1, 80, 50, 20.0),  # a group of 16: two tiles of 8 heads, one token each; window, soft-cap
+    (6, 6, 32, 0, 0.0),     # no GQA: 8 tokens a tile
+])
+def test_prompt_attention_in_tiles_of_rows(gpu, ref, n_head, n_kv, hd, window, softcap):
+    """attn_tile: prompts of two sequences (300 tokens from position 0, so past two tiles of 128 keys;
+    21 tokens after 180 cached positions), then three decode tokens of other sequences, so that tiles
+    straddle sequences and take them in turns; each workgroup's rows share the keys it loads."""
+    rng = np.random.default_rng(n_head * 1000 + hd)
+    page = 16
+    n_pages = 5 * 32
+    tables = rng.permutation(n_pages).reshape(5, 32).astype(np.int32)
+    n_slots = n_pages * page
+    k_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
+    v_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
+    gkv, rkv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd), ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
+    store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
+                           np.arange(n_slots, dtype=np.int64), page)
+    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
+    ref.kv_store(rkv, k_all, v_all, store)
+    positions = np.array([*range(300), *range(180, 201), 0, 77, 511], np.int32)
+    seq_rows = np.array([0] * 300 + [1] * 21 + [2, 3, 4], np.int32)
+    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
+    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
+    n = len(positions)
+    gq, rq = both(gpu, ref, rng.standard_normal((n, n_head * hd)))
+    go, ro = gpu.empty((n, n_head * hd)), ref.empty((n, n_head * hd))
+    before = len(gpu._step().dispatches)
+    gpu.attention(gq, gkv, go, batch, n_head, n_kv, window, 0.125, softcap)
+    assert [d.pipeline for d in gpu._step().dispatches[before:]] == [gpu.kernels.pipeline("ops", "attn_tile")]
+    ref.attention(rq, rkv, ro, batch, n_head, n_kv, window, 0.125, softcap)
+    np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
+
+
 def test_recorded_steps_read_new_inputs_on_replay(gpu):
     """A recording replays with the values its host inputs hold then, and fills the same arrays."""
     w, ref = matrix(gpu, T.Q8_0, 40, 64)

@@ -52,6 +52,9 @@ ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a
 # chunks of ATT_CHUNK_MIN keys and more, at most ATT_MAX_CHUNKS a row
 ATT_SPLIT_BELOW = 256
 ATT_CHUNK_MIN = 32
+# rows of a prompt's attention workgroup (attn_tile: query heads of one kv head x tokens, each key and
+# value loaded once for all of them; at most 8, the kernel's capacity)
+ATT_TILE_ROWS = 8
 ATT_MAX_CHUNKS = 64
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
@@ -63,7 +66,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -675,8 +678,14 @@ class Backend:
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         reach = tables.shape[1] * batch.page_size
         if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
-            self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
-                           (n_head, n, 1))
+            if not ATT_TILE_ROWS:
+                self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
+                               (n_head, n, 1))
+                return
+            hp, tp = _attention_tile(n_head // n_kv_head, n, batch.seq_rows)
+            params[12], params[13], params[14] = hp, tp, n
+            self._dispatch("ops", "attn_tile", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
+                           (n_head // hp, -(-n // tp), 1))
             return
         # few (head, token) rows: their keys split into chunks, each a workgroup, merged after
         chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * ATT_MAX_CHUNKS))
@@ -686,6 +695,17 @@ class Backend:
         self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
                        (n_head, n, chunks))
         self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
+
+
+def _attention_tile(group: int, n: int, seq_rows) -> tuple[int, int]:
+    """attn_tile's rows: hp query heads of a kv group (the largest divisor of the group up to
+    ATT_TILE_ROWS) times tp consecutive tokens; one token a tile where the step's sequences have
+    fewer than two tokens each (decode rows: a tile's tokens of different sequences take turns)."""
+    hp = max(d for d in range(1, min(group, ATT_TILE_ROWS) + 1) if group % d == 0)
+    tp = max(1, ATT_TILE_ROWS // hp)
+    if tp > 1 and n < 2 * len(np.unique(np.asarray(seq_rows[:n]))):
+        tp = 1
+    return hp, tp
 
 
 def _align(nbytes: int) -> int:

@@ -509,6 +509,181 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
+// Paged causal attention a tile of rows a workgroup: tp consecutive tokens x hp query heads that
+// share a kv head (at most 8 rows), so that each key and value word loaded serves every row. Keys in
+// tiles of 128 (a thread two keys' scores for every row), online softmax per row, a thread the value
+// words t and t + 64 of every row. Tokens of different sequences in one tile take turns, a segment of
+// the tile's tokens at a time, the other rows' scores masked (a masked key weighs 0).
+// params: attention's 0-11, 12 hp, 13 tp, 14 tokens
+const AT_ROWS: u32 = 8u;
+const AT_KEYS: u32 = 128u;
+const AT_MASK: f32 = -1e30;
+var<workgroup> at_q: array<vec2<f32>, 1024>;  // row r's word d at r * 128 + d
+var<workgroup> at_w: array<f32, 1024>;        // row r's key j at r * 128 + j: scores, then weights
+var<workgroup> at_red: array<f32, 64>;
+var<workgroup> at_slot: array<u32, 128>;
+
+@compute @workgroup_size(64)
+fn attn_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let n_head = pu(0u);
+    let kw = pu(2u) / 2u;
+    let wv = pu(3u) / 2u;
+    let hp = pu(12u);
+    let tp = pu(13u);
+    let h0 = wid.x * hp;
+    let kvh = h0 / (n_head / pu(1u));
+    let tok0 = wid.y * tp;
+    let nt = min(tp, pu(14u) - tok0);
+    let rows = nt * hp;
+    for (var i = t; i < rows * kw; i += 64u) {
+        let r = i / kw;
+        let d = i % kw;
+        let src = ((tok0 + r / hp) * n_head + h0 + r % hp) * kw * 2u + 2u * d;
+        at_q[r * 128u + d] = vec2<f32>(A[src], A[src + 1u]);
+    }
+    var pos: array<u32, 8>;
+    var first: array<u32, 8>;
+    for (var i = 0u; i < AT_ROWS; i++) {
+        if (i < nt) {
+            let row = att_row(tok0 + i);
+            pos[i] = row.pos;
+            first[i] = row.first;
+        }
+    }
+    var m: array<f32, 8>;
+    var l: array<f32, 8>;
+    var acc0: array<vec2<f32>, 8>;
+    var acc1: array<vec2<f32>, 8>;
+    for (var r = 0u; r < AT_ROWS; r++) {
+        m[r] = AT_MASK;
+        l[r] = 0.0;
+        acc0[r] = vec2<f32>(0.0);
+        acc1[r] = vec2<f32>(0.0);
+    }
+    workgroupBarrier();
+    let scale = pf(7u);
+    let cap = pf(8u);
+    var s0 = 0u;
+    loop {
+        if (s0 >= nt) { break; }
+        // the segment: the tokens s0 .. s1 - 1 of one sequence, its keys lo ..= hi
+        let seq = I[pu(10u) + tok0 + s0];
+        var s1 = s0 + 1u;
+        var lo = first[s0];
+        var hi = pos[s0];
+        for (; s1 < nt; s1++) {
+            if (I[pu(10u) + tok0 + s1] != seq) { break; }
+            lo = min(lo, first[s1]);
+            hi = max(hi, pos[s1]);
+        }
+        let table = pu(11u) + u32(seq) * pu(4u);
+        let r0 = s0 * hp;
+        let r1 = s1 * hp;
+        for (var base = lo; base <= hi; base += AT_KEYS) {
+            var sc: array<vec2<f32>, 8>;  // rows' scores of the thread's keys base + t, base + t + 64
+            for (var r = 0u; r < AT_ROWS; r++) { sc[r] = vec2<f32>(0.0); }
+            let pa = base + t;
+            let pb = pa + 64u;
+            var sa = 0u;
+            var sb = 0u;
+            if (pa <= hi) { sa = key_slot(table, pa); }
+            if (pb <= hi) { sb = key_slot(table, pb); }
+            at_slot[t] = sa;
+            at_slot[t + 64u] = sb;
+            let ka = sa * (pu(1u) * kw) + kvh * kw;
+            let kb = sb * (pu(1u) * kw) + kvh * kw;
+            for (var d = 0u; d < kw; d++) {
+                let xa = unpack2x16float(KC[ka + d]);
+                let xb = unpack2x16float(KC[kb + d]);
+                for (var r = 0u; r < AT_ROWS; r++) {
+                    if (r < rows) {
+                        let q = at_q[r * 128u + d];
+                        sc[r] += vec2<f32>(dot(q, xa), dot(q, xb));
+                    }
+                }
+            }
+            for (var r = 0u; r < AT_ROWS; r++) {
+                if (r < rows) {
+                    let i = r / hp;
+                    var v = sc[r] * scale;
+                    if (cap > 0.0) { v = cap * vec2<f32>(tanh_safe(v.x / cap), tanh_safe(v.y / cap)); }
+                    let live = r >= r0 && r < r1;
+                    if (!live || pa > pos[i] || pa < first[i]) { v.x = AT_MASK; }
+                    if (!live || pb > pos[i] || pb < first[i] || pb > hi) { v.y = AT_MASK; }
+                    at_w[r * 128u + t] = v.x;
+                    at_w[r * 128u + t + 64u] = v.y;
+                }
+            }
+            workgroupBarrier();
+            {  // each row's max over the tile: 8 threads a row, 16 keys each
+                let r = t / 8u;
+                var top = AT_MASK;
+                if (r < rows) {
+                    let j0 = (t % 8u) * 16u;
+                    for (var j = j0; j < j0 + 16u; j++) { top = max(top, at_w[r * 128u + j]); }
+                }
+                at_red[t] = top;
+            }
+            workgroupBarrier();
+            var tops: array<f32, 8>;
+            for (var r = 0u; r < AT_ROWS; r++) {
+                var top = m[r];
+                if (r < rows) {
+                    for (var j = 0u; j < 8u; j++) { top = max(top, at_red[r * 8u + j]); }
+                }
+                tops[r] = top;
+            }
+            for (var r = 0u; r < AT_ROWS; r++) {  // the thread's two keys' weights, once
+                if (r < rows) {
+                    let va = at_w[r * 128u + t];
+                    let vb = at_w[r * 128u + t + 64u];
+                    at_w[r * 128u + t] = select(exp(va - tops[r]), 0.0, va <= AT_MASK);
+                    at_w[r * 128u + t + 64u] = select(exp(vb - tops[r]), 0.0, vb <= AT_MASK);
+                }
+            }
+            workgroupBarrier();
+            for (var r = 0u; r < AT_ROWS; r++) {
+                let keep = exp(m[r] - tops[r]);
+                l[r] *= keep;
+                acc0[r] *= keep;
+                acc1[r] *= keep;
+                m[r] = tops[r];
+            }
+            let n_keys = min(AT_KEYS, hi + 1u - base);
+            for (var j = 0u; j < n_keys; j++) {
+                let slot = at_slot[j] * (pu(1u) * wv) + kvh * wv;
+                var v0 = vec2<f32>(0.0);
+                var v1 = vec2<f32>(0.0);
+                if (t < wv) { v0 = unpack2x16float(VC[slot + t]); }
+                if (t + 64u < wv) { v1 = unpack2x16float(VC[slot + t + 64u]); }
+                for (var r = 0u; r < AT_ROWS; r++) {
+                    if (r < rows) {
+                        let w = at_w[r * 128u + j];
+                        l[r] += w;
+                        acc0[r] += w * v0;
+                        acc1[r] += w * v1;
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+        s0 = s1;
+    }
+    for (var r = 0u; r < AT_ROWS; r++) {
+        if (r < rows) {
+            let dst = ((tok0 + r / hp) * n_head + h0 + r % hp) * wv * 2u;
+            if (t < wv) {
+                Y[dst + 2u * t] = acc0[r].x / l[r];
+                Y[dst + 2u * t + 1u] = acc0[r].y / l[r];
+            }
+            if (t + 64u < wv) {
+                Y[dst + 2u * t + 128u] = acc1[r].x / l[r];
+                Y[dst + 2u * t + 129u] = acc1[r].y / l[r];
+            }
+        }
+    }
+}
+
 // Decode attention split over the keys (flash-decoding): a workgroup a (query head, token, chunk
 // of the keys from the window's first), passes of 32 keys with 4 lanes a key's score (so that a
 // lane's loads are few), then the value words a lane each, groups of lanes taking every G-th key;
