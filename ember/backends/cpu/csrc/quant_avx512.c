@@ -252,15 +252,15 @@ K_ZMM_TILE(tile_q6_k_zmm, Q6K_CALL)
 
 /* A thread's run of lone rows against one token, in one call. */
 static void rows_q4_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    for (int64_t r = 0; r < n_rows; r++) tilek32_zmm_body(0, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+    ROWS_IN_STREAMS(n_rows, r, tilek32_zmm_body(0, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1));
 }
 
 static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    for (int64_t r = 0; r < n_rows; r++) tilek32_zmm_body(1, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+    ROWS_IN_STREAMS(n_rows, r, tilek32_zmm_body(1, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1));
 }
 
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    for (int64_t r = 0; r < n_rows; r++) tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1);
+    ROWS_IN_STREAMS(n_rows, r, tilek_q6_zmm_body(k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1));
 }
 
 /* ================= Q8_0 and Q5_0 rows against one token's int8 activations ================= */
@@ -367,13 +367,13 @@ ALWAYS void row_pairs_run(const int type, int64_t k, const void *w, int64_t ws, 
     const int off = type == EMBER_T_Q5_0 ? 16 : 0x80;
     const float *ad = (const float *)((const uint8_t *)a + ember_q16_d_offset(k));
     if (np + (nb & 1) > ROW_PAIRS) {
-        for (int64_t r = 0; r < n_rows; r++) row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, NULL, y + r);
+        ROWS_IN_STREAMS(n_rows, r, row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, NULL, y + r));
         return;
     }
     row_pair terms[ROW_PAIRS];
     for (int64_t j = 0; j < np; j++) terms[j] = row_pair_terms(a, q8, ad, j, off, 1);
     if (nb & 1) terms[np] = row_pair_terms(a, q8, ad, np, off, 0);
-    for (int64_t r = 0; r < n_rows; r++) row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, terms, y + r);
+    ROWS_IN_STREAMS(n_rows, r, row_pairs_body(type, k, (const uint8_t *)w + r * ws, a, terms, y + r));
 }
 
 static void rows_q8_0_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {

@@ -170,6 +170,20 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
 #define PF32_BYTES 4096
 #define PF32_ROW_BYTES 1024
 
+/* A thread's run of lone rows taken in ROW_STREAMS interleaved streams: rows i, h + i, ... (h = n / ROW_STREAMS)
+ * one after the other, the rows past ROW_STREAMS * h at the end. */
+#define ROW_STREAMS 2
+#define ROWS_IN_STREAMS(n_rows, r, STMT)                                            \
+    do {                                                                           \
+        const int64_t h_ = (n_rows) / ROW_STREAMS;                                 \
+        for (int64_t i_ = 0; i_ < h_; i_++)                                        \
+            for (int s_ = 0; s_ < ROW_STREAMS; s_++) {                             \
+                const int64_t r = s_ * h_ + i_;                                    \
+                STMT;                                                              \
+            }                                                                      \
+        for (int64_t r = ROW_STREAMS * h_; r < (n_rows); r++) STMT;                \
+    } while (0)
+
 /* How far ahead a microtile of the 32-value types prefetches: PF32_BYTES where short rows go side by
  * side, PF32_ROW_BYTES along a lone row (Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4; Q4_0 / Q4_1 keep PF32_BYTES). */
 ALWAYS int64_t pf32_bytes(int type, int nr) {
@@ -424,7 +438,7 @@ ALWAYS void q8_0_row_q8(int64_t k, const uint8_t *w, const uint8_t *a, float *y)
 }
 
 static void rows_q8_0_8(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    for (int64_t r = 0; r < n_rows; r++) q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r);
+    ROWS_IN_STREAMS(n_rows, r, q8_0_row_q8(k, (const uint8_t *)w + r * ws, a, y + r));
 }
 #endif
 
@@ -473,7 +487,7 @@ static void rows_q5_0_8(int64_t k, const void *w, int64_t ws, const void *a, flo
     const int keep = nb <= ROW_BASE_BLOCKS;
     if (keep)
         for (int64_t b = 0; b < nb; b++) base[b] = q5_0_base(a, q8, b);
-    for (int64_t r = 0; r < n_rows; r++) q5_0_row_q8(k, (const uint8_t *)w + r * ws, a, keep ? base : NULL, y + r);
+    ROWS_IN_STREAMS(n_rows, r, q5_0_row_q8(k, (const uint8_t *)w + r * ws, a, keep ? base : NULL, y + r));
 }
 #endif
 
