@@ -440,6 +440,22 @@ def _fields(p: RopeParams) -> dict:
     return {k: getattr(p, k) for k in RopeParams.__slots__}
 
 
+def _filled_caches(gpu, ref, rng, n_seq: int, pages: int, page: int, width: int):
+    """Both backends' key and value caches filled with the same f16-exact random rows, on the
+    shuffled pages of n_seq tables of `pages` pages each; returns the tables and the caches."""
+    n_pages = n_seq * pages
+    tables = rng.permutation(n_pages).reshape(n_seq, pages).astype(np.int32)
+    n_slots = n_pages * page
+    k_all = rng.standard_normal((n_slots, width)).astype(np.float16).astype(np.float64)
+    v_all = rng.standard_normal((n_slots, width)).astype(np.float16).astype(np.float64)
+    gkv, rkv = gpu.kv_cache(n_slots, width, width), ref.kv_cache(n_slots, width, width)
+    store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
+                           np.arange(n_slots, dtype=np.int64), page)
+    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
+    ref.kv_store(rkv, k_all, v_all, store)
+    return tables, gkv, rkv
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
 @pytest.mark.parametrize("hd,window,softcap", [(64, 0, 0.0), (80, 40, 0.0), (256, 0, 30.0)])
 def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap):
@@ -449,16 +465,7 @@ def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap)
     value words fill the workgroup evenly or not, a window past one chunk, a soft-cap; GQA."""
     rng = np.random.default_rng(5)
     n_head, n_kv, page = 8, 2, 16
-    n_pages = 3 * 24
-    tables = rng.permutation(n_pages).reshape(3, 24).astype(np.int32)
-    n_slots = n_pages * page
-    k_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
-    v_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
-    gkv, rkv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd), ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
-    store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
-                           np.arange(n_slots, dtype=np.int64), page)
-    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
-    ref.kv_store(rkv, k_all, v_all, store)
+    tables, gkv, rkv = _filled_caches(gpu, ref, rng, 3, 24, page, n_kv * hd)
     positions = np.array([0, 70, 300], np.int32)
     seq_rows = np.arange(3, dtype=np.int32)
     slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
@@ -517,16 +524,7 @@ def test_prompt_attention_in_tiles_of_rows(gpu, ref, n_head, n_kv, hd, window, s
     straddle sequences and take them in turns; each workgroup's rows share the keys it loads."""
     rng = np.random.default_rng(n_head * 1000 + hd)
     page = 16
-    n_pages = 5 * 32
-    tables = rng.permutation(n_pages).reshape(5, 32).astype(np.int32)
-    n_slots = n_pages * page
-    k_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
-    v_all = rng.standard_normal((n_slots, n_kv * hd)).astype(np.float16).astype(np.float64)
-    gkv, rkv = gpu.kv_cache(n_slots, n_kv * hd, n_kv * hd), ref.kv_cache(n_slots, n_kv * hd, n_kv * hd)
-    store = AttentionBatch(np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), tables,
-                           np.arange(n_slots, dtype=np.int64), page)
-    gpu.kv_store(gkv, gpu.from_numpy(k_all.astype(np.float32)), gpu.from_numpy(v_all.astype(np.float32)), store)
-    ref.kv_store(rkv, k_all, v_all, store)
+    tables, gkv, rkv = _filled_caches(gpu, ref, rng, 5, 32, page, n_kv * hd)
     positions = np.array([*range(300), *range(180, 201), 0, 77, 511], np.int32)
     seq_rows = np.array([0] * 300 + [1] * 21 + [2, 3, 4], np.int32)
     slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
