@@ -117,8 +117,13 @@ static void product_block(const matmul_job *j, const matmul_part *p, int64_t r0,
         product_lanes(j, p, r0, r1, t0, t1);
         return;
     }
-    if (R == 1 && t1 - t0 == 1 && p->tile.run) {
-        p->tile.run(j->k, p->w + r0 * p->w_stride, p->w_stride, p->act + t0 * j->a_stride, p->y + t0 * p->m + r0, r1 - r0);
+    if (R == 1 && t1 - t0 == 1) { /* lone rows against one token: the type's run, or its tile a row at a time */
+        if (p->tile.run) {
+            p->tile.run(j->k, p->w + r0 * p->w_stride, p->w_stride, p->act + t0 * j->a_stride, p->y + t0 * p->m + r0, r1 - r0);
+            return;
+        }
+        ROWS_IN_STREAMS(r1 - r0, i, p->tile.fn(j->k, p->w + (r0 + i) * p->w_stride, p->w_stride, p->act + t0 * j->a_stride,
+                                              j->a_stride, p->y + t0 * p->m + r0 + i, p->m, 1, 1));
         return;
     }
     for (int64_t r = r0; r < r1;) {

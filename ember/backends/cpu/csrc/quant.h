@@ -253,4 +253,20 @@ static inline int ember_iq4xs_scale(const blk_iq4_xs *b, int ib) {
     return (lo | hi << 4) - 32;
 }
 
+/* A thread's run of lone weight rows against one token, taken in ROW_STREAMS interleaved streams: rows
+ * i, h + i, ... (h = n / ROW_STREAMS) one after the other, the rows past ROW_STREAMS * h at the end. One
+ * sequential stream a core leaves too few of its reads in flight while a row's arithmetic runs between
+ * them; two made Gemma 3's decode 1.15x faster, four no faster than two (bench/NOTES.md). */
+#define ROW_STREAMS 2
+#define ROWS_IN_STREAMS(n_rows, r, STMT)                             \
+    do {                                                            \
+        const int64_t h_ = (n_rows) / ROW_STREAMS;                  \
+        for (int64_t i_ = 0; i_ < h_; i_++)                         \
+            for (int s_ = 0; s_ < ROW_STREAMS; s_++) {              \
+                const int64_t r = s_ * h_ + i_;                     \
+                STMT;                                               \
+            }                                                       \
+        for (int64_t r = ROW_STREAMS * h_; r < (n_rows); r++) STMT; \
+    } while (0)
+
 #endif

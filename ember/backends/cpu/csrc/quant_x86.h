@@ -170,20 +170,6 @@ static void quantize_q8k(const float *x, void *dst, int64_t k) {
 #define PF32_BYTES 4096
 #define PF32_ROW_BYTES 1024
 
-/* A thread's run of lone rows taken in ROW_STREAMS interleaved streams: rows i, h + i, ... (h = n / ROW_STREAMS)
- * one after the other, the rows past ROW_STREAMS * h at the end. */
-#define ROW_STREAMS 2
-#define ROWS_IN_STREAMS(n_rows, r, STMT)                                            \
-    do {                                                                           \
-        const int64_t h_ = (n_rows) / ROW_STREAMS;                                 \
-        for (int64_t i_ = 0; i_ < h_; i_++)                                        \
-            for (int s_ = 0; s_ < ROW_STREAMS; s_++) {                             \
-                const int64_t r = s_ * h_ + i_;                                    \
-                STMT;                                                              \
-            }                                                                      \
-        for (int64_t r = ROW_STREAMS * h_; r < (n_rows); r++) STMT;                \
-    } while (0)
-
 /* How far ahead a microtile of the 32-value types prefetches: PF32_BYTES where short rows go side by
  * side, PF32_ROW_BYTES along a lone row (Q5_0 Q5_1 Q8_0 IQ4_NL MXFP4; Q4_0 / Q4_1 keep PF32_BYTES). */
 ALWAYS int64_t pf32_bytes(int type, int nr) {
