@@ -678,7 +678,7 @@ class Backend:
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         reach = tables.shape[1] * batch.page_size
         if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
-            hp, tp = _attention_tile(n_head // n_kv_head, n, batch.seq_rows)
+            hp, tp = _attention_tile(n_head // n_kv_head, n, len(tables))
             params[12], params[13], params[14] = hp, tp, n
             self._dispatch("ops", "attn_tile", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
                            (n_head // hp, -(-n // tp), 1))
@@ -693,13 +693,14 @@ class Backend:
         self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
 
 
-def _attention_tile(group: int, n: int, seq_rows) -> tuple[int, int]:
+def _attention_tile(group: int, n: int, n_seqs: int) -> tuple[int, int]:
     """attn_tile's rows: hp query heads of a kv group (the largest divisor of the group up to
-    ATT_TILE_ROWS) times tp consecutive tokens; one token a tile where the step's sequences have
-    fewer than two tokens each (decode rows: a tile's tokens of different sequences take turns)."""
+    ATT_TILE_ROWS) times tp consecutive tokens; one token a tile where the step's sequences (its
+    page tables' rows) have fewer than two tokens each (decode rows: a tile's tokens of different
+    sequences take turns)."""
     hp = max(d for d in range(1, min(group, ATT_TILE_ROWS) + 1) if group % d == 0)
     tp = max(1, ATT_TILE_ROWS // hp)
-    if tp > 1 and n < 2 * len(np.unique(np.asarray(seq_rows[:n]))):
+    if tp > 1 and n < 2 * n_seqs:
         tp = 1
     return hp, tp
 

@@ -512,7 +512,7 @@ fn attn_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
                     if (cap > 0.0) { v = cap * vec2<f32>(tanh_safe(v.x / cap), tanh_safe(v.y / cap)); }
                     let live = r >= r0 && r < r1;
                     if (!live || pa > pos[i] || pa < first[i]) { v.x = AT_MASK; }
-                    if (!live || pb > pos[i] || pb < first[i] || pb > hi) { v.y = AT_MASK; }
+                    if (!live || pb > pos[i] || pb < first[i]) { v.y = AT_MASK; }
                     at_w[r * 128u + t] = v.x;
                     at_w[r * 128u + t + 64u] = v.y;
                 }
