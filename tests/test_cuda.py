@@ -426,15 +426,51 @@ def test_matmul_of_smaller_tiles(cuda, matrices, qtype, tile_rows, monkeypatch):
     """Tensor-core products in blocks of 64 weight rows (twice the blocks) give the same results."""
     from ember.backends.cuda import CudaConfig
 
-    monkeypatch.setattr(cuda, "config", CudaConfig(tile_rows=tile_rows))
+    monkeypatch.setattr(cuda, "config", CudaConfig(tile_rows=tile_rows, blas_rows=0))
     w = cuda.weight(matrices.tensors[qtype.name])
     x = cuda.from_numpy(np.random.default_rng(5).normal(0, 1, (200, COLS)).astype(np.float32))
     out = poisoned(cuda, (200, ROWS))
     cuda.matmul(w, x, out)
-    monkeypatch.setattr(cuda, "config", CudaConfig(tile_rows=128))
+    monkeypatch.setattr(cuda, "config", CudaConfig(tile_rows=128, blas_rows=0))
     want = poisoned(cuda, (200, ROWS))
     cuda.matmul(w, x, want)
     assert rel_err(cuda.to_numpy(out), cuda.to_numpy(want).astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("n", [65, 200])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.Q8_0,
+                                   GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.TQ2_0], ids=lambda t: t.name)
+def test_prompt_products_through_blas(cuda, matrices, qtype, n, monkeypatch):
+    """Prompt-sized products of quantized weights: the weight dequantized to f16 a run of rows at a
+    time (here runs of 48 of its 301 rows, the last one short) and multiplied by cuBLAS, captured in
+    a recorded step's graph; x's rows past f16's range scaled as the tiles scale them. The results
+    are the tiles' (both round x and the weight to f16 and sum in f32)."""
+    import ember.backends.cuda as cuda_backend
+    from ember.backends.cuda import CudaConfig
+    from ember.backends.cuda.ops.matmul import BlasGemm
+
+    w = cuda.weight(matrices.tensors[qtype.name])
+    rng = np.random.default_rng(n)
+    x_h = rng.normal(0, 1, (n, COLS)).astype(np.float32)
+    x_h[5] *= 4e4
+    x = cuda.from_numpy(x_h)
+    monkeypatch.setattr(cuda, "config", CudaConfig(blas_rows=0))
+    want = poisoned(cuda, (n, ROWS))
+    cuda.matmul(w, x, want)
+    monkeypatch.setattr(cuda, "config", CudaConfig(blas_rows=64))
+    monkeypatch.setattr(cuda_backend, "BLAS_W_VALUES", 48 * COLS)
+    out = poisoned(cuda, (n, ROWS))
+    with cuda.record() as rec:
+        cuda.matmul(w, x, out)
+    assert cuda.blas_error is None
+    assert sum(isinstance(launch, BlasGemm) for launch in rec.launches) == -(-ROWS // 48)
+    assert rec.graph is not None and cuda.graph_error is None
+    got = cuda.to_numpy(out)
+    assert np.isfinite(got).all()
+    assert rel_err(got, cuda.to_numpy(want).astype(np.float64)) < 1e-4
+    exact = x_h.astype(np.float64) @ dense(matrices, qtype.name).T
+    for r in (0, 5, n - 1):
+        assert rel_err(got[r], exact[r]) < 3e-3, f"row {r}"
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -552,3 +552,44 @@ def test_expert_activations_round_as_llama_cpp(group):
     np.testing.assert_array_equal(meta[..., 0], want_d)
     halves = want_q.reshape(n, k // 32, 2, 16).astype(np.int64).sum(axis=3)
     np.testing.assert_allclose(meta[..., 1:3], want_d[..., None] * halves, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [8, 64, 65, 512])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.F16], ids=lambda t: t.name)
+def test_prompt_products_take_the_blas_route_by_size(n, qtype):
+    """(Device-free: the launches planned.) Products of quantized weights over blas_rows (64) rows or
+    more that mm_split does not take: x_to_f16, then for each matrix dequant_f16 and one cuBLAS call
+    a run of rows (a 40000-row head of 2048 columns: two runs, the second offset into y), then
+    unscale_rows; float weights, blas_rows 0 and smaller steps keep the tiles."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda.ops import DeviceMatrix, Matmul
+    from ember.backends.cuda.ops.matmul import BLAS_W_VALUES, BlasGemm, BlasScratch
+    from ember.quant.types import layout
+
+    k, heads = 2048, (1024, 40000)
+    rb = layout(qtype).row_bytes(k)
+    ws = [SimpleNamespace(name=f"w{i}", type=qtype, shape=(m, k), data=DeviceMatrix(FakeArray((m * rb,), (1 + i) << 30), rb))
+          for i, m in enumerate(heads)]
+    x = FakeArray((n, k), 3 << 30)
+    ys = [FakeArray((n, m), (5 + i) << 30) for i, m in enumerate(heads)]
+    blas = BlasScratch(blas="cublas", wh=FakeArray((BLAS_W_VALUES,), 7 << 30), xh=FakeArray((n * k,), 8 << 30),
+                       inv=FakeArray((n,), 9 << 30))
+    mod = f"matmul_{int(qtype)}"
+    for rows in (64, 0):
+        op = Matmul(ws, x, ys, mv_rows=4, cfg=CudaConfig(blas_rows=rows), blas_buf=blas)
+        launches = op.launches(FakeKernels())
+        names = [la.fn if hasattr(la, "fn") else "gemm" for la in launches]
+        if rows and n >= 64 and qtype == GGMLType.Q4_K:
+            run = BLAS_W_VALUES // k  # 32768 rows
+            assert names == ["ops.x_to_f16", f"{mod}.dequant_f16", "gemm", "ops.unscale_rows",
+                             f"{mod}.dequant_f16", "gemm", f"{mod}.dequant_f16", "gemm", "ops.unscale_rows"]
+            gemms = [la for la in launches if isinstance(la, BlasGemm)]
+            assert [g.dims[0] for g in gemms] == [1024, run, 40000 - run]
+            assert gemms[2].dims[7] == ys[1].data.ptr + 4 * run and gemms[2].dims[8] == 40000
+            assert all(g.dims[1:3] == (n, k) for g in gemms)
+            assert launches[4].grid == (-(-(k // 32) // 128), run, 1)
+        else:
+            assert "gemm" not in names and "ops.x_to_f16" not in names, names
+    with pytest.raises(ValueError, match="blas_rows"):
+        CudaConfig(blas_rows=-1)

@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
 from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertScratch,
                           ExpertSum, RouteExperts, SwigluOai, experts_module, tile_bound)
-from .ops.matmul import MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, mv_rows_for
+from .ops.matmul import BLAS_W_VALUES, MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, BlasGemm, BlasScratch, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
 __all__ = ["Backend", "CudaConfig", "check_attention"]
@@ -120,6 +121,8 @@ class Backend:
         self._threads_using = {threading.get_ident()}
         self._capture_stream = None
         self._launcher, self.pdl_error = self._load_launcher()
+        self._blas = None  # _blas.Blas, made by the first product that takes the BLAS route
+        self.blas_error: str | None = None
 
     @property
     def graphs(self) -> bool:
@@ -158,6 +161,7 @@ class Backend:
                 "memory_total_gib": round(total / 2**30, 1), "memory_free_gib": round(free / 2**30, 1),
                 "cupy": self.cp.__version__, "cuda_runtime": self.cp.cuda.runtime.runtimeGetVersion(),
                 "graphs": self.graphs, "fuse": self.fuse, "pdl": self._launcher is not None,
+                "blas_error": self.blas_error,
                 "kernel_cache": str(_kernel_cache())}
 
     def supports(self, qtype: GGMLType) -> bool:
@@ -254,7 +258,12 @@ class Backend:
             try:
                 rec.graph = self._capture(rec.launches, early)
             except Exception as e:  # e.g. ROCm: replays then run the launches from Python
-                self.graph_error = f"{type(e).__name__}: {e}"
+                if any(isinstance(launch, BlasGemm) for launch in rec.launches) and self.blas_error is None:
+                    # a cuBLAS that cannot be captured: this step replays from Python, later
+                    # products take the tiles, and graphs stay on for every other step
+                    self.blas_error = f"capturing a cuBLAS call failed: {type(e).__name__}: {e}"
+                else:
+                    self.graph_error = f"{type(e).__name__}: {e}"
 
     def _capture(self, launches, early: bool = True):
         if self._launcher is not None and early:
@@ -371,9 +380,12 @@ class Backend:
         return buf[:size]
 
     def _scratch_f32(self, name: str, size: int):
+        return self._scratch_typed(name, size, np.float32)
+
+    def _scratch_typed(self, name: str, size: int, dtype):
         buf = self._scratch.get(name)
         if buf is None or buf.size < size:  # recordings keep the old buffer alive
-            buf = self.cp.empty(max(size, 2 * (buf.size if buf is not None else 0)), np.float32)
+            buf = self.cp.empty(max(size, 2 * (buf.size if buf is not None else 0)), dtype)
             self._scratch[name] = buf
         return buf[:size]
 
@@ -411,8 +423,31 @@ class Backend:
         rows = mv_rows_for(ws, self.config, split)
         buf = SplitScratch(self._scratch_f32("mm_split_part", MS_PART_FLOATS),
                            self._zeroed_u32("mm_split_counters", MS_COUNTERS)) if split else None
-        self._run(Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
-                         split_buf=buf, cfg=self.config, n_sm=self.n_sm))
+        op = Matmul(list(ws), x, list(outs), xq=self._xq_for(x) if 0 < n <= rows else None, mv_rows=rows,
+                    split_buf=buf, cfg=self.config, n_sm=self.n_sm)
+        if op.wants_blas():
+            op = replace(op, blas_buf=self._blas_scratch(ws, x))
+        self._run(op)
+
+    def _blas_scratch(self, ws: list[Weight], x) -> BlasScratch | None:
+        """The BLAS route's buffers for a product over ws (None where cuBLAS cannot be had: ROCm,
+        or the library missing; the tiles serve then)."""
+        if self._blas is None and self.blas_error is None:
+            if self.kernels.hip:
+                self.blas_error = "ROCm"
+            else:
+                from ._blas import Blas
+
+                try:
+                    self._blas = Blas(self.cp)
+                except Exception as e:
+                    self.blas_error = f"{type(e).__name__}: {e}"
+        if self._blas is None:
+            return None
+        n, k = x.shape
+        w_values = min(BLAS_W_VALUES, max(w.shape[0] for w in ws) * k)
+        return BlasScratch(self._blas, self._scratch_typed("blas_w", w_values, np.float16),
+                           self._scratch_typed("blas_x", n * k, np.float16), self._scratch_typed("blas_inv", n, np.float32))
 
     def _widened(self, ws: list[Weight]) -> list[Weight]:
         """ws, or Q8_0 copies of them (made once, kept beside the originals) where they are of

@@ -30,6 +30,10 @@ class CudaConfig:
     prologue_k: int = PROLOGUE_MAX_K
     # Weight rows per tensor-core tile block: 128, 64, or 0 for the choice by size (Matmul._tile_rows).
     tile_rows: int = 0
+    # Products of quantized weights over at least this many activation rows (past the matrix-vector
+    # kernels and mm_split) dequantize each weight to f16 and multiply through cuBLAS; 0: the
+    # tensor-core tiles always.
+    blas_rows: int = 64
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
@@ -46,5 +50,7 @@ class CudaConfig:
             raise ValueError(f"tile_rows must be 0 (by size), 64 or 128, got {self.tile_rows}")
         if not -1 <= self.moe_mv_tokens <= 64:
             raise ValueError(f"moe_mv_tokens must be -1 (by shape) or 0..64, got {self.moe_mv_tokens}")
+        if self.blas_rows < 0:
+            raise ValueError(f"blas_rows must be 0 (never) or more, got {self.blas_rows}")
         if not 1 <= self.att_waves <= 64:
             raise ValueError(f"att_waves must be 1..64, got {self.att_waves}")

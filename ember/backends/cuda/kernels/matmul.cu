@@ -1531,4 +1531,17 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
+
+// out (rows, cols) f16 = rows [r0, r0 + rows) of W, for the prompt products through the BLAS
+// library (a whole matrix, or a run of its rows at a time, dequantized into one scratch buffer):
+// a thread a 32-value unit; grid (unit groups of 128, rows).
+extern "C" __global__ void __launch_bounds__(128)
+    dequant_f16(const u8 *__restrict__ w, i64 row_bytes, int r0, int cols, u16 *__restrict__ out) {
+    PDL_ENTER();
+    const int u = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (u >= cols / 32) return;
+    float v[32];
+    unit_f<QT>(w + (size_t)(r0 + r) * row_bytes, u, v);
+    store_unit_f16(out + (size_t)r * cols + 32 * u, v);
+}
 #endif  // !MV_BATCH && !MV_OCC && !MV_STORE

@@ -467,3 +467,38 @@ extern "C" __global__ void swiglu_oai(const float *gate, const float *up, float 
     const float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
     out[i] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
 }
+
+// The prompt products through the BLAS library take x in f16. xh (n, k) = x * s_t, s_t = 1 or, for
+// a row whose largest magnitude would overflow f16, the power of two that brings it to 2^15;
+// inv[t] = 1 / s_t. A warp a row.
+extern "C" __global__ void x_to_f16(const float *__restrict__ x, u16 *__restrict__ xh, int n, int k,
+                                    float *__restrict__ inv) {
+    PDL_ENTER();
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float *xr = x + (size_t)t * k;
+    u16 *hr = xh + (size_t)t * k;
+    float m = 0.f;
+    for (int c = 4 * lane; c < k; c += 128) {
+        const float4 v = *(const float4 *)(xr + c);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float s = m > 32768.f && m <= 3.0e38f ? exp2f(-ceilf(log2f(m / 32768.f))) : 1.f;
+    if (lane == 0) inv[t] = 1.f / s;
+    for (int c = 4 * lane; c < k; c += 128) {
+        const float4 v = *(const float4 *)(xr + c);
+        *(uint2 *)(hr + c) = make_uint2(pack_h2(v.x * s, v.y * s), pack_h2(v.z * s, v.w * s));
+    }
+}
+
+// y (n, cols): row t *= inv[t] where x_to_f16 scaled row t (the other rows' blocks return at
+// once). A block a row.
+extern "C" __global__ void unscale_rows(float *__restrict__ y, int n, int cols, const float *__restrict__ inv) {
+    PDL_ENTER();
+    const int t = blockIdx.x;
+    const float s = inv[t];
+    if (s == 1.f) return;
+    float *yr = y + (size_t)t * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] *= s;
+}

@@ -59,6 +59,10 @@ MS_MAX_SPLITS = 8
 MS_MIN_UNITS = 4  # 32-value units a split takes at least (the K types: a super-block, 8)
 MS_PART_FLOATS = 4 << 20  # the shared partial-sum buffer (16 MB); products needing more take mm_tile
 MS_COUNTERS = 8192  # tile counters (row tiles x matrices of a launch); products needing more take mm_tile
+# The BLAS route's f16 weight scratch holds at most this many values (128 MB): longer matrices (an
+# output head over a large vocabulary) are dequantized and multiplied a run of rows at a time.
+BLAS_W_VALUES = 64 << 20
+BLAS_MAX_RUN_ROWS = 32768  # dequant_f16's grid takes a row a block row (grid.y < 65536)
 
 
 def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
@@ -163,6 +167,30 @@ class SplitScratch:
 
 
 @dataclass(frozen=True)
+class BlasScratch:
+    """The BLAS route's buffers, shared by every product of the backend (one stream runs them in
+    turn): the handle, an f16 matrix a run of weight rows at a time is dequantized into, x in f16
+    and its rows' scales."""
+
+    blas: Any  # _blas.Blas
+    wh: Any  # device f16 (BLAS_W_VALUES,)
+    xh: Any  # device f16 (n * k,)
+    inv: Any  # device f32 (n,)
+
+
+@dataclass(eq=False)
+class BlasGemm:
+    """One cublasGemmEx call of a recorded step (not a kernel launch: a graph captures the
+    library's own kernels, and no programmatic launch follows it)."""
+
+    blas: Any
+    dims: tuple  # gemm_f16's (m, n, k, a, lda, b, ldb, c, ldc)
+
+    def run(self) -> None:
+        self.blas.gemm_f16(*self.dims)
+
+
+@dataclass(frozen=True)
 class MvGeometry:
     """One matrix-vector launch's shape: row groups of up to nmax, teams of 2^tl lanes."""
 
@@ -209,6 +237,7 @@ class Matmul:
     pro_res: ResidualPrologue | None = None
     mv_rows: int = MV_MAX_ROWS  # activation rows up to which this product takes the matrix-vector kernels
     split_buf: SplitScratch | None = None  # mm_split for mv_rows < n <= MS_TOK
+    blas_buf: BlasScratch | None = None  # the BLAS route, from cfg.blas_rows rows (takes_blas)
     cfg: CudaConfig = CudaConfig()
     n_sm: int = 132
 
@@ -270,7 +299,45 @@ class Matmul:
             return [self._split(kernels, g) for g in groups]
         if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
+        if self.takes_blas():
+            return self._blas_launches(kernels)
         return [self._tile(kernels, g) for g in groups]
+
+    # ---- the BLAS route ----
+    def takes_blas(self) -> bool:
+        """Prompt-sized products of quantized weights (cfg.blas_rows rows or more, past the
+        matrix-vector and mm_split kernels): each weight dequantized to f16, a run of rows at a
+        time, and multiplied by cuBLAS (2-5x the tiles at 128-2048 rows of Llama-3.1-8B's
+        matrices on an H200; bench/prompt_gemm.py). Float weights keep the tiles (their x split
+        into two f16 parts keeps f32's precision)."""
+        return self.blas_buf is not None and self.wants_blas()
+
+    def wants_blas(self) -> bool:
+        """takes_blas, given the buffers (the backend makes them only for products that want them)."""
+        if not self.cfg.blas_rows or self.n < self.cfg.blas_rows:
+            return False
+        if self.matvec() or self.split() or self.mode != MODE_STORE:
+            return False
+        return all(quantized(w.type) for w in self.ws)
+
+    def _blas_launches(self, kernels) -> list:
+        buf, n, k = self.blas_buf, self.n, self.k
+        out: list = [Launch(kernels.fn("ops", "x_to_f16"), (-(-n // 4), 1, 1), (128, 1, 1),
+                            (ptr(self.x), ptr(buf.xh), i32(n), i32(k), ptr(buf.inv)))]
+        units = k // 32
+        run_rows = max(1, min(BLAS_MAX_RUN_ROWS, buf.wh.size // k))
+        for w, y in zip(self.ws, self.outs):
+            rows = w.shape[0]
+            deq = kernels.fn(matmul_module(w.type), "dequant_f16")
+            for r0 in range(0, rows, run_rows):
+                m = min(run_rows, rows - r0)
+                out.append(Launch(deq, (-(-units // 128), m, 1), (128, 1, 1),
+                                  (ptr(w.data.buf), i64(w.data.row_bytes), i32(r0), i32(k), ptr(buf.wh))))
+                out.append(BlasGemm(buf.blas, (m, n, k, buf.wh.data.ptr, k, buf.xh.data.ptr, k,
+                                               y.data.ptr + 4 * r0, rows)))
+            out.append(Launch(kernels.fn("ops", "unscale_rows"), (n, 1, 1), (256, 1, 1),
+                              (ptr(y), i32(n), i32(rows), ptr(buf.inv))))
+        return out
 
     # ---- matrix-vector kernels ----
     def _matvec_launches(self, kernels) -> list[Launch]:
