@@ -293,32 +293,32 @@ class Matmul:
         if self.matvec():
             return self._matvec_launches(kernels)
         groups = self.groups()
+        if self.takes_blas():
+            return self._blas_launches(kernels)
         if self.split():
             if self.tail is not None or self.act_q is not None or (self.mode != MODE_STORE and len(groups) > 1):
                 raise AssertionError("batched products fuse only a residual add or a gate")
             return [self._split(kernels, g) for g in groups]
         if self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             raise AssertionError("fused products exist only on the decode path")
-        if self.takes_blas():
-            return self._blas_launches(kernels)
         return [self._tile(kernels, g) for g in groups]
 
     # ---- the BLAS route ----
     def takes_blas(self) -> bool:
         """Prompt-sized products of quantized weights (cfg.blas_rows rows or more, past the
-        matrix-vector and mm_split kernels): each weight dequantized to f16, a run of rows at a
-        time, and multiplied by cuBLAS (2-5x the tiles at 128-2048 rows of Llama-3.1-8B's
-        matrices on an H200; bench/prompt_gemm.py). Float weights keep the tiles (their x split
-        into two f16 parts keeps f32's precision)."""
+        matrix-vector kernels): each weight dequantized to f16, a run of rows at a time, and
+        multiplied by cuBLAS (2-7x the tiles at 128-2048 rows of Llama-3.1-8B's matrices on an
+        H200; bench/prompt_gemm.py). Products mm_split takes (up to 64 rows) keep it. Float weights
+        keep the tiles (their x split into two f16 parts keeps f32's precision)."""
         return self.blas_buf is not None and self.wants_blas()
 
     def wants_blas(self) -> bool:
         """takes_blas, given the buffers (the backend makes them only for products that want them)."""
         if not self.cfg.blas_rows or self.n < self.cfg.blas_rows:
             return False
-        if self.matvec() or self.split() or self.mode != MODE_STORE:
+        if self.matvec() or self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             return False
-        return all(quantized(w.type) for w in self.ws)
+        return not self.split() and all(quantized(w.type) for w in self.ws)
 
     def _blas_launches(self, kernels) -> list:
         buf, n, k = self.blas_buf, self.n, self.k
