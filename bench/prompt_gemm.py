@@ -59,27 +59,20 @@ class Tensor:
         self.data = np.ascontiguousarray(weight(rng, qtype, m, k, 0.05))
 
 
-def time_us(cp, call, reps: int, per_graph: int = 10) -> float:
-    call()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        call()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(per_graph):
-            call()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / per_graph)
-    return statistics.median(times)
+def _bench_module(name: str):
+    """bench/NAME.py by path (this folder is off sys.path: a module named `cuda` would shadow NVIDIA's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"ember_bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_us(cp, call, reps: int) -> float:
+    """expert_micro's timing: 10 calls captured in a CUDA graph, the graph launched reps times."""
+    return _bench_module("expert_micro").time_us(cp, call, reps)
 
 
 class Blas:
@@ -124,12 +117,7 @@ def rel(a, b) -> float:
 
 
 def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool) -> dict:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ember_bench_cuda_peer", ROOT / "bench" / "cuda_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = peer
-    spec.loader.exec_module(peer)
+    peer = _bench_module("cuda_peer")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.gguf"
     if not path.exists():
