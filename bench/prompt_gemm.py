@@ -23,6 +23,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda import Backend  # noqa: E402
-from ember.backends.cuda._kernels import matmul_module  # noqa: E402
 from ember.backends.cuda.config import CudaConfig  # noqa: E402
-from ember.backends.cuda.ops.base import i32, i64, ptr  # noqa: E402
+from ember.backends.cuda.ops import Matmul  # noqa: E402
 from ember.quant import GGMLType  # noqa: E402
 
 # name: (type, rows m, columns k)  -- Llama-3.1-8B's layer matrices
@@ -48,7 +48,6 @@ SHAPES = {
     "q-q8": (GGMLType.Q8_0, 4096, 4096),
     "up-q8": (GGMLType.Q8_0, 14336, 4096),
 }
-BLAS = None
 
 
 class Tensor:
@@ -75,40 +74,19 @@ def time_us(cp, call, reps: int) -> float:
     return _bench_module("expert_micro").time_us(cp, call, reps)
 
 
-class Blas:
-    """The BLAS route for one weight: its parts as separate calls."""
+def route_launches(b: Backend, w, x, y) -> list:
+    """The BLAS route's launches for y = x @ w.T as the backend plans them, at any row count
+    (blas_rows 1): x_to_f16, dequant_f16, the cuBLAS call (one run of rows: these shapes fit the
+    scratch), unscale_rows."""
+    op = Matmul([w], x, [y], mv_rows=1, cfg=CudaConfig(blas_rows=1), n_sm=b.n_sm)
+    launches = replace(op, blas_buf=b._blas_scratch([w], x)).launches(b.kernels)
+    assert len(launches) == 4, "one run of rows"
+    return launches
 
-    def __init__(self, b: Backend, w, n: int):
-        cp = b.cp
-        self.b, self.cp, self.w, self.n = b, cp, w, n
-        m, k = w.shape
-        self.m, self.k = m, k
-        self.wh = cp.empty((m, k), np.float16)
-        self.xh = cp.empty((n, k), np.float16)
-        self.inv = cp.empty(n, np.float32)
-        self.deq = b.kernels.fn(matmul_module(w.type), "dequant_f16")
-        self.xf = b.kernels.fn("ops", "x_to_f16")
-        self.uns = b.kernels.fn("ops", "unscale_rows")
 
-    def dequant(self):
-        units = self.k // 32
-        self.deq((-(-units // 128), self.m, 1), (128, 1, 1),
-                 (ptr(self.w.data.buf), i64(self.w.data.row_bytes), i32(0), i32(self.k), ptr(self.wh)))
-
-    def convert(self, x):
-        self.xf((-(-self.n // 4), 1, 1), (128, 1, 1), (ptr(x), ptr(self.xh), i32(self.n), i32(self.k), ptr(self.inv)))
-
-    def gemm(self, y):
-        BLAS.gemm_f16(self.m, self.n, self.k, self.wh.data.ptr, self.k, self.xh.data.ptr, self.k, y.data.ptr, self.m)
-
-    def unscale(self, y):
-        self.uns((self.n, 1, 1), (256, 1, 1), (ptr(y), i32(self.n), i32(self.m), ptr(self.inv)))
-
-    def all(self, x, y):
-        self.dequant()
-        self.convert(x)
-        self.gemm(y)
-        self.unscale(y)
+def run_all(launches) -> None:
+    for launch in launches:
+        launch.run()
 
 
 def rel(a, b) -> float:
@@ -167,9 +145,6 @@ def main() -> None:
     b = Backend(config=CudaConfig(blas_rows=0))  # the tiles (and mm_split) only
     route = Backend()  # the backend as it is: the BLAS route from CudaConfig.blas_rows rows
     cp = b.cp
-    global BLAS
-    from ember.backends.cuda._blas import Blas as CuBlas
-    BLAS = CuBlas(cp)
     print(b.describe(), flush=True)
     t0 = time.time()
     rows = []
@@ -180,16 +155,16 @@ def main() -> None:
         for n in args.tokens:
             x = cp.asarray(rng.normal(0, 1, (n, k)).astype(np.float32))
             y_own, y_blas = cp.full((n, m), np.nan, np.float32), cp.full((n, m), np.nan, np.float32)
-            blas = Blas(b, w, n)
             y_route = cp.full((n, m), np.nan, np.float32)
+            convert, dequant, gemm, unscale = parts = route_launches(route, w_route, x, y_blas)
             t_own = time_us(cp, lambda: b.matmuls([w], x, [y_own]), args.reps)
             t_route = time_us(cp, lambda: route.matmuls([w_route], x, [y_route]), args.reps)
-            t_all = time_us(cp, lambda: blas.all(x, y_blas), args.reps)
-            t_deq = time_us(cp, blas.dequant, args.reps)
-            t_cvt = time_us(cp, lambda: blas.convert(x), args.reps)
-            t_gemm = time_us(cp, lambda: blas.gemm(y_blas), args.reps)
-            t_uns = time_us(cp, lambda: blas.unscale(y_blas), args.reps)
-            blas.all(x, y_blas)
+            t_all = time_us(cp, lambda: run_all(parts), args.reps)
+            t_deq = time_us(cp, dequant.run, args.reps)
+            t_cvt = time_us(cp, convert.run, args.reps)
+            t_gemm = time_us(cp, gemm.run, args.reps)
+            t_uns = time_us(cp, unscale.run, args.reps)
+            run_all(parts)
             err = rel(cp.asnumpy(y_blas), cp.asnumpy(y_own))
             err_route = rel(cp.asnumpy(y_route), cp.asnumpy(y_own))
             fl = 2.0 * n * m * k

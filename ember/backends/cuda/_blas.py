@@ -40,7 +40,8 @@ def _library(cp):
 
 
 class Blas:
-    """One cuBLAS handle with its workspace; gemm_f16 queues on the current CuPy stream."""
+    """One cuBLAS handle with its workspace, kept for the process's life (as CuPy keeps its own);
+    gemm_f16 queues on the current CuPy stream."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -51,7 +52,6 @@ class Blas:
                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        lib.cublasDestroy_v2.argtypes = [ctypes.c_void_p]
         handle = ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
         self.handle = handle
@@ -78,7 +78,3 @@ class Blas:
                                           lda, b, CUDA_R_16F, ldb, ctypes.byref(self._zero), c, CUDA_R_32F, ldc,
                                           CUBLAS_COMPUTE_32F, GEMM_DEFAULT), "cublasGemmEx")
 
-    def close(self) -> None:
-        if self.handle:
-            self.lib.cublasDestroy_v2(self.handle)
-            self.handle = None

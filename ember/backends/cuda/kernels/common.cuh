@@ -89,6 +89,14 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
     return v;
 }
+__device__ __forceinline__ float amax4(float4 v) {
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+// The f16 copy of an activation row whose largest magnitude is m: scaled by the power of two that
+// brings m to 2^15 where it would overflow f16, else (and for inf / nan) by 1. Exact to undo.
+__device__ __forceinline__ float f16_row_scale(float m) {
+    return m > 32768.f && m <= 3.0e38f ? exp2f(-ceilf(log2f(m / 32768.f))) : 1.f;
+}
 // Sum over aligned groups of `width` lanes (width a power of two <= 32).
 __device__ __forceinline__ float group_sum(float v, int width) {
     for (int o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -1097,7 +1097,7 @@ __device__ __forceinline__ void frag_b(u32 &b0, u32 &b1, const u16 (*t)[LD], int
 #define F16_MAX 65504.f
 
 __device__ __forceinline__ bool f16_overflows(float4 v) {
-    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))) > F16_MAX;
+    return amax4(v) > F16_MAX;
 }
 
 __device__ __forceinline__ float4 mul4(float4 v, float s) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
@@ -1111,10 +1111,10 @@ __device__ void f16_row_scales(const float *x, int n, int k, int t0, int n_rows,
         if (t0 + t < n)
             for (int c = c0 + 4 * lane; c < c1; c += 128) {
                 const float4 v = *(const float4 *)(x + (size_t)(t0 + t) * k + c);
-                m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+                m = fmaxf(m, amax4(v));
             }
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
-        if (lane == 0) inv[t] = m > 32768.f && m <= 3.0e38f ? exp2f(-ceilf(log2f(m / 32768.f))) : 1.f;
+        m = warp_max(m);
+        if (lane == 0) inv[t] = f16_row_scale(m);
     }
 }
 

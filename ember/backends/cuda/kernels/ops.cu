@@ -468,9 +468,8 @@ extern "C" __global__ void swiglu_oai(const float *gate, const float *up, float 
     out[i] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
 }
 
-// The prompt products through the BLAS library take x in f16. xh (n, k) = x * s_t, s_t = 1 or, for
-// a row whose largest magnitude would overflow f16, the power of two that brings it to 2^15;
-// inv[t] = 1 / s_t. A warp a row.
+// The prompt products through the BLAS library take x in f16: xh (n, k) = x * s_t, s_t the row's
+// f16_row_scale (as the tensor-core tiles scale their copies); inv[t] = 1 / s_t. A warp a row.
 extern "C" __global__ void x_to_f16(const float *__restrict__ x, u16 *__restrict__ xh, int n, int k,
                                     float *__restrict__ inv) {
     PDL_ENTER();
@@ -481,10 +480,9 @@ extern "C" __global__ void x_to_f16(const float *__restrict__ x, u16 *__restrict
     float m = 0.f;
     for (int c = 4 * lane; c < k; c += 128) {
         const float4 v = *(const float4 *)(xr + c);
-        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        m = fmaxf(m, amax4(v));
     }
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float s = m > 32768.f && m <= 3.0e38f ? exp2f(-ceilf(log2f(m / 32768.f))) : 1.f;
+    const float s = f16_row_scale(warp_max(m));
     if (lane == 0) inv[t] = 1.f / s;
     for (int c = 4 * lane; c < k; c += 128) {
         const float4 v = *(const float4 *)(xr + c);

@@ -292,9 +292,9 @@ class Matmul:
             return []
         if self.matvec():
             return self._matvec_launches(kernels)
-        groups = self.groups()
         if self.takes_blas():
             return self._blas_launches(kernels)
+        groups = self.groups()
         if self.split():
             if self.tail is not None or self.act_q is not None or (self.mode != MODE_STORE and len(groups) > 1):
                 raise AssertionError("batched products fuse only a residual add or a gate")
