@@ -120,7 +120,7 @@ def ember_many(path: Path, device: str) -> dict:
     if device != "cuda":
         raise ValueError("the 64-stream runs are measured on the GPU only (--skip many)")
     r = bc.many_streams(str(path), 64, 512, 128, False)
-    return {k: r[k] for k in ("total_tps", "gen_tps", "wall_s", "generated")}
+    return {k: r[k] for k in ("total_tps", "gen_tps", "wall_s", "generated", "decode_replay_ms", "decode_steps")}
 
 
 def llama_bench(bin_dir: Path, path: Path, reps: int, gpu: bool) -> dict:

@@ -13,8 +13,10 @@ launched --reps times between events, the median. Outputs of the two routes are 
     python bench/prompt_gemm.py [--shapes ...] [--tokens 64 128 256 512 2048] [--reps 20] [--out FILE]
 
 With --model NAME (one of bench/cuda_peer.py's synthetic files, written to --dir): whole-model pp512
-and tg128 (--many: and 64 streams x (512 + 128) total) through the engine instead, the backend without the BLAS route (blas_rows=0) and as it is
-alternating, --rounds times each (bench/cuda_peer.py's measurement).
+and tg128 (--many: and 64 streams x (512 + 128) total) through the engine instead, for each of
+--variants alternating, --rounds times each (bench/cuda_peer.py's measurement): tiles (no BLAS
+route), blas (the backend as it is), blas48 and blas64 (the route from 48 or 64 rows, ahead of
+mm_split).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ sys.path.insert(1, str(ROOT / "tests"))
 from ember.backends.cuda import Backend  # noqa: E402
 from ember.backends.cuda.config import CudaConfig  # noqa: E402
 from ember.backends.cuda.ops import Matmul  # noqa: E402
+from ember.backends.cuda._kernels import matmul_module  # noqa: E402
 from ember.quant import GGMLType  # noqa: E402
 
 # name: (type, rows m, columns k)  -- Llama-3.1-8B's layer matrices
@@ -84,6 +87,18 @@ def route_launches(b: Backend, w, x, y) -> list:
     return launches
 
 
+def same_dequant(cp, a, b, shape) -> bool:
+    """Whether two dequant_f16 launches into the same scratch write the same f16 matrix."""
+    m, k = shape
+    out = cp.ndarray((m * k,), np.uint16, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(int(a.args[4]), 2 * m * k, None), 0))
+    outs = []
+    for launch in (a, b):
+        out.fill(0xFFFF)
+        launch.run()
+        outs.append(cp.asnumpy(out))
+    return bool(np.array_equal(*outs))
+
+
 def run_all(launches) -> None:
     for launch in launches:
         launch.run()
@@ -94,7 +109,13 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool) -> dict:
+VARIANTS = {"tiles": {"blas_rows": 0},  # mm_split to 64 rows, the tiles beyond
+            "blas": {},  # the backend as it is
+            "blas48": {"blas_rows": 48},  # the BLAS route from 48 rows, ahead of mm_split
+            "blas64": {"blas_rows": 64}}
+
+
+def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool, labels: list) -> dict:
     peer = _bench_module("cuda_peer")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.gguf"
@@ -102,15 +123,17 @@ def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool) -> 
         t0 = time.time()
         peer.write(path, name)
         print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {time.time() - t0:.0f} s)", flush=True)
-    variants = {"tiles": {"blas_rows": 0}, "blas": {}}
+    variants = {label: VARIANTS[label] for label in labels}
     runs: dict = {v: [] for v in variants}
     for r in range(rounds):
         for label, changes in variants.items():
             res = peer.bc.with_config(changes, peer.ember_single, path, "cuda", reps)
-            line = f"round {r} {label:5}: pp512 {res['pp512']:8.1f} tok/s  tg128 {res['tg128']:6.1f}"
+            line = f"round {r} {label:7}: pp512 {res['pp512']:8.1f} tok/s  tg128 {res['tg128']:6.1f}"
             if many:
                 res["many"] = peer.bc.with_config(changes, peer.ember_many, path, "cuda")
-                line += f"  64 x (512 + 128) total {res['many']['total_tps']:8.1f} tok/s"
+                m = res["many"]
+                line += (f"  64 x (512 + 128) total {m['total_tps']:8.1f} tok/s (decode {m['gen_tps']:.0f} tok/s, "
+                         f"a 64-row step {m.get('decode_replay_ms') or float('nan'):.2f} ms replayed)")
             runs[label].append(res)
             print(line, flush=True)
     out = {"model": name, "runs": runs}
@@ -119,9 +142,8 @@ def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool) -> 
                       "tg128": statistics.median(x["tg128"] for x in runs[label])}
         if many:
             out[label]["many_total"] = statistics.median(x["many"]["total_tps"] for x in runs[label])
-    print(f"{name}: pp512 tiles {out['tiles']['pp512']:.1f}, blas {out['blas']['pp512']:.1f} -> "
-          f"{out['blas']['pp512'] / out['tiles']['pp512']:.2f}x; tg128 {out['tiles']['tg128']:.1f} / "
-          f"{out['blas']['tg128']:.1f}", flush=True)
+    for label in variants:
+        print(f"{name} {label:7}: " + ", ".join(f"{k} {v:.1f}" for k, v in out[label].items()), flush=True)
     return out
 
 
@@ -131,13 +153,15 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ember_models"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--many", action="store_true", help="with --model: 64 streams x (512 + 128) as well")
+    ap.add_argument("--variants", nargs="+", default=["tiles", "blas"], choices=sorted(VARIANTS),
+                    help="with --model: the backend configurations run, alternating")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[64, 128, 256, 512, 2048])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.model:
-        res = whole_model(args.model, args.dir, args.rounds, 3, args.many)
+        res = whole_model(args.model, args.dir, args.rounds, 3, args.many, args.variants)
         if args.out:
             args.out.write_text(json.dumps({"bench": "prompt_gemm", "whole_model": res}, indent=1, default=str))
         return
@@ -161,6 +185,9 @@ def main() -> None:
             t_route = time_us(cp, lambda: route.matmuls([w_route], x, [y_route]), args.reps)
             t_all = time_us(cp, lambda: run_all(parts), args.reps)
             t_deq = time_us(cp, dequant.run, args.reps)
+            staged = replace(dequant, fn=route.kernels.fn(matmul_module(qtype), "dequant_f16t"))
+            t_deqt = time_us(cp, staged.run, args.reps)
+            staged_same = same_dequant(cp, dequant, staged, w_route.shape)
             t_cvt = time_us(cp, convert.run, args.reps)
             t_gemm = time_us(cp, gemm.run, args.reps)
             t_uns = time_us(cp, unscale.run, args.reps)
@@ -170,7 +197,8 @@ def main() -> None:
             fl = 2.0 * n * m * k
             row = {"shape": name, "type": qtype.name, "m": m, "k": k, "tokens": n, "own_us": round(t_own, 2), "backend_us": round(t_route, 2),
                    "backend_err": err_route,
-                   "blas_us": round(t_all, 2), "dequant_us": round(t_deq, 2), "x_f16_us": round(t_cvt, 2),
+                   "blas_us": round(t_all, 2), "dequant_us": round(t_deq, 2), "dequant_staged_us": round(t_deqt, 2),
+                   "dequant_staged_same": staged_same, "x_f16_us": round(t_cvt, 2),
                    "gemm_us": round(t_gemm, 2), "unscale_us": round(t_uns, 2), "rel_err": err,
                    "own_tflops": round(fl / t_own / 1e6, 1), "blas_tflops": round(fl / t_all / 1e6, 1),
                    "gemm_tflops": round(fl / t_gemm / 1e6, 1), "speedup": round(t_own / t_all, 2)}
@@ -178,7 +206,8 @@ def main() -> None:
             print(f"{name:9} {qtype.name:5} n={n:5}: own {t_own:8.1f} us ({row['own_tflops']:6.1f} TF/s)  blas "
                   f"{t_all:8.1f} us ({row['blas_tflops']:6.1f})  = deq {t_deq:6.1f} + x {t_cvt:5.1f} + gemm "
                   f"{t_gemm:7.1f} ({row['gemm_tflops']:6.1f}) + uns {t_uns:4.1f}  -> {row['speedup']:.2f}x  "
-                  f"err {err:.1e}; backend now {t_route:8.1f} us (err {err_route:.1e})", flush=True)
+                  f"err {err:.1e}; backend now {t_route:8.1f} us (err {err_route:.1e}); staged deq {t_deqt:6.1f} "
+                  f"({'same' if staged_same else 'DIFFERS'})", flush=True)
     print(f"({time.time() - t0:.0f} s)")
     if args.out:
         args.out.write_text(json.dumps({"bench": "prompt_gemm", "device": b.describe(), "rows": rows}, indent=1,

@@ -437,7 +437,7 @@ def test_matmul_of_smaller_tiles(cuda, matrices, qtype, tile_rows, monkeypatch):
     assert rel_err(cuda.to_numpy(out), cuda.to_numpy(want).astype(np.float64)) < 1e-6
 
 
-@pytest.mark.parametrize("n", [65, 200])
+@pytest.mark.parametrize("n", [64, 65, 200])  # 64: ahead of mm_split
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.Q8_0,
                                    GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.TQ2_0], ids=lambda t: t.name)
 def test_prompt_products_through_blas(cuda, matrices, qtype, n, monkeypatch):

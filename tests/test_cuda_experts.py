@@ -557,8 +557,8 @@ def test_expert_activations_round_as_llama_cpp(group):
 @pytest.mark.parametrize("n", [8, 64, 65, 512])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.F16], ids=lambda t: t.name)
 def test_prompt_products_take_the_blas_route_by_size(n, qtype):
-    """(Device-free: the launches planned.) Products of quantized weights over blas_rows (64) rows or
-    more that mm_split does not take: x_to_f16, then for each matrix dequant_f16 and one cuBLAS call
+    """(Device-free: the launches planned.) Products of quantized weights over blas_rows rows or
+    more: x_to_f16, then for each matrix dequant_f16 and one cuBLAS call
     a run of rows (a 40000-row head of 2048 columns: two runs, the second offset into y), then
     unscale_rows; float weights, blas_rows 0 and smaller steps keep the tiles."""
     from types import SimpleNamespace
@@ -576,7 +576,7 @@ def test_prompt_products_take_the_blas_route_by_size(n, qtype):
     blas = BlasScratch(blas="cublas", wh=FakeArray((BLAS_W_VALUES,), 7 << 30), xh=FakeArray((n * k,), 8 << 30),
                        inv=FakeArray((n,), 9 << 30))
     mod = f"matmul_{int(qtype)}"
-    for rows in (64, 0):
+    for rows in (64, 0):  # from 64 rows (the default is 65), or never
         op = Matmul(ws, x, ys, mv_rows=4, cfg=CudaConfig(blas_rows=rows), blas_buf=blas)
         launches = op.launches(FakeKernels())
         names = [la.fn if hasattr(la, "fn") else "gemm" for la in launches]
@@ -591,5 +591,17 @@ def test_prompt_products_take_the_blas_route_by_size(n, qtype):
             assert launches[4].grid == (-(-(k // 32) // 128), run, 1)
         else:
             assert "gemm" not in names and "ops.x_to_f16" not in names, names
+    if n == 64 and qtype == GGMLType.Q4_K:
+        # a 64-row step (a batched decode of 64 sequences): the route from blas_rows rows comes
+        # before mm_split, which keeps the step below it
+        from ember.backends.cuda.ops.matmul import SplitScratch
+
+        split = SplitScratch(FakeArray((1 << 22,), 10 << 30), FakeArray((4096,), 11 << 30))
+        one = ws[:1]
+        for rows, want in ((64, "gemm"), (65, f"{mod}.mm_split")):
+            op = Matmul(one, x, ys[:1], mv_rows=8, cfg=CudaConfig(blas_rows=rows), blas_buf=blas, split_buf=split)
+            names = [la.fn if hasattr(la, "fn") else "gemm" for la in op.launches(FakeKernels())]
+            assert want in names, (rows, names)
+            assert op.split() == (rows == 65)
     with pytest.raises(ValueError, match="blas_rows"):
         CudaConfig(blas_rows=-1)

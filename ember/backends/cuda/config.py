@@ -31,9 +31,9 @@ class CudaConfig:
     # Weight rows per tensor-core tile block: 128, 64, or 0 for the choice by size (Matmul._tile_rows).
     tile_rows: int = 0
     # Products of quantized weights over at least this many activation rows (past the matrix-vector
-    # kernels and mm_split) dequantize each weight to f16 and multiply through cuBLAS; 0: the
-    # tensor-core tiles always.
-    blas_rows: int = 64
+    # kernels; ahead of mm_split, which takes 9..64 rows) dequantize each weight to f16 and multiply
+    # through cuBLAS; 0: the tensor-core tiles always.
+    blas_rows: int = 65
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:

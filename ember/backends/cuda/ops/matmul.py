@@ -264,8 +264,9 @@ class Matmul:
         return self.n <= self.mv_rows
 
     def split(self) -> bool:
-        """Whether the product takes mm_split (a batched decode step of quantized weights)."""
-        if self.split_buf is None or not self.mv_rows < self.n <= MS_TOK:
+        """Whether the product takes mm_split (a batched decode step of quantized weights that the
+        BLAS route does not take)."""
+        if self.split_buf is None or not self.mv_rows < self.n <= MS_TOK or self.takes_blas():
             return False
         if not all(quantized(w.type) for w in self.ws) or self.norm_w is not None:
             return False
@@ -305,11 +306,12 @@ class Matmul:
 
     # ---- the BLAS route ----
     def takes_blas(self) -> bool:
-        """Prompt-sized products of quantized weights (cfg.blas_rows rows or more, past the
-        matrix-vector kernels): each weight dequantized to f16, a run of rows at a time, and
+        """Products of quantized weights over cfg.blas_rows rows or more, past the matrix-vector
+        kernels, ahead of mm_split: each weight dequantized to f16, a run of rows at a time, and
         multiplied by cuBLAS (2-7x the tiles at 128-2048 rows of Llama-3.1-8B's matrices on an
-        H200; bench/prompt_gemm.py). Products mm_split takes (up to 64 rows) keep it. Float weights
-        keep the tiles (their x split into two f16 parts keeps f32's precision)."""
+        H200; bench/prompt_gemm.py). Float weights keep the tiles (their x split into two f16
+        parts keeps f32's precision). A product that took an epilogue (mm_split's gate or residual,
+        fused before the route was known) is not one of them."""
         return self.blas_buf is not None and self.wants_blas()
 
     def wants_blas(self) -> bool:
@@ -318,7 +320,7 @@ class Matmul:
             return False
         if self.matvec() or self.mode != MODE_STORE or self.norm_w is not None or self.tail is not None:
             return False
-        return not self.split() and all(quantized(w.type) for w in self.ws)
+        return self.act_q is None and self.pro_res is None and all(quantized(w.type) for w in self.ws)
 
     def _blas_launches(self, kernels) -> list:
         buf, n, k = self.blas_buf, self.n, self.k
