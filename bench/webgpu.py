@@ -167,8 +167,9 @@ def bench_model(spec: str, args) -> dict:
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                # each decode step queued once the host has read the one before (no decode-ahead)
-               "webgpu-serial": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen, ahead=False),
-               "cpu": Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)}
+               "webgpu-serial": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen, ahead=False)}
+    if not args.no_cpu:
+        runners["cpu"] = Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)
     samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
     variant = "?"
     for _ in range(args.reps):
@@ -392,6 +393,8 @@ def main() -> None:
                     help="time the prompt products alone, beside the mm of git revision REV (or of the matmul.wgsl "
                     "at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
+    ap.add_argument("--no-cpu", action="store_true",
+                    help="leave out ember's CPU backend (large files, where it would take minutes a rep)")
     ap.add_argument("--lanes", action="store_true",
                     help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
     args = ap.parse_args()
