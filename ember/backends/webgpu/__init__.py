@@ -66,7 +66,7 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -115,6 +115,11 @@ class Backend:
         # whole tiles (mm) from 64 rows (CPU_TILE_SLACK); a GPU wants lanes sharing a row's blocks
         # (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
+        # prompt-sized attention in tiles of rows sharing each key's loads (attn_tile: 2-5x the
+        # row kernel on lavapipe) on CPU adapters; a workgroup a (head, token) row on GPUs, where
+        # attn_tile's few workgroups (256 for Gemma 3's 512-token prompt) ran at half the row
+        # kernel's speed (H100, bench/NOTES.md)
+        self.tile_attention = self.row_products
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         self._recording: Step | None = None
         self._pending: Step | None = None
@@ -678,6 +683,10 @@ class Backend:
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         reach = tables.shape[1] * batch.page_size
         if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
+            if not self.tile_attention:
+                self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
+                               (n_head, n, 1))
+                return
             hp, tp = _attention_tile(n_head // n_kv_head, n, len(tables))
             params[12], params[13], params[14] = hp, tp, n
             self._dispatch("ops", "attn_tile", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,

@@ -1532,24 +1532,14 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int i = 0; i < 8; i++) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
 
-// out (rows, cols) f16 = rows [r0, r0 + rows) of W, for the prompt products through the BLAS
-// library (a whole matrix, or a run of its rows at a time, dequantized into one scratch buffer):
-// a thread a 32-value unit; grid (unit groups of 128, rows).
+// out (rows, cols) f16 = rows [r0, r0 + rows) of W, for the products through the BLAS library (a
+// whole matrix, or a run of its rows at a time, dequantized into one scratch buffer): a thread a
+// 32-value unit, a warp's 32 units staged in shared memory (rows of 40 halves: conflict-free 16-byte
+// stores) so that each store instruction of the warp writes 512 contiguous bytes of out (a unit a
+// thread straight to out, 16 bytes at a 64-byte stride, took 1.5-1.9x as long on an H100).
+// grid (unit groups of 128, rows).
 extern "C" __global__ void __launch_bounds__(128)
     dequant_f16(const u8 *__restrict__ w, i64 row_bytes, int r0, int cols, u16 *__restrict__ out) {
-    PDL_ENTER();
-    const int u = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-    if (u >= cols / 32) return;
-    float v[32];
-    unit_f<QT>(w + (size_t)(r0 + r) * row_bytes, u, v);
-    store_unit_f16(out + (size_t)r * cols + 32 * u, v);
-}
-
-// dequant_f16 with a warp's 32 units staged in shared memory (rows of 40 halves: conflict-free
-// 16-byte stores), so that each store instruction of the warp writes 512 contiguous bytes of out
-// instead of 16 bytes at a 64-byte stride. Same grid and arguments.
-extern "C" __global__ void __launch_bounds__(128)
-    dequant_f16t(const u8 *__restrict__ w, i64 row_bytes, int r0, int cols, u16 *__restrict__ out) {
     __shared__ __align__(16) u16 stage[4][32 * 40];
     PDL_ENTER();
     const int units = cols / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.y;

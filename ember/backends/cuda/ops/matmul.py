@@ -309,7 +309,8 @@ class Matmul:
         """Products of quantized weights over cfg.blas_rows rows or more, past the matrix-vector
         kernels, ahead of mm_split: each weight dequantized to f16, a run of rows at a time, and
         multiplied by cuBLAS (2-7x the tiles at 128-2048 rows of Llama-3.1-8B's matrices on an
-        H200; bench/prompt_gemm.py). Float weights keep the tiles (their x split into two f16
+        H200; at 64 rows 1.1-1.3x mm_split before dequant_f16 staged its stores;
+        bench/prompt_gemm.py). Float weights keep the tiles (their x split into two f16
         parts keeps f32's precision). A product that took an epilogue (mm_split's gate or residual,
         fused before the route was known) is not one of them."""
         return self.blas_buf is not None and self.wants_blas()

@@ -388,7 +388,10 @@ fn copy_pages(@builtin(global_invocation_id) g: vec3<u32>) {
     H[dst * words + g.x] = H[src * words + g.x];
 }
 
-// Paged causal attention (attn_tile; attn_part and attn_merge for decode on GPUs).
+// Paged causal attention: `attention` a workgroup a (query head, token) row (prompts on GPUs),
+// attn_tile a tile of rows a workgroup (every step on CPU adapters), attn_part and attn_merge for
+// decode rows on GPUs. `attention`: keys of the token's sequence in tiles of 64 (a thread a key's
+// score and its weight), online softmax, a thread 1-4 of the value dimensions.
 // A = q (n, n_head * hd_k), Y = out (n, n_head * hd_v), KC/VC caches of f16 pairs.
 // params: 0 n_head, 1 n_kv, 2 hd_k, 3 hd_v, 4 max_pages, 5 page_size, 6 window, 7 scale,
 // 8 softcap, 9 pos_off, 10 seq_off, 11 table_off
@@ -402,6 +405,28 @@ fn key_slot(table: u32, p: u32) -> u32 {
     return u32(I[table + p / ps]) * ps + p % ps;
 }
 
+fn key_score(slot: u32, kvh: u32) -> f32 {
+    let hd = pu(2u);
+    let base = slot * (pu(1u) * hd / 2u) + kvh * hd / 2u;
+    var s = 0.0;
+    var d = 0u;
+    for (; d + 4u <= hd / 2u; d += 4u) {  // 4 independent loads in flight
+        let k0 = unpack2x16float(KC[base + d]);
+        let k1 = unpack2x16float(KC[base + d + 1u]);
+        let k2 = unpack2x16float(KC[base + d + 2u]);
+        let k3 = unpack2x16float(KC[base + d + 3u]);
+        s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 2u], qv[2u * d + 3u]), vec4<f32>(k0, k1))
+            + dot(vec4<f32>(qv[2u * d + 4u], qv[2u * d + 5u], qv[2u * d + 6u], qv[2u * d + 7u]), vec4<f32>(k2, k3));
+    }
+    for (; d < hd / 2u; d++) {
+        let k = unpack2x16float(KC[base + d]);
+        s += qv[2u * d] * k.x + qv[2u * d + 1u] * k.y;
+    }
+    s *= pf(7u);
+    if (pf(8u) > 0.0) { s = pf(8u) * tanh_safe(s / pf(8u)); }
+    return s;
+}
+
 // A query token's position, where its page table starts in I, and the first key it attends
 struct AttRow { pos: u32, table: u32, first: u32 }
 
@@ -410,6 +435,80 @@ fn att_row(tok: u32) -> AttRow {
     var first = 0u;
     if (pu(6u) > 0u && pos + 1u > pu(6u)) { first = pos + 1u - pu(6u); }
     return AttRow(pos, pu(11u) + u32(I[pu(10u) + tok]) * pu(4u), first);
+}
+
+fn value_at(slot: u32, kvh: u32, d: u32) -> f32 {
+    let hd = pu(3u);
+    let w = VC[slot * (pu(1u) * hd / 2u) + kvh * hd / 2u + d / 2u];
+    let v = unpack2x16float(w);
+    if ((d & 1u) == 0u) { return v.x; }
+    return v.y;
+}
+
+@compute @workgroup_size(64)
+fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wid.x;
+    let tok = wid.y;
+    let n_head = pu(0u);
+    let hd_k = pu(2u);
+    let hd_v = pu(3u);
+    let kvh = h / (n_head / pu(1u));
+    let row = att_row(tok);
+    let pos = row.pos;
+    let table = row.table;
+    let first = row.first;
+    for (var d = t; d < hd_k; d += 64u) { qv[d] = A[(tok * n_head + h) * hd_k + d]; }
+    workgroupBarrier();
+    var m = -1e30;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    let n_tiles = (pos - first + 64u) / 64u;
+    for (var tile = 0u; tile < n_tiles; tile++) {
+        let p = first + tile * 64u + t;
+        var s = -1e30;
+        if (p <= pos) {
+            let slot = key_slot(table, p);
+            slot_of[t] = slot;
+            s = key_score(slot, kvh);
+        }
+        score[t] = s;
+        workgroupBarrier();
+        var top = m;
+        for (var j = 0u; j < 64u; j++) { top = max(top, score[j]); }
+        workgroupBarrier();
+        score[t] = exp(s - top);  // each key's weight, once
+        workgroupBarrier();
+        let keep = exp(m - top);
+        l *= keep;
+        for (var a = 0u; a < 4u; a++) { acc[a] *= keep; }
+        let n_keys = min(64u, pos + 1u - (first + tile * 64u));
+        var j = 0u;
+        for (; j + 4u <= n_keys; j += 4u) {  // 4 keys' values in flight
+            let w = vec4<f32>(score[j], score[j + 1u], score[j + 2u], score[j + 3u]);
+            l += w.x + w.y + w.z + w.w;
+            for (var a = 0u; a < 4u; a++) {
+                let d = t + 64u * a;
+                if (d < hd_v) {
+                    acc[a] += dot(w, vec4<f32>(value_at(slot_of[j], kvh, d), value_at(slot_of[j + 1u], kvh, d),
+                                               value_at(slot_of[j + 2u], kvh, d), value_at(slot_of[j + 3u], kvh, d)));
+                }
+            }
+        }
+        for (; j < n_keys; j++) {
+            let w = score[j];
+            l += w;
+            for (var a = 0u; a < 4u; a++) {
+                let d = t + 64u * a;
+                if (d < hd_v) { acc[a] += w * value_at(slot_of[j], kvh, d); }
+            }
+        }
+        m = top;
+        workgroupBarrier();
+    }
+    for (var a = 0u; a < 4u; a++) {
+        let d = t + 64u * a;
+        if (d < hd_v) { Y[(tok * n_head + h) * hd_v + d] = acc[a] / l; }
+    }
 }
 
 // Paged causal attention a tile of rows a workgroup: tp consecutive tokens x hp query heads that
