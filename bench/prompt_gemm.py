@@ -16,7 +16,7 @@ With --model NAME (one of bench/cuda_peer.py's synthetic files, written to --dir
 and tg128 (--many: and 64 streams x (512 + 128) total) through the engine instead, for each of
 --variants alternating, --rounds times each (bench/cuda_peer.py's measurement): tiles (no BLAS
 route), blas (the backend as it is), blas48 and blas64 (the route from 48 or 64 rows, ahead of
-mm_split).
+mm_split), run16 (the weight dequantized 16 MiB of f16 at a time).
 """
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def rel(a, b) -> float:
 VARIANTS = {"tiles": {"blas_rows": 0},  # mm_split to 64 rows, the tiles beyond
             "blas": {},  # the backend as it is
             "blas48": {"blas_rows": 48},  # the BLAS route from 48 rows, ahead of mm_split
-            "blas64": {"blas_rows": 64}}
+            "blas64": {"blas_rows": 64},
+            "run16": {"blas_run_mib": 16}}  # runs of rows whose f16 fits the L2 cache
 
 
 def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool, labels: list) -> dict:
