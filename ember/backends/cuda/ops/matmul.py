@@ -311,8 +311,8 @@ class Matmul:
         multiplied by cuBLAS (2-7x the tiles at 128-2048 rows of Llama-3.1-8B's matrices on an
         H200; at 64 rows 1.1-1.3x mm_split before dequant_f16 staged its stores;
         bench/prompt_gemm.py). Float weights keep the tiles (their x split into two f16
-        parts keeps f32's precision). A product that took an epilogue (mm_split's gate or residual,
-        fused before the route was known) is not one of them."""
+        parts keeps f32's precision). Products the route takes are not fused with their neighbours
+        (plain_or_split sees split() False), so a 64-row step's gate and residual add run apart."""
         return self.blas_buf is not None and self.wants_blas()
 
     def wants_blas(self) -> bool:
