@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked on the GPU machine, in one call:
 #
-#   bash bench/cuda_device_run.sh [tests] [experts] [spec] [quick] [full]     (default: tests quick)
+#   bash bench/cuda_device_run.sh [tests] [experts] [spec] [blas] [quick] [full]     (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
 #          decoder families (tests/test_cuda_families.py), then the quantized KV cache
@@ -12,6 +12,10 @@
 #          and off, in process): SmolLM2's real file (too large for one call's carry) joined from the
 #          pieces of `split -n 3` carried as .sp1, .sp2 and .sp3, one or more a call, by calls of this
 #          stage on the same warm machine
+#   blas   bench/prompt_gemm.py: the 8B's matrices at 16-512 rows (the cuBLAS route and its parts beside
+#          the backend without it), then the whole 8B shape (Q4_K, written there) with the variants in
+#          BLAS_VARIANTS (default: blas run16 blas48: as it is, the f16 scratch in runs that fit the L2
+#          cache, the route from 48 rows)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -113,6 +117,18 @@ runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device c
         echo "SmolLM2's pieces so far: $(ls /tmp/ember_sp | tr '\n' ' ')(all of 1 2 3 needed; spec skipped)"
       fi
       ;;
+    blas)
+      stage "bench blas"
+      timeout 90 $PY bench/prompt_gemm.py --shapes q-q4k up-q4k down-q6k q-q8 --tokens 16 32 48 64 512 --reps 10 \
+        --out "$OUT/prompt_gemm.json" >"$OUT/prompt_gemm.log" 2>&1
+      echo "bench exit $?"
+      tail -n 21 "$OUT/prompt_gemm.log" | cut -c1-300
+      timeout 360 $PY bench/prompt_gemm.py --model llama8b-Q4_K --rounds 1 --many --variants ${BLAS_VARIANTS:-blas run16 blas48} \
+        --out "$OUT/prompt_gemm_8b.json" >"$OUT/prompt_gemm_8b.log" 2>&1
+      echo "bench exit $?"
+      grep -v "^\s*$" "$OUT/prompt_gemm_8b.log" | tail -n 8 | cut -c1-300
+      rm -f /tmp/ember_models/llama8b-Q4_K.gguf
+      ;;
     quick|full)
       stage "bench $s"
       flag=""; [ "$s" = quick ] && flag="--quick"
@@ -127,6 +143,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device c
         tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
       fi
       ;;
-    *) echo "unknown stage '$s' (tests, experts, spec, quick, full)" ;;
+    *) echo "unknown stage '$s' (tests, experts, spec, blas, quick, full)" ;;
   esac
 done
