@@ -66,9 +66,12 @@ def _timed(fn) -> float:
 class Runner:
     """One ember backend on a model, warmed up (pipelines compiled, steps recorded)."""
 
-    def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int, ahead: bool | None = None):
+    def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int, ahead: bool | None = None,
+                 tile_attention: bool | None = None):
         self.llm = LLM(str(path), device=device, threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt,
                        decode_ahead=ahead)
+        if tile_attention is not None:  # before any step is recorded
+            self.llm.backend.tile_attention = tile_attention
         self.n_prompt, self.n_gen = n_prompt, n_gen
         self.vocab = min(self.llm.model.n_vocab, 32000)
         rng = np.random.default_rng(0)
@@ -168,6 +171,9 @@ def bench_model(spec: str, args) -> dict:
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                # each decode step queued once the host has read the one before (no decode-ahead)
                "webgpu-serial": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen, ahead=False)}
+    if args.attention_ab:  # the other prompt-attention kernel (attn_tile on a GPU, the row kernel on a CPU adapter)
+        runners["webgpu-other-attn"] = Runner(path, args.device, args.threads, args.n_prompt, args.n_gen,
+                                              tile_attention=not runners["webgpu"].llm.backend.tile_attention)
     if not args.no_cpu:
         runners["cpu"] = Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)
     samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
@@ -355,9 +361,9 @@ def report_products(name: str, r: dict) -> None:
 
 def report(name: str, r: dict, args) -> None:
     print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
-    for key in ("webgpu", "webgpu-serial", "cpu", "llama.cpp"):
+    for key in ("webgpu", "webgpu-serial", "webgpu-other-attn", "cpu", "llama.cpp"):
         if key in r:
-            print(f"  {key:13s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
+            print(f"  {key:17s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
     print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
@@ -393,6 +399,8 @@ def main() -> None:
                     help="time the prompt products alone, beside the mm of git revision REV (or of the matmul.wgsl "
                     "at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
+    ap.add_argument("--attention-ab", action="store_true",
+                    help="also a runner with the other prompt-attention kernel (attn_tile / the row kernel)")
     ap.add_argument("--no-cpu", action="store_true",
                     help="leave out ember's CPU backend (large files, where it would take minutes a rep)")
     ap.add_argument("--lanes", action="store_true",

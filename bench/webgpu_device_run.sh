@@ -7,6 +7,7 @@
 #          model cache: skeletons have the real shapes, not the real weights)
 #   bench  bench/webgpu.py on the skeletons (pp512, tg128, 3 reps; ember's CPU backend beside it,
 #          llama.cpp's CPU build where LLAMA_CPP_DIR has it)
+#          (BENCH_ARGS="--attention-ab": also the other prompt-attention kernel, attn_tile on a GPU)
 #   lanes  bench/webgpu.py --lanes: the decode kernel with 32, 64 and 128 lanes a workgroup
 #
 # Carry .gl (the Vulkan loader and its friends, as Debian packages: the device README says how) and
@@ -55,7 +56,7 @@ for s in $STAGES; do
     bench)
       stage bench
       [ ${#MODELS[@]} -gt 0 ] || { echo "no models to bench"; continue; }
-      timeout 500 $PY bench/webgpu.py --models "${MODELS[@]}" --n-prompt 512 --n-gen 128 --reps 3 \
+      timeout 500 $PY bench/webgpu.py --models "${MODELS[@]}" --n-prompt 512 --n-gen 128 --reps 3 ${BENCH_ARGS:-} \
         --out "$OUT/bench.json" >"$OUT/bench.log" 2>&1
       echo "bench exit $?"
       grep -v XDG_RUNTIME_DIR "$OUT/bench.log" | tail -n 45
