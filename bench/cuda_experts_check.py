@@ -34,7 +34,8 @@ sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda._kernels import kernel_source, low_bit_source  # noqa: E402
 from ember.backends.cuda.ops.experts import (  # noqa: E402
-    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, mv_group, tile_bound)
+    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, device_row_bytes, mv_group, regroup_mxfp4,
+    tile_bound)
 from ember.quant import GGMLType, dequantize, layout, quantize  # noqa: E402
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
@@ -301,9 +302,11 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row
     x = rng.normal(0, 1, (n * top_k if per_row else n, k)).astype(np.float32)
     n_sel = ids.size
     header = struct.pack("<9iq", n_expert, m, k, x.shape[0], x_div, n_sel, int(tile), tile_bound(n_sel, n_expert),
-                         mv_group(k), layout(qtype).row_bytes(k))
+                         mv_group(k), device_row_bytes(qtype, k))
+    # the stack as the backend uploads it (MXFP4 regrouped: ops.cu mxfp4_regroup)
+    dev = regroup_mxfp4(raw.reshape(n_expert * m, -1), k) if qtype == GGMLType.MXFP4 else raw
     inp, outp = workdir / "in.bin", workdir / "out.bin"
-    inp.write_bytes(header + raw.tobytes() + quant_x(x) + ids.tobytes())
+    inp.write_bytes(header + dev.tobytes() + quant_x(x) + ids.tobytes())
     subprocess.run([str(exe), str(inp), str(outp)], check=True, timeout=600)
     got = np.fromfile(outp, np.float32).reshape(n_sel, m)
     if not np.isfinite(got).all():

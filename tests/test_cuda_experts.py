@@ -21,7 +21,8 @@ from test_cuda import REASON, poisoned, rel_err
 
 from ember.backends import get_backend
 from ember.backends.cuda.config import CudaConfig
-from ember.backends.cuda.ops.experts import EG_MAX_EXPERTS, ET_ROWS, ET_TOK, EXPERT_TYPES, mv_group, tile_bound
+from ember.backends.cuda.ops.experts import (EG_MAX_EXPERTS, ET_ROWS, ET_TOK, EXPERT_TYPES, device_row_bytes, mv_group,
+                                             regroup_mxfp4, tile_bound)
 from ember.gguf_loader import GGUFFile
 from ember.quant import GGMLType, dequantize, quantize
 
@@ -362,6 +363,27 @@ def test_unit_form_is_the_reference_dequantizer(qtype):
     np.testing.assert_allclose(values.reshape(8, COLS), dequantize(raw, qtype), rtol=1e-6, atol=1e-9)
     if qtype in UNIT_SCALE:
         assert (a[..., 0] == a[..., 1]).all() and (b[..., 0] == b[..., 1]).all()
+
+
+@pytest.mark.parametrize("k", [32, 352, 512, 2880])
+def test_mxfp4_device_layout_holds_every_unit(k):
+    """MXFP4 experts on the device (regroup_mxfp4, as ops.cu mxfp4_regroup makes them): unit u of a row
+    is read where unit_q reads it -- scale byte u % 16 of run u // 16 (272 bytes a run), its 16 code
+    bytes 16 + 16 (u % 16) into the run -- and gives back the reference values; rows are 16-byte
+    multiples no more than 15 bytes longer than GGUF's (a last run of t units: 16 + 16 t bytes)."""
+    rows, n = 5, k // 32
+    raw = quantize(np.random.default_rng(k).normal(0, 1, (rows, k)).astype(np.float32), GGMLType.MXFP4)
+    raw = raw.reshape(rows, -1)
+    dev = regroup_mxfp4(raw, k)
+    rb = device_row_bytes(GGMLType.MXFP4, k)
+    assert dev.shape == (rows, rb) and rb % 16 == 0 and 0 <= rb - n * 17 <= 15
+    units = np.empty((rows, n, 17), np.uint8)
+    for u in range(n):
+        run = (u // 16) * 272
+        units[:, u, 0] = dev[:, run + u % 16]
+        units[:, u, 1:] = dev[:, run + 16 + 16 * (u % 16):run + 32 + 16 * (u % 16)]
+    np.testing.assert_array_equal(dequantize(units.reshape(-1), GGMLType.MXFP4),
+                                  dequantize(raw.reshape(-1), GGMLType.MXFP4))
 
 
 @pytest.mark.parametrize("n_expert,n,k", [(16, 1, 4), (16, 3, 8), (128, 512, 8), (32, 512, 4), (1024, 64, 8),

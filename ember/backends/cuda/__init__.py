@@ -30,8 +30,10 @@ from .ops import (MATRIX_TYPES, Add, AddRow, CopyPages, DeviceMatrix, GatedAct, 
                   quantized, xq_bytes)
 from .ops.kvquant import ATTQ_MAX_D, AttentionQ, Hadamard, KvStoreQ
 from .ops.attention import ATT_MAX_D, Attention, AttentionStep, AttentionTarget, plan_attention, runs_contiguous
-from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, ROUTE_MAX_EXPERTS, ExpertBias, ExpertMatmul, ExpertScratch,
-                          ExpertSum, RouteExperts, SwigluOai, experts_module, tile_bound)
+from .ops.base import i32, i64, ptr
+from .ops.experts import (EG_MAX_EXPERTS, EXPERT_TYPES, MXFP4_RUN, ROUTE_MAX_EXPERTS, ExpertBias,
+                          ExpertMatmul, ExpertScratch, ExpertSum, RouteExperts, SwigluOai, device_row_bytes,
+                          experts_module, tile_bound)
 from .ops.matmul import BLAS_W_VALUES, MS_COUNTERS, MS_PART_FLOATS, XS_TYPES, BlasGemm, BlasScratch, mv_rows_for
 from .ops.sample import TOPK_MAX, TOPS_MAX, tops_k, tops_slices
 
@@ -185,10 +187,26 @@ class Backend:
         else:
             self._prefetch_matrix_modules(tensor.type, shape[0])
         raw = np.asarray(tensor.data).reshape(-1)  # the bytes, whatever shape the caller's array has
+        if tensor.type == GGMLType.MXFP4:  # stacked experts only (EXPERT_TYPES): regrouped on the device
+            return Weight(tensor.name, tensor.type, shape, self._mxfp4_stack(raw, shape))
         buf = self.cp.zeros(raw.nbytes + WEIGHT_PADDING, np.uint8)  # a memset: no kernel to compile
         buf[:raw.nbytes].set(raw)
         row_bytes = layout(tensor.type).row_bytes(shape[-1])
         return Weight(tensor.name, tensor.type, shape, DeviceMatrix(buf, row_bytes))
+
+    def _mxfp4_stack(self, raw: np.ndarray, shape: tuple) -> DeviceMatrix:
+        """MXFP4 experts in the layout unit_q reads: GGUF's 17-byte units regrouped in runs of 16
+        with aligned codes (ops.cu mxfp4_regroup), from a copy of the file's bytes freed after."""
+        rows, k = int(np.prod(shape[:-1])), shape[-1]
+        row_bytes = device_row_bytes(GGMLType.MXFP4, k)
+        src = self.cp.empty(raw.nbytes, np.uint8)
+        src.set(raw)
+        buf = self.cp.zeros(rows * row_bytes + WEIGHT_PADDING, np.uint8)
+        slots = rows * -(-(k // 32) // MXFP4_RUN) * MXFP4_RUN
+        Launch(self.kernels.fn("ops", "mxfp4_regroup"), (-(-slots // 256), 1, 1), (256, 1, 1),
+               (ptr(src), ptr(buf), i64(rows), i32(k // 32), i64(row_bytes))).run()
+        del src  # (the launch is ordered before any later use of the pool's memory)
+        return DeviceMatrix(buf, row_bytes)
 
     def _prefetch_matrix_modules(self, qtype: GGMLType, rows: int) -> None:
         """Compile a weight type's kernels while the weights upload."""

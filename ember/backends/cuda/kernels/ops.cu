@@ -450,6 +450,28 @@ extern "C" __global__ void expert_sum(const float *y, const float *weights, floa
     out[i] = acc;
 }
 
+// MXFP4 rows as GGUF stores them (units of 17 bytes: an E8M0 scale, then 16 bytes of codes) into the
+// device layout unit_q reads (quant.cuh): each run of 16 units becomes 272 bytes, their 16 scales then
+// their 16 code runs, so every code run is 16-byte aligned. A row's last run of t < 16 units takes
+// 16 + 16 t bytes (its unused scale bytes zero), so rows grow by at most 15 bytes and are 16-byte
+// multiples (experts.py device_row_bytes). A thread a unit slot: rows of n units in, row_bytes out.
+extern "C" __global__ void mxfp4_regroup(const u8 *__restrict__ src, u8 *__restrict__ dst, i64 rows, int n,
+                                         i64 row_bytes) {
+    const int slots = (n + 15) / 16 * 16;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * slots) return;
+    const i64 r = i / slots;
+    const int u = (int)(i % slots), j = u % 16;
+    u8 *g = dst + r * row_bytes + (i64)(u / 16) * 272;
+    if (u >= n) {  // a slot of the last run past the row's units: its scale byte only
+        g[j] = 0;
+        return;
+    }
+    const u8 *s = src + (r * n + u) * 17;
+    g[j] = s[0];
+    for (int b = 0; b < 16; b++) g[16 + 16 * j + b] = s[1 + b];
+}
+
 // y (rows, d) += b[ids[s]] (b (n_expert, d)) for each row s: the chosen experts' biases
 extern "C" __global__ void expert_bias(float *y, const float *b, const int *ids, int rows, int d) {
     PDL_ENTER();

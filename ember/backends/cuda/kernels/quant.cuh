@@ -23,6 +23,7 @@
 #define T_IQ4_XS 23
 #define T_BF16 30
 #define T_MXFP4 39
+#define MXFP4_RUN_BYTES 272  // 16 units of MXFP4 in the device layout (unit_q)
 // the low-bit types: quant_iq.cuh (concatenated after this file)
 #define T_IQ2_XXS 16
 #define T_IQ2_XS 17
@@ -142,13 +143,16 @@ DEVI void lowbit_unit_q(const u8 *__restrict__ row, int u, QUnit &o);
 // Unit u (values 32u .. 32u+31) of a quantized row.
 template <int TT>
 DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
-    if constexpr (TT == T_MXFP4) {  // 17 bytes: u8 e (E8M0) | qs[16]; read bytewise (no alignment)
-        const u8 *b = row + (size_t)u * 17;
-        const u32 e = b[0];
+    if constexpr (TT == T_MXFP4) {  // the device layout (ops.cu mxfp4_regroup): runs of 16 units of
+        // 272 bytes, u8 e (E8M0) x 16 | qs[16] x 16; rows start 16-byte aligned
+        const u8 *g = row + (size_t)(u >> 4) * MXFP4_RUN_BYTES;
+        const u32 e = g[u & 15];
         const float d = as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);  // 2^(e - 128)
+        const uint4 qv = *(const uint4 *)(g + 16 + 16 * (u & 15));
+        const u32 ws[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const u32 w = (u32)b[1 + 4 * i] | (u32)b[2 + 4 * i] << 8 | (u32)b[3 + 4 * i] << 16 | (u32)b[4 + 4 * i] << 24;
+            const u32 w = ws[i];
             o.q[i] = (int)mxfp4_levels(w & 0x0F0F0F0Fu);
             o.q[i + 4] = (int)mxfp4_levels((w >> 4) & 0x0F0F0F0Fu);
         }

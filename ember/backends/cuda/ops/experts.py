@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ....quant.types import GGMLType, layout
 from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantized
 
@@ -35,6 +37,30 @@ EG_MAX_EXPERTS = 1024  # experts expert_group sorts into (its shared counters)
 ROUTE_MAX_EXPERTS = 256  # route_experts holds 8 experts a lane (ops.cu)
 # Types of stacked experts: every matrix type, and MXFP4 (gpt-oss's experts; unit_q in quant.cuh)
 EXPERT_TYPES = MATRIX_TYPES | {GGMLType.MXFP4}
+
+
+MXFP4_RUN, MXFP4_RUN_BYTES = 16, 272  # the device layout of MXFP4 (ops.cu mxfp4_regroup, quant.cuh unit_q)
+
+
+def device_row_bytes(qtype, k: int) -> int:
+    """Bytes of a row of k values of stacked experts on the device: GGUF's, except MXFP4, whose units
+    are regrouped in runs of 16 (272 bytes: 16 scale bytes, then 16 aligned code runs), the last run
+    of t < 16 units in 16 + 16 t bytes."""
+    if qtype == GGMLType.MXFP4:
+        n = k // 32
+        return n // MXFP4_RUN * MXFP4_RUN_BYTES + (16 + 16 * (n % MXFP4_RUN) if n % MXFP4_RUN else 0)
+    return layout(qtype).row_bytes(k)
+
+
+def regroup_mxfp4(raw: np.ndarray, k: int) -> np.ndarray:
+    """What mxfp4_regroup (ops.cu) makes of MXFP4 rows (rows, k / 32 * 17) bytes, in numpy (tests and
+    bench/cuda_experts_check.py; the backend regroups on the device)."""
+    rows, n = raw.shape[0], k // 32
+    units = np.zeros((rows, -(-n // MXFP4_RUN) * MXFP4_RUN, 17), np.uint8)
+    units[:, :n] = raw.reshape(rows, n, 17)
+    runs = units.reshape(rows, -1, MXFP4_RUN, 17)
+    out = np.concatenate([runs[..., 0], runs[..., 1:].reshape(rows, runs.shape[1], 16 * MXFP4_RUN)], axis=2)
+    return out.reshape(rows, -1)[:, :device_row_bytes(GGMLType.MXFP4, k)]
 
 
 def experts_module(qtype) -> str:
