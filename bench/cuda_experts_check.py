@@ -219,14 +219,16 @@ static std::vector<T> read_vec(FILE *f, size_t n) {
 
 int main(int argc, char **argv) {
     FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
-    int h[9];
+    int h[10];
     long long row_bytes;
-    if (fread(h, 4, 9, in) != 9 || fread(&row_bytes, 8, 1, in) != 1) return 2;
+    if (fread(h, 4, 10, in) != 10 || fread(&row_bytes, 8, 1, in) != 1) return 2;
     const int n_expert = h[0], m = h[1], k = h[2], x_rows = h[3], x_div = h[4], n_sel = h[5], tile = h[6],
-              bound = h[7], group = h[8];
+              bound = h[7], group = h[8], has_bias = h[9];
     auto w = read_vec<u8>(in, (size_t)n_expert * m * row_bytes);
     auto xq = read_vec<u8>(in, (size_t)x_rows * k + (size_t)x_rows * (k / 32) * 16);
     auto ids = read_vec<int>(in, n_sel);
+    auto bias_v = read_vec<float>(in, has_bias ? (size_t)n_expert * m : 0);
+    const float *bias = has_bias ? bias_v.data() : nullptr;
     std::vector<float> y((size_t)n_sel * m, NAN);
     const long long expert_bytes = (long long)m * row_bytes;
     if (tile) {
@@ -237,12 +239,12 @@ int main(int argc, char **argv) {
         if (n_tiles[0] > bound) return 5;
         launch({(unsigned)((m + ET_R - 1) / ET_R), (unsigned)bound, 1}, {ET_T, 1, 1}, [&] {
             expert_tile(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, order.data(),
-                        (const int4 *)tiles.data(), n_tiles.data(), y.data());
+                        (const int4 *)tiles.data(), n_tiles.data(), y.data(), bias);
         });
     } else {
         launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)std::min(n_expert, n_sel), 1}, {EMV_T, 1, 1}, [&] {
             expert_mv(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, ids.data(), n_sel, n_expert,
-                      group, y.data());
+                      group, y.data(), bias);
         });
     }
     fwrite(y.data(), 4, y.size(), out);
@@ -291,7 +293,7 @@ def random_stack(rng, qtype: GGMLType, n_expert: int, m: int, k: int) -> np.ndar
 
 
 def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row: bool, tile: bool, rng,
-          n_expert: int = 8, m: int = 72) -> float:
+          n_expert: int = 8, m: int = 72, bias: bool = False) -> float:
     """The relative error of one kernel's product (NaN: an output row left unwritten). 72 rows: a
     tile of 64 and one of 8, blocks of 16 rows and one of 8; rows of 32-value blocks take 352
     values (chunks of 8 units and one of 3), the K types 512."""
@@ -301,18 +303,21 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row
     x_div = 1 if per_row else top_k
     x = rng.normal(0, 1, (n * top_k if per_row else n, k)).astype(np.float32)
     n_sel = ids.size
-    header = struct.pack("<9iq", n_expert, m, k, x.shape[0], x_div, n_sel, int(tile), tile_bound(n_sel, n_expert),
-                         mv_group(k), device_row_bytes(qtype, k))
+    b = rng.normal(0, 1, (n_expert, m)).astype(np.float32) if bias else np.zeros((0,), np.float32)
+    header = struct.pack("<10iq", n_expert, m, k, x.shape[0], x_div, n_sel, int(tile), tile_bound(n_sel, n_expert),
+                         mv_group(k), int(bias), device_row_bytes(qtype, k))
     # the stack as the backend uploads it (MXFP4 regrouped: ops.cu mxfp4_regroup)
     dev = regroup_mxfp4(raw.reshape(n_expert * m, -1), k) if qtype == GGMLType.MXFP4 else raw
     inp, outp = workdir / "in.bin", workdir / "out.bin"
-    inp.write_bytes(header + dev.tobytes() + quant_x(x) + ids.tobytes())
+    inp.write_bytes(header + dev.tobytes() + quant_x(x) + ids.tobytes() + b.tobytes())
     subprocess.run([str(exe), str(inp), str(outp)], check=True, timeout=600)
     got = np.fromfile(outp, np.float32).reshape(n_sel, m)
     if not np.isfinite(got).all():
         return float("nan")  # a row left unwritten
     dense = dequantize(raw.reshape(-1), qtype).reshape(n_expert, m, k).astype(np.float64)
     want = np.einsum("sij,sj->si", dense[ids.reshape(-1)], x[np.arange(n_sel) // x_div])
+    if bias:
+        want += b[ids.reshape(-1)]
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
@@ -333,11 +338,11 @@ def main() -> int:
                 for kernel in ("expert_mv", "expert_tile", "expert_tile (dp4a)"):
                     for top_k, per_row in ((8, False), (4, True)):
                         err = check(exe_dp4a if "dp4a" in kernel else exe, workdir, qtype, n, top_k, per_row,
-                                    kernel != "expert_mv", rng)
+                                    kernel != "expert_mv", rng, bias=per_row)  # biases: half the runs
                         ok = err < 2e-2
                         failed += not ok
                         print(f"{name:7} {kernel:18} {n:4} tok top-{top_k} "
-                              f"{'x per selection' if per_row else 'shared x':15} rel err {err:.2e} "
+                              f"{'x per selection, biases' if per_row else 'shared x':23} rel err {err:.2e} "
                               f"{'ok' if ok else 'FAIL'}", flush=True)
             print(f"  ({time.time() - t0:.0f} s)", flush=True)
     print("every run within the int8 products' error" if not failed else f"{failed} runs FAILED")

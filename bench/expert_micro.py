@@ -74,7 +74,7 @@ def old_launch(b: Backend, w, x, x_div: int, ids, y) -> Launch:
     """expert_matmul (experts.cu) on a quantized stack: the kernel every type took before."""
     n_expert, m, k = w.shape
     args = (ptr(w.data.buf), i64(w.data.row_bytes), i64(m * w.data.row_bytes), i32(m), i32(k), ptr(x), i32(x_div),
-            ptr(ids), i32(ids.size), ptr(y))
+            ptr(ids), i32(ids.size), ptr(y), ptr(None))  # no biases
     fn = b.kernels.fn(experts_module(w.type), "expert_matmul")
     return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
 

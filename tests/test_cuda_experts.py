@@ -453,14 +453,15 @@ def experts_check():
 def test_kernels_on_the_cpu(tmp_path, qtype, runs):
     """expert_group, expert_tile (tensor-core path, fragments as the PTX ISA lays them out; and the
     dp4a path of HIP and older GPUs) and expert_mv as compiled from experts.cu, run on the CPU:
-    every selection's row written and within int8 rounding of the float64 product."""
+    every selection's row written and within int8 rounding of the float64 product; the runs with
+    an x per selection also add the chosen experts' bias rows as they store (a fused ExpertBias)."""
     check = experts_check()
     exes = {"tile_dp4a": check.build(tmp_path, qtype, dp4a=True)} if any(r[1] == "tile_dp4a" for r in runs) else {}
     exe = check.build(tmp_path, qtype)
     for n, kernel, per_row in runs:
         top_k = 4 if per_row else 8
         err = check.check(exes.get(kernel, exe), tmp_path, qtype, n, top_k, per_row, kernel != "mv",
-                          np.random.default_rng(n))
+                          np.random.default_rng(n), bias=per_row)
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
 
 

@@ -398,7 +398,7 @@ def kernel_params(name: str) -> list[str]:
     src = strip_comments("".join(p.read_text() for p in sorted(KERNELS.glob("*.c*"))))
     macros = {m.group(1): m.group(2).replace("\\\n", " ")
               for m in re.finditer(r"#define (\w+_PARAMS)((?:[^\n]*\\\n)*[^\n]*)", src)}
-    m = re.search(r"extern \"C\" __global__ void(?: __cluster_dims__\([\w, ]+\))?(?: __launch_bounds__\([\w, ]+\))?\s+" + name + r"\(([^)]*)\)", src)
+    m = re.search(r"extern \"C\" __global__ void(?: __cluster_dims__\([\w, ]+\))?(?: __launch_bounds__\([\w, *]+\))?\s+" + name + r"\(([^)]*)\)", src)
     assert m, f"kernel {name} not found"
     params = m.group(1)
     for macro, text in macros.items():
@@ -911,3 +911,71 @@ def test_attention_plans_follow_the_step():
     assert not plan_attention(AttentionTarget(132, tiles=False, clusters=False), prompt).tiles
     odd = plan_attention(h200, AttentionStep(512, 1, 1024, 4, 1, 96, 96, single=False, contiguous=True))
     assert not odd.tiles and odd.heads_per_block == 8  # no tile module for heads of 96
+
+
+# ---- mixture-of-experts layers (gpt-oss: biases on the experts) ----
+
+def expert_stack(n_expert: int, m: int, k: int, qtype=GGMLType.MXFP4) -> Weight:
+    buf = type("Matrix", (), {"buf": Addr(n_expert * m * k), "row_bytes": k})()
+    return Weight("experts", qtype, (n_expert, m, k), buf)
+
+
+def expert_bias_stack(n_expert: int, m: int) -> Weight:
+    return Weight("bias", GGMLType.F32, (n_expert, m), type("Matrix", (), {"buf": Addr(n_expert, m)})())
+
+
+def moe_ops(n: int, ids: Addr, d=256, ff=512, n_expert=8, k=4, qtype=GGMLType.MXFP4):
+    """A gpt-oss feed-forward as ember/models/_moe.py records it, and its stacks and outputs."""
+    from ember.backends.cuda.ops.experts import ExpertBias, ExpertMatmul, ExpertScratch, ExpertSum, SwigluOai
+
+    h, out = Addr(n, d), Addr(n, d)
+    gate, up, down = expert_stack(n_expert, ff, d, qtype), expert_stack(n_expert, ff, d, qtype), \
+        expert_stack(n_expert, d, ff, qtype)
+    bg, bu, bd = expert_bias_stack(n_expert, ff), expert_bias_stack(n_expert, ff), expert_bias_stack(n_expert, d)
+    g, u, y = Addr(n * k, ff), Addr(n * k, ff), Addr(n * k, d)
+    scratch = ExpertScratch(Addr(xq_bytes(n * k, ff), dtype=np.uint8), Addr(n * k, dtype=np.int32),
+                            Addr(64, 4, dtype=np.int32), Addr(1, dtype=np.int32))
+    ops = [ExpertMatmul([gate, up], h, k, ids, [g, u], scratch, -1), ExpertBias(g, bg, ids), ExpertBias(u, bu, ids),
+           SwigluOai(g, u, g, 1.702, 7.0), ExpertMatmul([down], g, 1, ids, [y], scratch, -1), ExpertBias(y, bd, ids),
+           ExpertSum(y, Addr(n, k), out)]
+    return ops, (bg, bu, bd)
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_expert_biases_fold_into_the_products(n):
+    """Each ExpertBias right after the product that wrote its rows (same routing) goes into that
+    product's launches, which store y + the chosen expert's bias row: three launches a layer fewer."""
+    from ember.backends.cuda.ops.experts import ExpertBias, ExpertMatmul
+
+    ids = Addr(n, 4, dtype=np.int32)
+    ops, (bg, bu, bd) = moe_ops(n, ids)
+    fused = fuse(ops, counter)
+    assert [type(op).__name__ for op in fused] == ["ExpertMatmul", "SwigluOai", "ExpertMatmul", "ExpertSum"]
+    assert fused[0].biases == [bg, bu] and fused[2].biases == [bd]
+    for op in (fused[0], fused[2]):
+        launches = op.launches(FakeKernels())
+        products = [la for la in launches if la.fn[1] in ("expert_mv", "expert_tile")]
+        assert products and {la.fn[1] for la in products} == {"expert_mv" if n == 1 else "expert_tile"}
+        assert [int(la.args[-1]) for la in products] == [b.data.buf.data.ptr for b in op.biases]
+    # another routing's biases, or rows the product did not write, stay a launch of their own
+    other = Addr(n, 4, dtype=np.int32)
+    apart = [ops[0], ExpertBias(ops[0].ys[0], bg, other), ExpertBias(Addr(n * 4, 512), bu, ids)]
+    assert [type(op) for op in fuse(apart, counter)] == [ExpertMatmul, ExpertBias, ExpertBias]
+    assert fuse(apart, counter)[0].biases is None
+
+
+def test_expert_launch_arguments_match_the_kernels():
+    """expert_mv, expert_tile, expert_group and expert_matmul (float stacks) get arguments as wide as
+    the kernels' parameters, with and without biases (a null pointer without)."""
+    seen = set()
+    for qtype in (GGMLType.MXFP4, GGMLType.F16):
+        for n in (1, 64):
+            ids = Addr(n, 4, dtype=np.int32)
+            ops, _ = moe_ops(n, ids, qtype=qtype)
+            for op in [o for o in ops + fuse(ops, counter) if hasattr(o, "ws")]:
+                for launch in op.launches(FakeKernels()):
+                    seen.add(launch.fn[1])
+                    assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
+                    if launch.fn[1] in ("expert_mv", "expert_tile", "expert_matmul") and op.biases is None:
+                        assert int(launch.args[-1]) == 0
+    assert {"expert_mv", "expert_tile", "expert_group", "expert_matmul", "quant_x_llama"} <= seen

@@ -10,6 +10,8 @@ First, pairs as the ops arrive:
   Matmul(-> h) + Add(r, h -> r)          -> Matmul writing h and adding it into r
   RmsNorm(h -> h) + Add(r, h -> r)       -> NormAdd
   Matmul(-> h) + NormAdd(h, r)           -> Matmul whose tail normalises h and adds it into r
+  ExpertMatmul(-> y) + ExpertBias(y)     -> ExpertMatmul adding the chosen experts' bias rows as it
+                                            stores y (gpt-oss: three launches a layer fewer)
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
   QkvPost + Attention, one token per sequence -> Attention doing the QkvPost's work (decode steps)
 
@@ -52,6 +54,7 @@ from .ops import (
     Rope,
     Tail,
 )
+from .ops.experts import ExpertBias, ExpertMatmul
 
 
 def fuse(ops: list, new_counter: Callable | None = None) -> list:
@@ -85,6 +88,22 @@ def merge_pair(a, b, new_counter):
         return norm_add(a, b)
     if isinstance(a, Matmul) and isinstance(b, NormAdd) and new_counter is not None:
         return norm_add_into_tail(a, b, new_counter)
+    if isinstance(a, ExpertMatmul) and isinstance(b, ExpertBias):
+        return bias_into_experts(a, b)
+    return None
+
+
+def bias_into_experts(em: ExpertMatmul, eb: ExpertBias):
+    """em whose product into eb's rows adds eb's biases (the same routing, no bias there yet)."""
+    if not same(em.ids, eb.ids):
+        return None
+    for i, y in enumerate(em.ys):
+        if same(y, eb.y):
+            biases = list(em.biases or [None] * len(em.ys))
+            if biases[i] is not None:
+                return None
+            biases[i] = eb.b
+            return replace(em, biases=biases)
     return None
 
 

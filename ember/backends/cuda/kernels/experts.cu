@@ -2,7 +2,8 @@
 //
 // W (n_expert, m, k) stacked in GGUF blocks; ids (n_sel,) the expert of each selection (a token's
 // choice: selection s = t * n_used + u); y (n_sel, m): y[s] = W[ids[s]] @ x[s / x_div] (x_div = n_used:
-// a token's input shared by its experts; 1: a row each). The expert ids are read on the device: no
+// a token's input shared by its experts; 1: a row each), plus b[ids[s]] where the stack has biases b
+// (n_expert, m) f32 (gpt-oss; null: none). The expert ids are read on the device: no
 // host round trip, and every launch has a shape fixed by the step's size (capturable).
 //
 // Quantized types read x quantized by quant_x (ops.cu): xq (n_x, k) int8, then (n_x, k/32) float4
@@ -68,7 +69,7 @@ DEVI int chosen_expert(const int *__restrict__ ids, int n_sel, int n_expert, int
 // ---- float weights (F32, F16, BF16) ----
 extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k,
                                          const float *__restrict__ x, int x_div, const int *__restrict__ ids,
-                                         int n_sel, float *__restrict__ y) {
+                                         int n_sel, float *__restrict__ y, const float *__restrict__ bias) {
     PDL_ENTER();
     __shared__ int list[EXP_LIST];
     __shared__ int count;
@@ -91,7 +92,7 @@ extern "C" __global__ void expert_matmul(const u8 *__restrict__ w, i64 row_bytes
                 }
             }
             acc = warp_sum(acc);
-            if (lane == 0) y[(i64)s * m + r] = acc;
+            if (lane == 0) y[(i64)s * m + r] = acc + (bias ? bias[(i64)e * m + r] : 0.f);
         }
         __syncthreads();  // the list is refilled
     }
@@ -128,7 +129,7 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     expert_mv(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
               int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int n_expert, int group,
-              float *__restrict__ y) {
+              float *__restrict__ y, const float *__restrict__ bias) {
     PDL_ENTER();
     extern __shared__ __align__(16) u8 xs_s[];  // (group, k) int8, then (group, k/32) float4
     __shared__ int list[EXP_LIST];
@@ -139,6 +140,10 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     // every expert did, without the search (which cost ~10% at 16 tokens of Qwen3-30B-A3B)
     const int e = n_sel < n_expert ? chosen_expert(ids, n_sel, n_expert, blockIdx.y, chosen, &picked) : (int)blockIdx.y;
     if (e < 0) return;  // the whole block: fewer experts were chosen than the grid has slots
+    // the expert's bias row (null: none), kept in shared memory: registers held through the loop below
+    // would cost blocks a multiprocessor; lane 0's sums start from it
+    __shared__ const float *bias_s;
+    if (threadIdx.x == 0) bias_s = bias ? bias + (i64)e * m : nullptr;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * EMV_ROWS + warp * EMV_RW, S = k / 32;
     const u8 *rows[EMV_RW];
@@ -166,10 +171,13 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
             }
             __syncthreads();
             float acc[EMV_RW][EMV_NMAX];
+            const float *bias_e = bias_s;  // (written before the staging's barrier)
 #pragma unroll
-            for (int i = 0; i < EMV_RW; i++)
+            for (int i = 0; i < EMV_RW; i++) {
+                const float b = lane == 0 && ok[i] && bias_e ? bias_e[r0 + i] : 0.f;
 #pragma unroll
-                for (int j = 0; j < EMV_NMAX; j++) acc[i][j] = 0.f;
+                for (int j = 0; j < EMV_NMAX; j++) acc[i][j] = b;
+            }
             for (int p = lane; p < S / EXP_SPL; p += 32) {
                 QSlice q[EMV_RW][EXP_SPL];
 #pragma unroll
@@ -411,12 +419,13 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
 
 // One block's tile: rows r0 .. r0 + ET_ROWS - 1 of the matrix at we (m rows of row_bytes) against
 // cnt <= ET_TOK rows of xq (x_rows rows, k values): tile row t reads xq row xr_s[t] and writes y
-// row yr_s[t] (y (.., m)); both in shared memory, set before a barrier by the caller. Per chunk of
+// row yr_s[t] (y (.., m)), plus the expert's bias row bias_e where not null; both lists in shared
+// memory, set before a barrier by the caller. Per chunk of
 // ET_CH units: the rows' units decoded (unit_q) into w_s (int8, natural order) with their scales
 // and offsets, the tile's x rows copied from xq into x_s with their float4s, then summed into each
 // thread's 16 outputs (et_sum; which outputs: et_place).
 DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, int r0, int cnt,
-                   const int *xr_s, const int *yr_s, float *__restrict__ y) {
+                   const int *xr_s, const int *yr_s, float *__restrict__ y, const float *__restrict__ bias_e) {
     __shared__ __align__(16) u8 w_s[ET_ROWS][ET_LD];
     __shared__ float4 ab_s[ET_ROWS][ET_CH + 1];  // (a0, a1, b0, b1) of a unit; 36 words a row: 8 rows on 32 banks
     __shared__ __align__(16) u8 x_s[ET_TOK][ET_LD];
@@ -460,7 +469,7 @@ DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restri
         for (int j = 0; j < 4; j++) {
             int r, t;
             et_place(i, j, r, t);
-            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j];
+            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j] + (bias_e ? bias_e[r0 + r] : 0.f);
         }
 }
 
@@ -469,7 +478,7 @@ DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restri
 extern "C" __global__ void __launch_bounds__(ET_THREADS)
     expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
                 int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
-                const int *__restrict__ n_tiles, float *__restrict__ y) {
+                const int *__restrict__ n_tiles, float *__restrict__ y, const float *__restrict__ bias) {
     __shared__ int sel_s[ET_TOK], xr_s[ET_TOK];
     PDL_ENTER();
     if ((int)blockIdx.y >= *n_tiles) return;
@@ -482,6 +491,6 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
     }
     __syncthreads();  // sel_s, xr_s
     et_block(w + (i64)tile.x * expert_bytes, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s,
-             y);
+             y, bias ? bias + (i64)tile.x * m : nullptr);
 }
 #endif

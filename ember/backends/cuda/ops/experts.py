@@ -121,7 +121,8 @@ class ExpertScratch:
 
 @dataclass(eq=False)
 class ExpertMatmul:
-    """ys[i] (n_sel, m_i): row s = ws[i][ids[s]] @ x[s // x_div], ws[i] stacked experts (n_expert, m_i, k)."""
+    """ys[i] (n_sel, m_i): row s = ws[i][ids[s]] @ x[s // x_div] (+ biases[i][ids[s]] where that is not None),
+    ws[i] stacked experts (n_expert, m_i, k). The biases come from a following ExpertBias (_fuse.py)."""
 
     ws: list  # Weights (data: DeviceMatrix of the whole stack), all of k columns
     x: Any  # (x rows, k) f32
@@ -130,24 +131,31 @@ class ExpertMatmul:
     ys: list
     scratch: ExpertScratch
     mv_tokens: int  # CudaConfig.moe_mv_tokens: -1 by shape (takes_mv), else steps up to this many tokens
+    biases: list | None = None  # per matrix: stacked biases (n_expert, m_i) f32 (a Weight), or None
+
+    def bias_arg(self, i: int) -> np.uint64:
+        b = self.biases[i] if self.biases else None
+        return ptr(b.data.buf if b is not None else None)
 
     def launches(self, kernels) -> list[Launch]:
-        out = [self._float(kernels, w, y) for w, y in zip(self.ws, self.ys) if not quantized(w.type)]
-        quant = [(w, y) for w, y in zip(self.ws, self.ys) if quantized(w.type)]
+        out = [self._float(kernels, i) for i, w in enumerate(self.ws) if not quantized(w.type)]
+        quant = [i for i, w in enumerate(self.ws) if quantized(w.type)]
         if not quant:
             return out
-        out.append(self._quant_x(kernels, quant[0][0].type))
+        out.append(self._quant_x(kernels, self.ws[quant[0]].type))
         if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
-            return out + [self._mv(kernels, w, y) for w, y in quant]
-        return out + [self._group(kernels, quant[0][0])] + [self._tile(kernels, w, y) for w, y in quant]
+            return out + [self._mv(kernels, i) for i in quant]
+        return out + [self._group(kernels, self.ws[quant[0]])] + [self._tile(kernels, i) for i in quant]
 
     def _weight_args(self, w) -> tuple:
         _, m, k = w.shape
         return ptr(w.data.buf), i64(w.data.row_bytes), i64(m * w.data.row_bytes), i32(m), i32(k)
 
-    def _float(self, kernels, w, y) -> Launch:
+    def _float(self, kernels, i: int) -> Launch:
+        w, y = self.ws[i], self.ys[i]
         n_expert, m, _ = w.shape
-        args = (*self._weight_args(w), ptr(self.x), i32(self.x_div), ptr(self.ids), i32(self.ids.size), ptr(y))
+        args = (*self._weight_args(w), ptr(self.x), i32(self.x_div), ptr(self.ids), i32(self.ids.size), ptr(y),
+                self.bias_arg(i))
         fn = kernels.fn(experts_module(w.type), "expert_matmul")
         return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
 
@@ -158,14 +166,15 @@ class ExpertMatmul:
         args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
         return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // (4 * group)), 1), (128, 1, 1), args)
 
-    def _mv(self, kernels, w, y) -> Launch:
+    def _mv(self, kernels, i: int) -> Launch:
+        w, y = self.ws[i], self.ys[i]
         n_expert, m, k = w.shape
         group = mv_group(k)
         smem = group * (k + k // 2)
         fn = kernels.fn(experts_module(w.type), "expert_mv")
         allow_smem(fn, smem + EMV_STATIC_SMEM)
         args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
-                i32(self.ids.size), i32(n_expert), i32(group), ptr(y))
+                i32(self.ids.size), i32(n_expert), i32(group), ptr(y), self.bias_arg(i))
         # a block row per expert that can have been chosen: at most one per selection
         return Launch(fn, (-(-m // EMV_ROWS), min(n_expert, self.ids.size), 1), (EMV_THREADS, 1, 1), args, smem)
 
@@ -174,11 +183,12 @@ class ExpertMatmul:
         args = (ptr(self.ids), i32(self.ids.size), i32(w.shape[0]), ptr(sc.order), ptr(sc.tiles), ptr(sc.n_tiles))
         return Launch(kernels.fn(experts_module(w.type), "expert_group"), (1, 1, 1), (EG_THREADS, 1, 1), args)
 
-    def _tile(self, kernels, w, y) -> Launch:
+    def _tile(self, kernels, i: int) -> Launch:
+        w, y = self.ws[i], self.ys[i]
         n_expert, m, _ = w.shape
         sc = self.scratch
         args = (*self._weight_args(w), ptr(sc.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(sc.order),
-                ptr(sc.tiles), ptr(sc.n_tiles), ptr(y))
+                ptr(sc.tiles), ptr(sc.n_tiles), ptr(y), self.bias_arg(i))
         grid = (-(-m // ET_ROWS), tile_bound(self.ids.size, n_expert), 1)
         return Launch(kernels.fn(experts_module(w.type), "expert_tile"), grid, (ET_THREADS, 1, 1), args)
 
