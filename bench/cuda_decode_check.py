@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from synth import weight
 
 from ember.backends.cuda._kernels import low_bit_source
+from ember.backends.cuda.ops.experts import device_row_bytes, regroup_mxfp4
 from ember.quant import QUANTIZABLE, GGMLType, dequantize, layout, quantize
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
@@ -165,11 +166,13 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, rows: int, cols: int, rng) 
     else:
         blocks = weight(rng, qtype, rows, cols, 0.05)
     raw = blocks.view(np.uint8).reshape(rows, -1)
-    row_bytes = layout(qtype).row_bytes(cols)
-    assert raw.shape[1] == row_bytes
+    assert raw.shape[1] == layout(qtype).row_bytes(cols)
+    # the rows as the backend holds them on the device (MXFP4 regrouped: ops.cu mxfp4_regroup)
+    dev = regroup_mxfp4(raw, cols) if qtype == GGMLType.MXFP4 else raw
+    row_bytes = device_row_bytes(qtype, cols)
     x = rng.normal(0, 1, cols).astype(np.float32)
     inp, outp = workdir / "in.bin", workdir / "out.bin"
-    inp.write_bytes(struct.pack("<iiiq", int(qtype), rows, cols, row_bytes) + raw.tobytes() + x.tobytes())
+    inp.write_bytes(struct.pack("<iiiq", int(qtype), rows, cols, row_bytes) + dev.tobytes() + x.tobytes())
     subprocess.run([str(exe), str(inp), str(outp)], check=True)
     got = np.fromfile(outp, np.float32)
     values, dots = got[:rows * cols].reshape(rows, cols), got[rows * cols:]
