@@ -14,8 +14,8 @@
 #          stage on the same warm machine
 #   blas   bench/prompt_gemm.py: the 8B's matrices at 16-512 rows (the cuBLAS route and its parts beside
 #          the backend without it), then the whole 8B shape (Q4_K, written there) with the variants in
-#          BLAS_VARIANTS (default: blas run16 blas48: as it is, the f16 scratch in runs that fit the L2
-#          cache, the route from 48 rows)
+#          BLAS_VARIANTS (default: blas split64 blas48: as it is, mm_split to 64 rows, the route from
+#          48 rows)
 #   quick  bench/cuda.py --quick on the two skeleton models (fewer reps, 32 generated in the
 #          64-stream runs, the 1.5 B roofline in Q4_K only)
 #   full   bench/cuda.py at full size (5 reps, 64 x (512 + 128), roofline Q4_K and Q8_0)
@@ -123,7 +123,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device c
         --out "$OUT/prompt_gemm.json" >"$OUT/prompt_gemm.log" 2>&1
       echo "bench exit $?"
       tail -n 21 "$OUT/prompt_gemm.log" | cut -c1-300
-      timeout 360 $PY bench/prompt_gemm.py --model llama8b-Q4_K --rounds 1 --many --variants ${BLAS_VARIANTS:-blas run16 blas48} \
+      timeout 360 $PY bench/prompt_gemm.py --model llama8b-Q4_K --rounds 1 --many --variants ${BLAS_VARIANTS:-blas split64 blas48} \
         --out "$OUT/prompt_gemm_8b.json" >"$OUT/prompt_gemm_8b.log" 2>&1
       echo "bench exit $?"
       grep -v "^\s*$" "$OUT/prompt_gemm_8b.log" | tail -n 8 | cut -c1-300

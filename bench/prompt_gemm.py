@@ -16,7 +16,7 @@ With --model NAME (one of bench/cuda_peer.py's synthetic files, written to --dir
 and tg128 (--many: and 64 streams x (512 + 128) total) through the engine instead, for each of
 --variants alternating, --rounds times each (bench/cuda_peer.py's measurement): tiles (no BLAS
 route), blas (the backend as it is: the route from 64 rows, ahead of mm_split), split64 (mm_split
-keeps 64-row steps), blas48 (the route from 48 rows), run16 (the weight dequantized 16 MiB of f16 at a time).
+keeps 64-row steps), blas48 (the route from 48 rows).
 """
 from __future__ import annotations
 
@@ -99,8 +99,7 @@ def rel(a, b) -> float:
 VARIANTS = {"tiles": {"blas_rows": 0},  # mm_split to 64 rows, the tiles beyond
             "blas": {},  # the backend as it is
             "blas48": {"blas_rows": 48},  # the BLAS route from 48 rows, ahead of mm_split
-            "split64": {"blas_rows": 65},  # mm_split to 64 rows, the BLAS route beyond (before 2026-12-06)
-            "run16": {"blas_run_mib": 16}}  # runs of rows whose f16 fits the L2 cache
+            "split64": {"blas_rows": 65}}  # mm_split to 64 rows, the BLAS route beyond (before 2026-12-06)
 
 
 def whole_model(name: str, folder: Path, rounds: int, reps: int, many: bool, labels: list) -> dict:

@@ -628,5 +628,3 @@ def test_prompt_products_take_the_blas_route_by_size(n, qtype):
             assert op.split() == (rows == 65)
     with pytest.raises(ValueError, match="blas_rows"):
         CudaConfig(blas_rows=-1)
-    with pytest.raises(ValueError, match="blas_run_mib"):
-        CudaConfig(blas_run_mib=0)

@@ -463,8 +463,7 @@ class Backend:
         if self._blas is None:
             return None
         n, k = x.shape
-        w_values = min(BLAS_W_VALUES, self.config.blas_run_mib << 19, max(w.shape[0] for w in ws) * k)
-        w_values = max(w_values, k)  # a row at least
+        w_values = min(BLAS_W_VALUES, max(w.shape[0] for w in ws) * k)
         return BlasScratch(self._blas, self._scratch_typed("blas_w", w_values, np.float16),
                            self._scratch_typed("blas_x", n * k, np.float16), self._scratch_typed("blas_inv", n, np.float32))
 

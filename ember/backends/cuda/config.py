@@ -35,10 +35,6 @@ class CudaConfig:
     # through cuBLAS; 0: the tensor-core tiles always. At 64 rows (64 sequences decoding) the route
     # took the 8B shape's step from 30.5 to 19.4 ms on an H100; below, mm_split's fused epilogues.
     blas_rows: int = 64
-    # The f16 scratch (MiB) that the BLAS route dequantizes a weight into; a longer matrix goes a run
-    # of rows at a time. Runs that fit the L2 cache (50 MB on an H100) might keep the f16 matrix out
-    # of DRAM, the scratch's lines rewritten in place run after run: not yet measured.
-    blas_run_mib: int = 128
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
@@ -57,7 +53,5 @@ class CudaConfig:
             raise ValueError(f"moe_mv_tokens must be -1 (by shape) or 0..64, got {self.moe_mv_tokens}")
         if self.blas_rows < 0:
             raise ValueError(f"blas_rows must be 0 (never) or more, got {self.blas_rows}")
-        if not 1 <= self.blas_run_mib <= 4096:
-            raise ValueError(f"blas_run_mib must be 1..4096, got {self.blas_run_mib}")
         if not 1 <= self.att_waves <= 64:
             raise ValueError(f"att_waves must be 1..64, got {self.att_waves}")

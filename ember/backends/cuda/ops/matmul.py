@@ -173,7 +173,7 @@ class BlasScratch:
     and its rows' scales."""
 
     blas: Any  # _blas.Blas
-    wh: Any  # device f16, at most BLAS_W_VALUES (or cfg.blas_run_mib) values: a run of weight rows
+    wh: Any  # device f16, at most BLAS_W_VALUES values: a run of weight rows
     xh: Any  # device f16 (n * k,)
     inv: Any  # device f32 (n,)
 
