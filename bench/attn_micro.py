@@ -6,7 +6,7 @@ reads once for all of them. Prints one JSON object: milliseconds per step (all l
 the KV bytes a step would read sequence by sequence, and that over the time.
 
     python bench/attn_micro.py [--seqs 8] [--rows 1] [--ctx 1400] [--shared 0] [--layers 30]
-                               [--threads 1 2] [--reps 15] [--in-order] [--huge]
+                               [--threads 1 2] [--reps 15] [--in-order] [--huge] [--parts 1]
 
 Findings: bench/NOTES.md, "Decode attention of 8 sequences at 1,400 tokens on the CPU".
 """
@@ -51,14 +51,14 @@ def make_layer(rng, n_seq: int, ctx: int, shared: int, n_kv: int, hd: int, ps: i
     return k, v, np.ascontiguousarray(tables)
 
 
-def time_step(pool, layers, q, out, pos, seq, n_head, n_kv, hd, ps, reps: int) -> float:
+def time_step(pool, layers, q, out, pos, seq, n_head, n_kv, hd, ps, parts: int, reps: int) -> float:
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         for k, v, tables in layers:
             lib.ember_attention(pool, buf(q), buf(k, "uint16_t"), buf(v, "uint16_t"), buf(out), len(pos), n_head,
                                 n_kv, hd, hd, buf(pos, "int32_t"), buf(seq, "int32_t"), buf(tables, "int32_t"),
-                                tables.shape[1], ps, 0, 1.0 / math.sqrt(hd), 0.0, F16, F16, ffi.NULL)
+                                tables.shape[1], ps, 0, 1.0 / math.sqrt(hd), 0.0, F16, F16, ffi.NULL, parts)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -78,7 +78,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--in-order", action="store_true", help="each sequence's pages consecutive in the cache")
     ap.add_argument("--huge", action="store_true", help="caches on memory advised for huge pages")
+    ap.add_argument("--parts", type=int, default=0,
+                    help="the caches' layout (api_ops.h): 1 = each slot's row whole; default: a part a kv head, "
+                         "as the backend lays its caches out")
     a = ap.parse_args()
+    parts = a.parts or a.kv_heads
     rng = np.random.default_rng(0)
     layers = [make_layer(rng, a.seqs, a.ctx, a.shared, a.kv_heads, a.head_dim, a.page_size, a.huge, a.in_order)
               for _ in range(a.layers)]
@@ -89,10 +93,10 @@ def main() -> None:
     seq = np.repeat(np.arange(a.seqs, dtype=np.int32), a.rows)
     kv_bytes = a.layers * a.seqs * a.ctx * a.kv_heads * a.head_dim * 2 * 2
     result = {"isa": ffi.string(lib.ember_cpu_isa()).decode(), "huge": a.huge, "in_order": a.in_order, "seqs": a.seqs,
-              "rows": a.rows, "ctx": a.ctx, "shared": a.shared, "layers": a.layers, "kv_mb_per_step": round(kv_bytes / 1e6, 1)}
+              "rows": a.rows, "parts": parts, "ctx": a.ctx, "shared": a.shared, "layers": a.layers, "kv_mb_per_step": round(kv_bytes / 1e6, 1)}
     for n in a.threads:
         pool = lib.ember_pool_create(n)
-        s = time_step(pool, layers, q, out, pos, seq, a.heads, a.kv_heads, a.head_dim, a.page_size, a.reps)
+        s = time_step(pool, layers, q, out, pos, seq, a.heads, a.kv_heads, a.head_dim, a.page_size, parts, a.reps)
         lib.ember_pool_destroy(pool)
         result[f"{n}t"] = {"ms": round(s * 1e3, 2), "gb_s": round(kv_bytes / s / 1e9, 1)}
     print(json.dumps(result))

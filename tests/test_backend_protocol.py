@@ -49,7 +49,7 @@ def test_shipped_declarations():
     from ember.backends.webgpu import Backend as WebGpu
 
     all_kv = frozenset(KV_TYPES.values())
-    assert Cpu.capabilities == Capabilities(top_k=True, record=True, kv_types=all_kv)
+    assert Cpu.capabilities == Capabilities(top_k=True, record=True, kv_types=all_kv, kv_head_parts=True)
     assert Reference.capabilities == Capabilities(top_k=True, kv_types=all_kv)
     assert WebGpu.capabilities == Capabilities(top_k=True, record=True, max_recorded_tokens=4096, overlap=True,
                                                chain_tokens=True, copy_pages=True)

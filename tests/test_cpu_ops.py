@@ -306,6 +306,28 @@ def test_recorded_ropes_of_queries_and_keys_fuse():
 # ---- KV cache ----
 
 
+def test_kv_store_lays_a_page_out_by_head(isa, pool):
+    """parts = kv heads: within each page of 16 slots, one head's rows of every slot, then the next
+    head's; slots the step does not write keep their bytes."""
+    rng = np.random.default_rng(5)
+    n_tok, n_kv, hd_k, hd_v, ps, n_slots = 21, 3, 64, 32, 16, 64
+    k = rng.standard_normal((n_tok, n_kv * hd_k)).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv * hd_v)).astype(np.float32)
+    slots = rng.permutation(n_slots)[:n_tok].astype(np.int64)
+    k_cache = np.full((n_slots, n_kv * hd_k), 0x7E00, np.uint16)
+    v_cache = np.full((n_slots, n_kv * hd_v), 0x7E00, np.uint16)
+    lib.ember_kv_store(pool, buf(k), buf(v), buf(k_cache, "uint16_t"), buf(v_cache, "uint16_t"),
+                       buf(slots, "int64_t"), n_tok, n_kv * hd_k, n_kv * hd_v, F16, F16, ps, n_kv)
+    s0 = int(slots[0])  # head 1 of this slot: page s0 // ps, after the page's head-0 rows
+    np.testing.assert_array_equal(k_cache.reshape(-1)[((s0 // ps * n_kv + 1) * ps + s0 % ps) * hd_k:][:hd_k],
+                                  k[0, hd_k:2 * hd_k].astype(np.float16).view(np.uint16))
+    k_rows, v_rows = from_parts(k_cache, ps, n_kv), from_parts(v_cache, ps, n_kv)
+    np.testing.assert_array_equal(k_rows[slots], k.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(v_rows[slots], v.astype(np.float16).view(np.uint16))
+    untouched = np.setdiff1d(np.arange(n_slots), slots)
+    assert (k_rows[untouched] == 0x7E00).all() and (v_rows[untouched] == 0x7E00).all()
+
+
 @pytest.mark.parametrize("k_dim,v_dim,n_tok", [(192, 192, 1), (256, 256, 37), (20, 12, 5), (7, 9, 300)])
 def test_kv_store_rounds_like_numpy_float16(isa, pool, k_dim, v_dim, n_tok):
     rng = np.random.default_rng(k_dim)
@@ -320,7 +342,7 @@ def test_kv_store_rounds_like_numpy_float16(isa, pool, k_dim, v_dim, n_tok):
     k_cache = np.full((n_slots, k_dim), 0x7E00, np.uint16)
     v_cache = np.full((n_slots, v_dim), 0x7E00, np.uint16)
     lib.ember_kv_store(pool, buf(k), buf(v), buf(k_cache, "uint16_t"), buf(v_cache, "uint16_t"),
-                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, F16, F16)
+                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, F16, F16, 1, 1)
     with np.errstate(over="ignore"):  # 1e6 -> inf on purpose
         np.testing.assert_array_equal(k_cache[slots], k.astype(np.float16).view(np.uint16))
         np.testing.assert_array_equal(v_cache[slots], v.astype(np.float16).view(np.uint16))
@@ -415,14 +437,31 @@ def attention_ref(case: AttnCase, b: PagedBatch, scale: float, sinks=None) -> np
     return out
 
 
-def run_attention(pool, case: AttnCase, b: PagedBatch, scale: float, sinks=None) -> np.ndarray:
+def in_parts(rows: np.ndarray, page_size: int, parts: int) -> np.ndarray:
+    """A cache of rows (n_slots, ...) laid out in `parts` (api_ops.h): within each page, part j of every
+    slot's row, then part j + 1 ... (the same bytes, as many rows)."""
+    n = rows.shape[0]
+    flat = rows.reshape(n // page_size, page_size, parts, -1)
+    return np.ascontiguousarray(flat.transpose(0, 2, 1, 3)).reshape(rows.shape)
+
+
+def from_parts(cache: np.ndarray, page_size: int, parts: int) -> np.ndarray:
+    """in_parts undone: each slot's row whole again."""
+    n = cache.shape[0]
+    flat = cache.reshape(n // page_size, parts, page_size, -1)
+    return np.ascontiguousarray(flat.transpose(0, 2, 1, 3)).reshape(cache.shape)
+
+
+def run_attention(pool, case: AttnCase, b: PagedBatch, scale: float, sinks=None, parts: int = 1) -> np.ndarray:
+    """ember_attention over b's caches, laid out in `parts` first."""
     n_tok = len(b.tok_pos)
     out = np.full((n_tok, case.n_head, case.hd_v), np.nan, np.float32)
-    lib.ember_attention(pool, buf(b.q), buf(b.k_cache, "uint16_t"), buf(b.v_cache, "uint16_t"), buf(out), n_tok,
+    k_cache, v_cache = (in_parts(c, case.page_size, parts) for c in (b.k_cache, b.v_cache))
+    lib.ember_attention(pool, buf(b.q), buf(k_cache, "uint16_t"), buf(v_cache, "uint16_t"), buf(out), n_tok,
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(b.tok_pos, "int32_t"),
                         buf(b.tok_seq, "int32_t"), buf(b.block_tables, "int32_t"), b.block_tables.shape[1],
                         case.page_size, case.window, scale, case.softcap, F16, F16,
-                        ffi.NULL if sinks is None else buf(sinks))
+                        ffi.NULL if sinks is None else buf(sinks), parts)
     return out
 
 
@@ -433,6 +472,8 @@ def test_attention(isa, pool, name):
     scale = 1.0 / math.sqrt(case.hd_k)
     out = run_attention(pool, case, b, scale)
     np.testing.assert_allclose(out, attention_ref(case, b, scale), rtol=1e-4, atol=3e-6)
+    # a page's rows by kv head (the backend's layout): the same keys in the same order, the same bits
+    np.testing.assert_array_equal(run_attention(pool, case, b, scale, parts=case.n_kv_head), out)
 
 
 def test_attention_sharp_softmax(isa, pool):

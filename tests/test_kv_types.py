@@ -3,6 +3,7 @@ place) against the numpy quantizers of ember.quant and a float64 attention, on e
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from ember.quant import quantize
 from ember.quant.types import GGMLType
 
 from kv_cases import CASES, Ref, attention_ref, quantized_batch, step_logits
-from test_cpu_ops import buf, isa, pool, pools  # noqa: F401 (fixtures)
+from test_cpu_ops import buf, from_parts, in_parts, isa, pool, pools  # noqa: F401 (fixtures)
 
 QUANTIZED = [GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0]
 
@@ -30,13 +31,14 @@ def test_row_bytes_and_names():
         kv_type("q5_0")
 
 
-def run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale) -> np.ndarray:
-    """ember_attention over caches of the given (K, V) types."""
+def run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale, parts=1) -> np.ndarray:
+    """ember_attention over caches of the given (K, V) types, laid out in `parts` first."""
     out = np.full((len(pos), case.n_head, case.hd_v), np.nan, np.float32)
+    k_cache, v_cache = (in_parts(c, case.page_size, parts) for c in (k_cache, v_cache))
     lib.ember_attention(pool, buf(q), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"), buf(out), len(pos),
                         case.n_head, case.n_kv_head, case.hd_k, case.hd_v, buf(pos, "int32_t"), buf(seq, "int32_t"),
                         buf(tables, "int32_t"), tables.shape[1], case.page_size, case.window, scale, case.softcap,
-                        int(types[0]), int(types[1]), ffi.NULL)
+                        int(types[0]), int(types[1]), ffi.NULL, parts)
     return out
 
 
@@ -52,11 +54,19 @@ def test_kv_store_matches_the_numpy_quantizer(isa, pool, t):
     k_cache = np.full((n_slots, row_bytes(t, k_dim)), 0xAB, np.uint8)
     v_cache = np.full((n_slots, row_bytes(t, v_dim)), 0xAB, np.uint8)
     lib.ember_kv_store(pool, buf(k), buf(v), buf(k_cache, "uint8_t"), buf(v_cache, "uint8_t"),
-                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, int(t), int(t))
+                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, int(t), int(t), 1, 1)
     np.testing.assert_array_equal(k_cache[slots], quantize(k, t))
     np.testing.assert_array_equal(v_cache[slots], quantize(v, t))
     untouched = np.setdiff1d(np.arange(n_slots), slots)
     assert (k_cache[untouched] == 0xAB).all()
+    # the backend's layout: pages of 16 slots, each of 2 kv heads' rows together (v: heads of 32 values)
+    k_parts, v_parts = np.full_like(k_cache, 0xCD), np.full_like(v_cache, 0xCD)
+    lib.ember_kv_store(pool, buf(k), buf(v), buf(k_parts, "uint8_t"), buf(v_parts, "uint8_t"),
+                       buf(slots, "int64_t"), n_tok, k_dim, v_dim, int(t), int(t), 16, 2)
+    k_rows, v_rows = from_parts(k_parts, 16, 2), from_parts(v_parts, 16, 2)
+    np.testing.assert_array_equal(k_rows[slots], k_cache[slots])
+    np.testing.assert_array_equal(v_rows[slots], v_cache[slots])
+    assert (k_rows[untouched] == 0xCD).all() and (v_rows[untouched] == 0xCD).all()
 
 
 @pytest.mark.parametrize("name", ["gqa3_prefill_chunk", "hd256_long_decode"])
@@ -70,6 +80,8 @@ def test_attention_reads_quantized_rows(isa, pool, name, types):
     out = run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale)
     want = attention_ref(case, Ref(q, keys, values, pos, seq), scale)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=3e-6)
+    in_heads = run_quantized_attention(pool, case, q, k_cache, v_cache, pos, seq, tables, types, scale, case.n_kv_head)
+    np.testing.assert_array_equal(in_heads, out)
 
 
 @pytest.mark.parametrize("block", [64, 256])
@@ -114,3 +126,49 @@ def test_model_logits_with_a_quantized_cache_match_the_reference(tmp_path, kv):
     for got, want in zip(logits["cpu"], logits["reference"]):
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert err < 2e-3, err
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_pages_leave_and_enter_the_cache_as_whole_rows(tmp_path, kv):
+    """The CPU cache lays a page out by kv head (KVLayer.parts); read_pages gives each slot's row whole,
+    the format slot files and disk tiers keep for every backend. Pages read from it and written into a
+    cache of whole rows, or into another laid out by head, decode the next token to the same logits."""
+    from synth import Shape, write_model
+
+    from ember.backends import AttentionBatch, get_backend
+    from ember.gguf_loader import GGUFFile
+    from ember.models import KVCache, Step, load_model
+
+    path = write_model(tmp_path / "m.gguf", "llama", GGMLType.F16, Shape(n_layer=2, head_dim=64), vocab=True)
+    tokens = np.random.default_rng(2).integers(3, 300, 45).tolist()
+    with GGUFFile(path) as f:
+        model = load_model(f, get_backend("cpu"))
+        t = kv_type(kv)
+        cache = model.new_kv_cache(8, 16, t, t)
+        assert [layer.parts for layer in cache.layers] == [2, 2]  # Shape's 2 kv heads
+        step_logits(model, cache, tokens[:44], 40)  # pages 7, 6, 5 (step_logits takes them in reverse)
+        pages = [7, 6, 5]
+        data = cache.read_pages(pages)
+        assert data.shape == (3, cache.page_nbytes)
+        rows = KVCache(model.backend, model.kv_dims(), 8, 16, t, t)  # no head sizes given: whole rows
+        assert [layer.parts for layer in rows.layers] == [1, 1]
+        rows.layers = [replace(r, k_rot=c.k_rot, v_rot=c.v_rot) for r, c in zip(rows.layers, cache.layers)]
+        again = model.new_kv_cache(8, 16, t, t)
+        for other in (rows, again):
+            other.write_pages(pages, data)
+            np.testing.assert_array_equal(other.read_pages(pages), data)
+        # a slot's key row whole: head 1 of slot 7 * 16 + 3 sits a page's head-0 rows after head 0
+        k = cache.layers[0].k.reshape(-1)
+        head = row_bytes(t, 64)
+        first = 7 * 16 * 2 * head + 3 * head
+        np.testing.assert_array_equal(rows.layers[0].k[7 * 16 + 3],
+                                      np.concatenate([k[first:first + head], k[first + 16 * head:][:head]]))
+        P = 16
+        table = np.arange(8)[::-1].astype(np.int32)[None, :]
+        pos = np.array([44], np.int32)
+        slots = table[0, pos // P].astype(np.int64) * P + pos % P
+        step = Step(np.asarray(tokens[44:], np.int32), AttentionBatch(pos, np.zeros(1, np.int32), table, slots, P),
+                    np.array([0], np.int32))
+        want = np.array(model.forward(step, cache))
+        for other in (rows, again):
+            np.testing.assert_array_equal(np.array(model.forward(step, other)), want)

@@ -91,7 +91,11 @@ def kv_rotation(t: GGMLType, head_dim: int, largest: bool) -> int:
 class KVLayer:
     """One layer's key and value storage, rows of `k_type` and `v_type` (unpacks as (k, v)).
     k_rot, v_rot > 0: keys (and the queries meeting them), values (and the attention output) are
-    rotated in blocks of that many values (kv_rotation): quantization then meets no outliers."""
+    rotated in blocks of that many values (kv_rotation): quantization then meets no outliers.
+    parts > 1 (backends with capabilities.kv_head_parts): a slot's row is cut into that many equal
+    parts (one a kv head), and within a page of the cache each part's rows lie together: a page's
+    bytes are those of its rows either way, but a slot's row is not one run of them (KVCache's
+    read_pages and write_pages give and take rows whole)."""
 
     k: Any
     v: Any
@@ -99,6 +103,7 @@ class KVLayer:
     v_type: GGMLType = GGMLType.F16
     k_rot: int = 0
     v_rot: int = 0
+    parts: int = 1
 
     def __iter__(self):
         yield self.k
@@ -132,6 +137,8 @@ class Capabilities:
     copy_pages: bool = False
     # the KV cache's storage types kv_cache takes (F16 everywhere; quantized rows are read in place)
     kv_types: frozenset = frozenset({GGMLType.F16})
+    # kv_store and attention take caches whose pages hold each kv head's rows together (KVLayer.parts)
+    kv_head_parts: bool = False
 
     def __post_init__(self):
         if self.overlap and not self.record:

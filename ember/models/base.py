@@ -204,8 +204,9 @@ class KVCache:
         self.k_type, self.v_type = k_type, v_type
         self.layers = [backend.kv_cache(n_pages * page_size, k, v, k_type, v_type) for k, v in kv_dims]
         if head_dims is not None:
-            self.layers = [replace(layer, k_rot=kv_rotation(k_type, hk, True), v_rot=kv_rotation(v_type, hv, False))
-                           for layer, (hk, hv) in zip(self.layers, head_dims)]
+            self.layers = [replace(layer, k_rot=kv_rotation(k_type, hk, True), v_rot=kv_rotation(v_type, hv, False),
+                                   parts=_head_parts(backend, k, v, hk, hv))
+                           for layer, (k, v), (hk, hv) in zip(self.layers, kv_dims, head_dims)]
 
     @property
     def nbytes(self) -> int:
@@ -217,22 +218,26 @@ class KVCache:
         return self.nbytes // (self.n_pages * self.page_size) * self.page_size
 
     def read_pages(self, pages: list[int]) -> np.ndarray:
-        """A host copy of pages (n, page_nbytes) uint8: each page's keys then values, layer by layer."""
-        idx = self._slots(pages)
-        parts = []
-        for k, v in self.layers:
-            for a in (k, v):
+        """A host copy of pages (n, page_nbytes) uint8: each page's keys then values, layer by layer,
+        a page's slots in order, each slot's row whole (whatever a layer's parts: slot files and disk
+        tiers hold one format for every backend)."""
+        idx, P = self._slots(pages), self.page_size
+        out = []
+        for layer in self.layers:
+            for a in layer:
                 rows = np.ascontiguousarray(self.backend.to_numpy(a[self._index(a, idx)]))
-                parts.append(rows.view(np.uint8).reshape(len(pages), -1))
-        return np.concatenate(parts, axis=1)
+                page = rows.view(np.uint8).reshape(len(pages), layer.parts, P, -1)  # as the backend lays it
+                out.append(page.transpose(0, 2, 1, 3).reshape(len(pages), -1))
+        return np.concatenate(out, axis=1)
 
     def write_pages(self, pages: list[int], data: np.ndarray) -> None:
         """Pages = data (n, page_nbytes) uint8 as read_pages gave it."""
-        idx, at = self._slots(pages), 0
-        for k, v in self.layers:
-            for a in (k, v):
-                width = a.shape[1] * a.dtype.itemsize * self.page_size
-                rows = np.ascontiguousarray(data[:, at:at + width]).view(a.dtype).reshape(len(idx), a.shape[1])
+        idx, at, P = self._slots(pages), 0, self.page_size
+        for layer in self.layers:
+            for a in layer:
+                width = a.shape[1] * a.dtype.itemsize * P
+                page = data[:, at:at + width].reshape(len(pages), P, layer.parts, -1).transpose(0, 2, 1, 3)
+                rows = np.ascontiguousarray(page).reshape(-1).view(a.dtype).reshape(len(idx), a.shape[1])
                 a[self._index(a, idx)] = rows if isinstance(a, np.ndarray) else self.backend.from_numpy(rows)
                 at += width
 
@@ -267,6 +272,15 @@ class KVCache:
         for k, v in self.layers:
             k[dst_i] = k[src_i]
             v[dst_i] = v[src_i]
+
+
+def _head_parts(backend: Backend, k_dim: int, v_dim: int, k_head: int, v_head: int) -> int:
+    """Parts a layer's cache rows are laid out in on this backend (KVLayer.parts): one a kv head
+    where the backend lays pages out by head and the rows cut evenly, else 1."""
+    if not backend.capabilities.kv_head_parts or k_head <= 0 or v_head <= 0 or k_dim % k_head or v_dim % v_head:
+        return 1
+    heads = k_dim // k_head
+    return heads if v_dim // v_head == heads else 1
 
 
 @dataclass(slots=True)

@@ -209,7 +209,7 @@ def rounding_for(types) -> int:
 
 class Backend:
     name = "cpu"
-    capabilities = Capabilities(top_k=True, record=True, kv_types=frozenset(KV_TYPES.values()))
+    capabilities = Capabilities(top_k=True, record=True, kv_types=frozenset(KV_TYPES.values()), kv_head_parts=True)
 
     def __init__(self, device: str = "cpu", threads: int | None = None):
         self.n_threads = threads or default_threads()
@@ -475,18 +475,21 @@ class Backend:
         k, v = self._rotation("k", k, cache.k_rot), self._rotation("v", v, cache.v_rot)
         self._run(lib.EMBER_OP_KV_STORE, (self._p(k), self._p(v), self._p(cache.k), self._p(cache.v),
                                           self._p(self._ints(batch.slots, np.int64))),
-                  (batch.n_tokens, k.shape[1], v.shape[1], int(cache.k_type), int(cache.v_type)))
+                  (batch.n_tokens, k.shape[1], v.shape[1], int(cache.k_type), int(cache.v_type), batch.page_size,
+                   cache.parts))
 
     def attention(self, q, cache: KVLayer, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
                   sinks: Weight | None = None):
         q = self._rotation("q", q, cache.k_rot)
+        if n_kv_head % cache.parts:
+            raise BackendError(f"a cache in {cache.parts} parts a row cannot hold {n_kv_head} kv heads")
         tables = self._ints(batch.block_tables, np.int32)
         self._run(lib.EMBER_OP_ATTENTION,
                   (self._p(q), self._p(cache.k), self._p(cache.v), self._p(out), self._p(self._ints(batch.positions, np.int32)),
                    self._p(self._ints(batch.seq_rows, np.int32)), self._p(tables),
                    self._p(sinks.data) if sinks is not None else ffi.NULL),
                   (batch.n_tokens, n_head, n_kv_head, q.shape[1] // n_head, out.shape[1] // n_head, tables.shape[1],
-                   batch.page_size, window, int(cache.k_type), int(cache.v_type)),
+                   batch.page_size, window, int(cache.k_type), int(cache.v_type), cache.parts),
                   (scale, softcap))
         if cache.v_rot:
             self.hadamard(out, out, cache.v_rot)  # back from the values' rotation

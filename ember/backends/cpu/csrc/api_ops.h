@@ -42,13 +42,22 @@ void ember_pos_scale(float *x, const int32_t *pos, int64_t n_tok, int64_t d, int
  * the block types need n a multiple of 32); -1 for any other type or a partial block. */
 int64_t ember_kv_row_bytes(int type, int64_t n);
 
+/* The caches' layout. A cache holds n_slots rows, in pages of page_size slots; a slot's row of keys
+ * (values) is cut into `parts` equal parts (1, or one a kv head), and within a page each part's rows lie
+ * together: part j of slot s is at byte ((s / page_size * parts + j) * page_size + s % page_size) *
+ * part_bytes. parts = 1 is plain rows (slot s at s * row_bytes); one part a kv head puts a head's keys of
+ * a page in one run, which the hardware prefetchers follow (decode attention reads one head at a time).
+ * A page is page_size rows' bytes either way, so whole pages copy as rows. */
+
 /* Write this step's keys and values into the paged cache, converting to the cache's types
  * (quantized blocks rounded as ggml's reference quantizers do).
  * k (n_tok, k_dim), v (n_tok, v_dim) f32; k_cache (n_slots, ember_kv_row_bytes(k_type, k_dim)),
- * v_cache (n_slots, ember_kv_row_bytes(v_type, v_dim)) bytes;
- * slots (n_tok,): destination slot of each token, in [0, n_slots) (the caller checks). */
+ * v_cache (n_slots, ember_kv_row_bytes(v_type, v_dim)) bytes, laid out in `parts` (above; k_dim and
+ * v_dim divide into parts of whole blocks); slots (n_tok,): destination slot of each token, in
+ * [0, n_slots) (the caller checks). */
 void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_cache, void *v_cache,
-                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type);
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type,
+                    int64_t page_size, int64_t parts);
 
 /* out (n, d) = x (n, d) rotated in blocks of `block` values (a power of two dividing d): each block times the
  * orthonormal Walsh-Hadamard matrix H (H[i][j] = (-1)^popcount(i & j) / sqrt(block), H H = I). A quantized
@@ -59,8 +68,8 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 /* Causal attention over a paged KV cache, with grouped-query heads and an optional sliding window.
  * q (n_tok, n_head, hd_k) f32; out (n_tok, n_head, hd_v) f32.
  * k_cache (n_slots, n_kv_head, hd_k) and v_cache (n_slots, n_kv_head, hd_v) values stored as k_type and
- * v_type (see ember_kv_row_bytes; the block types need hd a multiple of 32): read in place, a chunk of
- * keys converted to f32 at a time.
+ * v_type (see ember_kv_row_bytes; the block types need hd a multiple of 32), laid out in `parts` (1 or
+ * n_kv_head; see ember_kv_store): read in place, a chunk of keys converted to f32 at a time.
  * Query token t belongs to the sequence whose page table is row tok_seq[t] of block_tables
  * (n_seq, max_pages); position p of that sequence lives in slot
  * block_tables[s][p / page_size] * page_size + p % page_size. Token t at position tok_pos[t] attends
@@ -72,12 +81,12 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
  * read once for all their tokens (up to 512 tokens a call), each row's result merged with its own keys'.
  * Caller's contract (checked in Python, not here): n_head % n_kv_head == 0; hd_k, hd_v <= 8192;
  * tok_pos[t] >= 0 and < max_pages * page_size; the page ids used address slots inside the caches.
- * No allocation: each thread uses ~150 KB of stack, the calling thread up to 130 KB more. */
+ * No allocation: each thread uses ~180 KB of stack, the calling thread up to 170 KB more. */
 void ember_attention(ember_pool *pool, const float *q, const void *k_cache, const void *v_cache,
                      float *out, int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables,
                      int64_t max_pages, int64_t page_size, int64_t window, float scale, float softcap,
-                     int k_type, int v_type, const float *sinks);
+                     int k_type, int v_type, const float *sinks, int64_t parts);
 
 /* Mixture-of-experts routing: ids (n_tok, n_used) int32 and weights (n_tok, n_used) = each token's n_used
  * most probable experts under softmax(logits (n_tok, n_expert)), best first (the lower id among equal

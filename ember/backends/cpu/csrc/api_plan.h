@@ -15,10 +15,11 @@ enum ember_op_kind {
     EMBER_OP_GELU_MUL = 7,     /* p: gate, up, out; i: n */
     EMBER_OP_ADD = 8,          /* p: a, b, out; i: n */
     EMBER_OP_SCALE = 9,        /* p: x; i: n; f: s */
-    EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim, k_type, v_type */
+    EMBER_OP_KV_STORE = 10,    /* p: k, v, k_cache, v_cache, slots; i: n_tok, k_dim, v_dim, k_type, v_type,
+                                  page_size, parts */
     EMBER_OP_ATTENTION = 11,   /* p: q, k_cache, v_cache, out, tok_pos, tok_seq, block_tables, sinks;
                                   i: n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window,
-                                     k_type, v_type;
+                                     k_type, v_type, parts;
                                   f: scale, softcap */
     EMBER_OP_GATHER_ROWS = 12, /* p: x, rows (int32*), out; i: n_out, d   -- out[r] = x[rows[r]] */
     EMBER_OP_ADD_ROW = 13,     /* p: x, b; i: n, d                        -- x[r] += b for every row */
@@ -45,7 +46,7 @@ typedef struct ember_op {
     int32_t kind;
     int32_t type;
     void *p[8];
-    int64_t i[10];
+    int64_t i[12];
     float f[8];
 } ember_op;
 

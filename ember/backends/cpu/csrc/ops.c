@@ -402,30 +402,42 @@ void ember_rope_pair(ember_pool *pool, float *x, int64_t n_head, float *x2, int6
 
 /* ---- KV cache ---- */
 
+/* Byte offset of part j of slot s in a cache of `parts` parts of part_bytes, pages of page_size (api_ops.h). */
+static inline int64_t kv_part_offset(int64_t s, int64_t j, int64_t parts, int64_t page_size, int64_t part_bytes) {
+    return ((s / page_size * parts + j) * page_size + s % page_size) * part_bytes;
+}
+
 typedef struct {
     const float *k, *v;          /* (n_tok, k_dim), (n_tok, v_dim) */
-    char *k_cache, *v_cache;     /* (n_slots, k_row), (n_slots, v_row) bytes: rows of k_type, v_type */
+    char *k_cache, *v_cache;     /* (n_slots, k_row), (n_slots, v_row) bytes of k_type, v_type, in parts */
     const int64_t *slots;        /* (n_tok,) */
-    int64_t k_dim, v_dim, k_row, v_row;
+    int64_t k_dim, v_dim, k_part, v_part, page_size, parts; /* k_part, v_part: bytes of a part */
     int k_type, v_type;
     const ember_op_kernels *kern;
 } kv_store_ctx;
 
 static void kv_store_rows(void *p, int64_t lo, int64_t hi) {
     const kv_store_ctx *c = p;
-    for (int64_t t = lo; t < hi; t++) {
-        ember_kv_write_row(c->k_type, c->kern, c->k + t * c->k_dim, c->k_cache + c->slots[t] * c->k_row, c->k_dim);
-        ember_kv_write_row(c->v_type, c->kern, c->v + t * c->v_dim, c->v_cache + c->slots[t] * c->v_row, c->v_dim);
-    }
+    const int64_t kn = c->k_dim / c->parts, vn = c->v_dim / c->parts; /* values of a part */
+    for (int64_t t = lo; t < hi; t++)
+        for (int64_t j = 0; j < c->parts; j++) {
+            ember_kv_write_row(c->k_type, c->kern, c->k + t * c->k_dim + j * kn,
+                               c->k_cache + kv_part_offset(c->slots[t], j, c->parts, c->page_size, c->k_part), kn);
+            ember_kv_write_row(c->v_type, c->kern, c->v + t * c->v_dim + j * vn,
+                               c->v_cache + kv_part_offset(c->slots[t], j, c->parts, c->page_size, c->v_part), vn);
+        }
 }
 
 int64_t ember_kv_row_bytes(int type, int64_t n) { return ember_kv_bytes(type, n); }
 
 void ember_kv_store(ember_pool *pool, const float *k, const float *v, void *k_cache, void *v_cache,
-                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type) {
-    int64_t k_row = ember_kv_bytes(k_type, k_dim), v_row = ember_kv_bytes(v_type, v_dim);
-    if (k_row < 0 || v_row < 0) return; /* outside the contract */
-    kv_store_ctx c = {k, v, k_cache, v_cache, slots, k_dim, v_dim, k_row, v_row, k_type, v_type, kernels()};
+                    const int64_t *slots, int64_t n_tok, int64_t k_dim, int64_t v_dim, int k_type, int v_type,
+                    int64_t page_size, int64_t parts) {
+    if (parts < 1 || page_size < 1 || k_dim % parts || v_dim % parts) return; /* outside the contract */
+    int64_t k_part = ember_kv_bytes(k_type, k_dim / parts), v_part = ember_kv_bytes(v_type, v_dim / parts);
+    if (k_part < 0 || v_part < 0) return;
+    kv_store_ctx c = {k, v, k_cache, v_cache, slots, k_dim, v_dim, k_part, v_part, page_size, parts,
+                      k_type, v_type, kernels()};
     parallel_range(pool, kv_store_rows, &c, n_tok, 1, n_tok * (k_dim + v_dim));
 }
 
@@ -487,7 +499,7 @@ void ember_hadamard(ember_pool *pool, const float *x, float *out, int64_t n, int
 #define ATTN_ROW_FLOATS 8192      /* an item's queries (rows, hd_k) and sums (rows, hd_v), staged */
 #define ATTN_MAX_CHUNK 64         /* keys per chunk */
 #define ATTN_CHUNK_FLOATS 8192    /* f32 staging of one key chunk, and of one value chunk */
-#define ATTN_PARTIAL_FLOATS 16384 /* results of key-range pieces, combined after the parallel pass */
+#define ATTN_PARTIAL_FLOATS 32768 /* results of key-range pieces, combined after the parallel pass */
 #define ATTN_KT_MIN_ROWS 8         /* pieces of this many rows take scores from transposed keys */
 _Static_assert(ATTN_MAX_CHUNK <= EMBER_KT_STRIDE, "a chunk's keys fit the columns of its transposed copy");
 #define ATTN_MIN_SPLIT_KEYS 256   /* key ranges are split only into pieces at least this long */
@@ -505,13 +517,14 @@ typedef struct {
 
 typedef struct {
     const float *q;                    /* (n_tok, n_head, hd_k) */
-    const char *k_cache, *v_cache;     /* (n_slots, n_kv_head, k_head) bytes, (n_slots, n_kv_head, v_head) */
+    const char *k_cache, *v_cache;     /* (n_slots, n_kv_head, k_head) bytes, (n_slots, n_kv_head, v_head), in parts */
     float *out;                        /* (n_tok, n_head, hd_v) */
     const int32_t *tok_pos, *tok_seq;  /* (n_tok,) */
     const int32_t *block_tables;       /* (n_seq, max_pages) */
     int64_t n_tok, n_head, n_kv_head, hd_k, hd_v, max_pages, page_size, window;
     int k_type, v_type;      /* storage types of the caches (kv_types.h) */
     int64_t k_head, v_head;  /* bytes of one kv head's keys, values in a cache row */
+    int64_t parts;           /* the caches' layout (ember_kv_store): 1 or n_kv_head */
     float scale, softcap;
     const float *sinks;      /* (n_head,) or NULL: a logit per head in every softmax's denominator */
     int64_t group;           /* query heads per kv head */
@@ -656,10 +669,11 @@ static void chunk_offsets(const attn_ctx *c, const attn_piece *w, int64_t p0, in
                           int64_t *v_off) {
     const int32_t *pages = c->block_tables + (int64_t)c->tok_seq[entry_token(c, w->t0)] * c->max_pages;
     int64_t page = p0 / c->page_size, in_page = p0 % c->page_size; /* walked, not divided, per key */
+    const int64_t per = c->n_kv_head / c->parts, part = w->g / per, in_part = w->g % per; /* kv heads a part */
     for (int64_t j = 0; j < p1 - p0; j++) {
-        int64_t slot = (int64_t)pages[page] * c->page_size + in_page;
-        k_off[j] = (slot * c->n_kv_head + w->g) * c->k_head;
-        v_off[j] = (slot * c->n_kv_head + w->g) * c->v_head;
+        int64_t row = ((int64_t)pages[page] * c->parts + part) * c->page_size + in_page; /* in parts' rows */
+        k_off[j] = (row * per + in_part) * c->k_head;
+        v_off[j] = (row * per + in_part) * c->v_head;
         if (++in_page == c->page_size) {
             in_page = 0;
             page++;
@@ -964,8 +978,9 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
                      int64_t n_tok, int64_t n_head, int64_t n_kv_head, int64_t hd_k, int64_t hd_v,
                      const int32_t *tok_pos, const int32_t *tok_seq, const int32_t *block_tables, int64_t max_pages,
                      int64_t page_size, int64_t window, float scale, float softcap, int k_type, int v_type,
-                     const float *sinks) {
+                     const float *sinks, int64_t parts) {
     if (n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || hd_k <= 0 || hd_v <= 0 || page_size <= 0) return;
+    if (parts < 1 || n_kv_head % parts) return;
     if (n_head % n_kv_head != 0 || EMBER_MAX(hd_k, hd_v) > ATTN_CHUNK_FLOATS) return; /* outside the contract */
     int64_t k_head = ember_kv_bytes(k_type, hd_k), v_head = ember_kv_bytes(v_type, hd_v);
     if (k_head < 0 || v_head < 0) return;
@@ -973,7 +988,8 @@ void ember_attention(ember_pool *pool, const float *q, const void *k_cache, cons
         .q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .tok_pos = tok_pos, .tok_seq = tok_seq,
         .block_tables = block_tables, .n_tok = n_tok, .n_head = n_head, .n_kv_head = n_kv_head, .hd_k = hd_k,
         .hd_v = hd_v, .max_pages = max_pages, .page_size = page_size, .window = window, .k_type = k_type,
-        .v_type = v_type, .k_head = k_head, .v_head = v_head, .scale = scale, .softcap = softcap, .sinks = sinks,
+        .v_type = v_type, .k_head = k_head, .v_head = v_head, .parts = parts, .scale = scale, .softcap = softcap,
+        .sinks = sinks,
         .kern = kernels(),
     };
     c.group = n_head / n_kv_head;

@@ -51,11 +51,11 @@ static int run_op(ember_pool *pool, const ember_op *o) {
         ember_scale(pool, p[0], f[0], i[0]);
         return 0;
     case EMBER_OP_KV_STORE:
-        ember_kv_store(pool, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], (int)i[3], (int)i[4]);
+        ember_kv_store(pool, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], (int)i[3], (int)i[4], i[5], i[6]);
         return 0;
     case EMBER_OP_ATTENTION:
         ember_attention(pool, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[3], i[4], p[4], p[5], p[6], i[5], i[6],
-                        i[7], f[0], f[1], (int)i[8], (int)i[9], p[7]);
+                        i[7], f[0], f[1], (int)i[8], (int)i[9], p[7], i[10]);
         return 0;
     case EMBER_OP_HADAMARD:
         ember_hadamard(pool, p[0], p[1], i[0], i[1], i[2]);
