@@ -11,7 +11,8 @@
 #   spec   bench/spec_steps.py --device cuda on the edit and free workloads (3 repetitions, drafts on
 #          and off, in process): SmolLM2's real file (too large for one call's carry) joined from the
 #          pieces of `split -n 3` carried as .sp1, .sp2 and .sp3, one or more a call, by calls of this
-#          stage on the same warm machine
+#          stage on the same warm machine; SPEC_REPS (default 3) and SPEC_ARGS (e.g. "--sweep 1,2,...,17
+#          --profile": shapes recorded before the timed requests) go to bench/spec_steps.py
 #   blas   bench/prompt_gemm.py: the 8B's matrices at 16-512 rows (the cuBLAS route and its parts beside
 #          the backend without it), then the whole 8B shape (Q4_K, written there) with the variants in
 #          BLAS_VARIANTS (default: blas split64 blas48: as it is, mm_split to 64 rows, the route from
@@ -109,7 +110,7 @@ for s in $STAGES; do
         # imported before the script's directory (bench/, which holds cuda.py) goes first on the path.
         timeout 420 $PY -c 'import cupy, cuda.pathfinder, runpy, sys; sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device cuda \
-          --model /tmp/ember_models/smollm2-real.gguf --workloads edit,free --reps ${SPEC_REPS:-3} \
+          --model /tmp/ember_models/smollm2-real.gguf --workloads edit,free --reps ${SPEC_REPS:-3} ${SPEC_ARGS:-} \
           >"$OUT/spec.log" 2>&1
         echo "bench exit $?"
         tail -n 30 "$OUT/spec.log" | cut -c1-300

@@ -10,7 +10,9 @@ for on a CPU) and the rest of the engine's step (planning, drafting, choosing, b
 generated token; `agent` (8 sessions at once, 8 slots): the whole run's time split by kind of
 step (with prompt rows; decode only, by decoding sequences, with or without drafts). --sweep: after
 a prompt, the median time of a step of one sequence with that many rows (its pending token and
-drafted ones that are rejected), against a plain decode step.
+drafted ones that are rejected), against a plain decode step; it runs before the workloads, so their
+steps of those shapes replay recordings (a long-running server's state) instead of recording as they
+come (each rep prints how many steps recorded their shape, and their time).
 --profile: cProfile of the engine thread's host work in the speculative run (top functions).
 --trace: each edit/free request's drafts in order, `[found>verified]` (tokens the sources found, tokens
 the length rule let into the step; `[0>0]` steps left out) and then source, drafted:kept (`l` lookup,
@@ -47,6 +49,7 @@ class StepClock:
         self.engine, self.runner = llm.engine, llm.engine.runner
         self.steps: list[tuple[int, float, float]] = []  # (rows, compute s, whole step s)
         self.shapes: list[tuple[int, int, int]] = []  # per step: (decoding sequences, drafted rows, prompt rows)
+        self.recorded: list[bool] = []  # per step: whether its shape was recorded as it ran (a first sight)
         self._compute = 0.0
         run, step = self.runner.run, self.engine.step
 
@@ -65,11 +68,12 @@ class StepClock:
             if self._rows:
                 self.steps.append((self._rows, self._compute, time.perf_counter() - t0))
                 self.shapes.append(self._shape)
+                self.recorded.append(self.runner.recorded)
 
         self.runner.run, self.engine.step = timed_run, timed_step
 
     def reset(self) -> None:
-        self.steps, self.shapes = [], []
+        self.steps, self.shapes, self.recorded = [], [], []
 
 
 def step_shape(plan) -> tuple[int, int, int]:
@@ -218,14 +222,17 @@ def main() -> None:
                     tps, n = generate(llm, ids, N_PREDICT[workload])
                     if prof is not None:
                         llm.engine.step = step
-                    gen = [s for s in clock.steps[1:] if s[0] < 32]  # the prompt's steps left out
+                    kept = [i for i, s in enumerate(clock.steps) if i > 0 and s[0] < 32]  # the prompt's steps left out
+                    gen = [clock.steps[i] for i in kept]
                     compute = sum(s[1] for s in gen)
                     whole = sum(s[2] for s in gen)
                     rows = sum(s[0] for s in gen)
+                    first = [clock.steps[i][2] for i in kept if clock.recorded[i]]
                     print(f"{workload} rep {rep} spec={spec}: {tps:.1f} tok/s, {n} tokens, {len(gen)} steps, "
                           f"{rows} rows, compute {1e3 * compute / max(n, 1):.2f} ms/token, host "
                           f"{1e3 * (whole - compute) / max(n, 1):.2f} ms/token "
-                          f"({100 * (whole - compute) / max(whole, 1e-9):.1f}% of steps)", flush=True)
+                          f"({100 * (whole - compute) / max(whole, 1e-9):.1f}% of steps); shapes recorded as they "
+                          f"came {len(first)} ({1e3 * sum(first):.1f} ms)", flush=True)
                     if trace is not None and spec != "none":
                         print("  drafts: " + trace.take(), flush=True)
             if prof is not None:
