@@ -180,6 +180,33 @@ def sweep(llm: LLM, ids: list[int], rows: list[int], reps: int = 15) -> dict[int
     return out
 
 
+def step_profiles(llm: LLM, rows: list[int], top: int = 12) -> None:
+    """For each row count, the recorded one-sequence step of that many rows (the sweep records them):
+    its replay's time alone, and its kernels timed one by one (bench/cuda.py's launch_profile)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_cuda", Path(__file__).resolve().parent / "cuda.py")
+    bench_cuda = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_cuda)
+    runner, backend = llm.engine.runner, llm.model.backend
+    if not hasattr(backend, "cp"):
+        print("step profiles are taken on CUDA only")
+        return
+    for n in rows:
+        recs = [rec for key, (rec, _) in runner._recordings.items() if key[0] == n and key[1] == 1]
+        if not recs:
+            print(f"step profile {n} rows: no recording")
+            continue
+        times = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            backend.replay(recs[0])
+            times.append(time.perf_counter() - t0)
+        prof = bench_cuda.launch_profile(backend, recs[0])
+        kernels = ", ".join(f"{k} {v[0]}x {v[1]:.0f}" for k, v in list(prof["kernels"].items())[:top])
+        print(f"step profile {n} rows: replay {1e3 * statistics.median(times):.3f} ms, launches "
+              f"{len(recs[0].launches)}, kernels alone {prof['sum_us']:.0f} us: {kernels}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -190,6 +217,9 @@ def main() -> None:
     ap.add_argument("--spec-types", default="cache,lookup")
     ap.add_argument("--sweep", default="", help="row counts to time a step of (e.g. 1,2,3,4,5,8,12,17)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--step-profile", default="",
+                    help="(CUDA, with --sweep) row counts whose recorded one-sequence step is replayed alone and "
+                         "its kernels timed one by one (bench/cuda.py's launch_profile), e.g. 1,4,16")
     ap.add_argument("--trace", action="store_true", help="print each request's drafts (see above)")
     args = ap.parse_args()
     path = hub.resolve(args.model)
@@ -204,6 +234,8 @@ def main() -> None:
                 ms = sweep(llm, prompts.edit(0), [int(x) for x in args.sweep.split(",")])
                 print("step ms by rows: " + ", ".join(f"{k}: {v:.1f}" for k, v in ms.items()) +
                       "  (relative: " + ", ".join(f"{k}: {v / ms[min(ms)]:.2f}" for k, v in ms.items()) + ")")
+                if args.step_profile:
+                    step_profiles(llm, [int(x) for x in args.step_profile.split(",")])
             clock = StepClock(llm)
             prof = cProfile.Profile() if args.profile and spec != "none" else None
             for workload in args.workloads.split(","):
@@ -213,6 +245,7 @@ def main() -> None:
                         continue
                     ids = getattr(prompts, workload)(rep)
                     clock.reset()
+                    shapes_before = set(llm.engine.runner._recordings)
                     if prof is not None:
                         step = llm.engine.step
 
@@ -232,7 +265,9 @@ def main() -> None:
                           f"{rows} rows, compute {1e3 * compute / max(n, 1):.2f} ms/token, host "
                           f"{1e3 * (whole - compute) / max(n, 1):.2f} ms/token "
                           f"({100 * (whole - compute) / max(whole, 1e-9):.1f}% of steps); shapes recorded as they "
-                          f"came {len(first)} ({1e3 * sum(first):.1f} ms)", flush=True)
+                          f"came {len(first)} ({1e3 * sum(first):.1f} ms)"
+                          + (f": {sorted(set(llm.engine.runner._recordings) - shapes_before)}" if first else ""),
+                          flush=True)
                     if trace is not None and spec != "none":
                         print("  drafts: " + trace.take(), flush=True)
             if prof is not None:
