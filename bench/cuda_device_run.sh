@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked on the GPU machine, in one call:
 #
-#   bash bench/cuda_device_run.sh [tests] [experts] [spec] [blas] [quick] [full]     (default: tests quick)
+#   bash bench/cuda_device_run.sh [tests] [experts] [spec] [rows] [blas] [quick] [full]  (default: tests quick)
 #
 #   tests  pytest tests/test_cuda.py tests/test_cuda_fuse.py, ops first, then models, then the
 #          decoder families (tests/test_cuda_families.py), then the quantized KV cache
@@ -13,6 +13,9 @@
 #          pieces of `split -n 3` carried as .sp1, .sp2 and .sp3, one or more a call, by calls of this
 #          stage on the same warm machine; SPEC_REPS (default 3) and SPEC_ARGS (e.g. "--sweep 1,2,...,17
 #          --profile": shapes recorded before the timed requests) go to bench/spec_steps.py
+#   rows   bench/cuda_rows.py: decode steps of n sequences (synthetic 135M, Llama-3.2-1B and 8B shapes, Q4_K_M),
+#          kernel choices by rows as CudaConfig variants (ROWS_ARGS passed on, e.g. "--variants blas_rows=64
+#          blas_rows=16 --counts 16 32 64")
 #   blas   bench/prompt_gemm.py: the 8B's matrices at 16-512 rows (the cuBLAS route and its parts beside
 #          the backend without it), then the whole 8B shape (Q4_K, written there) with the variants in
 #          BLAS_VARIANTS (default: blas split64 blas48: as it is, mm_split to 64 rows, the route from
@@ -118,6 +121,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device c
         echo "SmolLM2's pieces so far: $(ls /tmp/ember_sp | tr '\n' ' ')(all of 1 2 3 needed; spec skipped)"
       fi
       ;;
+    rows)
+      stage "bench rows"
+      timeout 480 $PY bench/cuda_rows.py ${ROWS_ARGS:-} --out "$OUT/cuda_rows.json" >"$OUT/cuda_rows.log" 2>&1
+      echo "bench exit $?"
+      tail -n 30 "$OUT/cuda_rows.log" | cut -c1-300
+      ;;
     blas)
       stage "bench blas"
       timeout 90 $PY bench/prompt_gemm.py --shapes q-q4k up-q4k down-q6k q-q8 --tokens 16 32 48 64 512 --reps 10 \
@@ -144,6 +153,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")' bench/spec_steps.py --device c
         tail -n 30 "$OUT/bench_$s.log" | cut -c1-400
       fi
       ;;
-    *) echo "unknown stage '$s' (tests, experts, spec, blas, quick, full)" ;;
+    *) echo "unknown stage '$s' (tests, experts, spec, rows, blas, quick, full)" ;;
   esac
 done

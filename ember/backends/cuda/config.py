@@ -31,10 +31,12 @@ class CudaConfig:
     # Weight rows per tensor-core tile block: 128, 64, or 0 for the choice by size (Matmul._tile_rows).
     tile_rows: int = 0
     # Products of quantized weights over at least this many activation rows (past the matrix-vector
-    # kernels; ahead of mm_split, which takes 9..64 rows) dequantize each weight to f16 and multiply
-    # through cuBLAS; 0: the tensor-core tiles always. At 64 rows (64 sequences decoding) the route
-    # took the 8B shape's step from 30.5 to 19.4 ms on an H100; below, mm_split's fused epilogues.
-    blas_rows: int = 64
+    # kernels; ahead of mm_split, which takes the rows between) dequantize each weight to f16 and
+    # multiply through cuBLAS; 0: the tensor-core tiles always. At 64 rows (64 sequences decoding) the
+    # route took the 8B shape's step from 30.5 to 19.4 ms on an H100; from 16 (decode steps of 9-16 and
+    # 17-32 sequences: bench/cuda_rows.py) 22.4 -> 18.1 and 24.4 -> 18.1 ms there, Llama-3.2-1B's 4.26 ->
+    # 3.73 and 4.68 -> 3.82, a 135M shape's 2.38 -> 2.44 and 2.67 -> 2.48. Below, mm_split's fused epilogues.
+    blas_rows: int = 16
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
