@@ -172,3 +172,22 @@ def test_pages_leave_and_enter_the_cache_as_whole_rows(tmp_path, kv):
         want = np.array(model.forward(step, cache))
         for other in (rows, again):
             np.testing.assert_array_equal(np.array(model.forward(step, other)), want)
+
+
+def test_block_cache_types_refuse_heads_that_are_not_whole_blocks(tmp_path):
+    """Heads of 80 values (rows of 160 for 2 kv heads are whole blocks, the heads are not): a q8_0 cache
+    is refused with the reason, f16 and bf16 take them."""
+    from synth import Shape, write_model
+
+    from ember.backends import get_backend
+    from ember.gguf_loader import GGUFFile
+    from ember.models import load_model
+
+    path = write_model(tmp_path / "m.gguf", "llama", GGMLType.F16, Shape(n_layer=1, d_model=320, n_head=4,
+                                                                           head_dim=80), vocab=True)
+    with GGUFFile(path) as f:
+        model = load_model(f, get_backend("cpu"))
+        with pytest.raises(ValueError, match="heads of 80 values need f16 or bf16"):
+            model.new_kv_cache(4, 16, kv_type("q8_0"), kv_type("f16"))
+        for t in ("f16", "bf16"):
+            assert model.new_kv_cache(4, 16, kv_type(t), kv_type(t)).layers[0].parts == 2

@@ -199,6 +199,11 @@ class KVCache:
             if t not in backend.capabilities.kv_types:
                 raise ValueError(f"the {backend.name} backend has no {t.name.lower()} KV cache "
                                  f"(it has: {', '.join(sorted(x.name.lower() for x in backend.capabilities.kv_types))})")
+        for t, heads in ((k_type, [hk for hk, _ in head_dims or []]), (v_type, [hv for _, hv in head_dims or []])):
+            odd = sorted({h for h in heads if h % 32})
+            if t not in (GGMLType.F16, GGMLType.BF16) and odd:
+                raise ValueError(f"a {t.name.lower()} KV cache stores each head in blocks of 32 values; this "
+                                 f"model's heads of {odd[0]} values need f16 or bf16")
         self.n_pages, self.page_size = n_pages, page_size
         self.backend = backend
         self.k_type, self.v_type = k_type, v_type
