@@ -24,18 +24,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT))  # ember from this checkout, after bench/ (the script's folder)
 
-import importlib.util  # noqa: E402
-
-# bench/cuda.py by path: a module named `cuda` on sys.path would shadow NVIDIA's package CuPy imports
-_spec = importlib.util.spec_from_file_location("ember_bench_cuda", ROOT / "bench" / "cuda.py")
-bc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bc)
-_spec = importlib.util.spec_from_file_location("ember_bench_ladder", ROOT / "bench" / "ladder.py")
-ladder = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # (its dataclasses look it up)
-_spec.loader.exec_module(ladder)
+import ladder  # noqa: E402
+# bench/cuda.py as cuda_8b loads it (by path); importing cuda_8b also takes bench/ off sys.path, where a
+# module named `cuda` would shadow NVIDIA's package CuPy imports
+from cuda_8b import bc  # noqa: E402
 
 SHAPES = {
     # SmolLM2-135M's depth and vocabulary, widths rounded to Q4_K's 256-value blocks
