@@ -16,7 +16,7 @@ from typing import NamedTuple, Any
 import numpy as np
 
 from ..backends import AttentionBatch, Backend, RopeParams, Weight, kv_rotation
-from ..quant import GGMLType
+from ..quant import GGMLType, layout
 
 
 # Largest logits buffer kept between steps (floats): 64 rows of a 262k vocabulary.
@@ -199,10 +199,11 @@ class KVCache:
             if t not in backend.capabilities.kv_types:
                 raise ValueError(f"the {backend.name} backend has no {t.name.lower()} KV cache "
                                  f"(it has: {', '.join(sorted(x.name.lower() for x in backend.capabilities.kv_types))})")
-        for t, heads in ((k_type, [hk for hk, _ in head_dims or []]), (v_type, [hv for _, hv in head_dims or []])):
-            odd = sorted({h for h in heads if h % 32})
-            if t not in (GGMLType.F16, GGMLType.BF16) and odd:
-                raise ValueError(f"a {t.name.lower()} KV cache stores each head in blocks of 32 values; this "
+        for t, heads in zip((k_type, v_type), zip(*head_dims) if head_dims else ((), ())):
+            block = layout(t).block_size  # (1 for f16 and bf16)
+            odd = sorted({h for h in heads if h % block})
+            if odd:
+                raise ValueError(f"a {t.name.lower()} KV cache stores each head in blocks of {block} values; this "
                                  f"model's heads of {odd[0]} values need f16 or bf16")
         self.n_pages, self.page_size = n_pages, page_size
         self.backend = backend
