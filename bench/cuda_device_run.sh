@@ -13,6 +13,7 @@
 #          pieces of `split -n 3` carried as .sp1, .sp2 and .sp3, one or more a call, by calls of this
 #          stage on the same warm machine; SPEC_REPS (default 3) and SPEC_ARGS (e.g. "--sweep 1,2,...,17
 #          --profile": shapes recorded before the timed requests) go to bench/spec_steps.py
+#   mv     bench/mv_micro.py: the decode products alone at 8B and 1B shapes over 1-8 rows (MV_ARGS passed on)
 #   rows   bench/cuda_rows.py: decode steps of n sequences (synthetic 135M, Llama-3.2-1B and 8B shapes, Q4_K_M),
 #          kernel choices by rows as CudaConfig variants (ROWS_ARGS passed on, e.g. "--variants blas_rows=64
 #          blas_rows=16 --counts 16 32 64")
@@ -100,6 +101,13 @@ for s in $STAGES; do
       timeout 300 $PY bench/expert_micro.py --out "$OUT/expert_micro.json" >"$OUT/expert_micro.log" 2>&1
       echo "bench exit $?"
       tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
+      ;;
+    mv)
+      # The decode products alone over 1-8 rows (MV_ARGS passed on, e.g. "--variants '' mv_wide=1")
+      stage "bench mv"
+      eval "timeout 500 $PY bench/mv_micro.py --out $OUT/mv_micro.json ${MV_ARGS:-}" >"$OUT/mv_micro.log" 2>&1
+      echo "bench exit $?"
+      tail -n 60 "$OUT/mv_micro.log" | cut -c1-300
       ;;
     spec)
       # The pieces carried by this call join those earlier calls left in /tmp (a warm machine keeps it,

@@ -37,6 +37,9 @@ class CudaConfig:
     # 17-32 sequences: bench/cuda_rows.py) 22.4 -> 18.1 and 24.4 -> 18.1 ms there, Llama-3.2-1B's 4.26 ->
     # 3.73 and 4.68 -> 3.82, a 135M shape's 2.38 -> 2.44 and 2.67 -> 2.48. Below, mm_split's fused epilogues.
     blas_rows: int = 16
+    # Bytes of shared memory in which a decode product of 2-8 activation rows (per block) stages
+    # chunks of x (matmul.cu mv_stage_chunk); 0: its lanes read x from global memory.
+    mv_stage: int = 32768
     # Decode attention splits its key range until there are this many blocks per multiprocessor.
     att_waves: int = 2
     # Steps of up to this many tokens take the grouped expert products' decode kernel (expert_mv:
@@ -55,5 +58,7 @@ class CudaConfig:
             raise ValueError(f"moe_mv_tokens must be -1 (by shape) or 0..64, got {self.moe_mv_tokens}")
         if self.blas_rows < 0:
             raise ValueError(f"blas_rows must be 0 (never) or more, got {self.blas_rows}")
+        if self.mv_stage and not 768 <= self.mv_stage <= 40960:
+            raise ValueError(f"mv_stage must be 0 or 768..40960 bytes, got {self.mv_stage}")
         if not 1 <= self.att_waves <= 64:
             raise ValueError(f"att_waves must be 1..64, got {self.att_waves}")

@@ -9,7 +9,8 @@
 //   contiguous runs of each row. Quantized types read x already quantized (int8 per value,
 //   (scale, half-sums) per 32: q8_store_warp), written once per step by whoever produced x
 //   (quant_x, attention, a gated product, a product's tail); each weight slice is decoded once
-//   and dotted with all n activation rows (eight dp4a each). Float types read x as f32.
+//   and dotted with all n activation rows (eight dp4a each); with several rows the block stages x
+//   in shared memory first, a chunk at a time (mv_stage_chunk). Float types read x as f32.
 //   Epilogues (recorded steps): add into a residual, or a gated activation of two matrices'
 //   rows, optionally quantized for the next product (blocks of 32 rows, 256 threads). A tail
 //   run by the block that finishes last (a counter) does the row-wide work that needs every
@@ -54,6 +55,8 @@ struct MvRun {  // the activation rows and the teams' layout
     int pre_dec;     // one activation row: a lane's first pre_dec steps of slices decoded before the wait
     i64 pf_row;      // bytes at the start of each of a team's rows prefetched into L2 (whole rows where
                      // the resident blocks' rows fit in L2; past that, a prefetch would evict itself)
+    int kc;          // several activation rows (NMAX > 1), quantized: values of x a chunk staged in shared
+                     // memory (a multiple of 512; mv_stage_chunk); 0: x read from xq where it lies
 };
 struct MvEpi {  // what the product does with y beside storing it
     int mode;
@@ -127,6 +130,38 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
     }
 }
 
+// Q4_K/Q5_K lane step p (slices 2p and 2p + 1: slice2_decode) of both rows against one activation
+// row, half h: both slices' 16 values of that half lie in one 32-value sub-block of the weights (one
+// scale and min) and in one block of x, values 64p + 32h .. + 31 (xa, xb: its two 16-byte halves;
+// m: its metadata). So the 32 products are summed as integers, and the min is taken against the
+// block's whole sum: one conversion and three float operations a row instead of two of each.
+__device__ __forceinline__ void k4_dot(const QSlice (&q0)[2], const QSlice (&q1)[2], bool ok0, bool ok1, int h,
+                                       int4 xa, int4 xb, float4 m, float &acc0, float &acc1) {
+    const float xsum = m.y + m.z;
+    if (ok0) {
+        int d = dp4a(q0[0].q[4 * h], xa.x, 0);
+        d = dp4a(q0[0].q[4 * h + 1], xa.y, d);
+        d = dp4a(q0[0].q[4 * h + 2], xa.z, d);
+        d = dp4a(q0[0].q[4 * h + 3], xa.w, d);
+        d = dp4a(q0[1].q[4 * h], xb.x, d);
+        d = dp4a(q0[1].q[4 * h + 1], xb.y, d);
+        d = dp4a(q0[1].q[4 * h + 2], xb.z, d);
+        d = dp4a(q0[1].q[4 * h + 3], xb.w, d);
+        acc0 += m.x * q0[0].a[h] * (float)d + q0[0].b[h] * xsum;
+    }
+    if (ok1) {
+        int d = dp4a(q1[0].q[4 * h], xa.x, 0);
+        d = dp4a(q1[0].q[4 * h + 1], xa.y, d);
+        d = dp4a(q1[0].q[4 * h + 2], xa.z, d);
+        d = dp4a(q1[0].q[4 * h + 3], xa.w, d);
+        d = dp4a(q1[1].q[4 * h], xb.x, d);
+        d = dp4a(q1[1].q[4 * h + 1], xb.y, d);
+        d = dp4a(q1[1].q[4 * h + 2], xb.z, d);
+        d = dp4a(q1[1].q[4 * h + 3], xb.w, d);
+        acc1 += m.x * q1[0].a[h] * (float)d + q1[0].b[h] * xsum;
+    }
+}
+
 // A lane's first steps of slices (lane steps p = lane, lane + T), loaded before the kernel waits
 // for x: weights are constants, so their round trip overlaps the kernel before (see mv_body).
 // Compiled into mv_n1 for the types of 32-value blocks, decoded at once, and into mv_n1_store for
@@ -189,6 +224,21 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
         const float4 *__restrict__ meta = (const float4 *)(xq + (size_t)nx * k);
         // lane step p: slices SPL*p .. SPL*p + SPL-1 of both rows, dotted with the activation rows
         auto step = [&](int p, const QSlice (&q0)[SPL], const QSlice (&q1)[SPL]) {
+            if constexpr (SPL == 2) {
+#pragma unroll
+                for (int j = 0; j < NMAX; j++) {
+                    if (j >= nl) break;
+                    const u8 *xr = xq + (size_t)(jx + j) * k;
+                    const float4 *mr = meta + (size_t)(jx + j) * (k >> 5);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int o = 64 * p + 32 * h;
+                        k4_dot(q0, q1, ok0, ok1, h, *(const int4 *)(xr + o), *(const int4 *)(xr + o + 16), mr[o >> 5],
+                               acc[0][j], acc[1][j]);
+                    }
+                }
+                return;
+            }
 #pragma unroll
             for (int e = 0; e < SPL; e++) {
                 int xo[2];
@@ -243,6 +293,121 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
             QSlice q0[SPL], q1[SPL];
             mv_decode_step<QT>(w0, w1, ok0, ok1, p, q0, q1);
             step(p, q0, q1);
+        }
+    }
+}
+
+// ---- several activation rows: x staged in shared memory ----
+// A lane step's x is read 16 bytes at a time, by lanes at consecutive lane steps: for Q4_K, lanes
+// of a warp 64 bytes apart. Read from where it lies (L1), each such load touches four times the
+// 128-byte lines it uses; with 8 activation rows that, not DRAM, bounds the product (mv_n8 took
+// 3.3-4x mv_n1's time at Llama-3.1-8B's shapes: bench/mv_micro.py). So a block stages its rows' x
+// a chunk of run.kc values at a time in shared memory, each run of eight 16-byte units of a row
+// permuted (x_slot) so that the eight lanes of a quarter-warp, at eight consecutive lane steps,
+// read eight different groups of banks; the chunk's float4 metadata likewise (meta_slot). Layout:
+// nl rows of kc int8 values, then nl rows of kc / 32 float4.
+
+// The slot of 16-byte unit u of a staged row. Q4_K/Q5_K lane step p reads units 4p + 2h + e;
+// Q2_K/Q3_K/Q6_K slice s units 16(s >> 3) + 8((s & 7) >> 2) + 2((s >> 1) & 1) + (s & 1) + 4h; the
+// 32-value types slice s units 2s + h (slice_offsets).
+__device__ __forceinline__ int x_slot(int u) {
+    if constexpr (QT == T_Q4_K || QT == T_Q5_K) return u ^ ((u >> 3) & 3);
+    else if constexpr (QT == T_Q2_K || QT == T_Q3_K || QT == T_Q6_K) return u ^ ((u >> 1) & 4);
+    else return u ^ ((u >> 3) & 1);
+}
+// The slot of 32-value block b's metadata: Q4_K/Q5_K lane step p reads blocks 2p + h; the others'
+// eight lanes read at most eight different blocks of a run of sixteen already.
+__device__ __forceinline__ int meta_slot(int b) {
+    if constexpr (QT == T_Q4_K || QT == T_Q5_K) return b ^ ((b >> 3) & 1);
+    else return b;
+}
+
+#define STAGE_BATCH 4  // 16-byte loads a thread has in flight while staging
+// Values c0 .. c0 + kn - 1 of x rows jx .. jx + nl - 1 (of nx in xq, k a row) into xs (rows kc apart).
+__device__ __forceinline__ void mv_stage_chunk(const u8 *__restrict__ xq, int nx, int jx, int k, int nl, int c0,
+                                               int kn, int kc, u8 *xs) {
+    const float4 *gmeta = (const float4 *)(xq + (size_t)nx * k);
+    float4 *smeta = (float4 *)(xs + (size_t)nl * kc);
+    const int units = kn >> 4, blocks = kn >> 5, n_x = nl * units, total = n_x + nl * blocks;
+    for (int i0 = threadIdx.x; i0 < total; i0 += STAGE_BATCH * blockDim.x) {
+        int4 v[STAGE_BATCH];
+        int4 *dst[STAGE_BATCH];
+#pragma unroll
+        for (int t = 0; t < STAGE_BATCH; t++) {
+            const int i = i0 + t * blockDim.x;
+            dst[t] = nullptr;
+            if (i >= total) continue;
+            if (i < n_x) {
+                const int j = i / units, u = i - j * units;
+                v[t] = *(const int4 *)(xq + (size_t)(jx + j) * k + c0 + 16 * u);
+                dst[t] = (int4 *)(xs + (size_t)j * kc + 16 * x_slot(u));
+            } else {
+                const int j = (i - n_x) / blocks, b = i - n_x - j * blocks;
+                v[t] = *(const int4 *)(gmeta + (size_t)(jx + j) * (k >> 5) + (c0 >> 5) + b);
+                dst[t] = (int4 *)(smeta + (size_t)j * (kc >> 5) + meta_slot(b));
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < STAGE_BATCH; t++)
+            if (dst[t]) *dst[t] = v[t];
+    }
+}
+
+// mv_dot_rows for the lane steps of one staged chunk (values c0 .. c0 + kn - 1) of nl rows.
+template <int NMAX>
+__device__ __forceinline__ void mv_dot_staged(const u8 *__restrict__ w0, const u8 *__restrict__ w1, bool ok0,
+                                              bool ok1, int lane, int T, int nl, const u8 *xs, int c0, int kn,
+                                              int kc, float (&acc)[2][NMAX]) {
+    const float4 *meta = (const float4 *)(xs + (size_t)nl * kc);
+    const int p_end = (c0 + kn) / (32 * SPL);
+#pragma unroll 2
+    for (int p = c0 / (32 * SPL) + lane; p < p_end; p += T) {
+        QSlice q0[SPL], q1[SPL];
+        mv_decode_step<QT>(w0, w1, ok0, ok1, p, q0, q1);
+        if constexpr (SPL == 2) {
+#pragma unroll
+            for (int j = 0; j < NMAX; j++) {
+                if (j >= nl) break;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int u = (64 * p + 32 * h - c0) >> 4;  // units u, u + 1: one block of x
+                    const u8 *xr = xs + (size_t)j * kc;
+                    k4_dot(q0, q1, ok0, ok1, h, *(const int4 *)(xr + 16 * x_slot(u)),
+                           *(const int4 *)(xr + 16 * x_slot(u + 1)), meta[j * (kc >> 5) + meta_slot(u >> 1)],
+                           acc[0][j], acc[1][j]);
+                }
+            }
+            continue;
+        }
+#pragma unroll
+        for (int e = 0; e < SPL; e++) {
+            int xo[2];
+            slice_offsets<QT>(SPL * p + e, xo);
+#pragma unroll
+            for (int j = 0; j < NMAX; j++) {
+                if (j >= nl) break;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int off = xo[h] - c0;
+                    const int4 xv = *(const int4 *)(xs + (size_t)j * kc + 16 * x_slot(off >> 4));
+                    const float4 m = meta[j * (kc >> 5) + meta_slot(off >> 5)];
+                    const float xs_ = (off & 16) ? m.z : m.y;
+                    if (ok0) {
+                        int d = dp4a(q0[e].q[4 * h], xv.x, 0);
+                        d = dp4a(q0[e].q[4 * h + 1], xv.y, d);
+                        d = dp4a(q0[e].q[4 * h + 2], xv.z, d);
+                        d = dp4a(q0[e].q[4 * h + 3], xv.w, d);
+                        acc[0][j] += m.x * q0[e].a[h] * (float)d + q0[e].b[h] * xs_;
+                    }
+                    if (ok1) {
+                        int d = dp4a(q1[e].q[4 * h], xv.x, 0);
+                        d = dp4a(q1[e].q[4 * h + 1], xv.y, d);
+                        d = dp4a(q1[e].q[4 * h + 2], xv.z, d);
+                        d = dp4a(q1[e].q[4 * h + 3], xv.w, d);
+                        acc[1][j] += m.x * q1[e].a[h] * (float)d + q1[e].b[h] * xs_;
+                    }
+                }
+            }
         }
     }
 }
@@ -728,7 +893,17 @@ __device__ __forceinline__ void mv_body(const MvMats &mt, const MvRun &run, cons
             mv_prefetch_rows(t, run.pf_row, lane, T);
             mv_team_rows(t, mt, gated, tblock, tl, tb);
         }
-        mv_dot_rows<NMAX>(run, t.w0, t.w1, t.ok[0], t.ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
+        if (NMAX > 1 && !QFLOAT && run.kc && xq == run.xq) {
+            for (int c0 = 0; c0 < run.k; c0 += run.kc) {  // whole blocks: every thread reaches each barrier
+                const int kn = min(run.kc, run.k - c0);
+                if (c0) __syncthreads();  // the last chunk's reads are done
+                mv_stage_chunk(xq, nx, jx, run.k, nl, c0, kn, run.kc, xq_s);
+                __syncthreads();
+                mv_dot_staged<NMAX>(t.w0, t.w1, t.ok[0], t.ok[1], lane, T, nl, xq_s, c0, kn, run.kc, acc);
+            }
+        } else {
+            mv_dot_rows<NMAX>(run, t.w0, t.w1, t.ok[0], t.ok[1], lane, T, j0, nl, xq, jx, nx, acc, pre, use_pre);
+        }
         use_pre = 0;  // a walking grid's later rows are decoded in the loop
         mv_team_sum<NMAX>(acc, T, lane, part_s);
         if (lane == 0) mv_epilogue<NMAX>(mt, epi, t, acc, res_old, j0, nl, tb, act_s);
@@ -756,14 +931,15 @@ struct MvArgs {
 #define MV_PARAMS                                                                                                  \
     const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, float *y3,        \
         int rows0, int rows1, int rows2, int rows3, int n_mat, i64 row_bytes, int k, int n, const float *x,        \
-        const u8 *xq, int team_log2, int n_tblocks, int pre_dec, i64 pf_row, int mode, float *aux, u8 *act_q,      \
+        const u8 *xq, int team_log2, int n_tblocks, int pre_dec, i64 pf_row, int kc, int mode, float *aux,         \
+        u8 *act_q,                                                                                                 \
         const float *pro_src, const int *pro_idx, const float *pro_w, float pro_eps, float *pro_h,                 \
         const float *pro_y, float *pro_yout, const float *pro_post_w, float pro_post_eps, unsigned *pro_counter,    \
         unsigned *counter, float *res, int tail_add, const float *post_w, float post_eps, const float *pre_w,      \
         float pre_eps, float *pre_h, u8 *pre_q
 #define MV_ARGS                                                                                                    \
     MvArgs a = {{{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes},             \
-                {k, n, x, xq, team_log2, n_tblocks, pre_dec, pf_row},                                              \
+                {k, n, x, xq, team_log2, n_tblocks, pre_dec, pf_row, kc},                                              \
                 {mode, aux, act_q},                                                                                \
                 {pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout, pro_post_w, pro_post_eps, pro_counter}, \
                 {counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}}
@@ -1053,7 +1229,7 @@ extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n4(MV_PARAMS) {
     MV_ARGS;
     MV_BODY(4);
 }
-extern "C" __global__ void __launch_bounds__(MVQ_THREADS) mv_n8(MV_PARAMS) {
+extern "C" __global__ void __launch_bounds__(MVQ_THREADS, 2) mv_n8(MV_PARAMS) {
     MV_ARGS;
     MV_BODY(8);
 }

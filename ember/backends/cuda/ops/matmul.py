@@ -44,6 +44,7 @@ XS_STORE_UNIT = 4
 XS_STORE_BLOCKS_PER_SM = 4
 
 QX_CHUNK = 256  # values of a row a quant_x block writes (it sums the whole row's squares)
+STAGE_ALIGN = 512  # a staged chunk of x: whole runs of eight 16-byte units (x_slot) and sixteen blocks (meta_slot)
 PROLOGUE_SMEM = 48 * 1024  # dynamic shared memory a product's prologue may take (no opt-in needed)
 TARGET_WARPS = 2048  # warps in flight that keep HBM busy (about 16 per multiprocessor of an H100/H200)
 MV_FILL_MIN_BYTES = 1 << 20  # one-row products of at least these weight bytes widen teams to fill the GPU
@@ -454,12 +455,27 @@ class Matmul:
         geo = self.mv_geometry(ws)
         name = "mv_n1_occ" if geo.occ else "mv_n1_store" if geo.nmax == 1 and self.stores_only() else f"mv_n{geo.nmax}"
         args = (*self._mats_args(group), *self._run_args(geo, self._pre_steps(ws[0].type, geo, name),
-                                                          self._prefetch_row(ws, geo)),
+                                                          self._prefetch_row(ws, geo),
+                                                          self._stage_chunk(ws[0].type, geo)),
                 *self._epilogue_args(), *self._prologue_args(),
                 *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(ws[0].type, name), name)
-        smem = self._prologue_smem() if self.in_prologue() else 0
+        kc = self._stage_chunk(ws[0].type, geo)
+        smem = self._prologue_smem() if self.in_prologue() else xq_bytes(min(self.n, geo.nmax), kc)
+        if smem > PROLOGUE_SMEM:
+            allow_smem(fn, smem)
         return Launch(fn, (geo.grid, 1, 1), (geo.threads, 1, 1), args, smem=smem)
+
+    def _stage_chunk(self, qtype, geo: MvGeometry) -> int:
+        """Values of x a chunk that a product of several activation rows stages in shared memory
+        (matmul.cu mv_stage_chunk), 0 where it reads x where it lies: one row, float weights, a
+        prologue's rows (already in shared memory), or cfg.mv_stage 0. As many as the budget of
+        cfg.mv_stage bytes holds, whole runs of 512 (the permuted slots' alignment)."""
+        if geo.nmax == 1 or not quantized(qtype) or self.in_prologue() or not self.cfg.mv_stage:
+            return 0
+        rows = min(self.n, geo.nmax)
+        fits = self.cfg.mv_stage // xq_bytes(rows, STAGE_ALIGN) * STAGE_ALIGN
+        return max(STAGE_ALIGN, min(fits, -(-self.k // STAGE_ALIGN) * STAGE_ALIGN))
 
     def mv_geometry(self, ws: list) -> MvGeometry:
         n, k = self.n, self.k
@@ -502,9 +518,9 @@ class Matmul:
         return (*pad4([ptr(w.data.buf) for w in ws], u64(0)), *pad4([ptr(o) for o in outs], u64(0)),
                 *pad4([i32(w.shape[0]) for w in ws], i32(0)), i32(len(ws)), i64(ws[0].data.row_bytes))
 
-    def _run_args(self, geo: MvGeometry, pre_dec: int, pf_row: int) -> tuple:
+    def _run_args(self, geo: MvGeometry, pre_dec: int, pf_row: int, kc: int) -> tuple:
         return (i32(self.k), i32(self.n), ptr(self.x), ptr(self.xq), i32(geo.tl), i32(geo.tblocks), i32(pre_dec),
-                i64(pf_row))
+                i64(pf_row), i32(kc))
 
     def _prefetch_row(self, ws: list, geo: MvGeometry) -> int:
         """Bytes at the start of each row that a team prefetches into L2: whole rows while the rows
