@@ -5,7 +5,8 @@ The weights of one decode step are read once whatever the rows: a product of n r
 about what one row's does. For each shape and n, the time of one product (its quant_x launch
 included, as in a step without fusions): --copies copies of the matrix (at their own addresses, more
 bytes than the L2 holds, as a step over all the layers streams them from memory) multiplied in turn,
-captured in a CUDA graph, the graph launched --reps times between events, the median per product.
+captured in a CUDA graph, the graph launched --reps times between events, the median per product
+(bench/expert_micro.py's timing).
 GB/s is the matrix's bytes over that time; "x n=1" the time against the same shape's one-row product.
 Outputs are checked against the dequantized weights in numpy (relative error; int8 x gives ~5e-3).
 Variants are CudaConfig changes (k=v[,k=v]); ratios against the first.
@@ -16,8 +17,9 @@ Variants are CudaConfig changes (k=v[,k=v]); ratios against the first.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import itertools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,12 @@ sys.path.insert(1, str(ROOT / "tests"))
 from ember.backends.cuda import Backend  # noqa: E402
 from ember.backends.cuda.config import CudaConfig  # noqa: E402
 from ember.quant import GGMLType, dequantize  # noqa: E402
+
+# the graph timing and error of bench/expert_micro.py (by path: bench/ is off sys.path, see above)
+_spec = importlib.util.spec_from_file_location("expert_micro", Path(__file__).resolve().parent / "expert_micro.py")
+expert_micro = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(expert_micro)
+time_us, rel = expert_micro.time_us, expert_micro.rel
 
 T = GGMLType
 # name: (type, [rows of each matrix sharing x], columns k)
@@ -56,34 +64,6 @@ class Tensor:
         self.data = np.ascontiguousarray(np.tile(base, (-(-rows // len(base)), 1))[:rows])
 
 
-def time_us(cp, calls, reps: int) -> float:
-    """Median time per call of `calls` captured in one graph, launched reps times between events."""
-    for c in calls[:1]:
-        c()  # compiles, allocates the xq buffer
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        for c in calls:
-            c()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / len(calls))
-    return statistics.median(times)
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def bench_shape(name: str, rows_list: list[int], variants: list[str], reps: int, rng) -> list[dict]:
     from synth import random_blocks
 
@@ -104,8 +84,8 @@ def bench_shape(name: str, rows_list: list[int], variants: list[str], reps: int,
             x_h = rng.normal(0, 1, (n, k)).astype(np.float32)
             x = cp.asarray(x_h)
             ys = [cp.full((n, m), np.nan, np.float32) for m in ms]
-            calls = [lambda ws=ws: b.matmuls(ws, x, ys) for ws in sets]
-            us = time_us(cp, calls, reps)
+            cycle = itertools.cycle(sets)  # each call takes the next copy: one graph goes over them all
+            us = time_us(cp, lambda: b.matmuls(next(cycle), x, ys), reps, per_graph=len(sets))
             ref = x_h.astype(np.float64) @ w_ref.T
             err = max(rel(cp.asnumpy(y)[:, :BASE_ROWS], ref[:, :min(m, BASE_ROWS)]) for y, m in zip(ys, ms))
             base_us = us if n == rows_list[0] else base_us

@@ -130,6 +130,26 @@ __device__ __forceinline__ void mv_decode_step(const u8 *__restrict__ w0, const 
     }
 }
 
+// Half h (16 values) of one slice of both rows against those 16 values of an activation row (xv),
+// m the metadata of their block of x, xs the half's sum (m.y or m.z).
+__device__ __forceinline__ void half_dot(const QSlice &s0, const QSlice &s1, bool ok0, bool ok1, int h, int4 xv,
+                                         float4 m, float xs, float &acc0, float &acc1) {
+    if (ok0) {
+        int d = dp4a(s0.q[4 * h], xv.x, 0);
+        d = dp4a(s0.q[4 * h + 1], xv.y, d);
+        d = dp4a(s0.q[4 * h + 2], xv.z, d);
+        d = dp4a(s0.q[4 * h + 3], xv.w, d);
+        acc0 += m.x * s0.a[h] * (float)d + s0.b[h] * xs;
+    }
+    if (ok1) {
+        int d = dp4a(s1.q[4 * h], xv.x, 0);
+        d = dp4a(s1.q[4 * h + 1], xv.y, d);
+        d = dp4a(s1.q[4 * h + 2], xv.z, d);
+        d = dp4a(s1.q[4 * h + 3], xv.w, d);
+        acc1 += m.x * s1.a[h] * (float)d + s1.b[h] * xs;
+    }
+}
+
 // Q4_K/Q5_K lane step p (slices 2p and 2p + 1: slice2_decode) of both rows against one activation
 // row, half h: both slices' 16 values of that half lie in one 32-value sub-block of the weights (one
 // scale and min) and in one block of x, values 64p + 32h .. + 31 (xa, xb: its two 16-byte halves;
@@ -251,21 +271,7 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
                         const size_t at = (size_t)(jx + j) * k + xo[h];
                         const int4 xv = *(const int4 *)(xq + at);
                         const float4 m = meta[at >> 5];
-                        const float xs = (xo[h] & 16) ? m.z : m.y;
-                        if (ok0) {
-                            int d = dp4a(q0[e].q[4 * h], xv.x, 0);
-                            d = dp4a(q0[e].q[4 * h + 1], xv.y, d);
-                            d = dp4a(q0[e].q[4 * h + 2], xv.z, d);
-                            d = dp4a(q0[e].q[4 * h + 3], xv.w, d);
-                            acc[0][j] += m.x * q0[e].a[h] * (float)d + q0[e].b[h] * xs;
-                        }
-                        if (ok1) {
-                            int d = dp4a(q1[e].q[4 * h], xv.x, 0);
-                            d = dp4a(q1[e].q[4 * h + 1], xv.y, d);
-                            d = dp4a(q1[e].q[4 * h + 2], xv.z, d);
-                            d = dp4a(q1[e].q[4 * h + 3], xv.w, d);
-                            acc[1][j] += m.x * q1[e].a[h] * (float)d + q1[e].b[h] * xs;
-                        }
+                        half_dot(q0[e], q1[e], ok0, ok1, h, xv, m, (xo[h] & 16) ? m.z : m.y, acc[0][j], acc[1][j]);
                     }
                 }
             }
@@ -391,21 +397,7 @@ __device__ __forceinline__ void mv_dot_staged(const u8 *__restrict__ w0, const u
                     const int off = xo[h] - c0;
                     const int4 xv = *(const int4 *)(xs + (size_t)j * kc + 16 * x_slot(off >> 4));
                     const float4 m = meta[j * (kc >> 5) + meta_slot(off >> 5)];
-                    const float xs_ = (off & 16) ? m.z : m.y;
-                    if (ok0) {
-                        int d = dp4a(q0[e].q[4 * h], xv.x, 0);
-                        d = dp4a(q0[e].q[4 * h + 1], xv.y, d);
-                        d = dp4a(q0[e].q[4 * h + 2], xv.z, d);
-                        d = dp4a(q0[e].q[4 * h + 3], xv.w, d);
-                        acc[0][j] += m.x * q0[e].a[h] * (float)d + q0[e].b[h] * xs_;
-                    }
-                    if (ok1) {
-                        int d = dp4a(q1[e].q[4 * h], xv.x, 0);
-                        d = dp4a(q1[e].q[4 * h + 1], xv.y, d);
-                        d = dp4a(q1[e].q[4 * h + 2], xv.z, d);
-                        d = dp4a(q1[e].q[4 * h + 3], xv.w, d);
-                        acc[1][j] += m.x * q1[e].a[h] * (float)d + q1[e].b[h] * xs_;
-                    }
+                    half_dot(q0[e], q1[e], ok0, ok1, h, xv, m, (off & 16) ? m.z : m.y, acc[0][j], acc[1][j]);
                 }
             }
         }
