@@ -87,7 +87,7 @@ for s in $STAGES; do
     tests)
       # Separate processes: a kernel fault in the op tests (a lost CUDA context) cannot hide the model,
       # replay and engine results.
-      pytest_stage "tests: ops" tests_ops 240 -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
+      pytest_stage "tests: ops" tests_ops 420 -k "not model and not replay and not engine${TESTS_K:+ and ($TESTS_K)}" \
         tests/test_cuda.py tests/test_cuda_fuse.py
       pytest_stage "tests: models, replay, engine" tests_models 210 \
         -k "(model or replay or engine)${TESTS_K:+ and ($TESTS_K)}" tests/test_cuda.py
