@@ -637,6 +637,30 @@ def test_decode_products_prefetch_what_fits_in_l2():
     assert 0 < got < row_bytes and got % 128 == 0 and got * 2 * teams <= L2_PREFETCH_BYTES
 
 
+def test_decode_products_of_several_rows_stage_x_in_shared_memory():
+    """Products of 2-8 activation rows of quantized weights stage x in chunks of whole runs of 512
+    values (matmul.cu x_slot's alignment) as large as CudaConfig.mv_stage bytes hold for the block's
+    rows (one chunk where the row fits); one row, float weights and mv_stage 0 read x where it lies."""
+    from ember.backends.cuda.config import CudaConfig
+
+    def staged(n, k, qtype=GGMLType.Q4_K, cfg=CudaConfig()):
+        op = Matmul([mat(1024, k, qtype)], Addr(n, k), [Addr(n, 1024)], xq=Addr(xq_bytes(n, k), dtype=np.uint8),
+                    quant_in=False, cfg=cfg, n_sm=132)
+        (launch,) = op.launches(FakeKernels())
+        return int(launch.args[22]), launch.smem, launch.fn[1]
+
+    assert staged(1, 4096)[0] == 0
+    for n, k, nmax in ((2, 4096, 2), (3, 4096, 4), (8, 4096, 8), (8, 14336, 8), (4, 2560, 4)):
+        kc, smem, name = staged(n, k)
+        assert name == f"mv_n{nmax}" and kc % 512 == 0 and smem == xq_bytes(n, kc), (n, k, kc)
+        assert smem <= CudaConfig().mv_stage and (kc >= k or xq_bytes(n, kc + 512) > CudaConfig().mv_stage), (n, k, kc)
+    assert staged(2, 2560)[0] == 2560  # the whole row in one chunk
+    assert staged(8, 4096, GGMLType.F16)[:2] == (0, 0)
+    assert staged(8, 4096, cfg=CudaConfig(mv_stage=0))[:2] == (0, 0)
+    with pytest.raises(ValueError, match="mv_stage"):
+        CudaConfig(mv_stage=100)
+
+
 def test_attention_clusters_of_16_only_where_they_fit():
     """Decode attention at head size 128 takes clusters of 16 splits while 16 blocks per (token,
     head) piece fit the GPU's slots (Llama-3.1-8B's 32 query heads do not: 8)."""
