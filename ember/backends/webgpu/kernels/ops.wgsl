@@ -117,14 +117,9 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             ss += x * x;
         }
     }
-    part[t] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) { part[t] += part[t + s]; }
-        workgroupBarrier();
-    }
+    let total = wg_sum(t, ss);
     if (row >= pu(1u)) { return; }
-    let r = 1.0 / sqrt(part[0] / f32(d) + pf(4u));
+    let r = 1.0 / sqrt(total / f32(d) + pf(4u));
     for (var i = t; i < d; i += WG) {
         var x: f32;
         if (in_place) { x = Y[row * d + i]; } else { x = A[row * d + i]; }
@@ -202,14 +197,9 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             ss += x * x;
         }
     }
-    part[t] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) { part[t] += part[t + s]; }
-        workgroupBarrier();
-    }
+    let total = wg_sum(t, ss);
     if (row >= pu(1u)) { return; }
-    let r = 1.0 / sqrt(part[0] / f32(d) + pf(4u));
+    let r = 1.0 / sqrt(total / f32(d) + pf(4u));
     for (var i = t; i < d; i += WG) {
         var x = Y[row * d + i] * r;
         if (pu(3u) != 0u) { x *= B[i]; }
