@@ -51,10 +51,12 @@ LADDER = (*REAL, *SHAPES)
 # Rung name -> decoder family of tests/families.py, at its REAL_SHAPES size.
 FAMILIES = {"qwen2-0.5b": "qwen2", "qwen3-0.6b": "qwen3", "olmo2-1b": "olmo2", "granite-2b": "granite",
             "gemma2-2b": "gemma2", "ministral3-3b": "mistral3", "smollm3-3b": "smollm3", "phi4-mini": "phi3",
-            "qwen3-30b-a3b-8l": "qwen3moe", "gpt-oss-20b-6l": "gpt-oss", "olmoe-1b-7b": "qwen3moe"}
+            "qwen3-30b-a3b-8l": "qwen3moe", "gpt-oss-20b-6l": "gpt-oss", "olmoe-1b-7b": "qwen3moe",
+            "qwen3-30b-a3b": "qwen3moe"}
 # Rungs with fewer layers than their family's model (the layers at its shape, so that the file fits
-# the machine): Qwen3-30B-A3B's 48 layers of 128 experts are 17 GB in Q4_K_M, 8 of them 2.9 GB;
-# gpt-oss-20b's 24 layers of 32 MXFP4 experts 10 GB, 6 of them 2.6 GB.
+# a small machine): Qwen3-30B-A3B's 48 layers of 128 experts are 17.8 GB in Q4_K_M (`qwen3-30b-a3b`,
+# the whole model: for machines of 24 GB or more), 8 of them 2.9 GB; gpt-oss-20b's 24 layers of 32
+# MXFP4 experts 10 GB, 6 of them 2.6 GB.
 FAMILY_LAYERS = {"qwen3-30b-a3b-8l": 8, "gpt-oss-20b-6l": 6}
 # Rungs at another model's sizes in a family's structure: OLMoE-1B-7B (16 layers of 64 experts,
 # 8 active, 1024 wide; 6.9 B parameters, 1.3 B active) as a qwen3moe file (softmax top-k routing
@@ -118,7 +120,7 @@ def ensure(name: str) -> Path:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
             from families import write_family
             write_family(tmp, FAMILIES[name], real_shape=True, n_layer=FAMILY_LAYERS.get(name, 0),
-                         sizes=FAMILY_SIZES.get(name))
+                         sizes=FAMILY_SIZES.get(name), stream=True)
         else:
             write(tmp, SHAPES[name])
         tmp.rename(path)

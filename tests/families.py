@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth import random_blocks  # noqa: E402
 
 from ember.gguf_loader import GGUFFile  # noqa: E402
-from ember.quant import GGMLType, quantize  # noqa: E402
+from ember.quant import GGMLType, layout, quantize  # noqa: E402
 
 Q4_K, Q6_K, Q8_0 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0
 FALLBACK = {Q4_K: GGMLType.Q5_0, Q6_K: GGMLType.Q8_0}
@@ -154,8 +154,28 @@ def mxfp4_blocks(rng: np.random.Generator, rows: int, cols: int, std: float) -> 
 class Writer:
     """Tensors of one file: matrices as random blocks of their type at a chosen spread."""
 
-    def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool = False):
+    def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool = False, stream: bool = False):
         self.w, self.rng, self.f16 = w, np.random.default_rng(seed), f16
+        # stream: each tensor's info now, its data made (in the same order, so from the same values of
+        # the generator) only when write_pending writes it: a file larger than the memory can be written
+        self.pending = [] if stream else None
+
+    def _add(self, name: str, make, shape: tuple, dtype, qtype: GGMLType | None = None) -> None:
+        raw = gguf.GGMLQuantizationType(int(qtype)) if qtype is not None else None
+        if self.pending is None:
+            self.w.add_tensor(name, make(), raw_dtype=raw)
+            return
+        self.w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                               raw_dtype=raw)
+        self.pending.append(make)
+
+    def array(self, name: str, make, shape: tuple) -> None:
+        """An f32 tensor of `shape` that make() returns."""
+        self._add(name, make, shape, np.float32)
+
+    def write_pending(self) -> None:
+        for make in self.pending:
+            self.w.write_tensor_data(make())
 
     def matrix(self, name: str, rows: int, cols: int, std: float, qtype: GGMLType = Q4_K, experts: int = 0) -> None:
         """A (rows, cols) matrix, or `experts` of them stacked (experts, rows, cols)."""
@@ -164,30 +184,36 @@ class Writer:
         if cols % 256 and qtype in FALLBACK:  # rows that are not whole super-blocks, as llama-quantize does
             qtype = FALLBACK[qtype]
         n = rows * max(experts, 1)
-        if qtype in (Q4_K, Q6_K):
-            data = random_blocks(self.rng, qtype, n, cols, std)
-        elif qtype == MXFP4 and n * cols > FAST_MXFP4_VALUES:
-            data = mxfp4_blocks(self.rng, n, cols, std)
-        else:  # a matrix at a time: the same stream of values, a fraction of the memory
-            data = np.concatenate([quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
-                                   for _ in range(max(experts, 1))])
-        if experts:
-            data = data.reshape(experts, rows, -1)
-        self.w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+
+        def make():
+            if qtype in (Q4_K, Q6_K):
+                data = random_blocks(self.rng, qtype, n, cols, std)
+            elif qtype == MXFP4 and n * cols > FAST_MXFP4_VALUES:
+                data = mxfp4_blocks(self.rng, n, cols, std)
+            else:  # a matrix at a time: the same stream of values, a fraction of the memory
+                data = np.concatenate([quantize(self.rng.normal(0.0, std, (rows, cols)).astype(np.float32), qtype)
+                                       for _ in range(max(experts, 1))])
+            return data.reshape(experts, rows, -1) if experts else data
+
+        row_bytes = layout(qtype).row_bytes(cols)
+        self._add(name, make, (experts, rows, row_bytes) if experts else (n, row_bytes), np.uint8, qtype)
 
     def vector(self, name: str, n: int, mean: float = 1.0, spread: float = 0.1) -> None:
-        self.w.add_tensor(name, (mean + self.rng.uniform(-spread, spread, n)).astype(np.float32))
+        self._add(name, lambda: (mean + self.rng.uniform(-spread, spread, n)).astype(np.float32), (n,), np.float32)
 
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
                  vocab_from: Path | None = None, drop: str = "", f16: bool = False,
                  extra_metadata: dict | None = None, extra_tensors=None, n_layer: int = 0,
-                 sizes: dict | None = None) -> Path:
+                 sizes: dict | None = None, stream: bool = False) -> Path:
     """The synthetic `name` model at `path` (see the module doc); `drop`: a metadata key or tensor
     left out (to test the error naming it); `f16`: every matrix in F16 instead of the K-quant mix;
     extra_metadata: keys added; extra_tensors(writer, Writer, d_model): adds keys and tensors;
     `n_layer`: that many layers instead of the shape's (a big shape's layers, fewer of them); `sizes`:
-    other Family fields replaced (e.g. wider experts)."""
+    other Family fields replaced (e.g. wider experts); `stream`: each tensor made as it is written (a
+    file larger than the memory; not with `drop` or extra_tensors)."""
+    if stream and (drop or extra_tensors is not None):
+        raise ValueError("a streamed file takes no dropped key and no extra tensors")
     f = FAMILIES[name]
     if real_shape:
         f = replace(f, **REAL_SHAPES[name])
@@ -208,13 +234,17 @@ def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,
             add_metadata(w, key, value)
     for key, value in (extra_metadata or {}).items():
         add_metadata(w, key, value)
-    t = Writer(w, seed, f16)
+    t = Writer(w, seed, f16, stream)
     tensors(t, f, n_vocab)
     if extra_tensors is not None:
         extra_tensors(w, t, f.d_model)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    if stream:
+        w.write_ti_data_to_file()
+        t.write_pending()
+    else:
+        w.write_tensors_to_file()
     w.close()
     return path
 
@@ -261,8 +291,8 @@ def tensors(t: Writer, f: Family, n_vocab: int) -> None:
         t.matrix("output.weight", n_vocab, d, out_std, Q6_K)
     if a == "phi3":
         n = (f.n_rot or f.head_dim) // 2
-        t.w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.6, n, dtype=np.float32))
-        t.w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 12.0, n, dtype=np.float32))
+        t.array("rope_factors_short.weight", lambda: np.linspace(1.0, 1.6, n, dtype=np.float32), (n,))
+        t.array("rope_factors_long.weight", lambda: np.linspace(1.0, 12.0, n, dtype=np.float32), (n,))
 
 
 def layer(t: Writer, f: Family, i: int) -> None:
@@ -317,8 +347,8 @@ def experts(t: Writer, f: Family, p: str, block_std: float, more_bits: bool) -> 
     biases on the router and every expert)."""
     d, n, e = f.d_model, f.d_ff_exp, f.n_expert
     oss = f.arch == "gpt-oss"
-    router = t.rng.normal(0.0, ROUTER_SPREAD / math.sqrt(d), (e, d)).astype(np.float32)
-    t.w.add_tensor(p + "ffn_gate_inp.weight", router)
+    t.array(p + "ffn_gate_inp.weight", lambda: t.rng.normal(0.0, ROUTER_SPREAD / math.sqrt(d), (e, d)).astype(np.float32),
+            (e, d))
     t.matrix(p + "ffn_gate_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
     t.matrix(p + "ffn_up_exps.weight", n, d, 1.0 / math.sqrt(d), MXFP4 if oss else Q4_K, experts=e)
     down = MXFP4 if oss else Q6_K if more_bits else Q4_K
@@ -326,7 +356,8 @@ def experts(t: Writer, f: Family, p: str, block_std: float, more_bits: bool) -> 
     if oss:
         t.vector(p + "ffn_gate_inp.bias", e, mean=0.0, spread=0.5)
         for name, size in (("gate", n), ("up", n), ("down", d)):
-            t.w.add_tensor(p + f"ffn_{name}_exps.bias", t.rng.uniform(-0.1, 0.1, (e, size)).astype(np.float32))
+            t.array(p + f"ffn_{name}_exps.bias", lambda size=size: t.rng.uniform(-0.1, 0.1, (e, size)).astype(np.float32),
+                    (e, size))
 
 
 def main() -> None:

@@ -157,6 +157,16 @@ def test_unsupported_architecture_lists_the_families(tmp_path, backends):
         assert name in message
 
 
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "phi3"])
+def test_a_streamed_file_is_the_file_written_at_once(tmp_path, synthetic, name):
+    """Big benchmark files are written a tensor at a time (each made as it is written): the same bytes,
+    router, biases and rope factors included."""
+    path = write_family(tmp_path / f"{name}.gguf", name, stream=True)
+    assert path.read_bytes() == synthetic[name].read_bytes()
+    with pytest.raises(ValueError, match="streamed"):
+        write_family(tmp_path / "x.gguf", name, stream=True, drop="blk.0.attn_q.weight")
+
+
 @pytest.mark.parametrize("name,drop,expected", [
     ("granite", "granite.attention.layer_norm_rms_epsilon", "metadata 'granite.attention.layer_norm_rms_epsilon' is missing"),
     ("phi3", "blk.1.attn_qkv.weight", "tensor 'blk.1.attn_q.weight' is missing"),
