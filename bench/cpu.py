@@ -26,6 +26,7 @@ collapse. Run this on an otherwise idle machine; the load average before and aft
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -49,7 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # generated tokens per rung: the big files take fewer (each token reads gigabytes)
 N_GEN = {"smollm2": 128, "gemma3-270m": 128, "llama-1b": 64, "qwen3-4b": 32, "llama-8b": 16,
          "olmo2-1b": 64, "granite-2b": 32, "gemma2-2b": 32, "ministral3-3b": 32, "smollm3-3b": 32, "phi4-mini": 32,
-         "qwen3-30b-a3b-8l": 64, "gpt-oss-20b-6l": 64, "olmoe-1b-7b": 64}
+         "qwen3-30b-a3b-8l": 64, "gpt-oss-20b-6l": 64, "olmoe-1b-7b": 64, "qwen3-30b-a3b": 32}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
@@ -70,29 +71,52 @@ def step_bytes(path: Path) -> int:
                        if (name.startswith("blk.") and len(t.shape) in (2, 3)) or name == head))
 
 
-def speeds(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> tuple[dict, dict]:
-    """ember's and llama.cpp's pp and tg at `threads`, one run of each in turn, `reps` times."""
-    llm = LLM(str(path), device="cpu", threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+def speeds(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int, apart: bool = False) -> tuple[dict, dict]:
+    """ember's and llama.cpp's pp and tg at `threads`, one run of each in turn, `reps` times. apart:
+    ember's engine closed before each llama.cpp run and made again after it (a model that does not
+    fit in memory twice: llama.cpp's CPU build copies the weights it repacks into memory of its own)."""
     rng = np.random.default_rng(threads)
-    vocab = min(llm.model.n_vocab, 32000)
-    llm.evaluate(rng.integers(0, vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
-    llm.generate([1], 4, GREEDY)
-    llm.backend.settled()  # time the weights where they stay, not during their move onto huge pages
+
+    def ready() -> LLM:
+        llm = LLM(str(path), device="cpu", threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt)
+        vocab = min(llm.model.n_vocab, 32000)
+        llm.evaluate(rng.integers(0, vocab, n_prompt).tolist(), ignore, logits_from=n_prompt - 1)  # warm-up
+        llm.generate([1], 4, GREEDY)
+        llm.backend.settled()  # time the weights where they stay, not during their move onto huge pages
+        return llm
+
+    llm = None
     e_pp, e_tg, p_pp, p_tg, variant = [], [], [], [], "?"
     for _ in range(reps):
+        if llm is None and apart:
+            in_page_cache(path)  # llama.cpp's copy pushed the file out of it
+        llm = llm or ready()
+        vocab, isa = min(llm.model.n_vocab, 32000), llm.backend.isa
         prompt, first = rng.integers(0, vocab, n_prompt).tolist(), int(rng.integers(0, vocab))
         e_pp.append(n_prompt / _timed(lambda p=prompt: llm.evaluate(p, ignore, logits_from=n_prompt - 1)))
         # n_gen single-token steps from a one-token context, each sampled greedily (what a user gets)
         e_tg.append(n_gen / _timed(lambda t=first: llm.generate([t], n_gen, GREEDY)))
+        if apart:  # its memory back before llama.cpp loads (the engine's objects hold cycles: collected)
+            llm.close()
+            llm = None
+            gc.collect()
         peer_run = llama_bench(path, threads, 1, n_prompt, n_gen)
         p_pp, p_tg, variant = p_pp + peer_run["pp_samples"], p_tg + peer_run["tg_samples"], peer_run["variant"]
-    isa = llm.backend.isa
-    llm.close()
+    if llm is not None:
+        llm.close()
     e = {"pp_tps": statistics.median(e_pp), "tg_tps": statistics.median(e_tg), "pp_samples": e_pp,
          "tg_samples": e_tg, "isa": isa}
     p = {"pp_tps": statistics.median(p_pp), "tg_tps": statistics.median(p_tg), "pp_samples": p_pp,
          "tg_samples": p_tg, "variant": variant}
     return e, p
+
+
+def in_page_cache(path: Path) -> None:
+    """The file read through once, so that its pages are in the page cache (as llama.cpp's weights are
+    in its memory when it times a run): expert products then read no page from disk."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
 
 
 def llama_bench(path: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict:
@@ -218,7 +242,7 @@ def bench_model(name: str, args) -> dict:
     r = {"path": str(path), "step_bytes": nbytes, "n_gen": n_gen, "threads": {}}
     for t in args.threads:
         before = read_bandwidth(t)
-        e, p = speeds(path, t, args.reps, args.n_prompt, n_gen)
+        e, p = speeds(path, t, args.reps, args.n_prompt, n_gen, args.apart)
         reads = [args.bandwidth[t], before, read_bandwidth(t)]
         roof = statistics.median(reads) / nbytes
         r["threads"][str(t)] = {"ember": e, "llama_cpp": p, "roofline_tps": roof,
@@ -266,6 +290,8 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, help="generated tokens for every model (default: by size)")
     ap.add_argument("--out", type=Path, default=RESULTS / "cpu.json")
     ap.add_argument("--quick", action="store_true", help="speeds and cold start only (no memory, profile)")
+    ap.add_argument("--apart", action="store_true",
+                    help="ember's engine closed while llama.cpp runs (models that do not fit in memory twice)")
     args = ap.parse_args()
     if not peer.available():
         sys.exit(f"llama.cpp not found at {peer.llama_cpp_dir()} (set LLAMA_CPP_DIR)")
