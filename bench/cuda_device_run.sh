@@ -103,7 +103,7 @@ for s in $STAGES; do
       tail -n 40 "$OUT/expert_micro.log" | cut -c1-300
       ;;
     mv)
-      # The decode products alone over 1-8 rows (MV_ARGS passed on, e.g. "--variants '' mv_wide=1")
+      # The decode products alone over 1-8 rows (MV_ARGS passed on, e.g. "--variants mv_stage=0 ''")
       stage "bench mv"
       eval "timeout 500 $PY bench/mv_micro.py --out $OUT/mv_micro.json ${MV_ARGS:-}" >"$OUT/mv_micro.log" 2>&1
       echo "bench exit $?"

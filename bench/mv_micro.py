@@ -3,8 +3,8 @@ rows, at Llama-3.1-8B's and Llama-3.2-1B's matrix shapes in the Q4_K_M mix (not 
 
 The weights of one decode step are read once whatever the rows: a product of n rows should cost
 about what one row's does. For each shape and n, the time of one product (its quant_x launch
-included, as in a step without fusions): --copies copies of the matrix (at their own addresses, more
-bytes than the L2 holds, as a step over all the layers streams them from memory) multiplied in turn,
+included, as in a step without fusions): copies of the matrix (at their own addresses, 400 MB in all,
+more than any L2 holds, as a step over all the layers streams them from memory) multiplied in turn,
 captured in a CUDA graph, the graph launched --reps times between events, the median per product
 (bench/expert_micro.py's timing).
 GB/s is the matrix's bytes over that time; "x n=1" the time against the same shape's one-row product.

@@ -199,7 +199,7 @@ class Writer:
         self._add(name, make, (experts, rows, row_bytes) if experts else (n, row_bytes), np.uint8, qtype)
 
     def vector(self, name: str, n: int, mean: float = 1.0, spread: float = 0.1) -> None:
-        self._add(name, lambda: (mean + self.rng.uniform(-spread, spread, n)).astype(np.float32), (n,), np.float32)
+        self.array(name, lambda: (mean + self.rng.uniform(-spread, spread, n)).astype(np.float32), (n,))
 
 
 def write_family(path: Path, name: str, real_shape: bool = False, seed: int = 0,

@@ -306,9 +306,10 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
 // ---- several activation rows: x staged in shared memory ----
 // A lane step's x is read 16 bytes at a time, by lanes at consecutive lane steps: for Q4_K, lanes
 // of a warp 64 bytes apart. Read from where it lies (L1), each such load touches four times the
-// 128-byte lines it uses; with 8 activation rows that, not DRAM, bounds the product (mv_n8 took
-// 3.3-4x mv_n1's time at Llama-3.1-8B's shapes: bench/mv_micro.py). So a block stages its rows' x
-// a chunk of run.kc values at a time in shared memory, each run of eight 16-byte units of a row
+// 128-byte lines it uses. Staging alone did not speed mv_n8 up (its instructions and registers bound
+// it, not DRAM: k4_dot and its register bound did that); with them it took the 8B shapes' 8-row
+// gate/up and down products 0.72-0.85x (bench/mv_micro.py, bench/NOTES.md). So a block stages its
+// rows' x a chunk of run.kc values at a time in shared memory, each run of eight 16-byte units of a row
 // permuted (x_slot) so that the eight lanes of a quarter-warp, at eight consecutive lane steps,
 // read eight different groups of banks; the chunk's float4 metadata likewise (meta_slot). Layout:
 // nl rows of kc int8 values, then nl rows of kc / 32 float4.
@@ -931,7 +932,7 @@ struct MvArgs {
         float pre_eps, float *pre_h, u8 *pre_q
 #define MV_ARGS                                                                                                    \
     MvArgs a = {{{w0, w1, w2, w3}, {y0, y1, y2, y3}, {rows0, rows1, rows2, rows3}, n_mat, row_bytes},             \
-                {k, n, x, xq, team_log2, n_tblocks, pre_dec, pf_row, kc},                                              \
+                {k, n, x, xq, team_log2, n_tblocks, pre_dec, pf_row, kc},                                          \
                 {mode, aux, act_q},                                                                                \
                 {pro_src, pro_idx, pro_w, pro_eps, pro_h, pro_y, pro_yout, pro_post_w, pro_post_eps, pro_counter}, \
                 {counter, res, tail_add, post_w, post_eps, pre_w, pre_eps, pre_h, pre_q}}

@@ -454,16 +454,14 @@ class Matmul:
         ws = [self.ws[j] for j in group]
         geo = self.mv_geometry(ws)
         name = "mv_n1_occ" if geo.occ else "mv_n1_store" if geo.nmax == 1 and self.stores_only() else f"mv_n{geo.nmax}"
+        kc = self._stage_chunk(ws[0].type, geo)
         args = (*self._mats_args(group), *self._run_args(geo, self._pre_steps(ws[0].type, geo, name),
-                                                          self._prefetch_row(ws, geo),
-                                                          self._stage_chunk(ws[0].type, geo)),
+                                                          self._prefetch_row(ws, geo), kc),
                 *self._epilogue_args(), *self._prologue_args(),
                 *(self.tail.kernel_args() if self.tail is not None else NO_TAIL_ARGS))
         fn = kernels.fn(matmul_module(ws[0].type, name), name)
-        kc = self._stage_chunk(ws[0].type, geo)
+        # both within the 48 KB a launch takes without asking (PROLOGUE_SMEM; mv_stage at most 40 KB)
         smem = self._prologue_smem() if self.in_prologue() else xq_bytes(min(self.n, geo.nmax), kc)
-        if smem > PROLOGUE_SMEM:
-            allow_smem(fn, smem)
         return Launch(fn, (geo.grid, 1, 1), (geo.threads, 1, 1), args, smem=smem)
 
     def _stage_chunk(self, qtype, geo: MvGeometry) -> int:
