@@ -22,9 +22,10 @@ revision REV (its matmul.wgsl in this tree's module, or a copy of one at the pat
 --products-tile: its tile) and through mv_row (a thread a weight row: the CPU adapters' kernel
 for a few rows), alternating; medians and GFLOP/s.
 
-With --lanes: the decode kernel alone (mvp, one activation row) on each model's first-layer products
-and output head, built with 32 (as served), 64 and 128 lanes a workgroup, each dispatch timed by
-timestamp queries, alternating; medians.
+With --lanes: the decode kernel alone (one activation row) on each model's first-layer products
+and output head, built with 32, 64 and 128 lanes a workgroup (served: 128 below 16,384 weight rows,
+32 above), each dispatch timed by timestamp queries, alternating; medians. Q4_K's own entry (mvk)
+beside the generic piece kernel (mvp).
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
@@ -296,9 +297,10 @@ LANES = (32, 64, 128)
 
 
 def bench_lanes(spec: str, args) -> dict:
-    """The decode kernel (mvp, one activation row) with 32, 64 and 128 lanes a workgroup on the
-    first layer's products and the output head: each dispatch timed alone, the lane counts
-    alternating; medians, us and GB/s of the weights."""
+    """The decode kernel (one activation row) with 32, 64 and 128 lanes a workgroup on the first
+    layer's products and the output head: each dispatch timed alone, the builds alternating;
+    medians, us and GB/s of the weights. A type with its own decode entry (Q4_K's mvk, 16-byte
+    reads) is timed beside the piece kernel (mvp) it replaced."""
     from ember.backends import get_backend
     from ember.backends.webgpu import MATRIX_TYPES
     from ember.backends.webgpu._step import Dispatch, Step
@@ -320,29 +322,36 @@ def bench_lanes(spec: str, args) -> dict:
         x = backend.from_numpy(np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32))
         with backend.record() as rec:
             backend.matmul(w, x, backend.empty((1, w.shape[0])))
+        served = backend.kernels.names()[id(rec.dispatches[0].pipeline)][1]
         steps = {}
-        for lanes in LANES:
-            module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
-            step = Step(record=True)
-            step.dispatches = [Dispatch(backend.kernels.pipeline(module, "mvp"), d.bindings, d.params, d.groups)
-                               for d in rec.dispatches]
-            step.build(backend.device, backend.wgpu)
-            steps[lanes] = step
-        times = {lanes: [] for lanes in LANES}
+        for entry in dict.fromkeys((served, "mvp")):
+            for lanes in LANES:
+                module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
+                step = Step(record=True)
+                step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry), _rebind(d.bindings, entry),
+                                            d.params, d.groups) for d in rec.dispatches]
+                step.build(backend.device, backend.wgpu)
+                steps[f"{entry}/{lanes}"] = step
+        times = {key: [] for key in steps}
         for _ in range(max(args.reps, 5)):
-            for lanes, step in steps.items():
-                times[lanes].append(float(np.sum(step.gpu_times(backend.device, backend.wgpu))) / 1e3)
+            for key, step in steps.items():
+                times[key].append(float(np.sum(step.gpu_times(backend.device, backend.wgpu))) / 1e3)
         nbytes = w.data.row_bytes * w.shape[0]
         out["products"].append({"weight": f"{w.name} {w.type.name} {w.shape[0]}x{w.shape[1]}", "mb": nbytes / 1e6,
-                                **{f"w{lanes}_us": statistics.median(times[lanes]) for lanes in LANES}})
+                                "us": {key: statistics.median(v) for key, v in times.items()}})
     return out
 
 
+def _rebind(bindings: tuple, entry: str) -> tuple:
+    """A product's bindings for `entry`: mvp reads the weights at binding 1, mvk at 7."""
+    to = 1 if entry == "mvp" else 7
+    return tuple(sorted((to if b in (1, 7) else b, buf) for b, buf in bindings))
+
+
 def report_lanes(name: str, r: dict) -> None:
-    print(f"{name} on {r['adapter']}: mvp at one row, us (GB/s of the weights) with " +
-          " / ".join(f"{lanes}" for lanes in LANES) + " lanes a workgroup")
+    print(f"{name} on {r['adapter']}: the decode kernel at one row, us (GB/s of the weights), entry/lanes a workgroup")
     for p in r["products"]:
-        cells = " / ".join(f"{p[f'w{lanes}_us']:8.1f} ({p['mb'] * 1e3 / p[f'w{lanes}_us']:6.1f})" for lanes in LANES)
+        cells = "  ".join(f"{key} {us:8.1f} ({p['mb'] * 1e3 / us:6.1f})" for key, us in p["us"].items())
         print(f"  {p['weight']:44s} {p['mb']:7.2f} MB  {cells}")
 
 

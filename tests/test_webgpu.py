@@ -94,8 +94,9 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
     """The decode kernel (mvp: 2 rows a workgroup, 8-value pieces; its builds for 1, 2, 4 and 8 rows,
     summed by subgroups or in workgroup memory; on CPU adapters one row only, mv_row beyond) on
     every type: an odd row count (the last workgroup's second row is past the end) and widths
-    whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 768)."""
-    cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
+    whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 2304:
+    Q4_K's mvk, 72 items of 32 values, 2 rounds and 8). Q4_K takes mvk (16-byte reads), the others mvp."""
+    cols = 2304 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
     w, ref = matrix(gpu, qtype, 45, cols, seed=30 + int(qtype))
     x = np.random.default_rng(5).standard_normal((8, cols))
     for n in (1, 2, 3, 8):
@@ -107,7 +108,7 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
         else:
             built = {1: 1, 2: 2, 3: 4, 8: 8}[n]
             wide = "+w128" if n == 1 and plan != "rows" else ""  # one row, few weight rows: 128 lanes
-            assert entry == "mvp" and module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}{wide}")
+            assert entry == ("mvk" if qtype == T.Q4_K else "mvp") and module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}{wide}")
         close(gpu.to_numpy(out), x[:n] @ ref.T)
 
 
@@ -130,8 +131,9 @@ def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
         gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
         host = gpu.to_numpy(out)
     d = rec.dispatches[0]
+    entry = gpu.kernels.names()[id(d.pipeline)][1]
     for lanes in (64, 128):
-        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}+w{lanes}", "mvp")
+        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}+w{lanes}", entry)
         rec.dispatches[0] = Dispatch(pipe, d.bindings, d.params, d.groups)
         rec.build(gpu.device, gpu.wgpu)
         gpu.replay(rec)

@@ -22,7 +22,7 @@ import numpy as np
 from ...quant import dequantize
 from ...quant.types import GGMLType, layout
 from ..base import AttentionBatch, BackendError, Capabilities, KVLayer, RopeParams, Weight
-from . import _device
+from . import _device, _kernels
 from ._step import INPUTS, PARAM_WORDS, Dispatch, GpuArray, Step
 
 __all__ = ["Backend", "GpuArray", "MATRIX_TYPES"]
@@ -354,7 +354,10 @@ class Backend:
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
-            self._dispatch(module, "mvp", bindings, params, _groups(-(-rows // MV_ROWS)))
+            entry = "mvp"
+            if MATRIX_TYPES[qtype] in _kernels.MV_WIDE_READS:
+                entry, bindings[7] = "mvk", bindings.pop(1)
+            self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         else:

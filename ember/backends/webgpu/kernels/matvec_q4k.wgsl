@@ -1,0 +1,78 @@
+// Q4_K decode products read 16 bytes at a time (W4: the same buffer as W, 16-byte words; a
+// matrix's blocks start 16-byte aligned and a row is whole 144-byte super-blocks). A lane's item
+// is 32 weights of a super-block: the 16 bytes 32j + 16h .. of its nibbles hold values 16h ..
+// 16h + 15 of sub-blocks 2j (low nibbles) and 2j + 1 (high), so 8 lanes take a super-block, its
+// first 16 bytes (d, dmin and the 12 scale bytes) one more load each. The products are summed in
+// integers' place per sub-block (sum of q * x) and the mins taken against the sub-block's sum of x,
+// which is the same for all NR weight rows. Rows, gating and the lanes' sum as mvp's (matvec.wgsl).
+@group(0) @binding(7) var<storage, read> W4: array<vec4<u32>>;
+
+// sub-blocks 2j and 2j + 1's 6-bit scales (x, y) and mins (z, w) from the header's words 1-3
+fn q4k_scales(hd: vec4<u32>, j: u32) -> vec4<f32> {
+    var sc: u32;
+    var mn: u32;
+    if (j < 2u) {
+        sc = hd.y & 0x3f3f3f3fu;
+        mn = hd.z & 0x3f3f3f3fu;
+    } else {
+        sc = (hd.w & 0x0f0f0f0fu) | (((hd.y >> 6u) & 0x03030303u) << 4u);
+        mn = ((hd.w >> 4u) & 0x0f0f0f0fu) | (((hd.z >> 6u) & 0x03030303u) << 4u);
+    }
+    let sh = 16u * (j & 1u);  // bytes 2j % 4 and 2j % 4 + 1
+    return vec4<f32>(f32((sc >> sh) & 0xffu), f32((sc >> (sh + 8u)) & 0xffu),
+                     f32((mn >> sh) & 0xffu), f32((mn >> (sh + 8u)) & 0xffu));
+}
+
+@compute @workgroup_size(32)
+fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let g = flat_group(wid, nwg);
+    var bases: array<u32, NR>;
+    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)) / 16u; }
+    var acc: array<f32, NR * NX>;
+    let one = vec4<f32>(1.0);
+    for (var i = t; i < k / 32u; i += MV_WG) {
+        let b = i / 8u;
+        let j = (i / 2u) % 4u;
+        let h = i % 2u;
+        let xlo = (256u * b + 64u * j + 16u * h) / 4u;  // vec4 of x where the low nibbles' values start
+        // each activation row's four sums: q . x of the two sub-blocks (below), x's sums (here)
+        var xs: array<vec4<f32>, 8 * NX>;
+        var sx: array<vec2<f32>, NX>;
+        for (var a = 0u; a < NX; a++) {
+            if (a < n) {
+                let xo = a * (k / 4u) + xlo;
+                for (var e = 0u; e < 4u; e++) {
+                    xs[8u * a + e] = X4[xo + e];
+                    xs[8u * a + 4u + e] = X4[xo + 8u + e];
+                }
+                sx[a] = vec2<f32>(dot(xs[8u * a] + xs[8u * a + 1u] + xs[8u * a + 2u] + xs[8u * a + 3u], one),
+                                  dot(xs[8u * a + 4u] + xs[8u * a + 5u] + xs[8u * a + 6u] + xs[8u * a + 7u], one));
+            }
+        }
+        for (var r = 0u; r < NR; r++) {
+            let blk = bases[r] + 9u * b;
+            let hd = W4[blk];
+            let qv = W4[blk + 1u + 2u * j + h];
+            let dm = unpack2x16float(hd.x);
+            let sm = q4k_scales(hd, j);
+            let dl = dm.x * sm.xy;
+            let ml = dm.y * sm.zw;
+            for (var a = 0u; a < NX; a++) {
+                if (a < n) {
+                    var lo = 0.0;
+                    var hi = 0.0;
+                    for (var e = 0u; e < 4u; e++) {
+                        lo += dot(lo4(qv[e]), xs[8u * a + e]);
+                        hi += dot(hi4(qv[e]), xs[8u * a + 4u + e]);
+                    }
+                    acc[r * NX + a] += dl.x * lo + dl.y * hi - dot(ml, sx[a]);
+                }
+            }
+        }
+    }
+    MV_SUM_CALL
+}
