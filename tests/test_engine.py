@@ -102,6 +102,26 @@ def test_n_parallel_samples_share_the_prompt(tiny):
     llm.close()
 
 
+def test_close_gives_the_model_back_while_the_object_is_held(tiny):
+    """An app that closes one model to load another and keeps the old LLM object around must not
+    hold both: close() lets go of the weights, the KV cache and the backend; the object then says
+    it is closed, and closing twice is harmless."""
+    import weakref
+
+    from ember.engine import EngineClosed
+
+    llm = LLM(str(tiny), threads=2, ctx=256)
+    assert llm.generate("hello", 2, GREEDY).token_ids
+    model, engine = weakref.ref(llm.model), weakref.ref(llm.engine)
+    llm.close()
+    assert model() is None and engine() is None
+    with pytest.raises(EngineClosed, match="closed"):
+        llm.generate("hello", 2, GREEDY)
+    with pytest.raises(AttributeError):
+        llm.no_such_attribute
+    llm.close()
+
+
 def test_asyncio_streaming_and_cancel(tiny):
     llm = LLM(str(tiny), threads=2, ctx=256)
 

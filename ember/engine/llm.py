@@ -6,6 +6,7 @@ cache (a chat turn that extends the previous one computes only the new tokens).
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from ..models import ModelError, load_model
 from ..quant.types import layout
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
-from .engine import Engine, EngineConfig
+from .engine import Engine, EngineClosed, EngineConfig
 from .requests import FinishEvent, Request, TokenEvent
 from .draftmodel import check_vocab
 from .speculate import DraftModelConfig, SpecConfig, is_auto, parse_types
@@ -66,6 +67,10 @@ class Completion:
     finish_reason: str  # "stop" (end-of-generation token or stop string), "length", "cancelled"
     prompt_tokens: int
     timings: Timings = field(default_factory=Timings)
+
+
+# what a closed LLM lets go of (its weights, KV cache and backend)
+_HELD = ("engine", "model", "backend")
 
 
 class LLM:
@@ -211,8 +216,22 @@ class LLM:
         return perplexity(self, text, ctx)
 
     def close(self) -> None:
+        """Stop the engine and give back its memory: the weights (with whatever the backend moved
+        them to: huge pages, device buffers), the KV cache and the files' mappings, also while the
+        caller keeps this object. Using the model afterwards raises EngineClosed."""
+        if self.__dict__.get("_closed"):
+            return
         self.engine.close()
         self._close_files()
+        self._closed = True
+        for name in _HELD:
+            self.__dict__.pop(name, None)
+        gc.collect()  # the model's objects refer to each other: collected now, not at some later allocation
+
+    def __getattr__(self, name: str):
+        if name in _HELD and self.__dict__.get("_closed"):
+            raise EngineClosed("the model is closed")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __enter__(self):
         return self
