@@ -24,8 +24,8 @@ for a few rows), alternating; medians and GFLOP/s.
 
 With --lanes: the decode kernel alone (one activation row) on each model's first-layer products
 and output head, built with 32, 64 and 128 lanes a workgroup (served: 128 below 16,384 weight rows,
-32 above), each dispatch timed by timestamp queries, alternating; medians. Q4_K's own entry (mvk)
-beside the generic piece kernel (mvp).
+32 above), each dispatch timed by timestamp queries, alternating; medians. Q4_K's and Q6_K's own
+entry (mvk) beside the generic piece kernel (mvp).
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
@@ -299,8 +299,8 @@ LANES = (32, 64, 128)
 def bench_lanes(spec: str, args) -> dict:
     """The decode kernel (one activation row) with 32, 64 and 128 lanes a workgroup on the first
     layer's products and the output head: each dispatch timed alone, the builds alternating;
-    medians, us and GB/s of the weights. A type with its own decode entry (Q4_K's mvk, 16-byte
-    reads) is timed beside the piece kernel (mvp) it replaced."""
+    medians, us and GB/s of the weights. A type with its own decode entry (Q4_K's and Q6_K's mvk)
+    is timed beside the piece kernel (mvp) it replaced."""
     from ember.backends import get_backend
     from ember.backends.webgpu import MATRIX_TYPES
     from ember.backends.webgpu._step import Dispatch, Step
@@ -328,7 +328,7 @@ def bench_lanes(spec: str, args) -> dict:
             for lanes in LANES:
                 module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
                 step = Step(record=True)
-                step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry), _rebind(d.bindings, entry),
+                step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry), _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),
                                             d.params, d.groups) for d in rec.dispatches]
                 step.build(backend.device, backend.wgpu)
                 steps[f"{entry}/{lanes}"] = step
@@ -342,9 +342,11 @@ def bench_lanes(spec: str, args) -> dict:
     return out
 
 
-def _rebind(bindings: tuple, entry: str) -> tuple:
-    """A product's bindings for `entry`: mvp reads the weights at binding 1, mvk at 7."""
-    to = 1 if entry == "mvp" else 7
+def _rebind(bindings: tuple, entry: str, decoder: str) -> tuple:
+    """A product's bindings for `entry`: mvp reads the weights at binding 1, mvk at its type's."""
+    from ember.backends.webgpu._kernels import MV_OWN
+
+    to = 1 if entry == "mvp" else MV_OWN[decoder][1]
     return tuple(sorted((to if b in (1, 7) else b, buf) for b, buf in bindings))
 
 

@@ -355,8 +355,9 @@ class Backend:
             if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
             entry = "mvp"
-            if MATRIX_TYPES[qtype] in _kernels.MV_WIDE_READS:
-                entry, bindings[7] = "mvk", bindings.pop(1)
+            if MATRIX_TYPES[qtype] in _kernels.MV_OWN:
+                entry = "mvk"
+                bindings[_kernels.MV_OWN[MATRIX_TYPES[qtype]][1]] = bindings.pop(1)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))

@@ -44,8 +44,9 @@ class Kernels:
         return {id(p): key for key, p in self._pipelines.items()}
 
 
-# types whose decode products read 16-byte words (entry mvk, binding 7 the weights again)
-MV_WIDE_READS = {"deq_q4_k": "matvec_q4k.wgsl"}
+# types with a decode entry of their own (mvk: a lane's item 32 weights, each word read once) beside
+# mvp: its file and the binding of the weights (Q4_K's 7: the same buffer read as 16-byte words)
+MV_OWN = {"deq_q4_k": ("matvec_q4k.wgsl", 7), "deq_q6_k": ("matvec_q6k.wgsl", 1)}
 
 # the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
 MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
@@ -64,8 +65,8 @@ def _products(decoder: str, *variant: str) -> str:
         rows, how, *lanes = variant
         args, call = MV_SUMS[how]
         mv = source("matvec.wgsl")
-        if decoder in MV_WIDE_READS:  # its own decode entry (mvk) beside mvp
-            mv += source(MV_WIDE_READS[decoder])
+        if decoder in MV_OWN:  # its own decode entry (mvk) beside mvp
+            mv += source(MV_OWN[decoder][0])
         if lanes:  # "w64": a workgroup of 64 lanes (32 unless named)
             wide = int(lanes[0].removeprefix("w"))
             mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(

@@ -1,0 +1,80 @@
+// Q6_K decode products, 32 weights a lane's item: 8 bytes of each of the two nibble runs and of the
+// high bits, read as aligned words whatever the block's alignment (a 210-byte block starts on any
+// even byte), give values l .. l + 7 of the four 32-value quarters of a 128-value half (l = 8q);
+// 8 lanes take a 256-value block. Each quarter's sum of q * x is taken with one scale, its -32
+// offset against x's sum (the same for all NR weight rows). Rows, gating and the lanes' sum as
+// mvp's (matvec.wgsl).
+
+// 8 bytes at any even byte address (the buffer is padded past its end)
+fn w64(b: u32) -> vec2<u32> {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    let a = W[i];
+    let c = W[i + 1u];
+    let e = W[i + 2u];
+    return select(vec2<u32>((a >> s) | (c << (32u - s)), (c >> s) | (e << (32u - s))), vec2<u32>(a, c), s == 0u);
+}
+
+@compute @workgroup_size(32)
+fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let g = flat_group(wid, nwg);
+    var bases: array<u32, NR>;
+    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)); }
+    var acc: array<f32, NR * NX>;
+    let one = vec4<f32>(1.0);
+    for (var i = t; i < k / 32u; i += MV_WG) {
+        let b = i / 8u;
+        let h = (i / 4u) % 2u;
+        let q = i % 4u;
+        let x0 = (256u * b + 128u * h + 8u * q) / 4u;  // vec4 of x of the first quarter's values
+        // each activation row's 8 vec4s (2 a quarter) and the quarters' sums of x
+        var xs: array<vec4<f32>, 8 * NX>;
+        var sx: array<vec4<f32>, NX>;
+        for (var a = 0u; a < NX; a++) {
+            if (a < n) {
+                let xo = a * (k / 4u) + x0;
+                for (var e = 0u; e < 4u; e++) {
+                    xs[8u * a + 2u * e] = X4[xo + 8u * e];
+                    xs[8u * a + 2u * e + 1u] = X4[xo + 8u * e + 1u];
+                }
+                sx[a] = vec4<f32>(dot(xs[8u * a] + xs[8u * a + 1u], one), dot(xs[8u * a + 2u] + xs[8u * a + 3u], one),
+                                  dot(xs[8u * a + 4u] + xs[8u * a + 5u], one), dot(xs[8u * a + 6u] + xs[8u * a + 7u], one));
+            }
+        }
+        for (var r = 0u; r < NR; r++) {
+            let blk = bases[r] + 210u * b;
+            let la = w64(blk + 64u * h + 8u * q);  // low nibbles: quarters 0 and 2 (high nibbles)
+            let lb = w64(blk + 64u * h + 32u + 8u * q);  // quarters 1 and 3
+            let hb = w64(blk + 128u + 32u * h + 8u * q);  // 2 high bits of each quarter
+            let sw = w64(blk + 192u + 8u * h);  // the half's 8 scales: quarter j's is byte q / 2 + 2j
+            let d = f16at(blk + 208u);
+            let sh = 8u * (q / 2u);
+            let sc = d * vec4<f32>(f32(extractBits(bitcast<i32>(sw.x), sh, 8u)), f32(extractBits(bitcast<i32>(sw.x), sh + 16u, 8u)),
+                                   f32(extractBits(bitcast<i32>(sw.y), sh, 8u)), f32(extractBits(bitcast<i32>(sw.y), sh + 16u, 8u)));
+            // quarter j: nibbles of la (j even) or lb, low (j < 2) or high; high bits 2j .. 2j + 1
+            let v = array<vec4<f32>, 8>(
+                vec4<f32>(unpack4xU8((la.x & 0x0f0f0f0fu) | ((hb.x & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8((la.y & 0x0f0f0f0fu) | ((hb.y & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8((lb.x & 0x0f0f0f0fu) | (((hb.x >> 2u) & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8((lb.y & 0x0f0f0f0fu) | (((hb.y >> 2u) & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8(((la.x >> 4u) & 0x0f0f0f0fu) | (((hb.x >> 4u) & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8(((la.y >> 4u) & 0x0f0f0f0fu) | (((hb.y >> 4u) & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8(((lb.x >> 4u) & 0x0f0f0f0fu) | (((hb.x >> 6u) & 0x03030303u) << 4u))),
+                vec4<f32>(unpack4xU8(((lb.y >> 4u) & 0x0f0f0f0fu) | (((hb.y >> 6u) & 0x03030303u) << 4u))));
+            for (var a = 0u; a < NX; a++) {
+                if (a < n) {
+                    var s = vec4<f32>(0.0);
+                    for (var j = 0u; j < 4u; j++) {
+                        s[j] = dot(v[2u * j], xs[8u * a + 2u * j]) + dot(v[2u * j + 1u], xs[8u * a + 2u * j + 1u]);
+                    }
+                    acc[r * NX + a] += dot(sc, s - 32.0 * sx[a]);
+                }
+            }
+        }
+    }
+    MV_SUM_CALL
+}
