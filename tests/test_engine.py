@@ -371,17 +371,18 @@ def test_queue_full_and_bad_requests(tiny):
         llm.engine.submit(Request([5, 100000], 4))
     with pytest.raises(ValueError, match="empty"):
         Request([], 4)
+    model = llm.model  # held here: the engines below run on it after the LLM is closed
     llm.close()
     from ember.engine import Engine, EngineConfig
 
-    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=2))
+    eng = Engine(model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=2))
     eng._wake.clear()
     with pytest.raises(QueueFull):
         for _ in range(10):
             eng.submit(Request([1, 5, 6], 50))
     eng.close()
     # cancel messages in the engine's inbox are not waiting requests
-    eng = Engine(llm.model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=4))
+    eng = Engine(model, llm.tokenizer, EngineConfig(n_ctx=64, max_waiting=4))
     first = [eng.submit(Request([1, 5, 6], 50)) for _ in range(2)]
     for _ in range(200):
         for h in first:
