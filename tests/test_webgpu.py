@@ -180,12 +180,14 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
 
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("op", ["silu_mul", "gelu_mul"])
-def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op):
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
     """Gate and up in one decode dispatch, then act(gate) * up over either: the product's dispatch
     pairs their rows and writes the gated values itself (one dispatch, not two); both outputs hold
-    what the two ops give (the CPU adapters' mv_row from 2 rows: the two dispatches, same values)."""
-    (wg, rg), (wu, ru) = matrix(gpu, T.Q4_1, 37, 256, seed=40), matrix(gpu, T.Q4_1, 37, 256, seed=41)
-    x = np.random.default_rng(6).standard_normal((8, 256)) * 0.3
+    what the two ops give (the CPU adapters' mv_row from 2 rows: the two dispatches, same values).
+    Q4_K and Q6_K through their own decode entry (mvk), Q4_1 through mvp."""
+    (wg, rg), (wu, ru) = matrix(gpu, qtype, 37, 512, seed=40), matrix(gpu, qtype, 37, 512, seed=41)
+    x = np.random.default_rng(6).standard_normal((8, 512)) * 0.3
     for n in (1, 3, 8):
         for into in ("gate", "up"):
             gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (x[:n] @ rg.T, x[:n] @ ru.T))
