@@ -91,6 +91,21 @@ def test_batched_equals_one_at_a_time(files):
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
+def test_close_gives_the_model_back_while_the_object_is_held(files):
+    import weakref
+
+    from ember.engine import EngineClosed
+
+    e = Embeddings(files["bert"], device="cpu", threads=2)
+    assert len(e.embed(["the cat"])[0])
+    model = weakref.ref(e.model)
+    e.close()
+    assert model() is None and e.closed
+    with pytest.raises(EngineClosed, match="closed"):
+        e.embed(["the cat"])
+    e.close()
+
+
 def test_refusals(files):
     with Embeddings(files["bert"], device="cpu", threads=2) as e:
         with pytest.raises(EmbeddingError, match="empty"):

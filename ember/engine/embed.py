@@ -24,6 +24,7 @@ import numpy as np
 
 from ..backends import AttentionBatch
 from ..models import KVCache, Model, Step
+from .release import ReleasedOnClose
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # <arch>.pooling_type
@@ -250,9 +251,10 @@ class Embedder:
             self._worker.join(timeout=60)
 
 
-class Embeddings:
+class Embeddings(ReleasedOnClose):
     """A GGUF model opened for embeddings or reranking: tokenize, embed, rank. `model`: a path or a
-    known name. Keyword arguments: EmbedConfig's fields, and device and threads."""
+    known name. Keyword arguments: EmbedConfig's fields, and device and threads. close() gives the
+    model's memory back also while the object is kept (using it then raises EngineClosed)."""
 
     def __init__(self, model: str | os.PathLike, *, device: str = "auto", threads: int | None = None, **config):
         from .. import hub
@@ -285,8 +287,11 @@ class Embeddings:
         return self.embedder.rank([rank_ids(self.tokenizer, self.gguf.metadata, query, d) for d in documents])
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.embedder.close()
         self.gguf.close()
+        self._release(("embedder", "model", "backend"))
 
     def __enter__(self):
         return self

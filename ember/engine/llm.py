@@ -6,7 +6,6 @@ cache (a chat turn that extends the previous one computes only the new tokens).
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ from ..models import ModelError, load_model
 from ..quant.types import layout
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
-from .engine import Engine, EngineClosed, EngineConfig
+from .engine import Engine, EngineConfig
+from .release import ReleasedOnClose
 from .requests import FinishEvent, Request, TokenEvent
 from .draftmodel import check_vocab
 from .speculate import DraftModelConfig, SpecConfig, is_auto, parse_types
@@ -69,11 +69,7 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
 
 
-# what a closed LLM lets go of (its weights, KV cache and backend)
-_HELD = ("engine", "model", "backend")
-
-
-class LLM:
+class LLM(ReleasedOnClose):
     """A GGUF model ready to generate. `model` is a path or a known name ("smollm2", "gemma3-270m").
 
     ctx: longest sequence in tokens; slots: sequences computed at once; batch: tokens computed per
@@ -219,19 +215,11 @@ class LLM:
         """Stop the engine and give back its memory: the weights (with whatever the backend moved
         them to: huge pages, device buffers), the KV cache and the files' mappings, also while the
         caller keeps this object. Using the model afterwards raises EngineClosed."""
-        if self.__dict__.get("_closed"):
+        if self.closed:
             return
         self.engine.close()
         self._close_files()
-        self._closed = True
-        for name in _HELD:
-            self.__dict__.pop(name, None)
-        gc.collect()  # the model's objects refer to each other: collected now, not at some later allocation
-
-    def __getattr__(self, name: str):
-        if name in _HELD and self.__dict__.get("_closed"):
-            raise EngineClosed("the model is closed")
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        self._release(("engine", "model", "backend"))
 
     def __enter__(self):
         return self
