@@ -39,6 +39,10 @@ MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 # 640 x 2048 Q6_K on an H100); the heads, with workgroups to spare, keep 32 (41.9 us against 60.4 at
 # 49,152 x 576 Q8_0); bench/webgpu.py --lanes
 MV_WIDE_BELOW = 16384
+# Q4_K's and Q6_K's own decode entry (mvk, 32 weights a lane) where the build has 32 lanes: there it
+# beat mvp on each of the 8B's products (H100, one row: q 26.4 vs 33.6 us, k 17.4 vs 25.9, gate 66.7
+# vs 76.4, down 68.5 vs 111.6, the head 431 vs 539); at 128 lanes a 4096-wide row is one item a lane
+# and mvp's 128-lane build is the faster (q 24.2 vs 31.7, down 65.1 vs 71.6): bench/webgpu.py --lanes
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
@@ -352,10 +356,10 @@ class Backend:
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
+            entry = "mvp"
             if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
-            entry = "mvp"
-            if MATRIX_TYPES[qtype] in _kernels.MV_OWN:
+            elif MATRIX_TYPES[qtype] in _kernels.MV_OWN:  # mvk at 32 lanes only (above)
                 entry = "mvk"
                 bindings[_kernels.MV_OWN[MATRIX_TYPES[qtype]][1]] = bindings.pop(1)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
