@@ -343,6 +343,24 @@ def test_rows_norms_and_top_k(gpu, ref):
         gpu.top_k(gpu.from_numpy(logits.astype(np.float32)), 0, ids, vals)
 
 
+def test_residual_add_and_norm_in_one_dispatch_on_long_rows(gpu, ref):
+    """x += h then the norm of x (add_rms_norm: a thread 8 values a round, 256 threads): rows longer
+    than one round and not a multiple of it (4600 = 2048 + 2048 + 504), the norm written over h or
+    into a third array, with and without weights; one dispatch, as the two ops give."""
+    rng = np.random.default_rng(9)
+    x, h, w = rng.standard_normal((3, 4600)), rng.standard_normal((3, 4600)), rng.uniform(0.5, 1.5, 4600)
+    for weights in (True, False):
+        for over_h in (True, False):
+            (gx, rx), (gh, rh), (go, ro) = both(gpu, ref, x), both(gpu, ref, h), both(gpu, ref, np.zeros_like(x))
+            before = len(gpu._step().dispatches)
+            for b, (xx, hh, oo) in ((gpu, (gx, gh, go)), (ref, (rx, rh, ro))):
+                b.add(xx, hh, xx)
+                b.rms_norm(xx, vector(b, w) if weights else None, 1e-6, hh if over_h else oo)
+            assert len(gpu._step().dispatches) == before + 1
+            close(gpu.to_numpy(gx), rx)
+            close(gpu.to_numpy(gh if over_h else go), rh if over_h else ro)
+
+
 def test_norms_fused_into_one_dispatch(gpu, ref):
     """Queries' then keys' per-head norms in place: one dispatch; a block's output normed in place,
     added to the residual stream and the next norm taken onto it (post-norm families): one
