@@ -344,9 +344,9 @@ def test_rows_norms_and_top_k(gpu, ref):
 
 
 def test_residual_add_and_norm_in_one_dispatch_on_long_rows(gpu, ref):
-    """x += h then the norm of x (add_rms_norm: a thread 8 values a round, 256 threads): rows longer
-    than one round and not a multiple of it (4600 = 2048 + 2048 + 504), the norm written over h or
-    into a third array, with and without weights; one dispatch, as the two ops give."""
+    """x += h then the norm of x (add_rms_norm, 256 threads a row): rows of many rounds and not a
+    multiple of one (4600 = 17 x 256 + 248), the norm written over h or into a third array, with
+    and without weights; one dispatch, as the two ops give."""
     rng = np.random.default_rng(9)
     x, h, w = rng.standard_normal((3, 4600)), rng.standard_normal((3, 4600)), rng.uniform(0.5, 1.5, 4600)
     for weights in (True, False):

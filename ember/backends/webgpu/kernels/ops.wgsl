@@ -180,57 +180,30 @@ fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 }
 
 // The residual add and the norm after it in one pass over each row: Y (x) += A (h), then
-// Z = Y / rms(Y) (* B where given); A is read from Z where the norm writes over h (a flag). A
-// thread takes NORM_RUN values a round (WG apart: coalesced), their loads issued together: one
-// workgroup a decode row, whose loads one at a time left it waiting on each (20 us at d = 4096).
+// Z = Y / rms(Y) (* B where given); A is read from Z where the norm writes over h (a flag).
 // params: 0 d, 1 rows, 2 h is Z, 3 has weight, 4 eps
-const NORM_RUN: u32 = 8u;
-
 @compute @workgroup_size(256)
 fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) t: u32) {
     let d = pu(0u);
     let row = flat_group(wid, nwg);
-    let at = row * d;
     var ss = 0.0;
     if (row < pu(1u)) {
-        let h_in_z = pu(2u) != 0u;
-        for (var i0 = t; i0 < d; i0 += NORM_RUN * WG) {
-            var x: array<f32, NORM_RUN>;
-            for (var j = 0u; j < NORM_RUN; j++) {
-                let i = i0 + j * WG;
-                if (i < d) {
-                    var h: f32;
-                    if (h_in_z) { h = Z[at + i]; } else { h = A[at + i]; }
-                    x[j] = Y[at + i] + h;
-                }
-            }
-            for (var j = 0u; j < NORM_RUN; j++) {
-                let i = i0 + j * WG;
-                if (i < d) {
-                    Y[at + i] = x[j];
-                    ss += x[j] * x[j];
-                }
-            }
+        for (var i = t; i < d; i += WG) {
+            var h: f32;
+            if (pu(2u) != 0u) { h = Z[row * d + i]; } else { h = A[row * d + i]; }
+            let x = Y[row * d + i] + h;
+            Y[row * d + i] = x;
+            ss += x * x;
         }
     }
     let total = wg_sum(t, ss);
     if (row >= pu(1u)) { return; }
     let r = 1.0 / sqrt(total / f32(d) + pf(4u));
-    let weighted = pu(3u) != 0u;
-    for (var i0 = t; i0 < d; i0 += NORM_RUN * WG) {
-        var x: array<f32, NORM_RUN>;
-        for (var j = 0u; j < NORM_RUN; j++) {
-            let i = i0 + j * WG;
-            if (i < d) {
-                x[j] = Y[at + i] * r;
-                if (weighted) { x[j] *= B[i]; }
-            }
-        }
-        for (var j = 0u; j < NORM_RUN; j++) {
-            let i = i0 + j * WG;
-            if (i < d) { Z[at + i] = x[j]; }
-        }
+    for (var i = t; i < d; i += WG) {
+        var x = Y[row * d + i] * r;
+        if (pu(3u) != 0u) { x *= B[i]; }
+        Z[row * d + i] = x;
     }
 }
 
