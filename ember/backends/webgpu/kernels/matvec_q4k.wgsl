@@ -2,9 +2,10 @@
 // matrix's blocks start 16-byte aligned and a row is whole 144-byte super-blocks). A lane's item
 // is 32 weights of a super-block: the 16 bytes 32j + 16h .. of its nibbles hold values 16h ..
 // 16h + 15 of sub-blocks 2j (low nibbles) and 2j + 1 (high), so 8 lanes take a super-block, its
-// first 16 bytes (d, dmin and the 12 scale bytes) one more load each. The products are summed in
-// integers' place per sub-block (sum of q * x) and the mins taken against the sub-block's sum of x,
-// which is the same for all NR weight rows. Rows, gating and the lanes' sum as mvp's (matvec.wgsl).
+// first 16 bytes (d, dmin and the 12 scale bytes) one more load each. Each sub-block's sum of q * x
+// is taken before its scale, and its min against the sub-block's sum of x, which is the same for
+// all NR weight rows. Rows, gating and the lanes' sum as mvp's (matvec.wgsl). The decode builds
+// of 32 lanes take it (Backend._product).
 @group(0) @binding(7) var<storage, read> W4: array<vec4<u32>>;
 
 // sub-blocks 2j and 2j + 1's 6-bit scales (x, y) and mins (z, w) from the header's words 1-3
