@@ -356,12 +356,12 @@ class Backend:
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
-            entry = "mvp"
+            entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
             if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
-            elif MATRIX_TYPES[qtype] in _kernels.MV_OWN:  # mvk at 32 lanes only (above)
+            elif own is not None:  # mvk at 32 lanes only (above)
                 entry = "mvk"
-                bindings[_kernels.MV_OWN[MATRIX_TYPES[qtype]][1]] = bindings.pop(1)
+                bindings[own[1]] = bindings.pop(1)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))

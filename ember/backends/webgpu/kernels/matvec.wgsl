@@ -15,6 +15,13 @@ fn mv_row_at(g: u32, r: u32) -> u32 {
     return g * NR + r;
 }
 
+// the byte where each of workgroup g's rows starts (a row past the end: the last, read, not stored)
+fn mv_bases(g: u32, rows: u32) -> array<u32, NR> {
+    var bases: array<u32, NR>;
+    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)); }
+    return bases;
+}
+
 // x (n <= NX rows) read a piece at a time for all of a workgroup's rows.
 @compute @workgroup_size(32)
 fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -23,8 +30,7 @@ fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let k = pu(1u);
     let n = pu(2u);
     let g = flat_group(wid, nwg);
-    var bases: array<u32, NR>;
-    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)); }  // past the end: read, not stored
+    let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     for (var p = t; p < k / 8u; p += MV_WG) {
         for (var r = 0u; r < NR; r++) {

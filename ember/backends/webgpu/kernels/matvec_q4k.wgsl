@@ -31,8 +31,8 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let k = pu(1u);
     let n = pu(2u);
     let g = flat_group(wid, nwg);
-    var bases: array<u32, NR>;
-    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)) / 16u; }
+    var bases = mv_bases(g, rows);
+    for (var r = 0u; r < NR; r++) { bases[r] /= 16u; }  // in W4's 16-byte words
     var acc: array<f32, NR * NX>;
     let one = vec4<f32>(1.0);
     for (var i = t; i < k / 32u; i += MV_WG) {

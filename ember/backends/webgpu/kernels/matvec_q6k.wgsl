@@ -22,8 +22,7 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let k = pu(1u);
     let n = pu(2u);
     let g = flat_group(wid, nwg);
-    var bases: array<u32, NR>;
-    for (var r = 0u; r < NR; r++) { bases[r] = row_base(min(mv_row_at(g, r), rows - 1u)); }
+    let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     let one = vec4<f32>(1.0);
     for (var i = t; i < k / 32u; i += MV_WG) {
