@@ -479,6 +479,38 @@ def decode_bandwidth(path: Path, step_bytes: int, copy_gbs: float, n_steps: int,
                            for x in rec.launches[:listed] if hasattr(x, "fn")] if profile else []}
 
 
+def prompt_profile(path: Path, n: int = 512) -> dict:
+    """One n-token prompt step of the model alone (positions 0 .. n-1, one sequence), recorded once:
+    its replay time, then each launch timed alone (by kernel name)."""
+    import ember.backends as backends
+    from ember.backends import AttentionBatch
+    from ember.gguf_loader import GGUFFile
+    from ember.models import Step, load_model
+
+    backend = backends.get_backend("cuda")
+    with GGUFFile(path) as f:
+        model = load_model(f, backend)
+        page = 16
+        n_pages = -(-n // page)
+        cache = model.new_kv_cache(n_pages, page)
+        tables = np.arange(n_pages, dtype=np.int32).reshape(1, n_pages)
+        tok = (np.arange(n, dtype=np.int32) * 7919) % 1000
+        pos, rows = np.arange(n, dtype=np.int32), np.zeros(n, np.int32)
+        slots, out = np.arange(n, dtype=np.int64), np.array([n - 1], np.int32)
+        step = Step(tok, AttentionBatch(pos, rows, tables, slots, page), out)
+        model.forward(step, cache)
+        with backend.record() as rec:
+            model.forward(step, cache)
+        times = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            backend.replay(rec)
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        return {"tokens": n, "step_ms": 1000 * t, "tokens_per_s": n / t, "launches_per_step": len(rec.launches),
+                "profile": launch_profile(backend, rec)}
+
+
 # ---- single kernels ----
 
 KERNEL_SHAPES = [  # (label, type, rows, k, n, mode): decode products of the benchmarked models' shapes

@@ -175,8 +175,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip", nargs="*", default=[], help="parts to skip: many (the 64-stream runs), peer")
     ap.add_argument("--profile", action="store_true",
-                    help="also a decode step of one token, recorded and replayed alone, each launch timed alone "
-                         "(where the step's time goes; GPU only)")
+                    help="also a decode step of one token and a prompt step of 512, each recorded and replayed "
+                         "alone, each launch timed alone (where the step's time goes; GPU only)")
     ap.add_argument("--dir", type=Path, default=None, help="where the files are written (default: a temporary one)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cuda_peer.json")
     args = ap.parse_args()
@@ -199,6 +199,7 @@ def main() -> None:
             guarded(r, "ember_single", ember_single, path, args.device, args.reps)
             if args.profile and gpu:
                 guarded(r, "ember_step", bc.decode_bandwidth, path, r["token_bytes"], results["copy_gbs"], 50, 0, True)
+                guarded(r, "ember_prompt_step", bc.prompt_profile, path, 512)
             if "peer" not in args.skip and args.llama_bin:
                 guarded(r, "llama_single", llama_bench, args.llama_bin, path, args.reps, gpu)
             if "many" not in args.skip:
@@ -243,6 +244,13 @@ def print_table(results: dict) -> None:
     for name, r in results["models"].items():
         if "step_ms" in r.get("ember_step", {}):
             print_step(name, r["ember_step"])
+        p = r.get("ember_prompt_step", {})
+        if "step_ms" in p:
+            prof = p["profile"]
+            print(f"{name}: prompt step of {p['tokens']} replayed {p['step_ms']:.2f} ms ({p['tokens_per_s']:.0f} tok/s), "
+                  f"{p['launches_per_step']} launches; kernels alone sum {prof.get('sum_us', 0):.0f} us:")
+            for kernel, (k, us) in list(prof.get("kernels", {}).items())[:12]:
+                print(f"    {kernel:32} {k:4d} launches {us:9.1f} us")
 
 
 if __name__ == "__main__":

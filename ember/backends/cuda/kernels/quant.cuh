@@ -90,17 +90,16 @@ DEVI void align_words(u32 (&w)[N], int off) {
     for (int j = 0; j < N; j++) w[j] = fshr(w[j], j + 1 < N ? w[j + 1] : 0u, sh);
 }
 
-// Four 4-bit codes (one per byte) -> their four int8 levels of a 16-entry table held as four words
-// of four bytes (t0: levels 0-3 ... t3: levels 12-15).
+// Four 4-bit codes (one per byte, each below 16) -> their four int8 levels of a 16-entry table held as
+// four words of four bytes (t0: levels 0-3 ... t3: levels 12-15): the codes' low three bits packed
+// into one selector, a byte permute of each half of the table, and each byte taken from the upper
+// half where its code's bit 3 is set.
 DEVI u32 levels16(u32 codes, u32 t0, u32 t1, u32 t2, u32 t3) {
-    u32 r = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const u32 c = (codes >> (8 * j)) & 15u;
-        const u32 lo = c < 8 ? t0 : t2, hi = c < 8 ? t1 : t3;
-        r |= (bperm(lo, hi, c & 7u) & 0xFFu) << (8 * j);
-    }
-    return r;
+    const u32 t = codes | (codes >> 4);                 // byte 0: c0 | c1 << 4; byte 2: c2 | c3 << 4
+    const u32 sel = bperm(t, 0u, 0x4420u) & 0x7777u;   // nibble j: code j's low three bits
+    const u32 lo = bperm(t0, t1, sel), hi = bperm(t2, t3, sel);
+    const u32 upper = ((codes >> 3) & 0x01010101u) * 0xFFu;  // 0xFF in the bytes of codes 8..15
+    return (lo & ~upper) | (hi & upper);
 }
 
 // ggml's IQ4 levels -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
