@@ -218,7 +218,12 @@ def print_step(name: str, step: dict) -> None:
     print(f"{name}: decode step replayed {step['step_ms']:.3f} ms (GPU {step['gpu_step_ms']:.3f} ms), "
           f"{step['launches_per_step']} launches, {100 * step['fraction_of_copy']:.0f}% of copy; "
           f"kernels alone sum {prof.get('sum_us', 0):.0f} us:")
-    for kernel, (n, us) in list(prof.get("kernels", {}).items())[:12]:
+    print_kernels(prof)
+
+
+def print_kernels(prof: dict, most: int = 12) -> None:
+    """A launch profile's kernels, the costliest first."""
+    for kernel, (n, us) in list(prof.get("kernels", {}).items())[:most]:
         print(f"    {kernel:32} {n:4d} launches {us:9.1f} us")
 
 
@@ -249,8 +254,7 @@ def print_table(results: dict) -> None:
             prof = p["profile"]
             print(f"{name}: prompt step of {p['tokens']} replayed {p['step_ms']:.2f} ms ({p['tokens_per_s']:.0f} tok/s), "
                   f"{p['launches_per_step']} launches; kernels alone sum {prof.get('sum_us', 0):.0f} us:")
-            for kernel, (k, us) in list(prof.get("kernels", {}).items())[:12]:
-                print(f"    {kernel:32} {k:4d} launches {us:9.1f} us")
+            print_kernels(prof)
 
 
 if __name__ == "__main__":

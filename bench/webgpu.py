@@ -347,7 +347,8 @@ def _rebind(bindings: tuple, entry: str, decoder: str) -> tuple:
     from ember.backends.webgpu._kernels import MV_OWN
 
     to = 1 if entry == "mvp" else MV_OWN[decoder][1]
-    return tuple(sorted((to if b in (1, 7) else b, buf) for b, buf in bindings))
+    weights = {1} | {binding for _, binding in MV_OWN.values()}  # where a recorded product has them
+    return tuple(sorted((to if b in weights else b, buf) for b, buf in bindings))
 
 
 def report_lanes(name: str, r: dict) -> None:
