@@ -258,6 +258,32 @@ def test_matmul_matches_reference(qtype, isa, pools, isa_guard):
             assert np.all(np.abs(y - c.y_exact[:n]) <= c.bound[:n]), (k, n)
 
 
+@pytest.mark.skipif("avx512" not in ISAS, reason="no AVX-512 on this CPU")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_k32_decode_rows_with_and_without_gfni(qtype, pools, isa_guard):
+    """One token against Q4_K / Q5_K rows (AVX-512: two rows at a time, the odd one paired with itself): the
+    nibbles split by GFNI's affine transform and by shifts and masks give the same bits; a row's sum does not
+    depend on how the rows are split over threads; both match the reference."""
+    assert lib.ember_cpu_set_isa(b"avx512") == 0
+    has_gfni = "gfni" in ffi.string(lib.ember_cpu_features()).decode().split()
+    try:
+        for k in (256, 768, 2048):
+            c = case(qtype, k)
+            runs = {}
+            for gfni in ([1, 0] if has_gfni else [0]):
+                assert lib.ember_cpu_set_gfni(gfni) == 0
+                for threads in (0, 1):
+                    runs[gfni, threads] = y = run_matmul(pools[threads], qtype, c.w, M, k, c.x[:1])
+                    assert np.all(np.abs(y - c.y_rounded[:1]) <= FLOAT_SUM_RTOL * c.mag[:1]), (k, gfni, threads)
+            first = next(iter(runs.values()))
+            for key, y in runs.items():
+                np.testing.assert_array_equal(y, first, err_msg=f"{k} {key}")
+        if not has_gfni:
+            assert lib.ember_cpu_set_gfni(1) == -1
+    finally:
+        lib.ember_cpu_set_gfni(int(has_gfni))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_q8_0_decode_rows_against_int8_activations(isa, pools, isa_guard):
     """One token against lone Q8_0 rows with int8 activations (the output heads' decode path; on AVX-512

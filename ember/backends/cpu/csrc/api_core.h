@@ -13,6 +13,8 @@ int ember_pool_threads(const ember_pool *pool);
 const char *ember_cpu_isa(void);
 /* Force a path by name; returns 0, or -1 when this CPU (or build) cannot run it. */
 int ember_cpu_set_isa(const char *name);
+/* GFNI in the AVX-512 kernels (1, the default where the CPU has it) or not (0); -1 when asked for and absent. */
+int ember_cpu_set_gfni(int on);
 /* Space-separated list of the CPU features the kernels care about. */
 const char *ember_cpu_features(void);
 

@@ -8,6 +8,7 @@
 
 float ember_f16_table[65536];
 int ember_isa_active = EMBER_ISA_SCALAR;
+int ember_x86_gfni = 0;
 
 static float f16_bits_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -62,19 +63,34 @@ int ember_cpu_set_isa(const char *name) {
     return -1;
 }
 
+static int gfni_supported(void) {
+#if defined(EMBER_X86)
+    return __builtin_cpu_supports("gfni");
+#else
+    return 0;
+#endif
+}
+
+int ember_cpu_set_gfni(int on) {
+    if (on && !gfni_supported()) return -1;
+    ember_x86_gfni = on != 0;
+    return 0;
+}
+
 const char *ember_cpu_features(void) {
     static char buf[256];
     buf[0] = 0;
 #if defined(EMBER_X86)
     static const char *names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                                  "avx512vl", "avx512dq", "avx512vnni", "avx512bf16", "avxvnni"};
-    int has[12] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
+                                  "avx512vl", "avx512dq", "avx512vnni", "avx512bf16", "avxvnni", "gfni"};
+    int has[13] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
                    __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
                    __builtin_cpu_supports("f16c"), __builtin_cpu_supports("avx512f"),
                    __builtin_cpu_supports("avx512bw"), __builtin_cpu_supports("avx512vl"),
                    __builtin_cpu_supports("avx512dq"), __builtin_cpu_supports("avx512vnni"),
-                   __builtin_cpu_supports("avx512bf16"), __builtin_cpu_supports("avxvnni")};
-    for (int i = 0; i < 12; i++) {
+                   __builtin_cpu_supports("avx512bf16"), __builtin_cpu_supports("avxvnni"),
+                   __builtin_cpu_supports("gfni")};
+    for (int i = 0; i < 13; i++) {
         if (has[i]) {
             strcat(buf, buf[0] ? " " : "");
             strcat(buf, names[i]);
@@ -92,6 +108,7 @@ __attribute__((constructor)) static void ember_cpu_init(void) {
 #if defined(EMBER_X86)
     __builtin_cpu_init();
 #endif
+    ember_x86_gfni = gfni_supported();
     for (int isa = 3; isa >= 0; isa--) {
         if (isa_supported(isa)) {
             ember_isa_active = isa;

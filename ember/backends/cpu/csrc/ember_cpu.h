@@ -22,6 +22,8 @@
 enum ember_isa { EMBER_ISA_SCALAR = 0, EMBER_ISA_AVX2 = 1, EMBER_ISA_AVX512 = 2, EMBER_ISA_NEON = 3 };
 /* The path chosen at load (best available, or EMBER_CPU_ISA from the environment). */
 extern int ember_isa_active;
+/* 1 where the AVX-512 kernels may use GFNI (the CPU has it; ember_cpu_set_gfni turns it off for tests). */
+extern int ember_x86_gfni;
 
 /* ---- floating-point state ---- */
 /* The kernels run with subnormal floats flushed to zero (inputs and results): a product of two small

@@ -130,11 +130,54 @@ ALWAYS __m512i pick4_words(int g0) {
 /* 32 bytes at p in both halves of a vector */
 ALWAYS __m512i both_halves(const uint8_t *p) { return _mm512_broadcast_i64x4(load256(p)); }
 
-/* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys] */
+/* Bytes v -> their low nibbles in the vector's low half, their high nibbles in its high half (the Q4_K and
+ * Q5_K layout: 32 bytes hold sub-block 2i in their low nibbles, 2i + 1 in their high ones, both halves of v
+ * the same 32 bytes). With GFNI one affine transform does it: each 64-bit lane of m holds the bit matrix of
+ * "and 0x0f" (low half) or "shift right by 4" (high half). Written as assembly so that the rest of the file
+ * needs no GFNI; taken only where the CPU has it (ember_x86_gfni). */
+ALWAYS __m512i k32_nibbles(const int gfni, __m512i v) {
+    if (gfni) {
+        const __m512i m = _mm512_set_epi64(0x1020408000000000LL, 0x1020408000000000LL, 0x1020408000000000LL,
+                                           0x1020408000000000LL, 0x0102040800000000LL, 0x0102040800000000LL,
+                                           0x0102040800000000LL, 0x0102040800000000LL);
+        __m512i u;
+        __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(u) : "v"(v), "v"(m));
+        return u;
+    }
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), _mm512_set1_epi8(0x0f));
+}
+
+/* The values of piece i (64 weights: sub-blocks 2i and 2i + 1) of a Q4_K / Q5_K super-block, as bytes */
+ALWAYS __m512i k32_values(const int five, const int gfni, const uint8_t *qs, __m512i qh, int i) {
+    __m512i u = k32_nibbles(gfni, both_halves(qs + 32 * i));
+    if (five) { /* bit 2i of qh[l] tops sub-block 2i, bit 2i + 1 sub-block 2i + 1 */
+        const __m512i hb = _mm512_srlv_epi16(qh, pick2_words(2 * i, 2 * i + 1));
+        u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
+    }
+    return u;
+}
+
+/* packs_epi32(A, B) holds in its 128-bit chunk c A's lanes 4c..4c+3, then B's: for pieces 0 and 1 (A, B) those
+ * are sub-blocks (c < 2 ? 0 : 1) and (c < 2 ? 2 : 3); pieces 2 and 3 add 4. Words of the scale vector for
+ * them, from the 8 scales in words g0 .. g0 + 7 of `scales`. */
+ALWAYS __m512i k32_pack_scales(__m512i scales, int g0) {
+    const __m512i pick = _mm512_set_epi16(3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi16(_mm512_add_epi16(pick, _mm512_set1_epi16((short)g0)), scales);
+}
+
+/* A super-block's integer sums from its 4 pieces' dpbusd lanes (each a sum of 4 products, |.| <= 4 * 31 *
+ * 128: a word holds it): two pieces' lanes packed to words, times their sub-blocks' scales by one multiply-add.
+ * The one-row and the many-token kernels share it, so a token's sums have the same bits in both. */
+ALWAYS __m512i k32_scaled(const __m512i s[4], __m512i sc01, __m512i sc23) {
+    return _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_packs_epi32(s[0], s[1]), sc01), _mm512_packs_epi32(s[2], s[3]), sc23);
+}
+
+/* Q4_K (five = 0) or Q5_K (five = 1) row x nc tokens -> y[c * ys]. Per 64 weights its values times each
+ * token's by one dpbusd into lanes of 4-product sums; per super-block k32_scaled. */
 ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const uint8_t *a, int64_t as, float *y,
                              int64_t ys, const int nc) {
     const int64_t nb = k / QK_K;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[TILE_C];
     __m256 accm[TILE_C];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps(), accm[c] = _mm256_setzero_ps();
@@ -150,26 +193,19 @@ ALWAYS void tilek32_zmm_body(const int five, int64_t k, const uint8_t *w, const 
         const __m128i mv = _mm_loadl_epi64((const __m128i *)m);
         const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
         const __m512i qh = five ? both_halves(x5->qh) : _mm512_setzero_si512();
-        __m512i iacc[TILE_C];
-        UNROLL for (int c = 0; c < nc; c++) iacc[c] = _mm512_setzero_si512();
+        __m512i s[TILE_C][4];
         UNROLL for (int i = 0; i < 4; i++) {
-            const __m512i v = both_halves(qs + 32 * i); /* the high half shifted in place: no lane insert */
-            __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), low4);
-            if (five) { /* bit 2i of qh[l] tops sub-block 2i, bit 2i + 1 sub-block 2i + 1 */
-                __m512i hb = _mm512_srlv_epi16(qh, pick2_words(2 * i, 2 * i + 1));
-                u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
-            }
-            const __m512i sv = _mm512_permutexvar_epi16(pick2_words(2 * i, 2 * i + 1), scales);
-            UNROLL for (int c = 0; c < nc; c++) {
-                const __m512i q = _mm512_loadu_si512((const void *)(a + c * as + b * QK_K + 64 * i));
-                iacc[c] = _mm512_dpwssd_epi32(iacc[c], _mm512_maddubs_epi16(u, q), sv);
-            }
+            const __m512i u = k32_values(five, 0, qs, qh, i);
+            UNROLL for (int c = 0; c < nc; c++)
+                s[c][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                              _mm512_loadu_si512((const void *)(a + c * as + b * QK_K + 64 * i)));
         }
+        const __m512i sc01 = k32_pack_scales(scales, 0), sc23 = k32_pack_scales(scales, 4);
         const float d = f16_to_f32(x4->d), dmin = f16_to_f32(x4->dmin);
         UNROLL for (int c = 0; c < nc; c++) {
             const float *ad = (const float *)(a + c * as + k);
             const int16_t *bsums = (const int16_t *)(ad + nb);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[c]), _mm512_set1_ps(d * ad[b]), acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(k32_scaled(s[c], sc01, sc23)), _mm512_set1_ps(d * ad[b]), acc[c]);
             const __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, load256(bsums + 16 * b)));
             accm[c] = _mm256_fmadd_ps(msum, _mm256_set1_ps(dmin * ad[b]), accm[c]);
         }
@@ -250,13 +286,86 @@ K_ZMM_TILE(tile_q4_k_zmm, Q4K_CALL)
 K_ZMM_TILE(tile_q5_k_zmm, Q5K_CALL)
 K_ZMM_TILE(tile_q6_k_zmm, Q6K_CALL)
 
-/* A thread's run of lone rows against one token, in one call. */
+/* Two Q4_K (five = 0) or Q5_K (five = 1) rows w0, w1 against one token -> y0, y1, each with the bits
+ * tilek32_zmm_body gives it. A super-block of a row takes 4 dpbusd, 2 packs, 2 scale permutes and 2
+ * multiply-adds (k32_scaled), where the earlier kernel took 4 maddubs, 4 permutes and 4 dpwssd. The work that
+ * does not scale with the weights is done for both rows at once: their 12-byte scale headers unpacked side
+ * by side in the two halves of one 256-bit vector (vector shifts and masks instead of scalar ones), widened
+ * to words by one conversion, their four f16 factors converted together, their mins against the token's
+ * block sums taken by one multiply-add, and the token's activations loaded once. */
+ALWAYS void tilek32_pair_zmm(const int five, const int gfni, int64_t k, const uint8_t *w0, const uint8_t *w1,
+                             const uint8_t *a, float *y0, float *y1) {
+    const int64_t nb = k / QK_K, bs = five ? sizeof(blk_q5_k) : sizeof(blk_q4_k);
+    const __m256i m3f = _mm256_set1_epi8(0x3f), m30 = _mm256_set1_epi8(0x30), m0f = _mm256_set1_epi8(0x0f);
+    const __m256i shift_hi = _mm256_setr_epi32(0, 4, 0, 0, 0, 4, 0, 0);
+    /* words 2j, 2j + 1 of each half take m_j: row 0's mins (words 8-15) low, row 1's (24-31) high */
+    const __m512i pick_mins = _mm512_set_epi16(31, 31, 30, 30, 29, 29, 28, 28, 27, 27, 26, 26, 25, 25, 24, 24,
+                                               15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    const __m512i pick_dmin = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+    const float *ad = (const float *)(a + k);
+    const int16_t *bsums = (const int16_t *)(ad + nb);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = w0 + b * bs, *b1 = w1 + b * bs;
+        /* dwords a0, a1, a2 of each header (and 4 bytes of what follows, unused) */
+        const __m256i h = _mm256_loadu2_m128i((const __m128i *)((const blk_q4_k *)b1)->scales,
+                                              (const __m128i *)((const blk_q4_k *)b0)->scales);
+        const __m256i lo = _mm256_and_si256(h, m3f); /* dwords 0, 1: sc 0-3, m 0-3 */
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi32(h, 0xaa), shift_hi), m0f),
+                                           _mm256_and_si256(_mm256_srli_epi32(h, 2), m30)); /* dwords 0, 1: sc 4-7, m 4-7 */
+        /* words 0-7 row 0's sc, 8-15 its m, 16-23 row 1's sc, 24-31 its m */
+        const __m512i scales = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi32(lo, hi));
+        /* d0, dmin0, d1, dmin1 times the token's d */
+        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b0)),
+                                                                     _mm_cvtsi32_si128((int)load_u32(b1)))),
+                                     _mm_set1_ps(ad[b]));
+        const __m512 ddz = _mm512_castps128_ps512(dd);
+        const __m512i ms = _mm512_madd_epi16(_mm512_permutexvar_epi16(pick_mins, scales),
+                                             _mm512_broadcast_i64x4(load256(bsums + 16 * b)));
+        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_permutexvar_ps(pick_dmin, ddz), accm);
+        const uint8_t *qs0 = five ? ((const blk_q5_k *)b0)->qs : ((const blk_q4_k *)b0)->qs;
+        const uint8_t *qs1 = five ? ((const blk_q5_k *)b1)->qs : ((const blk_q4_k *)b1)->qs;
+        const __m512i qh0 = five ? both_halves(((const blk_q5_k *)b0)->qh) : _mm512_setzero_si512();
+        const __m512i qh1 = five ? both_halves(((const blk_q5_k *)b1)->qh) : _mm512_setzero_si512();
+        __m512i s0[4], s1[4];
+        UNROLL for (int i = 0; i < 4; i++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(a + b * QK_K + 64 * i));
+            s0[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k32_values(five, gfni, qs0, qh0, i), q);
+            s1[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k32_values(five, gfni, qs1, qh1, i), q);
+        }
+        const __m512i i0 = k32_scaled(s0, k32_pack_scales(scales, 0), k32_pack_scales(scales, 4));
+        const __m512i i1 = k32_scaled(s1, k32_pack_scales(scales, 16), k32_pack_scales(scales, 20));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_set1_ps(_mm_cvtss_f32(dd)), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(_mm512_set1_epi32(2), ddz), acc1);
+    }
+    *y0 = _mm512_reduce_add_ps(acc0) - hsum8(_mm512_castps512_ps256(accm));
+    *y1 = _mm512_reduce_add_ps(acc1) - hsum8(_mm512_extractf32x8_ps(accm, 1));
+}
+
+/* A thread's run of lone rows against one token, in one call: rows i and h + i (h = n_rows / 2) in pairs,
+ * two sequential streams as ROWS_IN_STREAMS walks them. 1.2x (Q4_K 2048 x 768, one core, rows in L2) the
+ * one-row kernel's rate with GFNI, 1.1x without (bench/NOTES.md). */
+ALWAYS void rows_k32_zmm(const int five, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, float *y,
+                         int64_t n_rows) {
+    const int64_t h = n_rows / 2;
+    if (ember_x86_gfni)
+        for (int64_t i = 0; i < h; i++) tilek32_pair_zmm(five, 1, k, w + i * ws, w + (h + i) * ws, a, y + i, y + h + i);
+    else
+        for (int64_t i = 0; i < h; i++) tilek32_pair_zmm(five, 0, k, w + i * ws, w + (h + i) * ws, a, y + i, y + h + i);
+    if (n_rows & 1) { /* the odd row paired with itself: a row's sum is the same wherever the run splits */
+        float twin;
+        const uint8_t *wl = w + (n_rows - 1) * ws;
+        if (ember_x86_gfni) tilek32_pair_zmm(five, 1, k, wl, wl, a, y + n_rows - 1, &twin);
+        else tilek32_pair_zmm(five, 0, k, wl, wl, a, y + n_rows - 1, &twin);
+    }
+}
+
 static void rows_q4_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    ROWS_IN_STREAMS(n_rows, r, tilek32_zmm_body(0, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1));
+    rows_k32_zmm(0, k, (const uint8_t *)w, ws, (const uint8_t *)a, y, n_rows);
 }
 
 static void rows_q5_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
-    ROWS_IN_STREAMS(n_rows, r, tilek32_zmm_body(1, k, (const uint8_t *)w + r * ws, a, 0, y + r, 0, 1));
+    rows_k32_zmm(1, k, (const uint8_t *)w, ws, (const uint8_t *)a, y, n_rows);
 }
 
 static void rows_q6_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
