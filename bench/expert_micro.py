@@ -107,7 +107,7 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def bench_shape(name: str, n_tokens: list[int], reps: int, rng, variants=()) -> list[dict]:
+def bench_shape(name: str, n_tokens: list[int], reps: int, rng) -> list[dict]:
     qtype, n_expert, m, k, used = SHAPES[name]
     mv = Backend(config=CudaConfig(moe_mv_tokens=64))  # mv up to 64 tokens
     tile = Backend(config=CudaConfig(moe_mv_tokens=0))  # tiles at every size
@@ -125,20 +125,8 @@ def bench_shape(name: str, n_tokens: list[int], reps: int, rng, variants=()) -> 
         t_mv = time_us(cp, lambda: mv.expert_matmuls([w_mv], x, ids, [y_mv]), reps) if n <= 64 else None
         t_tile = time_us(cp, lambda: tile.expert_matmuls([w_tile], x, ids, [y_tile]), reps)
         ref = cp.asnumpy(y_old)
-        var = {}
-        for v in variants:  # other builds of the expert kernels (ops.experts.VARIANT), in the same call
-            import ember.backends.cuda.ops.experts as ex
-            ex.VARIANT = v
-            try:
-                y_v = cp.full((n * used, m), np.nan, np.float32)
-                var[v] = {"tile_us": round(time_us(cp, lambda: tile.expert_matmuls([w_tile], x, ids, [y_v]), reps), 2),
-                          "tile_err": rel(cp.asnumpy(y_v), ref)}
-            finally:
-                ex.VARIANT = ""
-            print(f"    variant {v}: {json.dumps(var[v])}", flush=True)
         row = {"shape": name, "type": qtype.name, "n_expert": n_expert, "m": m, "k": k, "top_k": used, "tokens": n,
-               "old_us": round(t_old, 2), "tile_us": round(t_tile, 2), "tile_err": rel(cp.asnumpy(y_tile), ref),
-               "variants": var}
+               "old_us": round(t_old, 2), "tile_us": round(t_tile, 2), "tile_err": rel(cp.asnumpy(y_tile), ref)}
         if t_mv is not None:
             row.update(mv_us=round(t_mv, 2), mv_err=rel(cp.asnumpy(y_mv), ref))
         new = t_mv if takes_mv(n, k) and t_mv is not None else t_tile
@@ -158,12 +146,11 @@ def main() -> None:
                     choices=sorted(SHAPES))
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 8, 16, 64, 512])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--variants", nargs="*", default=[], help="other builds of the expert kernels timed beside")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     t0 = time.time()
-    rows = [r for s in args.shapes for r in bench_shape(s, args.tokens, args.reps, rng, args.variants)]
+    rows = [r for s in args.shapes for r in bench_shape(s, args.tokens, args.reps, rng)]
     print(f"({time.time() - t0:.0f} s)")
     if args.out:
         args.out.write_text(json.dumps({"bench": "expert_micro", "rows": rows}, indent=1))

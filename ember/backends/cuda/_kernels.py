@@ -56,9 +56,6 @@ def module_source(module: str) -> str:
         hd = int(module[len("attention_tile"):]) if module != "attention" else 0
         return f"#define ATT_TILE_HD {hd}\n" + common + kernel_source("attention.cu")
     parts = module.split("_")
-    if parts[0] == "experts" and len(parts) == 3 and parts[1].isdigit() and parts[2] == "e0":  # bench A/B only
-        return f"#define QT {int(parts[1])}\n#define ET_EPI_OLD 1\n" + common + kernel_source("quant.cuh") \
-            + low_bit_source() + kernel_source("experts.cu")
     if parts[0] == "experts" and len(parts) == 2 and parts[1].isdigit():
         return f"#define QT {int(parts[1])}\n" + common + kernel_source("quant.cuh") + low_bit_source() \
             + kernel_source("experts.cu")

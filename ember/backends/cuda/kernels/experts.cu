@@ -319,15 +319,9 @@ DEVI void mma_s8_16832(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 
 }
 #endif
 
-DEVI float scaled(int s, float d, float a, float b, float xs) { return d * a * (float)s + b * xs; }
-// acc + the same sum, as two fused multiply-adds
-DEVI float add_scaled(float acc, int s, float d, float a, float b, float xs) {
-#ifdef ET_EPI_OLD
-    return acc + scaled(s, d, a, b, xs);
-#else
-    return fmaf(d * a, (float)s, fmaf(b, xs, acc));
-#endif
-}
+// acc + d * a * s + b * xs (a unit's integer sum s, its weight scale a and offset b, the x scale d and x sum xs),
+// as two fused multiply-adds
+DEVI float add_scaled(float acc, int s, float d, float a, float b, float xs) { return fmaf(d * a, (float)s, fmaf(b, xs, acc)); }
 
 DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const u8 (*x_s)[ET_LD],
                  const float4 (*xm_s)[ET_CH], int nu, int cnt, float (&acc)[4][4]) {
@@ -344,7 +338,6 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
             const u8 *px = &x_s[8 * f + g][32 * u + 4 * q];
             const u32 b0 = *(const u32 *)px, b1 = *(const u32 *)(px + 16);
             const float4 m0 = xm_s[8 * f + 2 * q][u], m1 = xm_s[8 * f + 2 * q + 1][u];
-#ifndef ET_EPI_OLD
             if constexpr (ET_UNIT_SCALE && ET_NO_OFFSET) {  // one scale product a weight row and selection
                 int c[4] = {0, 0, 0, 0};
                 mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
@@ -352,9 +345,7 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
                 acc[f][1] = fmaf(m1.x * sa.x, (float)c[1], acc[f][1]);
                 acc[f][2] = fmaf(m0.x * sb.x, (float)c[2], acc[f][2]);
                 acc[f][3] = fmaf(m1.x * sb.x, (float)c[3], acc[f][3]);
-            } else
-#endif
-            if constexpr (ET_UNIT_SCALE) {
+            } else if constexpr (ET_UNIT_SCALE) {
                 int c[4] = {0, 0, 0, 0};
                 mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
                 const float x0 = m0.y + m0.z, x1 = m1.y + m1.z;

@@ -63,11 +63,8 @@ def regroup_mxfp4(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, -1)[:, :device_row_bytes(GGMLType.MXFP4, k)]
 
 
-VARIANT = ""  # bench/expert_micro.py's A/B: "e0" (the tile's old sums)
-
-
 def experts_module(qtype) -> str:
-    return f"experts_{int(qtype)}" + (f"_{VARIANT}" if VARIANT else "")
+    return f"experts_{int(qtype)}"
 
 
 def tile_bound(n_sel: int, n_expert: int) -> int:
