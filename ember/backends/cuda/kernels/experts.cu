@@ -237,6 +237,8 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
 #define ET_THREADS 128
 // Types whose units have one scale and offset for both halves (unit_q's set_ab): expert_tile sums a
 // unit's 32 products in one integer before scaling (the others: each half apart).
+// Types whose units have no offset (b = 0): their sums take no x-sum term.
+constexpr bool ET_NO_OFFSET = QT == T_Q8_0 || QT == T_IQ4_NL || QT == T_IQ4_XS || QT == T_MXFP4;
 constexpr bool ET_UNIT_SCALE = QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q5_1 || QT == T_Q8_0 ||
                                QT == T_Q4_K || QT == T_Q5_K || QT == T_IQ4_NL || QT == T_IQ4_XS || QT == T_MXFP4;
 
@@ -317,7 +319,9 @@ DEVI void mma_s8_16832(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 
 }
 #endif
 
-DEVI float scaled(int s, float d, float a, float b, float xs) { return d * a * (float)s + b * xs; }
+// acc + d * a * s + b * xs (a unit's integer sum s, its weight scale a and offset b, the x scale d and x sum xs),
+// as two fused multiply-adds
+DEVI float add_scaled(float acc, int s, float d, float a, float b, float xs) { return fmaf(d * a, (float)s, fmaf(b, xs, acc)); }
 
 DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const u8 (*x_s)[ET_LD],
                  const float4 (*xm_s)[ET_CH], int nu, int cnt, float (&acc)[4][4]) {
@@ -334,21 +338,29 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
             const u8 *px = &x_s[8 * f + g][32 * u + 4 * q];
             const u32 b0 = *(const u32 *)px, b1 = *(const u32 *)(px + 16);
             const float4 m0 = xm_s[8 * f + 2 * q][u], m1 = xm_s[8 * f + 2 * q + 1][u];
-            if constexpr (ET_UNIT_SCALE) {
+            if constexpr (ET_UNIT_SCALE && ET_NO_OFFSET) {  // one scale product a weight row and selection
                 int c[4] = {0, 0, 0, 0};
                 mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
-                acc[f][0] += scaled(c[0], m0.x, sa.x, sa.z, m0.y + m0.z);
-                acc[f][1] += scaled(c[1], m1.x, sa.x, sa.z, m1.y + m1.z);
-                acc[f][2] += scaled(c[2], m0.x, sb.x, sb.z, m0.y + m0.z);
-                acc[f][3] += scaled(c[3], m1.x, sb.x, sb.z, m1.y + m1.z);
+                acc[f][0] = fmaf(m0.x * sa.x, (float)c[0], acc[f][0]);
+                acc[f][1] = fmaf(m1.x * sa.x, (float)c[1], acc[f][1]);
+                acc[f][2] = fmaf(m0.x * sb.x, (float)c[2], acc[f][2]);
+                acc[f][3] = fmaf(m1.x * sb.x, (float)c[3], acc[f][3]);
+            } else if constexpr (ET_UNIT_SCALE) {
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
+                const float x0 = m0.y + m0.z, x1 = m1.y + m1.z;
+                acc[f][0] = add_scaled(acc[f][0], c[0], m0.x, sa.x, sa.z, x0);
+                acc[f][1] = add_scaled(acc[f][1], c[1], m1.x, sa.x, sa.z, x1);
+                acc[f][2] = add_scaled(acc[f][2], c[2], m0.x, sb.x, sb.z, x0);
+                acc[f][3] = add_scaled(acc[f][3], c[3], m1.x, sb.x, sb.z, x1);
             } else {
                 int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
                 mma_s8_16832(lo, a0, a1, 0u, 0u, b0, b1);
                 mma_s8_16832(hi, 0u, 0u, a2, a3, b0, b1);
-                acc[f][0] += scaled(lo[0], m0.x, sa.x, sa.z, m0.y) + scaled(hi[0], m0.x, sa.y, sa.w, m0.z);
-                acc[f][1] += scaled(lo[1], m1.x, sa.x, sa.z, m1.y) + scaled(hi[1], m1.x, sa.y, sa.w, m1.z);
-                acc[f][2] += scaled(lo[2], m0.x, sb.x, sb.z, m0.y) + scaled(hi[2], m0.x, sb.y, sb.w, m0.z);
-                acc[f][3] += scaled(lo[3], m1.x, sb.x, sb.z, m1.y) + scaled(hi[3], m1.x, sb.y, sb.w, m1.z);
+                acc[f][0] = add_scaled(add_scaled(acc[f][0], lo[0], m0.x, sa.x, sa.z, m0.y), hi[0], m0.x, sa.y, sa.w, m0.z);
+                acc[f][1] = add_scaled(add_scaled(acc[f][1], lo[1], m1.x, sa.x, sa.z, m1.y), hi[1], m1.x, sa.y, sa.w, m1.z);
+                acc[f][2] = add_scaled(add_scaled(acc[f][2], lo[2], m0.x, sb.x, sb.z, m0.y), hi[2], m0.x, sb.y, sb.w, m0.z);
+                acc[f][3] = add_scaled(add_scaled(acc[f][3], lo[3], m1.x, sb.x, sb.z, m1.y), hi[3], m1.x, sb.y, sb.w, m1.z);
             }
         }
     }
