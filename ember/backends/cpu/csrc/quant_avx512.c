@@ -342,21 +342,24 @@ ALWAYS void tilek32_pair_zmm(const int five, const int gfni, int64_t k, const ui
 }
 
 /* A thread's run of lone rows against one token, in one call: rows i and h + i (h = n_rows / 2) in pairs,
- * two sequential streams as ROWS_IN_STREAMS walks them. 1.2x (Q4_K 2048 x 768, one core, rows in L2) the
- * one-row kernel's rate with GFNI, 1.1x without (bench/NOTES.md). */
-ALWAYS void rows_k32_zmm(const int five, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, float *y,
-                         int64_t n_rows) {
+ * two sequential streams as ROWS_IN_STREAMS walks them; an odd last row paired with itself, so that a row's
+ * sum is the same wherever the run splits. */
+ALWAYS void rows_k32_run(const int five, const int gfni, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a,
+                         float *y, int64_t n_rows) {
     const int64_t h = n_rows / 2;
-    if (ember_x86_gfni)
-        for (int64_t i = 0; i < h; i++) tilek32_pair_zmm(five, 1, k, w + i * ws, w + (h + i) * ws, a, y + i, y + h + i);
-    else
-        for (int64_t i = 0; i < h; i++) tilek32_pair_zmm(five, 0, k, w + i * ws, w + (h + i) * ws, a, y + i, y + h + i);
-    if (n_rows & 1) { /* the odd row paired with itself: a row's sum is the same wherever the run splits */
+    for (int64_t i = 0; i < h; i++) tilek32_pair_zmm(five, gfni, k, w + i * ws, w + (h + i) * ws, a, y + i, y + h + i);
+    if (n_rows & 1) {
         float twin;
         const uint8_t *wl = w + (n_rows - 1) * ws;
-        if (ember_x86_gfni) tilek32_pair_zmm(five, 1, k, wl, wl, a, y + n_rows - 1, &twin);
-        else tilek32_pair_zmm(five, 0, k, wl, wl, a, y + n_rows - 1, &twin);
+        tilek32_pair_zmm(five, gfni, k, wl, wl, a, y + n_rows - 1, &twin);
     }
+}
+
+/* The run with GFNI's nibble split where the CPU has it, both builds inlined. */
+ALWAYS void rows_k32_zmm(const int five, int64_t k, const uint8_t *w, int64_t ws, const uint8_t *a, float *y,
+                         int64_t n_rows) {
+    if (ember_x86_gfni) rows_k32_run(five, 1, k, w, ws, a, y, n_rows);
+    else rows_k32_run(five, 0, k, w, ws, a, y, n_rows);
 }
 
 static void rows_q4_k_zmm(int64_t k, const void *w, int64_t ws, const void *a, float *y, int64_t n_rows) {
