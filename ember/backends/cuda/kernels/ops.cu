@@ -311,12 +311,41 @@ extern "C" __global__ void __launch_bounds__(128)
 // value of largest magnitude m maps to -127, iscale = -127 / m, q = min(127, rint(iscale * x)),
 // d = 1 / iscale), group 32 as its Q8_0 (d = max|x| / 127 rounded to f16, q = rint(x * 127 / max|x|)).
 // The same rounding on both sides leaves the products differing by float sums only. Grid
-// (n, ceil(k / (4 * group))), 128 threads: a warp a group, lane l holding values j * 32 + l.
+// (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
+// values j * 32 + l.
 extern "C" __global__ void __launch_bounds__(128)
     quant_x_llama(const float *__restrict__ x, u8 *__restrict__ xq, int n, int k, int group) {
     PDL_ENTER();
     const int r = blockIdx.x, lane = threadIdx.x & 31;
-    const int g = blockIdx.y * 4 + (threadIdx.x >> 5), per = group >> 5;  // per: 32-value blocks a group
+    float4 *meta = (float4 *)(xq + (size_t)n * k);
+    if (group == 32) {  // eight groups a warp: their loads in flight together, their reductions side by side
+        const int b0 = (blockIdx.y * 4 + (threadIdx.x >> 5)) * 8, nb = k >> 5;
+        if (b0 >= nb) return;
+        const float *xr = x + (size_t)r * k;
+        float v[8], amax[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            v[j] = b0 + j < nb ? xr[32 * (b0 + j) + lane] : 0.f;
+            amax[j] = fabsf(v[j]);
+        }
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], o));
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (b0 + j >= nb) break;  // alike in the whole warp
+            const float d = h2f(f2h(amax[j] / 127.f)), mul = amax[j] > 0.f ? 127.f / amax[j] : 0.f;
+            const int q = min(127, __float2int_rn(__fmul_rn(mul, v[j])));
+            int s = q;
+            for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);  // sums over each half of 16
+            const int s_hi = __shfl_sync(FULL_MASK, s, 16);
+            const size_t idx = (size_t)r * k + 32 * (b0 + j) + lane;
+            xq[idx] = (u8)(q & 0xFF);
+            if (lane == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
+        }
+        return;
+    }
+    const int g = blockIdx.y * 4 + (threadIdx.x >> 5);  // group 256: a warp a group
     if (g * group >= k) return;
     const float *xr = x + (size_t)r * k + (size_t)g * group;
     float v[8];
@@ -324,28 +353,19 @@ extern "C" __global__ void __launch_bounds__(128)
     int at = 1 << 30;  // index of the first value of largest magnitude (this lane's, then the warp's)
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        v[j] = j < per ? xr[j * 32 + lane] : 0.f;
+        v[j] = xr[j * 32 + lane];
         const float a = fabsf(v[j]);
-        if (j < per && a > amax) amax = a, at = j * 32 + lane;
+        if (a > amax) amax = a, at = j * 32 + lane;
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float a2 = __shfl_xor_sync(FULL_MASK, amax, o);
         const int at2 = __shfl_xor_sync(FULL_MASK, at, o);
         if (a2 > amax || (a2 == amax && at2 < at)) amax = a2, at = at2;
     }
-    float d, mul;
-    if (group == 256) {
-        const float m = amax > 0.f ? xr[at] : 0.f;
-        mul = amax > 0.f ? -127.f / m : 0.f;
-        d = amax > 0.f ? 1.f / mul : 0.f;
-    } else {
-        d = h2f(f2h(amax / 127.f));
-        mul = amax > 0.f ? 127.f / amax : 0.f;
-    }
-    float4 *meta = (float4 *)(xq + (size_t)n * k);
+    const float m = amax > 0.f ? xr[at] : 0.f;
+    const float mul = amax > 0.f ? -127.f / m : 0.f, d = amax > 0.f ? 1.f / mul : 0.f;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        if (j >= per) break;
         const int q = min(127, __float2int_rn(__fmul_rn(mul, v[j])));
         int s = q;
         for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);  // sums over each half of 16
