@@ -34,8 +34,8 @@ sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda._kernels import kernel_source, low_bit_source  # noqa: E402
 from ember.backends.cuda.ops.experts import (  # noqa: E402
-    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, device_row_bytes, mv_group, regroup_mxfp4,
-    tile_bound)
+    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, SB_TYPES, device_row_bytes, mv_group,
+    regroup_mxfp4, tile_bound)
 from ember.quant import GGMLType, dequantize, layout, quantize  # noqa: E402
 
 KERNELS = ROOT / "ember" / "backends" / "cuda" / "kernels"
@@ -238,6 +238,13 @@ int main(int argc, char **argv) {
         });
         if (n_tiles[0] > bound) return 5;
         launch({(unsigned)((m + ET_R - 1) / ET_R), (unsigned)bound, 1}, {ET_T, 1, 1}, [&] {
+#if IS_KQ(QT)
+            if (tile == 2) {
+                expert_tile_sb(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, order.data(),
+                               (const int4 *)tiles.data(), n_tiles.data(), y.data(), bias);
+                return;
+            }
+#endif
             expert_tile(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, order.data(),
                         (const int4 *)tiles.data(), n_tiles.data(), y.data(), bias);
         });
@@ -273,10 +280,13 @@ def build(workdir: Path, qtype: GGMLType, dp4a: bool = False) -> Path:
     return exe
 
 
-def quant_x(x: np.ndarray) -> bytes:
-    """x (rows, k) in quant_x's format: int8 values, then per 32 a float4 (d, d * sum of each half, 0)."""
+def quant_x(x: np.ndarray, group: int = 32) -> bytes:
+    """x (rows, k) in quant_x's format: int8 values, then per 32 a float4 (d, d * sum of each half, 0),
+    d shared by each group of values (32, or 256 as quant_x_llama rounds x for the K-quants)."""
+    groups = x.reshape(x.shape[0], -1, group).astype(np.float32)
+    dg = (np.abs(groups).max(-1) / np.float32(127)).astype(np.float32)
+    d = np.repeat(dg, group // 32, axis=1)
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(blocks * inv[..., None]).astype(np.int64)
     halves = q.reshape(q.shape[0], q.shape[1], 2, 16).sum(-1).astype(np.float32)
@@ -293,10 +303,11 @@ def random_stack(rng, qtype: GGMLType, n_expert: int, m: int, k: int) -> np.ndar
 
 
 def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row: bool, tile: bool, rng,
-          n_expert: int = 8, m: int = 72, bias: bool = False) -> float:
+          n_expert: int = 8, m: int = 72, bias: bool = False, sb: bool = False) -> float:
     """The relative error of one kernel's product (NaN: an output row left unwritten). 72 rows: a
     tile of 64 and one of 8, blocks of 16 rows and one of 8; rows of 32-value blocks take 352
-    values (chunks of 8 units and one of 3), the K types 512."""
+    values (chunks of 8 units and one of 3), the K types 512. sb: expert_tile_sb (the K types), x
+    rounded in groups of 256."""
     k = 512 if layout(qtype).block_size == 256 else 352
     raw = random_stack(rng, qtype, n_expert, m, k)
     ids = np.stack([rng.permutation(n_expert)[:top_k] for _ in range(n)]).astype(np.int32)
@@ -304,12 +315,13 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row
     x = rng.normal(0, 1, (n * top_k if per_row else n, k)).astype(np.float32)
     n_sel = ids.size
     b = rng.normal(0, 1, (n_expert, m)).astype(np.float32) if bias else np.zeros((0,), np.float32)
-    header = struct.pack("<10iq", n_expert, m, k, x.shape[0], x_div, n_sel, int(tile), tile_bound(n_sel, n_expert),
+    header = struct.pack("<10iq", n_expert, m, k, x.shape[0], x_div, n_sel, 2 if sb else int(tile),
+                         tile_bound(n_sel, n_expert),
                          mv_group(k), int(bias), device_row_bytes(qtype, k))
     # the stack as the backend uploads it (MXFP4 regrouped: ops.cu mxfp4_regroup)
     dev = regroup_mxfp4(raw.reshape(n_expert * m, -1), k) if qtype == GGMLType.MXFP4 else raw
     inp, outp = workdir / "in.bin", workdir / "out.bin"
-    inp.write_bytes(header + dev.tobytes() + quant_x(x) + ids.tobytes() + b.tobytes())
+    inp.write_bytes(header + dev.tobytes() + quant_x(x, 256 if sb else 32) + ids.tobytes() + b.tobytes())
     subprocess.run([str(exe), str(inp), str(outp)], check=True, timeout=600)
     got = np.fromfile(outp, np.float32).reshape(n_sel, m)
     if not np.isfinite(got).all():
@@ -323,7 +335,8 @@ def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0", "MXFP4", "Q5_K", "Q4_0", "Q2_K", "IQ4_XS"])
+    ap.add_argument("--types", nargs="+",
+                    default=["Q4_K", "Q6_K", "Q8_0", "MXFP4", "Q5_K", "Q4_0", "Q2_K", "Q3_K", "IQ4_XS"])
     ap.add_argument("--tokens", nargs="+", type=int, default=[3, 40])
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -335,13 +348,17 @@ def main() -> int:
             t0 = time.time()
             exe, exe_dp4a = build(workdir, qtype), build(workdir, qtype, dp4a=True)
             for n in args.tokens:
-                for kernel in ("expert_mv", "expert_tile", "expert_tile (dp4a)"):
+                kernels = ["expert_mv", "expert_tile", "expert_tile (dp4a)"]
+                if qtype in SB_TYPES:
+                    kernels += ["expert_tile_sb", "expert_tile_sb (dp4a)"]
+                for kernel in kernels:
                     for top_k, per_row in ((8, False), (4, True)):
                         err = check(exe_dp4a if "dp4a" in kernel else exe, workdir, qtype, n, top_k, per_row,
-                                    kernel != "expert_mv", rng, bias=per_row)  # biases: half the runs
+                                    kernel != "expert_mv", rng, bias=per_row,  # biases: half the runs
+                                    sb="_sb" in kernel)
                         ok = err < 2e-2
                         failed += not ok
-                        print(f"{name:7} {kernel:18} {n:4} tok top-{top_k} "
+                        print(f"{name:7} {kernel:21} {n:4} tok top-{top_k} "
                               f"{'x per selection, biases' if per_row else 'shared x':23} rel err {err:.2e} "
                               f"{'ok' if ok else 'FAIL'}", flush=True)
             print(f"  ({time.time() - t0:.0f} s)", flush=True)

@@ -6,7 +6,10 @@ product over the step's selections (random routing, a token's experts distinct):
   - old: expert_matmul on the quantized stack (a warp a row, float dot products, every selection's
     f32 x read per row) -- kept in experts.cu for float experts, timed here as the baseline;
   - mv: the decode path (quant_x + expert_mv), at every size;
-  - tile: the prompt path (quant_x + expert_group + expert_tile), at every size;
+  - tile: the prompt path (quant_x + expert_group + expert_tile, or expert_tile_sb for the K-quants),
+    at every size;
+  - unit (the K-quants): the prompt path with expert_tile in place of expert_tile_sb -- each unit's
+    sums scaled into floats, where expert_tile_sb scales a super-block's integer sums once;
   - the backend's choice (takes_mv: by step and row length) is the one of the two the shape falls to.
 
 Outputs are compared with the old kernel's (relative error; int8 x gives ~5e-3). Times are per
@@ -37,7 +40,7 @@ from ember.backends.cuda import Backend  # noqa: E402
 from ember.backends.cuda.config import CudaConfig  # noqa: E402
 from ember.backends.cuda.ops.experts import takes_mv  # noqa: E402
 from ember.backends.cuda.ops.base import Launch, i32, i64, ptr  # noqa: E402
-from ember.backends.cuda.ops.experts import EXP_ROWS, experts_module  # noqa: E402
+from ember.backends.cuda.ops.experts import EXP_ROWS, SB_TYPES, ExpertMatmul, experts_module  # noqa: E402
 from ember.quant import GGMLType, quantize  # noqa: E402
 
 # name: (type, n_expert, rows m, columns k, experts a token)
@@ -77,6 +80,18 @@ def old_launch(b: Backend, w, x, x_div: int, ids, y) -> Launch:
             ptr(ids), i32(ids.size), ptr(y), ptr(None))  # no biases
     fn = b.kernels.fn(experts_module(w.type), "expert_matmul")
     return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
+
+
+def unit_tile_call(b: Backend, w, x, used: int, ids, y):
+    """The prompt path with expert_tile where the backend takes expert_tile_sb (a benchmark variant)."""
+    launches = ExpertMatmul([w], x, used, ids, [y], b._expert_scratch(x, ids.size, w.shape[0]), 0).launches(b.kernels)
+    last = launches[-1]
+    launches[-1] = Launch(b.kernels.fn(experts_module(w.type), "expert_tile"), last.grid, last.block, last.args)
+
+    def call():
+        for la in launches:
+            la.run()
+    return call
 
 
 def time_us(cp, call, reps: int, per_graph: int = 10) -> float:
@@ -127,6 +142,12 @@ def bench_shape(name: str, n_tokens: list[int], reps: int, rng) -> list[dict]:
         ref = cp.asnumpy(y_old)
         row = {"shape": name, "type": qtype.name, "n_expert": n_expert, "m": m, "k": k, "top_k": used, "tokens": n,
                "old_us": round(t_old, 2), "tile_us": round(t_tile, 2), "tile_err": rel(cp.asnumpy(y_tile), ref)}
+        if qtype in SB_TYPES and k % 256 == 0:
+            y_unit = cp.full((n * used, m), np.nan, np.float32)
+            t_unit = time_us(cp, unit_tile_call(tile, w_tile, x, used, ids, y_unit), reps)
+            row.update(unit_us=round(t_unit, 2), unit_err=rel(cp.asnumpy(y_unit), ref))
+            print(f"{name:15} {qtype.name:6} {n:4} tok: unit (expert_tile) {t_unit:9.1f} us "
+                  f"(err {row['unit_err']:.1e}), super-block {t_tile:9.1f} us: {t_unit / t_tile:.2f}x", flush=True)
         if t_mv is not None:
             row.update(mv_us=round(t_mv, 2), mv_err=rel(cp.asnumpy(y_mv), ref))
         new = t_mv if takes_mv(n, k) and t_mv is not None else t_tile

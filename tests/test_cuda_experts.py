@@ -446,22 +446,25 @@ def experts_check():
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
 @pytest.mark.parametrize("qtype,runs", [
-    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True), (40, "tile_dp4a", False)]),  # a unit in one sum; slice2_q
-    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False), (3, "tile_dp4a", True)]),  # half by half
+    (GGMLType.Q4_K, [(3, "tile", False), (40, "mv", True), (40, "tile_dp4a", False),  # a unit in one sum; slice2_q
+                     (40, "tile_sb", True), (3, "tile_sb_dp4a", False)]),  # a super-block in one sum
+    (GGMLType.Q6_K, [(40, "tile", True), (3, "mv", False), (3, "tile_dp4a", True),  # half by half
+                     (3, "tile_sb", False), (40, "tile_sb_dp4a", True)]),
     (GGMLType.MXFP4, [(40, "tile", False), (40, "mv", True)]),  # 352 values: a last chunk of 3 units
 ], ids=lambda v: v.name if isinstance(v, GGMLType) else "")
 def test_kernels_on_the_cpu(tmp_path, qtype, runs):
     """expert_group, expert_tile (tensor-core path, fragments as the PTX ISA lays them out; and the
-    dp4a path of HIP and older GPUs) and expert_mv as compiled from experts.cu, run on the CPU:
-    every selection's row written and within int8 rounding of the float64 product; the runs with
-    an x per selection also add the chosen experts' bias rows as they store (a fused ExpertBias)."""
+    dp4a path of HIP and older GPUs), expert_tile_sb (the K-quants against x in groups of 256, both
+    paths) and expert_mv as compiled from experts.cu, run on the CPU: every selection's row written
+    and within int8 rounding of the float64 product; the runs with an x per selection also add the
+    chosen experts' bias rows as they store (a fused ExpertBias)."""
     check = experts_check()
-    exes = {"tile_dp4a": check.build(tmp_path, qtype, dp4a=True)} if any(r[1] == "tile_dp4a" for r in runs) else {}
+    dp4a = check.build(tmp_path, qtype, dp4a=True) if any(r[1].endswith("dp4a") for r in runs) else None
     exe = check.build(tmp_path, qtype)
     for n, kernel, per_row in runs:
         top_k = 4 if per_row else 8
-        err = check.check(exes.get(kernel, exe), tmp_path, qtype, n, top_k, per_row, kernel != "mv",
-                          np.random.default_rng(n), bias=per_row)
+        err = check.check(dp4a if kernel.endswith("dp4a") else exe, tmp_path, qtype, n, top_k, per_row,
+                          kernel != "mv", np.random.default_rng(n), bias=per_row, sb="_sb" in kernel)
         assert err < 2e-2, f"{kernel} at {n} tokens: relative error {err:.2e} (nan: a row left unwritten)"
 
 
@@ -522,10 +525,41 @@ def test_grouped_products_choose_their_kernel_by_shape(n, k):
     for mv_tokens, want_mv in ((-1, n <= (48 if k >= 1536 else 4)), (0, False), (64, n <= 64)):
         assert takes_mv(n, k, mv_tokens) == want_mv
         fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
-        want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.expert_tile"] * 2
+        tile = "expert_tile_sb" if k % 256 == 0 else "expert_tile"  # Q4_K's super-block sums: x in groups of 256
+        want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.{tile}"] * 2
         assert fns == ["ops.quant_x_llama"] + want, (mv_tokens, fns)
     with pytest.raises(ValueError, match="moe_mv_tokens"):
         CudaConfig(moe_mv_tokens=-2)
+
+
+def test_super_block_tiles_only_where_x_rounds_in_groups_of_256():
+    """expert_tile_sb takes the K-quants (Q2_K .. Q6_K) when their x was rounded in groups of 256; a stack
+    whose x was rounded for another type first (groups of 32) and the other 256-value types take expert_tile."""
+    from types import SimpleNamespace
+
+    from ember.backends.cuda.ops import DeviceMatrix
+    from ember.backends.cuda.ops.experts import SB_TYPES, ExpertMatmul, ExpertScratch, tile_kernel
+    from ember.quant.types import layout
+
+    for qt in SB_TYPES:
+        assert (tile_kernel(qt, 256), tile_kernel(qt, 32)) == ("expert_tile_sb", "expert_tile")
+    for qt in (GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.Q8_0, GGMLType.MXFP4):
+        assert tile_kernel(qt, 256) == "expert_tile"
+    n, k, m, n_expert, top_k = 64, 2048, 256, 32, 4
+    for types, tiles in (((GGMLType.Q8_0, GGMLType.Q4_K), ["experts_8.expert_tile", "experts_12.expert_tile"]),
+                         ((GGMLType.Q4_K, GGMLType.Q6_K), ["experts_12.expert_tile_sb", "experts_14.expert_tile_sb"])):
+        ws = [SimpleNamespace(name=f"w{i}", type=qt, shape=(n_expert, m, k),
+                              data=DeviceMatrix(FakeArray((n_expert * m * layout(qt).row_bytes(k),), (1 + i) << 30),
+                                                layout(qt).row_bytes(k)))
+              for i, qt in enumerate(types)]
+        scratch = ExpertScratch(xq=FakeArray((n * k * 2,), 7 << 30), order=FakeArray((n * top_k,), 8 << 30),
+                                tiles=FakeArray((tile_bound(n * top_k, n_expert), 4), 9 << 30),
+                                n_tiles=FakeArray((1,), 10 << 30))
+        ys = [FakeArray((n * top_k, m), (5 + i) << 30) for i in range(2)]
+        launches = ExpertMatmul(ws, FakeArray((n, k), 3 << 30), top_k, FakeArray((n, top_k), 4 << 30), ys, scratch,
+                                0).launches(FakeKernels())
+        assert [la.fn for la in launches][2:] == tiles
+        assert launches[0].args[-1] == (32 if types[0] == GGMLType.Q8_0 else 256)  # quant_x_llama's group
 
 
 def llama_rounded(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -566,7 +600,7 @@ def test_expert_activations_round_as_llama_cpp(group):
     xd = cuda.from_numpy(x)
     xq = cuda.cp.full(n * k + n * (k // 32) * 16, 0xAB, np.uint8)
     fn = cuda.kernels.fn("ops", "quant_x_llama")
-    Launch(fn, (n, -(-k // (4 * group)), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group))).run()
+    Launch(fn, (n, -(-k // 1024), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group))).run()  # 4 warps of 256
     raw = cuda.cp.asnumpy(xq)
     q = raw[:n * k].view(np.int8).reshape(n, k)
     meta = raw[n * k:].view(np.float32).reshape(n, k // 32, 4)

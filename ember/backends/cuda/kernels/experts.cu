@@ -485,12 +485,187 @@ DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restri
         }
 }
 
+#if IS_KQ(QT)
+// ---- expert_tile_sb: K-quant tiles against x rounded in groups of 256 ----
+//
+// quant_x_llama rounds x for the K-quants with one scale a 256 values (dx), so a staged chunk of
+// ET_CH = 8 units is one super-block of each row and one x scale of each selection. The tile sums a
+// super-block's units as integers times their sub-block scales and scales once per super-block:
+//   y += dx * d * sum_u,h sc[u,h] * (q[u,h] . xq[u,h])  -  dmin * sum_u,h mn[u,h] * xs[u,h]
+// (unit_sb; xs = dx * the sum of xq over a unit or half, from quant_x_llama's float4s, a float sum).
+// That is an integer multiply-add per unit (or half) and output where expert_tile takes an
+// int-to-float conversion and two fused multiply-adds. Q3_K and Q6_K have no mins: their codes
+// are staged less their midpoint, and the min term is left out.
+constexpr bool ET_SB_MIN = QT == T_Q2_K || QT == T_Q4_K || QT == T_Q5_K;
+constexpr bool ET_SB_UNIT = QT == T_Q4_K || QT == T_Q5_K;  // a scale and min a unit (the others: a half)
+
+// The integer and min sums of a super-block (nu = ET_CH units staged) into is and ms, by the paths
+// and output places of et_sum. sc_s: a unit's (sc0, sc1, mn0, mn1); xs_s: a selection's float x sums
+// of a unit (x, ET_SB_UNIT) or of its halves (x, y).
+DEVI void et_sum_sb(const u8 (*w_s)[ET_LD], const int4 (*sc_s)[ET_CH + 1], const u8 (*x_s)[ET_LD],
+                    const float2 (*xs_s)[ET_CH], int cnt, int (&is)[4][4], float (&ms)[4][4]) {
+#if ET_MMA
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ra = 16 * (threadIdx.x >> 5) + g, rb = ra + 8;
+#pragma unroll 2
+    for (int u = 0; u < ET_CH; u++) {
+        const u8 *pa = &w_s[ra][32 * u + 4 * q], *pb = &w_s[rb][32 * u + 4 * q];
+        const u32 a0 = *(const u32 *)pa, a1 = *(const u32 *)pb;
+        const u32 a2 = *(const u32 *)(pa + 16), a3 = *(const u32 *)(pb + 16);
+        const int4 sa = sc_s[ra][u], sb = sc_s[rb][u];
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            if (8 * f >= cnt) break;  // alike in the whole warp
+            const u8 *px = &x_s[8 * f + g][32 * u + 4 * q];
+            const u32 b0 = *(const u32 *)px, b1 = *(const u32 *)(px + 16);
+            if constexpr (ET_SB_UNIT) {
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a0, a1, a2, a3, b0, b1);
+                is[f][0] += sa.x * c[0], is[f][1] += sa.x * c[1], is[f][2] += sb.x * c[2], is[f][3] += sb.x * c[3];
+            } else {
+                int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                mma_s8_16832(lo, a0, a1, 0u, 0u, b0, b1);
+                mma_s8_16832(hi, 0u, 0u, a2, a3, b0, b1);
+                is[f][0] += sa.x * lo[0] + sa.y * hi[0], is[f][1] += sa.x * lo[1] + sa.y * hi[1];
+                is[f][2] += sb.x * lo[2] + sb.y * hi[2], is[f][3] += sb.x * lo[3] + sb.y * hi[3];
+            }
+            if constexpr (ET_SB_MIN) {
+                const float2 x0 = xs_s[8 * f + 2 * q][u], x1 = xs_s[8 * f + 2 * q + 1][u];
+                if constexpr (ET_SB_UNIT) {
+                    const float ma = (float)sa.z, mb = (float)sb.z;
+                    ms[f][0] = fmaf(ma, x0.x, ms[f][0]), ms[f][1] = fmaf(ma, x1.x, ms[f][1]);
+                    ms[f][2] = fmaf(mb, x0.x, ms[f][2]), ms[f][3] = fmaf(mb, x1.x, ms[f][3]);
+                } else {
+                    const float ma0 = (float)sa.z, ma1 = (float)sa.w, mb0 = (float)sb.z, mb1 = (float)sb.w;
+                    ms[f][0] = fmaf(ma0, x0.x, fmaf(ma1, x0.y, ms[f][0]));
+                    ms[f][1] = fmaf(ma0, x1.x, fmaf(ma1, x1.y, ms[f][1]));
+                    ms[f][2] = fmaf(mb0, x0.x, fmaf(mb1, x0.y, ms[f][2]));
+                    ms[f][3] = fmaf(mb0, x1.x, fmaf(mb1, x1.y, ms[f][3]));
+                }
+            }
+        }
+    }
+#else
+    const int rg = threadIdx.x & 15, tg = threadIdx.x >> 4;
+    for (int u = 0; u < ET_CH; u++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // ET_SB_UNIT: the halves' sums added before scaling
+            int wq[4][4], sc[4];
+            float mn[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 v = *(const int4 *)&w_s[rg + 16 * i][32 * u + 16 * h];
+                wq[i][0] = v.x, wq[i][1] = v.y, wq[i][2] = v.z, wq[i][3] = v.w;
+                const int4 s4 = sc_s[rg + 16 * i][u];
+                sc[i] = h ? s4.y : s4.x;
+                mn[i] = (float)(h ? s4.w : s4.z);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = tg + 8 * j;
+                if (t >= cnt) break;
+                const int4 xv = *(const int4 *)&x_s[t][32 * u + 16 * h];
+                const float2 xs = xs_s[t][u];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int sum = dp4a(wq[i][0], xv.x, 0);
+                    sum = dp4a(wq[i][1], xv.y, sum);
+                    sum = dp4a(wq[i][2], xv.z, sum);
+                    sum = dp4a(wq[i][3], xv.w, sum);
+                    is[i][j] += sc[i] * sum;
+                    if constexpr (ET_SB_MIN) {
+                        if constexpr (ET_SB_UNIT) {
+                            if (h == 0) ms[i][j] = fmaf(mn[i], xs.x, ms[i][j]);
+                        } else {
+                            ms[i][j] = fmaf(mn[i], h ? xs.y : xs.x, ms[i][j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
+// et_block for the K-quants against x in groups of 256: per super-block, the rows' units decoded
+// (unit_sb) into w_s with their integer scales and mins, the rows' d and dmin, the tile's x rows
+// with their x sums and scale; summed (et_sum_sb), then scaled into acc once.
+DEVI void et_block_sb(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, int r0,
+                      int cnt, const int *xr_s, const int *yr_s, float *__restrict__ y,
+                      const float *__restrict__ bias_e) {
+    __shared__ __align__(16) u8 w_s[ET_ROWS][ET_LD];
+    __shared__ int4 sc_s[ET_ROWS][ET_CH + 1];  // (sc0, sc1, mn0, mn1) of a unit; 36 words a row
+    __shared__ float2 dd_s[ET_ROWS];           // (d, dmin) of the super-block
+    __shared__ __align__(16) u8 x_s[ET_TOK][ET_LD];
+    __shared__ float2 xs_s[ET_TOK][ET_CH];
+    __shared__ float dx_s[ET_TOK];
+    const int tid = threadIdx.x, S = k / 32;
+    const float4 *meta_g = (const float4 *)(xq + (size_t)x_rows * k);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int u0 = 0; u0 < S; u0 += ET_CH) {
+        const u8 *sbp = we + (i64)(u0 / ET_CH) * KQ_BYTES(QT);
+        for (int i = tid; i < ET_ROWS * ET_CH; i += ET_THREADS) {
+            const int r = i / ET_CH, u = i % ET_CH;
+            if (r0 + r >= m) continue;  // never summed into a stored output
+            QUnitSB o;
+            unit_sb<QT>(sbp + (i64)(r0 + r) * row_bytes, u, o);
+            uint4 *dst = (uint4 *)&w_s[r][32 * u];
+            dst[0] = make_uint4((u32)o.q[0], (u32)o.q[1], (u32)o.q[2], (u32)o.q[3]);
+            dst[1] = make_uint4((u32)o.q[4], (u32)o.q[5], (u32)o.q[6], (u32)o.q[7]);
+            sc_s[r][u] = make_int4(o.sc[0], o.sc[1], o.mn[0], o.mn[1]);
+            if (u == 0) dd_s[r] = make_float2(o.d, o.dmin);
+        }
+        for (int i = tid; i < cnt * 2 * ET_CH; i += ET_THREADS) {
+            const int t = i / (2 * ET_CH), c = i % (2 * ET_CH);
+            *(uint4 *)&x_s[t][16 * c] = *(const uint4 *)(xq + (size_t)xr_s[t] * k + 32 * u0 + 16 * c);
+        }
+        for (int i = tid; i < cnt * ET_CH; i += ET_THREADS) {
+            const int t = i / ET_CH, u = i % ET_CH;
+            const float4 mt = meta_g[(size_t)xr_s[t] * S + u0 + u];
+            xs_s[t][u] = ET_SB_UNIT ? make_float2(mt.y + mt.z, 0.f) : make_float2(mt.y, mt.z);
+            if (u == 0) dx_s[t] = mt.x;
+        }
+        __syncthreads();
+        int is[4][4];
+        float ms[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) is[i][j] = 0, ms[i][j] = 0.f;
+        et_sum_sb(w_s, sc_s, x_s, xs_s, cnt, is, ms);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r, t;
+                et_place(i, j, r, t);
+                const float2 dd = dd_s[r];
+                acc[i][j] = fmaf(dx_s[t] * dd.x, (float)is[i][j], acc[i][j]);
+                if constexpr (ET_SB_MIN) acc[i][j] = fmaf(-dd.y, ms[i][j], acc[i][j]);
+            }
+        __syncthreads();  // w_s and x_s are staged again
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r, t;
+            et_place(i, j, r, t);
+            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j] + (bias_e ? bias_e[r0 + r] : 0.f);
+        }
+}
+#endif
+
 // Grid (ceil(m / ET_ROWS), tile bound), ET_THREADS: block (rt, i) computes rows rt * ET_ROWS ..
 // of tile i's expert for its selections (tiles past *n_tiles return); x row of selection s: s / x_div.
-extern "C" __global__ void __launch_bounds__(ET_THREADS)
-    expert_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
-                int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
-                const int *__restrict__ n_tiles, float *__restrict__ y, const float *__restrict__ bias) {
+// expert_tile_sb (the K-quants, x rounded in groups of 256) takes the same arguments.
+template <bool SB>
+DEVI void et_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
+                  int x_rows, int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles,
+                  const int *__restrict__ n_tiles, float *__restrict__ y, const float *__restrict__ bias) {
     __shared__ int sel_s[ET_TOK], xr_s[ET_TOK];
     PDL_ENTER();
     if ((int)blockIdx.y >= *n_tiles) return;
@@ -502,7 +677,27 @@ extern "C" __global__ void __launch_bounds__(ET_THREADS)
         xr_s[tid] = s < 0 ? 0 : s / x_div;
     }
     __syncthreads();  // sel_s, xr_s
-    et_block(w + (i64)tile.x * expert_bytes, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s,
-             y, bias ? bias + (i64)tile.x * m : nullptr);
+    const u8 *we = w + (i64)tile.x * expert_bytes;
+    const float *bias_e = bias ? bias + (i64)tile.x * m : nullptr;
+#if IS_KQ(QT)
+    if constexpr (SB) {
+        et_block_sb(we, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s, y, bias_e);
+        return;
+    }
+#endif
+    et_block(we, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s, y, bias_e);
 }
+
+#define ET_ARGS                                                                                                   \
+    const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, \
+        int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles, const int *__restrict__ n_tiles,  \
+        float *__restrict__ y, const float *__restrict__ bias
+extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile(ET_ARGS) {
+    et_tile<false>(w, row_bytes, expert_bytes, m, k, xq, x_rows, x_div, order, tiles, n_tiles, y, bias);
+}
+#if IS_KQ(QT)
+extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile_sb(ET_ARGS) {
+    et_tile<true>(w, row_bytes, expert_bytes, m, k, xq, x_rows, x_div, order, tiles, n_tiles, y, bias);
+}
+#endif
 #endif

@@ -136,6 +136,100 @@ DEVI int q3_scale(const u8 *sc12, int i) {
     return (low | (high << 4)) - 32;
 }
 
+// The K-quants (256-value super-blocks of 8 units).
+#define IS_KQ(t) ((t) == T_Q2_K || (t) == T_Q3_K || (t) == T_Q4_K || (t) == T_Q5_K || (t) == T_Q6_K)
+#define KQ_BYTES(t) \
+    ((t) == T_Q2_K ? 84 : (t) == T_Q3_K ? 110 : (t) == T_Q4_K ? 144 : (t) == T_Q5_K ? 176 : 210)
+
+// The codes of unit s (0..7) of the K-quant super-block sb as stored (unsigned, int8 packed four
+// to a word as in QUnit):
+//   Q2_K, 84 bytes: scales[16] | qs[64] | f16 d | f16 dmin            (codes 0..3)
+//   Q3_K, 110 bytes: hmask[32] | qs[64] | scales[12] | f16 d          (codes 0..7)
+//   Q4_K, 144 bytes: f16 d | f16 dmin | scales[12] | qs[128]          (codes 0..15)
+//   Q5_K, 176 bytes: f16 d | f16 dmin | scales[12] | qh[32] | qs[128] (codes 0..31)
+//   Q6_K, 210 bytes: ql[128] | qh[64] | i8 scales[16] | f16 d         (codes 0..63)
+template <int TT>
+DEVI void kq_codes(const u8 *__restrict__ sb, int s, int (&q)[8]) {
+    if constexpr (TT == T_Q2_K) {
+        const int c = s >> 2, j = s & 3;
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (int)((ld_u32_a4(sb + 16 + 32 * c + 4 * i) >> (2 * j)) & 0x03030303u);
+    } else if constexpr (TT == T_Q3_K) {
+        const int c = s >> 2, j = s & 3;
+        u32 hm[8], w[8];
+        ld_words_a2<8>(sb, hm);
+        ld_words_a2<8>(sb + 32 + 32 * c, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q[i] = (int)(((w[i] >> (2 * j)) & 0x03030303u) | (((hm[i] >> s) & 0x01010101u) << 2));
+    } else if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        constexpr int qs_at = TT == T_Q4_K ? 16 : 48;
+        const uint4 *qs = (const uint4 *)(sb + qs_at + 32 * (s >> 1));  // 16-byte aligned
+        const uint4 l0 = qs[0], l1 = qs[1];
+        const u32 w[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (int)((w[i] >> shift) & 0x0F0F0F0Fu);
+        if constexpr (TT == T_Q5_K) {
+            const uint4 *qh = (const uint4 *)(sb + 16);
+            const uint4 h0 = qh[0], h1 = qh[1];
+            const u32 hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] |= (int)(((hb[i] >> s) & 0x01010101u) << 4);
+        }
+    } else if constexpr (TT == T_Q6_K) {
+        const int c = s >> 2, k = s & 3;
+        u32 ql[8], qh[8];
+        ld_words_a2<8>(sb + 64 * c + 32 * (k & 1), ql);
+        ld_words_a2<8>(sb + 128 + 32 * c, qh);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            q[i] = (int)(((ql[i] >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4));
+    }
+}
+
+// Four bytes each less c (0 < c <= 128; each byte >= 0 and < 128): int8 results, no borrow between bytes.
+DEVI u32 bytes_minus(u32 w, u32 c) { return ((w | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u; }
+
+// Unit s of a K-quant super-block in integers, for sums over a whole super-block (expert_tile_sb):
+// value = d * sc[h] * q - dmin * mn[h] for half h, q int8. Q3_K and Q6_K (no mins) give their codes
+// less their midpoint (4, 32), mn = 0 and dmin = 0.
+struct QUnitSB {
+    int q[8];
+    int sc[2];
+    int mn[2];
+    float d, dmin;
+};
+
+template <int TT>
+DEVI void unit_sb(const u8 *__restrict__ sb, int s, QUnitSB &o) {
+    kq_codes<TT>(sb, s, o.q);
+    if constexpr (TT == T_Q2_K) {
+        const u32 dd = ld_u32_a4(sb + 80);
+        o.d = h2f((u16)(dd & 0xFFFFu)), o.dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+        for (int h = 0; h < 2; h++) o.sc[h] = sb[2 * s + h] & 15, o.mn[h] = sb[2 * s + h] >> 4;
+    } else if constexpr (TT == T_Q3_K) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o.q[i] = (int)bytes_minus((u32)o.q[i], 4);
+        o.d = ld_f16(sb + 108), o.dmin = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) o.sc[h] = q3_scale(sb + 96, 2 * s + h), o.mn[h] = 0;
+    } else if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+        const u32 dd = ld_u32_a4(sb);
+        o.d = h2f((u16)(dd & 0xFFFFu)), o.dmin = h2f((u16)(dd >> 16));
+        int sc, m;
+        k4_scale_min(sb + 4, s, sc, m);
+        o.sc[0] = o.sc[1] = sc, o.mn[0] = o.mn[1] = m;
+    } else if constexpr (TT == T_Q6_K) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o.q[i] = (int)bytes_minus((u32)o.q[i], 32);
+        o.d = ld_f16(sb + 208), o.dmin = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) o.sc[h] = (i8)sb[192 + 2 * s + h], o.mn[h] = 0;
+    }
+}
+
 template <int TT>
 DEVI void lowbit_unit_q(const u8 *__restrict__ row, int u, QUnit &o);
 
@@ -219,71 +313,38 @@ DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
             o.q[i + 4] = (int)iq4_levels((w >> 4) & 0x0F0F0F0Fu);
         }
         set_ab(o, h2f((u16)(head & 0xFFFFu)) * (float)(ls - 32), 0.f);
-    } else if constexpr (TT == T_Q2_K) {  // 84 bytes: scales[16] | qs[64] | f16 d | f16 dmin
-        const u8 *sb = row + (size_t)(u >> 3) * 84;
-        const int s = u & 7, c = s >> 2, j = s & 3;
-#pragma unroll
-        for (int i = 0; i < 8; i++) o.q[i] = (int)((ld_u32_a4(sb + 16 + 32 * c + 4 * i) >> (2 * j)) & 0x03030303u);
-        const u32 dd = ld_u32_a4(sb + 80);
-        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int sc = sb[2 * s + h];
-            o.a[h] = d * (float)(sc & 15);
-            o.b[h] = -dmin * (float)(sc >> 4);
-        }
-    } else if constexpr (TT == T_Q3_K) {  // 110 bytes: hmask[32] | qs[64] | scales[12] | f16 d
-        const u8 *sb = row + (size_t)(u >> 3) * 110;
-        const int s = u & 7, c = s >> 2, j = s & 3;
-        u32 hm[8], w[8];
-        ld_words_a2<8>(sb, hm);
-        ld_words_a2<8>(sb + 32 + 32 * c, w);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            o.q[i] = (int)(((w[i] >> (2 * j)) & 0x03030303u) | (((hm[i] >> s) & 0x01010101u) << 2));
-        const float d = ld_f16(sb + 108);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            o.a[h] = d * (float)q3_scale(sb + 96, 2 * s + h);
-            o.b[h] = -4.f * o.a[h];
-        }
-    } else if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
-        // Q4_K, 144 bytes: f16 d | f16 dmin | scales[12] | qs[128]
-        // Q5_K, 176 bytes: f16 d | f16 dmin | scales[12] | qh[32] | qs[128]
-        constexpr int size = TT == T_Q4_K ? 144 : 176, qs_at = TT == T_Q4_K ? 16 : 48;
-        const u8 *sb = row + (size_t)(u >> 3) * size;
+    } else if constexpr (IS_KQ(TT)) {
+        const u8 *sb = row + (size_t)(u >> 3) * KQ_BYTES(TT);
         const int s = u & 7;
-        const uint4 *qs = (const uint4 *)(sb + qs_at + 32 * (s >> 1));  // 16-byte aligned
-        const uint4 l0 = qs[0], l1 = qs[1];
-        const u32 w[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-        const int shift = 4 * (s & 1);
+        kq_codes<TT>(sb, s, o.q);
+        if constexpr (TT == T_Q2_K) {
+            const u32 dd = ld_u32_a4(sb + 80);
+            const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
 #pragma unroll
-        for (int i = 0; i < 8; i++) o.q[i] = (int)((w[i] >> shift) & 0x0F0F0F0Fu);
-        if constexpr (TT == T_Q5_K) {
-            const uint4 *qh = (const uint4 *)(sb + 16);
-            const uint4 h0 = qh[0], h1 = qh[1];
-            const u32 hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+            for (int h = 0; h < 2; h++) {
+                const int sc = sb[2 * s + h];
+                o.a[h] = d * (float)(sc & 15);
+                o.b[h] = -dmin * (float)(sc >> 4);
+            }
+        } else if constexpr (TT == T_Q3_K) {
+            const float d = ld_f16(sb + 108);
 #pragma unroll
-            for (int i = 0; i < 8; i++) o.q[i] |= (int)(((hb[i] >> s) & 0x01010101u) << 4);
-        }
-        const u32 dd = ld_u32_a4(sb);
-        int sc, m;
-        k4_scale_min(sb + 4, s, sc, m);
-        set_ab(o, h2f((u16)(dd & 0xFFFFu)) * (float)sc, -(h2f((u16)(dd >> 16)) * (float)m));
-    } else if constexpr (TT == T_Q6_K) {  // 210 bytes: ql[128] | qh[64] | i8 scales[16] | f16 d
-        const u8 *sb = row + (size_t)(u >> 3) * 210;
-        const int s = u & 7, c = s >> 2, k = s & 3;
-        u32 ql[8], qh[8];
-        ld_words_a2<8>(sb + 64 * c + 32 * (k & 1), ql);
-        ld_words_a2<8>(sb + 128 + 32 * c, qh);
+            for (int h = 0; h < 2; h++) {
+                o.a[h] = d * (float)q3_scale(sb + 96, 2 * s + h);
+                o.b[h] = -4.f * o.a[h];
+            }
+        } else if constexpr (TT == T_Q4_K || TT == T_Q5_K) {
+            const u32 dd = ld_u32_a4(sb);
+            int sc, m;
+            k4_scale_min(sb + 4, s, sc, m);
+            set_ab(o, h2f((u16)(dd & 0xFFFFu)) * (float)sc, -(h2f((u16)(dd >> 16)) * (float)m));
+        } else {  // Q6_K
+            const float d = ld_f16(sb + 208);
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            o.q[i] = (int)(((ql[i] >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4));
-        const float d = ld_f16(sb + 208);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            o.a[h] = d * (float)(i8)sb[192 + 2 * s + h];
-            o.b[h] = -32.f * o.a[h];
+            for (int h = 0; h < 2; h++) {
+                o.a[h] = d * (float)(i8)sb[192 + 2 * s + h];
+                o.b[h] = -32.f * o.a[h];
+            }
         }
     } else if constexpr (IS_LOWBIT(TT)) {
         lowbit_unit_q<TT>(row, u, o);

@@ -84,6 +84,16 @@ def llama_group(qtype, k: int) -> int:
     return 256 if layout(qtype).block_size == 256 and k % 256 == 0 else 32
 
 
+# experts.cu IS_KQ: the types expert_tile_sb takes
+SB_TYPES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+
+
+def tile_kernel(qtype, x_group: int) -> str:
+    """expert_tile_sb for the K-quants against x rounded in groups of 256 (integer sums over a super-block,
+    its float scales once), else expert_tile (each unit's sums scaled)."""
+    return "expert_tile_sb" if qtype in SB_TYPES and x_group == 256 else "expert_tile"
+
+
 def takes_mv(n: int, k: int, mv_tokens: int = -1) -> bool:
     """Whether a grouped product of an n-token step over rows of k values takes expert_mv (else
     expert_group + expert_tile): by shape for mv_tokens = -1, else up to mv_tokens tokens."""
@@ -190,7 +200,13 @@ class ExpertMatmul:
         args = (*self._weight_args(w), ptr(sc.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(sc.order),
                 ptr(sc.tiles), ptr(sc.n_tiles), ptr(y), self.bias_arg(i))
         grid = (-(-m // ET_ROWS), tile_bound(self.ids.size, n_expert), 1)
-        return Launch(kernels.fn(experts_module(w.type), "expert_tile"), grid, (ET_THREADS, 1, 1), args)
+        return Launch(kernels.fn(experts_module(w.type), tile_kernel(w.type, self.x_group)), grid, (ET_THREADS, 1, 1),
+                      args)
+
+    @property
+    def x_group(self) -> int:
+        """quant_x_llama's group for this product's x: that of its first quantized matrix."""
+        return llama_group(next(w.type for w in self.ws if quantized(w.type)), self.x.shape[1])
 
 
 @dataclass(eq=False)
