@@ -436,13 +436,15 @@ extern "C" __global__ void route_experts(const float *logits, int *ids, float *w
         sum += fmaxf(p[i], 0.f);
     }
     sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER_LANE; i++) p[i] = p[i] >= 0.f ? p[i] / sum : -1.f;  // the probabilities, once
     float chosen = 0.f;
     for (int u = 0; u < k; u++) {
         float best = -1.f;
         int id = 0x7fffffff;
 #pragma unroll
         for (int i = 0; i < ROUTE_PER_LANE; i++)
-            if (p[i] >= 0.f && p[i] / sum > best) best = p[i] / sum, id = lane + 32 * i;
+            if (p[i] >= 0.f && p[i] > best) best = p[i], id = lane + 32 * i;
         for (int o = 16; o > 0; o >>= 1) {
             const float ob = __shfl_xor_sync(FULL_MASK, best, o);
             const int oid = __shfl_xor_sync(FULL_MASK, id, o);
