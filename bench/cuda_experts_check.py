@@ -10,7 +10,8 @@ on random stacks of several types with x quantized in quant_x's format (numpy, a
 tests/test_cuda_experts.py quantizes it), and their outputs are compared with the float64 product
 of the reference dequantizer; every selection's row must be written (the output starts as NaN).
 expert_tile runs both of its paths: tensor-core
-products (the fragments' layout emulated as the PTX ISA gives it) and dp4a.
+products (the fragments' layout emulated as the PTX ISA gives it) and dp4a. expert_mv runs as a launch of two
+matrices (grid z = 2, the same stack twice), whose two outputs must be equal.
 This checks the kernels' own indexing, staging and barriers, which the numpy runs of the algorithm
 in the tests do not see; not their speed, nor what only a GPU does (memory model, occupancy).
 
@@ -248,11 +249,14 @@ int main(int argc, char **argv) {
             expert_tile(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, order.data(),
                         (const int4 *)tiles.data(), n_tiles.data(), y.data(), bias);
         });
-    } else {
-        launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)std::min(n_expert, n_sel), 1}, {EMV_T, 1, 1}, [&] {
+    } else {  // two matrices in one launch (grid z), the second the same stack: the same outputs twice
+        std::vector<float> y_b((size_t)n_sel * m, NAN);
+        launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)std::min(n_expert, n_sel), 2}, {EMV_T, 1, 1}, [&] {
             expert_mv(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, ids.data(), n_sel, n_expert,
-                      group, y.data(), bias);
+                      group, y.data(), bias, w.data(), y_b.data(), bias);
         });
+        for (size_t i = 0; i < y.size(); i++)
+            if (!(y[i] == y_b[i]) && !(std::isnan(y[i]) && std::isnan(y_b[i]))) return 7;  // z = 1's blocks differ
     }
     fwrite(y.data(), 4, y.size(), out);
     fclose(out);

@@ -501,8 +501,8 @@ class FakeKernels:
 @pytest.mark.parametrize("n", [1, 4, 5, 8, 16, 48, 49, 512])
 def test_grouped_products_choose_their_kernel_by_shape(n, k):
     """By default (moe_mv_tokens -1) steps of up to EMV_TOKENS tokens over rows of at least EMV_MIN_K
-    values, and of up to EMV_SHORT_TOKENS over shorter rows, take expert_mv, one launch a matrix after
-    quant_x_llama; others the tiles (one expert_group for all the matrices, then an expert_tile each); a
+    values, and of up to EMV_SHORT_TOKENS over shorter rows, take expert_mv, one launch for both matrices
+    after quant_x_llama; others the tiles (one expert_group for all the matrices, then an expert_tile each); a
     fixed moe_mv_tokens overrides the shape."""
     from types import SimpleNamespace
 
@@ -526,8 +526,11 @@ def test_grouped_products_choose_their_kernel_by_shape(n, k):
         assert takes_mv(n, k, mv_tokens) == want_mv
         fns = [la.fn for la in ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())]
         tile = "expert_tile_sb" if k % 256 == 0 else "expert_tile"  # Q4_K's super-block sums: x in groups of 256
-        want = [f"{mod}.expert_mv"] * 2 if want_mv else [f"{mod}.expert_group"] + [f"{mod}.{tile}"] * 2
+        want = [f"{mod}.expert_mv"] if want_mv else [f"{mod}.expert_group"] + [f"{mod}.{tile}"] * 2
         assert fns == ["ops.quant_x_llama"] + want, (mv_tokens, fns)
+        if want_mv:  # both matrices (one type and shape) in one launch: grid z = 2, the second's pointers after
+            la = ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())[1]
+            assert la.grid[2] == 2 and [int(a) for a in la.args[-3:-1]] == [ws[1].data.buf.data.ptr, 6 << 30]
     with pytest.raises(ValueError, match="moe_mv_tokens"):
         CudaConfig(moe_mv_tokens=-2)
 

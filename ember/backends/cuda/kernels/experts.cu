@@ -113,7 +113,9 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 
 // ---- decode: expert_mv ----
 //
-// Grid (ceil(m / EMV_ROWS), min(n_expert, n_sel)), EMV_WARPS warps. Block (tile, slot) takes the
+// Grid (ceil(m / EMV_ROWS), min(n_expert, n_sel), 1 or 2), EMV_WARPS warps: blocks of z = 1 take the second
+// matrix (w_b, y_b, bias_b: a stack of the same type and shape, as gate and up), so a step's two latency-bound
+// products share one launch. Block (tile, slot) takes the
 // slot-th chosen expert e (chosen_expert, where fewer selections than experts leave most experts
 // unchosen; past the chosen ones it returns), else expert slot; lists the selections that chose e
 // (none: it returns, e's weights untouched), then, group by group of at most `group` (<= EMV_NMAX)
@@ -129,8 +131,10 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     expert_mv(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
               int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int n_expert, int group,
-              float *__restrict__ y, const float *__restrict__ bias) {
+              float *__restrict__ y, const float *__restrict__ bias, const u8 *__restrict__ w_b,
+              float *__restrict__ y_b, const float *__restrict__ bias_b) {
     PDL_ENTER();
+    if (blockIdx.z) w = w_b, y = y_b, bias = bias_b;
     extern __shared__ __align__(16) u8 xs_s[];  // (group, k) int8, then (group, k/32) float4
     __shared__ int list[EXP_LIST];
     __shared__ int count;

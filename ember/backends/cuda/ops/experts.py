@@ -154,7 +154,7 @@ class ExpertMatmul:
             return out
         out.append(self._quant_x(kernels, self.ws[quant[0]].type))
         if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
-            return out + [self._mv(kernels, i) for i in quant]
+            return out + [self._mv(kernels, pair) for pair in self._mv_pairs(quant)]
         return out + [self._group(kernels, self.ws[quant[0]])] + [self._tile(kernels, i) for i in quant]
 
     def _weight_args(self, w) -> tuple:
@@ -176,17 +176,32 @@ class ExpertMatmul:
         args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
         return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // 1024), 1), (128, 1, 1), args)  # 4 warps of 256
 
-    def _mv(self, kernels, i: int) -> Launch:
-        w, y = self.ws[i], self.ys[i]
+    def _mv_pairs(self, quant: list[int]) -> list[list[int]]:
+        """The quantized matrices in launches of expert_mv: two of one type and shape (gate and up) share one."""
+        out: list[list[int]] = []
+        for i in quant:
+            w = self.ws[i]
+            if out and len(out[-1]) == 1 and (self.ws[out[-1][0]].type, self.ws[out[-1][0]].shape) == (w.type, w.shape):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
+    def _mv(self, kernels, pair: list[int]) -> Launch:
+        """expert_mv over one matrix, or two of one type and shape (grid z: which)."""
+        w, y = self.ws[pair[0]], self.ys[pair[0]]
         n_expert, m, k = w.shape
         group = mv_group(k)
         smem = group * (k + k // 2)
         fn = kernels.fn(experts_module(w.type), "expert_mv")
         allow_smem(fn, smem + EMV_STATIC_SMEM)
+        second = (ptr(self.ws[pair[1]].data.buf), ptr(self.ys[pair[1]]), self.bias_arg(pair[1])) if len(pair) == 2 \
+            else (ptr(None), ptr(None), ptr(None))
         args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
-                i32(self.ids.size), i32(n_expert), i32(group), ptr(y), self.bias_arg(i))
+                i32(self.ids.size), i32(n_expert), i32(group), ptr(y), self.bias_arg(pair[0]), *second)
         # a block row per expert that can have been chosen: at most one per selection
-        return Launch(fn, (-(-m // EMV_ROWS), min(n_expert, self.ids.size), 1), (EMV_THREADS, 1, 1), args, smem)
+        grid = (-(-m // EMV_ROWS), min(n_expert, self.ids.size), len(pair))
+        return Launch(fn, grid, (EMV_THREADS, 1, 1), args, smem)
 
     def _group(self, kernels, w) -> Launch:
         sc = self.scratch
