@@ -42,8 +42,8 @@ def backends():
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
-    """A GGUF file of stacked experts (N_EXPERT, ROWS, COLS) of each type, a Q4_K stack of MANY, and
-    one whose unchosen experts (all but 0, 3 and 5) are NaN."""
+    """A GGUF file of stacked experts (N_EXPERT, ROWS, COLS) of each type (and a second of Q4_K and MXFP4), a
+    Q4_K stack of MANY, and one whose unchosen experts (all but 0, 3 and 5) are NaN."""
     import gguf
 
     path = tmp_path_factory.mktemp("cuda_experts") / "experts.gguf"
@@ -62,6 +62,9 @@ def stacks(tmp_path_factory):
             continue
         data = weight(rng, qtype, N_EXPERT * ROWS, COLS, 0.05)
         w.add_tensor(qtype.name, data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+    for qtype in (GGMLType.Q4_K, GGMLType.MXFP4):  # a second stack of the type and shape: pairs of matrices
+        data = weight(rng, qtype, N_EXPERT * ROWS, COLS, 0.05)
+        w.add_tensor(qtype.name + "_b", data.reshape(N_EXPERT, ROWS, -1), raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
     many = weight(rng, GGMLType.Q4_K, MANY[0] * MANY[1], MANY[2], 0.05)
     w.add_tensor("many_experts", many.reshape(MANY[0], MANY[1], -1), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
     nan = rng.normal(0, 0.05, (N_EXPERT, ROWS, COLS)).astype(np.float32)
@@ -108,6 +111,25 @@ def test_expert_matmuls(backends, stacks, qtype, n, k, per_row):
     want = np.empty((n * k, ROWS))
     ref.expert_matmuls([ref.weight(t)], x.astype(np.float64), ids, [want])
     assert rel_err(cuda.to_numpy(got), want) < limit(qtype)
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 4], ids=lambda n: f"{n}tok")  # 4 tokens x 4: a slot per expert
+def test_two_stacks_of_one_type_share_a_decode_launch(backends, stacks, qtype, n):
+    """Gate and up of one type and shape take one expert_mv launch (grid z) at decode sizes: each
+    output is its own matrix's product."""
+    cuda, ref = backends
+    names = [qtype.name, qtype.name + "_b"]
+    ids = routed(n, 4, seed=n)
+    x = np.random.default_rng(5).normal(0, 1, (n, COLS)).astype(np.float32)
+    got = [poisoned(cuda, (n * 4, ROWS)) for _ in names]
+    cuda.expert_matmuls([cuda.weight(stacks.tensors[m]) for m in names], cuda.from_numpy(x), cuda.from_numpy(ids), got)
+    for name, out in zip(names, got):
+        want = np.empty((n * 4, ROWS))
+        ref.expert_matmuls([ref.weight(stacks.tensors[name])], x.astype(np.float64), ids, [want])
+        assert rel_err(cuda.to_numpy(out), want) < limit(qtype), name
 
 
 @pytest.mark.cuda
