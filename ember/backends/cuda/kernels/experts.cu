@@ -692,15 +692,15 @@ DEVI void et_tile(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int
     et_block(we, row_bytes, m, k, xq, x_rows, blockIdx.x * ET_ROWS, tile.z, xr_s, sel_s, y, bias_e);
 }
 
-#define ET_ARGS                                                                                                   \
+#define ET_PARAMS                                                                                                   \
     const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq, int x_rows, \
         int x_div, const int *__restrict__ order, const int4 *__restrict__ tiles, const int *__restrict__ n_tiles,  \
         float *__restrict__ y, const float *__restrict__ bias
-extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile(ET_ARGS) {
+extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile(ET_PARAMS) {
     et_tile<false>(w, row_bytes, expert_bytes, m, k, xq, x_rows, x_div, order, tiles, n_tiles, y, bias);
 }
 #if IS_KQ(QT)
-extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile_sb(ET_ARGS) {
+extern "C" __global__ void __launch_bounds__(ET_THREADS) expert_tile_sb(ET_PARAMS) {
     et_tile<true>(w, row_bytes, expert_bytes, m, k, xq, x_rows, x_div, order, tiles, n_tiles, y, bias);
 }
 #endif
