@@ -7,8 +7,8 @@ test_cuda_families.py.) Those tests are skipped, with the reason, where CuPy or 
 
 The device-free tests below them run the grouped products' algorithm in numpy step by step as the
 kernels do (the selections sorted into tiles as expert_group does, x quantized as quant_x does,
-each unit's integer dot products and per-half scales as expert_tile sums them) against the same
-float64 reference, so the arithmetic is checked before any GPU runs it; and the kernels themselves,
+each unit's integer dot products and per-half scales as expert_tile sums them, and the K-quants'
+super-block sums as expert_tile_sb does) against the same float64 reference, so the arithmetic is checked before any GPU runs it; and the kernels themselves,
 compiled from experts.cu as host C++ (bench/cuda_experts_check.py), run on the CPU."""
 from __future__ import annotations
 
@@ -294,10 +294,12 @@ def unit_form(raw: np.ndarray, qtype: GGMLType) -> tuple[np.ndarray, np.ndarray,
     raise ValueError(f"no unit form for {qtype.name}")
 
 
-def quant_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (rows, k) as quant_x writes it: q (rows, k/32, 32) and (d, d * sum of each half) (rows, k/32, 3)."""
+def quant_x(x: np.ndarray, group: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """x (rows, k) as quant_x writes it: q (rows, k/32, 32) and (d, d * sum of each half) (rows, k/32, 3),
+    d shared by each group of 32 values (or of 256, as quant_x_llama rounds x for the K-quants)."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
+    dg = (np.abs(x.reshape(x.shape[0], -1, group)).max(-1) / np.float32(127)).astype(np.float32)
+    d = np.repeat(dg, group // 32, axis=1)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(blocks * inv[..., None]).astype(np.int64)
     halves = q.reshape(q.shape[0], q.shape[1], 2, 16).sum(-1).astype(np.float32)
@@ -369,6 +371,85 @@ def tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarr
                     acc += d * wa[e, rows, u, h][None] * dots + wb[e, rows, u, h][None] * xs
             y[sel, rows] = acc
     return y
+
+
+def sb_form(raw: np.ndarray, qtype: GGMLType):
+    """Rows of K-quant blocks as expert_tile_sb stages them (quant.cuh unit_sb): q (rows, units, 32) int,
+    integer scales and mins (rows, units, 2) per half, d and dmin (rows, super-blocks): value =
+    d * sc * q - dmin * mn. Q6_K's codes less 32, no mins."""
+    rows = raw.shape[0]
+    if qtype == GGMLType.Q4_K:
+        sb = raw.reshape(rows, -1, 144)
+        d, dmin = (sb[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in (0, 2))
+        sc12 = sb[..., 4:16].astype(np.int64)
+        sc = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 15) | ((sc12[..., 0:4] >> 6) << 4)], -1)
+        mn = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
+        qs = sb[..., 16:].reshape(rows, -1, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, -1, 32).astype(np.int64)
+        sc, mn = sc.reshape(rows, -1), mn.reshape(rows, -1)
+        return q, np.stack([sc, sc], -1), np.stack([mn, mn], -1), d, dmin
+    if qtype == GGMLType.Q6_K:
+        q, a, _ = unit_form(raw, qtype)
+        sb = raw.reshape(rows, -1, 210)
+        d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+        sc = sb[..., 192:208].view(np.int8).astype(np.int64).reshape(rows, -1, 2)
+        return q - 32, sc, np.zeros_like(sc), d, np.zeros_like(d)
+    raise ValueError(f"no super-block form for {qtype.name}")
+
+
+def sb_tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarray, x_div: int) -> np.ndarray:
+    """y (n_sel, m) as expert_tile_sb computes it: x rounded in groups of 256; per tile and super-block an
+    integer sum of each unit's (Q6_K: each half's) integer dot product times its integer scale, the mins'
+    term as a float sum beside it, then acc += dx * d * sum - dmin * mins in f32."""
+    n_expert, m = raw.shape[:2]
+    wq, wsc, wmn, wd, wdmin = sb_form(raw.reshape(n_expert * m, -1), qtype)
+    units = wq.shape[1]
+    wq = wq.reshape(n_expert, m, units, 2, 16)
+    wsc, wmn = wsc.reshape(n_expert, m, units, 2), wmn.reshape(n_expert, m, units, 2).astype(np.float32)
+    wd, wdmin = wd.reshape(n_expert, m, -1), wdmin.reshape(n_expert, m, -1)
+    xq, meta = quant_x(x, 256)
+    xq = xq.reshape(x.shape[0], units, 2, 16)
+    order, tiles = group(ids, n_expert)
+    y = np.full((ids.size, m), np.nan, np.float32)
+    for e, start, cnt in tiles:
+        sel = order[start:start + cnt]
+        xr = sel // x_div
+        acc = np.zeros((cnt, m), np.float32)
+        for b in range(units // 8):
+            isum = np.zeros((cnt, m), np.int64)
+            msum = np.zeros((cnt, m), np.float32)
+            for u in range(8 * b, 8 * b + 8):
+                for h in range(2):
+                    isum += (xq[xr, u, h] @ wq[e, :, u, h].T) * wsc[e, :, u, h][None]
+                    msum += wmn[e, :, u, h][None] * meta[xr, u, 1 + h][:, None]
+            dx = meta[xr, 8 * b, 0][:, None]
+            acc += (dx * wd[e, :, b][None]) * isum.astype(np.float32) - wdmin[e, :, b][None] * msum
+        y[sel] = acc
+    return y
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [3, 64], ids=lambda n: f"{n}tok")
+def test_super_block_sums_against_the_float_reference(qtype, n):
+    """expert_tile_sb's staged form (unit_sb: d * sc * q - dmin * mn) is the reference dequantizer, its
+    integer sums stay inside int32, and its arithmetic (x in groups of 256, a super-block's integer sums times
+    integer scales, the float scales once) is within the decode products' error of the float64 product."""
+    rng = np.random.default_rng(n)
+    raw = weight(rng, qtype, N_EXPERT * ROWS, COLS, 0.05).reshape(N_EXPERT, ROWS, -1)
+    q, sc, mn, d, dmin = sb_form(raw.reshape(N_EXPERT * ROWS, -1), qtype)
+    rows, units = q.shape[:2]
+    d8, dmin8 = (np.repeat(v, 8, axis=1)[..., None, None] for v in (d, dmin))  # a super-block's 8 units
+    values = d8 * sc[..., None] * q.reshape(rows, units, 2, 16) - dmin8 * mn[..., None]
+    np.testing.assert_allclose(values.reshape(rows, -1), dequantize(raw.reshape(rows, -1), qtype), rtol=1e-5,
+                               atol=1e-8)
+    bound = 8 * 2 * 16 * np.abs(q).max() * 127 * np.abs(sc).max()  # 8 units, 2 halves of 16 products each
+    assert bound < 2 ** 31
+    ids = routed(n, 4, seed=n)
+    x = rng.normal(0, 1, (n, COLS)).astype(np.float32)
+    got = sb_tile_products(raw, qtype, x, ids, 4)
+    dense = dequantize(raw.reshape(-1), qtype).reshape(N_EXPERT, ROWS, COLS).astype(np.float64)
+    want = np.einsum("sij,sj->si", dense[ids.reshape(-1)], x[np.arange(n * 4) // 4])
+    assert rel_err(got, want) < limit(qtype)
 
 
 EMULATED = [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4]
