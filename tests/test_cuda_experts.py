@@ -256,6 +256,33 @@ def test_expert_bias_and_clamped_swiglu(backends, stacks):
 
 # ---- the grouped products' algorithm in numpy (no GPU) ----
 
+def sb_form(raw: np.ndarray, qtype: GGMLType):
+    """Rows of K-quant blocks as expert_tile_sb stages them (quant.cuh unit_sb): q (rows, units, 32) int,
+    integer scales and mins (rows, units, 2) per half, d and dmin (rows, super-blocks): value =
+    d * sc * q - dmin * mn. Q6_K's codes less 32, no mins."""
+    rows = raw.shape[0]
+    if qtype == GGMLType.Q4_K:
+        sb = raw.reshape(rows, -1, 144)
+        d, dmin = (sb[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in (0, 2))
+        sc12 = sb[..., 4:16].astype(np.int64)
+        sc = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 15) | ((sc12[..., 0:4] >> 6) << 4)], -1)
+        mn = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
+        qs = sb[..., 16:].reshape(rows, -1, 4, 32)  # chunks of 64 values: low nibbles, then high
+        q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, -1, 32).astype(np.int64)
+        sc, mn = sc.reshape(rows, -1), mn.reshape(rows, -1)
+        return q, np.stack([sc, sc], -1), np.stack([mn, mn], -1), d, dmin
+    if qtype == GGMLType.Q6_K:
+        sb = raw.reshape(rows, -1, 210)
+        ql, qh = sb[..., :128].reshape(rows, -1, 2, 2, 32), sb[..., 128:192].reshape(rows, -1, 2, 32)
+        d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+        q = np.empty((rows, sb.shape[1], 2, 4, 32), np.int64)  # (half of 128, k = unit in it)
+        for k in range(4):
+            q[:, :, :, k] = ((ql[:, :, :, k & 1] >> (4 * (k >> 1))) & 15) | (((qh >> (2 * k)) & 3) << 4)
+        sc = sb[..., 192:208].view(np.int8).astype(np.int64).reshape(rows, -1, 2)  # a scale per 16
+        return q.reshape(rows, -1, 32) - 32, sc, np.zeros_like(sc), d, np.zeros_like(d)
+    raise ValueError(f"no super-block form for {qtype.name}")
+
+
 def unit_form(raw: np.ndarray, qtype: GGMLType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of GGUF blocks (rows, row_bytes) as unit_q (quant.cuh) decodes them: q (rows, units, 32)
     small integers, a and b (rows, units, 2) f32, value = a[h] * q + b[h] for half h of a unit."""
@@ -270,27 +297,13 @@ def unit_form(raw: np.ndarray, qtype: GGMLType) -> tuple[np.ndarray, np.ndarray,
         q = levels[np.concatenate([blk[..., 1:] & 15, blk[..., 1:] >> 4], -1)]
         a = np.ldexp(np.float32(1), blk[..., 0].astype(np.int32) - 128).astype(np.float32)
         return q, np.stack([a, a], -1), np.zeros(a.shape + (2,), np.float32)
-    if qtype == GGMLType.Q4_K:
-        sb = raw.reshape(rows, -1, 144)
-        d, dmin = (sb[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in (0, 2))
-        sc12 = sb[..., 4:16].astype(np.int64)
-        sc = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 15) | ((sc12[..., 0:4] >> 6) << 4)], -1)
-        mn = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
-        qs = sb[..., 16:].reshape(rows, -1, 4, 32)  # chunks of 64 values: low nibbles, then high
-        q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, -1, 32).astype(np.int64)
-        a = (d[..., None] * sc.astype(np.float32)).reshape(rows, -1)
-        b = (-(dmin[..., None] * mn.astype(np.float32))).reshape(rows, -1)
-        return q, np.stack([a, a], -1), np.stack([b, b], -1)
-    if qtype == GGMLType.Q6_K:
-        sb = raw.reshape(rows, -1, 210)
-        ql, qh = sb[..., :128].reshape(rows, -1, 2, 2, 32), sb[..., 128:192].reshape(rows, -1, 2, 32)
-        d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-        q = np.empty((rows, sb.shape[1], 2, 4, 32), np.int64)  # (half of 128, k = unit in it)
-        for k in range(4):
-            q[:, :, :, k] = ((ql[:, :, :, k & 1] >> (4 * (k >> 1))) & 15) | (((qh >> (2 * k)) & 3) << 4)
-        a = d[..., None] * sb[..., 192:208].view(np.int8).astype(np.float32)  # (rows, sbs, 16): a scale per 16
-        a = a.reshape(rows, -1, 2)
-        return q.reshape(rows, -1, 32), a, -32 * a
+    if qtype in (GGMLType.Q4_K, GGMLType.Q6_K):  # the super-block form's integer scales times d (and dmin)
+        q, sc, mn, d, dmin = sb_form(raw, qtype)
+        d8, dmin8 = (np.repeat(v, 8, axis=1)[..., None] for v in (d, dmin))  # a super-block's 8 units
+        a = d8 * sc.astype(np.float32)
+        if qtype == GGMLType.Q6_K:  # the codes as stored, their midpoint in b
+            return q + 32, a, -32 * a
+        return q, a, -(dmin8 * mn.astype(np.float32))
     raise ValueError(f"no unit form for {qtype.name}")
 
 
@@ -371,30 +384,6 @@ def tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarr
                     acc += d * wa[e, rows, u, h][None] * dots + wb[e, rows, u, h][None] * xs
             y[sel, rows] = acc
     return y
-
-
-def sb_form(raw: np.ndarray, qtype: GGMLType):
-    """Rows of K-quant blocks as expert_tile_sb stages them (quant.cuh unit_sb): q (rows, units, 32) int,
-    integer scales and mins (rows, units, 2) per half, d and dmin (rows, super-blocks): value =
-    d * sc * q - dmin * mn. Q6_K's codes less 32, no mins."""
-    rows = raw.shape[0]
-    if qtype == GGMLType.Q4_K:
-        sb = raw.reshape(rows, -1, 144)
-        d, dmin = (sb[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in (0, 2))
-        sc12 = sb[..., 4:16].astype(np.int64)
-        sc = np.concatenate([sc12[..., 0:4] & 63, (sc12[..., 8:12] & 15) | ((sc12[..., 0:4] >> 6) << 4)], -1)
-        mn = np.concatenate([sc12[..., 4:8] & 63, (sc12[..., 8:12] >> 4) | ((sc12[..., 4:8] >> 6) << 4)], -1)
-        qs = sb[..., 16:].reshape(rows, -1, 4, 32)
-        q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, -1, 32).astype(np.int64)
-        sc, mn = sc.reshape(rows, -1), mn.reshape(rows, -1)
-        return q, np.stack([sc, sc], -1), np.stack([mn, mn], -1), d, dmin
-    if qtype == GGMLType.Q6_K:
-        q, a, _ = unit_form(raw, qtype)
-        sb = raw.reshape(rows, -1, 210)
-        d = sb[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-        sc = sb[..., 192:208].view(np.int8).astype(np.int64).reshape(rows, -1, 2)
-        return q - 32, sc, np.zeros_like(sc), d, np.zeros_like(d)
-    raise ValueError(f"no super-block form for {qtype.name}")
 
 
 def sb_tile_products(raw: np.ndarray, qtype: GGMLType, x: np.ndarray, ids: np.ndarray, x_div: int) -> np.ndarray:
