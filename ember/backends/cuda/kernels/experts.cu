@@ -433,6 +433,34 @@ DEVI void et_sum(const u8 (*w_s)[ET_LD], const float4 (*ab_s)[ET_CH + 1], const 
 #endif
 }
 
+// A unit's 32 int8 values (QUnit / QUnitSB q) into a staged row at dst (16-byte aligned).
+DEVI void et_put_q(u8 *dst, const int (&q)[8]) {
+    uint4 *d = (uint4 *)dst;
+    d[0] = make_uint4((u32)q[0], (u32)q[1], (u32)q[2], (u32)q[3]);
+    d[1] = make_uint4((u32)q[4], (u32)q[5], (u32)q[6], (u32)q[7]);
+}
+
+// The tile's x rows (xq rows xr_s[t], t < cnt), units u0 .. u0 + nu - 1, into x_s, 16 bytes at a time.
+DEVI void et_stage_x(u8 (*x_s)[ET_LD], const u8 *__restrict__ xq, const int *xr_s, int cnt, int k, int u0, int nu) {
+    for (int i = threadIdx.x; i < cnt * 2 * nu; i += ET_THREADS) {
+        const int t = i / (2 * nu), c = i % (2 * nu);
+        *(uint4 *)&x_s[t][16 * c] = *(const uint4 *)(xq + (size_t)xr_s[t] * k + 32 * u0 + 16 * c);
+    }
+}
+
+// A thread's 16 outputs (places: et_place) into y rows yr_s[t] (t < cnt, rows r0 + r < m), plus the bias row.
+DEVI void et_store(const float (&acc)[4][4], int cnt, int r0, int m, const int *yr_s, float *__restrict__ y,
+                   const float *__restrict__ bias_e) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r, t;
+            et_place(i, j, r, t);
+            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j] + (bias_e ? bias_e[r0 + r] : 0.f);
+        }
+}
+
 // One block's tile: rows r0 .. r0 + ET_ROWS - 1 of the matrix at we (m rows of row_bytes) against
 // cnt <= ET_TOK rows of xq (x_rows rows, k values): tile row t reads xq row xr_s[t] and writes y
 // row yr_s[t] (y (.., m)), plus the expert's bias row bias_e where not null; both lists in shared
@@ -461,16 +489,11 @@ DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restri
             if (r0 + r >= m) continue;  // never summed into a stored output
             QUnit o;
             unit_q<QT>(we + (i64)(r0 + r) * row_bytes, u0 + u, o);
-            uint4 *dst = (uint4 *)&w_s[r][32 * u];
-            dst[0] = make_uint4((u32)o.q[0], (u32)o.q[1], (u32)o.q[2], (u32)o.q[3]);
-            dst[1] = make_uint4((u32)o.q[4], (u32)o.q[5], (u32)o.q[6], (u32)o.q[7]);
+            et_put_q(&w_s[r][32 * u], o.q);
             ab_s[r][u] = make_float4(o.a[0], o.a[1], o.b[0], o.b[1]);
         }
-        // x: the tile's rows, 16 bytes at a time, and their float4s
-        for (int i = tid; i < cnt * 2 * nu; i += ET_THREADS) {
-            const int t = i / (2 * nu), c = i % (2 * nu);
-            *(uint4 *)&x_s[t][16 * c] = *(const uint4 *)(xq + (size_t)xr_s[t] * k + 32 * u0 + 16 * c);
-        }
+        // x: the tile's rows and their float4s
+        et_stage_x(x_s, xq, xr_s, cnt, k, u0, nu);
         for (int i = tid; i < cnt * nu; i += ET_THREADS) {
             const int t = i / nu, u = i % nu;
             xm_s[t][u] = meta_g[(size_t)xr_s[t] * S + u0 + u];
@@ -479,14 +502,7 @@ DEVI void et_block(const u8 *we, i64 row_bytes, int m, int k, const u8 *__restri
         et_sum(w_s, ab_s, x_s, xm_s, nu, cnt, acc);
         __syncthreads();  // w_s and x_s are staged again
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int r, t;
-            et_place(i, j, r, t);
-            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j] + (bias_e ? bias_e[r0 + r] : 0.f);
-        }
+    et_store(acc, cnt, r0, m, yr_s, y, bias_e);
 }
 
 #if IS_KQ(QT)
@@ -616,16 +632,11 @@ DEVI void et_block_sb(const u8 *we, i64 row_bytes, int m, int k, const u8 *__res
             if (r0 + r >= m) continue;  // never summed into a stored output
             QUnitSB o;
             unit_sb<QT>(sbp + (i64)(r0 + r) * row_bytes, u, o);
-            uint4 *dst = (uint4 *)&w_s[r][32 * u];
-            dst[0] = make_uint4((u32)o.q[0], (u32)o.q[1], (u32)o.q[2], (u32)o.q[3]);
-            dst[1] = make_uint4((u32)o.q[4], (u32)o.q[5], (u32)o.q[6], (u32)o.q[7]);
+            et_put_q(&w_s[r][32 * u], o.q);
             sc_s[r][u] = make_int4(o.sc[0], o.sc[1], o.mn[0], o.mn[1]);
             if (u == 0) dd_s[r] = make_float2(o.d, o.dmin);
         }
-        for (int i = tid; i < cnt * 2 * ET_CH; i += ET_THREADS) {
-            const int t = i / (2 * ET_CH), c = i % (2 * ET_CH);
-            *(uint4 *)&x_s[t][16 * c] = *(const uint4 *)(xq + (size_t)xr_s[t] * k + 32 * u0 + 16 * c);
-        }
+        et_stage_x(x_s, xq, xr_s, cnt, k, u0, ET_CH);
         for (int i = tid; i < cnt * ET_CH; i += ET_THREADS) {
             const int t = i / ET_CH, u = i % ET_CH;
             const float4 mt = meta_g[(size_t)xr_s[t] * S + u0 + u];
@@ -652,14 +663,7 @@ DEVI void et_block_sb(const u8 *we, i64 row_bytes, int m, int k, const u8 *__res
             }
         __syncthreads();  // w_s and x_s are staged again
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int r, t;
-            et_place(i, j, r, t);
-            if (t < cnt && r0 + r < m) y[(i64)yr_s[t] * m + r0 + r] = acc[i][j] + (bias_e ? bias_e[r0 + r] : 0.f);
-        }
+    et_store(acc, cnt, r0, m, yr_s, y, bias_e);
 }
 #endif
 
