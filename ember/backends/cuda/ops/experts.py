@@ -152,7 +152,7 @@ class ExpertMatmul:
         quant = [i for i, w in enumerate(self.ws) if quantized(w.type)]
         if not quant:
             return out
-        out.append(self._quant_x(kernels, self.ws[quant[0]].type))
+        out.append(self._quant_x(kernels))
         if takes_mv(self.ids.shape[0], self.x.shape[1], self.mv_tokens):
             return out + [self._mv(kernels, pair) for pair in self._mv_pairs(quant)]
         return out + [self._group(kernels, self.ws[quant[0]])] + [self._tile(kernels, i) for i in quant]
@@ -169,10 +169,10 @@ class ExpertMatmul:
         fn = kernels.fn(experts_module(w.type), "expert_matmul")
         return Launch(fn, (-(-m // EXP_ROWS), n_expert, 1), (32 * EXP_ROWS, 1, 1), args)
 
-    def _quant_x(self, kernels, qtype) -> Launch:
-        """x quantized as llama.cpp's CPU rounds it for weights of qtype (quant_x_llama)."""
+    def _quant_x(self, kernels) -> Launch:
+        """x quantized as llama.cpp's CPU rounds it for the first quantized matrix's type (quant_x_llama)."""
         rows, k = self.x.shape
-        group = llama_group(qtype, k)
+        group = self.x_group
         args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
         return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // 1024), 1), (128, 1, 1), args)  # 4 warps of 256
 
