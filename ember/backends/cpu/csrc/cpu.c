@@ -83,14 +83,15 @@ const char *ember_cpu_features(void) {
 #if defined(EMBER_X86)
     static const char *names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
                                   "avx512vl", "avx512dq", "avx512vnni", "avx512bf16", "avxvnni", "gfni"};
-    int has[13] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
-                   __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
-                   __builtin_cpu_supports("f16c"), __builtin_cpu_supports("avx512f"),
-                   __builtin_cpu_supports("avx512bw"), __builtin_cpu_supports("avx512vl"),
-                   __builtin_cpu_supports("avx512dq"), __builtin_cpu_supports("avx512vnni"),
-                   __builtin_cpu_supports("avx512bf16"), __builtin_cpu_supports("avxvnni"),
-                   __builtin_cpu_supports("gfni")};
-    for (int i = 0; i < 13; i++) {
+    int has[] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
+                 __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
+                 __builtin_cpu_supports("f16c"), __builtin_cpu_supports("avx512f"),
+                 __builtin_cpu_supports("avx512bw"), __builtin_cpu_supports("avx512vl"),
+                 __builtin_cpu_supports("avx512dq"), __builtin_cpu_supports("avx512vnni"),
+                 __builtin_cpu_supports("avx512bf16"), __builtin_cpu_supports("avxvnni"),
+                 __builtin_cpu_supports("gfni")};
+    _Static_assert(sizeof names / sizeof *names == sizeof has / sizeof *has, "a name for each feature");
+    for (int i = 0; i < (int)(sizeof has / sizeof *has); i++) {
         if (has[i]) {
             strcat(buf, buf[0] ? " " : "");
             strcat(buf, names[i]);
