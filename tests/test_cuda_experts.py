@@ -654,7 +654,7 @@ def test_super_block_tiles_only_where_x_rounds_in_groups_of_256():
         launches = ExpertMatmul(ws, FakeArray((n, k), 3 << 30), top_k, FakeArray((n, top_k), 4 << 30), ys, scratch,
                                 0).launches(FakeKernels())
         assert [la.fn for la in launches][2:] == tiles
-        assert launches[0].args[-1] == (32 if types[0] == GGMLType.Q8_0 else 256)  # quant_x_llama's group
+        assert launches[0].args[4] == (32 if types[0] == GGMLType.Q8_0 else 256)  # quant_x_llama's group
 
 
 def llama_rounded(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -684,7 +684,7 @@ def test_expert_activations_round_as_llama_cpp(group):
     """quant_x_llama: the int8 values and scales of llama.cpp's Q8_K (K-quant weights) or Q8_0 (the
     others) to the bit, in quant_x's layout, with each half block's sum of values beside the scale."""
     from ember.backends.cuda import Backend
-    from ember.backends.cuda.ops.base import Launch, i32, ptr
+    from ember.backends.cuda.ops.base import Launch, f32, i32, ptr
 
     cuda = Backend()
     n, k = 5, 1280
@@ -695,7 +695,8 @@ def test_expert_activations_round_as_llama_cpp(group):
     xd = cuda.from_numpy(x)
     xq = cuda.cp.full(n * k + n * (k // 32) * 16, 0xAB, np.uint8)
     fn = cuda.kernels.fn("ops", "quant_x_llama")
-    Launch(fn, (n, -(-k // 1024), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group))).run()  # 4 warps of 256
+    Launch(fn, (n, -(-k // 1024), 1), (128, 1, 1), (ptr(xd), ptr(xq), i32(n), i32(k), i32(group), ptr(None),
+                                                     ptr(None), i32(0), f32(0), f32(0))).run()  # 4 warps of 256
     raw = cuda.cp.asnumpy(xq)
     q = raw[:n * k].view(np.int8).reshape(n, k)
     meta = raw[n * k:].view(np.float32).reshape(n, k // 32, 4)
@@ -704,6 +705,41 @@ def test_expert_activations_round_as_llama_cpp(group):
     np.testing.assert_array_equal(meta[..., 0], want_d)
     halves = want_q.reshape(n, k // 32, 2, 16).astype(np.int64).sum(axis=3)
     np.testing.assert_allclose(meta[..., 1:3], want_d[..., None] * halves, rtol=1e-6)
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("act", ["silu", "gelu", "swiglu_oai"])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.MXFP4], ids=lambda t: t.name)
+def test_gated_activation_rounded_in_one_pass(backends, stacks, act, qtype):
+    """A down product whose quant_x_llama computes the gated activation (the fused GatedAct/SwigluOai):
+    the activation stored where the elementwise kernel stores it and the products bit for bit those of
+    the two launches, at 1 token (expert_mv) and 40 (the tiles), in place on gate as the model runs it."""
+    from ember.backends.cuda._fuse import fuse
+    from ember.backends.cuda.ops import GatedAct
+    from ember.backends.cuda.ops.experts import ExpertMatmul, SwigluOai
+
+    cuda, _ = backends
+    stack = cuda.weight(stacks.tensors[qtype.name])
+    for n in (1, 40):
+        rng = np.random.default_rng(n)
+        gate0 = (rng.standard_normal((n * 4, COLS)) * 3).astype(np.float32)
+        up0 = rng.standard_normal((n * 4, COLS)).astype(np.float32)
+        ids = cuda.from_numpy(routed(n, 4, seed=n))
+        results = []
+        for fused in (False, True):
+            gate, up = cuda.from_numpy(gate0), cuda.from_numpy(up0)
+            y = poisoned(cuda, (n * 4, ROWS))
+            act_op = SwigluOai(gate, up, gate, 1.702, 7.0) if act == "swiglu_oai" else GatedAct(act, gate, up, gate)
+            ops = [act_op, ExpertMatmul([stack], gate, 1, ids, [y], cuda._expert_scratch(gate, n * 4, N_EXPERT), -1)]
+            ops = fuse(ops, None) if fused else ops
+            assert len(ops) == (1 if fused else 2)
+            for op in ops:
+                for la in op.launches(cuda.kernels):
+                    la.run()
+            results.append((cuda.to_numpy(gate), cuda.to_numpy(y)))
+        np.testing.assert_array_equal(results[1][0], results[0][0])
+        np.testing.assert_array_equal(results[1][1], results[0][1])
 
 
 @pytest.mark.parametrize("n", [8, 64, 65, 512])

@@ -974,9 +974,9 @@ def test_expert_biases_fold_into_the_products(n):
     ids = Addr(n, 4, dtype=np.int32)
     ops, (bg, bu, bd) = moe_ops(n, ids)
     fused = fuse(ops, counter)
-    assert [type(op).__name__ for op in fused] == ["ExpertMatmul", "SwigluOai", "ExpertMatmul", "ExpertSum"]
-    assert fused[0].biases == [bg, bu] and fused[2].biases == [bd]
-    for op in (fused[0], fused[2]):
+    assert [type(op).__name__ for op in fused] == ["ExpertMatmul", "ExpertMatmul", "ExpertSum"]  # the act in the down's
+    assert fused[0].biases == [bg, bu] and fused[1].biases == [bd]
+    for op in (fused[0], fused[1]):
         launches = op.launches(FakeKernels())
         products = [la for la in launches if la.fn[1] in ("expert_mv", "expert_tile")]
         assert products and {la.fn[1] for la in products} == {"expert_mv" if n == 1 else "expert_tile"}
@@ -989,6 +989,44 @@ def test_expert_biases_fold_into_the_products(n):
     apart = [ops[0], ExpertBias(ops[0].ys[0], bg, other), ExpertBias(Addr(n * 4, 512), bu, ids)]
     assert [type(op) for op in fuse(apart, counter)] == [ExpertMatmul, ExpertBias, ExpertBias]
     assert fuse(apart, counter)[0].biases is None
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "swiglu_oai"])
+@pytest.mark.parametrize("n", [1, 64])
+def test_expert_activation_folds_into_the_down_products_rounding(act, n):
+    """The gated activation between the experts' gate/up and down products goes into the down product's
+    quant_x_llama launch, which reads gate and up, stores act(gate) * up where the activation stored it
+    and rounds it: one launch a layer fewer. Not where the down product reads something else, x is shared
+    by a token's selections, a stack is float (its launch reads x before quant_x_llama), or out partly
+    overlaps gate."""
+    from ember.backends.cuda.ops import GatedAct
+    from ember.backends.cuda.ops.experts import ACT_CODES, ExpertMatmul, SwigluOai
+
+    ids = Addr(n, 4, dtype=np.int32)
+    ops, _ = moe_ops(n, ids, qtype=GGMLType.Q4_K)
+    g, u = ops[0].ys
+    ops[3] = SwigluOai(g, u, g, 1.702, 7.0) if act == "swiglu_oai" else GatedAct(act, g, u, g)
+    fused = fuse(ops, counter)
+    assert [type(op).__name__ for op in fused] == ["ExpertMatmul", "ExpertMatmul", "ExpertSum"]
+    assert fused[1].act is ops[3]
+    launches = fused[1].launches(FakeKernels())
+    assert [la.fn[1] for la in launches][0] == "quant_x_llama"
+    args = [int(a) if a.dtype.kind in "iu" else float(a) for a in launches[0].args]
+    assert args[0] == g.data.ptr and args[5:8] == [u.data.ptr, g.data.ptr, ACT_CODES[act]]
+    assert args[8:] == ([pytest.approx(1.702), 7.0] if act == "swiglu_oai" else [0.0, 0.0])
+    # unfused, the launch reads x alone
+    plain_args = ops[4].launches(FakeKernels())[0].args
+    assert int(plain_args[0]) == g.data.ptr and [int(a) for a in plain_args[5:8]] == [0, 0, 0]
+
+    def down(x, x_div=1, qtype=GGMLType.Q4_K):
+        return ExpertMatmul([expert_stack(8, 256, 512, qtype)], x, x_div, ids, [Addr(n * 4, 256)], ops[4].scratch, -1)
+
+    gated = GatedAct("silu", g, u, g)
+    assert len(fuse([gated, down(Addr(n * 4, 512))], counter)) == 2  # reads other rows
+    assert len(fuse([gated, down(g, 4)], counter)) == 2  # one x a token
+    assert len(fuse([gated, down(g, qtype=GGMLType.F16)], counter)) == 2  # a float stack
+    shifted = Addr(n * 4, 512, at=g.data.ptr + 4 * 8)  # out starting inside gate
+    assert len(fuse([GatedAct("silu", g, u, shifted), down(shifted)], counter)) == 2
 
 
 def test_expert_launch_arguments_match_the_kernels():

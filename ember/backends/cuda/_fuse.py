@@ -12,6 +12,8 @@ First, pairs as the ops arrive:
   Matmul(-> h) + NormAdd(h, r)           -> Matmul whose tail normalises h and adds it into r
   ExpertMatmul(-> y) + ExpertBias(y)     -> ExpertMatmul adding the chosen experts' bias rows as it
                                             stores y (gpt-oss: three launches a layer fewer)
+  GatedAct/SwigluOai(-> a) + ExpertMatmul(a) -> ExpertMatmul whose quant_x_llama computes a from gate
+                                            and up as it rounds it (and stores it): a launch a layer fewer
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
   QkvPost + Attention, one token per sequence -> Attention doing the QkvPost's work (decode steps)
 
@@ -54,7 +56,8 @@ from .ops import (
     Rope,
     Tail,
 )
-from .ops.experts import ExpertBias, ExpertMatmul
+from .ops.base import quantized
+from .ops.experts import ExpertBias, ExpertMatmul, SwigluOai
 
 
 def fuse(ops: list, new_counter: Callable | None = None) -> list:
@@ -90,7 +93,24 @@ def merge_pair(a, b, new_counter):
         return norm_add_into_tail(a, b, new_counter)
     if isinstance(a, ExpertMatmul) and isinstance(b, ExpertBias):
         return bias_into_experts(a, b)
+    if isinstance(a, (GatedAct, SwigluOai)) and isinstance(b, ExpertMatmul):
+        return act_into_experts(a, b)
     return None
+
+
+def act_into_experts(act, em: ExpertMatmul):
+    """em whose x is act's out, computed by its quant_x_llama launch from act's gate and up. Only where
+    every matrix is quantized (float stacks read x itself, before that launch) and x is one row a
+    selection. The launch reads gate[i] and up[i] and writes out[i] in one thread, so out may be gate or
+    up exactly but must not partly overlap them."""
+    if em.act is not None or em.x_div != 1 or not same(em.x, act.out) or any(not quantized(w.type) for w in em.ws):
+        return None
+    if not (act.gate.shape == act.up.shape == act.out.shape):
+        return None
+    for src in (act.gate, act.up):
+        if overlap(act.out, src) and not same(act.out, src):
+            return None
+    return replace(em, act=act)
 
 
 def bias_into_experts(em: ExpertMatmul, eb: ExpertBias):

@@ -225,6 +225,21 @@ __device__ __forceinline__ float gelu_tanh_f(float g) {
     return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
 }
 
+// Gated activations of a feed-forward: act(gate) * up. ACT_OAI is gpt-oss's clamped form:
+// g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit). The elementwise
+// kernels and quant_x_llama (which rounds the activation for the down products) share this one
+// definition, so the two paths give the same bits. Codes as ops/experts.py ACT_CODES.
+#define ACT_NONE 0
+#define ACT_SILU 1
+#define ACT_GELU 2
+#define ACT_OAI 3
+__device__ __forceinline__ float gated_act(int act, float g, float u, float alpha, float limit) {
+    if (act == ACT_SILU) return silu_f(g) * u;
+    if (act == ACT_GELU) return gelu_tanh_f(g) * u;
+    const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    return gc / (1.f + expf(-alpha * gc)) * (uc + 1.f);
+}
+
 // ---- attention inputs: per-head RMS norms and rotary embedding ----
 // Used by ops.cu (rope, qkv_post) and by attention.cu's attn, which does qkv_post's work itself
 // in decode steps.

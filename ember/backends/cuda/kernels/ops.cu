@@ -107,14 +107,14 @@ extern "C" __global__ void norm_add(float *h, const float *w, float *x, int rows
 extern "C" __global__ void silu_mul(const float *gate, const float *up, float *out, i64 n) {
     PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = silu_f(gate[i]) * up[i];
+    if (i < n) out[i] = gated_act(ACT_SILU, gate[i], up[i], 0.f, 0.f);
 }
 
 // out (n,) = gelu_tanh(gate) * up
 extern "C" __global__ void gelu_mul(const float *gate, const float *up, float *out, i64 n) {
     PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = gelu_tanh_f(gate[i]) * up[i];
+    if (i < n) out[i] = gated_act(ACT_GELU, gate[i], up[i], 0.f, 0.f);
 }
 
 // out (n,) = a + b   (out may alias a or b)
@@ -314,18 +314,21 @@ extern "C" __global__ void __launch_bounds__(128)
 // (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
 // values j * 32 + l.
 extern "C" __global__ void __launch_bounds__(128)
-    quant_x_llama(const float *__restrict__ x, u8 *__restrict__ xq, int n, int k, int group) {
+    quant_x_llama(const float *x, u8 *__restrict__ xq, int n, int k, int group, const float *up, float *act_out,
+                  int act, float alpha, float limit) {
     PDL_ENTER();
     const int r = blockIdx.x, lane = threadIdx.x & 31;
     float4 *meta = (float4 *)(xq + (size_t)n * k);
+    // value i of the row: x[i], or (act != ACT_NONE) the gated activation of gate x[i] and up[i], which is
+    // also stored to act_out[i] below (each element read and written by one thread: act_out may be x or up)
+#define QXL_LOAD(i) (act == ACT_NONE ? x[i] : gated_act(act, x[i], up[i], alpha, limit))
     if (group == 32) {  // eight groups a warp: their loads in flight together, their reductions side by side
         const int b0 = (blockIdx.y * 4 + (threadIdx.x >> 5)) * 8, nb = k >> 5;
         if (b0 >= nb) return;
-        const float *xr = x + (size_t)r * k;
         float v[8], amax[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            v[j] = b0 + j < nb ? xr[32 * (b0 + j) + lane] : 0.f;
+            v[j] = b0 + j < nb ? QXL_LOAD((size_t)r * k + 32 * (b0 + j) + lane) : 0.f;
             amax[j] = fabsf(v[j]);
         }
         for (int o = 16; o > 0; o >>= 1)
@@ -341,19 +344,20 @@ extern "C" __global__ void __launch_bounds__(128)
             const int s_hi = __shfl_sync(FULL_MASK, s, 16);
             const size_t idx = (size_t)r * k + 32 * (b0 + j) + lane;
             xq[idx] = (u8)(q & 0xFF);
+            if (act != ACT_NONE) act_out[idx] = v[j];
             if (lane == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
         }
         return;
     }
     const int g = blockIdx.y * 4 + (threadIdx.x >> 5);  // group 256: a warp a group
     if (g * group >= k) return;
-    const float *xr = x + (size_t)r * k + (size_t)g * group;
+    const size_t base = (size_t)r * k + (size_t)g * group;
     float v[8];
     float amax = 0.f;
     int at = 1 << 30;  // index of the first value of largest magnitude (this lane's, then the warp's)
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        v[j] = xr[j * 32 + lane];
+        v[j] = QXL_LOAD(base + j * 32 + lane);
         const float a = fabsf(v[j]);
         if (a > amax) amax = a, at = j * 32 + lane;
     }
@@ -362,7 +366,12 @@ extern "C" __global__ void __launch_bounds__(128)
         const int at2 = __shfl_xor_sync(FULL_MASK, at, o);
         if (a2 > amax || (a2 == amax && at2 < at)) amax = a2, at = at2;
     }
-    const float m = amax > 0.f ? xr[at] : 0.f;
+    float mine = 0.f;  // the value at `at`, from the registers of the lane that holds it
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j == (at >> 5)) mine = v[j];
+    mine = __shfl_sync(FULL_MASK, mine, at & 31);
+    const float m = amax > 0.f ? mine : 0.f;
     const float mul = amax > 0.f ? -127.f / m : 0.f, d = amax > 0.f ? 1.f / mul : 0.f;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -370,10 +379,12 @@ extern "C" __global__ void __launch_bounds__(128)
         int s = q;
         for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);  // sums over each half of 16
         const int s_hi = __shfl_sync(FULL_MASK, s, 16);
-        const size_t idx = (size_t)r * k + (size_t)g * group + j * 32 + lane;
+        const size_t idx = base + j * 32 + lane;
         xq[idx] = (u8)(q & 0xFF);
+        if (act != ACT_NONE) act_out[idx] = v[j];
         if (lane == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
     }
+#undef QXL_LOAD
 }
 
 // Encoders (BERT): x (rows, d) -> out = (x - mean) / sqrt(var + eps) * w + b over each row; w, b (d,) or
@@ -507,9 +518,7 @@ extern "C" __global__ void swiglu_oai(const float *gate, const float *up, float 
                                       float limit) {
     PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
-    out[i] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
+    if (i < n) out[i] = gated_act(ACT_OAI, gate[i], up[i], alpha, limit);
 }
 
 // The prompt products through the BLAS library take x in f16: xh (n, k) = x * s_t, s_t the row's

@@ -63,6 +63,15 @@ def regroup_mxfp4(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, -1)[:, :device_row_bytes(GGMLType.MXFP4, k)]
 
 
+# Gated activations quant_x_llama can compute as it rounds x (common.cuh ACT_*)
+ACT_CODES = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
+
+
+def act_code(op) -> int:
+    """The ACT_* code of a GatedAct ("silu", "gelu") or SwigluOai."""
+    return ACT_CODES[op.act]
+
+
 def experts_module(qtype) -> str:
     return f"experts_{int(qtype)}"
 
@@ -142,6 +151,9 @@ class ExpertMatmul:
     scratch: ExpertScratch
     mv_tokens: int  # CudaConfig.moe_mv_tokens: -1 by shape (takes_mv), else steps up to this many tokens
     biases: list | None = None  # per matrix: stacked biases (n_expert, m_i) f32 (a Weight), or None
+    # A GatedAct or SwigluOai whose out is x, done by quant_x_llama as it rounds x (_fuse.py): x is then
+    # computed from the activation's gate and up, and also stored to its out
+    act: Any = None
 
     def bias_arg(self, i: int) -> np.uint64:
         b = self.biases[i] if self.biases else None
@@ -173,7 +185,10 @@ class ExpertMatmul:
         """x quantized as llama.cpp's CPU rounds it for the first quantized matrix's type (quant_x_llama)."""
         rows, k = self.x.shape
         group = self.x_group
-        args = (ptr(self.x), ptr(self.scratch.xq), i32(rows), i32(k), i32(group))
+        a = self.act
+        act = (ptr(a.gate), ptr(a.up), ptr(a.out), i32(act_code(a)), f32(getattr(a, "alpha", 0.0)),
+               f32(getattr(a, "limit", 0.0))) if a is not None else (ptr(self.x), ptr(None), ptr(None), i32(0), f32(0), f32(0))
+        args = (act[0], ptr(self.scratch.xq), i32(rows), i32(k), i32(group), *act[1:])
         return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // 1024), 1), (128, 1, 1), args)  # 4 warps of 256
 
     def _mv_pairs(self, quant: list[int]) -> list[list[int]]:
@@ -257,6 +272,7 @@ class ExpertBias:
 class SwigluOai:
     """out = g * sigmoid(alpha * g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit)."""
 
+    act = "swiglu_oai"  # not a field: its name in ACT_CODES, as GatedAct's act
     gate: Any
     up: Any
     out: Any
