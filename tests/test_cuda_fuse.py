@@ -721,6 +721,24 @@ def test_one_row_products_of_few_blocks_widen_their_teams():
     assert fill_team_log2(2, 16, 100, 128, 132) == 5
 
 
+def test_float_rows_take_lane_steps_of_sixteen_bytes():
+    """Float decode products step a lane through 16-byte vectors (4 values of F32, 8 of F16), so their
+    teams are sized by those: a MoE router (128 F32 rows of 2048, one token) takes teams of 128 lanes,
+    four vectors a lane, where 32-value slices would have left it at a warp a team, two slices a lane."""
+    from ember.backends.cuda.ops.matmul import float_vec
+
+    assert (float_vec(GGMLType.F32), float_vec(GGMLType.F16), float_vec(GGMLType.BF16)) == (4, 8, 8)
+
+    def geometry(rows, k, qtype):
+        op = Matmul([mat(rows, k, qtype)], Addr(1, k), [Addr(1, rows)], n_sm=132)
+        (launch,) = op.launches(FakeKernels())
+        return launch.grid[0], int(launch.args[18])  # blocks, team_log2
+
+    assert geometry(128, 2048, GGMLType.F32) == (64, 7)
+    assert geometry(128, 2048, GGMLType.F16) == (64, 7)  # 256 vectors: two a lane
+    assert geometry(4096, 4096, GGMLType.F16)[1] == 5  # enough teams: a warp each, 16 vectors a lane
+
+
 def test_one_row_products_load_their_first_weights_before_the_wait():
     """pre_dec: the 32-value block types hold a lane's first steps on mv_n1 and mv_n1_store (two
     with a norm prologue, whose own work follows the wait), Q4_K and Q5_K one step (as raw bytes)

@@ -219,23 +219,31 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
                                             const MvPre &pre, int use_pre) {
     const int k = run.k, S = k / 32;
     if constexpr (QFLOAT) {
-#pragma unroll 2
-        for (int s = lane; s < S; s += T) {
+        // lane steps of one 16-byte vector of each row (float_vec), lane p, p + T, ...: a warp's loads
+        // are 512 contiguous bytes; both rows' vectors loaded before either is summed
+        constexpr int VEC = float_vec<QT>();
+        const int P = k / VEC;
+#pragma unroll 4
+        for (int p = lane; p < P; p += T) {
+            float wv[2][VEC];
+            if (ok0) vec_f<QT>(w0, p, wv[0]);
+            if (ok1) vec_f<QT>(w1, p, wv[1]);
 #pragma unroll
-            for (int jb = 0; jb < 2; jb++) {
-                if (!(jb == 0 ? ok0 : ok1)) continue;
-                float wv[32];
-                unit_f<QT>(jb == 0 ? w0 : w1, s, wv);
+            for (int j = 0; j < NMAX; j++) {
+                if (j >= nl) break;
+                const float4 *xv = (const float4 *)(run.x + (size_t)(j0 + j) * k + VEC * p);
+                float xs[VEC];
 #pragma unroll
-                for (int j = 0; j < NMAX; j++) {
-                    if (j >= nl) break;
-                    const float4 *xv = (const float4 *)(run.x + (size_t)(j0 + j) * k + 32 * s);
+                for (int i = 0; i < VEC / 4; i++) {
+                    const float4 f = xv[i];
+                    xs[4 * i] = f.x, xs[4 * i + 1] = f.y, xs[4 * i + 2] = f.z, xs[4 * i + 3] = f.w;
+                }
+#pragma unroll
+                for (int jb = 0; jb < 2; jb++) {
+                    if (!(jb == 0 ? ok0 : ok1)) continue;
                     float sum = 0.f;
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const float4 f = xv[i];
-                        sum += wv[4 * i] * f.x + wv[4 * i + 1] * f.y + wv[4 * i + 2] * f.z + wv[4 * i + 3] * f.w;
-                    }
+                    for (int i = 0; i < VEC; i++) sum += wv[jb][i] * xs[i];
                     acc[jb][j] += sum;
                 }
             }

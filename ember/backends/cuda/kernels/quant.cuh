@@ -386,6 +386,27 @@ DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
     }
 }
 
+// Float rows read 16 bytes at a time: vector p of a row is values VEC * p .. VEC * p + VEC - 1
+// (4 of F32, 8 of F16 or BF16), one 16-byte load, so that neighbouring lanes read neighbouring bytes.
+template <int TT>
+__host__ __device__ constexpr int float_vec() { return TT == T_F32 ? 4 : 8; }
+template <int TT>
+DEVI void vec_f(const u8 *__restrict__ row, int p, float *v) {
+    if constexpr (TT == T_F32) {
+        const float4 f = ((const float4 *)row)[p];
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        const uint4 h = ((const uint4 *)row)[p];
+        const u32 w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u16 lo = (u16)(w[j] & 0xFFFFu), hi = (u16)(w[j] >> 16);
+            v[2 * j] = TT == T_F16 ? h2f(lo) : bf2f(lo);
+            v[2 * j + 1] = TT == T_F16 ? h2f(hi) : bf2f(hi);
+        }
+    }
+}
+
 // ---- slices: what one lane of a decode product reads at a time ----
 //
 // A row of a quantized type is cut into k/32 slices of 32 values, as two halves of 16 values

@@ -71,6 +71,11 @@ def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
     return limit if qtype in BATCH_MV_TYPES else min(limit, 8)
 
 
+def float_vec(qtype: GGMLType) -> int:
+    """Values of a float row a decode lane reads at a time: one 16-byte load (quant.cuh float_vec)."""
+    return 4 if qtype == GGMLType.F32 else 8
+
+
 def team_log2(k: int, teams: int = 1 << 30, wide: bool = True) -> int:
     """Lanes per pair of output rows: about four 32-value slices per lane, 4 to 32 lanes; for long
     rows of few teams, up to a block of 128 lanes while that keeps two slices per lane, so that
@@ -488,11 +493,13 @@ class Matmul:
             threads = 32 << tl
         else:
             teams = ws[0].shape[0] if self.mode in GATED else -(-sum(w.shape[0] for w in ws) // 2)
-            tl = team_log2(k // spl, teams * n_groups)
+            # lane steps of a row: slices of 32 values (two for the K-quants), 16-byte vectors for floats
+            steps = k // 32 // spl if quantized(ws[0].type) else k // float_vec(ws[0].type)
+            tl = team_log2(32 * steps, teams * n_groups)
             # a prologue's row lies in registers, 8 values a lane (PRO_REG): longer rows take more warps
             threads = MVQ_THREADS if k > 8 * MV_THREADS and self.in_prologue() else MV_THREADS
             if n == 1 and sum(w.shape[0] * w.data.row_bytes for w in ws) >= MV_FILL_MIN_BYTES:
-                tl = fill_team_log2(tl, k // 32 // spl, teams, threads, self.n_sm)
+                tl = fill_team_log2(tl, steps, teams, threads, self.n_sm)
             tblocks = -(-teams // (threads >> tl))
         # mv_n1_occ (80 registers) where mv_n1's blocks (128: two of 256 or four of 128 threads a
         # multiprocessor) would not all fit at once
