@@ -1,5 +1,6 @@
 """Speed of the CUDA decode products alone (the matrix-vector kernels mv_nN) over 1-8 activation
-rows, at Llama-3.1-8B's and Llama-3.2-1B's matrix shapes in the Q4_K_M mix (not a test).
+rows, at Llama-3.1-8B's and Llama-3.2-1B's matrix shapes in the Q4_K_M mix, and float ones (MoE
+routers in F32, an F16 model's products) (not a test).
 
 The weights of one decode step are read once whatever the rows: a product of n rows should cost
 about what one row's does. For each shape and n, the time of one product (its quant_x launch
@@ -51,6 +52,11 @@ SHAPES = {
     "8b-o": (T.Q4_K, [4096], 4096),
     "1b-gate-up": (T.Q4_K, [8192, 8192], 2048),
     "1b-down": (T.Q6_K, [2048], 8192),
+    # float matrices: a MoE router (Qwen3-30B-A3B's 128 experts; gpt-oss's 32) and an F16 model's products
+    "router-qwen3": (T.F32, [128], 2048),
+    "router-gpt-oss": (T.F32, [32], 2880),
+    "8b-qkv-f16": (T.F16, [4096, 1024, 1024], 4096),
+    "1b-gate-up-f16": (T.F16, [8192, 8192], 2048),
 }
 BASE_ROWS = 512  # distinct rows made (random blocks); the matrices repeat them
 STREAM_BYTES = 400 << 20  # copies of a shape's matrices cycled through: several times any L2
@@ -65,10 +71,11 @@ class Tensor:
 
 
 def bench_shape(name: str, rows_list: list[int], variants: list[str], reps: int, rng) -> list[dict]:
-    from synth import random_blocks
+    from synth import random_blocks, weight
 
     qtype, ms, k = SHAPES[name]
-    base = random_blocks(rng, qtype, BASE_ROWS, k, 0.05)
+    float_type = qtype in (T.F32, T.F16, T.BF16)  # random bytes would be NaNs: normal values instead
+    base = (weight if float_type else random_blocks)(rng, qtype, BASE_ROWS, k, 0.05).reshape(BASE_ROWS, -1)
     w_ref = dequantize(base.reshape(-1), qtype).reshape(BASE_ROWS, k).astype(np.float64)
     tensors = [Tensor(f"{name}.{j}", qtype, base, m, k) for j, m in enumerate(ms)]
     nbytes = sum(t.data.nbytes for t in tensors)

@@ -319,6 +319,12 @@ def test_rows_norms_and_top_k(gpu, ref):
         gpu.rms_norm(g, gw, 1e-5, g if in_place else go)
         ref.rms_norm(r, rw, 1e-5, r if in_place else ro)
         close(gpu.to_numpy(g if in_place else go), r if in_place else ro)
+    long_x, long_w = rng.standard_normal((2, 4600)), rng.uniform(0.5, 1.5, 4600)  # past the registers' 4096
+    for in_place in (True, False):
+        (g, r), (go, ro) = both(gpu, ref, long_x), both(gpu, ref, np.zeros_like(long_x))
+        gpu.rms_norm(g, vector(gpu, long_w), 1e-5, g if in_place else go)
+        ref.rms_norm(r, vector(ref, long_w), 1e-5, r if in_place else ro)
+        close(gpu.to_numpy(g if in_place else go), r if in_place else ro)
     for onto_h in (True, False):  # x += h then a norm of x (one pass on the device), onto h or elsewhere
         h = rng.standard_normal((6, 128))
         (g, r), (gh, rh), (go, ro) = both(gpu, ref, x), both(gpu, ref, h), both(gpu, ref, np.zeros_like(x))
@@ -361,6 +367,19 @@ def test_residual_add_and_norm_in_one_dispatch_on_long_rows(gpu, ref):
             close(gpu.to_numpy(gh if over_h else go), rh if over_h else ro)
 
 
+def post_norm_add_norm(gpu, ref, x, h, post, nxt):
+    """h normed in place, added into x, the next norm onto h: one dispatch, as the separate ops give."""
+    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+    before = len(gpu._step().dispatches)
+    for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+        b.rms_norm(hh, vector(b, post) if post is not None else None, 1e-6, hh)
+        b.add(xx, hh, xx)
+        b.rms_norm(xx, vector(b, nxt) if nxt is not None else None, 1e-6, hh)
+    assert len(gpu._step().dispatches) == before + 1
+    close(gpu.to_numpy(gx), rx)
+    close(gpu.to_numpy(gh), rh)
+
+
 def test_norms_fused_into_one_dispatch(gpu, ref):
     """Queries' then keys' per-head norms in place: one dispatch; a block's output normed in place,
     added to the residual stream and the next norm taken onto it (post-norm families): one
@@ -378,18 +397,13 @@ def test_norms_fused_into_one_dispatch(gpu, ref):
         assert len(gpu._step().dispatches) == before + 1
         close(gpu.to_numpy(gq), rq)
         close(gpu.to_numpy(gk), rk)
+    for d in (96, 4600):  # and rows longer than a thread's registers hold (16 x 256 values), the rest re-read
+        x, h = rng.standard_normal((5, d)), rng.standard_normal((5, d)) * 4
+        post, nxt = rng.uniform(0.5, 1.5, d), rng.uniform(0.5, 1.5, d)
+        for weights in (True, False):
+            post_norm_add_norm(gpu, ref, x, h, post if weights else None, nxt if weights else None)
     x, h = rng.standard_normal((5, 96)), rng.standard_normal((5, 96)) * 4
     post, nxt = rng.uniform(0.5, 1.5, 96), rng.uniform(0.5, 1.5, 96)
-    for weights in (True, False):
-        (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
-        before = len(gpu._step().dispatches)
-        for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
-            b.rms_norm(hh, vector(b, post) if weights else None, 1e-6, hh)
-            b.add(xx, hh, xx)
-            b.rms_norm(xx, vector(b, nxt) if weights else None, 1e-6, hh)
-        assert len(gpu._step().dispatches) == before + 1
-        close(gpu.to_numpy(gx), rx)
-        close(gpu.to_numpy(gh), rh)
     (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)  # another eps: three dispatches, same values
     before = len(gpu._step().dispatches)
     for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
