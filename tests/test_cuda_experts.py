@@ -221,6 +221,24 @@ def test_expert_sum(backends):
     cuda.expert_sum(cuda.from_numpy(y), cuda.from_numpy(w), out)
     ref.expert_sum(y.astype(np.float64), w.astype(np.float64), want)
     np.testing.assert_allclose(cuda.to_numpy(out), want, rtol=1e-5, atol=1e-6)
+    # the residual add after it folded in (the fused ExpertSum): out and x bit for bit as the two launches
+    from ember.backends.cuda._fuse import fuse
+    from ember.backends.cuda.ops import Add
+    from ember.backends.cuda.ops.experts import ExpertSum
+
+    x0 = rng.normal(0, 1, (n, d)).astype(np.float32)
+    results = []
+    for fused in (False, True):
+        yd, wd, outd, x = cuda.from_numpy(y), cuda.from_numpy(w), poisoned(cuda, (n, d)), cuda.from_numpy(x0)
+        ops = [ExpertSum(yd, wd, outd), Add(x, outd, x)]
+        ops = fuse(ops, None) if fused else ops
+        assert len(ops) == (1 if fused else 2)
+        for op in ops:
+            for la in op.launches(cuda.kernels):
+                la.run()
+        results.append((cuda.to_numpy(outd), cuda.to_numpy(x)))
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    np.testing.assert_array_equal(results[1][1], results[0][1])
 
 
 @pytest.mark.cuda

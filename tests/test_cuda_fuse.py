@@ -1047,6 +1047,25 @@ def test_expert_activation_folds_into_the_down_products_rounding(act, n):
     assert len(fuse([GatedAct("silu", g, u, shifted), down(shifted)], counter)) == 2
 
 
+def test_residual_add_folds_into_the_expert_sum():
+    """x += the experts' weighted sum h: the sum's threads add it into x as they store h (either order of
+    the add's inputs); not where x overlaps what the sum reads or the add writes elsewhere."""
+    from ember.backends.cuda.ops import Add
+    from ember.backends.cuda.ops.experts import ExpertSum
+
+    n, k, d = 3, 4, 256
+    y, w, h, x = Addr(n * k, d), Addr(n, k), Addr(n, d), Addr(n, d)
+    for add in (Add(x, h, x), Add(h, x, x)):
+        (es,) = fuse([ExpertSum(y, w, h), add], counter)
+        assert isinstance(es, ExpertSum) and es.res is x
+        (la,) = es.launches(FakeKernels())
+        assert int(la.args[-1]) == x.data.ptr
+        assert [a.dtype for a in la.args] == [param_dtype(p) for p in kernel_params("expert_sum")]
+    assert int(ExpertSum(y, w, h).launches(FakeKernels())[0].args[-1]) == 0
+    assert len(fuse([ExpertSum(y, w, h), Add(x, h, Addr(n, d))], counter)) == 2  # the sum lands elsewhere
+    assert len(fuse([ExpertSum(y, w, h), Add(y.rows(n), h, y.rows(n))], counter)) == 2  # x is y's rows
+
+
 def test_expert_launch_arguments_match_the_kernels():
     """expert_mv, expert_tile, expert_group and expert_matmul (float stacks) get arguments as wide as
     the kernels' parameters, with and without biases (a null pointer without)."""

@@ -14,6 +14,7 @@ First, pairs as the ops arrive:
                                             stores y (gpt-oss: three launches a layer fewer)
   GatedAct/SwigluOai(-> a) + ExpertMatmul(a) -> ExpertMatmul whose quant_x_llama computes a from gate
                                             and up as it rounds it (and stores it): a launch a layer fewer
+  ExpertSum(-> h) + Add(x, h -> x)       -> ExpertSum adding h into x as it stores it
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
   QkvPost + Attention, one token per sequence -> Attention doing the QkvPost's work (decode steps)
 
@@ -57,7 +58,7 @@ from .ops import (
     Tail,
 )
 from .ops.base import quantized
-from .ops.experts import ExpertBias, ExpertMatmul, SwigluOai
+from .ops.experts import ExpertBias, ExpertMatmul, ExpertSum, SwigluOai
 
 
 def fuse(ops: list, new_counter: Callable | None = None) -> list:
@@ -95,7 +96,23 @@ def merge_pair(a, b, new_counter):
         return bias_into_experts(a, b)
     if isinstance(a, (GatedAct, SwigluOai)) and isinstance(b, ExpertMatmul):
         return act_into_experts(a, b)
+    if isinstance(a, ExpertSum) and isinstance(b, Add):
+        return residual_into_expert_sum(a, b)
     return None
+
+
+def residual_into_expert_sum(es: ExpertSum, add: Add):
+    """es whose threads also add each sum into the residual (x + h, as the add kernel sums it)."""
+    h = es.out
+    if es.res is not None:
+        return None
+    if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
+        res = add.out
+    else:
+        return None
+    if any(overlap(res, o) for o in (es.y, es.weights, es.out)):
+        return None
+    return replace(es, res=res)
 
 
 def act_into_experts(act, em: ExpertMatmul):

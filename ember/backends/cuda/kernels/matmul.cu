@@ -219,9 +219,9 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
                                             const MvPre &pre, int use_pre) {
     const int k = run.k, S = k / 32;
     if constexpr (QFLOAT) {
-        // lane steps of one 16-byte vector of each row (float_vec), lane p, p + T, ...: a warp's loads
+        // lane steps of one 16-byte vector of each row (FLOAT_VEC), lane p, p + T, ...: a warp's loads
         // are 512 contiguous bytes; both rows' vectors loaded before either is summed
-        constexpr int VEC = float_vec<QT>();
+        constexpr int VEC = FLOAT_VEC<QT>;
         const int P = k / VEC;
 #pragma unroll 4
         for (int p = lane; p < P; p += T) {

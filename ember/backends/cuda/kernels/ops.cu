@@ -472,8 +472,10 @@ extern "C" __global__ void route_experts(const float *logits, int *ids, float *w
     }
 }
 
-// out (n, d) = sum over u < k of weights[t, u] * y[t * k + u]   (y (n * k, d))
-extern "C" __global__ void expert_sum(const float *y, const float *weights, float *out, int n, int k, int d) {
+// out (n, d) = sum over u < k of weights[t, u] * y[t * k + u]   (y (n * k, d)); where res is given, also
+// res (n, d) += out (the residual add after the experts, fused)
+extern "C" __global__ void expert_sum(const float *y, const float *weights, float *out, int n, int k, int d,
+                                      float *res) {
     PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)n * d) return;
@@ -481,6 +483,7 @@ extern "C" __global__ void expert_sum(const float *y, const float *weights, floa
     float acc = 0.f;
     for (int u = 0; u < k; u++) acc += weights[t * k + u] * y[(t * k + u) * d + c];
     out[i] = acc;
+    if (res) res[i] = res[i] + acc;
 }
 
 // MXFP4 rows as GGUF stores them (units of 17 bytes: an E8M0 scale, then 16 bytes of codes) into the

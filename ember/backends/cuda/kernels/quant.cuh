@@ -387,9 +387,9 @@ DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
 }
 
 // Float rows read 16 bytes at a time: vector p of a row is values VEC * p .. VEC * p + VEC - 1
-// (4 of F32, 8 of F16 or BF16), one 16-byte load, so that neighbouring lanes read neighbouring bytes.
+// (FLOAT_VEC: 4 of F32, 8 of F16 or BF16), one 16-byte load, so that neighbouring lanes read neighbouring bytes.
 template <int TT>
-__host__ __device__ constexpr int float_vec() { return TT == T_F32 ? 4 : 8; }
+constexpr int FLOAT_VEC = TT == T_F32 ? 4 : 8;
 template <int TT>
 DEVI void vec_f(const u8 *__restrict__ row, int p, float *v) {
     if constexpr (TT == T_F32) {

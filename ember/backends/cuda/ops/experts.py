@@ -241,16 +241,18 @@ class ExpertMatmul:
 
 @dataclass(eq=False)
 class ExpertSum:
-    """out (n, d) = sum over u of weights[t, u] * y[t * k + u]."""
+    """out (n, d) = sum over u of weights[t, u] * y[t * k + u]; and res += out where res is given (the
+    residual add after it, _fuse.py)."""
 
     y: Any
     weights: Any
     out: Any
+    res: Any = None
 
     def launches(self, kernels) -> list[Launch]:
         n, k = self.weights.shape
         d = self.out.shape[1]
-        args = (ptr(self.y), ptr(self.weights), ptr(self.out), i32(n), i32(k), i32(d))
+        args = (ptr(self.y), ptr(self.weights), ptr(self.out), i32(n), i32(k), i32(d), ptr(self.res))
         return [Launch(kernels.fn("ops", "expert_sum"), (-(-(n * d) // 256), 1, 1), (256, 1, 1), args)]
 
 

@@ -72,7 +72,7 @@ def matvec_rows(qtype: GGMLType, limit: int = MV_MAX_ROWS) -> int:
 
 
 def float_vec(qtype: GGMLType) -> int:
-    """Values of a float row a decode lane reads at a time: one 16-byte load (quant.cuh float_vec)."""
+    """Values of a float row a decode lane reads at a time: one 16-byte load (quant.cuh FLOAT_VEC)."""
     return 4 if qtype == GGMLType.F32 else 8
 
 
