@@ -243,6 +243,38 @@ def test_expert_sum(backends):
 
 @pytest.mark.cuda
 @cuda_only
+@pytest.mark.parametrize("n", [1, 40])
+def test_routing_beside_the_experts_rounding(backends, stacks, n):
+    """route_quant_x_llama (the fused RouteExperts + the gate/up products): ids, weights and the products
+    bit for bit those of the separate launches."""
+    from ember.backends.cuda._fuse import fuse
+    from ember.backends.cuda.ops.experts import ExpertMatmul, RouteExperts
+
+    cuda, _ = backends
+    names = [GGMLType.Q4_K.name, GGMLType.Q4_K.name + "_b"]
+    ws = [cuda.weight(stacks.tensors[m]) for m in names]
+    rng = np.random.default_rng(n)
+    logits0 = rng.normal(0, 2, (n, N_EXPERT)).astype(np.float32)
+    x0 = rng.normal(0, 1, (n, COLS)).astype(np.float32)
+    results = []
+    for fused in (False, True):
+        logits, x = cuda.from_numpy(logits0), cuda.from_numpy(x0)
+        ids, weights = cuda.cp.full((n, 4), -7, np.int32), poisoned(cuda, (n, 4))
+        ys = [poisoned(cuda, (n * 4, ROWS)) for _ in ws]
+        ops = [RouteExperts(logits, 4, True, ids, weights),
+               ExpertMatmul(ws, x, 4, ids, ys, cuda._expert_scratch(x, n * 4, N_EXPERT), -1)]
+        ops = fuse(ops, None) if fused else ops
+        assert len(ops) == (1 if fused else 2)
+        for op in ops:
+            for la in op.launches(cuda.kernels):
+                la.run()
+        results.append([cuda.to_numpy(a) for a in (ids, weights, *ys)])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.cuda
+@cuda_only
 def test_bad_expert_shapes_are_clear_errors(backends, stacks):
     from ember.backends import BackendError
 

@@ -1066,6 +1066,38 @@ def test_residual_add_folds_into_the_expert_sum():
     assert len(fuse([ExpertSum(y, w, h), Add(y.rows(n), h, y.rows(n))], counter)) == 2  # x is y's rows
 
 
+@pytest.mark.parametrize("n", [1, 64])
+def test_routing_shares_the_launch_of_the_experts_rounding(n):
+    """RouteExperts then the expert products reading its ids: the routing runs in blocks of the products'
+    quant_x_llama launch (route_quant_x_llama: the route's blocks first, then quant_x_llama's grid flattened),
+    arguments as the kernel declares them. Not where the products read other ids, their x is the routing's
+    output, or they are float stacks (no rounding launch)."""
+    from ember.backends.cuda.ops.experts import ExpertMatmul, RouteExperts
+
+    ids, weights, logits = Addr(n, 4, dtype=np.int32), Addr(n, 4), Addr(n, 8)
+    ops, _ = moe_ops(n, ids, qtype=GGMLType.Q4_K)
+    route = RouteExperts(logits, 4, True, ids, weights)
+    fused = fuse([route] + ops, counter)
+    assert [type(op).__name__ for op in fused] == ["ExpertMatmul", "ExpertMatmul", "ExpertSum"]
+    assert fused[0].route is route and fused[1].route is None
+    la = fused[0].launches(FakeKernels())[0]
+    assert la.fn[1] == "route_quant_x_llama"
+    assert [a.dtype for a in la.args] == [param_dtype(p) for p in kernel_params("route_quant_x_llama")]
+    route_blocks, qy = -(-n // 4), -(-256 // 1024)
+    assert la.grid == (route_blocks + n * qy, 1, 1) and int(la.args[7]) == route_blocks and int(la.args[-1]) == qy
+    alone = [op.launches(FakeKernels())[0] for op in (route, ops[0])]
+    assert [int(a) for a in la.args[:7]] == [int(a) for a in alone[0].args]
+    assert [int(a) if a.dtype.kind in "iu" else float(a) for a in la.args[8:-1]] == \
+        [int(a) if a.dtype.kind in "iu" else float(a) for a in alone[1].args]
+
+    def gate_up(ids_, x, qtype=GGMLType.Q4_K):
+        return ExpertMatmul([expert_stack(8, 512, 256, qtype)], x, 4, ids_, [Addr(n * 4, 512)], ops[0].scratch, -1)
+
+    assert len(fuse([route, gate_up(Addr(n, 4, dtype=np.int32), Addr(n, 256))], counter)) == 2  # other ids
+    assert len(fuse([route, gate_up(ids, Addr(n, 256, at=weights.data.ptr))], counter)) == 2  # x is the weights
+    assert len(fuse([route, gate_up(ids, Addr(n, 256), GGMLType.F16)], counter)) == 2  # a float stack
+
+
 def test_expert_launch_arguments_match_the_kernels():
     """expert_mv, expert_tile, expert_group and expert_matmul (float stacks) get arguments as wide as
     the kernels' parameters, with and without biases (a null pointer without)."""

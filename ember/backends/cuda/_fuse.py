@@ -15,6 +15,8 @@ First, pairs as the ops arrive:
   GatedAct/SwigluOai(-> a) + ExpertMatmul(a) -> ExpertMatmul whose quant_x_llama computes a from gate
                                             and up as it rounds it (and stores it): a launch a layer fewer
   ExpertSum(-> h) + Add(x, h -> x)       -> ExpertSum adding h into x as it stores it
+  RouteExperts(-> ids) + ExpertMatmul(ids) -> ExpertMatmul whose quant_x_llama launch also routes
+                                            (other blocks of it: the two are independent)
   [RmsNorm q, RmsNorm k,] Rope q, Rope k, KvStore -> QkvPost
   QkvPost + Attention, one token per sequence -> Attention doing the QkvPost's work (decode steps)
 
@@ -58,7 +60,7 @@ from .ops import (
     Tail,
 )
 from .ops.base import quantized
-from .ops.experts import ExpertBias, ExpertMatmul, ExpertSum, SwigluOai
+from .ops.experts import ExpertBias, ExpertMatmul, ExpertSum, RouteExperts, SwigluOai
 
 
 def fuse(ops: list, new_counter: Callable | None = None) -> list:
@@ -98,7 +100,22 @@ def merge_pair(a, b, new_counter):
         return act_into_experts(a, b)
     if isinstance(a, ExpertSum) and isinstance(b, Add):
         return residual_into_expert_sum(a, b)
+    if isinstance(a, RouteExperts) and isinstance(b, ExpertMatmul):
+        return route_beside_quant(a, b)
     return None
+
+
+def route_beside_quant(route: RouteExperts, em: ExpertMatmul):
+    """em routed by route, whose quant_x_llama launch also does the routing in blocks of its own: where
+    em quantizes x at all (every matrix quantized) and neither part reads what the other writes."""
+    if em.route is not None or not same(em.ids, route.ids) or any(not quantized(w.type) for w in em.ws):
+        return None
+    writes = [route.ids, route.weights]
+    reads = [em.x] + ([em.act.gate, em.act.up] if em.act is not None else [])
+    q_writes = [em.scratch.xq] + ([em.act.out] if em.act is not None else [])
+    if any(overlap(a, b) for a in writes for b in reads + q_writes) or any(overlap(route.logits, b) for b in q_writes):
+        return None
+    return replace(em, route=route)
 
 
 def residual_into_expert_sum(es: ExpertSum, add: Add):

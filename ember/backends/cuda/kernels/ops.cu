@@ -313,17 +313,17 @@ extern "C" __global__ void __launch_bounds__(128)
 // The same rounding on both sides leaves the products differing by float sums only. Grid
 // (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
 // values j * 32 + l.
-extern "C" __global__ void __launch_bounds__(128)
-    quant_x_llama(const float *x, u8 *__restrict__ xq, int n, int k, int group, const float *up, float *act_out,
-                  int act, float alpha, float limit) {
-    PDL_ENTER();
-    const int r = blockIdx.x, lane = threadIdx.x & 31;
+// quant_x_llama's block (r, by) of its grid, as a function (route_quant_x_llama runs it beside the routing)
+__device__ __forceinline__ void quant_x_llama_block(int r, int by, const float *x, u8 *__restrict__ xq, int n,
+                                                    int k, int group, const float *up, float *act_out, int act,
+                                                    float alpha, float limit) {
+    const int lane = threadIdx.x & 31;
     float4 *meta = (float4 *)(xq + (size_t)n * k);
     // value i of the row: x[i], or (act != ACT_NONE) the gated activation of gate x[i] and up[i], which is
     // also stored to act_out[i] below (each element read and written by one thread: act_out may be x or up)
 #define QXL_LOAD(i) (act == ACT_NONE ? x[i] : gated_act(act, x[i], up[i], alpha, limit))
     if (group == 32) {  // eight groups a warp: their loads in flight together, their reductions side by side
-        const int b0 = (blockIdx.y * 4 + (threadIdx.x >> 5)) * 8, nb = k >> 5;
+        const int b0 = (by * 4 + (threadIdx.x >> 5)) * 8, nb = k >> 5;
         if (b0 >= nb) return;
         float v[8], amax[8];
 #pragma unroll
@@ -349,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(128)
         }
         return;
     }
-    const int g = blockIdx.y * 4 + (threadIdx.x >> 5);  // group 256: a warp a group
+    const int g = by * 4 + (threadIdx.x >> 5);  // group 256: a warp a group
     if (g * group >= k) return;
     const size_t base = (size_t)r * k + (size_t)g * group;
     float v[8];
@@ -385,6 +385,13 @@ extern "C" __global__ void __launch_bounds__(128)
         if (lane == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
     }
 #undef QXL_LOAD
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    quant_x_llama(const float *x, u8 *__restrict__ xq, int n, int k, int group, const float *up, float *act_out,
+                  int act, float alpha, float limit) {
+    PDL_ENTER();
+    quant_x_llama_block(blockIdx.x, blockIdx.y, x, xq, n, k, group, up, act_out, act, alpha, limit);
 }
 
 // Encoders (BERT): x (rows, d) -> out = (x - mean) / sqrt(var + eps) * w + b over each row; w, b (d,) or
@@ -425,10 +432,9 @@ extern "C" __global__ void tanh_inplace(float *x, i64 n) {
 // softmax(logits[t]) (n_expert <= 32 * ROUTE_PER_LANE, expert lane + 32 i held by lane), best first,
 // the lower id among equal ones; the weights divided by their sum (kept from 0, as llama.cpp) when norm.
 #define ROUTE_PER_LANE 8
-extern "C" __global__ void route_experts(const float *logits, int *ids, float *weights, int n, int n_expert, int k,
-                                         int norm) {
-    PDL_ENTER();
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+__device__ __forceinline__ void route_token(const float *logits, int *ids, float *weights, int n, int n_expert,
+                                            int k, int norm, int t) {
+    const int lane = threadIdx.x & 31;
     if (t >= n) return;
     const float *z = logits + (size_t)t * n_expert;
     float p[ROUTE_PER_LANE];
@@ -470,6 +476,28 @@ extern "C" __global__ void route_experts(const float *logits, int *ids, float *w
         const float div = fmaxf(chosen, 6.103515625e-5f);
         for (int u = 0; u < k; u++) weights[(size_t)t * k + u] /= div;
     }
+}
+
+extern "C" __global__ void route_experts(const float *logits, int *ids, float *weights, int n, int n_expert, int k,
+                                         int norm) {
+    PDL_ENTER();
+    route_token(logits, ids, weights, n, n_expert, k, norm, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+}
+
+// route_experts and the quant_x_llama of the expert products that read its ids, side by side in one
+// launch (neither reads what the other writes): blocks 0 .. route_blocks - 1 route (a warp a token), the
+// rest are quant_x_llama's grid (n_q rows x qy blocks) flattened. 128 threads, as both.
+extern "C" __global__ void __launch_bounds__(128)
+    route_quant_x_llama(const float *logits, int *ids, float *weights, int n, int n_expert, int k, int norm,
+                        int route_blocks, const float *x, u8 *__restrict__ xq, int n_q, int kq, int group,
+                        const float *up, float *act_out, int act, float alpha, float limit, int qy) {
+    PDL_ENTER();
+    if ((int)blockIdx.x < route_blocks) {
+        route_token(logits, ids, weights, n, n_expert, k, norm, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+        return;
+    }
+    const int b = blockIdx.x - route_blocks;
+    quant_x_llama_block(b / qy, b % qy, x, xq, n_q, kq, group, up, act_out, act, alpha, limit);
 }
 
 // out (n, d) = sum over u < k of weights[t, u] * y[t * k + u]   (y (n * k, d)); where res is given, also

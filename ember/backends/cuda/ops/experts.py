@@ -154,6 +154,8 @@ class ExpertMatmul:
     # A GatedAct or SwigluOai whose out is x, done by quant_x_llama as it rounds x (_fuse.py): x is then
     # computed from the activation's gate and up, and also stored to its out
     act: Any = None
+    # The RouteExperts that wrote ids, run in the same launch as quant_x_llama (route_quant_x_llama, _fuse.py)
+    route: Any = None
 
     def bias_arg(self, i: int) -> np.uint64:
         b = self.biases[i] if self.biases else None
@@ -189,7 +191,13 @@ class ExpertMatmul:
         act = (ptr(a.gate), ptr(a.up), ptr(a.out), i32(act_code(a)), f32(getattr(a, "alpha", 0.0)),
                f32(getattr(a, "limit", 0.0))) if a is not None else (ptr(self.x), ptr(None), ptr(None), i32(0), f32(0), f32(0))
         args = (act[0], ptr(self.scratch.xq), i32(rows), i32(k), i32(group), *act[1:])
-        return Launch(kernels.fn("ops", "quant_x_llama"), (rows, -(-k // 1024), 1), (128, 1, 1), args)  # 4 warps of 256
+        qy = -(-k // 1024)  # blocks of a row: 4 warps of 256 values
+        if self.route is None:
+            return Launch(kernels.fn("ops", "quant_x_llama"), (rows, qy, 1), (128, 1, 1), args)
+        route = self.route.launches(kernels)[0]
+        route_blocks = route.grid[0]
+        return Launch(kernels.fn("ops", "route_quant_x_llama"), (route_blocks + rows * qy, 1, 1), (128, 1, 1),
+                      (*route.args, i32(route_blocks), *args, i32(qy)))
 
     def _mv_pairs(self, quant: list[int]) -> list[list[int]]:
         """The quantized matrices in launches of expert_mv: two of one type and shape (gate and up) share one."""
