@@ -313,24 +313,38 @@ extern "C" __global__ void __launch_bounds__(128)
 // The same rounding on both sides leaves the products differing by float sums only. Grid
 // (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
 // values j * 32 + l.
+// A lane's values j = 0..7 of quant_x_llama, at at + 32 j (0 from j = valid on): x's, or (act != ACT_NONE)
+// the gated activation of gate x and up, which the caller also stores to act_out (each element read and
+// written by one thread: act_out may be x or up). Every load is issued before any value is used (no
+// branch between them), then the activations computed.
+__device__ __forceinline__ void qxl_load8(float (&v)[8], const float *x, const float *up, size_t at, int valid,
+                                          int act, float alpha, float limit) {
+    float u[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const bool ok = j < valid;
+        v[j] = ok ? x[at + 32 * j] : 0.f;
+        u[j] = ok && act != ACT_NONE ? up[at + 32 * j] : 0.f;
+    }
+    if (act != ACT_NONE) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = j < valid ? gated_act(act, v[j], u[j], alpha, limit) : 0.f;
+    }
+}
+
 // quant_x_llama's block (r, by) of its grid, as a function (route_quant_x_llama runs it beside the routing)
 __device__ __forceinline__ void quant_x_llama_block(int r, int by, const float *x, u8 *__restrict__ xq, int n,
                                                     int k, int group, const float *up, float *act_out, int act,
                                                     float alpha, float limit) {
     const int lane = threadIdx.x & 31;
     float4 *meta = (float4 *)(xq + (size_t)n * k);
-    // value i of the row: x[i], or (act != ACT_NONE) the gated activation of gate x[i] and up[i], which is
-    // also stored to act_out[i] below (each element read and written by one thread: act_out may be x or up)
-#define QXL_LOAD(i) (act == ACT_NONE ? x[i] : gated_act(act, x[i], up[i], alpha, limit))
     if (group == 32) {  // eight groups a warp: their loads in flight together, their reductions side by side
         const int b0 = (by * 4 + (threadIdx.x >> 5)) * 8, nb = k >> 5;
         if (b0 >= nb) return;
         float v[8], amax[8];
+        qxl_load8(v, x, up, (size_t)r * k + 32 * b0 + lane, nb - b0, act, alpha, limit);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            v[j] = b0 + j < nb ? QXL_LOAD((size_t)r * k + 32 * (b0 + j) + lane) : 0.f;
-            amax[j] = fabsf(v[j]);
-        }
+        for (int j = 0; j < 8; j++) amax[j] = fabsf(v[j]);
         for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
             for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], o));
@@ -355,9 +369,9 @@ __device__ __forceinline__ void quant_x_llama_block(int r, int by, const float *
     float v[8];
     float amax = 0.f;
     int at = 1 << 30;  // index of the first value of largest magnitude (this lane's, then the warp's)
+    qxl_load8(v, x, up, base + lane, 8, act, alpha, limit);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        v[j] = QXL_LOAD(base + j * 32 + lane);
         const float a = fabsf(v[j]);
         if (a > amax) amax = a, at = j * 32 + lane;
     }
@@ -384,7 +398,6 @@ __device__ __forceinline__ void quant_x_llama_block(int r, int by, const float *
         if (act != ACT_NONE) act_out[idx] = v[j];
         if (lane == 0) meta[idx >> 5] = make_float4(d, d * (float)s, d * (float)s_hi, 0.f);
     }
-#undef QXL_LOAD
 }
 
 extern "C" __global__ void __launch_bounds__(128)
