@@ -90,6 +90,24 @@ def routed(n: int, k: int, seed: int = 1, n_expert: int = N_EXPERT) -> np.ndarra
     return np.stack([rng.permutation(n_expert)[:k] for _ in range(n)]).astype(np.int32)
 
 
+def fused_as_apart(cuda, make):
+    """make() -> (ops, arrays to read): the ops run as recorded, then fused into one (_fuse.fuse); every
+    array read back bit for bit the same both ways."""
+    from ember.backends.cuda._fuse import fuse
+
+    results = []
+    for fused in (False, True):
+        ops, outs = make()
+        ops = fuse(ops, None) if fused else ops
+        assert len(ops) == (1 if fused else 2), [type(op).__name__ for op in ops]
+        for op in ops:
+            for la in op.launches(cuda.kernels):
+                la.run()
+        results.append([cuda.to_numpy(a) for a in outs])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
+
+
 def limit(qtype) -> float:
     """Relative error allowed: float experts take f32 x; quantized ones int8 x (as the dense decode products)."""
     return 1e-5 if qtype in FLOAT_TYPES else 2e-2
@@ -222,23 +240,16 @@ def test_expert_sum(backends):
     ref.expert_sum(y.astype(np.float64), w.astype(np.float64), want)
     np.testing.assert_allclose(cuda.to_numpy(out), want, rtol=1e-5, atol=1e-6)
     # the residual add after it folded in (the fused ExpertSum): out and x bit for bit as the two launches
-    from ember.backends.cuda._fuse import fuse
     from ember.backends.cuda.ops import Add
     from ember.backends.cuda.ops.experts import ExpertSum
 
     x0 = rng.normal(0, 1, (n, d)).astype(np.float32)
-    results = []
-    for fused in (False, True):
-        yd, wd, outd, x = cuda.from_numpy(y), cuda.from_numpy(w), poisoned(cuda, (n, d)), cuda.from_numpy(x0)
-        ops = [ExpertSum(yd, wd, outd), Add(x, outd, x)]
-        ops = fuse(ops, None) if fused else ops
-        assert len(ops) == (1 if fused else 2)
-        for op in ops:
-            for la in op.launches(cuda.kernels):
-                la.run()
-        results.append((cuda.to_numpy(outd), cuda.to_numpy(x)))
-    np.testing.assert_array_equal(results[1][0], results[0][0])
-    np.testing.assert_array_equal(results[1][1], results[0][1])
+
+    def ops():
+        out, x = poisoned(cuda, (n, d)), cuda.from_numpy(x0)
+        return [ExpertSum(cuda.from_numpy(y), cuda.from_numpy(w), out), Add(x, out, x)], [out, x]
+
+    fused_as_apart(cuda, ops)
 
 
 @pytest.mark.cuda
@@ -247,7 +258,6 @@ def test_expert_sum(backends):
 def test_routing_beside_the_experts_rounding(backends, stacks, n):
     """route_quant_x_llama (the fused RouteExperts + the gate/up products): ids, weights and the products
     bit for bit those of the separate launches."""
-    from ember.backends.cuda._fuse import fuse
     from ember.backends.cuda.ops.experts import ExpertMatmul, RouteExperts
 
     cuda, _ = backends
@@ -256,21 +266,15 @@ def test_routing_beside_the_experts_rounding(backends, stacks, n):
     rng = np.random.default_rng(n)
     logits0 = rng.normal(0, 2, (n, N_EXPERT)).astype(np.float32)
     x0 = rng.normal(0, 1, (n, COLS)).astype(np.float32)
-    results = []
-    for fused in (False, True):
+
+    def ops():
         logits, x = cuda.from_numpy(logits0), cuda.from_numpy(x0)
         ids, weights = cuda.cp.full((n, 4), -7, np.int32), poisoned(cuda, (n, 4))
         ys = [poisoned(cuda, (n * 4, ROWS)) for _ in ws]
-        ops = [RouteExperts(logits, 4, True, ids, weights),
-               ExpertMatmul(ws, x, 4, ids, ys, cuda._expert_scratch(x, n * 4, N_EXPERT), -1)]
-        ops = fuse(ops, None) if fused else ops
-        assert len(ops) == (1 if fused else 2)
-        for op in ops:
-            for la in op.launches(cuda.kernels):
-                la.run()
-        results.append([cuda.to_numpy(a) for a in (ids, weights, *ys)])
-    for got, want in zip(results[1], results[0]):
-        np.testing.assert_array_equal(got, want)
+        return [RouteExperts(logits, 4, True, ids, weights),
+                ExpertMatmul(ws, x, 4, ids, ys, cuda._expert_scratch(x, n * 4, N_EXPERT), -1)], [ids, weights, *ys]
+
+    fused_as_apart(cuda, ops)
 
 
 @pytest.mark.cuda
@@ -782,7 +786,6 @@ def test_gated_activation_rounded_in_one_pass(backends, stacks, act, qtype):
     """A down product whose quant_x_llama computes the gated activation (the fused GatedAct/SwigluOai):
     the activation stored where the elementwise kernel stores it and the products bit for bit those of
     the two launches, at 1 token (expert_mv) and 40 (the tiles), in place on gate as the model runs it."""
-    from ember.backends.cuda._fuse import fuse
     from ember.backends.cuda.ops import GatedAct
     from ember.backends.cuda.ops.experts import ExpertMatmul, SwigluOai
 
@@ -793,20 +796,14 @@ def test_gated_activation_rounded_in_one_pass(backends, stacks, act, qtype):
         gate0 = (rng.standard_normal((n * 4, COLS)) * 3).astype(np.float32)
         up0 = rng.standard_normal((n * 4, COLS)).astype(np.float32)
         ids = cuda.from_numpy(routed(n, 4, seed=n))
-        results = []
-        for fused in (False, True):
-            gate, up = cuda.from_numpy(gate0), cuda.from_numpy(up0)
-            y = poisoned(cuda, (n * 4, ROWS))
+
+        def ops():
+            gate, up, y = cuda.from_numpy(gate0), cuda.from_numpy(up0), poisoned(cuda, (n * 4, ROWS))
             act_op = SwigluOai(gate, up, gate, 1.702, 7.0) if act == "swiglu_oai" else GatedAct(act, gate, up, gate)
-            ops = [act_op, ExpertMatmul([stack], gate, 1, ids, [y], cuda._expert_scratch(gate, n * 4, N_EXPERT), -1)]
-            ops = fuse(ops, None) if fused else ops
-            assert len(ops) == (1 if fused else 2)
-            for op in ops:
-                for la in op.launches(cuda.kernels):
-                    la.run()
-            results.append((cuda.to_numpy(gate), cuda.to_numpy(y)))
-        np.testing.assert_array_equal(results[1][0], results[0][0])
-        np.testing.assert_array_equal(results[1][1], results[0][1])
+            down = ExpertMatmul([stack], gate, 1, ids, [y], cuda._expert_scratch(gate, n * 4, N_EXPERT), -1)
+            return [act_op, down], [gate, y]
+
+        fused_as_apart(cuda, ops)
 
 
 @pytest.mark.parametrize("n", [8, 64, 65, 512])
