@@ -210,8 +210,7 @@ struct MvPre {
 };
 
 // acc[jb][j] += (lane's share of) row jb . x row j, for this lane's slices s = lane, lane + T, ...
-// Rows jx .. jx + nl - 1 of xq, a buffer of nx rows: int8 rows for quantized types, float rows (x, or
-// the norm prologue's rows in shared memory) for float types.
+// Quantized types read rows jx .. jx + nl - 1 of xq, a buffer of nx rows; float types rows j0.. of x.
 // use_pre: the lane's first use_pre steps are in pre.
 template <int NMAX>
 __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restrict__ w0, const u8 *__restrict__ w1,
@@ -232,7 +231,7 @@ __device__ __forceinline__ void mv_dot_rows(const MvRun &run, const u8 *__restri
 #pragma unroll
             for (int j = 0; j < NMAX; j++) {
                 if (j >= nl) break;
-                const float4 *xv = (const float4 *)((const float *)xq + (size_t)(jx + j) * k + VEC * p);
+                const float4 *xv = (const float4 *)(run.x + (size_t)(j0 + j) * k + VEC * p);
                 float xs[VEC];
 #pragma unroll
                 for (int i = 0; i < VEC / 4; i++) {
@@ -611,25 +610,6 @@ __device__ void mv_prologue(const MvPro &pro, int k, int j0, int nl, bool write_
     __syncthreads();
 }
 
-// The norm prologue of float weights: rows j0 .. j0 + nl - 1 of src normalised (times pro.w) into xs
-// (nl, k) floats in shared memory, and into h by the block that writes it. Two passes over each row
-// (the second from cache): k <= MV_PROLOGUE_MAX_K.
-__device__ void mv_prologue_f(const MvPro &pro, int k, int j0, int nl, bool write_h, float *xs, float *red) {
-    for (int j = 0; j < nl; j++) {
-        const int r = j0 + j;
-        const float *xr = pro.src + (size_t)(pro.idx ? pro.idx[r] : r) * k;
-        float ss = 0.f;
-        for (int c = threadIdx.x; c < k; c += blockDim.x) ss += xr[c] * xr[c];
-        const float sc = rsqrtf(block_sum(ss, red) / (float)k + pro.eps);
-        for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            const float t = xr[c] * sc * pro.w[c];
-            xs[(size_t)j * k + c] = t;
-            if (write_h) pro.h[(size_t)r * k + c] = t;
-        }
-    }
-    __syncthreads();
-}
-
 // The residual prologue (pro.y set): f_s (nl, 3, k) keeps each row's post-normed y, new r and
 // normalised x for the block that writes them back.
 __device__ void mv_prologue_res(const MvPro &pro, int k, int j0, int nl, u8 *xq_s, float *f_s, float *red, int *last_s) {
@@ -848,12 +828,6 @@ __device__ __forceinline__ void mv_act_quant(const MvEpi &epi, int rows, int n, 
 __device__ __forceinline__ const u8 *mv_stage_x(const MvRun &run, const MvPro &pro, int j0, int nl, int tblock,
                                                 u8 *xq_s, float *red, int *last_pro_s, int &jx, int &nx) {
     jx = j0, nx = run.n;
-    if constexpr (QFLOAT) {  // float weights read x as floats: run.x, or its rows normalised in shared memory
-        if (!pro.w) return (const u8 *)run.x;
-        mv_prologue_f(pro, run.k, j0, nl, tblock == 0, (float *)xq_s, red);
-        jx = 0, nx = nl;
-        return xq_s;
-    }
     if (pro.y) {
         mv_prologue_res(pro, run.k, j0, nl, xq_s, (float *)(xq_s + (size_t)nl * k_xq_bytes(run.k)), red, last_pro_s);
     } else if (pro.w) {

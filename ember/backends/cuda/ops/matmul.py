@@ -425,23 +425,19 @@ class Matmul:
     def in_prologue(self) -> bool:
         """Whether the product's blocks normalise and quantize x themselves (into shared memory)
         instead of a quant_x launch before: one launch fewer, but every block repeats the work,
-        so only for rows of up to cfg.prologue_k values and one group of at most 8 rows. Float
-        weights keep the normalised rows as floats (no residual prologue)."""
+        so only for rows of up to cfg.prologue_k values and one group of at most 8 rows."""
         if self.norm_w is None or not self.matvec() or self.n > 8 or len(self.groups()) != 1 or self.takes_xs():
             return False
-        # quantized weights: mv_n1 holds a lane's values in registers (MV_PROLOGUE_MAX_K); floats loop over the row
-        if self.k % 32 or self.k > (min(self.cfg.prologue_k, MV_PROLOGUE_MAX_K) if self.needs_xq else self.cfg.prologue_k):
+        if any(not quantized(w.type) for w in self.ws) or self.k % 32 or self.k > min(self.cfg.prologue_k,
+                                                                                       MV_PROLOGUE_MAX_K):
             return False
-        if self.pro_res is not None and (self.idx is not None or not self.needs_xq):
+        if self.pro_res is not None and self.idx is not None:
             return False
         return disjoint(self.x, self.src) and self._prologue_smem() <= PROLOGUE_SMEM
 
     def _prologue_smem(self) -> int:
-        """The quantized rows (float weights: the rows as f32), and for a residual prologue each row's
-        y, r and x as f32."""
+        """The quantized rows, and for a residual prologue each row's y, r and x as f32."""
         rows = min(self.n, 8)
-        if not self.needs_xq:
-            return 4 * rows * self.k
         return xq_bytes(rows, self.k) + (12 * rows * self.k if self.pro_res is not None else 0)
 
     def stores_only(self) -> bool:
