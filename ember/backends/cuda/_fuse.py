@@ -120,14 +120,8 @@ def route_beside_quant(route: RouteExperts, em: ExpertMatmul):
 
 def residual_into_expert_sum(es: ExpertSum, add: Add):
     """es whose threads also add each sum into the residual (x + h, as the add kernel sums it)."""
-    h = es.out
-    if es.res is not None:
-        return None
-    if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
-        res = add.out
-    else:
-        return None
-    if any(overlap(res, o) for o in (es.y, es.weights, es.out)):
+    res = residual_of(add, es.out)
+    if es.res is not None or res is None or any(overlap(res, o) for o in (es.y, es.weights, es.out)):
         return None
     return replace(es, res=res)
 
@@ -212,15 +206,19 @@ def gate_into_matmul(mm: Matmul, act: GatedAct):
     return keeps_path(mm, replace(mm, mode=MODE_SILU if act.act == "silu" else MODE_GELU, aux=act.out))
 
 
+def residual_of(add: Add, h):
+    """The residual x where add is x += h (x + h or h + x, written into x), else None."""
+    if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
+        return add.out
+    return None
+
+
 def residual_into_matmul(mm: Matmul, add: Add):
     if not plain_or_split(mm) or len(mm.ws) != 1:
         return None
     h = mm.outs[0]
-    if same(add.a, h) and same(add.b, add.out) or same(add.b, h) and same(add.a, add.out):
-        res = add.out
-    else:
-        return None
-    if overlap(res, h) or reads_overlap(mm, res):
+    res = residual_of(add, h)
+    if res is None or overlap(res, h) or reads_overlap(mm, res):
         return None
     return keeps_path(mm, replace(mm, mode=MODE_RESIDUAL, aux=res))
 
@@ -229,9 +227,7 @@ def norm_add(norm: RmsNorm, add: Add):
     h = norm.out
     if norm.w is None or not same(norm.x, h) or norm.d != h.shape[-1]:
         return None
-    if not (same(add.out, add.a) and same(add.b, h)) and not (same(add.out, add.b) and same(add.a, h)):
-        return None
-    if overlap(add.out, h):
+    if residual_of(add, h) is None or overlap(add.out, h):
         return None
     return NormAdd(h=h, w=norm.w, x=add.out, eps=norm.eps, d=norm.d)
 

@@ -305,14 +305,6 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
-// Activations of the grouped expert products rounded as llama.cpp's CPU rounds them for the
-// weights' type, in quant_x's format (xq (n, k) int8, then (n, k/32) float4 (d, d * sum q[0..15],
-// d * sum q[16..31], 0)): group 256 as its Q8_K (the K-quants: one scale a 256 values, the first
-// value of largest magnitude m maps to -127, iscale = -127 / m, q = min(127, rint(iscale * x)),
-// d = 1 / iscale), group 32 as its Q8_0 (d = max|x| / 127 rounded to f16, q = rint(x * 127 / max|x|)).
-// The same rounding on both sides leaves the products differing by float sums only. Grid
-// (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
-// values j * 32 + l.
 // A lane's values j = 0..7 of quant_x_llama, at at + 32 j (0 from j = valid on): x's, or (act != ACT_NONE)
 // the gated activation of gate x and up, which the caller also stores to act_out (each element read and
 // written by one thread: act_out may be x or up). Every load is issued before any value is used (no
@@ -332,7 +324,16 @@ __device__ __forceinline__ void qxl_load8(float (&v)[8], const float *x, const f
     }
 }
 
-// quant_x_llama's block (r, by) of its grid, as a function (route_quant_x_llama runs it beside the routing)
+// Activations of the grouped expert products rounded as llama.cpp's CPU rounds them for the
+// weights' type, in quant_x's format (xq (n, k) int8, then (n, k/32) float4 (d, d * sum q[0..15],
+// d * sum q[16..31], 0)): group 256 as its Q8_K (the K-quants: one scale a 256 values, the first
+// value of largest magnitude m maps to -127, iscale = -127 / m, q = min(127, rint(iscale * x)),
+// d = 1 / iscale), group 32 as its Q8_0 (d = max|x| / 127 rounded to f16, q = rint(x * 127 / max|x|)).
+// The same rounding on both sides leaves the products differing by float sums only. Grid
+// (n, ceil(k / 1024)), 128 threads: a warp 256 values (one group of 256, or eight of 32), lane l holding
+// values j * 32 + l. With act (a fused GatedAct or SwigluOai) x is the gate, and act(gate) * up is what is
+// rounded (and stored to act_out). quant_x_llama_block is block (r, by) of that grid (route_quant_x_llama
+// runs it beside the routing).
 __device__ __forceinline__ void quant_x_llama_block(int r, int by, const float *x, u8 *__restrict__ xq, int n,
                                                     int k, int group, const float *up, float *act_out, int act,
                                                     float alpha, float limit) {

@@ -351,41 +351,6 @@ DEVI void unit_q(const u8 *__restrict__ row, int u, QUnit &o) {
     }
 }
 
-// The 32 values of unit u as floats, for every supported type.
-template <int TT>
-DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
-    if constexpr (TT == T_F32) {
-        const float4 *p = (const float4 *)(row + (size_t)u * 128);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 f = p[i];
-            v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-        }
-    } else if constexpr (TT == T_F16 || TT == T_BF16) {
-        const uint4 *p = (const uint4 *)(row + (size_t)u * 64);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 h = p[i];
-            const u32 w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u16 lo = (u16)(w[j] & 0xFFFFu), hi = (u16)(w[j] >> 16);
-                v[8 * i + 2 * j] = TT == T_F16 ? h2f(lo) : bf2f(lo);
-                v[8 * i + 2 * j + 1] = TT == T_F16 ? h2f(hi) : bf2f(hi);
-            }
-        }
-    } else {
-        QUnit o;
-        unit_q<TT>(row, u, o);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int h = i >> 2;
-#pragma unroll
-            for (int j = 0; j < 4; j++) v[4 * i + j] = o.a[h] * (float)(i8)(o.q[i] >> (8 * j)) + o.b[h];
-        }
-    }
-}
-
 // Float rows read 16 bytes at a time: vector p of a row is values VEC * p .. VEC * p + VEC - 1
 // (FLOAT_VEC: 4 of F32, 8 of F16 or BF16), one 16-byte load, so that neighbouring lanes read neighbouring bytes.
 template <int TT>
@@ -403,6 +368,25 @@ DEVI void vec_f(const u8 *__restrict__ row, int p, float *v) {
             const u16 lo = (u16)(w[j] & 0xFFFFu), hi = (u16)(w[j] >> 16);
             v[2 * j] = TT == T_F16 ? h2f(lo) : bf2f(lo);
             v[2 * j + 1] = TT == T_F16 ? h2f(hi) : bf2f(hi);
+        }
+    }
+}
+
+// The 32 values of unit u as floats, for every supported type.
+template <int TT>
+DEVI void unit_f(const u8 *__restrict__ row, int u, float *v) {
+    if constexpr (TT == T_F32 || TT == T_F16 || TT == T_BF16) {  // the unit's 16-byte vectors
+        constexpr int VEC = FLOAT_VEC<TT>;
+#pragma unroll
+        for (int i = 0; i < 32 / VEC; i++) vec_f<TT>(row, (32 / VEC) * u + i, v + VEC * i);
+    } else {
+        QUnit o;
+        unit_q<TT>(row, u, o);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int h = i >> 2;
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[4 * i + j] = o.a[h] * (float)(i8)(o.q[i] >> (8 * j)) + o.b[h];
         }
     }
 }

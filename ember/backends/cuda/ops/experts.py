@@ -63,13 +63,9 @@ def regroup_mxfp4(raw: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(rows, -1)[:, :device_row_bytes(GGMLType.MXFP4, k)]
 
 
-# Gated activations quant_x_llama can compute as it rounds x (common.cuh ACT_*)
+# Gated activations quant_x_llama can compute as it rounds x, by a GatedAct's or SwigluOai's act
+# (common.cuh ACT_*)
 ACT_CODES = {"silu": 1, "gelu": 2, "swiglu_oai": 3}
-
-
-def act_code(op) -> int:
-    """The ACT_* code of a GatedAct ("silu", "gelu") or SwigluOai."""
-    return ACT_CODES[op.act]
 
 
 def experts_module(qtype) -> str:
@@ -187,10 +183,10 @@ class ExpertMatmul:
         """x quantized as llama.cpp's CPU rounds it for the first quantized matrix's type (quant_x_llama)."""
         rows, k = self.x.shape
         group = self.x_group
-        a = self.act
-        act = (ptr(a.gate), ptr(a.up), ptr(a.out), i32(act_code(a)), f32(getattr(a, "alpha", 0.0)),
-               f32(getattr(a, "limit", 0.0))) if a is not None else (ptr(self.x), ptr(None), ptr(None), i32(0), f32(0), f32(0))
-        args = (act[0], ptr(self.scratch.xq), i32(rows), i32(k), i32(group), *act[1:])
+        a = self.act  # with a fused activation, x is computed from its gate and up (and stored to its out)
+        src, up, out, code = (a.gate, a.up, a.out, ACT_CODES[a.act]) if a is not None else (self.x, None, None, 0)
+        args = (ptr(src), ptr(self.scratch.xq), i32(rows), i32(k), i32(group), ptr(up), ptr(out), i32(code),
+                f32(getattr(a, "alpha", 0.0)), f32(getattr(a, "limit", 0.0)))
         qy = -(-k // 1024)  # blocks of a row: 4 warps of 256 values
         if self.route is None:
             return Launch(kernels.fn("ops", "quant_x_llama"), (rows, qy, 1), (128, 1, 1), args)
