@@ -320,16 +320,30 @@ def bench_lanes(spec: str, args) -> dict:
     out = {"path": str(path), "adapter": backend.describe()["name"], "products": []}
     for w in ws:
         x = backend.from_numpy(np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32))
-        with backend.record() as rec:
-            backend.matmul(w, x, backend.empty((1, w.shape[0])))
-        served = backend.kernels.names()[id(rec.dispatches[0].pipeline)][1]
+        recs = {}
+        for int8 in (False, True):  # the f32 products, then (Q4_K, Q6_K) x as int8 blocks and mvq
+            backend.int8_products = int8
+            with backend.record() as recs[int8]:
+                backend.matmul(w, x, backend.empty((1, w.shape[0])))
+        backend.int8_products = True
+        names = backend.kernels.names()
+        rec = recs[False]
+        quant = [d for d in recs[True].dispatches if names[id(d.pipeline)][1] == "quant_q8"]
+        served = names[id(rec.dispatches[0].pipeline)][1]
         steps = {}
-        for entry in dict.fromkeys((served, "mvp")):
+        if quant:  # quant_q8 alone, then mvq on its blocks
+            step = Step(record=True)
+            step.dispatches = quant
+            step.build(backend.device, backend.wgpu)
+            steps["quant_q8"] = step
+        for entry in dict.fromkeys(("mvq", "mvk") * bool(quant) + (served, "mvp")):
+            ds = [d for d in recs[True].dispatches if d not in quant] if entry == "mvq" else rec.dispatches
             for lanes in LANES:
                 module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
                 step = Step(record=True)
-                step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry), _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),
-                                            d.params, d.groups) for d in rec.dispatches]
+                step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry),
+                                            d.bindings if entry == "mvq" else _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),
+                                            d.params, d.groups) for d in ds]
                 step.build(backend.device, backend.wgpu)
                 steps[f"{entry}/{lanes}"] = step
         times = {key: [] for key in steps}

@@ -70,13 +70,34 @@ def close(got, want, rel=1e-3):
     assert err <= rel * scale, f"max error {err:.3g} at scale {scale:.3g}"
 
 
+def q8(x):
+    """x rounded as quant_q8 rounds it for the integer decode products: blocks of 32 values, each to
+    the nearest (ties to even) multiple of d = max|x| / 127, in f32."""
+    b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    m = np.abs(b).max(-1, keepdims=True)
+    d = m / np.float32(127)
+    inv = np.where(m > 0, np.float32(1) / np.where(m > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return (np.round(b * inv) * d).reshape(x.shape).astype(np.float64)
+
+
+def seen(gpu, qtype, x):
+    """x as a product of x.shape[0] rows of qtype reads it: Q4_K's and Q6_K's decode products (mvq)
+    on int8 blocks of it."""
+    return q8(x) if gpu.int8_products and qtype in (T.Q4_K, T.Q6_K) and gpu._mvp(x.shape[0]) else x
+
+
+def quants(gpu, qtype, n) -> int:
+    """Dispatches rounding x before a product of n rows of qtype (quant_q8 before mvq)."""
+    return int(gpu.int8_products and qtype in (T.Q4_K, T.Q6_K) and gpu._mvp(n))
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_products_and_rows_match_the_quant_reference(gpu, qtype):
     rows, cols = 70, 512  # rows not a multiple of any tile
     w, ref = matrix(gpu, qtype, rows, cols, seed=int(qtype))
     x = np.random.default_rng(1).standard_normal((11, cols))
     for n in (1, 3, 11):
-        close(product(gpu, w, x[:n]), x[:n] @ ref.T)
+        close(product(gpu, w, x[:n]), seen(gpu, qtype, x[:n]) @ ref.T)
     ids = np.array([69, 0, 5, 5], np.int32)
     out = gpu.empty((4, cols))
     gpu.get_rows(w, ids, out)
@@ -95,8 +116,8 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
     summed by subgroups or in workgroup memory; on CPU adapters one row only, mv_row beyond) on
     every type: an odd row count (the last workgroup's second row is past the end) and widths
     whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 2304:
-    mvk's 72 items of 32 values, 2 rounds and 8). Q4_K and Q6_K take mvk
-    in the 32-lane builds, the others (and the 128-lane builds) mvp."""
+    mvq's 72 items of 32 values, 2 rounds and 8). Q4_K and Q6_K take mvq (32 lanes, on x rounded to
+    int8 blocks: against that x), the others mvp."""
     cols = 2304 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
     w, ref = matrix(gpu, qtype, 45, cols, seed=30 + int(qtype))
     x = np.random.default_rng(5).standard_normal((8, cols))
@@ -108,18 +129,19 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
             assert entry == "mv_row"
         else:
             built = {1: 1, 2: 2, 3: 4, 8: 8}[n]
-            wide = "+w128" if n == 1 and plan != "rows" else ""  # one row, few weight rows: 128 lanes
-            assert entry == ("mvk" if qtype in (T.Q4_K, T.Q6_K) and not wide else "mvp")
+            own = qtype in (T.Q4_K, T.Q6_K)
+            wide = "+w128" if n == 1 and plan != "rows" and not own else ""  # one row, few weight rows: 128 lanes
+            assert entry == ("mvq" if own else "mvp")
             assert module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}{wide}")
-        close(gpu.to_numpy(out), x[:n] @ ref.T)
+        close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
 
 
 @pytest.mark.parametrize("sums", ["sg", "wg"])
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
-    """mvp built with 64 and 128 lanes a workgroup (the served build of one activation row against
-    a layer's matrix is 128; bench/webgpu.py --lanes times them) gives the product of the 32-lane
-    build, at widths that leave lanes idle in the last round."""
+    """mvp (and Q4_K's and Q6_K's mvq) built with 64 and 128 lanes a workgroup (the served build of
+    one activation row against a layer's matrix is mvp's 128; bench/webgpu.py --lanes times them)
+    gives the product of the 32-lane build, at widths that leave lanes idle in the last round."""
     from ember.backends.webgpu import MATRIX_TYPES
     from ember.backends.webgpu._step import Dispatch
 
@@ -132,14 +154,14 @@ def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
     with gpu.record() as rec:
         gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
         host = gpu.to_numpy(out)
-    d = rec.dispatches[0]
+    d = rec.dispatches[-1]  # the product (after quant_q8 for mvq)
     entry = gpu.kernels.names()[id(d.pipeline)][1]
     for lanes in (64, 128):
         pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}+w{lanes}", entry)
-        rec.dispatches[0] = Dispatch(pipe, d.bindings, d.params, d.groups)
+        rec.dispatches[-1] = Dispatch(pipe, d.bindings, d.params, d.groups)
         rec.build(gpu.device, gpu.wgpu)
         gpu.replay(rec)
-        close(host, x @ ref.T)
+        close(host, seen(gpu, qtype, x) @ ref.T)
 
 
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
@@ -149,7 +171,7 @@ def test_both_product_plans(gpu, plan, qtype):
     w, ref = matrix(gpu, qtype, 45, 256, seed=3)
     x = np.random.default_rng(2).standard_normal((40, 256))
     for n in (1, 8, 9, 40):
-        close(product(gpu, w, x[:n]), x[:n] @ ref.T)
+        close(product(gpu, w, x[:n]), seen(gpu, qtype, x[:n]) @ ref.T)
 
 
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
@@ -166,17 +188,17 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
             outs = [gpu.empty((n, w.shape[0])) for w in ws]
             before = len(gpu._step().dispatches)
             gpu.matmuls(list(ws), gpu.from_numpy(x[:n].astype(np.float32)), outs)
-            assert len(gpu._step().dispatches) == before + 1
+            assert len(gpu._step().dispatches) == before + 1 + quants(gpu, qtype, n)
             for out, r in zip(outs, refs):
-                close(gpu.to_numpy(out), x[:n] @ r.T)
+                close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ r.T)
     other = T.Q6_K if qtype != T.Q6_K else T.Q8_0  # a matrix of another type: a dispatch of its own
     (w0, r0), (w1, r1), (w2, r2) = mats[0], matrix(gpu, other, 7, 256, seed=20), mats[1]
     outs = [gpu.empty((8, w.shape[0])) for w in (w0, w1, w2)]
     before = len(gpu._step().dispatches)
     gpu.matmuls([w0, w1, w2], gpu.from_numpy(x[:8].astype(np.float32)), outs)
-    assert len(gpu._step().dispatches) == before + 2
-    for out, r in zip(outs, (r0, r1, r2)):
-        close(gpu.to_numpy(out), x[:8] @ r.T)
+    assert len(gpu._step().dispatches) == before + 2 + quants(gpu, qtype, 8) + quants(gpu, other, 8)
+    for out, r, t in zip(outs, (r0, r1, r2), (qtype, other, qtype)):
+        close(gpu.to_numpy(out), seen(gpu, t, x[:8]) @ r.T)
 
 
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
@@ -186,12 +208,13 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
     """Gate and up in one decode dispatch, then act(gate) * up over either: the product's dispatch
     pairs their rows and writes the gated values itself (one dispatch, not two); both outputs hold
     what the two ops give (the CPU adapters' mv_row from 2 rows: the two dispatches, same values).
-    Q4_K and Q6_K through their own decode entry (mvk), Q4_1 through mvp."""
+    Q4_K and Q6_K through their own decode entry (mvq, after x's rounding), Q4_1 through mvp."""
     (wg, rg), (wu, ru) = matrix(gpu, qtype, 37, 512, seed=40), matrix(gpu, qtype, 37, 512, seed=41)
     x = np.random.default_rng(6).standard_normal((8, 512)) * 0.3
     for n in (1, 3, 8):
         for into in ("gate", "up"):
-            gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (x[:n] @ rg.T, x[:n] @ ru.T))
+            xs = seen(gpu, qtype, x[:n])
+            gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (xs @ rg.T, xs @ ru.T))
             (g0, r0), (u0, ru0) = both(gpu, ref, gate), both(gpu, ref, up)
             getattr(ref, op)(r0, ru0, r0 if into == "gate" else ru0)
             go, uo = gpu.empty((n, 37)), gpu.empty((n, 37))
@@ -199,7 +222,7 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
             gpu.matmuls([wg, wu], gpu.from_numpy(x[:n].astype(np.float32)), [go, uo])
             getattr(gpu, op)(go, uo, go if into == "gate" else uo)
             fused = plan != "rows" or n == 1
-            assert len(gpu._step().dispatches) == before + (1 if fused else 2)
+            assert len(gpu._step().dispatches) == before + (1 if fused else 2) + quants(gpu, qtype, n)
             close(gpu.to_numpy(go), r0, rel=1e-4)
             close(gpu.to_numpy(uo), ru0, rel=1e-4)
 

@@ -70,7 +70,8 @@ SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave 
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8)}
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
+                "quant_q8": (2, 5)}
 
 
 def _groups(count: int) -> tuple[int, int, int]:
@@ -125,6 +126,9 @@ class Backend:
         # kernel's speed (H100, bench/NOTES.md)
         self.tile_attention = self.row_products
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
+        # decode products of Q4_K and Q6_K on x rounded to int8 blocks (quant_q8, then mvq's packed
+        # 4 x 8-bit dot products): a quarter of the f32 activations' reads, as the CPU's products
+        self.int8_products = True
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -342,31 +346,48 @@ class Backend:
             return
         if self._unplaced:
             self.settle()
+        q8 = None  # x's int8 blocks, once for all parts
         for row0, n_rows, buf, base in w.data.parts:
             params = _params(n_rows, cols, x.shape[0], w.data.row_bytes, rows, row0, base, n_rows, n_rows)
-            self._product(w.type, buf, x, {3: out}, params, n_rows)
+            q8 = self._product(w.type, buf, x, {3: out}, params, n_rows, q8)
 
     def _mvp(self, n: int) -> bool:
         """Whether products of n activation rows take mvp (matvec.wgsl)."""
         return n == 1 or (n <= MV_MAX_ROWS and not self.row_products)
 
-    def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int) -> None:
-        """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's."""
+    def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int, q8=None):
+        """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's; returns
+        the buffer of x's int8 blocks where mvq took them (q8: already made)."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
-            if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
+            if own is not None and self.int8_products:  # mvq: x as int8 blocks first
+                entry = "mvq"
+                q8 = bindings[8] = bindings[9] = q8 or self._quant_q8(x)
+                del bindings[2]
+                bindings[own[1]] = bindings.pop(1)
+            elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
             elif own is not None:  # mvk at 32 lanes only (above)
                 entry = "mvk"
                 bindings[own[1]] = bindings.pop(1)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
+            return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
+
+    def _quant_q8(self, x):
+        """x (n, k) as int8 blocks of 32 and their scales (quant_q8 in ops.wgsl) in a scratch buffer
+        for the integer decode products (mvq)."""
+        n, k = x.shape[0], x.shape[-1]
+        blocks = n * (k // 32)
+        buf = self._scratch("q8", 12 * blocks)  # 8 words of int8 and 4 of scale and sums a block
+        self._dispatch("ops", "quant_q8", {2: x, 5: buf}, _params(k, n, 8 * blocks), _groups(-(-blocks // 256)))
+        return buf
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
         """outs[i] = x @ ws[i].T: the matrices of one type and width, whole in one buffer, one

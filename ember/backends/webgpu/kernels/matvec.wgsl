@@ -6,6 +6,15 @@
 const MV_WG: u32 = 32u;  // lanes of a workgroup
 const NR: u32 = 2u;  // weight rows of a workgroup
 
+// The integer decode products' activations (mvq; quant_q8 in ops.wgsl writes them): a 32-value
+// block of x as 32 int8 (XQ: two 16-byte elements), the n rows' blocks back to back, then each
+// block's (d, d * sum of q over values 0-15, over 16-31, 0) (XS).
+@group(0) @binding(8) var<storage, read> XQ: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> XS: array<vec4<f32>>;
+
+// the XS element of block b of activation row a (nb blocks a row, n rows)
+fn xs_at(a: u32, b: u32, nb: u32, n: u32) -> u32 { return 2u * n * nb + a * nb + b; }
+
 // Row r of workgroup g: rows NR * g .. of the (virtual) matrix; or, gated (param 13: 1 SiLU,
 // 2 GELU-tanh, gate and up of as many rows back to back, NR = 2), row g of the gate and row g of
 // the up matrix, the workgroup then writing act(gate) * up over the gate's output (over the up's

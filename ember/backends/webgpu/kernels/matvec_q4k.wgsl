@@ -77,3 +77,58 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     MV_SUM_CALL
 }
+
+// The same items on int8 activations (XQ, XS): a sub-block's 16 nibbles of the item against the
+// matching half of x's block as 4 packed dot products (x's 32-value blocks are Q4_K's sub-blocks),
+// scaled once by the sub-block's scale times x's; the mins against x's half sums.
+@compute @workgroup_size(32)
+fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let nb = k / 32u;
+    let g = flat_group(wid, nwg);
+    var bases = mv_bases(g, rows);
+    for (var r = 0u; r < NR; r++) { bases[r] /= 16u; }
+    var acc: array<f32, NR * NX>;
+    let m4 = vec4<u32>(0x0f0f0f0fu);
+    for (var i = t; i < nb; i += MV_WG) {
+        let b = i / 8u;
+        let j = (i / 2u) % 4u;
+        let h = i % 2u;
+        let xb = 8u * b + 2u * j;  // x's blocks of sub-blocks 2j (low nibbles) and 2j + 1
+        var xq: array<vec4<u32>, 2 * NX>;
+        var xd: array<vec4<f32>, NX>;  // the two blocks' d, then their halves' sums
+        for (var a = 0u; a < NX; a++) {
+            if (a < n) {
+                xq[2u * a] = XQ[2u * (a * nb + xb) + h];
+                xq[2u * a + 1u] = XQ[2u * (a * nb + xb + 1u) + h];
+                let s0 = XS[xs_at(a, xb, nb, n)];
+                let s1 = XS[xs_at(a, xb + 1u, nb, n)];
+                xd[a] = select(vec4<f32>(s0.x, s1.x, s0.y, s1.y), vec4<f32>(s0.x, s1.x, s0.z, s1.z), h == 1u);
+            }
+        }
+        for (var r = 0u; r < NR; r++) {
+            let blk = bases[r] + 9u * b;
+            let hd = W4[blk];
+            let qv = W4[blk + 1u + 2u * j + h];
+            let dm = unpack2x16float(hd.x);
+            let sm = q4k_scales(hd, j);
+            let dl = dm.x * sm.xy;
+            let ml = dm.y * sm.zw;
+            let lo = qv & m4;
+            let hi = (qv >> vec4<u32>(4u)) & m4;
+            for (var a = 0u; a < NX; a++) {
+                if (a < n) {
+                    let p = xq[2u * a];
+                    let q = xq[2u * a + 1u];
+                    let sl = dot4I8Packed(lo.x, p.x) + dot4I8Packed(lo.y, p.y) + dot4I8Packed(lo.z, p.z) + dot4I8Packed(lo.w, p.w);
+                    let sh = dot4I8Packed(hi.x, q.x) + dot4I8Packed(hi.y, q.y) + dot4I8Packed(hi.z, q.z) + dot4I8Packed(hi.w, q.w);
+                    acc[r * NX + a] += dl.x * xd[a].x * f32(sl) + dl.y * xd[a].y * f32(sh) - dot(ml, xd[a].zw);
+                }
+            }
+        }
+    }
+    MV_SUM_CALL
+}

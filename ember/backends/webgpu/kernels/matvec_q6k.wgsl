@@ -77,3 +77,69 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     MV_SUM_CALL
 }
+
+// The same items on int8 activations (XQ, XS): each quarter's 8 values (6-bit, unsigned) against
+// the 8 int8 of x's block that hold them as 2 packed dot products, the -32 offset against their
+// sum, scaled once by the quarter's scale times x's d.
+@compute @workgroup_size(32)
+fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let nb = k / 32u;
+    let g = flat_group(wid, nwg);
+    let bases = mv_bases(g, rows);
+    var acc: array<f32, NR * NX>;
+    let m4 = 0x0f0f0f0fu;
+    let m2 = 0x03030303u;
+    for (var i = t; i < nb; i += MV_WG) {
+        let b = i / 8u;
+        let h = (i / 4u) % 2u;
+        let q = i % 4u;
+        let xb = 8u * b + 4u * h;  // quarter j's values are x's block xb + j, its words 2q, 2q + 1
+        var xq: array<vec4<u32>, 2 * NX>;  // quarters 0 and 1, then 2 and 3: two words each
+        var xd: array<vec4<f32>, NX>;  // the quarters' d
+        var xo: array<vec4<i32>, NX>;  // 32 * the quarters' sums of q (the offset's share)
+        for (var a = 0u; a < NX; a++) {
+            if (a < n) {
+                var w: array<vec2<u32>, 4>;
+                for (var j = 0u; j < 4u; j++) {
+                    let e = XQ[2u * (a * nb + xb + j) + q / 2u];
+                    w[j] = select(e.xy, e.zw, (q & 1u) == 1u);
+                    xd[a][j] = XS[xs_at(a, xb + j, nb, n)].x;
+                    xo[a][j] = 32 * (dot4I8Packed(0x01010101u, w[j].x) + dot4I8Packed(0x01010101u, w[j].y));
+                }
+                xq[2u * a] = vec4<u32>(w[0], w[1]);
+                xq[2u * a + 1u] = vec4<u32>(w[2], w[3]);
+            }
+        }
+        for (var r = 0u; r < NR; r++) {
+            let blk = bases[r] + 210u * b;
+            let la = w64(blk + 64u * h + 8u * q);
+            let lb = w64(blk + 64u * h + 32u + 8u * q);
+            let hb = w64(blk + 128u + 32u * h + 8u * q);
+            let sw = w64(blk + 192u + 8u * h);
+            let d = f16at(blk + 208u);
+            let sh = 8u * (q / 2u);
+            let sc = d * vec4<f32>(f32(extractBits(bitcast<i32>(sw.x), sh, 8u)), f32(extractBits(bitcast<i32>(sw.x), sh + 16u, 8u)),
+                                   f32(extractBits(bitcast<i32>(sw.y), sh, 8u)), f32(extractBits(bitcast<i32>(sw.y), sh + 16u, 8u)));
+            let v0 = (la & vec2<u32>(m4)) | ((hb & vec2<u32>(m2)) << vec2<u32>(4u));
+            let v1 = (lb & vec2<u32>(m4)) | (((hb >> vec2<u32>(2u)) & vec2<u32>(m2)) << vec2<u32>(4u));
+            let v2 = ((la >> vec2<u32>(4u)) & vec2<u32>(m4)) | (((hb >> vec2<u32>(4u)) & vec2<u32>(m2)) << vec2<u32>(4u));
+            let v3 = ((lb >> vec2<u32>(4u)) & vec2<u32>(m4)) | (((hb >> vec2<u32>(6u)) & vec2<u32>(m2)) << vec2<u32>(4u));
+            for (var a = 0u; a < NX; a++) {
+                if (a < n) {
+                    let p = xq[2u * a];
+                    let o = xq[2u * a + 1u];
+                    let s = vec4<i32>(dot4I8Packed(v0.x, p.x) + dot4I8Packed(v0.y, p.y),
+                                      dot4I8Packed(v1.x, p.z) + dot4I8Packed(v1.y, p.w),
+                                      dot4I8Packed(v2.x, o.x) + dot4I8Packed(v2.y, o.y),
+                                      dot4I8Packed(v3.x, o.z) + dot4I8Packed(v3.y, o.w)) - xo[a];
+                    acc[r * NX + a] += dot(sc * xd[a], vec4<f32>(s));
+                }
+            }
+        }
+    }
+    MV_SUM_CALL
+}

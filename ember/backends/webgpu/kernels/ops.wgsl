@@ -890,3 +890,30 @@ fn chain_ids(@builtin(global_invocation_id) g: vec3<u32>) {
     }
     OI[pu(2u) + j] = got;
 }
+
+// Activations for the integer decode products (mvq): each 32-value block of X (A: n rows of k)
+// as 32 int8 (rounded to d = max|x| / 127) in 8 words of H, its scale and the scaled sums of its
+// two halves (d * sum q) at word S + 4 (row * k/32 + block) as (d, s0, s1, 0). A thread a block.
+// params: 0 k, 1 n, 2 S (words)
+@compute @workgroup_size(256)
+fn quant_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    let blk = elem(wid, nwg, t);
+    if (blk >= pu(1u) * (pu(0u) / 32u)) { return; }
+    let at = 32u * blk;
+    var m = 0.0;
+    for (var i = 0u; i < 32u; i++) { m = max(m, abs(A[at + i])); }
+    let d = m / 127.0;
+    let inv = select(0.0, 1.0 / d, m > 0.0);
+    var s = vec2<i32>(0);
+    for (var w = 0u; w < 8u; w++) {
+        let q = vec4<i32>(round(vec4<f32>(A[at + 4u * w], A[at + 4u * w + 1u], A[at + 4u * w + 2u], A[at + 4u * w + 3u]) * inv));
+        H[8u * blk + w] = pack4xI8(q);
+        s[w / 4u] += q.x + q.y + q.z + q.w;
+    }
+    let o = pu(2u) + 4u * blk;
+    H[o] = bitcast<u32>(d);
+    H[o + 1u] = bitcast<u32>(d * f32(s.x));
+    H[o + 2u] = bitcast<u32>(d * f32(s.y));
+    H[o + 3u] = 0u;
+}
