@@ -196,7 +196,8 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
     outs = [gpu.empty((8, w.shape[0])) for w in (w0, w1, w2)]
     before = len(gpu._step().dispatches)
     gpu.matmuls([w0, w1, w2], gpu.from_numpy(x[:8].astype(np.float32)), outs)
-    assert len(gpu._step().dispatches) == before + 2 + quants(gpu, qtype, 8) + quants(gpu, other, 8)
+    # x's int8 blocks made once where both types take them (mvq)
+    assert len(gpu._step().dispatches) == before + 2 + max(quants(gpu, qtype, 8), quants(gpu, other, 8))
     for out, r, t in zip(outs, (r0, r1, r2), (qtype, other, qtype)):
         close(gpu.to_numpy(out), seen(gpu, t, x[:8]) @ r.T)
 
@@ -225,6 +226,45 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
             assert len(gpu._step().dispatches) == before + (1 if fused else 2) + quants(gpu, qtype, n)
             close(gpu.to_numpy(go), r0, rel=1e-4)
             close(gpu.to_numpy(uo), ru0, rel=1e-4)
+
+
+@pytest.mark.parametrize("plan", ["lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("n", [1, 3])
+def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
+    """The residual add and norm before Q4_K and Q6_K decode products (a layer's q/k then its
+    Q6_K v, as Q4_K_M files have them) write x's int8 blocks themselves: no quant_q8 dispatch, the
+    second type's product reads the same blocks; the products as on the rounded x. A product's
+    output as the next product's x is rounded by a quant_q8 of its own."""
+    d = 512
+    rng = np.random.default_rng(11)
+    x, h, nw = rng.standard_normal((n, d)), rng.standard_normal((n, d)), rng.uniform(0.5, 1.5, d)
+    (wq, rq), (wk, rk), (wv, rv) = (matrix(gpu, t, r, d, seed=50 + r) for t, r in ((T.Q4_K, 40), (T.Q4_K, 24), (T.Q6_K, 24)))
+    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+    gn, rn = gpu.empty((n, d)), ref.empty((n, d))
+    for b, (xx, hh, nn) in ((gpu, (gx, gh, gn)), (ref, (rx, rh, rn))):
+        b.add(xx, hh, xx)
+        b.rms_norm(xx, vector(b, nw), 1e-6, nn)
+    outs = [gpu.empty((n, w.shape[0])) for w in (wq, wk, wv)]
+    before = len(gpu._step().dispatches)
+    gpu.matmuls([wq, wk, wv], gn, outs)
+    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before - 1:]]
+    assert names == ["add_rms_norm", "mvq", "mvq"]
+    normed = rn.copy() if isinstance(rn, np.ndarray) else ref.to_numpy(rn)
+    close(gpu.to_numpy(gn), normed)
+    for out, r in zip(outs, (rq, rk, rv)):
+        close(gpu.to_numpy(out), q8(normed.astype(np.float32)) @ r.T)
+    # a product's output into the next product
+    (ws, rs) = matrix(gpu, T.Q4_K, d, d, seed=60)
+    gs = gpu.from_numpy(normed.astype(np.float32))
+    tmp, out = gpu.empty((n, d)), gpu.empty((n, 40))
+    before = len(gpu._step().dispatches)
+    gpu.matmul(ws, gs, tmp)
+    gpu.matmul(wq, tmp, out)
+    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before:]]
+    assert names == ["quant_q8", "mvq", "quant_q8", "mvq"]
+    mid = (q8(normed.astype(np.float32)) @ rs.T).astype(np.float32)
+    close(gpu.to_numpy(tmp), mid)
+    close(gpu.to_numpy(out), q8(gpu.to_numpy(tmp)) @ rq.T)
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)

@@ -64,11 +64,11 @@ WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one w
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
 MAX_FUSED = 3  # matrices one product dispatch may run (matmul.wgsl's Y, Y2, Y3)
 F32 = np.float32
-SPARE_OUTPUT = 9  # ops.wgsl's Z, the second output some entry points may leave unused
+SPARE_OUTPUTS = (5, 9)  # ops.wgsl's H and Z, outputs some entry points may leave unused
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
 # output itself, or absent, is bound to a placeholder)
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
-                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 9), "norm_add_rms_norm": (1, 2, 3, 9),
+                "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 5, 9), "norm_add_rms_norm": (1, 2, 3, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
                 "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
                 "quant_q8": (2, 5)}
@@ -136,10 +136,13 @@ class Backend:
         self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
+        self._norm_out = None  # (step, dispatch index, output buffer, (rows, d)) of the last add_rms_norm
+        self._q8_of = None  # (step, x's buffer, (n, k), blocks' buffer) of the int8 blocks made last
         self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
         self._scratches: dict = {}  # name -> a growing buffer (_scratch)
         self._dummy = self._buffer(16)  # placeholder of unused inputs
-        self._spare = self._buffer(16)  # of an unused second output (a writable binding aliases nothing)
+        # of unused outputs (a writable binding aliases nothing)
+        self._spares = {b: self._buffer(16) for b in SPARE_OUTPUTS}
         self._spare_outputs = {5: self._buffer(16), 6: self._buffer(16)}  # of a product's Y2, Y3 (one matrix)
         self._unplaced: list = []  # (MatrixData, part index, bytes) not on the device yet (settle)
         self.last_step: Step | None = None  # the last step run (its host encode and wait times)
@@ -162,6 +165,7 @@ class Backend:
 
     def _write(self, buf, at: int, data: np.ndarray) -> None:
         """data's bytes into buf from byte `at` (a multiple of 4), the last word zero-padded."""
+        self._q8_of = None
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         whole = raw.size // 4 * 4
         if whole:
@@ -294,11 +298,14 @@ class Backend:
         for arr in bindings.values():
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
-        self._residual = self._rope_last = self._gate_up = self._normed = self._keys_roped = None
+        self._residual = self._rope_last = self._gate_up = self._normed = self._keys_roped = self._norm_out = None
         if module == "ops":
-            bindings = {b: bindings.get(b, self._spare if b == SPARE_OUTPUT else self._dummy)
+            bindings = {b: bindings.get(b, self._spares.get(b, self._dummy))
                         for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
+        q8 = self._q8_of  # int8 blocks of x stay x's until an op runs or a product writes x
+        if q8 is not None and (module == "ops" or any(b in (3, 5, 6) and a is q8[1] for b, a in bound)):
+            self._q8_of = None
         self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
     def _input(self, a) -> int:
@@ -365,7 +372,7 @@ class Backend:
             entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
             if own is not None and self.int8_products:  # mvq: x as int8 blocks first
                 entry = "mvq"
-                q8 = bindings[8] = bindings[9] = q8 or self._quant_q8(x)
+                q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
                 del bindings[2]
                 bindings[own[1]] = bindings.pop(1)
             elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
@@ -380,13 +387,28 @@ class Backend:
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
 
-    def _quant_q8(self, x):
-        """x (n, k) as int8 blocks of 32 and their scales (quant_q8 in ops.wgsl) in a scratch buffer
-        for the integer decode products (mvq)."""
+    def _q8_for(self, x):
+        """x (n, k) as int8 blocks of 32 and their scales (ops.wgsl's put_q8) in a scratch buffer for
+        the integer decode products (mvq): those made last where x is unchanged since; else made
+        by the add_rms_norm that wrote x as the step's last dispatch; else by quant_q8."""
         n, k = x.shape[0], x.shape[-1]
-        blocks = n * (k // 32)
+        step, blocks = self._step(), n * (k // 32)
+        got = self._q8_of
+        if got is not None and got[0] is step and got[1] is x.buf and got[2] == (n, k):
+            return got[3]
         buf = self._scratch("q8", 12 * blocks)  # 8 words of int8 and 4 of scale and sums a block
-        self._dispatch("ops", "quant_q8", {2: x, 5: buf}, _params(k, n, 8 * blocks), _groups(-(-blocks // 256)))
+        norm = self._norm_out
+        if (norm is not None and norm[0] is step and norm[1] == len(step.dispatches) - 1 and norm[2] is x.buf
+                and norm[3] == (n, k) and not x.offset):
+            last = step.dispatches[-1]
+            params = last.params.copy()
+            params[5], params[6] = 1, 8 * blocks
+            bindings = dict(last.bindings)
+            bindings[5] = buf
+            step.dispatches[-1] = Dispatch(last.pipeline, tuple(sorted(bindings.items())), params, last.groups)
+        else:
+            self._dispatch("ops", "quant_q8", {2: x, 5: buf}, _params(k, n, 8 * blocks), _groups(-(-blocks // 256)))
+        self._q8_of = (step, x.buf, (n, k), buf)
         return buf
 
     def matmuls(self, ws: list[Weight], x, outs: list) -> None:
@@ -535,6 +557,8 @@ class Backend:
         rows = x.size // x.shape[-1]
         self._dispatch("ops", "add_rms_norm", bindings,
                        _params(x.shape[-1], rows, int(h.buf is out.buf), int(w is not None), float(eps)), _groups(rows))
+        if out.size == x.size and x.shape[-1] % 32 == 0:
+            self._norm_out = (step, len(step.dispatches) - 1, out.buf, (rows, x.shape[-1]))
 
     def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
         """Rotate x in place; keys rotated right after their queries (same positions and parameters)

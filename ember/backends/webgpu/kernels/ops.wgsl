@@ -181,7 +181,7 @@ fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 
 // The residual add and the norm after it in one pass over each row: Y (x) += A (h), then
 // Z = Y / rms(Y) (* B where given); A is read from Z where the norm writes over h (a flag).
-// params: 0 d, 1 rows, 2 h is Z, 3 has weight, 4 eps
+// params: 0 d, 1 rows, 2 h is Z, 3 has weight, 4 eps, 5 Z's int8 blocks into H too, 6 their S
 @compute @workgroup_size(256)
 fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) t: u32) {
@@ -200,6 +200,20 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let total = wg_sum(t, ss);
     if (row >= pu(1u)) { return; }
     let r = 1.0 / sqrt(total / f32(d) + pf(4u));
+    if (pu(5u) != 0u) {  // and its int8 blocks for the next product (put_q8, scales from word param 6)
+        for (var b = t; b < d / 32u; b += WG) {
+            var v: array<f32, 32>;
+            for (var i = 0u; i < 32u; i++) {
+                let at = 32u * b + i;
+                var x = Y[row * d + at] * r;
+                if (pu(3u) != 0u) { x *= B[at]; }
+                Z[row * d + at] = x;
+                v[i] = x;
+            }
+            put_q8(&v, row * (d / 32u) + b, pu(6u));
+        }
+        return;
+    }
     for (var i = t; i < d; i += WG) {
         var x = Y[row * d + i] * r;
         if (pu(3u) != 0u) { x *= B[i]; }
@@ -900,20 +914,26 @@ fn quant_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             @builtin(local_invocation_index) t: u32) {
     let blk = elem(wid, nwg, t);
     if (blk >= pu(1u) * (pu(0u) / 32u)) { return; }
-    let at = 32u * blk;
+    var v: array<f32, 32>;
+    for (var i = 0u; i < 32u; i++) { v[i] = A[32u * blk + i]; }
+    put_q8(&v, blk, pu(2u));
+}
+
+// block blk of the int8 activations (quant_q8's layout, scales from word s) from its 32 values
+fn put_q8(v: ptr<function, array<f32, 32>>, blk: u32, s: u32) {
     var m = 0.0;
-    for (var i = 0u; i < 32u; i++) { m = max(m, abs(A[at + i])); }
+    for (var i = 0u; i < 32u; i++) { m = max(m, abs((*v)[i])); }
     let d = m / 127.0;
     let inv = select(0.0, 1.0 / d, m > 0.0);
-    var s = vec2<i32>(0);
+    var sums = vec2<i32>(0);
     for (var w = 0u; w < 8u; w++) {
-        let q = vec4<i32>(round(vec4<f32>(A[at + 4u * w], A[at + 4u * w + 1u], A[at + 4u * w + 2u], A[at + 4u * w + 3u]) * inv));
+        let q = vec4<i32>(round(vec4<f32>((*v)[4u * w], (*v)[4u * w + 1u], (*v)[4u * w + 2u], (*v)[4u * w + 3u]) * inv));
         H[8u * blk + w] = pack4xI8(q);
-        s[w / 4u] += q.x + q.y + q.z + q.w;
+        sums[w / 4u] += q.x + q.y + q.z + q.w;
     }
-    let o = pu(2u) + 4u * blk;
+    let o = s + 4u * blk;
     H[o] = bitcast<u32>(d);
-    H[o + 1u] = bitcast<u32>(d * f32(s.x));
-    H[o + 2u] = bitcast<u32>(d * f32(s.y));
+    H[o + 1u] = bitcast<u32>(d * f32(sums.x));
+    H[o + 2u] = bitcast<u32>(d * f32(sums.y));
     H[o + 3u] = 0u;
 }
