@@ -39,10 +39,10 @@ MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 # 640 x 2048 Q6_K on an H100); the heads, with workgroups to spare, keep 32 (41.9 us against 60.4 at
 # 49,152 x 576 Q8_0); bench/webgpu.py --lanes
 MV_WIDE_BELOW = 16384
-# Q4_K's and Q6_K's own decode entry (mvk, 32 weights a lane) where the build has 32 lanes: there it
-# beat mvp on each of the 8B's products (H100, one row: q 26.4 vs 33.6 us, k 17.4 vs 25.9, gate 66.7
-# vs 76.4, down 68.5 vs 111.6, the head 431 vs 539); at 128 lanes a 4096-wide row is one item a lane
-# and mvp's 128-lane build is the faster (q 24.2 vs 31.7, down 65.1 vs 71.6): bench/webgpu.py --lanes
+# Q4_K's and Q6_K's own decode entries (32 weights a lane's item): mvq on int8 blocks of x (served,
+# 32 lanes; on lavapipe 0.55-0.69x mvk's time in Gemma 3's decode step), mvk on f32 x (int8_products
+# off: the 32-lane builds; it beat mvp there on each of the 8B's products on an H100, one row: q 26.4
+# vs 33.6 us, gate 66.7 vs 76.4, down 68.5 vs 111.6; at 128 lanes mvp is the faster): bench/webgpu.py --lanes
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
