@@ -232,7 +232,8 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
 @pytest.mark.parametrize("n", [1, 3])
 def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     """The residual add and norm before Q4_K and Q6_K decode products (a layer's q/k then its
-    Q6_K v, as Q4_K_M files have them) write x's int8 blocks themselves: no quant_q8 dispatch, the
+    Q6_K v, as Q4_K_M files have them; and the post-norm families' norm, add and norm) write x's
+    int8 blocks themselves: no quant_q8 dispatch, the
     second type's product reads the same blocks; the products as on the rounded x. A product's
     output as the next product's x is rounded by a quant_q8 of its own."""
     d = 512
@@ -253,6 +254,21 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     close(gpu.to_numpy(gn), normed)
     for out, r in zip(outs, (rq, rk, rv)):
         close(gpu.to_numpy(out), q8(normed.astype(np.float32)) @ r.T)
+    # the post-norm families' norm, add and norm (one dispatch) before a product: the same
+    post = rng.uniform(0.5, 1.5, d)
+    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+    for b, (xx, hh) in ((gpu, (gx, gh)), (ref, (rx, rh))):
+        b.rms_norm(hh, vector(b, post), 1e-6, hh)
+        b.add(xx, hh, xx)
+        b.rms_norm(xx, vector(b, nw), 1e-6, hh)
+    out = gpu.empty((n, 24))
+    before = len(gpu._step().dispatches)
+    gpu.matmul(wv, gh, out)
+    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before - 1:]]
+    assert names == ["norm_add_rms_norm", "mvq"]
+    normed = ref.to_numpy(rh) if not isinstance(rh, np.ndarray) else rh
+    close(gpu.to_numpy(gh), normed)
+    close(gpu.to_numpy(out), q8(normed.astype(np.float32)) @ rv.T)
     # a product's output into the next product
     (ws, rs) = matrix(gpu, T.Q4_K, d, d, seed=60)
     gs = gpu.from_numpy(normed.astype(np.float32))

@@ -147,7 +147,7 @@ fn rms_norm_z(t: u32, d: u32, r: u32) {
 
 // A block's output normed, added to the residual stream, and the next norm, in one pass over
 // each row (post-norm families: Gemma): Z (h) = Z / rms(Z) (* B), Y (x) += Z, Z = Y / rms(Y) (* A).
-// params: 0 d, 1 rows, 2 has B, 3 has A, 4 eps
+// params: 0 d, 1 rows, 2 has B, 3 has A, 4 eps, 5 Z's int8 blocks into H too, 6 their S
 @compute @workgroup_size(256)
 fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) t: u32) {
@@ -172,6 +172,20 @@ fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
     let r2 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
     if (!live) { return; }
+    if (pu(5u) != 0u) {  // and its int8 blocks for the next product (as add_rms_norm)
+        for (var b = t; b < d / 32u; b += WG) {
+            var v: array<f32, 32>;
+            for (var i = 0u; i < 32u; i++) {
+                let c = 32u * b + i;
+                var x = Y[at + c] * r2;
+                if (pu(3u) != 0u) { x *= A[c]; }
+                Z[at + c] = x;
+                v[i] = x;
+            }
+            put_q8(&v, row * (d / 32u) + b, pu(6u));
+        }
+        return;
+    }
     for (var i = t; i < d; i += WG) {
         var x = Y[at + i] * r2;
         if (pu(3u) != 0u) { x *= A[i]; }
