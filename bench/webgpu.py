@@ -24,8 +24,9 @@ for a few rows), alternating; medians and GFLOP/s.
 
 With --lanes: the decode kernel alone (one activation row) on each model's first-layer products
 and output head, built with 32, 64 and 128 lanes a workgroup (served: 128 below 16,384 weight rows,
-32 above), each dispatch timed by timestamp queries, alternating; medians. Q4_K's and Q6_K's own
-entry (mvk) beside the generic piece kernel (mvp).
+32 above), each dispatch timed by timestamp queries, alternating; medians. The served int8 products
+(mvq) and x's rounding (quant_q8) beside the f32 ones: Q4_K's and Q6_K's own entry (mvk) and the
+generic piece kernel (mvp).
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
@@ -303,6 +304,7 @@ def bench_lanes(spec: str, args) -> dict:
     is timed beside the piece kernel (mvp) it replaced."""
     from ember.backends import get_backend
     from ember.backends.webgpu import MATRIX_TYPES
+    from ember.backends.webgpu._kernels import MV_OWN
     from ember.backends.webgpu._step import Dispatch, Step
     from ember.gguf_loader import GGUFFile
 
@@ -336,7 +338,8 @@ def bench_lanes(spec: str, args) -> dict:
             step.dispatches = quant
             step.build(backend.device, backend.wgpu)
             steps["quant_q8"] = step
-        for entry in dict.fromkeys(("mvq", "mvk") * bool(quant) + (served, "mvp")):
+        own = ("mvk",) if MATRIX_TYPES[w.type] in MV_OWN else ()
+        for entry in dict.fromkeys(("mvq",) * bool(quant) + own + (served, "mvp")):
             ds = [d for d in recs[True].dispatches if d not in quant] if entry == "mvq" else rec.dispatches
             for lanes in LANES:
                 module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")

@@ -80,15 +80,18 @@ def q8(x):
     return (np.round(b * inv) * d).reshape(x.shape).astype(np.float64)
 
 
+INT8_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K)  # decode products on int8 x (mvq)
+
+
 def seen(gpu, qtype, x):
-    """x as a product of x.shape[0] rows of qtype reads it: Q4_K's and Q6_K's decode products (mvq)
+    """x as a product of x.shape[0] rows of qtype reads it: the decode products of INT8_TYPES (mvq)
     on int8 blocks of it."""
-    return q8(x) if gpu.int8_products and qtype in (T.Q4_K, T.Q6_K) and gpu._mvp(x.shape[0]) else x
+    return q8(x) if quants(gpu, qtype, x.shape[0]) else x
 
 
 def quants(gpu, qtype, n) -> int:
     """Dispatches rounding x before a product of n rows of qtype (quant_q8 before mvq)."""
-    return int(gpu.int8_products and qtype in (T.Q4_K, T.Q6_K) and gpu._mvp(n))
+    return int(gpu.int8_products and qtype in INT8_TYPES and gpu._mvp(n))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -116,8 +119,9 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
     summed by subgroups or in workgroup memory; on CPU adapters one row only, mv_row beyond) on
     every type: an odd row count (the last workgroup's second row is past the end) and widths
     whose pieces do not fill the lanes' last round (k = 288: 36 pieces of 32-lane rounds; 2304:
-    mvq's 72 items of 32 values, 2 rounds and 8). Q4_K and Q6_K take mvq (32 lanes, on x rounded to
-    int8 blocks: against that x), the others mvp."""
+    mvq's 72 items of 32 values, 2 rounds and 8). The 32-value block types take mvq (mvp's pieces
+    on x rounded to int8 blocks: against that x), Q4_K and Q6_K their own mvq (32 lanes), the
+    others mvp."""
     cols = 2304 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 288
     w, ref = matrix(gpu, qtype, 45, cols, seed=30 + int(qtype))
     x = np.random.default_rng(5).standard_normal((8, cols))
@@ -129,9 +133,9 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
             assert entry == "mv_row"
         else:
             built = {1: 1, 2: 2, 3: 4, 8: 8}[n]
-            own = qtype in (T.Q4_K, T.Q6_K)
+            own = qtype in (T.Q4_K, T.Q6_K)  # their own mvq, 32 lanes
             wide = "+w128" if n == 1 and plan != "rows" and not own else ""  # one row, few weight rows: 128 lanes
-            assert entry == ("mvq" if own else "mvp")
+            assert entry == ("mvq" if qtype in INT8_TYPES else "mvp")
             assert module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}{wide}")
         close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
 

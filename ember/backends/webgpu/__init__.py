@@ -370,10 +370,11 @@ class Backend:
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
-            if own is not None and self.int8_products:  # mvq: x as int8 blocks first
-                entry = "mvq"
+            if self.int8_products and (own is not None or MATRIX_TYPES[qtype] in _kernels.MV_INT):
+                entry = "mvq"  # on x as int8 blocks, made first
                 q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
                 del bindings[2]
+            if own is not None and entry == "mvq":  # Q4_K's and Q6_K's own mvq, 32 lanes
                 bindings[own[1]] = bindings.pop(1)
             elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"

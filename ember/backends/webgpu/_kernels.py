@@ -47,6 +47,8 @@ class Kernels:
 # types with a decode entry of their own (mvk: a lane's item 32 weights, each word read once) beside
 # mvp: its file and the binding of the weights (Q4_K's 7: the same buffer read as 16-byte words)
 MV_OWN = {"deq_q4_k": ("matvec_q4k.wgsl", 7), "deq_q6_k": ("matvec_q6k.wgsl", 1)}
+# the 32-value block types, whose int8 decode products (mvq) are mvp's pieces as integers
+MV_INT = ("deq_q4_0", "deq_q4_1", "deq_q5_0", "deq_q5_1", "deq_q8_0")
 
 # the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
 MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
@@ -65,13 +67,16 @@ def _products(decoder: str, *variant: str) -> str:
         rows, how, *lanes = variant
         args, call = MV_SUMS[how]
         mv = source("matvec.wgsl")
-        if decoder in MV_OWN:  # its own decode entry (mvk) beside mvp
+        if decoder in MV_OWN:  # its own decode entries (mvk, mvq) beside mvp
             mv += source(MV_OWN[decoder][0])
+        elif decoder in MV_INT:  # mvp's pieces on int8 x (mvq)
+            mv += source("matvec_q8.wgsl")
         if lanes:  # "w64": a workgroup of 64 lanes (32 unless named)
             wide = int(lanes[0].removeprefix("w"))
             mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(
                 "@workgroup_size(32)", f"@workgroup_size({wide})")
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
+    code = code.replace("IPIECE(", decoder.replace("deq_", "ip_") + "(")
     code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
     return code.replace("DEQ(", f"{decoder}(")  # naga takes subgroup builtins without `enable`

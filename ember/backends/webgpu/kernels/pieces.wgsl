@@ -131,3 +131,53 @@ fn pc_q6_k(base: u32, p: u32) -> Piece {
     let b = ((w32(ql + 4u) >> nib) & 0x0f0f0f0fu) | (((w32(qh + 4u) >> (2u * r)) & 0x03030303u) << 4u);
     return Piece((vec4<f32>(unpack4xU8(a)) - 32.0) * sc, (vec4<f32>(unpack4xU8(b)) - 32.0) * sc, 2u * p, 2u * p + 1u);
 }
+
+// The same pieces of the 32-value block types as integers for the int8 decode products (mvq,
+// matvec_q8.wgsl): a and b hold values 0-3 and 4-7 of the piece as 4 bytes each (meeting words xa
+// and xb of the row's int8 x: the Piece's vec4 indices, 4 values a word); a value is
+// d * (q + off) + m, so the piece's sum is d * (a . x + off * sum x) + m * sum x.
+struct IPiece { a: u32, b: u32, xa: u32, xb: u32, d: f32, m: f32, off: i32 }
+
+fn ip_q4_0(base: u32, p: u32) -> IPiece {
+    let blk = base + (p / 4u) * 18u;
+    let q = p % 4u;
+    let qs = w32(blk + 2u + 4u * q);
+    let xa = (p / 4u) * 8u + q;
+    return IPiece(qs & 0x0f0f0f0fu, (qs >> 4u) & 0x0f0f0f0fu, xa, xa + 4u, f16at(blk), 0.0, -8);
+}
+
+fn ip_q4_1(base: u32, p: u32) -> IPiece {
+    let blk = (base + (p / 4u) * 20u) / 4u;  // 4-byte aligned
+    let q = p % 4u;
+    let dm = unpack2x16float(W[blk]);
+    let qs = W[blk + 1u + q];
+    let xa = (p / 4u) * 8u + q;
+    return IPiece(qs & 0x0f0f0f0fu, (qs >> 4u) & 0x0f0f0f0fu, xa, xa + 4u, dm.x, dm.y, 0);
+}
+
+fn ip_q5_0(base: u32, p: u32) -> IPiece {
+    let blk = base + (p / 4u) * 22u;
+    let q = p % 4u;
+    let qh = w32(blk + 2u);
+    let qs = w32(blk + 6u + 4u * q);
+    let xa = (p / 4u) * 8u + q;
+    return IPiece((qs & 0x0f0f0f0fu) | fifth(qh >> (4u * q)), ((qs >> 4u) & 0x0f0f0f0fu) | fifth(qh >> (16u + 4u * q)),
+                  xa, xa + 4u, f16at(blk), 0.0, -16);
+}
+
+fn ip_q5_1(base: u32, p: u32) -> IPiece {
+    let blk = (base + (p / 4u) * 24u) / 4u;  // 4-byte aligned
+    let q = p % 4u;
+    let dm = unpack2x16float(W[blk]);
+    let qh = W[blk + 1u];
+    let qs = W[blk + 2u + q];
+    let xa = (p / 4u) * 8u + q;
+    return IPiece((qs & 0x0f0f0f0fu) | fifth(qh >> (4u * q)), ((qs >> 4u) & 0x0f0f0f0fu) | fifth(qh >> (16u + 4u * q)),
+                  xa, xa + 4u, dm.x, dm.y, 0);
+}
+
+fn ip_q8_0(base: u32, p: u32) -> IPiece {
+    let blk = base + (p / 4u) * 34u;
+    let at = blk + 2u + 8u * (p % 4u);
+    return IPiece(w32(at), w32(at + 4u), 2u * p, 2u * p + 1u, f16at(blk), 0.0, 0);
+}
