@@ -323,7 +323,7 @@ def bench_lanes(spec: str, args) -> dict:
     for w in ws:
         x = backend.from_numpy(np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32))
         recs = {}
-        for int8 in (False, True):  # the f32 products, then (Q4_K, Q6_K) x as int8 blocks and mvq
+        for int8 in (False, True):  # the f32 products, then x as int8 blocks and mvq
             backend.int8_products = int8
             with backend.record() as recs[int8]:
                 backend.matmul(w, x, backend.empty((1, w.shape[0])))
