@@ -140,6 +140,24 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
         close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
 
 
+@pytest.mark.parametrize("plan", ["lanes"], indirect=True)
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_decode_products_on_f32_x_with_int8_products_off(gpu, plan, qtype):
+    """int8_products off (the lane benchmark's baseline): the f32 decode entries (Q4_K's and Q6_K's
+    mvk from 2 rows, mvp otherwise), no rounding of x."""
+    w, ref = matrix(gpu, qtype, 45, 768, seed=9)
+    x = np.random.default_rng(10).standard_normal((3, 768))
+    gpu.int8_products = False
+    try:
+        for n in (1, 3):
+            out = gpu.empty((n, 45))
+            gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+            assert dispatched(gpu)[1] == ("mvk" if qtype != T.Q4_1 and n > 1 else "mvp")
+            close(gpu.to_numpy(out), x[:n] @ ref.T)
+    finally:
+        gpu.int8_products = True
+
+
 @pytest.mark.parametrize("sums", ["sg", "wg"])
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):

@@ -15,6 +15,30 @@ fn w64(b: u32) -> vec2<u32> {
     return select(vec2<u32>((a >> s) | (c << (32u - s)), (c >> s) | (e << (32u - s))), vec2<u32>(a, c), s == 0u);
 }
 
+// item (b, h, q) of the row at byte blk0: the four quarters' 8 values (6-bit, unsigned) as two
+// words each (x, y), and the quarters' scales times d
+struct Q6Item { v: array<vec2<u32>, 4>, sc: vec4<f32> }
+
+fn q6k_item(blk0: u32, b: u32, h: u32, q: u32) -> Q6Item {
+    let blk = blk0 + 210u * b;
+    let la = w64(blk + 64u * h + 8u * q);  // low nibbles: quarters 0 and 2 (high nibbles)
+    let lb = w64(blk + 64u * h + 32u + 8u * q);  // quarters 1 and 3
+    let hb = w64(blk + 128u + 32u * h + 8u * q);  // 2 high bits of each quarter
+    let sw = w64(blk + 192u + 8u * h);  // the half's 8 scales: quarter j's is byte q / 2 + 2j
+    let d = f16at(blk + 208u);
+    let sh = 8u * (q / 2u);
+    let sc = d * vec4<f32>(f32(extractBits(bitcast<i32>(sw.x), sh, 8u)), f32(extractBits(bitcast<i32>(sw.x), sh + 16u, 8u)),
+                           f32(extractBits(bitcast<i32>(sw.y), sh, 8u)), f32(extractBits(bitcast<i32>(sw.y), sh + 16u, 8u)));
+    let m4 = vec2<u32>(0x0f0f0f0fu);
+    let m2 = vec2<u32>(0x03030303u);
+    let four = vec2<u32>(4u);
+    // quarter j: nibbles of la (j even) or lb, low (j < 2) or high; high bits 2j .. 2j + 1
+    return Q6Item(array<vec2<u32>, 4>((la & m4) | ((hb & m2) << four),
+                                      (lb & m4) | (((hb >> vec2<u32>(2u)) & m2) << four),
+                                      ((la >> four) & m4) | (((hb >> four) & m2) << four),
+                                      ((lb >> four) & m4) | (((hb >> vec2<u32>(6u)) & m2) << four)), sc);
+}
+
 @compute @workgroup_size(32)
 fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
@@ -45,32 +69,15 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
         for (var r = 0u; r < NR; r++) {
-            let blk = bases[r] + 210u * b;
-            let la = w64(blk + 64u * h + 8u * q);  // low nibbles: quarters 0 and 2 (high nibbles)
-            let lb = w64(blk + 64u * h + 32u + 8u * q);  // quarters 1 and 3
-            let hb = w64(blk + 128u + 32u * h + 8u * q);  // 2 high bits of each quarter
-            let sw = w64(blk + 192u + 8u * h);  // the half's 8 scales: quarter j's is byte q / 2 + 2j
-            let d = f16at(blk + 208u);
-            let sh = 8u * (q / 2u);
-            let sc = d * vec4<f32>(f32(extractBits(bitcast<i32>(sw.x), sh, 8u)), f32(extractBits(bitcast<i32>(sw.x), sh + 16u, 8u)),
-                                   f32(extractBits(bitcast<i32>(sw.y), sh, 8u)), f32(extractBits(bitcast<i32>(sw.y), sh + 16u, 8u)));
-            // quarter j: nibbles of la (j even) or lb, low (j < 2) or high; high bits 2j .. 2j + 1
-            let v = array<vec4<f32>, 8>(
-                vec4<f32>(unpack4xU8((la.x & 0x0f0f0f0fu) | ((hb.x & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8((la.y & 0x0f0f0f0fu) | ((hb.y & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8((lb.x & 0x0f0f0f0fu) | (((hb.x >> 2u) & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8((lb.y & 0x0f0f0f0fu) | (((hb.y >> 2u) & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8(((la.x >> 4u) & 0x0f0f0f0fu) | (((hb.x >> 4u) & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8(((la.y >> 4u) & 0x0f0f0f0fu) | (((hb.y >> 4u) & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8(((lb.x >> 4u) & 0x0f0f0f0fu) | (((hb.x >> 6u) & 0x03030303u) << 4u))),
-                vec4<f32>(unpack4xU8(((lb.y >> 4u) & 0x0f0f0f0fu) | (((hb.y >> 6u) & 0x03030303u) << 4u))));
+            let it = q6k_item(bases[r], b, h, q);
             for (var a = 0u; a < NX; a++) {
                 if (a < n) {
                     var s = vec4<f32>(0.0);
                     for (var j = 0u; j < 4u; j++) {
-                        s[j] = dot(v[2u * j], xs[8u * a + 2u * j]) + dot(v[2u * j + 1u], xs[8u * a + 2u * j + 1u]);
+                        s[j] = dot(vec4<f32>(unpack4xU8(it.v[j].x)), xs[8u * a + 2u * j])
+                             + dot(vec4<f32>(unpack4xU8(it.v[j].y)), xs[8u * a + 2u * j + 1u]);
                     }
-                    acc[r * NX + a] += dot(sc, s - 32.0 * sx[a]);
+                    acc[r * NX + a] += dot(it.sc, s - 32.0 * sx[a]);
                 }
             }
         }
@@ -91,8 +98,6 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let g = flat_group(wid, nwg);
     let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
-    let m4 = 0x0f0f0f0fu;
-    let m2 = 0x03030303u;
     for (var i = t; i < nb; i += MV_WG) {
         let b = i / 8u;
         let h = (i / 4u) % 2u;
@@ -115,28 +120,16 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
         for (var r = 0u; r < NR; r++) {
-            let blk = bases[r] + 210u * b;
-            let la = w64(blk + 64u * h + 8u * q);
-            let lb = w64(blk + 64u * h + 32u + 8u * q);
-            let hb = w64(blk + 128u + 32u * h + 8u * q);
-            let sw = w64(blk + 192u + 8u * h);
-            let d = f16at(blk + 208u);
-            let sh = 8u * (q / 2u);
-            let sc = d * vec4<f32>(f32(extractBits(bitcast<i32>(sw.x), sh, 8u)), f32(extractBits(bitcast<i32>(sw.x), sh + 16u, 8u)),
-                                   f32(extractBits(bitcast<i32>(sw.y), sh, 8u)), f32(extractBits(bitcast<i32>(sw.y), sh + 16u, 8u)));
-            let v0 = (la & vec2<u32>(m4)) | ((hb & vec2<u32>(m2)) << vec2<u32>(4u));
-            let v1 = (lb & vec2<u32>(m4)) | (((hb >> vec2<u32>(2u)) & vec2<u32>(m2)) << vec2<u32>(4u));
-            let v2 = ((la >> vec2<u32>(4u)) & vec2<u32>(m4)) | (((hb >> vec2<u32>(4u)) & vec2<u32>(m2)) << vec2<u32>(4u));
-            let v3 = ((lb >> vec2<u32>(4u)) & vec2<u32>(m4)) | (((hb >> vec2<u32>(6u)) & vec2<u32>(m2)) << vec2<u32>(4u));
+            let it = q6k_item(bases[r], b, h, q);
             for (var a = 0u; a < NX; a++) {
                 if (a < n) {
                     let p = xq[2u * a];
                     let o = xq[2u * a + 1u];
-                    let s = vec4<i32>(dot4I8Packed(v0.x, p.x) + dot4I8Packed(v0.y, p.y),
-                                      dot4I8Packed(v1.x, p.z) + dot4I8Packed(v1.y, p.w),
-                                      dot4I8Packed(v2.x, o.x) + dot4I8Packed(v2.y, o.y),
-                                      dot4I8Packed(v3.x, o.z) + dot4I8Packed(v3.y, o.w)) - xo[a];
-                    acc[r * NX + a] += dot(sc * xd[a], vec4<f32>(s));
+                    let s = vec4<i32>(dot4I8Packed(it.v[0].x, p.x) + dot4I8Packed(it.v[0].y, p.y),
+                                      dot4I8Packed(it.v[1].x, p.z) + dot4I8Packed(it.v[1].y, p.w),
+                                      dot4I8Packed(it.v[2].x, o.x) + dot4I8Packed(it.v[2].y, o.y),
+                                      dot4I8Packed(it.v[3].x, o.z) + dot4I8Packed(it.v[3].y, o.w)) - xo[a];
+                    acc[r * NX + a] += dot(it.sc * xd[a], vec4<f32>(s));
                 }
             }
         }
