@@ -24,6 +24,18 @@ fn q4k_scales(hd: vec4<u32>, j: u32) -> vec4<f32> {
                      f32((mn >> sh) & 0xffu), f32((mn >> (sh + 8u)) & 0xffu));
 }
 
+// item (b, j, h) of the row at 16-byte word blk0: its 16 nibble bytes, the two sub-blocks' scales
+// (dl) and mins (ml) times d and dmin
+struct Q4Item { qv: vec4<u32>, dl: vec2<f32>, ml: vec2<f32> }
+
+fn q4k_item(blk0: u32, b: u32, j: u32, h: u32) -> Q4Item {
+    let blk = blk0 + 9u * b;
+    let hd = W4[blk];
+    let dm = unpack2x16float(hd.x);
+    let sm = q4k_scales(hd, j);
+    return Q4Item(W4[blk + 1u + 2u * j + h], dm.x * sm.xy, dm.y * sm.zw);
+}
+
 @compute @workgroup_size(32)
 fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
@@ -55,22 +67,16 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
         for (var r = 0u; r < NR; r++) {
-            let blk = bases[r] + 9u * b;
-            let hd = W4[blk];
-            let qv = W4[blk + 1u + 2u * j + h];
-            let dm = unpack2x16float(hd.x);
-            let sm = q4k_scales(hd, j);
-            let dl = dm.x * sm.xy;
-            let ml = dm.y * sm.zw;
+            let it = q4k_item(bases[r], b, j, h);
             for (var a = 0u; a < NX; a++) {
                 if (a < n) {
                     var lo = 0.0;
                     var hi = 0.0;
                     for (var e = 0u; e < 4u; e++) {
-                        lo += dot(lo4(qv[e]), xs[8u * a + e]);
-                        hi += dot(hi4(qv[e]), xs[8u * a + 4u + e]);
+                        lo += dot(lo4(it.qv[e]), xs[8u * a + e]);
+                        hi += dot(hi4(it.qv[e]), xs[8u * a + 4u + e]);
                     }
-                    acc[r * NX + a] += dl.x * lo + dl.y * hi - dot(ml, sx[a]);
+                    acc[r * NX + a] += it.dl.x * lo + it.dl.y * hi - dot(it.ml, sx[a]);
                 }
             }
         }
@@ -110,22 +116,16 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
         for (var r = 0u; r < NR; r++) {
-            let blk = bases[r] + 9u * b;
-            let hd = W4[blk];
-            let qv = W4[blk + 1u + 2u * j + h];
-            let dm = unpack2x16float(hd.x);
-            let sm = q4k_scales(hd, j);
-            let dl = dm.x * sm.xy;
-            let ml = dm.y * sm.zw;
-            let lo = qv & m4;
-            let hi = (qv >> vec4<u32>(4u)) & m4;
+            let it = q4k_item(bases[r], b, j, h);
+            let lo = it.qv & m4;
+            let hi = (it.qv >> vec4<u32>(4u)) & m4;
             for (var a = 0u; a < NX; a++) {
                 if (a < n) {
                     let p = xq[2u * a];
                     let q = xq[2u * a + 1u];
                     let sl = dot4I8Packed(lo.x, p.x) + dot4I8Packed(lo.y, p.y) + dot4I8Packed(lo.z, p.z) + dot4I8Packed(lo.w, p.w);
                     let sh = dot4I8Packed(hi.x, q.x) + dot4I8Packed(hi.y, q.y) + dot4I8Packed(hi.z, q.z) + dot4I8Packed(hi.w, q.w);
-                    acc[r * NX + a] += dl.x * xd[a].x * f32(sl) + dl.y * xd[a].y * f32(sh) - dot(ml, xd[a].zw);
+                    acc[r * NX + a] += it.dl.x * xd[a].x * f32(sl) + it.dl.y * xd[a].y * f32(sh) - dot(it.ml, xd[a].zw);
                 }
             }
         }
