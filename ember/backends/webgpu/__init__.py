@@ -40,7 +40,7 @@ MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 # 49,152 x 576 Q8_0); bench/webgpu.py --lanes
 MV_WIDE_BELOW = 16384
 # Q4_K's and Q6_K's own decode entries (32 weights a lane's item): mvq on int8 blocks of x (served,
-# 32 lanes; on lavapipe 0.55-0.69x mvk's time in Gemma 3's decode step), mvk on f32 x (int8_products
+# 32 lanes; on lavapipe 0.55-0.86x mvk's time in Gemma 3's decode step), mvk on f32 x (int8_products
 # off: the 32-lane builds; it beat mvp there on each of the 8B's products on an H100, one row: q 26.4
 # vs 33.6 us, gate 66.7 vs 76.4, down 68.5 vs 111.6; at 128 lanes mvp is the faster): bench/webgpu.py --lanes
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
@@ -126,8 +126,9 @@ class Backend:
         # kernel's speed (H100, bench/NOTES.md)
         self.tile_attention = self.row_products
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
-        # decode products of Q4_K and Q6_K on x rounded to int8 blocks (quant_q8, then mvq's packed
-        # 4 x 8-bit dot products): a quarter of the f32 activations' reads, as the CPU's products
+        # decode products of the 32-value block types, Q4_K and Q6_K on x rounded to int8 blocks
+        # (put_q8 in the norm before or quant_q8, then mvq's packed 4 x 8-bit dot products): a
+        # quarter of the f32 activations' reads, as the CPU's products; off: the f32 entries
         self.int8_products = True
         self._recording: Step | None = None
         self._pending: Step | None = None
