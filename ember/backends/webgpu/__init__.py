@@ -39,10 +39,17 @@ MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 # 640 x 2048 Q6_K on an H100); the heads, with workgroups to spare, keep 32 (41.9 us against 60.4 at
 # 49,152 x 576 Q8_0); bench/webgpu.py --lanes
 MV_WIDE_BELOW = 16384
-# Q4_K's and Q6_K's own decode entries (32 weights a lane's item): mvq on int8 blocks of x (served,
-# 32 lanes; on lavapipe 0.55-0.86x mvk's time in Gemma 3's decode step), mvk on f32 x (int8_products
-# off: the 32-lane builds; it beat mvp there on each of the 8B's products on an H100, one row: q 26.4
-# vs 33.6 us, gate 66.7 vs 76.4, down 68.5 vs 111.6; at 128 lanes mvp is the faster): bench/webgpu.py --lanes
+# Q4_K's and Q6_K's own decode entries (32 weights a lane's item): mvq on int8 blocks of x (rows
+# from INT8_MIN_K; 64 lanes for one activation row under MV_WIDE_BELOW weight rows, else 32: on an
+# H100 the 8B's o 11.2 us at 64 lanes vs 13.5 at 32, down 23.3 vs 31.0, gate 25.6 at 32 vs 27.0), mvk
+# on f32 x (shorter rows, the 32-lane builds; it beat mvp there on each of the 8B's products, one
+# row: q 26.4 vs 33.6 us, gate 66.7 vs 76.4; at 128 lanes mvp is the faster): bench/webgpu.py --lanes
+# the row length from which decode products take int8 x (Backend.int8_min_k). On an H100 the 8B's
+# products (k 4096 and 14336) ran 1.4-2.8x faster alone than the f32 entries served before and its
+# decode step went 9.65 -> 5.81 ms (tg128 101 -> 159 tok/s); SmolLM2's (k 576, 1536) took 1.15 ms
+# a step against 1.07 and its step went 1.52 -> 2.42 ms, the roundings' dispatches (about 10 us
+# each) and the norms' slower int8 stores on top: bench/webgpu.py --lanes
+INT8_MIN_K = 4096
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
@@ -130,6 +137,8 @@ class Backend:
         # (put_q8 in the norm before or quant_q8, then mvq's packed 4 x 8-bit dot products): a
         # quarter of the f32 activations' reads, as the CPU's products; off: the f32 entries
         self.int8_products = True
+        # ... from this row length (INT8_MIN_K)
+        self.int8_min_k = INT8_MIN_K
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -371,12 +380,15 @@ class Backend:
         if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
             module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
-            if self.int8_products and (own is not None or MATRIX_TYPES[qtype] in _kernels.MV_INT):
+            if (self.int8_products and x.shape[-1] >= self.int8_min_k
+                    and (own is not None or MATRIX_TYPES[qtype] in _kernels.MV_INT)):
                 entry = "mvq"  # on x as int8 blocks, made first
                 q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
                 del bindings[2]
-            if own is not None and entry == "mvq":  # Q4_K's and Q6_K's own mvq, 32 lanes
+            if own is not None and entry == "mvq":  # Q4_K's and Q6_K's own mvq: 64 lanes for a layer's one row
                 bindings[own[1]] = bindings.pop(1)
+                if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
+                    module += "+w64"
             elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
                 module += "+w128"
             elif own is not None:  # mvk at 32 lanes only (above)
