@@ -23,10 +23,11 @@ revision REV (its matmul.wgsl in this tree's module, or a copy of one at the pat
 for a few rows), alternating; medians and GFLOP/s.
 
 With --lanes: the decode kernel alone (one activation row) on each model's first-layer products
-and output head, built with 32, 64 and 128 lanes a workgroup (served: 128 below 16,384 weight rows,
-32 above), each dispatch timed by timestamp queries, alternating; medians. The served int8 products
-(mvq) and x's rounding (quant_q8) beside the f32 ones: Q4_K's and Q6_K's own entry (mvk) and the
-generic piece kernel (mvp).
+and output head, built with 32, 64 and 128 lanes a workgroup, each dispatch timed by timestamp
+queries, alternating; medians. The int8 products (mvq, at every row length: served from
+INT8_MIN_K values) and x's rounding (quant_q8) beside the f32 ones: Q4_K's and Q6_K's own entry
+(mvk) and the generic piece kernel (mvp). Served one-row builds: mvp at 128 lanes below 16,384
+weight rows, 32 above; Q4_K's and Q6_K's mvq at 64 below, 32 above.
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
                            [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
@@ -322,12 +323,13 @@ def bench_lanes(spec: str, args) -> dict:
     out = {"path": str(path), "adapter": backend.describe()["name"], "products": []}
     for w in ws:
         x = backend.from_numpy(np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32))
-        recs = {}
+        recs, served_min_k = {}, backend.int8_min_k
+        backend.int8_min_k = 0  # mvq at every width, whatever the served threshold
         for int8 in (False, True):  # the f32 products, then x as int8 blocks and mvq
             backend.int8_products = int8
             with backend.record() as recs[int8]:
                 backend.matmul(w, x, backend.empty((1, w.shape[0])))
-        backend.int8_products = True
+        backend.int8_products, backend.int8_min_k = True, served_min_k
         names = backend.kernels.names()
         rec = recs[False]
         quant = [d for d in recs[True].dispatches if names[id(d.pipeline)][1] == "quant_q8"]

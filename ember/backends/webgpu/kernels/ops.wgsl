@@ -172,18 +172,8 @@ fn norm_add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
     let r2 = 1.0 / sqrt(wg_sum(t, ss) / f32(d) + pf(4u));
     if (!live) { return; }
-    if (pu(5u) != 0u) {  // and its int8 blocks for the next product (as add_rms_norm)
-        for (var b = t; b < d / 32u; b += WG) {
-            var v: array<f32, 32>;
-            for (var i = 0u; i < 32u; i++) {
-                let c = 32u * b + i;
-                var x = Y[at + c] * r2;
-                if (pu(3u) != 0u) { x *= A[c]; }
-                Z[at + c] = x;
-                v[i] = x;
-            }
-            put_q8(&v, row * (d / 32u) + b, pu(6u));
-        }
+    if (pu(5u) != 0u) {  // and its int8 blocks for the next product
+        normed_q8(t, row, d, r2, select(0u, 1u, pu(3u) != 0u), pu(6u));
         return;
     }
     for (var i = t; i < d; i += WG) {
@@ -214,18 +204,8 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let total = wg_sum(t, ss);
     if (row >= pu(1u)) { return; }
     let r = 1.0 / sqrt(total / f32(d) + pf(4u));
-    if (pu(5u) != 0u) {  // and its int8 blocks for the next product (put_q8, scales from word param 6)
-        for (var b = t; b < d / 32u; b += WG) {
-            var v: array<f32, 32>;
-            for (var i = 0u; i < 32u; i++) {
-                let at = 32u * b + i;
-                var x = Y[row * d + at] * r;
-                if (pu(3u) != 0u) { x *= B[at]; }
-                Z[row * d + at] = x;
-                v[i] = x;
-            }
-            put_q8(&v, row * (d / 32u) + b, pu(6u));
-        }
+    if (pu(5u) != 0u) {  // and its int8 blocks for the next product
+        normed_q8(t, row, d, r, select(0u, 2u, pu(3u) != 0u), pu(6u));
         return;
     }
     for (var i = t; i < d; i += WG) {
@@ -931,6 +911,23 @@ fn quant_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     var v: array<f32, 32>;
     for (var i = 0u; i < 32u; i++) { v[i] = A[32u * blk + i]; }
     put_q8(&v, blk, pu(2u));
+}
+
+// The norms' last pass with int8 blocks for the next product: row `row` of Y (d values) times r (and
+// the norm's weight: 1 A, 2 B, 0 none) into Z, each 32-value block of it also through put_q8 (block
+// row * d/32 + b, scales from word s); thread t takes blocks t, t + WG, ...
+fn normed_q8(t: u32, row: u32, d: u32, r: f32, weight: u32, s: u32) {
+    for (var b = t; b < d / 32u; b += WG) {
+        var v: array<f32, 32>;
+        for (var i = 0u; i < 32u; i++) {
+            let c = 32u * b + i;
+            var x = Y[row * d + c] * r;
+            if (weight == 1u) { x *= A[c]; } else if (weight == 2u) { x *= B[c]; }
+            Z[row * d + c] = x;
+            v[i] = x;
+        }
+        put_q8(&v, row * (d / 32u) + b, s);
+    }
 }
 
 // block blk of the int8 activations (quant_q8's layout, scales from word s) from its 32 values
