@@ -473,11 +473,11 @@ def test_rows_norms_and_top_k(gpu, ref):
 
 
 def test_residual_add_and_norm_in_one_dispatch_on_long_rows(gpu, ref):
-    """x += h then the norm of x (add_rms_norm, 256 threads a row): rows of many rounds and not a
-    multiple of one (4600 = 17 x 256 + 248), the norm written over h or into a third array, with
+    """x += h then the norm of x (add_rms_norm, 256 threads a row): rows of many rounds, not a
+    multiple of one nor of 4 (4602 = 17 x 256 + 250: the tail after 4 values a thread), the norm written over h or into a third array, with
     and without weights; one dispatch, as the two ops give."""
     rng = np.random.default_rng(9)
-    x, h, w = rng.standard_normal((3, 4600)), rng.standard_normal((3, 4600)), rng.uniform(0.5, 1.5, 4600)
+    x, h, w = rng.standard_normal((3, 4602)), rng.standard_normal((3, 4602)), rng.uniform(0.5, 1.5, 4602)
     for weights in (True, False):
         for over_h in (True, False):
             (gx, rx), (gh, rh), (go, ro) = both(gpu, ref, x), both(gpu, ref, h), both(gpu, ref, np.zeros_like(x))
@@ -639,6 +639,33 @@ def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap)
     assert len(gpu._step().dispatches) - before == (1 if plan == "rows" else 2)
     ref.attention(rq, rkv, ro, batch, n_head, n_kv, window, 0.125, softcap)
     np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
+
+
+@pytest.mark.parametrize("plan", ["lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("hd", [64, 80, 256])
+def test_int8_blocks_made_by_the_attention_merge(gpu, ref, plan, hd):
+    """A decode product of the attention's output (the o projection): the chunks' merge writes the
+    output's int8 blocks itself where a head is whole blocks (no quant_q8 dispatch), else quant_q8
+    rounds it; the output as before, the product as on the rounded output."""
+    rng = np.random.default_rng(8)
+    n_head, n_kv, page = 8, 2, 16
+    tables, gkv, rkv = _filled_caches(gpu, ref, rng, 3, 24, page, n_kv * hd)
+    positions = np.array([5, 70, 300], np.int32)
+    seq_rows = np.arange(3, dtype=np.int32)
+    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
+    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
+    gq, rq = both(gpu, ref, rng.standard_normal((3, n_head * hd)))
+    go, ro = gpu.empty((3, n_head * hd)), ref.empty((3, n_head * hd))
+    w, rw = matrix(gpu, T.Q8_0, 48, n_head * hd, seed=70)
+    out = gpu.empty((3, 48))
+    before = len(gpu._step().dispatches)
+    gpu.attention(gq, gkv, go, batch, n_head, n_kv, 0, 0.125, 0.0)
+    gpu.matmul(w, go, out)
+    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before:]]
+    assert names == ["attn_part", "attn_merge"] + ["quant_q8"] * (hd % 32 != 0) + ["mvq"]
+    ref.attention(rq, rkv, ro, batch, n_head, n_kv, 0, 0.125, 0.0)
+    np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
+    close(gpu.to_numpy(out), q8(gpu.to_numpy(go)) @ rw.T)
 
 
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])

@@ -77,7 +77,7 @@ SPARE_OUTPUTS = (5, 9)  # ops.wgsl's H and Z, outputs some entry points may leav
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 5, 9), "norm_add_rms_norm": (1, 2, 3, 5, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 5, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
                 "quant_q8": (2, 5)}
 
 
@@ -146,7 +146,7 @@ class Backend:
         self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
-        self._norm_out = None  # (step, dispatch index, output buffer, (rows, d)) of the last add(-)norm, for _q8_for
+        self._norm_out = None  # (step, dispatch index, output buffer, (rows, d), flags) of the last add(-)norm or attention merge, for _q8_for
         self._q8_of = None  # (step, x's buffer, (n, k), blocks' buffer) of the int8 blocks made last
         self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
         self._scratches: dict = {}  # name -> a growing buffer (_scratch)
@@ -404,7 +404,8 @@ class Backend:
     def _q8_for(self, x):
         """x (n, k) as int8 blocks of 32 and their scales (ops.wgsl's put_q8) in a scratch buffer for
         the integer decode products (mvq): those made last where x is unchanged since; else made
-        by the (add and) norm that wrote x as the step's last dispatch; else by quant_q8."""
+        by the (add and) norm or the attention merge that wrote x as the step's last dispatch; else
+        by quant_q8."""
         n, k = x.shape[0], x.shape[-1]
         step, blocks = self._step(), n * (k // 32)
         got = self._q8_of
@@ -416,12 +417,13 @@ class Backend:
                 and norm[3] == (n, k) and not x.offset):
             last = step.dispatches[-1]
             params = last.params.copy()
-            params[5], params[6] = 1, 8 * blocks
+            on, at = norm[4]
+            params[on], params[at] = 1, 8 * blocks
             bindings = dict(last.bindings)
             bindings[5] = buf
             step.dispatches[-1] = Dispatch(last.pipeline, tuple(sorted(bindings.items())), params, last.groups)
         else:
-            self._dispatch("ops", "quant_q8", {2: x, 5: buf}, _params(k, n, 8 * blocks), _groups(-(-blocks // 256)))
+            self._dispatch("ops", "quant_q8", {2: x, 5: buf}, _params(k, n, 8 * blocks), _groups(-(-blocks // 32)))
         self._q8_of = (step, x.buf, (n, k), buf)
         return buf
 
@@ -573,12 +575,13 @@ class Backend:
                        _params(x.shape[-1], rows, int(h.buf is out.buf), int(w is not None), float(eps)), _groups(rows))
         self._note_norm_out(out, rows, x.shape[-1])
 
-    def _note_norm_out(self, out, rows: int, d: int) -> None:
-        """The step's last dispatch (add_rms_norm, norm_add_rms_norm) wrote out (rows, d) normed: a
-        product of it may have it write out's int8 blocks too (params 5 and 6, _q8_for)."""
+    def _note_norm_out(self, out, rows: int, d: int, flags: tuple[int, int] = (5, 6)) -> None:
+        """The step's last dispatch (add_rms_norm, norm_add_rms_norm, attn_merge) wrote out (rows, d):
+        a product of it may have it write out's int8 blocks too (_q8_for; the params that turn them
+        on and place their scales: 5 and 6 of the norms, 14 and 15 of attn_merge)."""
         if out.size == rows * d and d % 32 == 0 and not out.offset:
             step = self._step()
-            self._norm_out = (step, len(step.dispatches) - 1, out.buf, (rows, d))
+            self._norm_out = (step, len(step.dispatches) - 1, out.buf, (rows, d), flags)
 
     def rope(self, x, n_head: int, batch: AttentionBatch, p: RopeParams) -> None:
         """Rotate x in place; keys rotated right after their queries (same positions and parameters)
@@ -774,6 +777,8 @@ class Backend:
         self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
                        (n_head, n, chunks))
         self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
+        if hd_v % 32 == 0:
+            self._note_norm_out(out, n, n_head * hd_v, (14, 15))
 
 
 def _attention_tile(group: int, n: int, n_seqs: int) -> tuple[int, int]:

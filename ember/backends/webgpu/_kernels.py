@@ -61,7 +61,8 @@ def _products(decoder: str, *variant: str) -> str:
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
     kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
     or "wg" workgroup memory; "mv1+sg+w128": 128 lanes a workgroup, 32 unless named) the decode
-    kernel too (matvec.wgsl)."""
+    kernel too (matvec.wgsl); "+r4" builds it for 4 weight rows a workgroup (the lane benchmark's
+    variant, not gated products)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant:
         rows, how, *lanes = variant
@@ -71,10 +72,13 @@ def _products(decoder: str, *variant: str) -> str:
             mv += source(MV_OWN[decoder][0])
         elif decoder in MV_INT:  # mvp's pieces on int8 x (mvq)
             mv += source("matvec_q8.wgsl")
-        if lanes:  # "w64": a workgroup of 64 lanes (32 unless named)
-            wide = int(lanes[0].removeprefix("w"))
-            mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(
-                "@workgroup_size(32)", f"@workgroup_size({wide})")
+        for part in lanes:
+            if part.startswith("w"):  # "w64": a workgroup of 64 lanes (32 unless named)
+                wide = int(part.removeprefix("w"))
+                mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(
+                    "@workgroup_size(32)", f"@workgroup_size({wide})")
+            elif part.startswith("r"):  # "r4": 4 weight rows a workgroup (2 unless named; not gated)
+                mv = mv.replace("const NR: u32 = 2u;", f"const NR: u32 = {int(part.removeprefix('r'))}u;")
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
     code = code.replace("IPIECE(", decoder.replace("deq_", "ip_") + "(")

@@ -192,12 +192,28 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let d = pu(0u);
     let row = flat_group(wid, nwg);
     var ss = 0.0;
-    if (row < pu(1u)) {
-        for (var i = t; i < d; i += WG) {
+    if (row < pu(1u)) {  // 4 values a thread at a time (the loads in flight together), then d's tail
+        let at = row * d;
+        let d4 = d & ~3u;
+        for (var i = 4u * t; i < d4; i += 4u * WG) {
+            var h: vec4<f32>;
+            if (pu(2u) != 0u) {
+                h = vec4<f32>(Z[at + i], Z[at + i + 1u], Z[at + i + 2u], Z[at + i + 3u]);
+            } else {
+                h = vec4<f32>(A[at + i], A[at + i + 1u], A[at + i + 2u], A[at + i + 3u]);
+            }
+            let x = vec4<f32>(Y[at + i], Y[at + i + 1u], Y[at + i + 2u], Y[at + i + 3u]) + h;
+            Y[at + i] = x.x;
+            Y[at + i + 1u] = x.y;
+            Y[at + i + 2u] = x.z;
+            Y[at + i + 3u] = x.w;
+            ss += dot(x, x);
+        }
+        for (var i = d4 + t; i < d; i += WG) {
             var h: f32;
-            if (pu(2u) != 0u) { h = Z[row * d + i]; } else { h = A[row * d + i]; }
-            let x = Y[row * d + i] + h;
-            Y[row * d + i] = x;
+            if (pu(2u) != 0u) { h = Z[at + i]; } else { h = A[at + i]; }
+            let x = Y[at + i] + h;
+            Y[at + i] = x;
             ss += x * x;
         }
     }
@@ -784,7 +800,8 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 // attn_part's chunks of a (token, head) combined: Y = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c,
 // a workgroup a (head, token), over the chunks that hold keys of the token's range (the others are
 // empty): a thread a chunk's max, then its weight e^(m_c - M) once, then a thread a value dimension.
-// params: attention's 0-11, 12 keys a chunk, 13 chunks (at most 64, the workgroup's threads)
+// params: attention's 0-11, 12 keys a chunk, 13 chunks (at most 64, the workgroup's threads), 14 the
+// output's int8 blocks into H too, 15 their S (put_q8)
 var<workgroup> am_w: array<f32, 64>;
 
 @compute @workgroup_size(64)
@@ -805,10 +822,32 @@ fn attn_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     workgroupBarrier();
     var l = 0.0;
     for (var c = 0u; c < busy; c++) { l += am_w[c] * Z[(row + c) * (hd_v + 2u) + 1u]; }
-    for (var d = t; d < hd_v; d += 64u) {
-        var v = 0.0;
-        for (var c = 0u; c < busy; c++) { v += am_w[c] * Z[(row + c) * (hd_v + 2u) + 2u + d]; }
-        Y[(tok * n_head + h) * hd_v + d] = v / l;
+    let o = (tok * n_head + h) * hd_v;
+    if (pu(14u) == 0u) {
+        for (var d = t; d < hd_v; d += 64u) {
+            var v = 0.0;
+            for (var c = 0u; c < busy; c++) { v += am_w[c] * Z[(row + c) * (hd_v + 2u) + 2u + d]; }
+            Y[o + d] = v / l;
+        }
+        return;
+    }
+    // and the int8 blocks of the output for the next product (hd_v a multiple of 32): 4 values a thread
+    for (var d0 = 0u; d0 < hd_v; d0 += 256u) {
+        let d = d0 + 4u * t;
+        let live = d < hd_v;
+        var v = vec4<f32>(0.0);
+        if (live) {
+            for (var c = 0u; c < busy; c++) {
+                let at = (row + c) * (hd_v + 2u) + 2u + d;
+                v += am_w[c] * vec4<f32>(Z[at], Z[at + 1u], Z[at + 2u], Z[at + 3u]);
+            }
+            v /= l;
+            Y[o + d] = v.x;
+            Y[o + d + 1u] = v.y;
+            Y[o + d + 2u] = v.z;
+            Y[o + d + 3u] = v.w;
+        }
+        put_q8(t, v, (o + d) / 32u, live, pu(15u));
     }
 }
 
@@ -901,50 +940,71 @@ fn chain_ids(@builtin(global_invocation_id) g: vec3<u32>) {
 
 // Activations for the integer decode products (mvq): each 32-value block of X (A: n rows of k)
 // as 32 int8 (rounded to d = max|x| / 127) in 8 words of H, its scale and the scaled sums of its
-// two halves (d * sum q) at word S + 4 (row * k/32 + block) as (d, s0, s1, 0). A thread a block.
+// two halves (d * sum q) at word S + 4 (row * k/32 + block) as (d, s0, s1, 0). A workgroup 32
+// blocks, 8 threads a block (a word each), so the loads and stores are coalesced.
 // params: 0 k, 1 n, 2 S (words)
 @compute @workgroup_size(256)
 fn quant_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) t: u32) {
-    let blk = elem(wid, nwg, t);
-    if (blk >= pu(1u) * (pu(0u) / 32u)) { return; }
-    var v: array<f32, 32>;
-    for (var i = 0u; i < 32u; i++) { v[i] = A[32u * blk + i]; }
-    put_q8(&v, blk, pu(2u));
+    let blk = flat_group(wid, nwg) * (WG / 8u) + t / 8u;
+    let live = blk < pu(1u) * (pu(0u) / 32u);
+    var x = vec4<f32>(0.0);
+    if (live) {
+        let c = 32u * blk + 4u * (t & 7u);
+        x = vec4<f32>(A[c], A[c + 1u], A[c + 2u], A[c + 3u]);
+    }
+    put_q8(t, x, blk, live, pu(2u));
 }
 
 // The norms' last pass with int8 blocks for the next product: row `row` of Y (d values) times r (and
 // the norm's weight: 1 A, 2 B, 0 none) into Z, each 32-value block of it also through put_q8 (block
-// row * d/32 + b, scales from word s); thread t takes blocks t, t + WG, ...
+// row * d/32 + b, scales from word s). Every thread of the workgroup calls it (put_q8's barriers).
 fn normed_q8(t: u32, row: u32, d: u32, r: f32, weight: u32, s: u32) {
-    for (var b = t; b < d / 32u; b += WG) {
-        var v: array<f32, 32>;
-        for (var i = 0u; i < 32u; i++) {
-            let c = 32u * b + i;
-            var x = Y[row * d + c] * r;
-            if (weight == 1u) { x *= A[c]; } else if (weight == 2u) { x *= B[c]; }
-            Z[row * d + c] = x;
-            v[i] = x;
+    let nb = d / 32u;
+    for (var b0 = 0u; b0 < nb; b0 += WG / 8u) {
+        let b = b0 + t / 8u;
+        let live = b < nb;
+        var x = vec4<f32>(0.0);
+        if (live) {
+            let c = 32u * b + 4u * (t & 7u);
+            x = vec4<f32>(Y[row * d + c], Y[row * d + c + 1u], Y[row * d + c + 2u], Y[row * d + c + 3u]) * r;
+            if (weight == 1u) {
+                x *= vec4<f32>(A[c], A[c + 1u], A[c + 2u], A[c + 3u]);
+            } else if (weight == 2u) {
+                x *= vec4<f32>(B[c], B[c + 1u], B[c + 2u], B[c + 3u]);
+            }
+            Z[row * d + c] = x.x;
+            Z[row * d + c + 1u] = x.y;
+            Z[row * d + c + 2u] = x.z;
+            Z[row * d + c + 3u] = x.w;
         }
-        put_q8(&v, row * (d / 32u) + b, s);
+        put_q8(t, x, row * nb + b, live, s);
     }
 }
 
-// block blk of the int8 activations (quant_q8's layout, scales from word s) from its 32 values
-fn put_q8(v: ptr<function, array<f32, 32>>, blk: u32, s: u32) {
+// Block blk of the int8 activations (quant_q8's layout, scales from word s), made by its 8 threads:
+// thread t holds the block's word t % 8 (4 values x) and the threads t - t % 8 .. + 7 the rest.
+// Every thread of the workgroup calls it (barriers); only live threads store.
+fn put_q8(t: u32, x: vec4<f32>, blk: u32, live: bool, s: u32) {
+    let g = t & ~7u;
+    let a = abs(x);
+    part[t] = max(max(a.x, a.y), max(a.z, a.w));
+    workgroupBarrier();
     var m = 0.0;
-    for (var i = 0u; i < 32u; i++) { m = max(m, abs((*v)[i])); }
+    for (var i = 0u; i < 8u; i++) { m = max(m, part[g + i]); }
+    workgroupBarrier();
     let d = m / 127.0;
     let inv = select(0.0, 1.0 / d, m > 0.0);
-    var sums = vec2<i32>(0);
-    for (var w = 0u; w < 8u; w++) {
-        let q = vec4<i32>(round(vec4<f32>((*v)[4u * w], (*v)[4u * w + 1u], (*v)[4u * w + 2u], (*v)[4u * w + 3u]) * inv));
-        H[8u * blk + w] = pack4xI8(q);
-        sums[w / 4u] += q.x + q.y + q.z + q.w;
+    let q = vec4<i32>(round(x * inv));
+    if (live) { H[8u * blk + (t & 7u)] = pack4xI8(q); }
+    part[t] = f32(q.x + q.y + q.z + q.w);  // exact: at most 4 * 127
+    workgroupBarrier();
+    if (live && (t & 7u) == 0u) {
+        let o = s + 4u * blk;
+        H[o] = bitcast<u32>(d);
+        H[o + 1u] = bitcast<u32>(d * (part[g] + part[g + 1u] + part[g + 2u] + part[g + 3u]));
+        H[o + 2u] = bitcast<u32>(d * (part[g + 4u] + part[g + 5u] + part[g + 6u] + part[g + 7u]));
+        H[o + 3u] = 0u;
     }
-    let o = s + 4u * blk;
-    H[o] = bitcast<u32>(d);
-    H[o + 1u] = bitcast<u32>(d * f32(sums.x));
-    H[o + 2u] = bitcast<u32>(d * f32(sums.y));
-    H[o + 3u] = 0u;
+    workgroupBarrier();
 }
