@@ -628,6 +628,20 @@ def _filled_caches(gpu, ref, rng, n_seq: int, pages: int, page: int, width: int)
     return tables, gkv, rkv
 
 
+def _decode_rows(gpu, ref, rng, hd: int, n_head: int, n_kv: int, positions: list):
+    """A decode batch (a token of each of len(positions) sequences at those positions, on shuffled
+    16-slot pages of tables reaching 384 keys), both backends' filled caches, their queries and
+    empty outputs."""
+    n, page = len(positions), 16
+    tables, gkv, rkv = _filled_caches(gpu, ref, rng, n, 24, page, n_kv * hd)
+    positions = np.array(positions, np.int32)
+    seq_rows = np.arange(n, dtype=np.int32)
+    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
+    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
+    q = both(gpu, ref, rng.standard_normal((n, n_head * hd)))
+    return batch, (gkv, rkv), q, (gpu.empty((n, n_head * hd)), ref.empty((n, n_head * hd)))
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
 @pytest.mark.parametrize("hd,window,softcap", [(64, 0, 0.0), (80, 40, 0.0), (256, 0, 30.0)])
 def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap):
@@ -636,15 +650,8 @@ def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap)
     each, merged after (attn_part, attn_merge); a CPU adapter runs them whole. Head sizes whose
     value words fill the workgroup evenly or not, a window past one chunk, a soft-cap; GQA."""
     rng = np.random.default_rng(5)
-    n_head, n_kv, page = 8, 2, 16
-    tables, gkv, rkv = _filled_caches(gpu, ref, rng, 3, 24, page, n_kv * hd)
-    positions = np.array([0, 70, 300], np.int32)
-    seq_rows = np.arange(3, dtype=np.int32)
-    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
-    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
-    q = rng.standard_normal((3, n_head * hd))
-    gq, rq = both(gpu, ref, q)
-    go, ro = gpu.empty((3, n_head * hd)), ref.empty((3, n_head * hd))
+    n_head, n_kv = 8, 2
+    batch, (gkv, rkv), (gq, rq), (go, ro) = _decode_rows(gpu, ref, rng, hd, n_head, n_kv, [0, 70, 300])
     before = len(gpu._step().dispatches)
     gpu.attention(gq, gkv, go, batch, n_head, n_kv, window, 0.125, softcap)
     assert len(gpu._step().dispatches) - before == (1 if plan == "rows" else 2)
@@ -659,14 +666,8 @@ def test_int8_blocks_made_by_the_attention_merge(gpu, ref, plan, hd):
     output's int8 blocks itself where a head is whole blocks (no quant_q8 dispatch), else quant_q8
     rounds it; the output as before, the product as on the rounded output."""
     rng = np.random.default_rng(8)
-    n_head, n_kv, page = 8, 2, 16
-    tables, gkv, rkv = _filled_caches(gpu, ref, rng, 3, 24, page, n_kv * hd)
-    positions = np.array([5, 70, 300], np.int32)
-    seq_rows = np.arange(3, dtype=np.int32)
-    slots = tables[seq_rows, positions // page].astype(np.int64) * page + positions % page
-    batch = AttentionBatch(positions, seq_rows, tables, slots, page)
-    gq, rq = both(gpu, ref, rng.standard_normal((3, n_head * hd)))
-    go, ro = gpu.empty((3, n_head * hd)), ref.empty((3, n_head * hd))
+    n_head, n_kv = 8, 2
+    batch, (gkv, rkv), (gq, rq), (go, ro) = _decode_rows(gpu, ref, rng, hd, n_head, n_kv, [5, 70, 300])
     w, rw = matrix(gpu, T.Q8_0, 48, n_head * hd, seed=70)
     out = gpu.empty((3, 48))
     before = len(gpu._step().dispatches)
