@@ -79,6 +79,17 @@ var<workgroup> mq_xs: array<vec4<f32>, 64>;  // each activation row's block (dx,
 
 fn mq_sw(i: u32) -> u32 { return ((i ^ (i >> 1u)) & 3u) << 1u; }
 
+// 4 weight rows' words against one activation row's
+fn dots(w: vec4<u32>, x: u32) -> vec4<i32> {
+    return vec4<i32>(dot4I8Packed(w.x, x), dot4I8Packed(w.y, x), dot4I8Packed(w.z, x), dot4I8Packed(w.w, x));
+}
+
+// a run's share of 4 outputs of an activation row (its block e: dx, s0, s1) from their integer sums
+fn run_share(e: vec4<f32>, dlo: vec4<f32>, dhi: vec4<f32>, mlo: vec4<f32>, mhi: vec4<f32>,
+             lo: vec4<i32>, hi: vec4<i32>) -> vec4<f32> {
+    return e.x * (dlo * vec4<f32>(lo) + dhi * vec4<f32>(hi)) + mlo * e.y + mhi * e.z;
+}
+
 // params: mm's (matmul.wgsl); x (n rows of k) as quant_q8's blocks in QX / QS
 @compute @workgroup_size(256)
 fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -97,7 +108,11 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     // products: weight rows 4 tm .., activation rows 4 tn .. (mm's warp layout)
     let tm = t % 8u + 8u * ((t / 32u) % 2u);
     let tn = (t % 32u) / 8u + 4u * (t / 64u);
-    var acc: array<vec4<f32>, 4>;  // acc[b][a]: weight row 4 tm + a, activation row 4 tn + b
+    // the sums in named registers (a private array indexed in a loop may live in local memory)
+    var acc0 = vec4<f32>();  // activation row 4 tn + b's sums in acc_b: weight rows 4 tm .. 4 tm + 3
+    var acc1 = vec4<f32>();
+    var acc2 = vec4<f32>();
+    var acc3 = vec4<f32>();
     var w = IRUN(base, 0u, q);
     var x0 = QX[8u * xrow + q];
     var x1 = QX[8u * xrow + q + 4u];
@@ -118,16 +133,27 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
             x1 = QX[8u * (xrow + c + 1u) + q + 4u];
             xs = QS[scales + xrow + c + 1u];
         }
-        var lo = array<vec4<i32>, 4>(vec4<i32>(0), vec4<i32>(0), vec4<i32>(0), vec4<i32>(0));  // set each run:
-        var hi = lo;  // a declaration alone in a loop's body is not zeroed again by every compiler
-        for (var i = 0u; i < 8u; i++) {
+        var lo0 = vec4<i32>();  // each run's integer sums: values 0-15 (lo) and 16-31 (hi)
+        var lo1 = vec4<i32>();
+        var lo2 = vec4<i32>();
+        var lo3 = vec4<i32>();
+        var hi0 = vec4<i32>();
+        var hi1 = vec4<i32>();
+        var hi2 = vec4<i32>();
+        var hi3 = vec4<i32>();
+        for (var i = 0u; i < 4u; i++) {
             let wv = mq_w[i * 16u + (tm ^ mq_sw(i))];
             let xv = mq_x[i * 16u + (tn ^ mq_sw(i))];
-            for (var b = 0u; b < 4u; b++) {
-                let s = vec4<i32>(dot4I8Packed(wv.x, xv[b]), dot4I8Packed(wv.y, xv[b]),
-                                  dot4I8Packed(wv.z, xv[b]), dot4I8Packed(wv.w, xv[b]));
-                if (i < 4u) { lo[b] += s; } else { hi[b] += s; }
-            }
+            lo0 += dots(wv, xv.x);
+            lo1 += dots(wv, xv.y);
+            lo2 += dots(wv, xv.z);
+            lo3 += dots(wv, xv.w);
+            let wh = mq_w[(i + 4u) * 16u + (tm ^ mq_sw(i + 4u))];
+            let xh = mq_x[(i + 4u) * 16u + (tn ^ mq_sw(i + 4u))];
+            hi0 += dots(wh, xh.x);
+            hi1 += dots(wh, xh.y);
+            hi2 += dots(wh, xh.z);
+            hi3 += dots(wh, xh.w);
         }
         let s0 = mq_ws[4u * tm];
         let s1 = mq_ws[4u * tm + 1u];
@@ -137,15 +163,16 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
         let dhi = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
         let mlo = vec4<f32>(s0.z, s1.z, s2.z, s3.z);
         let mhi = vec4<f32>(s0.w, s1.w, s2.w, s3.w);
-        for (var b = 0u; b < 4u; b++) {
-            let e = mq_xs[4u * tn + b];
-            acc[b] += e.x * (dlo * vec4<f32>(lo[b]) + dhi * vec4<f32>(hi[b])) + mlo * e.y + mhi * e.z;
-        }
+        acc0 += run_share(mq_xs[4u * tn], dlo, dhi, mlo, mhi, lo0, hi0);
+        acc1 += run_share(mq_xs[4u * tn + 1u], dlo, dhi, mlo, mhi, lo1, hi1);
+        acc2 += run_share(mq_xs[4u * tn + 2u], dlo, dhi, mlo, mhi, lo2, hi2);
+        acc3 += run_share(mq_xs[4u * tn + 3u], dlo, dhi, mlo, mhi, lo3, hi3);
         workgroupBarrier();
     }
     let rt = r0 + tm * 4u;
     let jt = n0 + tn * 4u;
-    for (var b = 0u; b < 4u; b++) {
-        if (jt + b < n) { store4(jt + b, rt, acc[b], rows); }
-    }
+    if (jt < n) { store4(jt, rt, acc0, rows); }
+    if (jt + 1u < n) { store4(jt + 1u, rt, acc1, rows); }
+    if (jt + 2u < n) { store4(jt + 2u, rt, acc2, rows); }
+    if (jt + 3u < n) { store4(jt + 3u, rt, acc3, rows); }
 }
