@@ -83,7 +83,6 @@ def q8(x):
 
 
 INT8_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K)  # decode products on int8 x (mvq)
-MM_INT8_TYPES = INT8_TYPES + (T.Q5_K,)  # prompt tiles on int8 x (mmq)
 
 
 def seen(gpu, qtype, x):
@@ -93,13 +92,9 @@ def seen(gpu, qtype, x):
 
 
 def quants(gpu, qtype, n, k=None) -> int:
-    """Dispatches rounding x before a product of n rows (of k values) of qtype (quant_q8 before mvq
-    for decode rows, before mmq for the prompt tiles)."""
-    if not gpu.int8_products or (k is not None and k < gpu.int8_min_k):
-        return 0
-    if gpu._mvp(n):
-        return int(qtype in INT8_TYPES)
-    return int(not gpu.row_products and qtype in MM_INT8_TYPES)
+    """Dispatches rounding x before a product of n rows (of k values) of qtype (quant_q8 before mvq)."""
+    long_enough = k is None or k >= gpu.int8_min_k
+    return int(gpu.int8_products and long_enough and qtype in INT8_TYPES and gpu._mvp(n))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -335,25 +330,19 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, qtype):
-    """The prompt kernels (mm: 64 x 64 output tiles, k in runs of 32; mmq, the same tiles on x
-    as int8 blocks, for the types that have it) on every type: rows and activation rows short
-    of, just past and two tiles plus one past a tile (the last tile's rows and activation rows
-    past the ends read but never stored), k of an odd number of runs (96) or of super-blocks
-    (768)."""
+    """The prompt kernel (mm: 64 x 64 output tiles, k in runs of 32) on every type: rows and
+    activation rows short of, just past and two tiles plus one past a tile (the last tile's
+    rows and activation rows past the ends read but never stored), k of an odd number of runs
+    (96) or of super-blocks (768)."""
     cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
     x = np.random.default_rng(7).standard_normal((129, cols))
-    try:
-        for int8 in (False, True):
-            gpu.int8_products = int8
-            for rows in (63, 65, 129):
-                w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
-                for n in (9, 64, 129):
-                    out = gpu.empty((n, rows))
-                    gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
-                    assert dispatched(gpu)[1] == ("mmq" if quants(gpu, qtype, n) else "mm")
-                    close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
-    finally:
-        gpu.int8_products = True
+    for rows in (63, 65, 129):
+        w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
+        for n in (9, 64, 129):
+            out = gpu.empty((n, rows))
+            gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+            assert dispatched(gpu)[1] == "mm"
+            close(gpu.to_numpy(out), x[:n] @ ref.T)
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
@@ -366,7 +355,7 @@ def test_prompt_tiles_write_only_their_outputs(gpu, plan):
     out = gpu.from_numpy(np.full((90, 70), 7.0, np.float32))
     gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
     got = gpu.to_numpy(out)
-    close(got[:80], seen(gpu, T.Q4_1, x) @ ref.T)
+    close(got[:80], x @ ref.T)
     assert (got[80:] == 7.0).all()
 
 
@@ -396,7 +385,7 @@ def test_matrices_beyond_a_binding_are_split_by_rows(gpu, plan):
     assert [p[:2] for p in w.data.parts] == [(0, 20), (20, 20), (40, 10)]
     x = np.random.default_rng(0).standard_normal((70, 256))
     for n in (3, 70):
-        close(product(gpu, w, x[:n]), seen(gpu, T.Q8_0, x[:n]) @ ref.T)
+        close(product(gpu, w, x[:n]), x[:n] @ ref.T)
     ids = np.array([49, 0, 21, 39], np.int32)
     out = gpu.empty((4, 256))
     gpu.get_rows(w, ids, out)
