@@ -16,55 +16,18 @@ fn fifth(h: u32) -> u32 {
 
 // The 32-value block types: piece p is block p / 4, quarter q = p % 4. Q4/Q5: bytes 4q .. 4q + 3
 // of the nibbles, values 4q .. 4q + 3 (low) and 16 + 4q .. (high); Q8_0: values 8q .. 8q + 7.
-fn pc_q4_0(base: u32, p: u32) -> Piece {
-    let blk = base + (p / 4u) * 18u;
-    let q = p % 4u;
-    let d = f16at(blk);
-    let qs = w32(blk + 2u + 4u * q);
-    let xa = (p / 4u) * 8u + q;
-    return Piece((lo4(qs) - 8.0) * d, (hi4(qs) - 8.0) * d, xa, xa + 4u);
+// Decoded once, as integers (ip_* below, which the int8 decode products read as they are).
+fn piece_of(i: IPiece) -> Piece {
+    let off = f32(i.off);  // the quants, signed or (Q4, Q5: under 32) not, as signed bytes
+    return Piece((vec4<f32>(unpack4xI8(i.a)) + off) * i.d + i.m, (vec4<f32>(unpack4xI8(i.b)) + off) * i.d + i.m,
+                 i.xa, i.xb);
 }
 
-fn pc_q4_1(base: u32, p: u32) -> Piece {
-    let blk = base + (p / 4u) * 20u;  // 4-byte aligned: whole words
-    let q = p % 4u;
-    let dm = unpack2x16float(W[blk / 4u]);
-    let qs = W[blk / 4u + 1u + q];
-    let xa = (p / 4u) * 8u + q;
-    return Piece(lo4(qs) * dm.x + dm.y, hi4(qs) * dm.x + dm.y, xa, xa + 4u);
-}
-
-fn pc_q5_0(base: u32, p: u32) -> Piece {
-    let blk = base + (p / 4u) * 22u;
-    let q = p % 4u;
-    let d = f16at(blk);
-    let qh = w32(blk + 2u);
-    let qs = w32(blk + 6u + 4u * q);
-    let lo = vec4<f32>(unpack4xU8((qs & 0x0f0f0f0fu) | fifth(qh >> (4u * q))));
-    let hi = vec4<f32>(unpack4xU8(((qs >> 4u) & 0x0f0f0f0fu) | fifth(qh >> (16u + 4u * q))));
-    let xa = (p / 4u) * 8u + q;
-    return Piece((lo - 16.0) * d, (hi - 16.0) * d, xa, xa + 4u);
-}
-
-fn pc_q5_1(base: u32, p: u32) -> Piece {
-    let blk = base + (p / 4u) * 24u;  // 4-byte aligned
-    let q = p % 4u;
-    let dm = unpack2x16float(W[blk / 4u]);
-    let qh = W[blk / 4u + 1u];
-    let qs = W[blk / 4u + 2u + q];
-    let lo = vec4<f32>(unpack4xU8((qs & 0x0f0f0f0fu) | fifth(qh >> (4u * q))));
-    let hi = vec4<f32>(unpack4xU8(((qs >> 4u) & 0x0f0f0f0fu) | fifth(qh >> (16u + 4u * q))));
-    let xa = (p / 4u) * 8u + q;
-    return Piece(lo * dm.x + dm.y, hi * dm.x + dm.y, xa, xa + 4u);
-}
-
-fn pc_q8_0(base: u32, p: u32) -> Piece {
-    let blk = base + (p / 4u) * 34u;
-    let q = p % 4u;
-    let d = f16at(blk);
-    let at = blk + 2u + 8u * q;
-    return Piece(vec4<f32>(unpack4xI8(w32(at))) * d, vec4<f32>(unpack4xI8(w32(at + 4u))) * d, 2u * p, 2u * p + 1u);
-}
+fn pc_q4_0(base: u32, p: u32) -> Piece { return piece_of(ip_q4_0(base, p)); }
+fn pc_q4_1(base: u32, p: u32) -> Piece { return piece_of(ip_q4_1(base, p)); }
+fn pc_q5_0(base: u32, p: u32) -> Piece { return piece_of(ip_q5_0(base, p)); }
+fn pc_q5_1(base: u32, p: u32) -> Piece { return piece_of(ip_q5_1(base, p)); }
+fn pc_q8_0(base: u32, p: u32) -> Piece { return piece_of(ip_q8_0(base, p)); }
 
 fn pc_f16(base: u32, p: u32) -> Piece {
     let at = base + 16u * p;
@@ -132,10 +95,10 @@ fn pc_q6_k(base: u32, p: u32) -> Piece {
     return Piece((vec4<f32>(unpack4xU8(a)) - 32.0) * sc, (vec4<f32>(unpack4xU8(b)) - 32.0) * sc, 2u * p, 2u * p + 1u);
 }
 
-// The same pieces of the 32-value block types as integers for the int8 decode products (mvq,
-// matvec_q8.wgsl): a and b hold values 0-3 and 4-7 of the piece as 4 bytes each (meeting words xa
-// and xb of the row's int8 x: the Piece's vec4 indices, 4 values a word); a value is
-// d * (q + off) + m, so the piece's sum is d * (a . x + off * sum x) + m * sum x.
+// The 32-value block types' pieces as integers (the float pieces above, and the int8 decode
+// products, mvq in matvec_q8.wgsl): a and b hold values 0-3 and 4-7 of the piece as 4 bytes each
+// (meeting words xa and xb of the row's int8 x: the Piece's vec4 indices, 4 values a word); a value
+// is d * (q + off) + m, so the piece's sum is d * (a . x + off * sum x) + m * sum x.
 struct IPiece { a: u32, b: u32, xa: u32, xb: u32, d: f32, m: f32, off: i32 }
 
 fn ip_q4_0(base: u32, p: u32) -> IPiece {
