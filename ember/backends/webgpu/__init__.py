@@ -663,7 +663,7 @@ class Backend:
         d = step.dispatches[-1]
         params = d.params.copy()
         params[13], params[14] = mode, int(out.buf is up.buf)
-        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, _groups(-(-gate.shape[1] // (MV_ROWS // 2))))
+        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, _groups(gate.shape[1]))
         self._gate_up = None
         return True
 

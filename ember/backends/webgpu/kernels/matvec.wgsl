@@ -16,15 +16,11 @@ const NR: u32 = 2u;  // weight rows of a workgroup
 fn xs_at(a: u32, b: u32, nb: u32, n: u32) -> u32 { return 2u * n * nb + a * nb + b; }
 
 // Row r of workgroup g: rows NR * g .. of the (virtual) matrix; or, gated (param 13: 1 SiLU,
-// 2 GELU-tanh, gate and up of as many rows back to back), rows NR/2 * g .. of the gate and the
-// same rows of the up matrix, the workgroup then writing act(gate) * up over the gate's output
-// (over the up's where param 14 is set, the gate's raw sums then in the other).
+// 2 GELU-tanh, gate and up of as many rows back to back, NR = 2), row g of the gate and row g of
+// the up matrix, the workgroup then writing act(gate) * up over the gate's output (over the up's
+// where param 14 is set, the gate's raw sums then in the other).
 fn mv_row_at(g: u32, r: u32) -> u32 {
-    if (pu(13u) != 0u) {
-        let h = NR / 2u;
-        if (r < h) { return g * h + r; }
-        return pu(7u) + g * h + r - h;
-    }
+    if (pu(13u) != 0u) { return g + r * pu(7u); }
     return g * NR + r;
 }
 
@@ -63,26 +59,23 @@ fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
     let gated = pu(13u);
     if (gated != 0u) {
-        let h = NR / 2u;
-        for (var o = 0u; o < h; o++) {
-            let row = g * h + o;
-            for (var j = 0u; j < NX; j++) {
-                if (row < pu(7u) && j < n) {
-                    let a = s[o * NX + j];
-                    var act: f32;
-                    if (gated == 1u) {
-                        act = a / (1.0 + exp(-a));
-                    } else {
-                        act = 0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -15.0, 15.0)));
-                    }
-                    let u = s[(h + o) * NX + j];
-                    if (pu(14u) != 0u) {
-                        store(j, row, a);
-                        store(j, pu(7u) + row, act * u);
-                    } else {
-                        store(j, row, act * u);
-                        store(j, pu(7u) + row, u);
-                    }
+        if (g >= pu(7u)) { return; }
+        for (var j = 0u; j < NX; j++) {
+            if (j < n) {
+                let a = s[j];
+                var act: f32;
+                if (gated == 1u) {
+                    act = a / (1.0 + exp(-a));
+                } else {
+                    act = 0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -15.0, 15.0)));
+                }
+                let u = s[NX + j];
+                if (pu(14u) != 0u) {
+                    store(j, g, a);
+                    store(j, pu(7u) + g, act * u);
+                } else {
+                    store(j, g, act * u);
+                    store(j, pu(7u) + g, u);
                 }
             }
         }
