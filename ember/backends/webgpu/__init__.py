@@ -44,7 +44,8 @@ MV_WIDE_BELOW = 16384
 # H100 the 8B's o 11.2 us at 64 lanes vs 13.5 at 32, down 23.3 vs 31.0, gate 25.6 at 32 vs 27.0), mvk
 # on f32 x (shorter rows, the 32-lane builds; it beat mvp there on each of the 8B's products, one
 # row: q 26.4 vs 33.6 us, gate 66.7 vs 76.4; at 128 lanes mvp is the faster): bench/webgpu.py --lanes
-# the row length from which decode products take int8 x (Backend.int8_min_k). On an H100 the 8B's
+#
+# The row length from which decode products take int8 x (Backend.int8_min_k). On an H100 the 8B's
 # products (k 4096 and 14336) ran 1.4-2.8x faster alone than the f32 entries served before and its
 # decode step went 9.65 -> 5.81 ms (tg128 101 -> 159 tok/s); SmolLM2's (k 576, 1536) took 1.15 ms
 # a step against 1.07 and its step went 1.52 -> 2.42 ms, the roundings' dispatches (about 10 us
