@@ -304,7 +304,7 @@ def bench_lanes(spec: str, args) -> dict:
     medians, us and GB/s of the weights. A type with its own decode entry (Q4_K's and Q6_K's mvk)
     is timed beside the piece kernel (mvp) it replaced; mvq also at 4 weight rows a workgroup (r4)."""
     from ember.backends import get_backend
-    from ember.backends.webgpu import MATRIX_TYPES, _groups
+    from ember.backends.webgpu import MATRIX_TYPES, MV_ROWS, _groups
     from ember.backends.webgpu._kernels import MV_OWN
     from ember.backends.webgpu._step import Dispatch, Step
     from ember.gguf_loader import GGUFFile
@@ -343,16 +343,17 @@ def bench_lanes(spec: str, args) -> dict:
         own = ("mvk",) if MATRIX_TYPES[w.type] in MV_OWN else ()
         for entry in dict.fromkeys(("mvq",) * bool(quant) + own + (served, "mvp")):
             ds = [d for d in recs[True].dispatches if d not in quant] if entry == "mvq" else rec.dispatches
-            for lanes, nr in [(lanes, 2) for lanes in LANES] + [(lanes, 4) for lanes in LANES] * (entry == "mvq"):
+            builds = [(lanes, nr) for nr in ((MV_ROWS, 4) if entry == "mvq" else (MV_ROWS,)) for lanes in LANES]
+            for lanes, nr in builds:  # nr: weight rows a workgroup (MV_ROWS served, 4 the r4 build)
                 module = (f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
-                          + (f"+r{nr}" if nr != 2 else ""))
+                          + (f"+r{nr}" if nr != MV_ROWS else ""))
                 step = Step(record=True)
                 step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry),
                                             d.bindings if entry == "mvq" else _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),
-                                            d.params, d.groups if nr == 2 else _groups(-(-int(d.params[0]) // nr)))
+                                            d.params, d.groups if nr == MV_ROWS else _groups(-(-int(d.params[0]) // nr)))
                                    for d in ds]
                 step.build(backend.device, backend.wgpu)
-                steps[f"{entry}/{lanes}" + (f"/r{nr}" if nr != 2 else "")] = step
+                steps[f"{entry}/{lanes}" + (f"/r{nr}" if nr != MV_ROWS else "")] = step
         times = {key: [] for key in steps}
         for _ in range(max(args.reps, 5)):
             for key, step in steps.items():
