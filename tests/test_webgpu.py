@@ -115,6 +115,12 @@ def dispatched(gpu) -> tuple:
     return gpu.kernels.names()[id(gpu._step().dispatches[-1].pipeline)]
 
 
+def entries(gpu, start: int) -> list:
+    """The entry points of the step's dispatches from index start on."""
+    names = gpu.kernels.names()
+    return [names[id(d.pipeline)][1] for d in gpu._step().dispatches[start:]]
+
+
 @pytest.mark.parametrize("plan", ["rows", "lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decode_matvec_of_every_type(gpu, plan, qtype):
@@ -175,8 +181,7 @@ def test_int8_products_from_their_row_length(gpu, plan, qtype, monkeypatch):
         out = gpu.empty((1, 9))
         before = len(gpu._step().dispatches)
         gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
-        entries = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before:]]
-        assert entries == (["quant_q8", "mvq"] if cols >= INT8_MIN_K else ["mvp"])
+        assert entries(gpu, before) == (["quant_q8", "mvq"] if cols >= INT8_MIN_K else ["mvp"])
         close(gpu.to_numpy(out), seen(gpu, qtype, x) @ ref.T)
 
 
@@ -292,7 +297,7 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     outs = [gpu.empty((n, w.shape[0])) for w in (wq, wk, wv)]
     before = len(gpu._step().dispatches)
     gpu.matmuls([wq, wk, wv], gn, outs)
-    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before - 1:]]
+    names = entries(gpu, before - 1)
     assert names == ["add_rms_norm", "mvq", "mvq"]
     normed = ref.to_numpy(rn)
     close(gpu.to_numpy(gn), normed)
@@ -308,7 +313,7 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     out = gpu.empty((n, 24))
     before = len(gpu._step().dispatches)
     gpu.matmul(wv, gh, out)
-    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before - 1:]]
+    names = entries(gpu, before - 1)
     assert names == ["norm_add_rms_norm", "mvq"]
     normed = ref.to_numpy(rh)
     close(gpu.to_numpy(gh), normed)
@@ -320,7 +325,7 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     before = len(gpu._step().dispatches)
     gpu.matmul(ws, gs, tmp)
     gpu.matmul(wq, tmp, out)
-    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before:]]
+    names = entries(gpu, before)
     assert names == ["quant_q8", "mvq", "quant_q8", "mvq"]
     mid = (q8(normed.astype(np.float32)) @ rs.T).astype(np.float32)
     close(gpu.to_numpy(tmp), mid)
@@ -662,7 +667,7 @@ def test_int8_blocks_made_by_the_attention_merge(gpu, ref, plan, hd):
     before = len(gpu._step().dispatches)
     gpu.attention(gq, gkv, go, batch, n_head, n_kv, 0, 0.125, 0.0)
     gpu.matmul(w, go, out)
-    names = [gpu.kernels.names()[id(d.pipeline)][1] for d in gpu._step().dispatches[before:]]
+    names = entries(gpu, before)
     assert names == ["attn_part", "attn_merge"] + ["quant_q8"] * (hd % 32 != 0) + ["mvq"]
     ref.attention(rq, rkv, ro, batch, n_head, n_kv, 0, 0.125, 0.0)
     np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
