@@ -439,9 +439,16 @@ def main() -> None:
                     help="leave out ember's CPU backend (large files, where it would take minutes a rep)")
     ap.add_argument("--lanes", action="store_true",
                     help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
+    ap.add_argument("--checks", default="served", metavar="BITS",
+                    help="naga's runtime checks compiled into the kernels: served (ember's choice), wgpu (wgpu's "
+                    "default, all of them) or the ShaderRuntimeChecks bits (1 index clamps, 2 loop counters)")
     args = ap.parse_args()
+    if args.checks != "served":
+        from ember.backends.webgpu import _kernels
+
+        _kernels.RUNTIME_CHECKS = None if args.checks == "wgpu" else int(args.checks)
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-               "threads": args.threads, "models": {}}
+               "threads": args.threads, "checks": args.checks, "models": {}}
     for spec in args.models:
         name = spec.partition("=")[0]
         if args.lanes:

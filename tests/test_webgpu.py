@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ember.backends import AttentionBatch, BackendError, RopeParams, Weight, get_backend
+from ember.backends import webgpu
 from ember.quant import GGMLType, dequantize
 from conftest import golden
 from synth import Shape, weight, write_model
@@ -333,21 +334,29 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
+@pytest.mark.parametrize("tile", [64, 128], ids=["mm", "mm2"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, qtype):
-    """The prompt kernel (mm: 64 x 64 output tiles, k in runs of 32) on every type: rows and
-    activation rows short of, just past and two tiles plus one past a tile (the last tile's
-    rows and activation rows past the ends read but never stored), k of an odd number of runs
-    (96) or of super-blocks (768)."""
-    cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
-    x = np.random.default_rng(7).standard_normal((129, cols))
-    for rows in (63, 65, 129):
-        w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
-        for n in (9, 64, 129):
-            out = gpu.empty((n, rows))
-            gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
-            assert dispatched(gpu)[1] == "mm"
-            close(gpu.to_numpy(out), x[:n] @ ref.T)
+def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
+    """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; k in runs of 32)
+    on every type: rows and activation rows short of, just past and two tiles plus one past a tile
+    (the last tile's rows and activation rows past the ends read but never stored), k of an odd
+    number of runs (96) or of super-blocks (768)."""
+    if tile > 64 and gpu.device.limits["max-compute-workgroup-storage-size"] < webgpu.MM2_STORAGE:
+        pytest.skip("the adapter's workgroup memory is too small for mm2")
+    before = gpu.mm_rows
+    gpu.mm_rows = tile
+    try:
+        cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
+        x = np.random.default_rng(7).standard_normal((129, cols))
+        for rows in (tile - 1, tile + 1, 2 * tile + 1):
+            w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
+            for n in (9, 64, 129):
+                out = gpu.empty((n, rows))
+                gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
+                assert dispatched(gpu)[1] == ("mm" if tile == 64 else "mm2")
+                close(gpu.to_numpy(out), x[:n] @ ref.T)
+    finally:
+        gpu.mm_rows = before
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
@@ -366,11 +375,12 @@ def test_prompt_tiles_write_only_their_outputs(gpu, plan):
 
 @pytest.mark.parametrize("plan", ["rows"], indirect=True)
 def test_cpu_adapters_take_tiles_where_they_pay(gpu, plan):
-    """The CPU adapters' plan: a thread a row (mv_row) for a few activation rows, tiles (mm) from
+    """The CPU adapters' plan: a thread a row (mv_row) for a few activation rows, tiles (mm, mm2) from
     a whole tile of them on, and back to rows where the last tile would be mostly padding."""
     w, ref = matrix(gpu, T.Q4_K, 70, 256, seed=61)
     x = np.random.default_rng(9).standard_normal((128, 256))
-    for n, entry in ((9, "mv_row"), (53, "mv_row"), (64, "mm"), (70, "mv_row"), (128, "mm")):
+    tile = "mm" if gpu.mm_rows == 64 else "mm2"
+    for n, entry in ((9, "mv_row"), (53, "mv_row"), (64, tile), (70, "mv_row"), (128, tile)):
         out = gpu.empty((n, 70))
         gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
         assert dispatched(gpu)[1] == entry, n

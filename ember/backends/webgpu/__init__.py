@@ -52,6 +52,7 @@ MV_WIDE_BELOW = 16384
 # each) and the norms' slower int8 stores on top: bench/webgpu.py --lanes
 INT8_MIN_K = 4096
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
+MM2_STORAGE = 24576  # bytes of workgroup memory mm2's tiles (128 weight rows by 64) take
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
 # times the activation rows (64 rows and more, bar the last tile's waste), mv_row below
@@ -140,6 +141,8 @@ class Backend:
         self.int8_products = True
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
+        # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
+        self.mm_rows = 128 if int(self.device.limits["max-compute-workgroup-storage-size"]) >= MM2_STORAGE else 64
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -399,6 +402,8 @@ class Backend:
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
+        elif self.mm_rows == 128:
+            self._dispatch(MATRIX_TYPES[qtype], "mm2", bindings, params, (-(-rows // 128), -(-n // MM_TILE), 1))
         else:
             self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
 

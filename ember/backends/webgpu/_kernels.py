@@ -11,6 +11,37 @@ def source(name: str) -> str:
     return resources.files(__package__).joinpath("kernels", name).read_text()
 
 
+# The checks naga compiles into every shader (wgpu-native's ShaderRuntimeChecks bits: 1 an index
+# clamp on every array access, 2 a counter on every loop that ends it after 2^64 passes; None is
+# wgpu's default, all of them). The kernels take none: each computes its indices within its
+# bindings (rows past a matrix's end read its last row, token ids are checked against the
+# vocabulary before a lookup), and on an H100 the checks cost the 8B a third of its prompt rate
+# and a fifth of its decode rate (pp512 1096 -> 1835 tok/s, tg64 202 -> 251; bench/NOTES.md).
+RUNTIME_CHECKS = 0
+
+
+def create_module(device, code: str, checks: int | None):
+    """A WGSL module with `checks` of naga's runtime checks (wgpuDeviceCreateShaderModuleTrusted), or
+    wgpu's default ones where checks is None or this wgpu has no such call."""
+    if checks is None:
+        return device.create_shader_module(code=code)
+    try:
+        from wgpu.backends.wgpu_native import _api
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+        make = lib.wgpuDeviceCreateShaderModuleTrusted
+    except (ImportError, AttributeError):
+        return device.create_shader_module(code=code)
+    src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    src[0].chain.next = ffi.NULL
+    src[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    desc = _api.new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", src),
+                             label=_api.to_c_string_view(""))
+    handle = make(device._internal, desc, checks)
+    if handle == ffi.NULL:
+        raise RuntimeError("WGSL module creation failed")
+    return _api.GPUShaderModule("", handle, device)
+
+
 class Kernels:
     def __init__(self, device):
         self.device = device
@@ -36,7 +67,7 @@ class Kernels:
                 code = source("common.wgsl") + source("ops.wgsl")
             else:
                 code = _products(*name.split("+"))
-            mod = self._modules[name] = self.device.create_shader_module(code=code)
+            mod = self._modules[name] = create_module(self.device, code, RUNTIME_CHECKS)
         return mod
 
     def names(self) -> dict[int, tuple[str, str]]:

@@ -128,6 +128,96 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); }
 }
 
+// The same with 128 weight rows a tile (where the adapter allows 24 KiB of workgroup memory): a
+// thread stages piece q of weight rows r and r + 64 and multiplies both halves' rows 4 tm .. by its
+// 4 activation rows, 32 sums from 3 vec4 reads of each k (mm: 16 from 2). The halves' values of a
+// k sit 16 vec4s apart (the swizzle moves within each half: its values are under 16).
+var<workgroup> ws2: array<vec4<f32>, 1024>;  // [i * 32 + h * 16 + (r / 4 ^ mm_sw(i))][r % 4]: row 64 h + r
+
+fn mm2_stage_w(w: Piece, r: u32, c: u32, h: u32) {
+    let ia = 4u * (w.xa - 8u * c);
+    let ib = 4u * (w.xb - 8u * c);
+    let wa = ia * 32u + 16u * h + ((r / 4u) ^ mm_sw(ia));
+    let wb = ib * 32u + 16u * h + ((r / 4u) ^ mm_sw(ib));
+    for (var i = 0u; i < 4u; i++) {
+        ws2[wa + 32u * i][r % 4u] = w.a[i];
+        ws2[wb + 32u * i][r % 4u] = w.b[i];
+    }
+}
+
+fn mm2_stage_x(s: Staged, j: u32, v: u32) {
+    let xo = 4u * v * 16u + ((j / 4u) ^ mm_sx(4u * v));
+    for (var i = 0u; i < 4u; i++) {
+        xs[xo + 16u * i][j % 4u] = s.x0[i];
+        xs[(xo ^ 8u) + 16u * i][j % 4u] = s.x1[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let k = pu(1u);
+    let n = pu(2u);
+    let r0 = wid.x * 128u;
+    let n0 = wid.y * 64u;
+    let r = t / 4u;
+    let q = t % 4u;
+    let j = t / 8u;
+    let v = t % 8u;
+    let base = row_base(min(r0 + r, rows - 1u));
+    let base2 = row_base(min(r0 + 64u + r, rows - 1u));
+    let x0 = min(n0 + j, n - 1u) * (k / 4u) + v;
+    let x1 = min(n0 + j + 32u, n - 1u) * (k / 4u) + v;
+    let tm = t % 8u + 8u * ((t / 32u) % 2u);
+    let tn = (t % 32u) / 8u + 4u * (t / 64u);
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var d0 = vec4<f32>();
+    var d1 = vec4<f32>();
+    var d2 = vec4<f32>();
+    var d3 = vec4<f32>();
+    let runs = k / 32u;
+    var next = mm_read(base, q, x0, x1, 0u);
+    var next2 = PIECE(base2, q);
+    for (var c = 0u; c < runs; c++) {
+        mm2_stage_w(next.w, r, c, 0u);
+        mm2_stage_w(next2, r, c, 1u);
+        mm2_stage_x(next, j, v);
+        workgroupBarrier();
+        if (c + 1u < runs) {
+            next = mm_read(base, q, x0, x1, c + 1u);
+            next2 = PIECE(base2, 4u * (c + 1u) + q);
+        }
+        for (var g = 0u; g < 8u; g++) {
+            let wc = tm ^ mm_sw(4u * g);
+            let xc = tn ^ mm_sx(4u * g);
+            for (var u = 0u; u < 4u; u++) {
+                let i = 4u * g + u;
+                let w = ws2[i * 32u + wc];
+                let w2 = ws2[i * 32u + 16u + wc];
+                let x = xs[i * 16u + xc];
+                c0 += w * x.x;
+                c1 += w * x.y;
+                c2 += w * x.z;
+                c3 += w * x.w;
+                d0 += w2 * x.x;
+                d1 += w2 * x.y;
+                d2 += w2 * x.z;
+                d3 += w2 * x.w;
+            }
+        }
+        workgroupBarrier();
+    }
+    let rt = r0 + tm * 4u;
+    let jt = n0 + tn * 4u;
+    if (jt < n) { store4(jt, rt, c0, rows); store4(jt, rt + 64u, d0, rows); }
+    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); store4(jt + 1u, rt + 64u, d1, rows); }
+    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); store4(jt + 2u, rt + 64u, d2, rows); }
+    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); store4(jt + 3u, rt + 64u, d3, rows); }
+}
+
 // Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).
 // params: 0 rows, 1 k, 2 n, 3 row bytes, 4 row0, 5 ids_off, 6 base; a thread a 32-value slice
 @compute @workgroup_size(64)
