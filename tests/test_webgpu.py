@@ -84,6 +84,7 @@ def q8(x):
 
 
 INT8_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K)  # decode products on int8 x (mvq)
+MM_INT8_TYPES = INT8_TYPES + (T.Q5_K,)  # prompt tiles on int8 x (mmq)
 
 
 def seen(gpu, qtype, x):
@@ -93,9 +94,13 @@ def seen(gpu, qtype, x):
 
 
 def quants(gpu, qtype, n, k=None) -> int:
-    """Dispatches rounding x before a product of n rows (of k values) of qtype (quant_q8 before mvq)."""
-    long_enough = k is None or k >= gpu.int8_min_k
-    return int(gpu.int8_products and long_enough and qtype in INT8_TYPES and gpu._mvp(n))
+    """Dispatches rounding x before a product of n rows (of k values) of qtype (quant_q8 before mvq
+    for decode rows, before mmq for the prompt tiles)."""
+    if not gpu.int8_products or (k is not None and k < gpu.int8_min_k):
+        return 0
+    if gpu._mvp(n):
+        return int(qtype in INT8_TYPES)
+    return int(not gpu.row_products and qtype in MM_INT8_TYPES)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -334,29 +339,33 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
-@pytest.mark.parametrize("tile", [64, 128], ids=["mm", "mm2"])
+@pytest.mark.parametrize("tile", ["mm", "mm2", "mmq"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
-    """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; k in runs of 32)
-    on every type: rows and activation rows short of, just past and two tiles plus one past a tile
-    (the last tile's rows and activation rows past the ends read but never stored), k of an odd
-    number of runs (96) or of super-blocks (768)."""
-    if tile > 64 and gpu.device.limits["max-compute-workgroup-storage-size"] < webgpu.MM2_STORAGE:
+    """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; mmq: mm's tiles on
+    x as int8 blocks, for the types that have it; k in runs of 32) on every type: rows and
+    activation rows short of, just past and two tiles plus one past a tile (the last tile's rows
+    and activation rows past the ends read but never stored), k of an odd number of runs (96) or
+    of super-blocks (768)."""
+    if tile == "mm2" and gpu.device.limits["max-compute-workgroup-storage-size"] < webgpu.MM2_STORAGE:
         pytest.skip("the adapter's workgroup memory is too small for mm2")
-    before = gpu.mm_rows
-    gpu.mm_rows = tile
+    if tile == "mmq" and qtype not in MM_INT8_TYPES:
+        pytest.skip("the type has no int8 prompt tiles")
+    before = gpu.mm_rows, gpu.int8_products
+    gpu.mm_rows, gpu.int8_products = (128 if tile == "mm2" else 64), tile == "mmq"
     try:
         cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
         x = np.random.default_rng(7).standard_normal((129, cols))
-        for rows in (tile - 1, tile + 1, 2 * tile + 1):
+        edge = 128 if tile == "mm2" else 64
+        for rows in (edge - 1, edge + 1, 2 * edge + 1):
             w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
             for n in (9, 64, 129):
                 out = gpu.empty((n, rows))
                 gpu.matmul(w, gpu.from_numpy(x[:n].astype(np.float32)), out)
-                assert dispatched(gpu)[1] == ("mm" if tile == 64 else "mm2")
-                close(gpu.to_numpy(out), x[:n] @ ref.T)
+                assert dispatched(gpu)[1] == tile
+                close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
     finally:
-        gpu.mm_rows = before
+        gpu.mm_rows, gpu.int8_products = before
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
@@ -369,7 +378,7 @@ def test_prompt_tiles_write_only_their_outputs(gpu, plan):
     out = gpu.from_numpy(np.full((90, 70), 7.0, np.float32))
     gpu.matmul(w, gpu.from_numpy(x.astype(np.float32)), out)
     got = gpu.to_numpy(out)
-    close(got[:80], x @ ref.T)
+    close(got[:80], seen(gpu, T.Q4_1, x) @ ref.T)
     assert (got[80:] == 7.0).all()
 
 
@@ -400,7 +409,7 @@ def test_matrices_beyond_a_binding_are_split_by_rows(gpu, plan):
     assert [p[:2] for p in w.data.parts] == [(0, 20), (20, 20), (40, 10)]
     x = np.random.default_rng(0).standard_normal((70, 256))
     for n in (3, 70):
-        close(product(gpu, w, x[:n]), x[:n] @ ref.T)
+        close(product(gpu, w, x[:n]), seen(gpu, T.Q8_0, x[:n]) @ ref.T)
     ids = np.array([49, 0, 21, 39], np.int32)
     out = gpu.empty((4, 256))
     gpu.get_rows(w, ids, out)

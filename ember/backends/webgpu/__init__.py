@@ -402,6 +402,13 @@ class Backend:
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
+        elif (self.int8_products and not self.row_products and x.shape[-1] >= self.int8_min_k
+              and MATRIX_TYPES[qtype] in _kernels.MM_INT):  # the tiles on x as int8 blocks (mmq)
+            q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
+            del bindings[2]
+            self._dispatch(f"{MATRIX_TYPES[qtype]}+mmq", "mmq", bindings, params,
+                           (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
+            return q8
         elif self.mm_rows == 128:
             self._dispatch(MATRIX_TYPES[qtype], "mm2", bindings, params, (-(-rows // 128), -(-n // MM_TILE), 1))
         else:

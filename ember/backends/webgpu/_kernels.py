@@ -80,6 +80,8 @@ class Kernels:
 MV_OWN = {"deq_q4_k": ("matvec_q4k.wgsl", 7), "deq_q6_k": ("matvec_q6k.wgsl", 1)}
 # the 32-value block types, whose int8 decode products (mvq) are mvp's pieces as integers
 MV_INT = ("deq_q4_0", "deq_q4_1", "deq_q5_0", "deq_q5_1", "deq_q8_0")
+# the types whose prompt tiles have an int8 entry (mmq, matmul_q8.wgsl: a run reader each)
+MM_INT = MV_INT + ("deq_q4_k", "deq_q5_k", "deq_q6_k")
 
 # the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
 MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
@@ -95,7 +97,9 @@ def _products(decoder: str, *variant: str) -> str:
     kernel too (matvec.wgsl); "+r4" builds it for 4 weight rows a workgroup (the lane benchmark's
     variant, not gated products)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
-    if variant:
+    if variant == ("mmq",):  # the prompt tiles on int8 x (IRUN: the type's run reader)
+        code += source("matmul_q8.wgsl")
+    elif variant:
         rows, how, *lanes = variant
         args, call = MV_SUMS[how]
         mv = source("matvec.wgsl")
@@ -112,6 +116,7 @@ def _products(decoder: str, *variant: str) -> str:
                 mv = mv.replace("const NR: u32 = 2u;", f"const NR: u32 = {int(part.removeprefix('r'))}u;")
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
+    code = code.replace("IRUN(", decoder.replace("deq_", "ir_") + "(")
     code = code.replace("IPIECE(", decoder.replace("deq_", "ip_") + "(")
     code = code.replace("PIECE(", decoder.replace("deq_", "pc_") + "(")
     return code.replace("DEQ(", f"{decoder}(")  # naga takes subgroup builtins without `enable`
