@@ -75,6 +75,23 @@ fn store4(j: u32, r: u32, v: vec4<f32>, rows: u32) {
     }
 }
 
+// Y of a thread's 4 activation rows jt .. (those under n) at its weight rows rt .. (c_b: row jt + b's)
+fn store_tile(jt: u32, rt: u32, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>, rows: u32, n: u32) {
+    if (jt < n) { store4(jt, rt, c0, rows); }
+    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); }
+    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); }
+    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); }
+}
+
+// A thread's places in a tile of 256 threads. Staging: piece q of weight row r, vec4 v of activation
+// rows j and j + 32. Products: weight rows 4 tm .., activation rows 4 tn ..; a 32-lane warp takes 8
+// tm by 4 tn (its loads of each k: 8 vec4s of weights, 4 of activations).
+struct Lanes { r: u32, q: u32, j: u32, v: u32, tm: u32, tn: u32 }
+
+fn lanes_of(t: u32) -> Lanes {
+    return Lanes(t / 4u, t % 4u, t / 8u, t % 8u, t % 8u + 8u * ((t / 32u) % 2u), (t % 32u) / 8u + 4u * (t / 64u));
+}
+
 @compute @workgroup_size(256)
 fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let rows = pu(0u);
@@ -82,32 +99,24 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     let n = pu(2u);
     let r0 = wid.x * 64u;
     let n0 = wid.y * 64u;
-    // staging: weight row r (piece q of each run), activation rows j, j + 32 (vec4 v of each run);
     // rows past the matrix or the activations read the last one's (their outputs are never stored)
-    let r = t / 4u;
-    let q = t % 4u;
-    let j = t / 8u;
-    let v = t % 8u;
-    let base = row_base(min(r0 + r, rows - 1u));
-    let x0 = min(n0 + j, n - 1u) * (k / 4u) + v;
-    let x1 = min(n0 + j + 32u, n - 1u) * (k / 4u) + v;
-    // products: weight rows 4 tm .., activation rows 4 tn ..; a 32-lane warp takes 8 tm by 4 tn
-    // (its loads of each k: 8 vec4s of weights, 4 of activations); c_b: the 4 rows' sums of row 4 tn + b
-    let tm = t % 8u + 8u * ((t / 32u) % 2u);
-    let tn = (t % 32u) / 8u + 4u * (t / 64u);
-    var c0 = vec4<f32>();
+    let l = lanes_of(t);
+    let base = row_base(min(r0 + l.r, rows - 1u));
+    let x0 = min(n0 + l.j, n - 1u) * (k / 4u) + l.v;
+    let x1 = min(n0 + l.j + 32u, n - 1u) * (k / 4u) + l.v;
+    var c0 = vec4<f32>();  // c_b: the sums of activation row 4 tn + b
     var c1 = vec4<f32>();
     var c2 = vec4<f32>();
     var c3 = vec4<f32>();
     let runs = k / 32u;
-    var next = mm_read(base, q, x0, x1, 0u);
+    var next = mm_read(base, l.q, x0, x1, 0u);
     for (var c = 0u; c < runs; c++) {
-        mm_stage(next, r, j, v, c);
+        mm_stage(next, l.r, l.j, l.v, c);
         workgroupBarrier();
-        if (c + 1u < runs) { next = mm_read(base, q, x0, x1, c + 1u); }
+        if (c + 1u < runs) { next = mm_read(base, l.q, x0, x1, c + 1u); }
         for (var g = 0u; g < 8u; g++) {  // k 4g .. 4g + 3: one swizzle
-            let wc = tm ^ mm_sw(4u * g);
-            let xc = tn ^ mm_sx(4u * g);
+            let wc = l.tm ^ mm_sw(4u * g);
+            let xc = l.tn ^ mm_sx(4u * g);
             for (var u = 0u; u < 4u; u++) {
                 let i = (4u * g + u) * 16u;
                 let w = ws[i + wc];
@@ -120,12 +129,7 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
         }
         workgroupBarrier();
     }
-    let rt = r0 + tm * 4u;
-    let jt = n0 + tn * 4u;
-    if (jt < n) { store4(jt, rt, c0, rows); }
-    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); }
-    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); }
-    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); }
+    store_tile(n0 + l.tn * 4u, r0 + l.tm * 4u, c0, c1, c2, c3, rows, n);
 }
 
 // The same with 128 weight rows a tile (where the adapter allows 24 KiB of workgroup memory): a
@@ -160,16 +164,11 @@ fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     let n = pu(2u);
     let r0 = wid.x * 128u;
     let n0 = wid.y * 64u;
-    let r = t / 4u;
-    let q = t % 4u;
-    let j = t / 8u;
-    let v = t % 8u;
-    let base = row_base(min(r0 + r, rows - 1u));
-    let base2 = row_base(min(r0 + 64u + r, rows - 1u));
-    let x0 = min(n0 + j, n - 1u) * (k / 4u) + v;
-    let x1 = min(n0 + j + 32u, n - 1u) * (k / 4u) + v;
-    let tm = t % 8u + 8u * ((t / 32u) % 2u);
-    let tn = (t % 32u) / 8u + 4u * (t / 64u);
+    let l = lanes_of(t);
+    let base = row_base(min(r0 + l.r, rows - 1u));
+    let base2 = row_base(min(r0 + 64u + l.r, rows - 1u));
+    let x0 = min(n0 + l.j, n - 1u) * (k / 4u) + l.v;
+    let x1 = min(n0 + l.j + 32u, n - 1u) * (k / 4u) + l.v;
     var c0 = vec4<f32>();
     var c1 = vec4<f32>();
     var c2 = vec4<f32>();
@@ -179,20 +178,20 @@ fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     var d2 = vec4<f32>();
     var d3 = vec4<f32>();
     let runs = k / 32u;
-    var next = mm_read(base, q, x0, x1, 0u);
-    var next2 = PIECE(base2, q);
+    var next = mm_read(base, l.q, x0, x1, 0u);
+    var next2 = PIECE(base2, l.q);
     for (var c = 0u; c < runs; c++) {
-        mm2_stage_w(next.w, r, c, 0u);
-        mm2_stage_w(next2, r, c, 1u);
-        mm2_stage_x(next, j, v);
+        mm2_stage_w(next.w, l.r, c, 0u);
+        mm2_stage_w(next2, l.r, c, 1u);
+        mm2_stage_x(next, l.j, l.v);
         workgroupBarrier();
         if (c + 1u < runs) {
-            next = mm_read(base, q, x0, x1, c + 1u);
-            next2 = PIECE(base2, 4u * (c + 1u) + q);
+            next = mm_read(base, l.q, x0, x1, c + 1u);
+            next2 = PIECE(base2, 4u * (c + 1u) + l.q);
         }
         for (var g = 0u; g < 8u; g++) {
-            let wc = tm ^ mm_sw(4u * g);
-            let xc = tn ^ mm_sx(4u * g);
+            let wc = l.tm ^ mm_sw(4u * g);
+            let xc = l.tn ^ mm_sx(4u * g);
             for (var u = 0u; u < 4u; u++) {
                 let i = 4u * g + u;
                 let w = ws2[i * 32u + wc];
@@ -210,12 +209,8 @@ fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
         }
         workgroupBarrier();
     }
-    let rt = r0 + tm * 4u;
-    let jt = n0 + tn * 4u;
-    if (jt < n) { store4(jt, rt, c0, rows); store4(jt, rt + 64u, d0, rows); }
-    if (jt + 1u < n) { store4(jt + 1u, rt, c1, rows); store4(jt + 1u, rt + 64u, d1, rows); }
-    if (jt + 2u < n) { store4(jt + 2u, rt, c2, rows); store4(jt + 2u, rt + 64u, d2, rows); }
-    if (jt + 3u < n) { store4(jt + 3u, rt, c3, rows); store4(jt + 3u, rt + 64u, d3, rows); }
+    store_tile(n0 + l.tn * 4u, r0 + l.tm * 4u, c0, c1, c2, c3, rows, n);
+    store_tile(n0 + l.tn * 4u, r0 + 64u + l.tm * 4u, d0, d1, d2, d3, rows, n);
 }
 
 // Y (n, k) = rows IDS[ids_off + j] of the matrix, for those in this part (rows row0 ..).

@@ -99,38 +99,35 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     let nb = k / 32u;
     let r0 = wid.x * 64u;
     let n0 = wid.y * 64u;
-    // staging: reader q of weight row r and of activation row r (rows past the end: the last one's)
-    let r = t / 4u;
-    let q = t % 4u;
-    let base = row_base(min(r0 + r, rows - 1u));
-    let xrow = min(n0 + r, n - 1u) * nb;
+    // staging: reader q of weight row r and of activation row r (rows past the end: the last one's);
+    // products: mm's (lanes_of)
+    let l = lanes_of(t);
+    let base = row_base(min(r0 + l.r, rows - 1u));
+    let xrow = min(n0 + l.r, n - 1u) * nb;
     let scales = 2u * n * nb;  // QS's first block scale
-    // products: weight rows 4 tm .., activation rows 4 tn .. (mm's warp layout)
-    let tm = t % 8u + 8u * ((t / 32u) % 2u);
-    let tn = (t % 32u) / 8u + 4u * (t / 64u);
     // the sums in named registers (a private array indexed in a loop may live in local memory)
     var acc0 = vec4<f32>();  // activation row 4 tn + b's sums in acc_b: weight rows 4 tm .. 4 tm + 3
     var acc1 = vec4<f32>();
     var acc2 = vec4<f32>();
     var acc3 = vec4<f32>();
-    var w = IRUN(base, 0u, q);
-    var x0 = QX[8u * xrow + q];
-    var x1 = QX[8u * xrow + q + 4u];
+    var w = IRUN(base, 0u, l.q);
+    var x0 = QX[8u * xrow + l.q];
+    var x1 = QX[8u * xrow + l.q + 4u];
     var xs = QS[scales + xrow];
     for (var c = 0u; c < nb; c++) {
-        mq_w[w.ia * 16u + ((r / 4u) ^ mq_sw(w.ia))][r % 4u] = w.wa;
-        mq_w[w.ib * 16u + ((r / 4u) ^ mq_sw(w.ib))][r % 4u] = w.wb;
-        mq_x[q * 16u + ((r / 4u) ^ mq_sw(q))][r % 4u] = x0;
-        mq_x[(q + 4u) * 16u + ((r / 4u) ^ mq_sw(q + 4u))][r % 4u] = x1;
-        if (q == 0u) {
-            mq_ws[r] = w.sc;
-            mq_xs[r] = xs;
+        mq_w[w.ia * 16u + ((l.r / 4u) ^ mq_sw(w.ia))][l.r % 4u] = w.wa;
+        mq_w[w.ib * 16u + ((l.r / 4u) ^ mq_sw(w.ib))][l.r % 4u] = w.wb;
+        mq_x[l.q * 16u + ((l.r / 4u) ^ mq_sw(l.q))][l.r % 4u] = x0;
+        mq_x[(l.q + 4u) * 16u + ((l.r / 4u) ^ mq_sw(l.q + 4u))][l.r % 4u] = x1;
+        if (l.q == 0u) {
+            mq_ws[l.r] = w.sc;
+            mq_xs[l.r] = xs;
         }
         workgroupBarrier();
         if (c + 1u < nb) {  // the next run into registers while this one is multiplied
-            w = IRUN(base, c + 1u, q);
-            x0 = QX[8u * (xrow + c + 1u) + q];
-            x1 = QX[8u * (xrow + c + 1u) + q + 4u];
+            w = IRUN(base, c + 1u, l.q);
+            x0 = QX[8u * (xrow + c + 1u) + l.q];
+            x1 = QX[8u * (xrow + c + 1u) + l.q + 4u];
             xs = QS[scales + xrow + c + 1u];
         }
         var lo0 = vec4<i32>();  // each run's integer sums: values 0-15 (lo) and 16-31 (hi)
@@ -142,37 +139,32 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
         var hi2 = vec4<i32>();
         var hi3 = vec4<i32>();
         for (var i = 0u; i < 4u; i++) {
-            let wv = mq_w[i * 16u + (tm ^ mq_sw(i))];
-            let xv = mq_x[i * 16u + (tn ^ mq_sw(i))];
+            let wv = mq_w[i * 16u + (l.tm ^ mq_sw(i))];
+            let xv = mq_x[i * 16u + (l.tn ^ mq_sw(i))];
             lo0 += dots(wv, xv.x);
             lo1 += dots(wv, xv.y);
             lo2 += dots(wv, xv.z);
             lo3 += dots(wv, xv.w);
-            let wh = mq_w[(i + 4u) * 16u + (tm ^ mq_sw(i + 4u))];
-            let xh = mq_x[(i + 4u) * 16u + (tn ^ mq_sw(i + 4u))];
+            let wh = mq_w[(i + 4u) * 16u + (l.tm ^ mq_sw(i + 4u))];
+            let xh = mq_x[(i + 4u) * 16u + (l.tn ^ mq_sw(i + 4u))];
             hi0 += dots(wh, xh.x);
             hi1 += dots(wh, xh.y);
             hi2 += dots(wh, xh.z);
             hi3 += dots(wh, xh.w);
         }
-        let s0 = mq_ws[4u * tm];
-        let s1 = mq_ws[4u * tm + 1u];
-        let s2 = mq_ws[4u * tm + 2u];
-        let s3 = mq_ws[4u * tm + 3u];
+        let s0 = mq_ws[4u * l.tm];
+        let s1 = mq_ws[4u * l.tm + 1u];
+        let s2 = mq_ws[4u * l.tm + 2u];
+        let s3 = mq_ws[4u * l.tm + 3u];
         let dlo = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
         let dhi = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
         let mlo = vec4<f32>(s0.z, s1.z, s2.z, s3.z);
         let mhi = vec4<f32>(s0.w, s1.w, s2.w, s3.w);
-        acc0 += run_share(mq_xs[4u * tn], dlo, dhi, mlo, mhi, lo0, hi0);
-        acc1 += run_share(mq_xs[4u * tn + 1u], dlo, dhi, mlo, mhi, lo1, hi1);
-        acc2 += run_share(mq_xs[4u * tn + 2u], dlo, dhi, mlo, mhi, lo2, hi2);
-        acc3 += run_share(mq_xs[4u * tn + 3u], dlo, dhi, mlo, mhi, lo3, hi3);
+        acc0 += run_share(mq_xs[4u * l.tn], dlo, dhi, mlo, mhi, lo0, hi0);
+        acc1 += run_share(mq_xs[4u * l.tn + 1u], dlo, dhi, mlo, mhi, lo1, hi1);
+        acc2 += run_share(mq_xs[4u * l.tn + 2u], dlo, dhi, mlo, mhi, lo2, hi2);
+        acc3 += run_share(mq_xs[4u * l.tn + 3u], dlo, dhi, mlo, mhi, lo3, hi3);
         workgroupBarrier();
     }
-    let rt = r0 + tm * 4u;
-    let jt = n0 + tn * 4u;
-    if (jt < n) { store4(jt, rt, acc0, rows); }
-    if (jt + 1u < n) { store4(jt + 1u, rt, acc1, rows); }
-    if (jt + 2u < n) { store4(jt + 2u, rt, acc2, rows); }
-    if (jt + 3u < n) { store4(jt + 3u, rt, acc3, rows); }
+    store_tile(n0 + l.tn * 4u, r0 + l.tm * 4u, acc0, acc1, acc2, acc3, rows, n);
 }
