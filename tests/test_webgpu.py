@@ -338,6 +338,35 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     close(gpu.to_numpy(out), q8(gpu.to_numpy(tmp)) @ rq.T)
 
 
+def test_kernels_compile_without_runtime_checks(gpu, monkeypatch):
+    """The kernels' modules are made without naga's runtime checks (wgpu-native's trusted call through
+    wgpu-py's handles), not by wgpu's default call; the module made so runs."""
+    from ember.backends.webgpu import _kernels
+
+    assert _kernels.RUNTIME_CHECKS == 0
+    code = """
+@group(0) @binding(0) var<storage, read_write> O: array<f32>;
+@compute @workgroup_size(4)
+fn main(@builtin(local_invocation_index) t: u32) { for (var i = 0u; i < 3u; i++) { O[t] += f32(t + i); } }"""
+    monkeypatch.setattr(gpu.device, "create_shader_module", lambda **_: pytest.fail("the default call was taken"))
+    module = _kernels.create_module(gpu.device, code, 0)
+    monkeypatch.undo()
+    wgpu = gpu.wgpu
+    pipe = gpu.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    buf = gpu.device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    group = gpu.device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                         entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 16}}])
+    enc = gpu.device.create_command_encoder()
+    p = enc.begin_compute_pass()
+    p.set_pipeline(pipe)
+    p.set_bind_group(0, group)
+    p.dispatch_workgroups(1, 1, 1)
+    p.end()
+    gpu.device.queue.submit([enc.finish()])
+    got = np.frombuffer(gpu.device.queue.read_buffer(buf), np.float32)
+    assert got.tolist() == [3.0, 6.0, 9.0, 12.0]
+
+
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
 @pytest.mark.parametrize("tile", ["mm", "mm2", "mmq"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -25,21 +25,22 @@ def create_module(device, code: str, checks: int | None):
     wgpu's default ones where checks is None or this wgpu has no such call."""
     if checks is None:
         return device.create_shader_module(code=code)
-    try:
+    try:  # wgpu-py's own handles on wgpu-native (none of them public: any missing, the default call)
         from wgpu.backends.wgpu_native import _api
         from wgpu.backends.wgpu_native._ffi import ffi, lib
-        make = lib.wgpuDeviceCreateShaderModuleTrusted
+        make, source_type = lib.wgpuDeviceCreateShaderModuleTrusted, lib.WGPUSType_ShaderSourceWGSL
+        new_struct, view, module_class, device_handle = (_api.new_struct_p, _api.to_c_string_view,
+                                                         _api.GPUShaderModule, device._internal)
     except (ImportError, AttributeError):
         return device.create_shader_module(code=code)
-    src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    src = new_struct("WGPUShaderSourceWGSL *", code=view(code))
     src[0].chain.next = ffi.NULL
-    src[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
-    desc = _api.new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", src),
-                             label=_api.to_c_string_view(""))
-    handle = make(device._internal, desc, checks)
+    src[0].chain.sType = source_type
+    desc = new_struct("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", src), label=view(""))
+    handle = make(device_handle, desc, checks)
     if handle == ffi.NULL:
         raise RuntimeError("WGSL module creation failed")
-    return _api.GPUShaderModule("", handle, device)
+    return module_class("", handle, device)
 
 
 class Kernels:
