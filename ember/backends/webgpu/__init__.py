@@ -409,10 +409,9 @@ class Backend:
             self._dispatch(f"{MATRIX_TYPES[qtype]}+mmq", "mmq", bindings, params,
                            (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
             return q8
-        elif self.mm_rows == 128:
-            self._dispatch(MATRIX_TYPES[qtype], "mm2", bindings, params, (-(-rows // 128), -(-n // MM_TILE), 1))
-        else:
-            self._dispatch(MATRIX_TYPES[qtype], "mm", bindings, params, (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
+        else:  # mm2's tiles of 128 weight rows where the adapter has room for them, else mm's 64
+            self._dispatch(MATRIX_TYPES[qtype], "mm2" if self.mm_rows == 128 else "mm", bindings, params,
+                           (-(-rows // self.mm_rows), -(-n // MM_TILE), 1))
 
     def _q8_for(self, x):
         """x (n, k) as int8 blocks of 32 and their scales (ops.wgsl's put_q8) in a scratch buffer for

@@ -53,19 +53,37 @@ fn mm_read(base: u32, q: u32, x0: u32, x1: u32, c: u32) -> Staged {
     return Staged(PIECE(base, 4u * c + q), X4[x0 + 8u * c], X4[x1 + 8u * c]);
 }
 
-// s into the tiles: weight row r; activation rows j and j + 32 (values 4v .. 4v + 3 of the run)
-fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
-    let ia = 4u * (s.w.xa - 8u * c);  // the piece's values' places in the run (multiples of 4:
-    let ib = 4u * (s.w.xb - 8u * c);  // one swizzle for each 4)
-    let wa = ia * 16u + ((r / 4u) ^ mm_sw(ia));
-    let wb = ib * 16u + ((r / 4u) ^ mm_sw(ib));
+// The places in a weight tile of a piece's two vec4s of run c (weight row r; stride: vec4s a k,
+// 16 for mm's 64 rows): the piece's values' places in the run are multiples of 4, one swizzle each 4
+fn mm_w_places(w: Piece, r: u32, c: u32, stride: u32) -> vec2<u32> {
+    let ia = 4u * (w.xa - 8u * c);
+    let ib = 4u * (w.xb - 8u * c);
+    return vec2<u32>(ia * stride + ((r / 4u) ^ mm_sw(ia)), ib * stride + ((r / 4u) ^ mm_sw(ib)));
+}
+
+// s's activations into xs: rows j and j + 32 (values 4v .. 4v + 3 of the run)
+fn mm_stage_x(s: Staged, j: u32, v: u32) {
     let xo = 4u * v * 16u + ((j / 4u) ^ mm_sx(4u * v));
     for (var i = 0u; i < 4u; i++) {
-        ws[wa + 16u * i][r % 4u] = s.w.a[i];
-        ws[wb + 16u * i][r % 4u] = s.w.b[i];
         xs[xo + 16u * i][j % 4u] = s.x0[i];
         xs[(xo ^ 8u) + 16u * i][j % 4u] = s.x1[i];  // row j + 32: (j + 32) / 4 = j / 4 + 8, swizzled alike
     }
+}
+
+// s into the tiles: weight row r; activation rows j and j + 32
+fn mm_stage(s: Staged, r: u32, j: u32, v: u32, c: u32) {
+    let at = mm_w_places(s.w, r, c, 16u);
+    for (var i = 0u; i < 4u; i++) {
+        ws[at.x + 16u * i][r % 4u] = s.w.a[i];
+        ws[at.y + 16u * i][r % 4u] = s.w.b[i];
+    }
+    mm_stage_x(s, j, v);
+}
+
+// activation rows j and j + 32 of a tile at n0 (the last row where they are past n): their vec4 v's
+// places in X4 (4 values an element, k a row)
+fn mm_x_rows(n0: u32, j: u32, v: u32, n: u32, k: u32) -> vec2<u32> {
+    return vec2<u32>(min(n0 + j, n - 1u) * (k / 4u) + v, min(n0 + j + 32u, n - 1u) * (k / 4u) + v);
 }
 
 // Y[j, r .. r + 3] of a thread's (virtual) rows r .. (those that exist)
@@ -102,18 +120,17 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
     // rows past the matrix or the activations read the last one's (their outputs are never stored)
     let l = lanes_of(t);
     let base = row_base(min(r0 + l.r, rows - 1u));
-    let x0 = min(n0 + l.j, n - 1u) * (k / 4u) + l.v;
-    let x1 = min(n0 + l.j + 32u, n - 1u) * (k / 4u) + l.v;
+    let xr = mm_x_rows(n0, l.j, l.v, n, k);
     var c0 = vec4<f32>();  // c_b: the sums of activation row 4 tn + b
     var c1 = vec4<f32>();
     var c2 = vec4<f32>();
     var c3 = vec4<f32>();
     let runs = k / 32u;
-    var next = mm_read(base, l.q, x0, x1, 0u);
+    var next = mm_read(base, l.q, xr.x, xr.y, 0u);
     for (var c = 0u; c < runs; c++) {
         mm_stage(next, l.r, l.j, l.v, c);
         workgroupBarrier();
-        if (c + 1u < runs) { next = mm_read(base, l.q, x0, x1, c + 1u); }
+        if (c + 1u < runs) { next = mm_read(base, l.q, xr.x, xr.y, c + 1u); }
         for (var g = 0u; g < 8u; g++) {  // k 4g .. 4g + 3: one swizzle
             let wc = l.tm ^ mm_sw(4u * g);
             let xc = l.tn ^ mm_sx(4u * g);
@@ -139,21 +156,10 @@ fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t:
 var<workgroup> ws2: array<vec4<f32>, 1024>;  // [i * 32 + h * 16 + (r / 4 ^ mm_sw(i))][r % 4]: row 64 h + r
 
 fn mm2_stage_w(w: Piece, r: u32, c: u32, h: u32) {
-    let ia = 4u * (w.xa - 8u * c);
-    let ib = 4u * (w.xb - 8u * c);
-    let wa = ia * 32u + 16u * h + ((r / 4u) ^ mm_sw(ia));
-    let wb = ib * 32u + 16u * h + ((r / 4u) ^ mm_sw(ib));
+    let at = mm_w_places(w, r, c, 32u) + vec2<u32>(16u * h);
     for (var i = 0u; i < 4u; i++) {
-        ws2[wa + 32u * i][r % 4u] = w.a[i];
-        ws2[wb + 32u * i][r % 4u] = w.b[i];
-    }
-}
-
-fn mm2_stage_x(s: Staged, j: u32, v: u32) {
-    let xo = 4u * v * 16u + ((j / 4u) ^ mm_sx(4u * v));
-    for (var i = 0u; i < 4u; i++) {
-        xs[xo + 16u * i][j % 4u] = s.x0[i];
-        xs[(xo ^ 8u) + 16u * i][j % 4u] = s.x1[i];
+        ws2[at.x + 32u * i][r % 4u] = w.a[i];
+        ws2[at.y + 32u * i][r % 4u] = w.b[i];
     }
 }
 
@@ -167,8 +173,7 @@ fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     let l = lanes_of(t);
     let base = row_base(min(r0 + l.r, rows - 1u));
     let base2 = row_base(min(r0 + 64u + l.r, rows - 1u));
-    let x0 = min(n0 + l.j, n - 1u) * (k / 4u) + l.v;
-    let x1 = min(n0 + l.j + 32u, n - 1u) * (k / 4u) + l.v;
+    let xr = mm_x_rows(n0, l.j, l.v, n, k);
     var c0 = vec4<f32>();
     var c1 = vec4<f32>();
     var c2 = vec4<f32>();
@@ -178,15 +183,15 @@ fn mm2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     var d2 = vec4<f32>();
     var d3 = vec4<f32>();
     let runs = k / 32u;
-    var next = mm_read(base, l.q, x0, x1, 0u);
+    var next = mm_read(base, l.q, xr.x, xr.y, 0u);
     var next2 = PIECE(base2, l.q);
     for (var c = 0u; c < runs; c++) {
         mm2_stage_w(next.w, l.r, c, 0u);
         mm2_stage_w(next2, l.r, c, 1u);
-        mm2_stage_x(next, l.j, l.v);
+        mm_stage_x(next, l.j, l.v);
         workgroupBarrier();
         if (c + 1u < runs) {
-            next = mm_read(base, l.q, x0, x1, c + 1u);
+            next = mm_read(base, l.q, xr.x, xr.y, c + 1u);
             next2 = PIECE(base2, 4u * (c + 1u) + l.q);
         }
         for (var g = 0u; g < 8u; g++) {
