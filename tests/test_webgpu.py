@@ -95,11 +95,11 @@ def seen(gpu, qtype, x):
 
 def quants(gpu, qtype, n, k=None) -> int:
     """Dispatches rounding x before a product of n rows (of k values) of qtype (quant_q8 before mvq
-    for decode rows, before mmq for the prompt tiles)."""
-    if not gpu.int8_products or (k is not None and k < gpu.int8_min_k):
+    for decode rows of int8_min_k values and more, before mmq for the prompt tiles at every k)."""
+    if not gpu.int8_products:
         return 0
     if gpu._mvp(n):
-        return int(qtype in INT8_TYPES)
+        return int(qtype in INT8_TYPES and (k is None or k >= gpu.int8_min_k))
     return int(not gpu.row_products and qtype in MM_INT8_TYPES)
 
 
@@ -371,8 +371,8 @@ fn main(@builtin(local_invocation_index) t: u32) { for (var i = 0u; i < 3u; i++)
 @pytest.mark.parametrize("tile", ["mm", "mm2", "mmq"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
-    """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; mmq: mm's tiles on
-    x as int8 blocks, for the types that have it; k in runs of 32) on every type: rows and
+    """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; mmq: mm2's tiles
+    on x as int8 blocks, for the types that have it; k in runs of 32) on every type: rows and
     activation rows short of, just past and two tiles plus one past a tile (the last tile's rows
     and activation rows past the ends read but never stored), k of an odd number of runs (96) or
     of super-blocks (768)."""
@@ -385,7 +385,7 @@ def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
     try:
         cols = 768 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
         x = np.random.default_rng(7).standard_normal((129, cols))
-        edge = 128 if tile == "mm2" else 64
+        edge = 64 if tile == "mm" else 128
         for rows in (edge - 1, edge + 1, 2 * edge + 1):
             w, ref = matrix(gpu, qtype, rows, cols, seed=50 + rows + int(qtype))
             for n in (9, 64, 129):

@@ -52,6 +52,7 @@ MV_WIDE_BELOW = 16384
 # each) and the norms' slower int8 stores on top: bench/webgpu.py --lanes
 INT8_MIN_K = 4096
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
+MMQ_ROWS = 128  # weight rows of an mmq workgroup's tile (matmul_q8.wgsl; 9 KiB of workgroup memory)
 MM2_STORAGE = 24576  # bytes of workgroup memory mm2's tiles (128 weight rows by 64) take
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
@@ -402,12 +403,12 @@ class Backend:
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
-        elif (self.int8_products and not self.row_products and x.shape[-1] >= self.int8_min_k
-              and MATRIX_TYPES[qtype] in _kernels.MM_INT):  # the tiles on x as int8 blocks (mmq)
+        elif (self.int8_products and not self.row_products
+              and MATRIX_TYPES[qtype] in _kernels.MM_INT):  # the tiles on x as int8 blocks (mmq), at every k
             q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
             del bindings[2]
             self._dispatch(f"{MATRIX_TYPES[qtype]}+mmq", "mmq", bindings, params,
-                           (-(-rows // MM_TILE), -(-n // MM_TILE), 1))
+                           (-(-rows // MMQ_ROWS), -(-n // MM_TILE), 1))
             return q8
         else:  # mm2's tiles of 128 weight rows where the adapter has room for them, else mm's 64
             self._dispatch(MATRIX_TYPES[qtype], "mm2" if self.mm_rows == 128 else "mm", bindings, params,

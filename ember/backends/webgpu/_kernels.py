@@ -81,6 +81,8 @@ class Kernels:
 MV_OWN = {"deq_q4_k": ("matvec_q4k.wgsl", 7), "deq_q6_k": ("matvec_q6k.wgsl", 1)}
 # the 32-value block types, whose int8 decode products (mvq) are mvp's pieces as integers
 MV_INT = ("deq_q4_0", "deq_q4_1", "deq_q5_0", "deq_q5_1", "deq_q8_0")
+# the types whose 32-value runs have a scale and an offset for each half (mmq sums the halves apart)
+RUN_HALVES = ("deq_q6_k",)
 # the types whose prompt tiles have an int8 entry (mmq, matmul_q8.wgsl: a run reader each)
 MM_INT = MV_INT + ("deq_q4_k", "deq_q5_k", "deq_q6_k")
 
@@ -99,7 +101,7 @@ def _products(decoder: str, *variant: str) -> str:
     variant, not gated products)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant == ("mmq",):  # the prompt tiles on int8 x (IRUN: the type's run reader)
-        code += source("matmul_q8.wgsl")
+        code = f"const RUN_HALVES = {str(decoder in RUN_HALVES).lower()};\n" + code + source("matmul_q8.wgsl")
     elif variant:
         rows, how, *lanes = variant
         args, call = MV_SUMS[how]

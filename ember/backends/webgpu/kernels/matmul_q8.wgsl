@@ -1,9 +1,12 @@
-// Prompts on int8 activations (mmq): the 64 x 64 tiles of mm (matmul.wgsl) with the weights' runs
-// of 32 values staged as their integer quants (4 a word) and x as quant_q8's blocks (ops.wgsl), met
-// by packed 4 x 8-bit dot products; each run's scales then applied once per output. A run's weights
-// are d_lo * q + m_lo (values 0-15) and d_hi * q + m_hi (16-31), so its share of an output is
-// dx * (d_lo * q.qx_lo + d_hi * q.qx_hi) + m_lo * s0 + m_hi * s1, x's block being (dx, s0, s1):
-// its scale and its halves' scaled sums. One run reader a type, named IRUN in the module.
+// Prompts on int8 activations (mmq): tiles of 128 weight rows by 64 activation rows (mm2's shape,
+// matmul.wgsl) with the weights' runs of 32 values staged as their integer quants (4 a word) and x
+// as quant_q8's blocks (ops.wgsl), met by packed 4 x 8-bit dot products; each run's scales then
+// applied once per output. A run's weights are d_lo * q + m_lo (values 0-15) and d_hi * q + m_hi
+// (16-31), so its share of an output is dx * (d_lo * q.qx_lo + d_hi * q.qx_hi) + m_lo * s0 +
+// m_hi * s1, x's block being (dx, s0, s1): its scale and its halves' scaled sums. Where the halves
+// share the scale and offset (every type but Q6_K: RUN_HALVES, a constant of the module, false) a
+// run is one integer sum an output, dx * d * q.qx + m * (s0 + s1). One run reader a type, named
+// IRUN in the module.
 @group(0) @binding(8) var<storage, read> QX: array<u32>;  // quant_q8's int8 words, then
 @group(0) @binding(9) var<storage, read> QS: array<vec4<f32>>;  // its (d, s0, s1, 0) a block
 
@@ -69,12 +72,13 @@ fn ir_q6_k(base: u32, c: u32, q: u32) -> IRun {
                 vec4<f32>(s0, s1, -32.0 * s0, -32.0 * s1));
 }
 
-// The tiles: word i of the run, 4 rows (weights) or activation rows a vec4 at [i * 16 + (row / 4 ^
-// mq_sw(i))][row % 4]; the xor puts a warp's 32 staging stores (8 rows by 4 readers, whichever
-// two words a reader holds) on 32 distinct banks.
-var<workgroup> mq_w: array<vec4<u32>, 128>;
+// The tiles: word i of the run, 4 rows (weights) or activation rows a vec4 at [i * 32 + (row / 4 ^
+// mq_sw(i))][row % 4] (weight rows 64 .. 127: the second 16 vec4s of each word's row) and
+// [i * 16 + ..] (activations); the xor puts a warp's 32 staging stores (8 rows by 4 readers,
+// whichever two words a reader holds) on 32 distinct banks.
+var<workgroup> mq_w: array<vec4<u32>, 256>;
 var<workgroup> mq_x: array<vec4<u32>, 128>;
-var<workgroup> mq_ws: array<vec4<f32>, 64>;  // each weight row's run scales
+var<workgroup> mq_ws: array<vec4<f32>, 128>;  // each weight row's run scales
 var<workgroup> mq_xs: array<vec4<f32>, 64>;  // each activation row's block (dx, s0, s1, 0)
 
 fn mq_sw(i: u32) -> u32 { return ((i ^ (i >> 1u)) & 3u) << 1u; }
@@ -84,87 +88,114 @@ fn dots(w: vec4<u32>, x: u32) -> vec4<i32> {
     return vec4<i32>(dot4I8Packed(w.x, x), dot4I8Packed(w.y, x), dot4I8Packed(w.z, x), dot4I8Packed(w.w, x));
 }
 
-// a run's share of 4 outputs of an activation row (its block e: dx, s0, s1) from their integer sums
-fn run_share(e: vec4<f32>, dlo: vec4<f32>, dhi: vec4<f32>, mlo: vec4<f32>, mhi: vec4<f32>,
-             lo: vec4<i32>, hi: vec4<i32>) -> vec4<f32> {
-    return e.x * (dlo * vec4<f32>(lo) + dhi * vec4<f32>(hi)) + mlo * e.y + mhi * e.z;
+// A thread's integer sums over words first .. first + count - 1 of the run: its 4 activation rows
+// (c_b, d_b: row 4 tn + b) against weight rows 4 tm .. (c) and 64 + 4 tm .. (d)
+struct QSums { c0: vec4<i32>, c1: vec4<i32>, c2: vec4<i32>, c3: vec4<i32>,
+               d0: vec4<i32>, d1: vec4<i32>, d2: vec4<i32>, d3: vec4<i32> }
+
+fn mq_dots(first: u32, count: u32, tm: u32, tn: u32) -> QSums {
+    var s = QSums(vec4<i32>(), vec4<i32>(), vec4<i32>(), vec4<i32>(), vec4<i32>(), vec4<i32>(), vec4<i32>(), vec4<i32>());
+    for (var i = first; i < first + count; i++) {
+        let wa = mq_w[i * 32u + (tm ^ mq_sw(i))];
+        let wb = mq_w[i * 32u + 16u + (tm ^ mq_sw(i))];
+        let xv = mq_x[i * 16u + (tn ^ mq_sw(i))];
+        s.c0 += dots(wa, xv.x);
+        s.c1 += dots(wa, xv.y);
+        s.c2 += dots(wa, xv.z);
+        s.c3 += dots(wa, xv.w);
+        s.d0 += dots(wb, xv.x);
+        s.d1 += dots(wb, xv.y);
+        s.d2 += dots(wb, xv.z);
+        s.d3 += dots(wb, xv.w);
+    }
+    return s;
 }
 
-// params: mm's (matmul.wgsl); x (n rows of k) as quant_q8's blocks in QX / QS
+// component part of weight rows row4 .. row4 + 3's run scales (0: d_lo, 1: d_hi, 2: m_lo, 3: m_hi)
+fn mq_scale(row4: u32, part: u32) -> vec4<f32> {
+    return vec4<f32>(mq_ws[row4][part], mq_ws[row4 + 1u][part], mq_ws[row4 + 2u][part], mq_ws[row4 + 3u][part]);
+}
+
+// params: mm's (matmul.wgsl); x (n rows of k) as quant_q8's blocks in QX / QS. A thread stages
+// reader q of weight rows r and 64 + r and of activation row r (rows past the end: the last one's)
+// and keeps 32 sums (mm's places, lanes_of, and the same 64 rows on): each x word read from
+// workgroup memory meets 8 weight rows.
 @compute @workgroup_size(256)
 fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
     let nb = k / 32u;
-    let r0 = wid.x * 64u;
+    let r0 = wid.x * 128u;
     let n0 = wid.y * 64u;
-    // staging: reader q of weight row r and of activation row r (rows past the end: the last one's);
-    // products: mm's (lanes_of)
     let l = lanes_of(t);
     let base = row_base(min(r0 + l.r, rows - 1u));
+    let base2 = row_base(min(r0 + 64u + l.r, rows - 1u));
     let xrow = min(n0 + l.r, n - 1u) * nb;
     let scales = 2u * n * nb;  // QS's first block scale
     // the sums in named registers (a private array indexed in a loop may live in local memory)
-    var acc0 = vec4<f32>();  // activation row 4 tn + b's sums in acc_b: weight rows 4 tm .. 4 tm + 3
+    var acc0 = vec4<f32>();  // activation row 4 tn + b: weight rows 4 tm .. (acc_b), 64 + 4 tm .. (bcc_b)
     var acc1 = vec4<f32>();
     var acc2 = vec4<f32>();
     var acc3 = vec4<f32>();
+    var bcc0 = vec4<f32>();
+    var bcc1 = vec4<f32>();
+    var bcc2 = vec4<f32>();
+    var bcc3 = vec4<f32>();
     var w = IRUN(base, 0u, l.q);
+    var w2 = IRUN(base2, 0u, l.q);
     var x0 = QX[8u * xrow + l.q];
     var x1 = QX[8u * xrow + l.q + 4u];
     var xs = QS[scales + xrow];
+    let halves = select(1u, 2u, RUN_HALVES);
     for (var c = 0u; c < nb; c++) {
-        mq_w[w.ia * 16u + ((l.r / 4u) ^ mq_sw(w.ia))][l.r % 4u] = w.wa;
-        mq_w[w.ib * 16u + ((l.r / 4u) ^ mq_sw(w.ib))][l.r % 4u] = w.wb;
-        mq_x[l.q * 16u + ((l.r / 4u) ^ mq_sw(l.q))][l.r % 4u] = x0;
-        mq_x[(l.q + 4u) * 16u + ((l.r / 4u) ^ mq_sw(l.q + 4u))][l.r % 4u] = x1;
+        let r4 = l.r / 4u;
+        mq_w[w.ia * 32u + (r4 ^ mq_sw(w.ia))][l.r % 4u] = w.wa;
+        mq_w[w.ib * 32u + (r4 ^ mq_sw(w.ib))][l.r % 4u] = w.wb;
+        mq_w[w2.ia * 32u + 16u + (r4 ^ mq_sw(w2.ia))][l.r % 4u] = w2.wa;
+        mq_w[w2.ib * 32u + 16u + (r4 ^ mq_sw(w2.ib))][l.r % 4u] = w2.wb;
+        mq_x[l.q * 16u + (r4 ^ mq_sw(l.q))][l.r % 4u] = x0;
+        mq_x[(l.q + 4u) * 16u + (r4 ^ mq_sw(l.q + 4u))][l.r % 4u] = x1;
         if (l.q == 0u) {
             mq_ws[l.r] = w.sc;
+            mq_ws[64u + l.r] = w2.sc;
             mq_xs[l.r] = xs;
         }
         workgroupBarrier();
         if (c + 1u < nb) {  // the next run into registers while this one is multiplied
             w = IRUN(base, c + 1u, l.q);
+            w2 = IRUN(base2, c + 1u, l.q);
             x0 = QX[8u * (xrow + c + 1u) + l.q];
             x1 = QX[8u * (xrow + c + 1u) + l.q + 4u];
             xs = QS[scales + xrow + c + 1u];
         }
-        var lo0 = vec4<i32>();  // each run's integer sums: values 0-15 (lo) and 16-31 (hi)
-        var lo1 = vec4<i32>();
-        var lo2 = vec4<i32>();
-        var lo3 = vec4<i32>();
-        var hi0 = vec4<i32>();
-        var hi1 = vec4<i32>();
-        var hi2 = vec4<i32>();
-        var hi3 = vec4<i32>();
-        for (var i = 0u; i < 4u; i++) {
-            let wv = mq_w[i * 16u + (l.tm ^ mq_sw(i))];
-            let xv = mq_x[i * 16u + (l.tn ^ mq_sw(i))];
-            lo0 += dots(wv, xv.x);
-            lo1 += dots(wv, xv.y);
-            lo2 += dots(wv, xv.z);
-            lo3 += dots(wv, xv.w);
-            let wh = mq_w[(i + 4u) * 16u + (l.tm ^ mq_sw(i + 4u))];
-            let xh = mq_x[(i + 4u) * 16u + (l.tn ^ mq_sw(i + 4u))];
-            hi0 += dots(wh, xh.x);
-            hi1 += dots(wh, xh.y);
-            hi2 += dots(wh, xh.z);
-            hi3 += dots(wh, xh.w);
+        let e0 = mq_xs[4u * l.tn];
+        let e1 = mq_xs[4u * l.tn + 1u];
+        let e2 = mq_xs[4u * l.tn + 2u];
+        let e3 = mq_xs[4u * l.tn + 3u];
+        for (var h = 0u; h < halves; h++) {  // the whole run, or (Q6_K) its halves' words 0-3, 4-7
+            let s = mq_dots(4u * h, 8u / halves, l.tm, l.tn);
+            let da = mq_scale(4u * l.tm, h);
+            let db = mq_scale(64u + 4u * l.tm, h);
+            let ma = mq_scale(4u * l.tm, 2u + h);
+            let mb = mq_scale(64u + 4u * l.tm, 2u + h);
+            // x's scaled sums: of the half (s0 or s1), or the whole block's (s0 + s1)
+            let x0s = select(e0.y + e0.z, e0[1u + h], RUN_HALVES);
+            let x1s = select(e1.y + e1.z, e1[1u + h], RUN_HALVES);
+            let x2s = select(e2.y + e2.z, e2[1u + h], RUN_HALVES);
+            let x3s = select(e3.y + e3.z, e3[1u + h], RUN_HALVES);
+            acc0 += e0.x * da * vec4<f32>(s.c0) + ma * x0s;
+            acc1 += e1.x * da * vec4<f32>(s.c1) + ma * x1s;
+            acc2 += e2.x * da * vec4<f32>(s.c2) + ma * x2s;
+            acc3 += e3.x * da * vec4<f32>(s.c3) + ma * x3s;
+            bcc0 += e0.x * db * vec4<f32>(s.d0) + mb * x0s;
+            bcc1 += e1.x * db * vec4<f32>(s.d1) + mb * x1s;
+            bcc2 += e2.x * db * vec4<f32>(s.d2) + mb * x2s;
+            bcc3 += e3.x * db * vec4<f32>(s.d3) + mb * x3s;
         }
-        let s0 = mq_ws[4u * l.tm];
-        let s1 = mq_ws[4u * l.tm + 1u];
-        let s2 = mq_ws[4u * l.tm + 2u];
-        let s3 = mq_ws[4u * l.tm + 3u];
-        let dlo = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
-        let dhi = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
-        let mlo = vec4<f32>(s0.z, s1.z, s2.z, s3.z);
-        let mhi = vec4<f32>(s0.w, s1.w, s2.w, s3.w);
-        acc0 += run_share(mq_xs[4u * l.tn], dlo, dhi, mlo, mhi, lo0, hi0);
-        acc1 += run_share(mq_xs[4u * l.tn + 1u], dlo, dhi, mlo, mhi, lo1, hi1);
-        acc2 += run_share(mq_xs[4u * l.tn + 2u], dlo, dhi, mlo, mhi, lo2, hi2);
-        acc3 += run_share(mq_xs[4u * l.tn + 3u], dlo, dhi, mlo, mhi, lo3, hi3);
         workgroupBarrier();
     }
-    store_tile(n0 + l.tn * 4u, r0 + l.tm * 4u, acc0, acc1, acc2, acc3, rows, n);
+    let jt = n0 + l.tn * 4u;
+    store_tile(jt, r0 + l.tm * 4u, acc0, acc1, acc2, acc3, rows, n);
+    store_tile(jt, r0 + 64u + l.tm * 4u, bcc0, bcc1, bcc2, bcc3, rows, n);
 }
