@@ -990,18 +990,13 @@ FAMILY_CASES = ["gemma2", "mistral3", *(pytest.param(n, marks=SLOW) for n in
 def test_families_follow_the_float64_reference(gpu, ref, tmp_path, name, monkeypatch):
     """Prefill of two sequences together then decode over a shuffled paged cache (test_models'
     script), each family's Q4_K_M-style mix (gemma2: both soft-caps and a window; mistral3: YaRN and
-    the attention temperature; qwen2: biases). Activations stay f32 here: with F16 weights the logits
-    are within 1e-3 of float64 as the CPU backend's are; with this mix, some random positions are
-    ill-conditioned (the CPU backend's 8-bit activations move them by up to 50%), hence 2e-2."""
+    the attention temperature; qwen2: biases), held to the CPU and CUDA backends' bounds
+    (test_families.assert_follows_reference: each row's KL divergence from float64 and the argmax):
+    on GPUs the prompt tiles take x rounded to 8 bits (mmq) as theirs and llama.cpp's do, and some
+    of these random positions are ill-conditioned (the rounding moves their logits by up to 40%)."""
     from families import write_family
     from ember.backends.webgpu import INT8_MIN_K
-    from ember.gguf_loader import GGUFFile
-    from ember.models import load_model
-    from test_models import run_script
+    from test_families import assert_follows_reference
 
-    monkeypatch.setattr(gpu, "int8_min_k", INT8_MIN_K)  # as served: these widths take f32 x
-    with GGUFFile(write_family(tmp_path / f"{name}.gguf", name)) as f:
-        for got, want in zip(run_script(load_model(f, gpu)), run_script(load_model(f, ref))):
-            err = np.abs(got - want).max() / np.abs(want).max()
-            assert err < 2e-2, f"relative error {err:.2e}"
-            assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+    monkeypatch.setattr(gpu, "int8_min_k", INT8_MIN_K)  # as served
+    assert_follows_reference(gpu, ref, write_family(tmp_path / f"{name}.gguf", name), f16=False)
