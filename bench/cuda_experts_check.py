@@ -35,7 +35,7 @@ sys.path.insert(1, str(ROOT / "tests"))
 
 from ember.backends.cuda._kernels import kernel_source, low_bit_source  # noqa: E402
 from ember.backends.cuda.ops.experts import (  # noqa: E402
-    EG_THREADS, EMV_ROWS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, SB_TYPES, device_row_bytes, mv_group,
+    EG_THREADS, EMV_THREADS, ET_ROWS, ET_THREADS, ET_TOK, SB_TYPES, device_row_bytes, mv_group, mv_team_log2,
     regroup_mxfp4, tile_bound)
 from ember.quant import GGMLType, dequantize, layout, quantize  # noqa: E402
 
@@ -220,11 +220,12 @@ static std::vector<T> read_vec(FILE *f, size_t n) {
 
 int main(int argc, char **argv) {
     FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
-    int h[10];
+    int h[11];
     long long row_bytes;
-    if (fread(h, 4, 10, in) != 10 || fread(&row_bytes, 8, 1, in) != 1) return 2;
+    if (fread(h, 4, 11, in) != 11 || fread(&row_bytes, 8, 1, in) != 1) return 2;
     const int n_expert = h[0], m = h[1], k = h[2], x_rows = h[3], x_div = h[4], n_sel = h[5], tile = h[6],
-              bound = h[7], group = h[8], has_bias = h[9];
+              bound = h[7], group = h[8], has_bias = h[9], team_log2 = h[10];
+    const int mv_rows = (EMV_T >> team_log2) * EMV_RW;
     auto w = read_vec<u8>(in, (size_t)n_expert * m * row_bytes);
     auto xq = read_vec<u8>(in, (size_t)x_rows * k + (size_t)x_rows * (k / 32) * 16);
     auto ids = read_vec<int>(in, n_sel);
@@ -251,9 +252,9 @@ int main(int argc, char **argv) {
         });
     } else {  // two matrices in one launch (grid z), the second the same stack: the same outputs twice
         std::vector<float> y_b((size_t)n_sel * m, NAN);
-        launch({(unsigned)((m + EMV_R - 1) / EMV_R), (unsigned)std::min(n_expert, n_sel), 2}, {EMV_T, 1, 1}, [&] {
+        launch({(unsigned)((m + mv_rows - 1) / mv_rows), (unsigned)std::min(n_expert, n_sel), 2}, {EMV_T, 1, 1}, [&] {
             expert_mv(w.data(), row_bytes, expert_bytes, m, k, xq.data(), x_rows, x_div, ids.data(), n_sel, n_expert,
-                      group, y.data(), bias, w.data(), y_b.data(), bias);
+                      group, y.data(), bias, w.data(), y_b.data(), bias, team_log2);
         });
         for (size_t i = 0; i < y.size(); i++)
             if (!(y[i] == y_b[i]) && !(std::isnan(y[i]) && std::isnan(y_b[i]))) return 7;  // z = 1's blocks differ
@@ -278,8 +279,7 @@ def build(workdir: Path, qtype: GGMLType, dp4a: bool = False) -> Path:
     src, exe = workdir / f"{name}.cpp", workdir / name
     src.write_text(host_source())
     defines = [f"-DQT={int(qtype)}", *(["-DET_DP4A"] if dp4a else []), f"-DEG_T={EG_THREADS}",
-               f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}", f"-DET_TK={ET_TOK}", f"-DEMV_T={EMV_THREADS}",
-               f"-DEMV_R={EMV_ROWS}"]
+               f"-DET_T={ET_THREADS}", f"-DET_R={ET_ROWS}", f"-DET_TK={ET_TOK}", f"-DEMV_T={EMV_THREADS}"]
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", *defines, str(src), "-o", str(exe)], check=True)
     return exe
 
@@ -307,21 +307,21 @@ def random_stack(rng, qtype: GGMLType, n_expert: int, m: int, k: int) -> np.ndar
 
 
 def check(exe: Path, workdir: Path, qtype: GGMLType, n: int, top_k: int, per_row: bool, tile: bool, rng,
-          n_expert: int = 8, m: int = 72, bias: bool = False, sb: bool = False) -> float:
+          n_expert: int = 8, m: int = 72, bias: bool = False, sb: bool = False, team_log2: int | None = None) -> float:
     """The relative error of one kernel's product (NaN: an output row left unwritten). 72 rows: a
-    tile of 64 and one of 8, blocks of 16 rows and one of 8; rows of 32-value blocks take 352
+    tile of 64 and one of 8, expert_mv blocks of 32 or 64 rows (teams by row length) and a last part-way; rows of 32-value blocks take 352
     values (chunks of 8 units and one of 3), the K types 512. sb: expert_tile_sb (the K types), x
-    rounded in groups of 256."""
+    rounded in groups of 256. team_log2: expert_mv's teams (default: the backend's mv_team_log2)."""
     k = 512 if layout(qtype).block_size == 256 else 352
+    team_log2 = mv_team_log2(qtype, k) if team_log2 is None else team_log2
     raw = random_stack(rng, qtype, n_expert, m, k)
     ids = np.stack([rng.permutation(n_expert)[:top_k] for _ in range(n)]).astype(np.int32)
     x_div = 1 if per_row else top_k
     x = rng.normal(0, 1, (n * top_k if per_row else n, k)).astype(np.float32)
     n_sel = ids.size
     b = rng.normal(0, 1, (n_expert, m)).astype(np.float32) if bias else np.zeros((0,), np.float32)
-    header = struct.pack("<10iq", n_expert, m, k, x.shape[0], x_div, n_sel, 2 if sb else int(tile),
-                         tile_bound(n_sel, n_expert),
-                         mv_group(k), int(bias), device_row_bytes(qtype, k))
+    header = struct.pack("<11iq", n_expert, m, k, x.shape[0], x_div, n_sel, 2 if sb else int(tile),
+                         tile_bound(n_sel, n_expert), mv_group(k), int(bias), team_log2, device_row_bytes(qtype, k))
     # the stack as the backend uploads it (MXFP4 regrouped: ops.cu mxfp4_regroup)
     dev = regroup_mxfp4(raw.reshape(n_expert * m, -1), k) if qtype == GGMLType.MXFP4 else raw
     inp, outp = workdir / "in.bin", workdir / "out.bin"

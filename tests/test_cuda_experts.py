@@ -628,6 +628,23 @@ def test_expert_mv_blocks_take_the_chosen_experts(tmp_path):
         assert err < 2e-2, f"{n} tokens, top-{top_k} of {n_expert}: relative error {err:.2e} (nan: a row left unwritten)"
 
 
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+def test_expert_mv_teams_by_row_length(tmp_path):
+    """expert_mv's teams: as many lanes as a row's lane steps (4 to 32), a block 2 rows a team; every
+    width computes the same products (run on the CPU: Q4_K rows of 512, 8 steps, at teams of 4 to 32)."""
+    from ember.backends.cuda.ops.experts import mv_rows, mv_team_log2
+
+    T = GGMLType
+    assert [mv_team_log2(t, k) for t, k in ((T.Q4_K, 768), (T.Q4_K, 2048), (T.Q6_K, 768), (T.MXFP4, 2880),
+                                            (T.Q4_K, 512), (T.Q8_0, 352), (T.Q8_0, 64))] == [4, 5, 5, 5, 3, 4, 2]
+    assert (mv_rows(T.Q4_K, 768), mv_rows(T.Q4_K, 2048), mv_rows(T.Q8_0, 64)) == (32, 16, 128)
+    check = experts_check()
+    exe = check.build(tmp_path, T.Q4_K)
+    for team_log2 in (2, 3, 4, 5):
+        err = check.check(exe, tmp_path, T.Q4_K, 2, 4, True, False, np.random.default_rng(7), team_log2=team_log2)
+        assert err < 2e-2, f"teams of {1 << team_log2}: relative error {err:.2e} (nan: a row left unwritten)"
+
+
 # ---- the grouped products' choice of kernel (no device: arrays stand in by shape and address) ----
 
 class FakeArray:
@@ -676,7 +693,7 @@ def test_grouped_products_choose_their_kernel_by_shape(n, k):
         assert fns == ["ops.quant_x_llama"] + want, (mv_tokens, fns)
         if want_mv:  # both matrices (one type and shape) in one launch: grid z = 2, the second's pointers after
             la = ExpertMatmul(ws, x, top_k, ids, ys, scratch, mv_tokens).launches(FakeKernels())[1]
-            assert la.grid[2] == 2 and [int(a) for a in la.args[-3:-1]] == [ws[1].data.buf.data.ptr, 6 << 30]
+            assert la.grid[2] == 2 and [int(a) for a in la.args[-4:-2]] == [ws[1].data.buf.data.ptr, 6 << 30]
     with pytest.raises(ValueError, match="moe_mv_tokens"):
         CudaConfig(moe_mv_tokens=-2)
 

@@ -1000,7 +1000,7 @@ def test_expert_biases_fold_into_the_products(n):
         assert products and {la.fn[1] for la in products} == {"expert_mv" if n == 1 else "expert_tile"}
         got = []  # expert_mv: a launch for gate and up (grid z), each matrix's bias after its output
         for la in products:
-            got += [int(la.args[-4]), int(la.args[-1])][:la.grid[2]] if la.fn[1] == "expert_mv" else [int(la.args[-1])]
+            got += [int(la.args[-5]), int(la.args[-2])][:la.grid[2]] if la.fn[1] == "expert_mv" else [int(la.args[-1])]
         assert got == [b.data.buf.data.ptr for b in op.biases]
     # another routing's biases, or rows the product did not write, stay a launch of their own
     other = Addr(n, 4, dtype=np.int32)
@@ -1110,6 +1110,8 @@ def test_expert_launch_arguments_match_the_kernels():
                 for launch in op.launches(FakeKernels()):
                     seen.add(launch.fn[1])
                     assert [a.dtype for a in launch.args] == [param_dtype(p) for p in kernel_params(launch.fn[1])]
-                    if launch.fn[1] in ("expert_mv", "expert_tile", "expert_matmul") and op.biases is None:
+                    if launch.fn[1] in ("expert_tile", "expert_matmul") and op.biases is None:
                         assert int(launch.args[-1]) == 0
+                    if launch.fn[1] == "expert_mv" and op.biases is None:  # its last: the team width
+                        assert int(launch.args[-2]) == 0
     assert {"expert_mv", "expert_tile", "expert_group", "expert_matmul", "quant_x_llama"} <= seen

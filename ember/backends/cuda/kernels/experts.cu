@@ -113,26 +113,30 @@ DEVI float half_dot(const int *q, int4 xv, float a, float b, float d, float xs) 
 
 // ---- decode: expert_mv ----
 //
-// Grid (ceil(m / EMV_ROWS), min(n_expert, n_sel), 1 or 2), EMV_WARPS warps: blocks of z = 1 take the second
+// Grid (ceil(m / rows a block), min(n_expert, n_sel), 1 or 2), EMV_WARPS warps: blocks of z = 1 take the second
 // matrix (w_b, y_b, bias_b: a stack of the same type and shape, as gate and up), so a step's two latency-bound
 // products share one launch. Block (tile, slot) takes the
 // slot-th chosen expert e (chosen_expert, where fewer selections than experts leave most experts
 // unchosen; past the chosen ones it returns), else expert slot; lists the selections that chose e
 // (none: it returns, e's weights untouched), then, group by group of at most `group` (<= EMV_NMAX)
 // selections: stages their rows of xq in dynamic shared memory (group * (k + k/32 * 16)
-// bytes: the values, then the float4s), and each warp takes EMV_RW rows, a lane per lane step of
-// slices as the dense decode products (slice_q / slice2_q), each slice decoded once and dotted with
-// every staged row. x_rows: the rows of xq (its float4s follow them).
+// bytes: the values, then the float4s), and each team of 2^team_log2 lanes (a warp, or less for short
+// rows: experts.py mv_team_log2) takes EMV_RW rows, a lane per lane step of slices as the dense decode
+// products (slice_q / slice2_q), each slice decoded once and dotted with every staged row; a block
+// covers EMV_WARPS * (32 >> team_log2) * EMV_RW rows. x_rows: the rows of xq (its float4s follow them).
 #define EMV_WARPS 8
 #define EMV_RW 2  // rows a warp: two rows' loads in flight together
-#define EMV_ROWS (EMV_WARPS * EMV_RW)
 #define EMV_NMAX 8
+// Blocks a multiprocessor keeps resident (registers capped to fit them): as many as each type's kernel
+// had before the teams' run-time width added registers (Q4_K 80 -> 92: two blocks where it had three;
+// a compile-time width, four instances, took more). Q6_K at three spills 8 bytes (88 registers uncapped).
+#define EMV_MIN_BLOCKS (QT == T_Q5_K || QT == T_TQ1_0 ? 2 : QT == T_Q2_K || QT == T_Q3_K || QT == T_Q4_K || QT == T_Q6_K ? 3 : 4)
 
-extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
+extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS, EMV_MIN_BLOCKS)
     expert_mv(const u8 *__restrict__ w, i64 row_bytes, i64 expert_bytes, int m, int k, const u8 *__restrict__ xq,
               int x_rows, int x_div, const int *__restrict__ ids, int n_sel, int n_expert, int group,
               float *__restrict__ y, const float *__restrict__ bias, const u8 *__restrict__ w_b,
-              float *__restrict__ y_b, const float *__restrict__ bias_b) {
+              float *__restrict__ y_b, const float *__restrict__ bias_b, int team_log2) {
     PDL_ENTER();
     if (blockIdx.z) w = w_b, y = y_b, bias = bias_b;
     extern __shared__ __align__(16) u8 xs_s[];  // (group, k) int8, then (group, k/32) float4
@@ -148,8 +152,8 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
     // would cost blocks a multiprocessor; lane 0's sums start from it
     __shared__ const float *bias_s;
     if (threadIdx.x == 0) bias_s = bias ? bias + (i64)e * m : nullptr;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * EMV_ROWS + warp * EMV_RW, S = k / 32;
+    const int TW = 1 << team_log2, lane = threadIdx.x & (TW - 1), team = threadIdx.x >> team_log2;
+    const int r0 = (blockIdx.x * (blockDim.x >> team_log2) + team) * EMV_RW, S = k / 32;
     const u8 *rows[EMV_RW];
     bool ok[EMV_RW];
 #pragma unroll
@@ -182,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
 #pragma unroll
                 for (int j = 0; j < EMV_NMAX; j++) acc[i][j] = b;
             }
-            for (int p = lane; p < S / EXP_SPL; p += 32) {
+            for (int p = lane; p < S / EXP_SPL; p += TW) {
                 QSlice q[EMV_RW][EXP_SPL];
 #pragma unroll
                 for (int i = 0; i < EMV_RW; i++) {
@@ -217,7 +221,8 @@ extern "C" __global__ void __launch_bounds__(32 * EMV_WARPS)
 #pragma unroll
                 for (int j = 0; j < EMV_NMAX; j++) {
                     if (j >= nl) break;
-                    const float v = warp_sum(acc[i][j]);
+                    float v = acc[i][j];  // the team's sum (its lanes are neighbours in the warp)
+                    for (int o = TW >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
                     if (lane == 0 && ok[i]) y[(i64)list[j0 + j] * m + r0 + i] = v;
                 }
             __syncthreads();  // the staged rows are overwritten by the next group

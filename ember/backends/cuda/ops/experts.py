@@ -20,7 +20,7 @@ from ....quant.types import GGMLType, layout
 from .base import MATRIX_TYPES, Launch, allow_smem, f32, i32, i64, ptr, quantized
 
 EXP_ROWS = 8  # rows of a block of expert_matmul, one a warp (experts.cu)
-EMV_ROWS, EMV_THREADS, EMV_NMAX = 16, 256, 8  # expert_mv: rows and threads of a block, selections staged at most
+EMV_RW, EMV_THREADS, EMV_NMAX = 2, 256, 8  # expert_mv: rows a team, threads of a block, selections staged at most
 # Shared memory of expert_mv: its staged x rows take at most EMV_SMEM (unless one row needs more),
 # beside its static list of selections, their count, the chosen experts' bitmap and the slot's expert
 # (4 KB + 16, 128 + 16 with alignment); past 48 KB in all a launch must ask for it (allow_smem).
@@ -76,6 +76,20 @@ def tile_bound(n_sel: int, n_expert: int) -> int:
     """Tiles of ET_TOK selections that n_sel selections over n_expert experts can make at most: the
     sum over chosen experts of ceil(count / ET_TOK), each ceiling adding under one."""
     return (n_sel + min(n_expert, n_sel) * (ET_TOK - 1)) // ET_TOK
+
+
+def mv_team_log2(qtype, k: int) -> int:
+    """Lanes of an expert_mv team, log2: a lane takes a lane step of a row (a slice, two for Q4_K and
+    Q5_K), so rows of fewer than 32 steps take teams as narrow as their steps (at least 4 lanes) and a
+    block more rows: Qwen3-30B-A3B's down products (Q4_K rows of 768, 12 steps) teams of 16, 32 rows
+    a block instead of 16, half the blocks (fewer waves of blocks, no lane idle in most)."""
+    steps = k // 32 // (2 if qtype in (GGMLType.Q4_K, GGMLType.Q5_K) else 1)
+    return max(2, min(5, (steps - 1).bit_length()))
+
+
+def mv_rows(qtype, k: int) -> int:
+    """Rows of an expert_mv block: EMV_RW a team."""
+    return (EMV_THREADS >> mv_team_log2(qtype, k)) * EMV_RW
 
 
 def mv_group(k: int) -> int:
@@ -217,9 +231,10 @@ class ExpertMatmul:
         second = (ptr(self.ws[pair[1]].data.buf), ptr(self.ys[pair[1]]), self.bias_arg(pair[1])) if len(pair) == 2 \
             else (ptr(None), ptr(None), ptr(None))
         args = (*self._weight_args(w), ptr(self.scratch.xq), i32(self.x.shape[0]), i32(self.x_div), ptr(self.ids),
-                i32(self.ids.size), i32(n_expert), i32(group), ptr(y), self.bias_arg(pair[0]), *second)
+                i32(self.ids.size), i32(n_expert), i32(group), ptr(y), self.bias_arg(pair[0]), *second,
+                i32(mv_team_log2(w.type, k)))
         # a block row per expert that can have been chosen: at most one per selection
-        grid = (-(-m // EMV_ROWS), min(n_expert, self.ids.size), len(pair))
+        grid = (-(-m // mv_rows(w.type, k)), min(n_expert, self.ids.size), len(pair))
         return Launch(fn, grid, (EMV_THREADS, 1, 1), args, smem)
 
     def _group(self, kernels, w) -> Launch:
