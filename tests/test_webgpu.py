@@ -986,17 +986,21 @@ FAMILY_CASES = ["gemma2", "mistral3", *(pytest.param(n, marks=SLOW) for n in
                                      ("granite", "olmo2", "phi3", "qwen2", "qwen3", "smollm3"))]
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
 @pytest.mark.parametrize("name", FAMILY_CASES)
-def test_families_follow_the_float64_reference(gpu, ref, tmp_path, name, monkeypatch):
+def test_families_follow_the_float64_reference(gpu, ref, tmp_path, name, plan, monkeypatch):
     """Prefill of two sequences together then decode over a shuffled paged cache (test_models'
     script), each family's Q4_K_M-style mix (gemma2: both soft-caps and a window; mistral3: YaRN and
     the attention temperature; qwen2: biases), held to the CPU and CUDA backends' bounds
-    (test_families.assert_follows_reference: each row's KL divergence from float64 and the argmax):
-    on GPUs the prompt tiles take x rounded to 8 bits (mmq) as theirs and llama.cpp's do, and some
-    of these random positions are ill-conditioned (the rounding moves their logits by up to 40%)."""
+    (test_families.assert_follows_reference: each row's KL divergence from float64 and the argmax).
+    On GPUs the prompt tiles take x rounded to 8 bits in blocks of 32 (mmq) as llama.cpp's do, and
+    some of these random positions are ill-conditioned: qwen2's ninth prompt row moves 0.35 nats
+    under that rounding (the f32 tiles on x rounded beforehand give the same logits), so there one
+    row in ten may move (rows_move)."""
     from families import write_family
     from ember.backends.webgpu import INT8_MIN_K
     from test_families import assert_follows_reference
 
     monkeypatch.setattr(gpu, "int8_min_k", INT8_MIN_K)  # as served
-    assert_follows_reference(gpu, ref, write_family(tmp_path / f"{name}.gguf", name), f16=False)
+    assert_follows_reference(gpu, ref, write_family(tmp_path / f"{name}.gguf", name), f16=False,
+                             rows_move=not gpu.row_products)
