@@ -69,6 +69,8 @@ ATT_CHUNK_MIN = 32
 # rows of a prompt's attention workgroup (attn_tile: query heads of one kv head x tokens, each key and
 # value loaded once for all of them; at most 8, the kernel's capacity)
 ATT_TILE_ROWS = 8
+FL_ROWS = 32  # query rows of an attn_flash tile (attn_flash.wgsl): tokens times a kv head's query heads
+FL_STORAGE = 26368  # bytes of workgroup memory attn_flash takes
 ATT_MAX_CHUNKS = 64
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
@@ -80,7 +82,7 @@ SPARE_OUTPUTS = (5, 9)  # ops.wgsl's H and Z, outputs some entry points may leav
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 5, 9), "norm_add_rms_norm": (1, 2, 3, 5, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 5, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_flash": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 5, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
                 "quant_q8": (2, 5)}
 
 
@@ -135,6 +137,10 @@ class Backend:
         # attn_tile's few workgroups (256 for Gemma 3's 512-token prompt) ran at half the row
         # kernel's speed (H100, bench/NOTES.md)
         self.tile_attention = self.row_products
+        # prompts' attention in tiles of query rows against tiles of keys (attn_flash) on GPUs with the
+        # workgroup memory for them
+        self.flash_attention = (not self.row_products
+                                and int(self.device.limits["max-compute-workgroup-storage-size"]) >= FL_STORAGE)
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         # decode products of the 32-value block types, Q4_K and Q6_K on x rounded to int8 blocks
         # (put_q8 in the norm before or quant_q8, then mvq's packed 4 x 8-bit dot products): a
@@ -314,12 +320,12 @@ class Backend:
             if isinstance(arr, GpuArray) and arr.offset:
                 raise BackendError("the WebGPU kernels take whole arrays or their first rows, not later rows")
         self._residual = self._rope_last = self._gate_up = self._normed = self._keys_roped = self._norm_out = None
-        if module == "ops":
+        if module.startswith("ops"):
             bindings = {b: bindings.get(b, self._spares.get(b, self._dummy))
                         for b in OPS_BINDINGS[entry]}
         bound = tuple((b, a.buf if isinstance(a, GpuArray) else a) for b, a in sorted(bindings.items()))
         q8 = self._q8_of  # int8 blocks of x stay x's until an op runs or a product writes x
-        if q8 is not None and (module == "ops" or any(b in (3, 5, 6) and a is q8[1] for b, a in bound)):
+        if q8 is not None and (module.startswith("ops") or any(b in (3, 5, 6) and a is q8[1] for b, a in bound)):
             self._q8_of = None
         self._step().dispatches.append(Dispatch(self.kernels.pipeline(module, entry), bound, params, tuple(groups)))
 
@@ -773,6 +779,13 @@ class Backend:
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         reach = tables.shape[1] * batch.page_size
         if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
+            group = n_head // n_kv_head
+            if self.flash_attention and group <= FL_ROWS and n >= 2 * len(tables):
+                tp = FL_ROWS // group
+                params[12], params[13] = tp, n
+                self._dispatch(f"ops+fl{-(-hd_v // 64)}", "attn_flash", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache},
+                               params, (n_kv_head, -(-n // tp), 1))
+                return
             if not self.tile_attention:
                 self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
                                (n_head, n, 1))

@@ -66,6 +66,9 @@ class Kernels:
         if mod is None:
             if name == "ops":
                 code = source("common.wgsl") + source("ops.wgsl")
+            elif name.startswith("ops+fl"):  # ops with the prompt attention tiles, FL_VC vec4s of values a row
+                code = (f"const FL_VC: u32 = {int(name.removeprefix('ops+fl'))}u;\n" + source("common.wgsl")
+                        + source("ops.wgsl") + source("attn_flash.wgsl"))
             else:
                 code = _products(*name.split("+"))
             mod = self._modules[name] = create_module(self.device, code, RUNTIME_CHECKS)
