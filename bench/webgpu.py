@@ -70,11 +70,12 @@ class Runner:
     """One ember backend on a model, warmed up (pipelines compiled, steps recorded)."""
 
     def __init__(self, path: Path, device: str, threads: int, n_prompt: int, n_gen: int, ahead: bool | None = None,
-                 tile_attention: bool | None = None):
+                 attention: str | None = None):
         self.llm = LLM(str(path), device=device, threads=threads, ctx=n_prompt + n_gen + 16, batch=n_prompt,
                        decode_ahead=ahead)
-        if tile_attention is not None:  # before any step is recorded
-            self.llm.backend.tile_attention = tile_attention
+        if attention is not None:  # the prompt-attention kernel, before any step is recorded
+            backend = self.llm.backend
+            backend.tile_attention, backend.flash_attention = attention == "attn_tile", attention == "attn_flash"
         self.n_prompt, self.n_gen = n_prompt, n_gen
         self.vocab = min(self.llm.model.n_vocab, 32000)
         rng = np.random.default_rng(0)
@@ -174,9 +175,16 @@ def bench_model(spec: str, args) -> dict:
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                # each decode step queued once the host has read the one before (no decode-ahead)
                "webgpu-serial": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen, ahead=False)}
-    if args.attention_ab:  # the other prompt-attention kernel (attn_tile on a GPU, the row kernel on a CPU adapter)
-        runners["webgpu-other-attn"] = Runner(path, args.device, args.threads, args.n_prompt, args.n_gen,
-                                              tile_attention=not runners["webgpu"].llm.backend.tile_attention)
+    if args.attention_ab:  # the other prompt-attention kernels (attn_flash where the adapter has its memory)
+        backend = runners["webgpu"].llm.backend
+        served = "attn_flash" if backend.flash_attention else "attn_tile" if backend.tile_attention else "attention"
+        from ember.backends.webgpu import FL_STORAGE
+
+        flash_fits = int(backend.device.limits["max-compute-workgroup-storage-size"]) >= FL_STORAGE
+        for kernel in ("attn_flash", "attention", "attn_tile"):
+            if kernel != served and (kernel != "attn_flash" or flash_fits):
+                runners[f"webgpu-{kernel}"] = Runner(path, args.device, args.threads, args.n_prompt, args.n_gen,
+                                                     attention=kernel)
     if not args.no_cpu:
         runners["cpu"] = Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)
     samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
@@ -395,8 +403,8 @@ def report_products(name: str, r: dict) -> None:
 
 def report(name: str, r: dict, args) -> None:
     print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
-    for key in ("webgpu", "webgpu-serial", "webgpu-other-attn", "cpu", "llama.cpp"):
-        if key in r:
+    for key in (*(k for k in r if k.startswith("webgpu")), "cpu", "llama.cpp"):
+        if key in r and isinstance(r[key], dict) and "pp_tps" in r[key]:
             print(f"  {key:17s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
@@ -434,7 +442,8 @@ def main() -> None:
                     "at path REV)")
     ap.add_argument("--products-tile", type=int, default=32, help="the output tile of REV's mm")
     ap.add_argument("--attention-ab", action="store_true",
-                    help="also a runner with the other prompt-attention kernel (attn_tile / the row kernel)")
+                    help="also runners with the other prompt-attention kernels (attn_flash, the row kernel "
+                    "attention, attn_tile)")
     ap.add_argument("--no-cpu", action="store_true",
                     help="leave out ember's CPU backend (large files, where it would take minutes a rep)")
     ap.add_argument("--lanes", action="store_true",
