@@ -760,16 +760,18 @@ def test_paged_attention(gpu, ref, window, softcap):
     (16, 1, 80, 50, 20.0),  # a group of 16: two tiles of 8 heads, one token each; window, soft-cap
     (6, 6, 32, 0, 0.0),     # no GQA: 8 tokens a tile
 ])
-@pytest.mark.parametrize("kernel", ["attn_tile", "attention", "attn_flash"])
+@pytest.mark.parametrize("kernel", ["attn_tile", "attention", "attn_flash", "attn_flash+chunks"])
 def test_prompt_attention_in_tiles_of_rows(gpu, ref, n_head, n_kv, hd, window, softcap, kernel, monkeypatch):
     """attn_tile (CPU adapters): prompts of two sequences (300 tokens from position 0, so past two
     tiles of 128 keys; 21 tokens after 180 cached positions), then three decode tokens of other
     sequences, so that tiles straddle sequences and take them in turns; each workgroup's rows share
     the keys it loads. The same through the row kernel (a workgroup a (head, token)) and attn_flash
     (GPUs: tiles of 32 query rows against tiles of 64 keys; heads of 80 and 256 values, a thread's
-    last value vec4s partly or wholly past the head)."""
+    last value vec4s partly or wholly past the head; its rows' keys in one pass, or split into
+    chunks of 64-128 keys, relative to each row's first key under a window, merged by attn_merge)."""
     monkeypatch.setattr(gpu, "tile_attention", kernel == "attn_tile")
-    monkeypatch.setattr(gpu, "flash_attention", kernel == "attn_flash")
+    monkeypatch.setattr(gpu, "flash_attention", kernel.startswith("attn_flash"))
+    monkeypatch.setattr(webgpu, "FL_MIN_GROUPS", 256 if kernel == "attn_flash+chunks" else 1)
     rng = np.random.default_rng(n_head * 1000 + hd)
     page = 16
     tables, gkv, rkv = _filled_caches(gpu, ref, rng, 5, 32, page, n_kv * hd)
@@ -782,8 +784,13 @@ def test_prompt_attention_in_tiles_of_rows(gpu, ref, n_head, n_kv, hd, window, s
     go, ro = gpu.empty((n, n_head * hd)), ref.empty((n, n_head * hd))
     before = len(gpu._step().dispatches)
     gpu.attention(gq, gkv, go, batch, n_head, n_kv, window, 0.125, softcap)
-    module = f"ops+fl{-(-hd // 64)}" if kernel == "attn_flash" else "ops"
-    assert [d.pipeline for d in gpu._step().dispatches[before:]] == [gpu.kernels.pipeline(module, kernel)]
+    if kernel.startswith("attn_flash"):
+        want = [gpu.kernels.pipeline(f"ops+fl{-(-hd // 64)}", "attn_flash")]
+        if kernel.endswith("chunks"):
+            want.append(gpu.kernels.pipeline("ops", "attn_merge"))
+    else:
+        want = [gpu.kernels.pipeline("ops", kernel)]
+    assert [d.pipeline for d in gpu._step().dispatches[before:]] == want
     ref.attention(rq, rkv, ro, batch, n_head, n_kv, window, 0.125, softcap)
     np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
 

@@ -71,6 +71,10 @@ ATT_CHUNK_MIN = 32
 ATT_TILE_ROWS = 8
 FL_ROWS = 32  # query rows of an attn_flash tile (attn_flash.wgsl): tokens times a kv head's query heads
 FL_STORAGE = 26368  # bytes of workgroup memory attn_flash takes
+FL_KEYS = 64  # keys of an attn_flash tile
+# workgroups below which attn_flash splits its rows' keys into chunks (an H100 has 132 multiprocessors,
+# each with room for two of its workgroups)
+FL_MIN_GROUPS = 256
 ATT_MAX_CHUNKS = 64
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
@@ -82,7 +86,7 @@ SPARE_OUTPUTS = (5, 9)  # ops.wgsl's H and Z, outputs some entry points may leav
 OPS_BINDINGS = {"binary": (1, 2, 3), "unary": (1,), "add_row": (1, 2), "gather_rows": (1, 2, 4), "pos_scale": (1, 4),
                 "rms_norm": (1, 2, 3, 9), "add_rms_norm": (1, 2, 3, 5, 9), "norm_add_rms_norm": (1, 2, 3, 5, 9),
                 "rope": (1, 3, 4, 9), "rope_store": (1, 2, 3, 4, 5, 6, 7, 9, 10), "kv_store": (2, 3, 4, 5, 10),
-                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_flash": (1, 2, 4, 6, 7), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 5, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
+                "copy_pages": (4, 5), "attention": (1, 2, 4, 6, 7), "attn_tile": (1, 2, 4, 6, 7), "attn_flash": (1, 2, 4, 6, 7, 9), "attn_part": (2, 4, 6, 7, 9), "attn_merge": (1, 4, 5, 9), "top_k": (1, 2, 4, 8), "chain_ids": (4, 8),
                 "quant_q8": (2, 5)}
 
 
@@ -763,6 +767,24 @@ class Backend:
         if self._recording is None:
             self._flush()
 
+    def _attn_flash(self, q, k_cache, v_cache, out, params, n, n_head, n_kv, hd_v, reach) -> None:
+        """attn_flash's tiles of query rows; where they are few, each row's keys in chunks (a
+        workgroup each, their partial softmaxes combined by attn_merge as decode's are)."""
+        tp = FL_ROWS // (n_head // n_kv)
+        tiles = -(-n // tp)
+        chunk, chunks = _flash_chunks(n_kv * tiles, reach)
+        fp = params.copy()
+        fp[12], fp[13], fp[14], fp[15] = tp, n, chunk, chunks
+        bindings = {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}
+        if chunk:
+            bindings[9] = parts = self._scratch("attention", n * n_head * chunks * (hd_v + 2))
+        self._dispatch(f"ops+fl{-(-hd_v // 64)}", "attn_flash", bindings, fp, (n_kv, tiles, chunks))
+        if chunk:
+            params[12], params[13] = chunk, chunks
+            self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
+            if hd_v % 32 == 0:
+                self._note_norm_out(out, n, n_head * hd_v, (14, 15))
+
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
                   sinks: Weight | None = None):
         if sinks is not None:
@@ -781,10 +803,7 @@ class Backend:
         if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
             group = n_head // n_kv_head
             if self.flash_attention and group <= FL_ROWS and n >= 2 * len(tables):
-                tp = FL_ROWS // group
-                params[12], params[13] = tp, n
-                self._dispatch(f"ops+fl{-(-hd_v // 64)}", "attn_flash", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache},
-                               params, (n_kv_head, -(-n // tp), 1))
+                self._attn_flash(q, k_cache, v_cache, out, params, n, n_head, n_kv_head, hd_v, reach)
                 return
             if not self.tile_attention:
                 self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
@@ -805,6 +824,17 @@ class Backend:
         self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
         if hd_v % 32 == 0:
             self._note_norm_out(out, n, n_head * hd_v, (14, 15))
+
+
+def _flash_chunks(groups: int, reach: int) -> tuple[int, int]:
+    """attn_flash's keys a chunk and chunks where its grid of `groups` tiles is under FL_MIN_GROUPS:
+    the page table's reach split into enough chunks of whole key tiles (at most ATT_MAX_CHUNKS, what
+    attn_merge takes) to make FL_MIN_GROUPS workgroups; (0, 1): one pass a row."""
+    want = min(ATT_MAX_CHUNKS, -(-FL_MIN_GROUPS // groups), -(-reach // FL_KEYS))
+    if want <= 1:
+        return 0, 1
+    chunk = FL_KEYS * -(-reach // (FL_KEYS * want))
+    return chunk, -(-reach // chunk)
 
 
 def _attention_tile(group: int, n: int, n_seqs: int) -> tuple[int, int]:

@@ -7,7 +7,11 @@
 // both halves, so the 16 threads of a row are a half warp and each keeps its rows' running max and
 // sum. 26 KiB of workgroup memory. Tokens of several sequences in one tile take turns (segments, as in
 // attn_tile), the rows of the others masked. FL_VC, a constant of the module: hd_v / 64 rounded up.
-// params: attention's (0-11), 12 tokens a tile, 13 the step's tokens
+// Where the grid of tiles is small, each row's keys are split into chunks (wid.z: chunk c holds keys
+// first + c * chunk ..) and a chunk's unnormalised sums, max and sum go to Z as attn_part's do, for
+// attn_merge to combine.
+// params: attention's (0-11), 12 tokens a tile, 13 the step's tokens, 14 keys a chunk (0: no
+// chunks, the rows' outputs into Y), 15 chunks
 const FL_ROWS: u32 = 32u;
 const FL_KEYS: u32 = 64u;
 const FL_KD: u32 = 32u;  // q and k dimensions staged at a time
@@ -73,6 +77,14 @@ fn fl_v4(w: u32, d: u32, hd: u32) -> vec4<f32> {
     return vec4<f32>(a, b);
 }
 
+// A row's keys in chunk c (first + c * chunk .. first + (c + 1) * chunk - 1, up to its position; none:
+// first > pos), or all of them (chunk 0)
+fn fl_chunk(row: AttRow, chunk: u32, c: u32) -> AttRow {
+    if (chunk == 0u) { return row; }
+    let first = row.first + c * chunk;
+    return AttRow(min(row.pos, first + chunk - 1u), row.table, first);
+}
+
 @compute @workgroup_size(256)
 fn attn_flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let n_head = pu(0u);
@@ -85,11 +97,12 @@ fn attn_flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let tok0 = wid.y * tp;
     let nt = min(tp, pu(13u) - tok0);
     let rows = nt * g;
+    let chunk = pu(14u);
     if (t < FL_ROWS) {
         var pos = 0u;
         var first = 1u;
         if (t < rows) {
-            let row = att_row(tok0 + t / g);
+            let row = fl_chunk(att_row(tok0 + t / g), chunk, wid.z);
             pos = row.pos;
             first = row.first;
         }
@@ -111,19 +124,22 @@ fn attn_flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         // the segment: tokens s0 .. s1 - 1 of one sequence (rows r0 .. r1 - 1), its keys lo ..= hi
         let seq = I[pu(10u) + tok0 + s0];
         var s1 = s0 + 1u;
-        let row0 = att_row(tok0 + s0);  // (from the step's ints, not fl_pos: uniform for the barriers)
-        var lo = row0.first;
-        var hi = row0.pos;
-        for (; s1 < nt; s1++) {
-            if (I[pu(10u) + tok0 + s1] != seq) { break; }
-            let row = att_row(tok0 + s1);
-            lo = min(lo, row.first);
-            hi = max(hi, row.pos);
+        // (from the step's ints, not fl_pos: uniform for the barriers; a chunk's rows with no keys in it: lo > hi)
+        var lo = 0xffffffffu;
+        var hi = 0u;
+        for (var s = s0; s < nt; s++) {
+            if (I[pu(10u) + tok0 + s] != seq) { break; }
+            s1 = s + 1u;
+            let row = fl_chunk(att_row(tok0 + s), chunk, wid.z);
+            if (row.first <= row.pos) {
+                lo = min(lo, row.first);
+                hi = max(hi, row.pos);
+            }
         }
         let table = pu(11u) + u32(seq) * pu(4u);
         let r0 = s0 * g;
         let r1 = s1 * g;
-        for (var base = lo; base <= hi; base += FL_KEYS) {
+        for (var base = lo; base <= hi && lo <= hi; base += FL_KEYS) {
             var sc0 = vec4<f32>(0.0);  // row tr + 16 a's scores in sc_a
             var sc1 = vec4<f32>(0.0);
             for (var d0 = 0u; d0 < hd_k; d0 += FL_KD) {
@@ -208,8 +224,26 @@ fn attn_flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
     for (var a = 0u; a < 2u; a++) {
         let r = tr + 16u * a;
+        let at = (tok0 + r / g) * n_head + kvh * g + r % g;  // the row's (token, head)
+        if (chunk > 0u) {  // a chunk's partial softmax (attn_part's layout), where the row has keys in it
+            if (r < rows && fl_first[r] <= fl_pos[r]) {
+                let out = (at * pu(15u) + wid.z) * (hd_v + 2u);
+                if (tk == 0u) {
+                    Z[out] = m[a];
+                    Z[out + 1u] = l[a];
+                }
+                for (var c = 0u; c < FL_VC; c++) {
+                    let d = 64u * c + 4u * tk;
+                    let v = o[a * FL_VC + c];
+                    for (var e = 0u; e < 4u; e++) {
+                        if (d + e < hd_v) { Z[out + 2u + d + e] = v[e]; }
+                    }
+                }
+            }
+            continue;
+        }
         if (r < rows) {
-            let dst = ((tok0 + r / g) * n_head + kvh * g + r % g) * hd_v;
+            let dst = at * hd_v;
             for (var c = 0u; c < FL_VC; c++) {
                 let d = 64u * c + 4u * tk;
                 let v = o[a * FL_VC + c] / l[a];
