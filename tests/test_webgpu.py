@@ -116,6 +116,15 @@ def test_products_and_rows_match_the_quant_reference(gpu, qtype):
     assert np.array_equal(gpu.to_numpy(out), ref[ids].astype(np.float32))
 
 
+def sums(gpu, qtype, n, rows, k) -> int:
+    """mmq_sum dispatches after a product of n activation rows: 1 where mmq splits k (its tiles too
+    few to fill a GPU), else 0."""
+    if not quants(gpu, qtype, n) or gpu._mvp(n):
+        return 0
+    tiles = -(-rows // webgpu.MMQ_ROWS) * -(-n // webgpu.MM_TILE)
+    return int(webgpu._mmq_splits(tiles, k // 32)[1] > 1)
+
+
 def dispatched(gpu) -> tuple:
     """(module, entry point) of the step's last dispatch."""
     return gpu.kernels.names()[id(gpu._step().dispatches[-1].pipeline)]
@@ -243,7 +252,8 @@ def test_products_of_several_matrices_in_one_dispatch(gpu, plan, qtype):
             outs = [gpu.empty((n, w.shape[0])) for w in ws]
             before = len(gpu._step().dispatches)
             gpu.matmuls(list(ws), gpu.from_numpy(x[:n].astype(np.float32)), outs)
-            assert len(gpu._step().dispatches) == before + 1 + quants(gpu, qtype, n)
+            rows = sum(w.shape[0] for w in ws)
+            assert len(gpu._step().dispatches) == before + 1 + quants(gpu, qtype, n) + sums(gpu, qtype, n, rows, 256)
             for out, r in zip(outs, refs):
                 close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ r.T)
     other = T.Q6_K if qtype != T.Q6_K else T.Q8_0  # a matrix of another type: a dispatch of its own
@@ -370,7 +380,7 @@ fn main(@builtin(local_invocation_index) t: u32) { for (var i = 0u; i < 3u; i++)
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)
 @pytest.mark.parametrize("tile", ["mm", "mm2", "mmq"])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
+def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype, monkeypatch):
     """The prompt kernels (mm: 64 x 64 output tiles; mm2: 128 weight rows by 64; mmq: mm2's tiles
     on x as int8 blocks, for the types that have it; k in runs of 32) on every type: rows and
     activation rows short of, just past and two tiles plus one past a tile (the last tile's rows
@@ -380,6 +390,7 @@ def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
         pytest.skip("the adapter's workgroup memory is too small for mm2")
     if tile == "mmq" and qtype not in MM_INT8_TYPES:
         pytest.skip("the type has no int8 prompt tiles")
+    monkeypatch.setattr(webgpu, "MMQ_MIN_GROUPS", 1)  # whole tiles over all of k (test_int8_tiles_split_k)
     before = gpu.mm_rows, gpu.int8_products
     gpu.mm_rows, gpu.int8_products = (128 if tile == "mm2" else 64), tile == "mmq"
     try:
@@ -395,6 +406,34 @@ def test_prompt_tiles_of_every_type_at_ragged_edges(gpu, plan, tile, qtype):
                 close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
     finally:
         gpu.mm_rows, gpu.int8_products = before
+
+
+@pytest.mark.parametrize("plan", ["lanes"], indirect=True)
+@pytest.mark.parametrize("qtype", MM_INT8_TYPES, ids=lambda t: t.name)
+def test_int8_tiles_split_k(gpu, plan, qtype):
+    """Where its tiles are too few to fill a GPU, mmq splits k (here 24 runs of 32 into 6 splits of
+    4, and 9 runs into 2 of 5 and 4), each split's sums into a scratch that mmq_sum adds up: for
+    one matrix and for three of one buffer (their outputs apart), activation rows short of a tile
+    and past one, as the product on the rounded x."""
+    rng = np.random.default_rng(int(qtype))
+    before_int8 = gpu.int8_products
+    gpu.int8_products = True
+    try:
+        for cols in ((768, 288) if qtype not in (T.Q4_K, T.Q5_K, T.Q6_K) else (768,)):
+            mats = [matrix(gpu, qtype, rows, cols, seed=70 + rows) for rows in (130, 24, 40)]
+            x = rng.standard_normal((70, cols))
+            assert webgpu._mmq_splits(2 * 2, cols // 32)[1] > 1
+            for count in (1, 3):
+                ws, refs = zip(*mats[:count])
+                for n in (20, 70):
+                    outs = [gpu.empty((n, w.shape[0])) for w in ws]
+                    before = len(gpu._step().dispatches)
+                    gpu.matmuls(list(ws), gpu.from_numpy(x[:n].astype(np.float32)), outs)
+                    assert entries(gpu, before) == ["quant_q8", "mmq", "mmq_sum"]
+                    for out, r in zip(outs, refs):
+                        close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ r.T)
+    finally:
+        gpu.int8_products = before_int8
 
 
 @pytest.mark.parametrize("plan", ["lanes"], indirect=True)

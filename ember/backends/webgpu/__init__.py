@@ -53,6 +53,10 @@ MV_WIDE_BELOW = 16384
 INT8_MIN_K = 4096
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 MMQ_ROWS = 128  # weight rows of an mmq workgroup's tile (matmul_q8.wgsl; 9 KiB of workgroup memory)
+# tiles below which mmq splits k (each split at least MMQ_MIN_RUNS runs of 32), mmq_sum adding the
+# splits' sums: the small models' products are 16-192 tiles for an H100's 132 multiprocessors
+MMQ_MIN_GROUPS = 256
+MMQ_MIN_RUNS = 4
 MM2_STORAGE = 24576  # bytes of workgroup memory mm2's tiles (128 weight rows by 64) take
 # a CPU adapter's mm costs 0.7-0.85 of mv_row's time an activation row on lavapipe (the two
 # models' layers, 64 and 128 rows): it takes mm where the tiles' rows are at most this many
@@ -417,8 +421,18 @@ class Backend:
               and MATRIX_TYPES[qtype] in _kernels.MM_INT):  # the tiles on x as int8 blocks (mmq), at every k
             q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
             del bindings[2]
-            self._dispatch(f"{MATRIX_TYPES[qtype]}+mmq", "mmq", bindings, params,
-                           (-(-rows // MMQ_ROWS), -(-n // MM_TILE), 1))
+            module, tiles = f"{MATRIX_TYPES[qtype]}+mmq", -(-rows // MMQ_ROWS) * -(-n // MM_TILE)
+            runs, splits = _mmq_splits(tiles, x.shape[-1] // 32)
+            if splits == 1:
+                bindings[10] = self._dummy
+                self._dispatch(module, "mmq", bindings, params, (-(-rows // MMQ_ROWS), -(-n // MM_TILE), 1))
+                return q8
+            # too few tiles to fill the GPU: k split, each split's sums into a scratch, then added up
+            params[13], params[14] = runs, splits
+            bindings[10] = self._scratch("mmq", splits * n * rows)
+            self._dispatch(module, "mmq", bindings, params, (-(-rows // MMQ_ROWS), -(-n // MM_TILE), splits))
+            self._dispatch(module, "mmq_sum", {b: a for b, a in bindings.items() if b in (3, 5, 6, 10)},
+                           params, _groups(-(-rows * n // 256)))
             return q8
         else:  # mm2's tiles of 128 weight rows where the adapter has room for them, else mm's 64
             self._dispatch(MATRIX_TYPES[qtype], "mm2" if self.mm_rows == 128 else "mm", bindings, params,
@@ -824,6 +838,16 @@ class Backend:
         self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
         if hd_v % 32 == 0:
             self._note_norm_out(out, n, n_head * hd_v, (14, 15))
+
+
+def _mmq_splits(tiles: int, runs: int) -> tuple[int, int]:
+    """mmq's runs of 32 a split and splits where its `tiles` are under MMQ_MIN_GROUPS workgroups:
+    enough splits of at least MMQ_MIN_RUNS runs to make MMQ_MIN_GROUPS; (runs, 1): no split."""
+    want = min(-(-MMQ_MIN_GROUPS // tiles), runs // MMQ_MIN_RUNS)
+    if want <= 1:
+        return runs, 1
+    per = -(-runs // want)
+    return per, -(-runs // per)
 
 
 def _flash_chunks(groups: int, reach: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@
 // IRUN in the module.
 @group(0) @binding(8) var<storage, read> QX: array<u32>;  // quant_q8's int8 words, then
 @group(0) @binding(9) var<storage, read> QS: array<vec4<f32>>;  // its (d, s0, s1, 0) a block
+@group(0) @binding(10) var<storage, read_write> SP: array<f32>;  // split k: each split's (n, rows) sums
 
 // Words wa and wb of a row's run (4 quants each, unsigned but for Q8_0) at word places ia and ib
 // of the run (0-7: values 4 ia ..), and the run's (d_lo, d_hi, m_lo, m_hi). Reader q of 4 (0-3)
@@ -116,7 +117,10 @@ fn mq_scale(row4: u32, part: u32) -> vec4<f32> {
     return vec4<f32>(mq_ws[row4][part], mq_ws[row4 + 1u][part], mq_ws[row4 + 2u][part], mq_ws[row4 + 3u][part]);
 }
 
-// params: mm's (matmul.wgsl); x (n rows of k) as quant_q8's blocks in QX / QS. A thread stages
+// Where the tiles are too few to fill the GPU, k is split (wid.z: runs z * rps .. of rps a split)
+// and each split's sums go to SP for mmq_sum to add up and store.
+// params: mm's (matmul.wgsl), 13 runs a split (0: the whole of k, the sums stored); x (n rows of k)
+// as quant_q8's blocks in QX / QS. A thread stages
 // reader q of weight rows r and 64 + r and of activation row r (rows past the end: the last one's)
 // and keeps 32 sums (mm's places, lanes_of, and the same 64 rows on): each x word read from
 // workgroup memory meets 8 weight rows.
@@ -142,13 +146,20 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
     var bcc1 = vec4<f32>();
     var bcc2 = vec4<f32>();
     var bcc3 = vec4<f32>();
-    var w = IRUN(base, 0u, l.q);
-    var w2 = IRUN(base2, 0u, l.q);
-    var x0 = QX[8u * xrow + l.q];
-    var x1 = QX[8u * xrow + l.q + 4u];
-    var xs = QS[scales + xrow];
+    let rps = pu(13u);
+    var c0 = 0u;
+    var c1 = nb;
+    if (rps > 0u) {
+        c0 = wid.z * rps;
+        c1 = min(nb, c0 + rps);
+    }
+    var w = IRUN(base, c0, l.q);
+    var w2 = IRUN(base2, c0, l.q);
+    var x0 = QX[8u * (xrow + c0) + l.q];
+    var x1 = QX[8u * (xrow + c0) + l.q + 4u];
+    var xs = QS[scales + xrow + c0];
     let halves = select(1u, 2u, RUN_HALVES);
-    for (var c = 0u; c < nb; c++) {
+    for (var c = c0; c < c1; c++) {
         let r4 = l.r / 4u;
         mq_w[w.ia * 32u + (r4 ^ mq_sw(w.ia))][l.r % 4u] = w.wa;
         mq_w[w.ib * 32u + (r4 ^ mq_sw(w.ib))][l.r % 4u] = w.wb;
@@ -162,7 +173,7 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
             mq_xs[l.r] = xs;
         }
         workgroupBarrier();
-        if (c + 1u < nb) {  // the next run into registers while this one is multiplied
+        if (c + 1u < c1) {  // the next run into registers while this one is multiplied
             w = IRUN(base, c + 1u, l.q);
             w2 = IRUN(base2, c + 1u, l.q);
             x0 = QX[8u * (xrow + c + 1u) + l.q];
@@ -196,6 +207,37 @@ fn mmq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
     }
     let jt = n0 + l.tn * 4u;
+    if (rps > 0u) {
+        let at = wid.z * n;
+        sp_tile(at + jt, r0 + l.tm * 4u, acc0, acc1, acc2, acc3, rows, select(0u, n - jt, jt < n));
+        sp_tile(at + jt, r0 + 64u + l.tm * 4u, bcc0, bcc1, bcc2, bcc3, rows, select(0u, n - jt, jt < n));
+        return;
+    }
     store_tile(jt, r0 + l.tm * 4u, acc0, acc1, acc2, acc3, rows, n);
     store_tile(jt, r0 + 64u + l.tm * 4u, bcc0, bcc1, bcc2, bcc3, rows, n);
+}
+
+// A split's 4 x 4 sums into SP: rows j .. j + 3 (those of the first `left`) of `rows` values, at r ..
+fn sp_tile(j: u32, r: u32, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>, rows: u32, left: u32) {
+    for (var a = 0u; a < 4u; a++) {
+        if (r + a < rows) {
+            if (left > 0u) { SP[j * rows + r + a] = c0[a]; }
+            if (left > 1u) { SP[(j + 1u) * rows + r + a] = c1[a]; }
+            if (left > 2u) { SP[(j + 2u) * rows + r + a] = c2[a]; }
+            if (left > 3u) { SP[(j + 3u) * rows + r + a] = c3[a]; }
+        }
+    }
+}
+
+// The splits' sums added up and stored (a thread an output). params: mmq's, 14 splits
+@compute @workgroup_size(256)
+fn mmq_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let rows = pu(0u);
+    let size = rows * pu(2u);
+    let i = flat_group(wid, nwg) * 256u + t;
+    if (i >= size) { return; }
+    var v = 0.0;
+    for (var z = 0u; z < pu(14u); z++) { v += SP[z * size + i]; }
+    store(i / rows, i % rows, v);
 }
