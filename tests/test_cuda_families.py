@@ -41,7 +41,7 @@ ON_CUDA = sorted(FAMILIES)
 @pytest.mark.parametrize("name", ON_CUDA)
 def test_family_matches_reference(tmp_path, backends, name, f16):
     path = write_family(tmp_path / f"{name}.gguf", name, f16=f16)
-    assert_follows_reference(backends[0], backends[1], path, f16, moe=FAMILIES[name].n_expert > 0)
+    assert_follows_reference(backends[0], backends[1], path, f16, rows_move=FAMILIES[name].n_expert > 0)
 
 
 # The MoE families on CUDA: mean KLD within bounds, the same top token short of 98% (measured on an

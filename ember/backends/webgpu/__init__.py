@@ -141,14 +141,14 @@ class Backend:
         # (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
         # prompt-sized attention in tiles of rows sharing each key's loads (attn_tile: 2-5x the
-        # row kernel on lavapipe) on CPU adapters; a workgroup a (head, token) row on GPUs, where
-        # attn_tile's few workgroups (256 for Gemma 3's 512-token prompt) ran at half the row
-        # kernel's speed (H100, bench/NOTES.md)
+        # row kernel on lavapipe) on CPU adapters; on GPUs attn_flash (below), else a workgroup a
+        # (head, token) row: attn_tile's few workgroups (256 for Gemma 3's 512-token prompt) ran at
+        # half the row kernel's speed on an H100 (bench/NOTES.md)
         self.tile_attention = self.row_products
         # prompts' attention in tiles of query rows against tiles of keys (attn_flash) on GPUs with the
         # workgroup memory for them
-        self.flash_attention = (not self.row_products
-                                and int(self.device.limits["max-compute-workgroup-storage-size"]) >= FL_STORAGE)
+        storage = int(self.device.limits["max-compute-workgroup-storage-size"])
+        self.flash_attention = not self.row_products and storage >= FL_STORAGE
         self.subgroups = "subgroup" in self.device.features  # mvp summed by subgroupAdd
         # decode products of the 32-value block types, Q4_K and Q6_K on x rounded to int8 blocks
         # (put_q8 in the norm before or quant_q8, then mvq's packed 4 x 8-bit dot products): a
@@ -157,7 +157,7 @@ class Backend:
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
-        self.mm_rows = 128 if int(self.device.limits["max-compute-workgroup-storage-size"]) >= MM2_STORAGE else 64
+        self.mm_rows = 128 if storage >= MM2_STORAGE else 64
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -421,18 +421,17 @@ class Backend:
               and MATRIX_TYPES[qtype] in _kernels.MM_INT):  # the tiles on x as int8 blocks (mmq), at every k
             q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
             del bindings[2]
-            module, tiles = f"{MATRIX_TYPES[qtype]}+mmq", -(-rows // MMQ_ROWS) * -(-n // MM_TILE)
-            runs, splits = _mmq_splits(tiles, x.shape[-1] // 32)
-            if splits == 1:
+            module, grid = f"{MATRIX_TYPES[qtype]}+mmq", (-(-rows // MMQ_ROWS), -(-n // MM_TILE))
+            runs, splits = _mmq_splits(grid[0] * grid[1], x.shape[-1] // 32)
+            if splits > 1:  # too few tiles to fill the GPU: k split, each split's sums into a scratch, then added up
+                params[13], params[14] = runs, splits
+                bindings[10] = self._scratch("mmq", splits * n * rows)
+            else:
                 bindings[10] = self._dummy
-                self._dispatch(module, "mmq", bindings, params, (-(-rows // MMQ_ROWS), -(-n // MM_TILE), 1))
-                return q8
-            # too few tiles to fill the GPU: k split, each split's sums into a scratch, then added up
-            params[13], params[14] = runs, splits
-            bindings[10] = self._scratch("mmq", splits * n * rows)
-            self._dispatch(module, "mmq", bindings, params, (-(-rows // MMQ_ROWS), -(-n // MM_TILE), splits))
-            self._dispatch(module, "mmq_sum", {b: a for b, a in bindings.items() if b in (3, 5, 6, 10)},
-                           params, _groups(-(-rows * n // 256)))
+            self._dispatch(module, "mmq", bindings, params, (*grid, splits))
+            if splits > 1:
+                self._dispatch(module, "mmq_sum", {b: a for b, a in bindings.items() if b in (3, 5, 6, 10)},
+                               params, _groups(-(-rows * n // 256)))
             return q8
         else:  # mm2's tiles of 128 weight rows where the adapter has room for them, else mm's 64
             self._dispatch(MATRIX_TYPES[qtype], "mm2" if self.mm_rows == 128 else "mm", bindings, params,
@@ -791,13 +790,23 @@ class Backend:
         fp[12], fp[13], fp[14], fp[15] = tp, n, chunk, chunks
         bindings = {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}
         if chunk:
-            bindings[9] = parts = self._scratch("attention", n * n_head * chunks * (hd_v + 2))
+            bindings[9] = parts = self._attn_parts(params, chunk, chunks, n, n_head, hd_v)
         self._dispatch(f"ops+fl{-(-hd_v // 64)}", "attn_flash", bindings, fp, (n_kv, tiles, chunks))
         if chunk:
-            params[12], params[13] = chunk, chunks
-            self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
-            if hd_v % 32 == 0:
-                self._note_norm_out(out, n, n_head * hd_v, (14, 15))
+            self._attn_merge(out, parts, params, n, n_head, hd_v)
+
+    def _attn_parts(self, params, chunk: int, chunks: int, n: int, n_head: int, hd_v: int):
+        """The scratch of the (token, head, chunk) partial softmaxes (attn_part's layout: max, sum,
+        then hd_v weighted values), the chunking set in attn_merge's params (12, 13)."""
+        params[12], params[13] = chunk, chunks
+        return self._scratch("attention", n * n_head * chunks * (hd_v + 2))
+
+    def _attn_merge(self, out, parts, params, n: int, n_head: int, hd_v: int) -> None:
+        """attn_merge: the chunks' partial softmaxes into out (and, for the next product, its int8
+        blocks where a head is whole blocks)."""
+        self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
+        if hd_v % 32 == 0:
+            self._note_norm_out(out, n, n_head * hd_v, (14, 15))
 
     def attention(self, q, cache, out, batch: AttentionBatch, n_head, n_kv_head, window, scale, softcap=0.0,
                   sinks: Weight | None = None):
@@ -831,13 +840,10 @@ class Backend:
         # few (head, token) rows: their keys split into chunks, each a workgroup, merged after
         chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * ATT_MAX_CHUNKS))
         chunks = -(-reach // chunk)
-        params[12], params[13] = chunk, chunks
-        parts = self._scratch("attention", n * n_head * chunks * (hd_v + 2))
+        parts = self._attn_parts(params, chunk, chunks, n, n_head, hd_v)
         self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
                        (n_head, n, chunks))
-        self._dispatch("ops", "attn_merge", {1: out, 4: INPUTS, 9: parts}, params, (n_head, n, 1))
-        if hd_v % 32 == 0:
-            self._note_norm_out(out, n, n_head * hd_v, (14, 15))
+        self._attn_merge(out, parts, params, n, n_head, hd_v)
 
 
 def _mmq_splits(tiles: int, runs: int) -> tuple[int, int]:
