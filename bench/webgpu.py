@@ -304,6 +304,8 @@ def bench_products(spec: str, args) -> dict:
 
 
 LANES = (32, 64, 128)
+# (lanes, weight rows, teams) of mvq's team builds
+TEAMS = ((32, 2, 2), (32, 2, 4), (32, 2, 8), (64, 2, 2), (64, 2, 4), (32, 4, 4), (64, 4, 2), (16, 2, 16), (8, 2, 32))
 
 
 def bench_lanes(spec: str, args) -> dict:
@@ -351,17 +353,19 @@ def bench_lanes(spec: str, args) -> dict:
         own = ("mvk",) if MATRIX_TYPES[w.type] in MV_OWN else ()
         for entry in dict.fromkeys(("mvq",) * bool(quant) + own + (served, "mvp")):
             ds = [d for d in recs[True].dispatches if d not in quant] if entry == "mvq" else rec.dispatches
-            builds = [(lanes, nr) for nr in ((MV_ROWS, 4) if entry == "mvq" else (MV_ROWS,)) for lanes in LANES]
-            for lanes, nr in builds:  # nr: weight rows a workgroup (MV_ROWS served, 4 the r4 build)
+            builds = [(lanes, MV_ROWS, 1) for lanes in LANES]
+            if entry == "mvq":
+                builds += [(32, 4, 1)] + [(lanes, nr, teams) for lanes, nr, teams in TEAMS]
+            for lanes, nr, teams in builds:  # nr: weight rows a team (MV_ROWS served, 4 the r4 build)
                 module = (f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
-                          + (f"+r{nr}" if nr != MV_ROWS else ""))
+                          + (f"+r{nr}" if nr != MV_ROWS else "") + (f"+t{teams}" if teams > 1 else ""))
                 step = Step(record=True)
                 step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry),
                                             d.bindings if entry == "mvq" else _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),
-                                            d.params, d.groups if nr == MV_ROWS else _groups(-(-int(d.params[0]) // nr)))
+                                            d.params, _groups(-(-int(d.params[0]) // (nr * teams))))
                                    for d in ds]
                 step.build(backend.device, backend.wgpu)
-                steps[f"{entry}/{lanes}" + (f"/r{nr}" if nr != MV_ROWS else "")] = step
+                steps[f"{entry}/{lanes}" + (f"/r{nr}" if nr != MV_ROWS else "") + (f"/t{teams}" if teams > 1 else "")] = step
         times = {key: [] for key in steps}
         for _ in range(max(args.reps, 5)):
             for key, step in steps.items():

@@ -203,10 +203,11 @@ def test_int8_products_from_their_row_length(gpu, plan, qtype, monkeypatch):
 @pytest.mark.parametrize("sums", ["sg", "wg"])
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
-    """mvp (and Q4_K's and Q6_K's mvq) built with 64 and 128 lanes a workgroup (the served build of
-    one activation row against a layer's matrix is mvp's 128; bench/webgpu.py --lanes times them)
-    gives the product of the 32-lane build, at widths that leave lanes idle in the last round."""
-    from ember.backends.webgpu import MATRIX_TYPES
+    """mvp (and Q4_K's and Q6_K's mvq) built with 64 and 128 lanes a team, and with several teams
+    a workgroup, each on rows of its own (bench/webgpu.py --lanes times them), gives the product
+    of the 32-lane build, at widths that leave lanes idle in the last round and teams past the
+    last row."""
+    from ember.backends.webgpu import MATRIX_TYPES, MV_ROWS, _groups
     from ember.backends.webgpu._step import Dispatch
 
     if sums == "sg" and "subgroup" not in gpu.device.features:
@@ -220,9 +221,11 @@ def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
         host = gpu.to_numpy(out)
     d = rec.dispatches[-1]  # the product (after quant_q8 for mvq)
     entry = gpu.kernels.names()[id(d.pipeline)][1]
-    for lanes in (64, 128):
-        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}+w{lanes}", entry)
-        rec.dispatches[-1] = Dispatch(pipe, d.bindings, d.params, d.groups)
+    # (4, 4): teams narrower than a subgroup of 8 or more lanes (their butterfly)
+    for lanes, teams in ((64, 1), (128, 1), (32, 4), (32, 3), (64, 2), (4, 4)):
+        build = (f"+w{lanes}" if lanes != 32 else "") + (f"+t{teams}" if teams > 1 else "")
+        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}{build}", entry)
+        rec.dispatches[-1] = Dispatch(pipe, d.bindings, d.params, _groups(-(-45 // (MV_ROWS * teams))))
         rec.build(gpu.device, gpu.wgpu)
         gpu.replay(rec)
         close(host, seen(gpu, qtype, x) @ ref.T)

@@ -156,6 +156,7 @@ class Backend:
         self.int8_products = True
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
+        self.mv_teams: dict[int, int] = {}
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
         self.mm_rows = 128 if storage >= MM2_STORAGE else 64
         self._recording: Step | None = None
@@ -404,16 +405,20 @@ class Backend:
                 entry = "mvq"  # on x as int8 blocks, made first
                 q8 = bindings[8] = bindings[9] = q8 or self._q8_for(x)
                 del bindings[2]
+            lanes = 32
             if own is not None and entry == "mvq":  # Q4_K's and Q6_K's own mvq: 64 lanes for a layer's one row
                 bindings[own[1]] = bindings.pop(1)
                 if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
-                    module += "+w64"
+                    module, lanes = module + "+w64", 64
             elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
-                module += "+w128"
+                module, lanes = module + "+w128", 128
             elif own is not None:  # mvk at 32 lanes only (above)
                 entry = "mvk"
                 bindings[own[1]] = bindings.pop(1)
-            self._dispatch(module, entry, bindings, params, _groups(-(-rows // MV_ROWS)))
+            teams = self.mv_teams.get(lanes, 1) if not self.row_products else 1
+            if teams > 1:
+                module += f"+t{teams}"
+            self._dispatch(module, entry, bindings, params, _groups(-(-rows // (MV_ROWS * teams))))
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))

@@ -91,15 +91,16 @@ MM_INT = MV_INT + ("deq_q4_k", "deq_q5_k", "deq_q6_k")
 
 # the lanes' sum of the matrix-vector kernel: (entry point's extra builtins, call)
 MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32",
-                  "mv_sum(acc, t, sg_size, sg_lane, g, rows, n);"),
-           "wg": ("", "mv_sum(acc, t, g, rows, n);")}
+                  "mv_sum(acc, tw, sg_size, sg_lane, g, rows, n);"),
+           "wg": ("", "mv_sum(acc, tw, g, rows, n);")}
 
 
 def _products(decoder: str, *variant: str) -> str:
     """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
     kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
-    or "wg" workgroup memory; "mv1+sg+w128": 128 lanes a workgroup, 32 unless named) the decode
+    or "wg" workgroup memory; "mv1+sg+w128": teams of 128 lanes, 32 unless named; "+t4": 4 teams a workgroup, each on
+    rows of its own, 1 unless named) the decode
     kernel too (matvec.wgsl); "+r4" builds it for 4 weight rows a workgroup (the lane benchmark's
     variant, not gated products)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
@@ -113,13 +114,17 @@ def _products(decoder: str, *variant: str) -> str:
             mv += source(MV_OWN[decoder][0])
         elif decoder in MV_INT:  # mvp's pieces on int8 x (mvq)
             mv += source("matvec_q8.wgsl")
+        wide, teams = 32, 1
         for part in lanes:
-            if part.startswith("w"):  # "w64": a workgroup of 64 lanes (32 unless named)
+            if part.startswith("w"):  # "w64": teams of 64 lanes (32 unless named)
                 wide = int(part.removeprefix("w"))
-                mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;").replace(
-                    "@workgroup_size(32)", f"@workgroup_size({wide})")
+                mv = mv.replace("const MV_WG: u32 = 32u;", f"const MV_WG: u32 = {wide}u;")
+            elif part.startswith("t"):  # "t4": 4 teams a workgroup, each on its own rows (1 unless named)
+                teams = int(part.removeprefix("t"))
+                mv = mv.replace("const MV_TEAMS: u32 = 1u;", f"const MV_TEAMS: u32 = {teams}u;")
             elif part.startswith("r"):  # "r4": 4 weight rows a workgroup (2 unless named; not gated)
                 mv = mv.replace("const NR: u32 = 2u;", f"const NR: u32 = {int(part.removeprefix('r'))}u;")
+        mv = mv.replace("@workgroup_size(32)", f"@workgroup_size({wide * teams})")
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
     code = code.replace("IRUN(", decoder.replace("deq_", "ir_") + "(")

@@ -1,9 +1,10 @@
-// Decode products for GPUs: NR weight rows a workgroup of MV_WG lanes, the lanes splitting each
+// Decode products for GPUs: NR weight rows a team of MV_WG lanes, the lanes splitting each
 // row's blocks into pieces of 8 values (a quarter of a 32-value block, a 32nd of a 256-value
 // super-block), so that all lanes work from k = 256 on whatever the type, and each piece's x is
 // read once for the NR rows (pieces.wgsl). NX (the activation rows built for: 1, 2, 4 or 8) and
 // the lanes' sum (subgroupAdd, or a tree in workgroup memory) come with the module (_kernels.py).
-const MV_WG: u32 = 32u;  // lanes of a workgroup
+const MV_WG: u32 = 32u;  // lanes of a team
+const MV_TEAMS: u32 = 1u;  // teams of a workgroup, each on rows of its own (more warps resident a multiprocessor)
 const NR: u32 = 2u;  // weight rows of a workgroup
 
 // The integer decode products' activations (mvq; quant_q8 in ops.wgsl writes them): a 32-value
@@ -34,11 +35,12 @@ fn mv_bases(g: u32, rows: u32) -> array<u32, NR> {
 // x (n <= NX rows) read a piece at a time for all of a workgroup's rows.
 @compute @workgroup_size(32)
 fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     for (var p = t; p < k / 8u; p += MV_WG) {

@@ -38,11 +38,12 @@ fn q4k_item(blk0: u32, b: u32, j: u32, h: u32) -> Q4Item {
 
 @compute @workgroup_size(32)
 fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     var bases = mv_bases(g, rows);
     for (var r = 0u; r < NR; r++) { bases[r] /= 16u; }  // in W4's 16-byte words
     var acc: array<f32, NR * NX>;
@@ -89,12 +90,13 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // scaled once by the sub-block's scale times x's; the mins against x's half sums.
 @compute @workgroup_size(32)
 fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
     let nb = k / 32u;
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     var bases = mv_bases(g, rows);
     for (var r = 0u; r < NR; r++) { bases[r] /= 16u; }
     var acc: array<f32, NR * NX>;

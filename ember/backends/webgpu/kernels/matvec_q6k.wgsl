@@ -41,11 +41,12 @@ fn q6k_item(blk0: u32, b: u32, h: u32, q: u32) -> Q6Item {
 
 @compute @workgroup_size(32)
 fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     let one = vec4<f32>(1.0);
@@ -90,12 +91,13 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // sum, scaled once by the quarter's scale times x's d.
 @compute @workgroup_size(32)
 fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
     let nb = k / 32u;
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     for (var i = t; i < nb; i += MV_WG) {

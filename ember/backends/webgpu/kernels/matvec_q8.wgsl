@@ -4,12 +4,13 @@
 // offsets and mins) once for all NR weight rows; a piece lies in one block of x, whose d scales it.
 @compute @workgroup_size(32)
 fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) t: u32 MV_SUM_ARGS) {
+       @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
     let n = pu(2u);
     let nb = k / 32u;
-    let g = flat_group(wid, nwg);
+    let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
+    let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
     var acc: array<f32, NR * NX>;
     for (var p = t; p < k / 8u; p += MV_WG) {

@@ -1,14 +1,15 @@
-// mvp's lanes summed without subgroups: a tree in workgroup memory.
-var<workgroup> mv_part: array<array<f32, NR * NX>, MV_WG>;
+// mvp's lanes summed without subgroups: a tree in workgroup memory within each team.
+var<workgroup> mv_part: array<array<f32, NR * NX>, MV_WG * MV_TEAMS>;
 
-fn mv_sum(acc: array<f32, NR * NX>, t: u32, g: u32, rows: u32, n: u32) {
-    mv_part[t] = acc;
+fn mv_sum(acc: array<f32, NR * NX>, tw: u32, g: u32, rows: u32, n: u32) {
+    let lane = tw % MV_WG;
+    mv_part[tw] = acc;
     workgroupBarrier();
     for (var s = MV_WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (var i = 0u; i < NR * NX; i++) { mv_part[t][i] += mv_part[t + s][i]; }
+        if (lane < s) {
+            for (var i = 0u; i < NR * NX; i++) { mv_part[tw][i] += mv_part[tw + s][i]; }
         }
         workgroupBarrier();
     }
-    if (t == 0u) { mv_store(mv_part[0], g, rows, n); }
+    if (lane == 0u) { mv_store(mv_part[tw], g, rows, n); }
 }
