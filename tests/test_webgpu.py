@@ -160,6 +160,9 @@ def test_decode_matvec_of_every_type(gpu, plan, qtype):
             own = qtype in (T.Q4_K, T.Q6_K)  # their own mvq: 64 lanes for one row
             wide = ("+w64" if own else "+w128") if n == 1 and plan != "rows" else ""  # one row, few weight rows
             assert entry == ("mvq" if qtype in INT8_TYPES else "mvp")
+            lanes = int(wide[2:]) if wide else 32
+            teams = gpu.mv_teams.get(lanes, 1) if plan != "rows" else 1
+            wide += f"+t{teams}" if teams > 1 else ""  # the build's teams of lanes
             assert module.endswith(f"+mv{built}+{'sg' if plan == 'subgroups' else 'wg'}{wide}")
         close(gpu.to_numpy(out), seen(gpu, qtype, x[:n]) @ ref.T)
 
