@@ -704,7 +704,8 @@ class Backend:
         d = step.dispatches[-1]
         params = d.params.copy()
         params[13], params[14] = mode, int(out.buf is up.buf)
-        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, _groups(gate.shape[1]))
+        # as many workgroups: a team's two rows are now gate row r and up row r
+        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, d.groups)
         self._gate_up = None
         return True
 
