@@ -299,44 +299,6 @@ def test_gated_products_in_the_gate_and_up_dispatch(gpu, ref, plan, op, qtype):
             close(gpu.to_numpy(uo), ru0, rel=1e-4)
 
 
-@pytest.mark.parametrize("plan", ["subgroups"], indirect=True)
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_gated_products_write_the_int8_blocks_of_the_down_product(gpu, ref, plan, qtype):
-    """Where subgroups sum the decode products, the gated product (32 teams of 8 lanes a workgroup,
-    matvec_o8.wgsl) also writes its outputs as the int8 blocks the next product (down) takes: no
-    quant_q8 between them, and the same blocks, bit for bit, as quant_q8 makes of the f32 outputs
-    (down's outputs equal with and without it); the gated values as the two ops give."""
-    rows, d = 256, 512
-    (wg, rg), (wu, ru) = matrix(gpu, qtype, rows, d, seed=42), matrix(gpu, qtype, rows, d, seed=43)
-    wd, rd = matrix(gpu, T.Q4_K if qtype != T.Q4_K else T.Q6_K, 45, rows, seed=44)
-    x = np.random.default_rng(7).standard_normal((8, d)) * 0.3
-    try:
-        for n in (1, 3, 8):
-            for fused in (True, False):
-                gpu.q8_gated = fused
-                xs = seen(gpu, qtype, x[:n])
-                gate, up = (rx.astype(np.float32).astype(np.float64) for rx in (xs @ rg.T, xs @ ru.T))
-                (g0, r0), (u0, ru0) = both(gpu, ref, gate), both(gpu, ref, up)
-                ref.silu_mul(r0, ru0, r0)
-                go, uo, do = gpu.empty((n, rows)), gpu.empty((n, rows)), gpu.empty((n, 45))
-                before = len(gpu._step().dispatches)
-                gpu.matmuls([wg, wu], gpu.from_numpy(x[:n].astype(np.float32)), [go, uo])
-                gpu.silu_mul(go, uo, go)
-                gpu.matmul(wd, go, do)
-                assert len(gpu._step().dispatches) == before + 2 + quants(gpu, qtype, n) + (not fused)
-                close(gpu.to_numpy(go), r0, rel=1e-4)
-                close(gpu.to_numpy(uo), ru0, rel=1e-4)
-                close(gpu.to_numpy(do), q8(gpu.to_numpy(go)) @ rd.T)
-                if fused:  # the blocks quant_q8 makes of the gated outputs: down's outputs the same
-                    again = gpu.empty((n, 45))
-                    gpu._q8_of = None
-                    gpu.matmul(wd, go, again)
-                    assert entries(gpu, -2)[0] == "quant_q8"
-                    assert np.array_equal(gpu.to_numpy(do), gpu.to_numpy(again))
-    finally:
-        gpu.q8_gated = True
-
-
 @pytest.mark.parametrize("plan", ["lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("n", [1, 3])
 def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):

@@ -157,9 +157,6 @@ class Backend:
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
         self.mv_teams: dict[int, int] = {}
-        # the gated decode product (act(gate) * up) also writes its outputs as int8 blocks for the
-        # down product (matvec_o8.wgsl: 32 teams of 8 lanes a workgroup, a block), no quant_q8 between
-        self.q8_gated = True
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
         self.mm_rows = 128 if storage >= MM2_STORAGE else 64
         self._recording: Step | None = None
@@ -169,7 +166,6 @@ class Backend:
         self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
-        self._mv_build = None  # ((type, rows built for, sum), entry) of the last decode product, for _gates
         self._norm_out = None  # (step, dispatch index, output buffer, (rows, d), flags) of the last add(-)norm or attention merge, for _q8_for
         self._q8_of = None  # (step, x's buffer, (n, k), blocks' buffer) of the int8 blocks made last
         self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
@@ -423,7 +419,6 @@ class Backend:
             if teams > 1:
                 module += f"+t{teams}"
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // (MV_ROWS * teams))))
-            self._mv_build = module.split("+")[:3], entry  # (type, rows built for, sum), entry: for _gates
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
@@ -709,16 +704,8 @@ class Backend:
         d = step.dispatches[-1]
         params = d.params.copy()
         params[13], params[14] = mode, int(out.buf is up.buf)
-        n, rows = gate.shape
-        if self.q8_gated and self.int8_products and self.subgroups and not self.row_products and rows % 32 == 0:
-            # 32 teams of 8 lanes a workgroup, its 32 outputs also one int8 block a row, for the next product
-            (build, entry), q8 = self._mv_build, self._scratch("q8o", 12 * n * (rows // 32))
-            pipeline = self.kernels.pipeline("+".join(build) + "+w8+t32+o8", entry)
-            bound = tuple(sorted((*d.bindings, (11, q8))))
-            step.dispatches[-1] = Dispatch(pipeline, bound, params, _groups(rows // 32))
-            self._q8_of = (step, out.buf, (n, rows), q8)
-        else:  # as many workgroups: a team's two rows are now gate row r and up row r
-            step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, d.groups)
+        # as many workgroups: a team's two rows are now gate row r and up row r
+        step.dispatches[-1] = Dispatch(d.pipeline, d.bindings, params, d.groups)
         self._gate_up = None
         return True
 

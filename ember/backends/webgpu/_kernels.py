@@ -108,6 +108,7 @@ def _products(decoder: str, *variant: str) -> str:
         code = f"const RUN_HALVES = {str(decoder in RUN_HALVES).lower()};\n" + code + source("matmul_q8.wgsl")
     elif variant:
         rows, how, *lanes = variant
+        args, call = MV_SUMS[how]
         mv = source("matvec.wgsl")
         if decoder in MV_OWN:  # its own decode entries (mvk, mvq) beside mvp
             mv += source(MV_OWN[decoder][0])
@@ -121,12 +122,9 @@ def _products(decoder: str, *variant: str) -> str:
             elif part.startswith("t"):  # "t4": 4 teams a workgroup, each on its own rows (1 unless named)
                 teams = int(part.removeprefix("t"))
                 mv = mv.replace("const MV_TEAMS: u32 = 1u;", f"const MV_TEAMS: u32 = {teams}u;")
-            elif part == "o8":  # gated outputs also as int8 blocks (32 teams a workgroup: a block)
-                how = "o8"
             elif part.startswith("r"):  # "r4": 4 weight rows a workgroup (2 unless named; not gated)
                 mv = mv.replace("const NR: u32 = 2u;", f"const NR: u32 = {int(part.removeprefix('r'))}u;")
         mv = mv.replace("@workgroup_size(32)", f"@workgroup_size({wide * teams})")
-        args, call = MV_SUMS["sg" if how == "o8" else how]
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)
     code = code.replace("IRUN(", decoder.replace("deq_", "ir_") + "(")

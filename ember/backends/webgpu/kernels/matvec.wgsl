@@ -59,8 +59,28 @@ fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 // The summed rows into their outputs (lane 0)
 fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
-    if (pu(13u) != 0u) {
-        _ = mv_gated(s, g, n);
+    let gated = pu(13u);
+    if (gated != 0u) {
+        if (g >= pu(7u)) { return; }
+        for (var j = 0u; j < NX; j++) {
+            if (j < n) {
+                let a = s[j];
+                var act: f32;
+                if (gated == 1u) {
+                    act = a / (1.0 + exp(-a));
+                } else {
+                    act = 0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -15.0, 15.0)));
+                }
+                let u = s[NX + j];
+                if (pu(14u) != 0u) {
+                    store(j, g, a);
+                    store(j, pu(7u) + g, act * u);
+                } else {
+                    store(j, g, act * u);
+                    store(j, pu(7u) + g, u);
+                }
+            }
+        }
         return;
     }
     for (var r = 0u; r < NR; r++) {
@@ -68,32 +88,4 @@ fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
             if (g * NR + r < rows && j < n) { store(j, g * NR + r, s[r * NX + j]); }
         }
     }
-}
-
-// A gated workgroup's output g (lane 0): act(gate) * up stored, and returned, for each activation row
-fn mv_gated(s: array<f32, NR * NX>, g: u32, n: u32) -> array<f32, NX> {
-    let gated = pu(13u);
-    var h: array<f32, NX>;
-    if (g >= pu(7u)) { return h; }
-    for (var j = 0u; j < NX; j++) {
-        if (j < n) {
-            let a = s[j];
-            var act: f32;
-            if (gated == 1u) {
-                act = a / (1.0 + exp(-a));
-            } else {
-                act = 0.5 * a * (1.0 + tanh(clamp(0.7978845608028654 * (a + 0.044715 * a * a * a), -15.0, 15.0)));
-            }
-            let u = s[NX + j];
-            h[j] = act * u;
-            if (pu(14u) != 0u) {
-                store(j, g, a);
-                store(j, pu(7u) + g, h[j]);
-            } else {
-                store(j, g, h[j]);
-                store(j, pu(7u) + g, u);
-            }
-        }
-    }
-    return h;
 }
