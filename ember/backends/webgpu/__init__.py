@@ -51,6 +51,12 @@ MV_WIDE_BELOW = 16384
 # a step against 1.07 and its step went 1.52 -> 2.42 ms, the roundings' dispatches (about 10 us
 # each) and the norms' slower int8 stores on top: bench/webgpu.py --lanes
 INT8_MIN_K = 4096
+# teams of lanes a decode workgroup, by the lanes of a team (Backend.mv_teams; matvec.wgsl's MV_TEAMS:
+# each team on rows of its own, so a workgroup puts several warps on a multiprocessor, which holds
+# at most 32 workgroups). On an H100 the 8B's decode step 3.71 -> 3.53 ms (tg128 251 -> 262 tok/s),
+# gate-and-up 19.0 -> 16.6 us at 4 teams, o 9.4 -> 9.0 at 2; the small models' steps 0.5-1% shorter
+# (SmolLM2 1.260 -> 1.247 ms): bench/webgpu.py --lanes, bench/NOTES.md
+MV_TEAMS = {32: 4, 64: 2, 128: 2}
 MM_TILE = 64  # weight rows and activation rows of an mm workgroup's output tile (matmul.wgsl)
 MMQ_ROWS = 128  # weight rows of an mmq workgroup's tile (matmul_q8.wgsl; 9 KiB of workgroup memory)
 # tiles below which mmq splits k (each split at least MMQ_MIN_RUNS runs of 32), mmq_sum adding the
@@ -156,7 +162,7 @@ class Backend:
         self.int8_products = True
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
-        self.mv_teams: dict[int, int] = {}
+        self.mv_teams: dict[int, int] = MV_TEAMS.copy()
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
         self.mm_rows = 128 if storage >= MM2_STORAGE else 64
         self._recording: Step | None = None
