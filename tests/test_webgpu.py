@@ -305,26 +305,31 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     """The residual add and norm before Q4_K and Q6_K decode products (a layer's q/k then its
     Q6_K v, as Q4_K_M files have them; and the post-norm families' norm, add and norm) write x's
     int8 blocks themselves: no quant_q8 dispatch, the
-    second type's product reads the same blocks; the products as on the rounded x. A product's
+    second type's product reads the same blocks; the products as on the rounded x; into a new
+    array or over h, on rows a thread's 16 values cover (512) and on longer ones (4608). A product's
     output as the next product's x is rounded by a quant_q8 of its own."""
-    d = 512
     rng = np.random.default_rng(11)
+    for d, into in ((512, "new"), (512, "h"), (4608, "new"), (4608, "h")):
+        x, h, nw = rng.standard_normal((n, d)), rng.standard_normal((n, d)), rng.uniform(0.5, 1.5, d)
+        (wq, rq), (wk, rk), (wv, rv) = (matrix(gpu, t, r, d, seed=50 + r) for t, r in ((T.Q4_K, 40), (T.Q4_K, 24), (T.Q6_K, 24)))
+        (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
+        gn, rn = (gpu.empty((n, d)), ref.empty((n, d))) if into == "new" else (gh, rh)
+        for b, (xx, hh, nn) in ((gpu, (gx, gh, gn)), (ref, (rx, rh, rn))):
+            b.add(xx, hh, xx)
+            b.rms_norm(xx, vector(b, nw), 1e-6, nn)
+        outs = [gpu.empty((n, w.shape[0])) for w in (wq, wk, wv)]
+        before = len(gpu._step().dispatches)
+        gpu.matmuls([wq, wk, wv], gn, outs)
+        names = entries(gpu, before - 1)
+        assert names == ["add_rms_norm", "mvq", "mvq"]
+        close(gpu.to_numpy(gx), ref.to_numpy(rx))
+        normed = ref.to_numpy(rn)
+        close(gpu.to_numpy(gn), normed)
+        for out, r in zip(outs, (rq, rk, rv)):
+            close(gpu.to_numpy(out), q8(normed.astype(np.float32)) @ r.T)
+    d = 512
     x, h, nw = rng.standard_normal((n, d)), rng.standard_normal((n, d)), rng.uniform(0.5, 1.5, d)
     (wq, rq), (wk, rk), (wv, rv) = (matrix(gpu, t, r, d, seed=50 + r) for t, r in ((T.Q4_K, 40), (T.Q4_K, 24), (T.Q6_K, 24)))
-    (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
-    gn, rn = gpu.empty((n, d)), ref.empty((n, d))
-    for b, (xx, hh, nn) in ((gpu, (gx, gh, gn)), (ref, (rx, rh, rn))):
-        b.add(xx, hh, xx)
-        b.rms_norm(xx, vector(b, nw), 1e-6, nn)
-    outs = [gpu.empty((n, w.shape[0])) for w in (wq, wk, wv)]
-    before = len(gpu._step().dispatches)
-    gpu.matmuls([wq, wk, wv], gn, outs)
-    names = entries(gpu, before - 1)
-    assert names == ["add_rms_norm", "mvq", "mvq"]
-    normed = ref.to_numpy(rn)
-    close(gpu.to_numpy(gn), normed)
-    for out, r in zip(outs, (rq, rk, rv)):
-        close(gpu.to_numpy(out), q8(normed.astype(np.float32)) @ r.T)
     # the post-norm families' norm, add and norm (one dispatch) before a product: the same
     post = rng.uniform(0.5, 1.5, d)
     (gx, rx), (gh, rh) = both(gpu, ref, x), both(gpu, ref, h)
