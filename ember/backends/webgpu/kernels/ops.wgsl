@@ -86,16 +86,21 @@ fn pos_scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // params: 0 d, 1 rows, 2 A is Y, 3 has weight, 4 eps, 5 rows_z, 6 Z has weight
 var<workgroup> part: array<f32, 256>;
 
-// the sum of v over the workgroup's threads (every thread gets it; part free again after)
+// the sum of v over the workgroup's threads (every thread gets it; part free again after): 16
+// threads each add 16 values, then every thread adds their 16 sums (two barriers, not a tree's 9)
+var<workgroup> part16: array<f32, 16>;
+
 fn wg_sum(t: u32, v: f32) -> f32 {
     part[t] = v;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) { part[t] += part[t + s]; }
-        workgroupBarrier();
+    if (t < 16u) {
+        var s = 0.0;
+        for (var i = 0u; i < 16u; i++) { s += part[16u * t + i]; }
+        part16[t] = s;
     }
-    let total = part[0];
     workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < 16u; i++) { total += part16[i]; }
     return total;
 }
 
