@@ -306,7 +306,7 @@ def test_int8_blocks_made_by_the_norm_before_the_products(gpu, ref, plan, n):
     Q6_K v, as Q4_K_M files have them; and the post-norm families' norm, add and norm) write x's
     int8 blocks themselves: no quant_q8 dispatch, the
     second type's product reads the same blocks; the products as on the rounded x; into a new
-    array or over h, on rows a thread's 16 values cover (512) and on longer ones (4608). A product's
+    array or over h, on rows of 512 and of 4608 values. A product's
     output as the next product's x is rounded by a quant_q8 of its own."""
     rng = np.random.default_rng(11)
     for d, into in ((512, "new"), (512, "h"), (4608, "new"), (4608, "h")):

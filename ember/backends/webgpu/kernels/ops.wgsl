@@ -196,10 +196,6 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 @builtin(local_invocation_index) t: u32) {
     let d = pu(0u);
     let row = flat_group(wid, nwg);
-    if (pu(5u) != 0u && d % 32u == 0u && d <= 16u * WG) {
-        add_rms_norm_q8(t, row, d);
-        return;
-    }
     var ss = 0.0;
     if (row < pu(1u)) {  // 4 values a thread at a time (the loads in flight together), then d's tail
         let at = row * d;
@@ -237,78 +233,6 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         var x = Y[row * d + i] * r;
         if (pu(3u) != 0u) { x *= B[i]; }
         Z[row * d + i] = x;
-    }
-}
-
-// add_rms_norm with int8 blocks, rows of up to 16 * WG values in blocks of 32: thread t holds values
-// 16t .. 16t + 15 from the add to the stores (no second read of the row, one barrier for the
-// blocks), two threads a block, each its half's 4 words and sum; the blocks as put_q8 makes them.
-fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
-    let live = row < pu(1u) && 16u * t < d;
-    let at = row * d + 16u * t;
-    var x: array<vec4<f32>, 4>;
-    var ss = 0.0;
-    if (live) {
-        for (var v = 0u; v < 4u; v++) {
-            let i = at + 4u * v;
-            var h: vec4<f32>;
-            if (pu(2u) != 0u) {
-                h = vec4<f32>(Z[i], Z[i + 1u], Z[i + 2u], Z[i + 3u]);
-            } else {
-                h = vec4<f32>(A[i], A[i + 1u], A[i + 2u], A[i + 3u]);
-            }
-            x[v] = vec4<f32>(Y[i], Y[i + 1u], Y[i + 2u], Y[i + 3u]) + h;
-            ss += dot(x[v], x[v]);
-        }
-        for (var v = 0u; v < 4u; v++) {
-            let i = at + 4u * v;
-            Y[i] = x[v].x;
-            Y[i + 1u] = x[v].y;
-            Y[i + 2u] = x[v].z;
-            Y[i + 3u] = x[v].w;
-        }
-    }
-    let total = wg_sum(t, ss);
-    if (row >= pu(1u)) { return; }
-    let r = 1.0 / sqrt(total / f32(d) + pf(4u));
-    var m = 0.0;
-    if (live) {
-        for (var v = 0u; v < 4u; v++) {
-            let i = at + 4u * v;
-            x[v] *= r;
-            if (pu(3u) != 0u) {
-                let c = 16u * t + 4u * v;
-                x[v] *= vec4<f32>(B[c], B[c + 1u], B[c + 2u], B[c + 3u]);
-            }
-            Z[i] = x[v].x;
-            Z[i + 1u] = x[v].y;
-            Z[i + 2u] = x[v].z;
-            Z[i + 3u] = x[v].w;
-            let a = abs(x[v]);
-            m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
-        }
-    }
-    part[t] = m;
-    workgroupBarrier();
-    let mx = max(part[t], part[t ^ 1u]);
-    let dq = mx / 127.0;
-    let inv = select(0.0, 1.0 / dq, mx > 0.0);
-    if (live) {
-        let blk = row * (d / 32u) + t / 2u;
-        var qs = 0;
-        for (var v = 0u; v < 4u; v++) {
-            let q = vec4<i32>(round(x[v] * inv));
-            H[8u * blk + 4u * (t & 1u) + v] = pack4xI8(q);
-            qs += q.x + q.y + q.z + q.w;
-        }
-        let o = pu(6u) + 4u * blk;
-        if ((t & 1u) == 0u) {
-            H[o] = bitcast<u32>(dq);
-            H[o + 1u] = bitcast<u32>(dq * f32(qs));
-        } else {
-            H[o + 2u] = bitcast<u32>(dq * f32(qs));
-            H[o + 3u] = 0u;
-        }
     }
 }
 
