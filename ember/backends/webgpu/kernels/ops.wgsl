@@ -196,6 +196,10 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 @builtin(local_invocation_index) t: u32) {
     let d = pu(0u);
     let row = flat_group(wid, nwg);
+    if (pu(5u) != 0u && d % 32u == 0u && d <= 16u * WG) {
+        add_rms_norm_q8(t, row, d);
+        return;
+    }
     var ss = 0.0;
     if (row < pu(1u)) {  // 4 values a thread at a time (the loads in flight together), then d's tail
         let at = row * d;
@@ -233,6 +237,86 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         var x = Y[row * d + i] * r;
         if (pu(3u) != 0u) { x *= B[i]; }
         Z[row * d + i] = x;
+    }
+}
+
+// add_rms_norm with int8 blocks for rows of up to 16 * WG values in blocks of 32: a thread's 4
+// values at 4t + 1024v (v < 4: the loads of a warp contiguous) held from the add to the blocks, the
+// norm's weights loaded with them; each 1024 values' 32 blocks as put_q8 makes them (8 threads a
+// block), all four at once (two barriers, not three for each).
+var<workgroup> q8_max: array<vec4<f32>, 256>;
+var<workgroup> q8_sum: array<vec4<f32>, 256>;
+
+fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
+    let on = row < pu(1u);
+    let at = row * d;
+    var x: array<vec4<f32>, 4>;
+    var w: array<vec4<f32>, 4>;
+    var ss = 0.0;
+    for (var v = 0u; v < 4u; v++) {
+        let c = 1024u * v + 4u * t;
+        if (on && c < d) {
+            let i = at + c;
+            var h: vec4<f32>;
+            if (pu(2u) != 0u) {
+                h = vec4<f32>(Z[i], Z[i + 1u], Z[i + 2u], Z[i + 3u]);
+            } else {
+                h = vec4<f32>(A[i], A[i + 1u], A[i + 2u], A[i + 3u]);
+            }
+            w[v] = vec4<f32>(1.0);
+            if (pu(3u) != 0u) { w[v] = vec4<f32>(B[c], B[c + 1u], B[c + 2u], B[c + 3u]); }
+            x[v] = vec4<f32>(Y[i], Y[i + 1u], Y[i + 2u], Y[i + 3u]) + h;
+            Y[i] = x[v].x;
+            Y[i + 1u] = x[v].y;
+            Y[i + 2u] = x[v].z;
+            Y[i + 3u] = x[v].w;
+            ss += dot(x[v], x[v]);
+        }
+    }
+    let total = wg_sum(t, ss);
+    if (!on) { return; }
+    let r = 1.0 / sqrt(total / f32(d) + pf(4u));
+    var m = vec4<f32>(0.0);
+    for (var v = 0u; v < 4u; v++) {
+        let c = 1024u * v + 4u * t;
+        if (c < d) {
+            x[v] = x[v] * r * w[v];
+            let i = at + c;
+            Z[i] = x[v].x;
+            Z[i + 1u] = x[v].y;
+            Z[i + 2u] = x[v].z;
+            Z[i + 3u] = x[v].w;
+            let a = abs(x[v]);
+            m[v] = max(max(a.x, a.y), max(a.z, a.w));
+        }
+    }
+    q8_max[t] = m;
+    workgroupBarrier();
+    let g = t & ~7u;
+    var mx = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) { mx = max(mx, q8_max[g + i]); }
+    let dq = mx / 127.0;
+    var qs = vec4<f32>(0.0);
+    for (var v = 0u; v < 4u; v++) {
+        if (1024u * v + 4u * t < d) {
+            let inv = select(0.0, 1.0 / dq[v], mx[v] > 0.0);
+            let q = vec4<i32>(round(x[v] * inv));
+            H[8u * (row * (d / 32u) + 32u * v + t / 8u) + (t & 7u)] = pack4xI8(q);
+            qs[v] = f32(q.x + q.y + q.z + q.w);  // exact: at most 4 * 127
+        }
+    }
+    q8_sum[t] = qs;
+    workgroupBarrier();
+    if ((t & 7u) == 0u) {
+        for (var v = 0u; v < 4u; v++) {
+            if (1024u * v + 4u * t < d) {
+                let o = pu(6u) + 4u * (row * (d / 32u) + 32u * v + t / 8u);
+                H[o] = bitcast<u32>(dq[v]);
+                H[o + 1u] = bitcast<u32>(dq[v] * (q8_sum[g][v] + q8_sum[g + 1u][v] + q8_sum[g + 2u][v] + q8_sum[g + 3u][v]));
+                H[o + 2u] = bitcast<u32>(dq[v] * (q8_sum[g + 4u][v] + q8_sum[g + 5u][v] + q8_sum[g + 6u][v] + q8_sum[g + 7u][v]));
+                H[o + 3u] = 0u;
+            }
+        }
     }
 }
 
