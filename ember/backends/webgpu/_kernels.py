@@ -99,10 +99,9 @@ def _products(decoder: str, *variant: str) -> str:
     """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
     kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
-    or "wg" workgroup memory; "mv1+sg+w128": teams of 128 lanes, 32 unless named; "+t4": 4 teams a workgroup, each on
-    rows of its own, 1 unless named) the decode
-    kernel too (matvec.wgsl); "+r4" builds it for 4 weight rows a workgroup (the lane benchmark's
-    variant, not gated products)."""
+    or "wg" workgroup memory; "mv1+sg+w128": teams of 128 lanes, 32 unless named; "+t4": 4 teams
+    a workgroup, each on rows of its own, 1 unless named) the decode kernel too (matvec.wgsl);
+    "+r4" builds it for 4 weight rows a team (the lane benchmark's variant, not gated products)."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant == ("mmq",):  # the prompt tiles on int8 x (IRUN: the type's run reader)
         code = f"const RUN_HALVES = {str(decoder in RUN_HALVES).lower()};\n" + code + source("matmul_q8.wgsl")
