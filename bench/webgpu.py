@@ -315,7 +315,7 @@ def bench_lanes(spec: str, args) -> dict:
     is timed beside the piece kernel (mvp) it replaced; mvq also at 4 weight rows a workgroup (r4)."""
     from ember.backends import get_backend
     from ember.backends.webgpu import MATRIX_TYPES, MV_ROWS, _groups
-    from ember.backends.webgpu._kernels import MV_OWN
+    from ember.backends.webgpu._kernels import MV_OWN, mv_build
     from ember.backends.webgpu._step import Dispatch, Step
     from ember.gguf_loader import GGUFFile
 
@@ -357,8 +357,7 @@ def bench_lanes(spec: str, args) -> dict:
             if entry == "mvq":
                 builds += [(32, 4, 1)] + [(lanes, nr, teams) for lanes, nr, teams in TEAMS]
             for lanes, nr, teams in builds:  # nr: weight rows a team (MV_ROWS served, 4 the r4 build)
-                module = (f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + (f"+w{lanes}" if lanes != 32 else "")
-                          + (f"+r{nr}" if nr != MV_ROWS else "") + (f"+t{teams}" if teams > 1 else ""))
+                module = f"{MATRIX_TYPES[w.type]}+mv1+{sums}" + mv_build(lanes, teams, nr)
                 step = Step(record=True)
                 step.dispatches = [Dispatch(backend.kernels.pipeline(module, entry),
                                             d.bindings if entry == "mvq" else _rebind(d.bindings, entry, MATRIX_TYPES[w.type]),

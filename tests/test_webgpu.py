@@ -211,6 +211,7 @@ def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
     of the 32-lane build, at widths that leave lanes idle in the last round and teams past the
     last row."""
     from ember.backends.webgpu import MATRIX_TYPES, MV_ROWS, _groups
+    from ember.backends.webgpu._kernels import mv_build
     from ember.backends.webgpu._step import Dispatch
 
     if sums == "sg" and "subgroup" not in gpu.device.features:
@@ -226,8 +227,7 @@ def test_decode_matvec_with_wider_workgroups(gpu, qtype, sums):
     entry = gpu.kernels.names()[id(d.pipeline)][1]
     # (4, 4): teams narrower than a subgroup of 8 or more lanes (their butterfly)
     for lanes, teams in ((64, 1), (128, 1), (32, 4), (32, 3), (64, 2), (4, 4)):
-        build = (f"+w{lanes}" if lanes != 32 else "") + (f"+t{teams}" if teams > 1 else "")
-        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}{build}", entry)
+        pipe = gpu.kernels.pipeline(f"{MATRIX_TYPES[qtype]}+mv1+{sums}{mv_build(lanes, teams)}", entry)
         rec.dispatches[-1] = Dispatch(pipe, d.bindings, d.params, _groups(-(-45 // (MV_ROWS * teams))))
         rec.build(gpu.device, gpu.wgpu)
         gpu.replay(rec)

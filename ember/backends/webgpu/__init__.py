@@ -415,15 +415,14 @@ class Backend:
             if own is not None and entry == "mvq":  # Q4_K's and Q6_K's own mvq: 64 lanes for a layer's one row
                 bindings[own[1]] = bindings.pop(1)
                 if n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
-                    module, lanes = module + "+w64", 64
+                    lanes = 64
             elif n == 1 and rows < MV_WIDE_BELOW and not self.row_products:
-                module, lanes = module + "+w128", 128
+                lanes = 128
             elif own is not None:  # mvk at 32 lanes only (above)
                 entry = "mvk"
                 bindings[own[1]] = bindings.pop(1)
             teams = self.mv_teams.get(lanes, 1) if not self.row_products else 1
-            if teams > 1:
-                module += f"+t{teams}"
+            module += _kernels.mv_build(lanes, teams)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // (MV_ROWS * teams))))
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:

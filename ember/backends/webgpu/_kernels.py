@@ -95,6 +95,13 @@ MV_SUMS = {"sg": (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_inv
            "wg": ("", "mv_sum(acc, tw, g, rows, n);")}
 
 
+def mv_build(lanes: int = 32, teams: int = 1, rows: int = 2) -> str:
+    """The decode kernel's build suffix (_products' "+w", "+r" and "+t" parts) of teams of `lanes`
+    lanes, `teams` a workgroup, `rows` weight rows a team; "" for the defaults."""
+    return ((f"+w{lanes}" if lanes != 32 else "") + (f"+r{rows}" if rows != 2 else "")
+            + (f"+t{teams}" if teams > 1 else ""))
+
+
 def _products(decoder: str, *variant: str) -> str:
     """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
