@@ -296,12 +296,13 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     var mx = vec4<f32>(0.0);
     for (var i = 0u; i < 8u; i++) { mx = max(mx, q8_max[g + i]); }
     let dq = mx / 127.0;
+    let blk = row * (d / 32u) + t / 8u;  // the block of quarter v: blk + 32v
     var qs = vec4<f32>(0.0);
     for (var v = 0u; v < 4u; v++) {
         if (1024u * v + 4u * t < d) {
             let inv = select(0.0, 1.0 / dq[v], mx[v] > 0.0);
             let q = vec4<i32>(round(x[v] * inv));
-            H[8u * (row * (d / 32u) + 32u * v + t / 8u) + (t & 7u)] = pack4xI8(q);
+            H[8u * (blk + 32u * v) + (t & 7u)] = pack4xI8(q);
             qs[v] = f32(q.x + q.y + q.z + q.w);  // exact: at most 4 * 127
         }
     }
@@ -310,7 +311,7 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     if ((t & 7u) == 0u) {
         for (var v = 0u; v < 4u; v++) {
             if (1024u * v + 4u * t < d) {
-                let o = pu(6u) + 4u * (row * (d / 32u) + 32u * v + t / 8u);
+                let o = pu(6u) + 4u * (blk + 32u * v);
                 H[o] = bitcast<u32>(dq[v]);
                 H[o + 1u] = bitcast<u32>(dq[v] * (q8_sum[g][v] + q8_sum[g + 1u][v] + q8_sum[g + 2u][v] + q8_sum[g + 3u][v]));
                 H[o + 2u] = bitcast<u32>(dq[v] * (q8_sum[g + 4u][v] + q8_sum[g + 5u][v] + q8_sum[g + 6u][v] + q8_sum[g + 7u][v]));
