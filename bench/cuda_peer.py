@@ -53,7 +53,7 @@ def _bench_module(name: str):
     return mod
 
 
-bc, ladder = _bench_module("cuda"), _bench_module("ladder")
+bc, ladder, peer = _bench_module("cuda"), _bench_module("ladder"), _bench_module("peer")
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 LLAMA_8B = {"n_layer": 32, "d_model": 4096, "d_ff": 14336, "n_head": 32, "n_kv_head": 8, "head_dim": 128,
@@ -140,22 +140,6 @@ def llama_bench(bin_dir: Path, path: Path, reps: int, gpu: bool) -> dict:
     return out
 
 
-def llama_batched(bin_dir: Path, path: Path, gpu: bool, n_streams: int) -> dict:
-    args = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-c", str(n_streams * 640 + 64), "-b", "2048",
-            "-ub", "512", "-npp", "512", "-ntg", "128", "-npl", str(n_streams), "-fa", "on"]
-    args += ["-ngl", "99"] if gpu else ["-t", "2"]
-    p = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    if p.returncode:
-        raise RuntimeError(f"llama-batched-bench exited {p.returncode}: {p.stderr[-800:]}")
-    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
-    for line in p.stdout.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 10 and cells[0] == "512" and cells[2] == str(n_streams):
-            return {"total_tps": float(cells[9]), "pp_tps": float(cells[5]), "tg_tps": float(cells[7]),
-                    "wall_s": float(cells[8])}
-    raise RuntimeError(f"no result row in llama-batched-bench's output: {p.stdout[-800:]}")
-
-
 def guarded(out: dict, key: str, fn, *args) -> None:
     t0 = time.perf_counter()
     try:
@@ -205,7 +189,7 @@ def main() -> None:
             if "many" not in args.skip:
                 guarded(r, "ember_many", ember_many, path, args.device)
                 if "peer" not in args.skip and args.llama_bin:
-                    guarded(r, "llama_many", llama_batched, args.llama_bin, path, gpu, n_streams)
+                    guarded(r, "llama_many", peer.batched_bench, args.llama_bin, path, gpu, n_streams)
             path.unlink()
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2, default=str))  # after each model: partial runs count

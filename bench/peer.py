@@ -53,3 +53,23 @@ def popen(prog: str, args: list[str], probe_model: str | None = None, **kw):
     written for builds that had to be probed first, and not needed now."""
     exe = str(llama_cpp_dir() / "lib" / f"{prog}.real")
     return subprocess.Popen([exe, *args], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+
+
+def batched_bench(bin_dir: Path, path: Path, gpu: bool, n_streams: int, n_prompt: int = 512,
+                  n_gen: int = 128) -> dict:
+    """llama-batched-bench of the build in bin_dir (a GPU build: all layers on the GPU; else 2
+    threads): n_streams sequences of n_prompt prompt tokens generating n_gen each, flash attention
+    on; total, prompt and generation tokens/s."""
+    args = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-c", str(n_streams * (n_prompt + n_gen) + 64),
+            "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(n_streams), "-fa", "on"]
+    args += ["-ngl", "99"] if gpu else ["-t", "2"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        raise RuntimeError(f"llama-batched-bench exited {p.returncode}: {p.stderr[-800:]}")
+    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+    for line in p.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0] == str(n_prompt) and cells[2] == str(n_streams):
+            return {"total_tps": float(cells[9]), "pp_tps": float(cells[5]), "tg_tps": float(cells[7]),
+                    "wall_s": float(cells[8])}
+    raise RuntimeError(f"no result row in llama-batched-bench's output: {p.stdout[-800:]}")

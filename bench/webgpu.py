@@ -1,5 +1,7 @@
 """WebGPU speed: ember's WebGPU backend beside ember's CPU backend and llama.cpp's CPU build
 (llama-bench) on the same file, in the same run, and the host's share of a WebGPU decode step.
+With --llama-bin DIR, also beside a GPU build of llama.cpp (its Vulkan backend on the same adapter:
+bench/webgpu_device_run.sh builds it), its first run untimed (it compiles the shaders then).
 The WebGPU backend runs twice: as served (decode steps queued while the one before runs, their
 tokens chosen on the device) and `webgpu-serial` (each step queued once the host has read the one
 before: the host's time and the adapter's take turns).
@@ -30,7 +32,8 @@ INT8_MIN_K values) and x's rounding (quant_q8) beside the f32 ones: Q4_K's and Q
 weight rows, 32 above; Q4_K's and Q6_K's mvq at 64 below, 32 above.
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
-                           [--n-gen 16] [--reps 3] [--threads 2] [--products REV [--products-tile 32]] [--lanes]
+                           [--n-gen 16] [--reps 3] [--threads 2] [--no-cpu] [--llama-bin DIR]
+                           [--products REV [--products-tile 32]] [--lanes]
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from ember.engine import LLM  # noqa: E402
 from ember.sampler import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+GPU_PEER = "llama.cpp-gpu"  # --llama-bin's runs
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
@@ -187,13 +191,19 @@ def bench_model(spec: str, args) -> dict:
                                                      attention=kernel)
     if not args.no_cpu:
         runners["cpu"] = Runner(path, "cpu", args.threads, args.n_prompt, args.n_gen)
-    samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp")}
-    variant = "?"
+    samples: dict = {key: {"pp": [], "tg": []} for key in (*runners, "llama.cpp", GPU_PEER)}
+    variant, gpu_peer = "?", None
+    if args.llama_bin:  # its first run compiles the shaders it has not cached: not timed
+        gpu_peer = llama_gpu_bench(args.llama_bin, path, args.n_prompt, args.n_gen)
     for _ in range(args.reps):
         for key, runner in runners.items():
             samples[key]["pp"].append(runner.pp(rng))
             samples[key]["tg"].append(runner.tg(rng))
-        if peer.available():
+        if args.llama_bin:
+            gpu_peer = llama_gpu_bench(args.llama_bin, path, args.n_prompt, args.n_gen)
+            samples[GPU_PEER]["pp"] += gpu_peer["pp_samples"]
+            samples[GPU_PEER]["tg"] += gpu_peer["tg_samples"]
+        if peer.available() and not args.no_cpu:
             run = llama_bench(path, args.threads, 1, args.n_prompt, args.n_gen)
             samples["llama.cpp"]["pp"] += run["pp_samples"]
             samples["llama.cpp"]["tg"] += run["tg_samples"]
@@ -201,11 +211,88 @@ def bench_model(spec: str, args) -> dict:
     out = {"path": str(path), "adapter": runners["webgpu"].llm.backend.describe()["name"],
            "host": host_share(runners["webgpu"], args.reps), "prompt": prompt_share(runners["webgpu"], args.reps),
            "llama_cpp_variant": variant}
+    if gpu_peer:
+        out["llama_gpu_build"] = {k: gpu_peer[k] for k in ("backend", "device", "build")}
     for key, s in samples.items():
         if s["pp"]:
             out[key] = {"pp_tps": statistics.median(s["pp"]), "tg_tps": statistics.median(s["tg"]), **s}
-    for runner in runners.values():
+    for runner in runners.values():  # before the many-stream run loads the model again
         runner.llm.close()
+    if args.many:
+        out["many"] = many = {}
+        for key, run in (("webgpu", lambda: many_streams(path, args.device, args.many, args.n_prompt, args.n_gen)),
+                         (GPU_PEER, lambda: peer.batched_bench(args.llama_bin, path, True, args.many, args.n_prompt,
+                                                               args.n_gen))):
+            if key == "webgpu" or args.llama_bin:
+                try:
+                    many[key] = run()
+                except Exception as e:  # the single-stream figures above are kept
+                    many[key] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+                    print(f"  {key}, {args.many} streams: {many[key]['error']}", file=sys.stderr)
+    return out
+
+
+def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: int) -> dict:
+    """n_streams requests of n_prompt random tokens generating n_gen each, all submitted at once
+    and read by one asyncio loop (as the server reads them); total tokens/s (prompt and generated)
+    over the whole run. The same run once before, untimed: the step shapes it meets are recorded then."""
+    import asyncio
+
+    from ember.engine import Request, TokenEvent
+
+    rng = np.random.default_rng(1)
+    # steps of up to 512 tokens, llama-batched-bench's -ub
+    with LLM(str(path), device=device, slots=n_streams, ctx=n_prompt + n_gen + 8, batch=512) as llm:
+        vocab = min(llm.model.n_vocab, 32000)
+
+        async def one(prompt: list) -> int:
+            got = 0
+            async for ev in llm.engine.submit_async(Request(prompt, n_gen, GREEDY)):
+                got += isinstance(ev, TokenEvent)
+            return got
+
+        async def run_all(prompts: list) -> list:
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+        runs = []
+        for _ in range(2):
+            prompts = [rng.integers(0, vocab, n_prompt).tolist() for _ in range(n_streams)]
+            timer = _cuda_bench().StepTimer(llm.engine)  # the engine's steps timed (generic, not CUDA's own)
+            t0 = time.perf_counter()
+            generated = sum(asyncio.run(run_all(prompts)))
+            wall = time.perf_counter() - t0
+            timer.remove()
+            runs.append({"total_tps": (n_prompt * n_streams + generated) / wall, "generated": generated,
+                         "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams)})
+    return {"streams": n_streams, **runs[-1], "first_run": runs[0]}
+
+
+def _cuda_bench():
+    """bench/cuda.py by path (its StepTimer): a module named `cuda` on sys.path would shadow NVIDIA's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ember_bench_cuda", Path(__file__).resolve().parent / "cuda.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def llama_gpu_bench(bin_dir: Path, path: Path, n_prompt: int, n_gen: int) -> dict:
+    """One llama-bench run of a GPU build of llama.cpp (all layers on the GPU, flash attention on),
+    and which backend and device it ran on: a build that finds no GPU runs on the CPU."""
+    args = [str(bin_dir / "llama-bench"), "-m", str(path), "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
+            "-ngl", "99", "-fa", "1", "-o", "json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench exited {proc.returncode}: {proc.stderr[-800:]}")
+    rows = json.loads(proc.stdout)
+    out = {"backend": rows[0].get("backends"), "device": rows[0].get("gpu_info"), "build": rows[0].get("build_commit"),
+           "pp_samples": [], "tg_samples": []}
+    for row in rows:
+        out["tg_samples" if row["n_gen"] else "pp_samples"] += row["samples_ts"]
+    if not out["device"] or out["backend"] in (None, "", "CPU"):
+        raise RuntimeError(f"llama-bench ran on {out['backend']!r}, not a GPU: {proc.stderr[-800:]}")
     return out
 
 
@@ -406,9 +493,22 @@ def report_products(name: str, r: dict) -> None:
 
 def report(name: str, r: dict, args) -> None:
     print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
-    for key in (*(k for k in r if k.startswith("webgpu")), "cpu", "llama.cpp"):
+    for key in (*(k for k in r if k.startswith("webgpu")), "cpu", "llama.cpp", GPU_PEER):
         if key in r and isinstance(r[key], dict) and "pp_tps" in r[key]:
             print(f"  {key:17s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
+    if GPU_PEER in r:
+        g = r["llama_gpu_build"]
+        print(f"  webgpu / {GPU_PEER} ({g['backend']}, {g['device']}, build {g['build']}): "
+              f"pp {r['webgpu']['pp_tps'] / r[GPU_PEER]['pp_tps']:.2f}x, "
+              f"tg {r['webgpu']['tg_tps'] / r[GPU_PEER]['tg_tps']:.2f}x")
+    many = r.get("many", {})
+    if "total_tps" in many.get("webgpu", {}):
+        peer_tps = many.get(GPU_PEER, {}).get("total_tps")
+        w = many["webgpu"]
+        print(f"  {w['streams']} x ({args.n_prompt} + {args.n_gen}) at once, total tok/s: webgpu "
+              f"{w['total_tps']:.0f}" + (f", {GPU_PEER} {peer_tps:.0f} ({w['total_tps'] / peer_tps:.2f}x)"
+                                         if peer_tps else ""))
+        print(f"    webgpu's steps: {w['phases']}; all streams decoding: {w['decode_steps']}")
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
     print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
@@ -448,7 +548,14 @@ def main() -> None:
                     help="also runners with the other prompt-attention kernels (attn_flash, the row kernel "
                     "attention, attn_tile)")
     ap.add_argument("--no-cpu", action="store_true",
-                    help="leave out ember's CPU backend (large files, where it would take minutes a rep)")
+                    help="leave out the CPU runs, ember's and llama.cpp's (large files, where they would take "
+                    "minutes a rep)")
+    ap.add_argument("--llama-bin", type=Path, default=None, metavar="DIR",
+                    help="llama-bench of a GPU build of llama.cpp (Vulkan: bench/webgpu_device_run.sh's vulkan-peer "
+                    "stage builds it) run beside ember in each rep, all layers on the GPU, flash attention on")
+    ap.add_argument("--many", type=int, default=0, metavar="N",
+                    help="also N streams of --n-prompt + --n-gen tokens at once through the engine, total tokens/s "
+                    "(and --llama-bin's llama-batched-bench -npl N)")
     ap.add_argument("--lanes", action="store_true",
                     help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
     ap.add_argument("--checks", default="served", metavar="BITS",
@@ -472,8 +579,9 @@ def main() -> None:
         else:
             results["models"][name] = r = bench_model(spec, args)
             report(name, r, args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))  # after each model: a cut-short run keeps the others
     results["load_after"] = machine_load()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"load average {results['load_before']['loadavg'][0]:.2f} before, "
           f"{results['load_after']['loadavg'][0]:.2f} after; wrote {args.out}")
