@@ -56,12 +56,13 @@ def popen(prog: str, args: list[str], probe_model: str | None = None, **kw):
 
 
 def batched_bench(bin_dir: Path, path: Path, gpu: bool, n_streams: int, n_prompt: int = 512,
-                  n_gen: int = 128) -> dict:
+                  n_gen: int = 128, ubatch: int = 512) -> dict:
     """llama-batched-bench of the build in bin_dir (a GPU build: all layers on the GPU; else 2
     threads): n_streams sequences of n_prompt prompt tokens generating n_gen each, flash attention
-    on; total, prompt and generation tokens/s."""
+    on, batches of 2048 tokens computed ubatch at a time; total, prompt and generation tokens/s."""
     args = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-c", str(n_streams * (n_prompt + n_gen) + 64),
-            "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(n_streams), "-fa", "on"]
+            "-b", "2048", "-ub", str(ubatch), "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(n_streams),
+            "-fa", "on"]
     args += ["-ngl", "99"] if gpu else ["-t", "2"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=900)
     if p.returncode:

@@ -221,8 +221,9 @@ def bench_model(spec: str, args) -> dict:
     if args.many:
         out["many"] = many = {}
         for key, run in (("webgpu", lambda: many_streams(path, args.device, args.many, args.n_prompt, args.n_gen)),
+                         # ubatch 2048: its Vulkan build's 64 x (512 + 128) ran 7x as fast as at 512 (bench/NOTES.md)
                          (GPU_PEER, lambda: peer.batched_bench(args.llama_bin, path, True, args.many, args.n_prompt,
-                                                               args.n_gen))):
+                                                               args.n_gen, ubatch=2048))):
             if key == "webgpu" or args.llama_bin:
                 try:
                     many[key] = run()
@@ -241,8 +242,8 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
     from ember.engine import Request, TokenEvent
 
     rng = np.random.default_rng(1)
-    # steps of up to 512 tokens, llama-batched-bench's -ub
-    with LLM(str(path), device=device, slots=n_streams, ctx=n_prompt + n_gen + 8, batch=512) as llm:
+    # steps of up to 2048 tokens, as llama-batched-bench's batches (-b, -ub)
+    with LLM(str(path), device=device, slots=n_streams, ctx=n_prompt + n_gen + 8, batch=2048) as llm:
         vocab = min(llm.model.n_vocab, 32000)
 
         async def one(prompt: list) -> int:
@@ -258,12 +259,24 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
         for _ in range(2):
             prompts = [rng.integers(0, vocab, n_prompt).tolist() for _ in range(n_streams)]
             timer = _cuda_bench().StepTimer(llm.engine)  # the engine's steps timed (generic, not CUDA's own)
+            runner, kinds = llm.engine.runner, []
+            launch = runner.launch
+
+            def launch_noted(plan, *a, **kw):  # each step's sequences, and whether its shape was recorded then
+                out = launch(plan, *a, **kw)
+                kinds.append((len(plan.chunks), runner.recorded, runner.recordable and plan is not None))
+                return out
+
+            runner.launch = launch_noted
             t0 = time.perf_counter()
             generated = sum(asyncio.run(run_all(prompts)))
             wall = time.perf_counter() - t0
+            runner.launch = launch  # the timer's, which it removes
             timer.remove()
+            steps = [(k, round(1e3 * st, 2), round(1e3 * rt, 2), c, r) for (k, st, rt), (c, r, _) in zip(timer.steps, kinds)]
             runs.append({"total_tps": (n_prompt * n_streams + generated) / wall, "generated": generated,
-                         "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams)})
+                         "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams),
+                         "steps": steps})  # (tokens, step ms, launch and wait ms, sequences, recorded then)
     return {"streams": n_streams, **runs[-1], "first_run": runs[0]}
 
 

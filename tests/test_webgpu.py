@@ -977,6 +977,50 @@ def test_eight_streams_decode_as_on_the_cpu(gpu, tiny):
     assert results[0] == results[1]
 
 
+def test_padded_decode_steps_give_the_cpu_backends_tokens(gpu, tiny, monkeypatch):
+    """A GPU adapter pads decode steps (12 decoding sequences run as a step of 16, the extra 4 at
+    the pad page): the tokens are the CPU backend's unpadded ones, and the padded shape is recorded
+    once (a recording for each of the decode-ahead steps' two parities) and replayed. Forced here on the adapter the tests run on (a CPU adapter runs each count
+    as it is)."""
+    import random
+    from dataclasses import replace
+
+    from ember.engine import Engine, EngineConfig, Request
+    from ember.gguf_loader import GGUFFile
+    from ember.models import load_model
+    from ember.sampler import SamplingParams
+    from ember.tokenizer import Tokenizer
+    from test_backend_protocol import events
+
+    monkeypatch.setattr(gpu, "capabilities", replace(gpu.capabilities, pad_decode_steps=True))
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 384) for _ in range(rng.randrange(2, 12))] for _ in range(12)]
+    results, seen = [], []
+    for backend in (get_backend("cpu", threads=1), gpu):
+        with GGUFFile(tiny) as f:
+            engine = Engine(load_model(f, backend), Tokenizer.from_metadata(f.metadata),
+                            EngineConfig(n_ctx=64, max_seqs=16, prefix_cache=False))
+            try:
+                runner = engine.runner
+                real_run = runner._run
+
+                def spy(step, key, wait, first_sight=False):
+                    seen.append((backend is gpu, step.n, key in runner._recordings))
+                    return real_run(step, key, wait, first_sight)
+
+                runner._run = spy
+                assert (runner.pad_page is not None) == (backend is gpu)
+                greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+                results.append(events([engine.submit(Request(p, 8, greedy)) for p in prompts]))
+            finally:
+                engine.close()
+    assert results[0] == results[1]
+    padded = [hit for on_gpu, n, hit in seen if on_gpu and n == 16]
+    # recorded at its first steps (the plain step, and an ahead step of each parity), replayed after
+    assert len(padded) >= 6 and not padded[0] and all(padded[3:])
+    assert all(n <= 8 or n == 16 for on_gpu, n, _ in seen if on_gpu and n <= 16)
+
+
 def test_prefix_cache_copies_pages_on_the_device(gpu, tiny):
     """Requests sharing a prompt share its pages (copy on write of the last one on the device)."""
     from ember.engine import Engine, EngineConfig, Request

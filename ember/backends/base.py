@@ -152,7 +152,9 @@ class Capabilities:
 class Backend(Protocol):
     """What a backend provides. Arrays are the backend's own type (numpy on the CPU). A backend
     is a module or package `ember.backends.<name>` exporting a class `Backend`, which declares
-    its `capabilities` (a class attribute) and has the methods they name besides the ops below."""
+    its `capabilities` (a class attribute; an instance may narrow or widen it for the device it
+    opened, as WebGPU's does for a GPU against a CPU adapter) and has the methods they name besides
+    the ops below."""
 
     name: str
     n_threads: int

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -146,6 +146,12 @@ class Backend:
         # whole tiles (mm) from 64 rows (CPU_TILE_SLACK); a GPU wants lanes sharing a row's blocks
         # (mvp) and tiles shared by a workgroup (mm)
         self.row_products = _device.is_cpu(self.adapter)
+        # on a GPU, decode steps of 9 to 64 sequences padded to 16, 32 or 64 (the runner's
+        # decode_bucket): a replayed step costs about the same with a few more rows, and recording
+        # each count as streams end one by one cost ~50 ms a step on an H100 (bench/NOTES.md); a CPU
+        # adapter's rows are computed one by one, so it runs each count as it is
+        if not self.row_products:
+            self.capabilities = replace(self.capabilities, pad_decode_steps=True)
         # prompt-sized attention in tiles of rows sharing each key's loads (attn_tile: 2-5x the
         # row kernel on lavapipe) on CPU adapters; on GPUs attn_flash (below), else a workgroup a
         # (head, token) row: attn_tile's few workgroups (256 for Gemma 3's 512-token prompt) ran at
