@@ -173,7 +173,7 @@ def model_path(spec: str) -> Path:
     return Path(where) if where else hub.resolve(name)
 
 
-def bench_model(spec: str, args) -> dict:
+def bench_model(spec: str, args, peer_many: dict) -> dict:
     path = model_path(spec)
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
@@ -219,18 +219,31 @@ def bench_model(spec: str, args) -> dict:
     for runner in runners.values():  # before the many-stream run loads the model again
         runner.llm.close()
     if args.many:
-        out["many"] = many = {}
-        for key, run in (("webgpu", lambda: many_streams(path, args.device, args.many, args.n_prompt, args.n_gen)),
-                         # ubatch 2048: its Vulkan build's 64 x (512 + 128) ran 7x as fast as at 512 (bench/NOTES.md)
-                         (GPU_PEER, lambda: peer.batched_bench(args.llama_bin, path, True, args.many, args.n_prompt,
-                                                               args.n_gen, ubatch=2048))):
-            if key == "webgpu" or args.llama_bin:
-                try:
-                    many[key] = run()
-                except Exception as e:  # the single-stream figures above are kept
-                    many[key] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-                    print(f"  {key}, {args.many} streams: {many[key]['error']}", file=sys.stderr)
+        out["many"] = {"webgpu": guarded(f"webgpu, {args.many} streams", many_streams, path, args.device, args.many,
+                                         args.n_prompt, args.n_gen)}
+        if spec in peer_many:
+            out["many"][GPU_PEER] = peer_many[spec]
     return out
+
+
+def guarded(what: str, fn, *args) -> dict:
+    """fn(*args), or its error: one failure must not cost the run's other figures."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        print(f"  {what}: {type(e).__name__}: {e}", file=sys.stderr)
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def peer_many_streams(args) -> dict:
+    """llama-batched-bench of --llama-bin on each model, N streams (--many), run before ember has
+    opened the adapter in this process: run after ember's models, its prompts came out 20-90x
+    slower than on their own (likely its fitting of buffers to the device memory it finds free,
+    on by default, while ember's buffers were still held).
+    Batches of 2048 computed 2048 at a time: on an H100 its 64 x (512 + 128) ran 7x as fast as
+    with 512 at a time (bench/NOTES.md)."""
+    return {spec: guarded(f"{GPU_PEER}, {args.many} streams", peer.batched_bench, args.llama_bin, model_path(spec),
+                          True, args.many, args.n_prompt, args.n_gen, 2048) for spec in args.models}
 
 
 def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: int) -> dict:
@@ -581,6 +594,7 @@ def main() -> None:
         _kernels.RUNTIME_CHECKS = None if args.checks == "wgpu" else int(args.checks)
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                "threads": args.threads, "checks": args.checks, "models": {}}
+    peer_many = peer_many_streams(args) if args.many and args.llama_bin and not (args.lanes or args.products) else {}
     for spec in args.models:
         name = spec.partition("=")[0]
         if args.lanes:
@@ -590,7 +604,7 @@ def main() -> None:
             results["models"][name] = r = bench_products(spec, args)
             report_products(name, r)
         else:
-            results["models"][name] = r = bench_model(spec, args)
+            results["models"][name] = r = bench_model(spec, args, peer_many)
             report(name, r, args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2))  # after each model: a cut-short run keeps the others
