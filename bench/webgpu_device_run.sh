@@ -3,7 +3,7 @@
 #
 #   bash bench/webgpu_device_run.sh [tests] [bench]     (default: tests bench)
 #
-#   tests  pytest tests/test_webgpu.py and the engine's decode-ahead test (the real-model cases skip where the models are not in the
+#   tests  pytest tests/test_webgpu.py (PYTEST_K: only the tests -k selects) and the engine's decode-ahead test (the real-model cases skip where the models are not in the
 #          model cache: skeletons have the real shapes, not the real weights)
 #   bench  bench/webgpu.py on the skeletons (pp512, tg128, 3 reps; ember's CPU backend beside it,
 #          llama.cpp's CPU build where LLAMA_CPP_DIR has it)
@@ -101,7 +101,7 @@ for s in $STAGES; do
   case $s in
     tests)
       stage tests
-      timeout 300 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=8 tests/test_webgpu.py \
+      timeout 300 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=8 ${PYTEST_K:+-k "$PYTEST_K"} tests/test_webgpu.py \
         "tests/test_engine.py::test_ahead_steps_give_the_same_tokens" >"$OUT/tests.log" 2>&1
       echo "pytest exit $?"
       grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -25
