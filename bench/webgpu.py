@@ -1,7 +1,9 @@
 """WebGPU speed: ember's WebGPU backend beside ember's CPU backend and llama.cpp's CPU build
 (llama-bench) on the same file, in the same run, and the host's share of a WebGPU decode step.
 With --llama-bin DIR, also beside a GPU build of llama.cpp (its Vulkan backend on the same adapter:
-bench/webgpu_device_run.sh builds it), its first run untimed (it compiles the shaders then).
+bench/webgpu_device_run.sh builds it), its first run untimed (it compiles the shaders then). With
+--many N, also N streams at once through the engine (each step's time, and whether its shape was
+recorded then), beside that build's llama-batched-bench, run before ember opens the adapter.
 The WebGPU backend runs twice: as served (decode steps queued while the one before runs, their
 tokens chosen on the device) and `webgpu-serial` (each step queued once the host has read the one
 before: the host's time and the adapter's take turns).
@@ -32,7 +34,7 @@ INT8_MIN_K values) and x's rounding (quant_q8) beside the f32 ones: Q4_K's and Q
 weight rows, 32 above; Q4_K's and Q6_K's mvq at 64 below, 32 above.
 
     python bench/webgpu.py [--models smollm2 gemma3-270m=PATH] [--device webgpu] [--n-prompt 64]
-                           [--n-gen 16] [--reps 3] [--threads 2] [--no-cpu] [--llama-bin DIR]
+                           [--n-gen 16] [--reps 3] [--threads 2] [--no-cpu] [--llama-bin DIR] [--many N]
                            [--products REV [--products-tile 32]] [--lanes]
 """
 from __future__ import annotations
@@ -277,7 +279,7 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
 
             def launch_noted(plan, *a, **kw):  # each step's sequences, and whether its shape was recorded then
                 out = launch(plan, *a, **kw)
-                kinds.append((len(plan.chunks), runner.recorded, runner.recordable and plan is not None))
+                kinds.append((len(plan.chunks), runner.recorded))
                 return out
 
             runner.launch = launch_noted
@@ -286,7 +288,7 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
             wall = time.perf_counter() - t0
             runner.launch = launch  # the timer's, which it removes
             timer.remove()
-            steps = [(k, round(1e3 * st, 2), round(1e3 * rt, 2), c, r) for (k, st, rt), (c, r, _) in zip(timer.steps, kinds)]
+            steps = [(k, round(1e3 * st, 2), round(1e3 * rt, 2), c, r) for (k, st, rt), (c, r) in zip(timer.steps, kinds)]
             runs.append({"total_tps": (n_prompt * n_streams + generated) / wall, "generated": generated,
                          "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams),
                          "steps": steps})  # (tokens, step ms, launch and wait ms, sequences, recorded then)
@@ -577,8 +579,8 @@ def main() -> None:
                     help="leave out the CPU runs, ember's and llama.cpp's (large files, where they would take "
                     "minutes a rep)")
     ap.add_argument("--llama-bin", type=Path, default=None, metavar="DIR",
-                    help="llama-bench of a GPU build of llama.cpp (Vulkan: bench/webgpu_device_run.sh's vulkan-peer "
-                    "stage builds it) run beside ember in each rep, all layers on the GPU, flash attention on")
+                    help="llama-bench of a GPU build of llama.cpp (Vulkan: bench/webgpu_device_run.sh's vulkan "
+                    "stage carries or builds it) run beside ember in each rep, all layers on the GPU, flash attention on")
     ap.add_argument("--many", type=int, default=0, metavar="N",
                     help="also N streams of --n-prompt + --n-gen tokens at once through the engine, total tokens/s "
                     "(and --llama-bin's llama-batched-bench -npl N)")
