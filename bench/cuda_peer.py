@@ -140,6 +140,23 @@ def llama_bench(bin_dir: Path, path: Path, reps: int, gpu: bool) -> dict:
     return out
 
 
+def free_device_pools(gpu: bool) -> None:
+    """The device memory CuPy's pools keep after ember's runs, given back before llama.cpp's: it
+    fits its buffers to the memory it finds free (bench/NOTES.md, 2026-12-07)."""
+    if gpu:
+        import cupy as cp
+
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def llama_many(bin_dir: Path, path: Path, gpu: bool, n_streams: int) -> dict:
+    """llama-batched-bench with batches of 2048 computed 512 and 2048 at a time (-ub), the faster
+    counted (both kept)."""
+    runs = {ub: peer.batched_bench(bin_dir, path, gpu, n_streams, ubatch=ub) for ub in (512, 2048)}
+    return {**max(runs.values(), key=lambda r: r["total_tps"]), "by_ubatch": {str(ub): r for ub, r in runs.items()}}
+
+
 def guarded(out: dict, key: str, fn, *args) -> None:
     t0 = time.perf_counter()
     try:
@@ -185,11 +202,13 @@ def main() -> None:
                 guarded(r, "ember_step", bc.decode_bandwidth, path, r["token_bytes"], results["copy_gbs"], 50, 0, True)
                 guarded(r, "ember_prompt_step", bc.prompt_profile, path, 512)
             if "peer" not in args.skip and args.llama_bin:
+                free_device_pools(gpu)
                 guarded(r, "llama_single", llama_bench, args.llama_bin, path, args.reps, gpu)
             if "many" not in args.skip:
                 guarded(r, "ember_many", ember_many, path, args.device)
                 if "peer" not in args.skip and args.llama_bin:
-                    guarded(r, "llama_many", peer.batched_bench, args.llama_bin, path, gpu, n_streams)
+                    free_device_pools(gpu)
+                    guarded(r, "llama_many", llama_many, args.llama_bin, path, gpu, n_streams)
             path.unlink()
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2, default=str))  # after each model: partial runs count
