@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The WebGPU backend on a GPU machine, in one call:
 #
-#   bash bench/webgpu_device_run.sh [tests] [bench]     (default: tests bench)
+#   bash bench/webgpu_device_run.sh [tests] [vulkan] [big] [bench] [lanes]     (default: tests bench)
 #
-#   tests  pytest tests/test_webgpu.py (PYTEST_K: only the tests -k selects) and the engine's decode-ahead test (the real-model cases skip where the models are not in the
-#          model cache: skeletons have the real shapes, not the real weights)
+#   tests  pytest tests/test_webgpu.py (PYTEST_K: only the tests -k selects) and the engine's
+#          decode-ahead test (the real-model cases skip where the models are not in the model
+#          cache: skeletons have the real shapes, not the real weights)
 #   bench  bench/webgpu.py on the skeletons (pp512, tg128, 3 reps; ember's CPU backend beside it,
 #          llama.cpp's CPU build where LLAMA_CPP_DIR has it)
 #          (BENCH_ARGS="--attention-ab": also the other prompt-attention kernel, attn_tile on a GPU)
