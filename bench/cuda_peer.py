@@ -150,13 +150,6 @@ def free_device_pools(gpu: bool) -> None:
         cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
-def llama_many(bin_dir: Path, path: Path, gpu: bool, n_streams: int) -> dict:
-    """llama-batched-bench with batches of 2048 computed 512 and 2048 at a time (-ub), the faster
-    counted (both kept)."""
-    runs = {ub: peer.batched_bench(bin_dir, path, gpu, n_streams, ubatch=ub) for ub in (512, 2048)}
-    return {**max(runs.values(), key=lambda r: r["total_tps"]), "by_ubatch": {str(ub): r for ub, r in runs.items()}}
-
-
 def guarded(out: dict, key: str, fn, *args) -> None:
     t0 = time.perf_counter()
     try:
@@ -208,7 +201,7 @@ def main() -> None:
                 guarded(r, "ember_many", ember_many, path, args.device)
                 if "peer" not in args.skip and args.llama_bin:
                     free_device_pools(gpu)
-                    guarded(r, "llama_many", llama_many, args.llama_bin, path, gpu, n_streams)
+                    guarded(r, "llama_many", peer.batched_best, args.llama_bin, path, gpu, n_streams)
             path.unlink()
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2, default=str))  # after each model: partial runs count

@@ -74,3 +74,19 @@ def batched_bench(bin_dir: Path, path: Path, gpu: bool, n_streams: int, n_prompt
             return {"total_tps": float(cells[9]), "pp_tps": float(cells[5]), "tg_tps": float(cells[7]),
                     "wall_s": float(cells[8])}
     raise RuntimeError(f"no result row in llama-batched-bench's output: {p.stdout[-800:]}")
+
+
+def batched_best(bin_dir: Path, path: Path, gpu: bool, n_streams: int, n_prompt: int = 512, n_gen: int = 128,
+                 ubatches: tuple = (512, 2048)) -> dict:
+    """batched_bench at each of ubatches (batches of 2048 computed that many tokens at a time): the
+    fastest run, with every run (or its error) under "by_ubatch"; raises where none ran."""
+    runs = {}
+    for ub in ubatches:
+        try:
+            runs[ub] = batched_bench(bin_dir, path, gpu, n_streams, n_prompt, n_gen, ub)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # one setting failing leaves the others
+            runs[ub] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    done = [r for r in runs.values() if "total_tps" in r]
+    if not done:
+        raise RuntimeError(f"llama-batched-bench failed at every ubatch: {runs}")
+    return {**max(done, key=lambda r: r["total_tps"]), "by_ubatch": {str(ub): r for ub, r in runs.items()}}

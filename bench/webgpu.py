@@ -40,6 +40,7 @@ weight rows, 32 above; Q4_K's and Q6_K's mvq at 64 below, 32 above.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -242,15 +243,9 @@ def peer_many_streams(args) -> dict:
     opened the adapter in this process: run after ember's models, its prompts came out 20-90x
     slower than on their own (likely its fitting of buffers to the device memory it finds free,
     on by default, while ember's buffers were still held). Batches of 2048 tokens computed 512 and
-    2048 at a time (-ub), the faster run counted (both kept)."""
-    out = {}
-    for spec in args.models:
-        runs = {ub: guarded(f"{GPU_PEER}, {args.many} streams, -ub {ub}", peer.batched_bench, args.llama_bin,
-                            model_path(spec), True, args.many, args.n_prompt, args.n_gen, ub) for ub in (512, 2048)}
-        done = [r for r in runs.values() if "total_tps" in r]
-        out[spec] = {**(max(done, key=lambda r: r["total_tps"]) if done else runs[2048]),
-                     "by_ubatch": {str(ub): r for ub, r in runs.items()}}
-    return out
+    2048 at a time (-ub), the faster counted (peer.batched_best)."""
+    return {spec: guarded(f"{GPU_PEER}, {args.many} streams", peer.batched_best, args.llama_bin, model_path(spec),
+                          True, args.many, args.n_prompt, args.n_gen) for spec in args.models}
 
 
 def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: int) -> dict:
@@ -300,8 +295,10 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
     return {"streams": n_streams, **runs[-1], "first_run": runs[0]}
 
 
+@functools.cache
 def _cuda_bench():
-    """bench/cuda.py by path (its StepTimer): a module named `cuda` on sys.path would shadow NVIDIA's."""
+    """bench/cuda.py by path (its StepTimer), loaded once: a module named `cuda` on sys.path would
+    shadow NVIDIA's."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ember_bench_cuda", Path(__file__).resolve().parent / "cuda.py")
