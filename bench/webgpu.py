@@ -288,7 +288,8 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
             wall = time.perf_counter() - t0
             runner.launch = launch  # the timer's, which it removes
             timer.remove()
-            steps = [(k, round(1e3 * st, 2), round(1e3 * rt, 2), c, r) for (k, st, rt), (c, r) in zip(timer.steps, kinds)]
+            steps = [(k, round(1e3 * st, 2), round(1e3 * rt, 2), c, r)
+                     for (k, st, rt), (c, r) in zip(timer.steps, kinds)]
             runs.append({"total_tps": (n_prompt * n_streams + generated) / wall, "generated": generated,
                          "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams),
                          "steps": steps})  # (tokens, step ms, launch and wait ms, sequences, recorded then)

@@ -980,8 +980,8 @@ def test_eight_streams_decode_as_on_the_cpu(gpu, tiny):
 def test_padded_decode_steps_give_the_cpu_backends_tokens(gpu, tiny, monkeypatch):
     """A GPU adapter pads decode steps (12 decoding sequences run as a step of 16, the extra 4 at
     the pad page): the tokens are the CPU backend's unpadded ones, and the padded shape is recorded
-    once (a recording for each of the decode-ahead steps' two parities) and replayed. Forced here on the adapter the tests run on (a CPU adapter runs each count
-    as it is)."""
+    once (a recording for each of the decode-ahead steps' two parities) and replayed. Forced here
+    on the adapter the tests run on (a CPU adapter runs each count as it is)."""
     import random
     from dataclasses import replace
 
