@@ -104,8 +104,36 @@ def host_share(runner: Runner, reps: int) -> dict:
     buffer and submit it (host_ms), the adapter's time for the step's compute pass (gpu_ms, by
     timestamp queries where the adapter has them), and the host's wait from submit to the best ids
     in hand (wait_ms: the GPU time, the readback and the driver's latency); medians."""
+    backend = runner.llm.backend
     runner.llm.generate([1], 2, GREEDY)  # the last step run is then a recorded decode step
-    return step_share(runner.llm.backend, runner.llm.backend.last_step, reps)
+    out = step_share(backend, backend.last_step, reps)
+    out.update(tg_steps(runner, reps))
+    return out
+
+
+def tg_steps(runner: Runner, reps: int) -> dict:
+    """A tgN run's steps as the engine queued them: the host's time from one step's submit to the
+    next (submit_ms: the step's whole cost where the adapter is the slower), and the adapter's time
+    for the run's last decode step, whose keys reach N positions (gpu_ms_end: against gpu_ms, at 2
+    positions, what the longer attention adds)."""
+    backend = runner.llm.backend
+    stamps, replay = [], backend.replay
+
+    def noted(rec, wait=True):
+        stamps.append(time.perf_counter())
+        replay(rec, wait)
+
+    backend.replay = noted
+    try:
+        runner.llm.generate([1], runner.n_gen, GREEDY)
+    finally:
+        del backend.replay
+    gaps = np.diff(stamps)[2:] if len(stamps) > 3 else np.zeros(1)
+    step = backend.last_step
+    gpu = [step.gpu_time(backend.device, backend.wgpu) for _ in range(max(reps, 5))] \
+        if "timestamp-query" in backend.device.features else None
+    return {"submit_ms": 1e3 * float(np.median(gaps)), "submit_ms_p90": 1e3 * float(np.percentile(gaps, 90)),
+            "steps_replayed": len(stamps), "gpu_ms_end": 1e3 * statistics.median(gpu) if gpu else None}
 
 
 def prompt_share(runner: Runner, reps: int) -> dict:
@@ -546,6 +574,10 @@ def report(name: str, r: dict, args) -> None:
           f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
           f"wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
+    if "submit_ms" in h:
+        end = f"{h['gpu_ms_end']:.2f} ms" if h["gpu_ms_end"] is not None else "not timed"
+        print(f"  tg{args.n_gen}'s steps: submit to submit {h['submit_ms']:.3f} ms (p90 {h['submit_ms_p90']:.3f}; "
+              f"{h['steps_replayed']} replays), GPU of its last step {end}")
     for what, h in (("decode", h), (f"pp{args.n_prompt}", r["prompt"])):
         if what != "decode":
             gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed"
