@@ -321,7 +321,25 @@ def many_streams(path: Path, device: str, n_streams: int, n_prompt: int, n_gen: 
             runs.append({"total_tps": (n_prompt * n_streams + generated) / wall, "generated": generated,
                          "wall_s": wall, "phases": timer.phases(), "decode_steps": timer.summary(n_streams),
                          "steps": steps})  # (tokens, step ms, launch and wait ms, sequences, recorded then)
-    return {"streams": n_streams, **runs[-1], "first_run": runs[0]}
+        profile = many_profile(llm, n_streams)
+    return {"streams": n_streams, **runs[-1], "first_run": runs[0], "profile": profile}
+
+
+def many_profile(llm, n_streams: int) -> dict:
+    """The many-stream run's recorded steps of all streams decoding (n_streams rows) and of a full
+    batch of prompt tokens (2048): the adapter's time for the step's one pass and each dispatch
+    timed alone, summed by kernel (needs timestamp queries)."""
+    backend, runner = llm.backend, llm.engine.runner
+    if "timestamp-query" not in backend.device.features:
+        return {}
+    out = {}
+    for what, store, n in (("decode", runner._recordings, n_streams), ("prompt", runner._large, 2048)):
+        rec = next((v[0] for k, v in store.items() if k[0] == n), None)
+        if rec is not None:
+            gpu = statistics.median(rec.gpu_time(backend.device, backend.wgpu) for _ in range(3))
+            out[what] = {"tokens": n, "dispatches": len(rec.dispatches), "gpu_ms": 1e3 * gpu,
+                         "kernels": kernel_profile(backend, rec, 3)}
+    return out
 
 
 @functools.cache
@@ -568,6 +586,10 @@ def report(name: str, r: dict, args) -> None:
               f"{w['total_tps']:.0f}" + (f", {GPU_PEER} {peer_tps:.0f} ({w['total_tps'] / peer_tps:.2f}x)"
                                          if peer_tps else ""))
         print(f"    webgpu's steps: {w['phases']}; all streams decoding: {w['decode_steps']}")
+        for what, prof in w.get("profile", {}).items():
+            print(f"    a {what} step of {prof['tokens']} tokens: GPU {prof['gpu_ms']:.2f} ms, {prof['dispatches']} "
+                  f"dispatches; timed alone: " + ", ".join(f"{k['kernel']} {k['dispatches']} x {k['ms']:.2f} ms"
+                                                           for k in prof["kernels"][:8]))
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
     print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
