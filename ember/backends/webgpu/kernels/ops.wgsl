@@ -241,11 +241,13 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // add_rms_norm with int8 blocks for rows of up to 16 * WG values in blocks of 32: a thread's 4
-// values at 4t + 1024v (v < 4: the loads of a warp contiguous) held from the add to the blocks, the
-// norm's weights loaded with them; each 1024 values' 32 blocks as put_q8 makes them (8 threads a
+// values at 4t + Q8_SPAN v (v < 4: the loads of a warp contiguous) held from the add to the blocks, the
+// norm's weights loaded with them; each Q8_SPAN values' 32 blocks as put_q8 makes them (8 threads a
 // block), all four at once (two barriers, not three for each).
 var<workgroup> q8_max: array<vec4<f32>, 256>;
 var<workgroup> q8_sum: array<vec4<f32>, 256>;
+
+const Q8_SPAN: u32 = 4u * WG;  // values a pass of the workgroup's vec4s covers
 
 fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     let on = row < pu(1u);
@@ -254,7 +256,7 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     var w: array<vec4<f32>, 4>;
     var ss = 0.0;
     for (var v = 0u; v < 4u; v++) {
-        let c = 1024u * v + 4u * t;
+        let c = Q8_SPAN * v + 4u * t;
         if (on && c < d) {
             let i = at + c;
             var h: vec4<f32>;
@@ -278,7 +280,7 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     let r = 1.0 / sqrt(total / f32(d) + pf(4u));
     var m = vec4<f32>(0.0);
     for (var v = 0u; v < 4u; v++) {
-        let c = 1024u * v + 4u * t;
+        let c = Q8_SPAN * v + 4u * t;
         if (c < d) {
             x[v] = x[v] * r * w[v];
             let i = at + c;
@@ -296,13 +298,13 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     var mx = vec4<f32>(0.0);
     for (var i = 0u; i < 8u; i++) { mx = max(mx, q8_max[g + i]); }
     let dq = mx / 127.0;
-    let blk = row * (d / 32u) + t / 8u;  // the block of quarter v: blk + 32v
+    let blk = row * (d / 32u) + t / 8u;  // the block of pass v: blk + v Q8_SPAN / 32
     var qs = vec4<f32>(0.0);
     for (var v = 0u; v < 4u; v++) {
-        if (1024u * v + 4u * t < d) {
+        if (Q8_SPAN * v + 4u * t < d) {
             let inv = select(0.0, 1.0 / dq[v], mx[v] > 0.0);
             let q = vec4<i32>(round(x[v] * inv));
-            H[8u * (blk + 32u * v) + (t & 7u)] = pack4xI8(q);
+            H[8u * (blk + Q8_SPAN / 32u * v) + (t & 7u)] = pack4xI8(q);
             qs[v] = f32(q.x + q.y + q.z + q.w);  // exact: at most 4 * 127
         }
     }
@@ -310,8 +312,8 @@ fn add_rms_norm_q8(t: u32, row: u32, d: u32) {
     workgroupBarrier();
     if ((t & 7u) == 0u) {
         for (var v = 0u; v < 4u; v++) {
-            if (1024u * v + 4u * t < d) {
-                let o = pu(6u) + 4u * (blk + 32u * v);
+            if (Q8_SPAN * v + 4u * t < d) {
+                let o = pu(6u) + 4u * (blk + Q8_SPAN / 32u * v);
                 H[o] = bitcast<u32>(dq[v]);
                 H[o + 1u] = bitcast<u32>(dq[v] * (q8_sum[g][v] + q8_sum[g + 1u][v] + q8_sum[g + 2u][v] + q8_sum[g + 3u][v]));
                 H[o + 2u] = bitcast<u32>(dq[v] * (q8_sum[g + 4u][v] + q8_sum[g + 5u][v] + q8_sum[g + 6u][v] + q8_sum[g + 7u][v]));
