@@ -128,12 +128,20 @@ def tg_steps(runner: Runner, reps: int) -> dict:
         runner.llm.generate([1], runner.n_gen, GREEDY)
     finally:
         del backend.replay
-    gaps = np.diff(stamps)[2:] if len(stamps) > 3 else np.zeros(1)
-    step = backend.last_step
-    gpu = [step.gpu_time(backend.device, backend.wgpu) for _ in range(max(reps, 5))] \
-        if "timestamp-query" in backend.device.features else None
-    return {"submit_ms": 1e3 * float(np.median(gaps)), "submit_ms_p90": 1e3 * float(np.percentile(gaps, 90)),
-            "steps_replayed": len(stamps), "gpu_ms_end": 1e3 * statistics.median(gpu) if gpu else None}
+    gaps = np.diff(stamps)[2:]  # from the third step on: the two before fill the queue
+    out = {"submit_ms": None, "submit_ms_p90": None, "steps_replayed": len(stamps),
+           "gpu_ms_end": gpu_ms(backend, backend.last_step, max(reps, 5))}
+    if gaps.size:
+        out["submit_ms"], out["submit_ms_p90"] = 1e3 * float(np.median(gaps)), 1e3 * float(np.percentile(gaps, 90))
+    return out
+
+
+def gpu_ms(backend, step, reps: int) -> float | None:
+    """The adapter's time for a recorded step's one pass, median of reps (Step.gpu_time; inputs as
+    its last run left them), or None without timestamp queries."""
+    if "timestamp-query" not in backend.device.features:
+        return None
+    return 1e3 * statistics.median(step.gpu_time(backend.device, backend.wgpu) for _ in range(reps))
 
 
 def prompt_share(runner: Runner, reps: int) -> dict:
@@ -336,8 +344,7 @@ def many_profile(llm, n_streams: int) -> dict:
     for what, store, n in (("decode", runner._recordings, n_streams), ("prompt", runner._large, 2048)):
         rec = next((v[0] for k, v in store.items() if k[0] == n), None)
         if rec is not None:
-            gpu = statistics.median(rec.gpu_time(backend.device, backend.wgpu) for _ in range(3))
-            out[what] = {"tokens": n, "dispatches": len(rec.dispatches), "gpu_ms": 1e3 * gpu,
+            out[what] = {"tokens": n, "dispatches": len(rec.dispatches), "gpu_ms": gpu_ms(backend, rec, 3),
                          "kernels": kernel_profile(backend, rec, 3)}
     return out
 
@@ -596,7 +603,7 @@ def report(name: str, r: dict, args) -> None:
           f"(min {h['host_ms_min']:.3f}; {h['host_us_per_dispatch']:.1f} us a dispatch), GPU {gpu}, "
           f"wait for the ids {h['wait_ms']:.2f} ms, "
           f"whole step in tg {1e3 / r['webgpu']['tg_tps']:.2f} ms")
-    if "submit_ms" in h:
+    if h.get("submit_ms") is not None:
         end = f"{h['gpu_ms_end']:.2f} ms" if h["gpu_ms_end"] is not None else "not timed"
         print(f"  tg{args.n_gen}'s steps: submit to submit {h['submit_ms']:.3f} ms (p90 {h['submit_ms_p90']:.3f}; "
               f"{h['steps_replayed']} replays), GPU of its last step {end}")
