@@ -700,6 +700,51 @@ def test_rope(gpu, ref, neox, factors, yarn):
             np.testing.assert_allclose(gpu.to_numpy(got).astype(np.float64), np.asarray(want, np.float64), atol=4e-3)
 
 
+@pytest.mark.parametrize("plan", ["lanes", "subgroups"], indirect=True)
+@pytest.mark.parametrize("types", [(T.Q4_K, T.Q4_K), (T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0)], ids=lambda t: f"{t[0].name}-{t[1].name}")
+@pytest.mark.parametrize("factors", [False, True], ids=["plain", "factors"])
+def test_decode_products_rotate_and_store_queries_keys_and_values(gpu, ref, plan, types, factors):
+    """A decode layer's q, k, v products, rope and kv_store: where rope pairs are adjacent (llama's
+    layout) the products rotate the queries and keys and store the keys and values into the caches
+    themselves (no rope or rope_store dispatch), also where the values are of another type and so
+    a product of their own (Q4_K_M's Q6_K values); with neox pairs, the rope's own store stays. The
+    outputs and both caches as the reference's, at 1 and 2 tokens."""
+    if not gpu.kv_products:
+        pytest.skip("the adapter binds too few storage buffers for the products that store")
+    rng = np.random.default_rng(7)
+    n_head, n_kv, hd, cols = 4, 2, 64, 256
+    qt, vt = types
+    (wq, rq), (wk, rk), (wv, rv) = (matrix(gpu, t, rows, cols, seed=60 + i)
+                                    for i, (t, rows) in enumerate(((qt, n_head * hd), (qt, n_kv * hd), (vt, n_kv * hd))))
+    ff = rng.uniform(1.0, 4.0, hd // 2) if factors else None
+    for neox in (False, True):
+        for n in (1, 2):
+            x = rng.standard_normal((n, cols)) * 0.5
+            p = RopeParams(hd, neox, 10000.0, 1.0)
+            gp = RopeParams(**{**_fields(p), "freq_factors": None if ff is None else gpu.from_numpy(ff.astype(np.float32))})
+            rp = RopeParams(**{**_fields(p), "freq_factors": ff})
+            batch = AttentionBatch(np.array([5, 300][:n], np.int32), np.zeros(n, np.int32), np.zeros((1, 1), np.int32),
+                                   np.array([9, 2][:n], np.int64), 16)
+            gkv, rkv = gpu.kv_cache(16, n_kv * hd, n_kv * hd), ref.kv_cache(16, n_kv * hd, n_kv * hd)
+            outs = [gpu.empty((n, w.shape[0])) for w in (wq, wk, wv)]
+            before = len(gpu._step().dispatches)
+            gpu.matmuls([wq, wk, wv], gpu.from_numpy(x.astype(np.float32)), outs)
+            gpu.rope(outs[0], n_head, batch, gp)
+            gpu.rope(outs[1], n_kv, batch, gp)
+            gpu.kv_store(gkv, outs[1], outs[2], batch)
+            ran = entries(gpu, before)
+            assert ("rope_store" in ran) == neox and "rope" not in ran and "kv_store" not in ran
+            assert len(ran) == (1 if qt == vt else 2) + quants(gpu, qt, n, cols) + int(neox)
+            want = [ref.from_numpy(seen(gpu, t, x) @ r.T) for t, r in ((qt, rq), (qt, rk), (vt, rv))]
+            ref.rope(want[0], n_head, batch, rp)
+            ref.rope(want[1], n_kv, batch, rp)
+            ref.kv_store(rkv, want[1], want[2], batch)
+            for got, w in zip(outs, want):
+                close(gpu.to_numpy(got), np.asarray(w, np.float64))
+            for got, w in zip(gkv, rkv):  # f16 caches: rounding's relative error
+                close(gpu.to_numpy(got).astype(np.float64), np.asarray(w, np.float64), rel=2e-3)
+
+
 def _fields(p: RopeParams) -> dict:
     return {k: getattr(p, k) for k in RopeParams.__slots__}
 

@@ -89,6 +89,9 @@ ATT_MAX_CHUNKS = 64
 WEIGHT_PADDING = 16  # bytes past a part's end: the block readers may read one word beyond
 MAX_GROUPS = 65535  # workgroups a dispatch dimension may have (WebGPU's default limit)
 MAX_FUSED = 3  # matrices one product dispatch may run (matmul.wgsl's Y, Y2, Y3)
+# storage buffers a decode product that ropes and stores binds (matvec_kv.wgsl: weights, x's int8
+# blocks and scales, three outputs, the step's inputs, frequency factors, two caches)
+KV_PRODUCT_BUFFERS = 10
 F32 = np.float32
 SPARE_OUTPUTS = (5, 9)  # ops.wgsl's H and Z, outputs some entry points may leave unused
 # bindings each entry point of kernels/ops.wgsl reads (all must be bound: an input that is the
@@ -171,6 +174,9 @@ class Backend:
         self.mv_teams: dict[int, int] = MV_TEAMS.copy()
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
         self.mm_rows = 128 if storage >= MM2_STORAGE else 64
+        # decode products of queries, keys and values that rotate and store them into the KV cache
+        # (matvec_kv.wgsl: one dispatch fewer a layer) where the adapter binds their buffers
+        self.kv_products = int(self.device.limits["max-storage-buffers-per-shader-stage"]) >= KV_PRODUCT_BUFFERS
         self._recording: Step | None = None
         self._pending: Step | None = None
         self._residual = None  # (step, dispatch index, h, x) of the last `x += h`, for _fuses_residual
@@ -178,6 +184,7 @@ class Backend:
         self._keys_roped = None  # (step, dispatch index, keys, hd, positions) of the last queries' and keys' rope
         self._normed = None  # (step, dispatch index, x, eps) of the last norm in place, for _pairs_norm
         self._gate_up = None  # (step, dispatch index, gate, up) of the last two-matrix mvp product, for _gates
+        self._mv_made = None  # (step, {dispatch index: (dispatch, module, entry)}) of its decode products, for _products_store
         self._norm_out = None  # (step, dispatch index, output buffer, (rows, d), flags) of the last add(-)norm or attention merge, for _q8_for
         self._q8_of = None  # (step, x's buffer, (n, k), blocks' buffer) of the int8 blocks made last
         self._topk_buffers: dict = {}  # size -> (values, ids) of top_k's candidates
@@ -430,6 +437,10 @@ class Backend:
             teams = self.mv_teams.get(lanes, 1) if not self.row_products else 1
             module += _kernels.mv_build(lanes, teams)
             self._dispatch(module, entry, bindings, params, _groups(-(-rows // (MV_ROWS * teams))))
+            step = self._step()
+            if self._mv_made is None or self._mv_made[0] is not step:
+                self._mv_made = (step, {})
+            self._mv_made[1][len(step.dispatches) - 1] = (step.dispatches[-1], module, entry)
             return q8
         elif self.row_products and MM_TILE * -(-n // MM_TILE) > CPU_TILE_SLACK * n:
             self._dispatch(MATRIX_TYPES[qtype], "mv_row", bindings, params, (-(-rows // 64), -(-n // 8), 1))
@@ -755,6 +766,8 @@ class Backend:
                 or k.shape[1] != cache[0].shape[1] or v.offset or tuple(v.shape) != (k.shape[0], cache[1].shape[1])
                 or v.buf in (k.buf, cache[0].buf, cache[1].buf, dict(step.dispatches[-1].bindings)[1])):
             return False
+        if self._products_store(cache, v, slots):
+            return True
         d = step.dispatches.pop()
         params = d.params.copy()
         params[14], params[15] = self._input(slots), cache[1].shape[1]
@@ -768,6 +781,63 @@ class Backend:
         heads = int(params[1]) + int(params[13])
         self._dispatch("ops", "rope_store", bindings, params,
                        (heads + -(-cache[1].shape[1] // 2 // 64), max(batch.n_tokens, 1), 1))
+        return True
+
+    def _products_store(self, cache, v, slots: np.ndarray) -> bool:
+        """Where the decode products that wrote the queries, keys and values are the dispatches right
+        before their rope (the step's last), rope pairs are adjacent (not neox) and whole in a
+        team's two rows: those products rotate the queries and keys and store the keys and values
+        into the caches themselves (their "+kv" builds, matvec_kv.wgsl), the rope's dispatch gone.
+        The queries and keys may share a product with the values or not (Q4_K_M's Q6_K values)."""
+        step = self._step()
+        made = self._mv_made[1] if self._mv_made is not None and self._mv_made[0] is step else None
+        rope = step.dispatches[-1]
+        rp = rope.params
+        hd, n_rot, n = int(rp[2]), int(rp[3]), len(slots)
+        if not self.kv_products or made is None or rp[4] or hd % 2 or n_rot % 2:
+            return False
+        rb = dict(rope.bindings)
+        roles = {rb[1]: 0, rb[9]: 1, v.buf: 2}  # queries, keys, values
+        widths = (int(rp[1]) * hd, int(rp[13]) * hd, cache[1].shape[1])
+        if widths[1] != cache[0].shape[1] or widths[2] % 2:
+            return False
+        ends, seen, i = {}, set(), len(step.dispatches) - 2
+        while len(seen) < 3:
+            d, module, entry = made.get(i, (None, "", ""))
+            if d is None or step.dispatches[i] is not d or d.params[13] or d.params[5] or int(d.params[2]) != n:
+                return False
+            p, b = d.params, dict(d.bindings)
+            r1, r2, rows = int(p[7]), int(p[8]), int(p[0])
+            q_end = k_end = None
+            last = -1
+            for bind, lo, hi, stride in ((3, 0, r1, p[4]), (5, r1, r2, p[11]), (6, r2, rows, p[12])):
+                if hi == lo:
+                    continue
+                role = roles.get(b.get(bind), -1)
+                if role <= last or role in seen or hi - lo != widths[role] or int(stride) != widths[role] or lo % 2:
+                    return False
+                seen.add(role)
+                last = role
+                if role == 0:
+                    q_end = hi
+                elif role == 1:
+                    k_end = hi
+                    q_end = lo if q_end is None else q_end
+                else:
+                    q_end = lo if q_end is None else q_end
+                    k_end = lo if k_end is None else k_end
+            ends[i] = (d, module, entry, q_end, rows if k_end is None else k_end)
+            i -= 1
+        step.dispatches.pop()
+        factors = rb[3] if rp[12] else self._dummy
+        slot_off = self._input(slots)
+        for i, (d, module, entry, q_end, k_end) in ends.items():
+            params = d.params.copy()
+            params[16:31] = (hd, n_rot, rp[5], slot_off, rp[6], rp[7], rp[8], rp[9], rp[10], rp[11], rp[12], q_end,
+                             k_end, widths[1], widths[2])
+            bindings = {**dict(d.bindings), 4: INPUTS, 11: factors, 12: cache[0].buf, 13: cache[1].buf}
+            step.dispatches[i] = Dispatch(self.kernels.pipeline(module + _kernels.KV_BUILD, entry),
+                                          tuple(sorted(bindings.items())), params, d.groups)
         return True
 
     def _norms_heads(self, norm: Dispatch, rope: Dispatch, k) -> bool:

@@ -102,13 +102,17 @@ def mv_build(lanes: int = 32, teams: int = 1, rows: int = 2) -> str:
             + (f"+t{teams}" if teams > 1 else ""))
 
 
+KV_BUILD = "+kv"  # a decode build's suffix for the products that rope and store (matvec_kv.wgsl)
+
+
 def _products(decoder: str, *variant: str) -> str:
     """A weight type's products module (its decoder, dequant.wgsl, named DEQ; its piece reader,
     pieces.wgsl, named PIECE): the prompt tiles, row lookups and the CPU adapters' matrix-vector
     kernel (matmul.wgsl); with a variant ("mv1+sg": NX activation rows, lanes summed by subgroups
     or "wg" workgroup memory; "mv1+sg+w128": teams of 128 lanes, 32 unless named; "+t4": 4 teams
     a workgroup, each on rows of its own, 1 unless named) the decode kernel too (matvec.wgsl);
-    "+r4" builds it for 4 weight rows a team (the lane benchmark's variant, not gated products)."""
+    "+r4" builds it for 4 weight rows a team (the lane benchmark's variant, not gated products); "+kv"
+    with the queries' and keys' rope and the keys' and values' cache stores in its store."""
     code = source("common.wgsl") + source("dequant.wgsl") + source("pieces.wgsl") + source("matmul.wgsl")
     if variant == ("mmq",):  # the prompt tiles on int8 x (IRUN: the type's run reader)
         code = f"const RUN_HALVES = {str(decoder in RUN_HALVES).lower()};\n" + code + source("matmul_q8.wgsl")
@@ -130,6 +134,8 @@ def _products(decoder: str, *variant: str) -> str:
                 mv = mv.replace("const MV_TEAMS: u32 = 1u;", f"const MV_TEAMS: u32 = {teams}u;")
             elif part.startswith("r"):  # "r4": 4 weight rows a workgroup (2 unless named; not gated)
                 mv = mv.replace("const NR: u32 = 2u;", f"const NR: u32 = {int(part.removeprefix('r'))}u;")
+            elif part == KV_BUILD[1:]:  # rope and the cache stores in the store (2 rows a team only)
+                mv = mv.replace("fn mv_store(", "fn mv_store_plain(") + source("matvec_kv.wgsl")
         mv = mv.replace("@workgroup_size(32)", f"@workgroup_size({wide * teams})")
         code = f"const NX: u32 = {int(rows.removeprefix('mv'))}u;\n" + code + mv + source(f"matvec_{how}.wgsl")
         code = code.replace(" MV_SUM_ARGS", args).replace("MV_SUM_CALL", call)

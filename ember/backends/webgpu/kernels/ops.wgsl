@@ -365,18 +365,11 @@ fn rope(@builtin(global_invocation_id) g: vec3<u32>) {
     }
 }
 
-// The rotation of pair i at position pos (rope's parametrisation): (cos, sin) times the magnitude
+// The rotation of pair i at position pos (rope's parametrisation, common.wgsl's rope_rotation)
 fn rope_cs(i: u32, pos: f32) -> vec2<f32> {
-    var extrap = pos * pow(pf(6u), -2.0 * f32(i) / f32(pu(3u)));
-    if (pu(12u) != 0u) { extrap = extrap / B[i]; }
-    let interp = pf(7u) * extrap;
-    var theta = interp;
-    if (pf(8u) != 0.0) {
-        let ramp = 1.0 - clamp((f32(i) - pf(10u)) / max(0.001, pf(11u) - pf(10u)), 0.0, 1.0);
-        let mix = ramp * pf(8u);
-        theta = interp * (1.0 - mix) + extrap * mix;
-    }
-    return vec2<f32>(cos(theta), sin(theta)) * pf(9u);
+    var factor = 1.0;
+    if (pu(12u) != 0u) { factor = B[i]; }
+    return rope_rotation(i, pos, pu(3u), pf(6u), pf(7u), pf(8u), pf(9u), pf(10u), pf(11u), factor);
 }
 
 // Rope of queries Y and keys Z (rope's params 0-13) and the keys and values A (n, vd) stored into
