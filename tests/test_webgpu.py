@@ -796,6 +796,29 @@ def test_decode_attention_in_chunks_of_keys(gpu, ref, plan, hd, window, softcap)
     np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
 
 
+@pytest.mark.parametrize("plan", ["rows", "lanes"], indirect=True)
+def test_many_decode_rows_split_their_keys(gpu, ref, plan):
+    """A decode step of 40 sequences a token each (320 (head, token) rows, past ATT_SPLIT_BELOW) on a
+    GPU still splits the rows' keys into chunks, merged after; a CPU adapter runs them whole. The
+    more rows, the fewer and longer the chunks (about ATT_SPLIT_GROUPS workgroups in all; a few rows
+    keep ATT_MAX_CHUNKS)."""
+    assert webgpu._split_chunks(9, 640) == (32, 20) and webgpu._split_chunks(32, 4096) == (64, 64)
+    assert webgpu._split_chunks(2048, 640) == (96, 7) and webgpu._split_chunks(40000, 640) == (640, 1)
+    rng = np.random.default_rng(9)
+    n_head, n_kv, hd = 8, 2, 64
+    positions = list(rng.integers(0, 384, 40))
+    batch, (gkv, rkv), (gq, rq), (go, ro) = _decode_rows(gpu, ref, rng, hd, n_head, n_kv, positions)
+    chunks = webgpu._split_chunks(40 * n_head, 384)[1]
+    before = len(gpu._step().dispatches)
+    gpu.attention(gq, gkv, go, batch, n_head, n_kv, 0, 0.125, 0.0)
+    step = gpu._step()
+    assert entries(gpu, before) == (["attn_tile"] if plan == "rows" else ["attn_part", "attn_merge"])
+    if plan != "rows":
+        assert step.dispatches[before].groups == (n_head, 40, chunks)
+    ref.attention(rq, rkv, ro, batch, n_head, n_kv, 0, 0.125, 0.0)
+    np.testing.assert_allclose(gpu.to_numpy(go), ro, atol=1e-4)
+
+
 @pytest.mark.parametrize("plan", ["lanes", "subgroups"], indirect=True)
 @pytest.mark.parametrize("hd", [64, 80, 256])
 def test_int8_blocks_made_by_the_attention_merge(gpu, ref, plan, hd):

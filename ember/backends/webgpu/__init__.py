@@ -76,6 +76,10 @@ ATT_MAX_D = 256  # longest head the attention kernel holds (4 value dimensions a
 # chunks of ATT_CHUNK_MIN keys and more, at most ATT_MAX_CHUNKS a row
 ATT_SPLIT_BELOW = 256
 ATT_CHUNK_MIN = 32
+# decode steps of more rows (many sequences a token each) split too, into fewer chunks: about this
+# many workgroups in all (rows below ATT_SPLIT_BELOW keep ATT_MAX_CHUNKS). Without the split a
+# workgroup walks a row's keys alone, 64 at a time, a few hundred workgroups for the step
+ATT_SPLIT_GROUPS = 16384
 # rows of a prompt's attention workgroup (attn_tile: query heads of one kv head x tokens, each key and
 # value loaded once for all of them; at most 8, the kernel's capacity)
 ATT_TILE_ROWS = 8
@@ -910,7 +914,8 @@ class Backend:
                          tables.shape[1], batch.page_size, int(window), float(scale), float(softcap),
                          self._input(batch.positions), self._input(batch.seq_rows), self._input(tables))
         reach = tables.shape[1] * batch.page_size
-        if self.row_products or n * n_head >= ATT_SPLIT_BELOW or reach <= ATT_CHUNK_MIN:
+        decode = n < 2 * len(tables)  # about a token a sequence: few keys' tiles shared by a query tile
+        if self.row_products or (n * n_head >= ATT_SPLIT_BELOW and not decode) or reach <= ATT_CHUNK_MIN:
             group = n_head // n_kv_head
             if self.flash_attention and group <= FL_ROWS and n >= 2 * len(tables):
                 self._attn_flash(q, k_cache, v_cache, out, params, n, n_head, n_kv_head, hd_v, reach)
@@ -924,9 +929,8 @@ class Backend:
             self._dispatch("ops", "attn_tile", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
                            (n_head // hp, -(-n // tp), 1))
             return
-        # few (head, token) rows: their keys split into chunks, each a workgroup, merged after
-        chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * ATT_MAX_CHUNKS))
-        chunks = -(-reach // chunk)
+        # few (head, token) rows, or decode rows: their keys split into chunks, each a workgroup, merged after
+        chunk, chunks = _split_chunks(n * n_head, reach)
         parts = self._attn_parts(params, chunk, chunks, n, n_head, hd_v)
         self._dispatch("ops", "attn_part", {2: q, 4: INPUTS, 6: k_cache, 7: v_cache, 9: parts}, params,
                        (n_head, n, chunks))
@@ -941,6 +945,15 @@ def _mmq_splits(tiles: int, runs: int) -> tuple[int, int]:
         return runs, 1
     per = -(-runs // want)
     return per, -(-runs // per)
+
+
+def _split_chunks(rows: int, reach: int) -> tuple[int, int]:
+    """attn_part's keys a chunk (whole multiples of ATT_CHUNK_MIN) and chunks covering the page
+    table's reach for `rows` (head, token) rows: up to ATT_MAX_CHUNKS a row, fewer where the rows
+    are many (about ATT_SPLIT_GROUPS workgroups in all)."""
+    want = max(1, min(ATT_MAX_CHUNKS, -(-ATT_SPLIT_GROUPS // max(rows, 1))))
+    chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * want))
+    return chunk, -(-reach // chunk)
 
 
 def _flash_chunks(groups: int, reach: int) -> tuple[int, int]:
