@@ -214,6 +214,12 @@ def model_path(spec: str) -> Path:
 
 def bench_model(spec: str, args, peer_many: dict) -> dict:
     path = model_path(spec)
+    if args.many_only:  # the N-stream run alone (a variant's run beside a full one)
+        out = {"path": str(path), "many": {"webgpu": guarded(f"webgpu, {args.many} streams", many_streams, path,
+                                                             args.device, args.many, args.n_prompt, args.n_gen)}}
+        if spec in peer_many:
+            out["many"][GPU_PEER] = peer_many[spec]
+        return out
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                # each decode step queued once the host has read the one before (no decode-ahead)
@@ -576,7 +582,7 @@ def report_products(name: str, r: dict) -> None:
 
 
 def report(name: str, r: dict, args) -> None:
-    print(f"{name} on {r['adapter']}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
+    print(f"{name} on {r.get('adapter', args.device)}: pp{args.n_prompt} / tg{args.n_gen} tok/s")
     for key in (*(k for k in r if k.startswith("webgpu")), "cpu", "llama.cpp", GPU_PEER):
         if key in r and isinstance(r[key], dict) and "pp_tps" in r[key]:
             print(f"  {key:17s} {r[key]['pp_tps']:9.1f} {r[key]['tg_tps']:8.2f}")
@@ -597,6 +603,8 @@ def report(name: str, r: dict, args) -> None:
             print(f"    a {what} step of {prof['tokens']} tokens: GPU {prof['gpu_ms']:.2f} ms, {prof['dispatches']} "
                   f"dispatches; timed alone: " + ", ".join(f"{k['kernel']} {k['dispatches']} x {k['ms']:.2f} ms"
                                                            for k in prof["kernels"][:8]))
+    if "host" not in r:  # --many-only
+        return
     h = r["host"]
     gpu = f"{h['gpu_ms']:.2f} ms" if h["gpu_ms"] is not None else "not timed (no timestamp queries)"
     print(f"  decode step: {h['dispatches']} dispatches encoded by {h['encoder']}, host {h['host_ms']:.3f} ms "
@@ -652,6 +660,7 @@ def main() -> None:
                     help="products of up to N activation rows on the decode kernels (8 rows a workgroup, a z grid "
                     "of them) in every engine the run opens, where the backend takes the tiles from 9 rows "
                     "(a variant: the 64-stream run's decode steps)")
+    ap.add_argument("--many-only", action="store_true", help="with --many: that run alone, no pp/tg runs")
     ap.add_argument("--lanes", action="store_true",
                     help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
     ap.add_argument("--checks", default="served", metavar="BITS",
