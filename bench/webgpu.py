@@ -656,10 +656,6 @@ def main() -> None:
     ap.add_argument("--many", type=int, default=0, metavar="N",
                     help="also N streams of --n-prompt + --n-gen tokens at once through the engine, total tokens/s "
                     "(and --llama-bin's llama-batched-bench -npl N)")
-    ap.add_argument("--mv-rows", type=int, default=None, metavar="N",
-                    help="products of up to N activation rows on the decode kernels (8 rows a workgroup, a z grid "
-                    "of them) in every engine the run opens, where the backend takes the tiles from 9 rows "
-                    "(a variant: the 64-stream run's decode steps)")
     ap.add_argument("--many-only", action="store_true", help="with --many: that run alone, no pp/tg runs")
     ap.add_argument("--lanes", action="store_true",
                     help="time the decode kernel alone with 32, 64 and 128 lanes a workgroup instead")
@@ -667,16 +663,12 @@ def main() -> None:
                     help="naga's runtime checks compiled into the kernels: served (ember's choice), wgpu (wgpu's "
                     "default, all of them) or the ShaderRuntimeChecks bits (1 index clamps, 2 loop counters)")
     args = ap.parse_args()
-    if args.mv_rows is not None:
-        from ember.backends import webgpu
-
-        webgpu.MV_MAX_ROWS = args.mv_rows
     if args.checks != "served":
         from ember.backends.webgpu import _kernels
 
         _kernels.RUNTIME_CHECKS = None if args.checks == "wgpu" else int(args.checks)
     results = {"cpu": cpu_name(), "load_before": machine_load(), "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-               "threads": args.threads, "checks": args.checks, "mv_rows": args.mv_rows, "models": {}}
+               "threads": args.threads, "checks": args.checks, "models": {}}
     peer_many = peer_many_streams(args) if args.many and args.llama_bin and not (args.lanes or args.products) else {}
     for spec in args.models:
         name = spec.partition("=")[0]

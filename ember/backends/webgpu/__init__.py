@@ -33,7 +33,6 @@ MATRIX_TYPES = {GGMLType.Q4_0: "deq_q4_0", GGMLType.Q4_1: "deq_q4_1", GGMLType.Q
                 GGMLType.Q5_K: "deq_q5_k", GGMLType.Q6_K: "deq_q6_k", GGMLType.F16: "deq_f16",
                 GGMLType.BF16: "deq_bf16", GGMLType.F32: "deq_f32"}
 MV_MAX_ROWS = 8  # activation rows up to which products take a matrix-vector kernel (mvp, mv_row)
-MV_GROUP_ROWS = 8  # activation rows a decode workgroup takes at most (matvec.wgsl's NX; more: a z grid)
 MV_ROWS = 2  # weight rows a workgroup of mvp (matvec.wgsl's NR)
 # one activation row against fewer weight rows than this: mvp with 128 lanes a workgroup (more warps
 # in flight for the few workgroups of a layer's product: 8.5 -> 7.4 us at 576 x 576, 14.1 -> 9.5 at
@@ -176,9 +175,6 @@ class Backend:
         self.int8_products = True
         # ... from this row length (INT8_MIN_K)
         self.int8_min_k = INT8_MIN_K
-        # activation rows up to which products take the decode kernels (MV_MAX_ROWS a workgroup, more
-        # over a z grid of workgroups); more rows take the tiles
-        self.mv_max_rows = MV_MAX_ROWS
         self.mv_teams: dict[int, int] = MV_TEAMS.copy()
         # prompt tiles of 128 weight rows (mm2) where the adapter has the workgroup memory for them
         self.mm_rows = 128 if storage >= MM2_STORAGE else 64
@@ -416,17 +412,16 @@ class Backend:
             q8 = self._product(w.type, buf, x, {3: out}, params, n_rows, q8)
 
     def _mvp(self, n: int) -> bool:
-        """Whether products of n activation rows take the decode kernels (matvec.wgsl)."""
-        return n == 1 or (n <= self.mv_max_rows and not self.row_products)
+        """Whether products of n activation rows take mvp (matvec.wgsl)."""
+        return n == 1 or (n <= MV_MAX_ROWS and not self.row_products)
 
     def _product(self, qtype: GGMLType, buf, x, outs: dict, params: np.ndarray, rows: int, q8=None):
         """A product dispatch of `rows` (virtual) rows of matmul.wgsl's kernels, the plan's; returns
         the buffer of x's int8 blocks where mvq took them (q8: already made)."""
         n = x.shape[0]
         bindings = {1: buf, 2: x, **self._spare_outputs, **outs}
-        if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums); more: 8 a workgroup, a z grid
-            nx = min(1 << (n - 1).bit_length(), MV_GROUP_ROWS)
-            module = f"{MATRIX_TYPES[qtype]}+mv{nx}+{'sg' if self.subgroups else 'wg'}"
+        if self._mvp(n):  # built for 1, 2, 4 or 8 activation rows (no idle sums)
+            module = f"{MATRIX_TYPES[qtype]}+mv{1 << (n - 1).bit_length()}+{'sg' if self.subgroups else 'wg'}"
             entry, own = "mvp", _kernels.MV_OWN.get(MATRIX_TYPES[qtype])
             if (self.int8_products and x.shape[-1] >= self.int8_min_k
                     and (own is not None or MATRIX_TYPES[qtype] in _kernels.MV_INT)):
@@ -445,8 +440,7 @@ class Backend:
                 bindings[own[1]] = bindings.pop(1)
             teams = self.mv_teams.get(lanes, 1) if not self.row_products else 1
             module += _kernels.mv_build(lanes, teams)
-            gx, gy, _ = _groups(-(-rows // (MV_ROWS * teams)))
-            self._dispatch(module, entry, bindings, params, (gx, gy, -(-n // nx)))
+            self._dispatch(module, entry, bindings, params, _groups(-(-rows // (MV_ROWS * teams))))
             step = self._step()
             if self._mv_made is None or self._mv_made[0] is not step:
                 self._mv_made = (step, {})

@@ -13,15 +13,6 @@ const NR: u32 = 2u;  // weight rows of a workgroup
 @group(0) @binding(8) var<storage, read> XQ: array<vec4<u32>>;
 @group(0) @binding(9) var<storage, read> XS: array<vec4<f32>>;
 
-// Decode products of more than NX activation rows run a z grid of workgroups, NX rows each: the
-// workgroup's first row (wid.z * NX), set by mv_rows at the kernel's start, and its row count
-var<private> mv_a0: u32;
-
-fn mv_rows(wid: vec3<u32>) -> u32 {
-    mv_a0 = wid.z * NX;
-    return min(NX, pu(2u) - mv_a0);
-}
-
 // the XS element of block b of activation row a (nb blocks a row, n rows)
 fn xs_at(a: u32, b: u32, nb: u32, n: u32) -> u32 { return 2u * n * nb + a * nb + b; }
 
@@ -47,7 +38,7 @@ fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
@@ -57,7 +48,7 @@ fn mvp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let w = PIECE(bases[r], p);
             for (var j = 0u; j < NX; j++) {
                 if (j < n) {
-                    let xo = (mv_a0 + j) * (k / 4u);
+                    let xo = j * (k / 4u);
                     acc[r * NX + j] += dot(w.a, X4[xo + w.xa]) + dot(w.b, X4[xo + w.xb]);
                 }
             }
@@ -82,11 +73,11 @@ fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
                 }
                 let u = s[NX + j];
                 if (pu(14u) != 0u) {
-                    store(mv_a0 + j, g, a);
-                    store(mv_a0 + j, pu(7u) + g, act * u);
+                    store(j, g, a);
+                    store(j, pu(7u) + g, act * u);
                 } else {
-                    store(mv_a0 + j, g, act * u);
-                    store(mv_a0 + j, pu(7u) + g, u);
+                    store(j, g, act * u);
+                    store(j, pu(7u) + g, u);
                 }
             }
         }
@@ -94,7 +85,7 @@ fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
     }
     for (var r = 0u; r < NR; r++) {
         for (var j = 0u; j < NX; j++) {
-            if (g * NR + r < rows && j < n) { store(mv_a0 + j, g * NR + r, s[r * NX + j]); }
+            if (g * NR + r < rows && j < n) { store(j, g * NR + r, s[r * NX + j]); }
         }
     }
 }

@@ -27,16 +27,16 @@ fn mv_store(s: array<f32, NR * NX>, g: u32, rows: u32, n: u32) {
             var a = s[j];
             var b = s[NX + j];
             if (rotated) {
-                let cs = rope_rotation(e / 2u, f32(IDS[pu(18u) + mv_a0 + j]), pu(17u), pf(20u), pf(21u), pf(22u), pf(23u),
+                let cs = rope_rotation(e / 2u, f32(IDS[pu(18u) + j]), pu(17u), pf(20u), pf(21u), pf(22u), pf(23u),
                                        pf(24u), pf(25u), factor);
                 let x = a;
                 a = x * cs.x - b * cs.y;
                 b = x * cs.y + b * cs.x;
             }
-            store(mv_a0 + j, r0, a);
-            store(mv_a0 + j, r0 + 1u, b);
+            store(j, r0, a);
+            store(j, r0 + 1u, b);
             if (r0 >= q_end) {
-                let slot = u32(IDS[pu(19u) + mv_a0 + j]);
+                let slot = u32(IDS[pu(19u) + j]);
                 let pair = pack2x16float(vec2<f32>(a, b));
                 if (r0 < k_end) {
                     KH[slot * (pu(29u) / 2u) + (r0 - q_end) / 2u] = pair;

@@ -41,7 +41,7 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
     var bases = mv_bases(g, rows);
@@ -58,7 +58,7 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var sx: array<vec2<f32>, NX>;
         for (var a = 0u; a < NX; a++) {
             if (a < n) {
-                let xo = (mv_a0 + a) * (k / 4u) + xlo;
+                let xo = a * (k / 4u) + xlo;
                 for (var e = 0u; e < 4u; e++) {
                     xs[8u * a + e] = X4[xo + e];
                     xs[8u * a + 4u + e] = X4[xo + 8u + e];
@@ -93,7 +93,7 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let nb = k / 32u;
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
@@ -110,10 +110,10 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var xd: array<vec4<f32>, NX>;  // the two blocks' d, then their halves' sums
         for (var a = 0u; a < NX; a++) {
             if (a < n) {
-                xq[2u * a] = XQ[2u * ((mv_a0 + a) * nb + xb) + h];
-                xq[2u * a + 1u] = XQ[2u * ((mv_a0 + a) * nb + xb + 1u) + h];
-                let s0 = XS[xs_at(mv_a0 + a, xb, nb, pu(2u))];
-                let s1 = XS[xs_at(mv_a0 + a, xb + 1u, nb, pu(2u))];
+                xq[2u * a] = XQ[2u * (a * nb + xb) + h];
+                xq[2u * a + 1u] = XQ[2u * (a * nb + xb + 1u) + h];
+                let s0 = XS[xs_at(a, xb, nb, n)];
+                let s1 = XS[xs_at(a, xb + 1u, nb, n)];
                 xd[a] = select(vec4<f32>(s0.x, s1.x, s0.y, s1.y), vec4<f32>(s0.x, s1.x, s0.z, s1.z), h == 1u);
             }
         }

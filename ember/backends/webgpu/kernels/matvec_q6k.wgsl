@@ -44,7 +44,7 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
     let bases = mv_bases(g, rows);
@@ -60,7 +60,7 @@ fn mvk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var sx: array<vec4<f32>, NX>;
         for (var a = 0u; a < NX; a++) {
             if (a < n) {
-                let xo = (mv_a0 + a) * (k / 4u) + x0;
+                let xo = a * (k / 4u) + x0;
                 for (var e = 0u; e < 4u; e++) {
                     xs[8u * a + 2u * e] = X4[xo + 8u * e];
                     xs[8u * a + 2u * e + 1u] = X4[xo + 8u * e + 1u];
@@ -94,7 +94,7 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let nb = k / 32u;
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
@@ -112,9 +112,9 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (a < n) {
                 var w: array<vec2<u32>, 4>;
                 for (var j = 0u; j < 4u; j++) {
-                    let e = XQ[2u * ((mv_a0 + a) * nb + xb + j) + q / 2u];
+                    let e = XQ[2u * (a * nb + xb + j) + q / 2u];
                     w[j] = select(e.xy, e.zw, (q & 1u) == 1u);
-                    xd[a][j] = XS[xs_at(mv_a0 + a, xb + j, nb, pu(2u))].x;
+                    xd[a][j] = XS[xs_at(a, xb + j, nb, n)].x;
                     xo[a][j] = 32 * (dot4I8Packed(0x01010101u, w[j].x) + dot4I8Packed(0x01010101u, w[j].y));
                 }
                 xq[2u * a] = vec4<u32>(w[0], w[1]);

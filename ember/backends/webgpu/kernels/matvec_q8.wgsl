@@ -7,7 +7,7 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) tw: u32 MV_SUM_ARGS) {
     let rows = pu(0u);
     let k = pu(1u);
-    let n = mv_rows(wid);
+    let n = pu(2u);
     let nb = k / 32u;
     let g = flat_group(wid, nwg) * MV_TEAMS + tw / MV_WG;  // this team's rows
     let t = tw % MV_WG;  // its lane
@@ -20,10 +20,10 @@ fn mvq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let xb = ws[0].xb;
         for (var a = 0u; a < NX; a++) {
             if (a < n) {
-                let row = 8u * nb * (mv_a0 + a);  // the row's first word
+                let row = 8u * nb * a;  // the row's first word
                 let va = XQ[(row + xa) / 4u][(row + xa) % 4u];
                 let vb = XQ[(row + xb) / 4u][(row + xb) % 4u];
-                let dx = XS[xs_at(mv_a0 + a, p / 4u, nb, pu(2u))].x;
+                let dx = XS[xs_at(a, p / 4u, nb, n)].x;
                 let sx = dot4I8Packed(0x01010101u, va) + dot4I8Packed(0x01010101u, vb);
                 for (var r = 0u; r < NR; r++) {
                     let w = ws[r];
