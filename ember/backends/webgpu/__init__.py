@@ -871,14 +871,18 @@ class Backend:
         if self._recording is None:
             self._flush()
 
-    def _attn_flash(self, q, k_cache, v_cache, out, params, n, n_head, n_kv, hd_v, reach) -> None:
-        """attn_flash's tiles of query rows; where they are few, each row's keys in chunks (a
+    def _attn_flash(self, q, k_cache, v_cache, out, params, n, n_head, n_kv, hd_v, reach, batch) -> None:
+        """attn_flash's tiles of query rows, each within a sequence (_flash_tiles: the grid has room
+        for a tile more for each sequence); where they are few, each row's keys in chunks (a
         workgroup each, their partial softmaxes combined by attn_merge as decode's are)."""
         tp = FL_ROWS // (n_head // n_kv)
-        tiles = -(-n // tp)
+        tiles = -(-n // tp) + len(batch.block_tables)
+        seq_rows = batch.seq_rows
+        at = self._step().add_derived(("flash_tiles", seq_rows.__array_interface__["data"][0], n, tp, tiles),
+                                      lambda: _flash_tiles(seq_rows, n, tp, tiles))
         chunk, chunks = _flash_chunks(n_kv * tiles, reach)
         fp = params.copy()
-        fp[12], fp[13], fp[14], fp[15] = tp, n, chunk, chunks
+        fp[12], fp[13], fp[14], fp[15], fp[16] = tp, n, chunk, chunks, at
         bindings = {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}
         if chunk:
             bindings[9] = parts = self._attn_parts(params, chunk, chunks, n, n_head, hd_v)
@@ -918,7 +922,7 @@ class Backend:
         if self.row_products or (n * n_head >= ATT_SPLIT_BELOW and not decode) or reach <= ATT_CHUNK_MIN:
             group = n_head // n_kv_head
             if self.flash_attention and group <= FL_ROWS and n >= 2 * len(tables):
-                self._attn_flash(q, k_cache, v_cache, out, params, n, n_head, n_kv_head, hd_v, reach)
+                self._attn_flash(q, k_cache, v_cache, out, params, n, n_head, n_kv_head, hd_v, reach, batch)
                 return
             if not self.tile_attention:
                 self._dispatch("ops", "attention", {1: out, 2: q, 4: INPUTS, 6: k_cache, 7: v_cache}, params,
@@ -954,6 +958,24 @@ def _split_chunks(rows: int, reach: int) -> tuple[int, int]:
     want = max(1, min(ATT_MAX_CHUNKS, -(-ATT_SPLIT_GROUPS // max(rows, 1))))
     chunk = ATT_CHUNK_MIN * -(-reach // (ATT_CHUNK_MIN * want))
     return chunk, -(-reach // chunk)
+
+
+def _flash_tiles(seq_rows, n: int, tp: int, tiles: int) -> np.ndarray:
+    """attn_flash's tile list, (tiles, 2) int32 (first token, tokens; (0, 0) past the last): each run
+    of a sequence's consecutive tokens cut into tiles of tp. Runs that would need more tiles than
+    the grid has (a sequence's tokens not together): tiles of tp tokens from 0, their sequences
+    taking turns in the kernel."""
+    rows = np.asarray(seq_rows)[:n]
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if n else np.zeros(0, np.int64)
+    lengths = np.diff(np.r_[starts, n])
+    counts = -(-lengths // tp)
+    out = np.zeros((tiles, 2), np.int32)
+    if counts.sum() > tiles:
+        starts, lengths, counts = np.zeros(1, np.int64), np.array([n]), np.array([-(-n // tp)])
+    first = np.repeat(starts, counts) + tp * (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    out[:len(first), 0] = first
+    out[:len(first), 1] = np.minimum(tp, np.repeat(starts + lengths, counts) - first)
+    return out
 
 
 def _flash_chunks(groups: int, reach: int) -> tuple[int, int]:

@@ -224,6 +224,19 @@ class Step:
         self.n_words += -(-max(a.size, 1) // 4) * 4  # 16-byte steps
         return self.inputs[-1][1]
 
+    def add_derived(self, key: tuple, fill) -> int:
+        """Word offset of host ints that fill() computes from the step's other inputs (their arrays
+        as the ops saw them): a recorded step calls fill again on each run, after the runner has
+        written its new inputs; key names the computation for the step's other ops."""
+        at = self.input_keys.get(key)
+        if at is not None:
+            return self.inputs[at][1]
+        a = np.asarray(fill(), np.int32)
+        self.input_keys[key] = len(self.inputs)
+        self.inputs.append((fill if self.record else a, self.n_words))
+        self.n_words += -(-max(a.size, 1) // 4) * 4
+        return self.inputs[-1][1]
+
     def build(self, device, wgpu) -> None:
         """The step's buffers and bind groups, made once."""
         usage = wgpu.BufferUsage
@@ -261,7 +274,7 @@ class Step:
         t0 = time.perf_counter()
         if self.inputs:
             for a, at in self.inputs:
-                flat = a.reshape(-1)
+                flat = (a() if callable(a) else a).reshape(-1)
                 self.host_ints[at:at + flat.size] = flat
             device.queue.write_buffer(self.arena, 0, self.host_ints)
         encoder = device.create_command_encoder()

@@ -10,8 +10,12 @@
 // Where the grid of tiles is small, each row's keys are split into chunks (wid.z: chunk c holds keys
 // first + c * chunk ..) and a chunk's unnormalised sums, max and sum go to Z as attn_part's do, for
 // attn_merge to combine.
+// A tile's tokens (tok0 and its count; none: an idle workgroup) come from the host's tile list in I
+// (param 16; Backend._attn_flash): a sequence's tokens cut into tiles of tp, so that a tile holds one
+// sequence's rows (a step of prompts and decode rows: a decode row a tile, not tp of them taking
+// turns over each one's keys).
 // params: attention's (0-11), 12 tokens a tile, 13 the step's tokens, 14 keys a chunk (0: no
-// chunks, the rows' outputs into Y), 15 chunks
+// chunks, the rows' outputs into Y), 15 chunks, 16 the tile list's offset in I
 const FL_ROWS: u32 = 32u;
 const FL_KEYS: u32 = 64u;
 const FL_KD: u32 = 32u;  // q and k dimensions staged at a time
@@ -93,9 +97,9 @@ fn attn_flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let hd_v = pu(3u);
     let g = n_head / n_kv;
     let kvh = wid.x;
-    let tp = pu(12u);
-    let tok0 = wid.y * tp;
-    let nt = min(tp, pu(13u) - tok0);
+    let tile = pu(16u) + 2u * wid.y;  // the tile's first token and its tokens, of one sequence where it can
+    let tok0 = u32(I[tile]);
+    let nt = u32(I[tile + 1u]);
     let rows = nt * g;
     let chunk = pu(14u);
     if (t < FL_ROWS) {
