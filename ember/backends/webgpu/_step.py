@@ -218,11 +218,7 @@ class Step:
         at = self.input_keys.get(key)
         if at is not None and (self.record or np.array_equal(self.inputs[at][0], a)):
             return self.inputs[at][1]
-        held = a if self.record else np.array(a, np.int32)
-        self.input_keys[key] = len(self.inputs)
-        self.inputs.append((held, self.n_words))
-        self.n_words += -(-max(a.size, 1) // 4) * 4  # 16-byte steps
-        return self.inputs[-1][1]
+        return self._place(key, a if self.record else np.array(a, np.int32), a.size)
 
     def add_derived(self, key: tuple, fill) -> int:
         """Word offset of host ints that fill() computes from the step's other inputs (their arrays
@@ -232,9 +228,13 @@ class Step:
         if at is not None:
             return self.inputs[at][1]
         a = np.asarray(fill(), np.int32)
+        return self._place(key, fill if self.record else a, a.size)
+
+    def _place(self, key, held, size: int) -> int:
+        """An input (an array, or a function giving one) placed after the others: its word offset."""
         self.input_keys[key] = len(self.inputs)
-        self.inputs.append((fill if self.record else a, self.n_words))
-        self.n_words += -(-max(a.size, 1) // 4) * 4
+        self.inputs.append((held, self.n_words))
+        self.n_words += -(-max(size, 1) // 4) * 4  # 16-byte steps
         return self.inputs[-1][1]
 
     def build(self, device, wgpu) -> None:
