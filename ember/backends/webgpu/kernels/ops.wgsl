@@ -834,7 +834,16 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         if (p < hi) {
             slot = key_slot(table, p);
             let base = slot * (pu(1u) * kw) + kbase;
-            for (var d = lane; d < kw; d += 4u) {
+            var d = lane;
+            for (; d + 12u < kw; d += 16u) {  // 4 words' loads in flight (a long head: 32 a lane, one after another)
+                let k0 = unpack2x16float(KC[base + d]);
+                let k1 = unpack2x16float(KC[base + d + 4u]);
+                let k2 = unpack2x16float(KC[base + d + 8u]);
+                let k3 = unpack2x16float(KC[base + d + 12u]);
+                s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 8u], qv[2u * d + 9u]), vec4<f32>(k0, k1))
+                    + dot(vec4<f32>(qv[2u * d + 16u], qv[2u * d + 17u], qv[2u * d + 24u], qv[2u * d + 25u]), vec4<f32>(k2, k3));
+            }
+            for (; d < kw; d += 4u) {
                 let kk = unpack2x16float(KC[base + d]);
                 s += qv[2u * d] * kk.x + qv[2u * d + 1u] * kk.y;
             }
@@ -861,8 +870,18 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         acc *= keep;
         let n_keys = min(32u, hi - tile);
         if (group < groups) {
-            for (var j = group; j < n_keys; j += groups) {
-                acc += score[j] * unpack2x16float(VC[slot_of[j] * (pu(1u) * wv) + kvh * wv + word]);
+            let vs = pu(1u) * wv;  // words a cache slot
+            let vw = kvh * wv + word;
+            var j = group;
+            for (; j + 3u * groups < n_keys; j += 4u * groups) {  // 4 keys' loads in flight
+                let v0 = unpack2x16float(VC[slot_of[j] * vs + vw]);
+                let v1 = unpack2x16float(VC[slot_of[j + groups] * vs + vw]);
+                let v2 = unpack2x16float(VC[slot_of[j + 2u * groups] * vs + vw]);
+                let v3 = unpack2x16float(VC[slot_of[j + 3u * groups] * vs + vw]);
+                acc += score[j] * v0 + score[j + groups] * v1 + score[j + 2u * groups] * v2 + score[j + 3u * groups] * v3;
+            }
+            for (; j < n_keys; j += groups) {
+                acc += score[j] * unpack2x16float(VC[slot_of[j] * vs + vw]);
             }
         }
         if (t == 0u) {
