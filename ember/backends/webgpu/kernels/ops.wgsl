@@ -504,19 +504,25 @@ fn key_slot(table: u32, p: u32) -> u32 {
     return u32(I[table + p / ps]) * ps + p % ps;
 }
 
+// The staged query's share of a key's score from 4 of its f16-pair words, KC[base + d + i * step]
+// (i < 4): their loads in flight together
+fn key_words4(base: u32, d: u32, step: u32) -> f32 {
+    let k0 = unpack2x16float(KC[base + d]);
+    let k1 = unpack2x16float(KC[base + d + step]);
+    let k2 = unpack2x16float(KC[base + d + 2u * step]);
+    let k3 = unpack2x16float(KC[base + d + 3u * step]);
+    let e = 2u * d;
+    let f = 2u * step;
+    return dot(vec4<f32>(qv[e], qv[e + 1u], qv[e + f], qv[e + f + 1u]), vec4<f32>(k0, k1))
+        + dot(vec4<f32>(qv[e + 2u * f], qv[e + 2u * f + 1u], qv[e + 3u * f], qv[e + 3u * f + 1u]), vec4<f32>(k2, k3));
+}
+
 fn key_score(slot: u32, kvh: u32) -> f32 {
     let hd = pu(2u);
     let base = slot * (pu(1u) * hd / 2u) + kvh * hd / 2u;
     var s = 0.0;
     var d = 0u;
-    for (; d + 4u <= hd / 2u; d += 4u) {  // 4 independent loads in flight
-        let k0 = unpack2x16float(KC[base + d]);
-        let k1 = unpack2x16float(KC[base + d + 1u]);
-        let k2 = unpack2x16float(KC[base + d + 2u]);
-        let k3 = unpack2x16float(KC[base + d + 3u]);
-        s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 2u], qv[2u * d + 3u]), vec4<f32>(k0, k1))
-            + dot(vec4<f32>(qv[2u * d + 4u], qv[2u * d + 5u], qv[2u * d + 6u], qv[2u * d + 7u]), vec4<f32>(k2, k3));
-    }
+    for (; d + 4u <= hd / 2u; d += 4u) { s += key_words4(base, d, 1u); }
     for (; d < hd / 2u; d++) {
         let k = unpack2x16float(KC[base + d]);
         s += qv[2u * d] * k.x + qv[2u * d + 1u] * k.y;
@@ -835,14 +841,7 @@ fn attn_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             slot = key_slot(table, p);
             let base = slot * (pu(1u) * kw) + kbase;
             var d = lane;
-            for (; d + 12u < kw; d += 16u) {  // 4 words' loads in flight (a long head: 32 a lane, one after another)
-                let k0 = unpack2x16float(KC[base + d]);
-                let k1 = unpack2x16float(KC[base + d + 4u]);
-                let k2 = unpack2x16float(KC[base + d + 8u]);
-                let k3 = unpack2x16float(KC[base + d + 12u]);
-                s += dot(vec4<f32>(qv[2u * d], qv[2u * d + 1u], qv[2u * d + 8u], qv[2u * d + 9u]), vec4<f32>(k0, k1))
-                    + dot(vec4<f32>(qv[2u * d + 16u], qv[2u * d + 17u], qv[2u * d + 24u], qv[2u * d + 25u]), vec4<f32>(k2, k3));
-            }
+            for (; d + 12u < kw; d += 16u) { s += key_words4(base, d, 4u); }  // a long head: 32 words a lane
             for (; d < kw; d += 4u) {
                 let kk = unpack2x16float(KC[base + d]);
                 s += qv[2u * d] * kk.x + qv[2u * d + 1u] * kk.y;
