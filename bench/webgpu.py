@@ -215,11 +215,7 @@ def model_path(spec: str) -> Path:
 def bench_model(spec: str, args, peer_many: dict) -> dict:
     path = model_path(spec)
     if args.many_only:  # the N-stream run alone (a variant's run beside a full one)
-        out = {"path": str(path), "many": {"webgpu": guarded(f"webgpu, {args.many} streams", many_streams, path,
-                                                             args.device, args.many, args.n_prompt, args.n_gen)}}
-        if spec in peer_many:
-            out["many"][GPU_PEER] = peer_many[spec]
-        return out
+        return {"path": str(path), "many": many_block(spec, path, args, peer_many)}
     rng = np.random.default_rng(1)
     runners = {"webgpu": Runner(path, args.device, args.threads, args.n_prompt, args.n_gen),
                # each decode step queued once the host has read the one before (no decode-ahead)
@@ -264,10 +260,16 @@ def bench_model(spec: str, args, peer_many: dict) -> dict:
     for runner in runners.values():  # before the many-stream run loads the model again
         runner.llm.close()
     if args.many:
-        out["many"] = {"webgpu": guarded(f"webgpu, {args.many} streams", many_streams, path, args.device, args.many,
-                                         args.n_prompt, args.n_gen)}
-        if spec in peer_many:
-            out["many"][GPU_PEER] = peer_many[spec]
+        out["many"] = many_block(spec, path, args, peer_many)
+    return out
+
+
+def many_block(spec: str, path: Path, args, peer_many: dict) -> dict:
+    """ember's --many streams run on the model, and llama-batched-bench's where it ran."""
+    out = {"webgpu": guarded(f"webgpu, {args.many} streams", many_streams, path, args.device, args.many,
+                             args.n_prompt, args.n_gen)}
+    if spec in peer_many:
+        out[GPU_PEER] = peer_many[spec]
     return out
 
 

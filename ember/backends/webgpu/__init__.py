@@ -812,8 +812,7 @@ class Backend:
                 return False
             p, b = d.params, dict(d.bindings)
             r1, r2, rows = int(p[7]), int(p[8]), int(p[0])
-            q_end = k_end = None
-            last = -1
+            spans, last = {}, -1  # role -> its rows (lo, hi) in this product, the roles in order
             for bind, lo, hi, stride in ((3, 0, r1, p[4]), (5, r1, r2, p[11]), (6, r2, rows, p[12])):
                 if hi == lo:
                     continue
@@ -821,16 +820,13 @@ class Backend:
                 if role <= last or role in seen or hi - lo != widths[role] or int(stride) != widths[role] or lo % 2:
                     return False
                 seen.add(role)
+                spans[role] = lo, hi
                 last = role
-                if role == 0:
-                    q_end = hi
-                elif role == 1:
-                    k_end = hi
-                    q_end = lo if q_end is None else q_end
-                else:
-                    q_end = lo if q_end is None else q_end
-                    k_end = lo if k_end is None else k_end
-            ends[i] = (d, module, entry, q_end, rows if k_end is None else k_end)
+            # queries end where their rows end (0 without them: the rows start at 0); keys where theirs
+            # end, else where the values start, else at the last row
+            q_end = spans[0][1] if 0 in spans else 0
+            k_end = spans[1][1] if 1 in spans else spans.get(2, (rows,))[0]
+            ends[i] = (d, module, entry, q_end, k_end)
             i -= 1
         step.dispatches.pop()
         factors = rb[3] if rp[12] else self._dummy
@@ -921,7 +917,7 @@ class Backend:
         decode = n < 2 * len(tables)  # about a token a sequence: few keys' tiles shared by a query tile
         if self.row_products or (n * n_head >= ATT_SPLIT_BELOW and not decode) or reach <= ATT_CHUNK_MIN:
             group = n_head // n_kv_head
-            if self.flash_attention and group <= FL_ROWS and n >= 2 * len(tables):
+            if self.flash_attention and group <= FL_ROWS and not decode:
                 self._attn_flash(q, k_cache, v_cache, out, params, n, n_head, n_kv_head, hd_v, reach, batch)
                 return
             if not self.tile_attention:
